@@ -1,0 +1,368 @@
+//! Block-device lookup through sysfs, the way NVIDIA's node plugin does it and
+//! the kernel lays it out:
+//!
+//! - NVMe: `<root>/bus/pci/devices/<BDF>/nvme/nvme*/nvme*n*` whose `nsid`
+//!   matches, whose `uuid` matches when we know it (a reused function must not
+//!   hand us someone else's namespace), and whose `size` is non-zero (zero
+//!   means the namespace is not ready). With native multipath the controller
+//!   lists path devices `nvmeXcYnZ`, which have no device node; the disk is
+//!   the head `nvmeXnZ` under `<root>/block`.
+//! - virtio-blk: `<root>/bus/pci/devices/<BDF>/virtio*/block/*` whose `serial`
+//!   matches.
+//!
+//! The root is configurable so that the same code reads the SNAP emulator's
+//! tree. The device node is resolved from the `dev` major:minor through the
+//! machine's real `/sys/dev/block`, and checked against the node's rdev.
+
+use std::fs;
+use std::io;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::{Path, PathBuf};
+
+/// What went wrong while reading sysfs or resolving a device node.
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
+    #[error("cannot read {}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("unexpected content {content:?} in {}", path.display())]
+    Parse { path: PathBuf, content: String },
+    #[error("no device node for block device {major}:{minor}")]
+    NoDeviceNode { major: u32, minor: u32 },
+}
+
+/// A block device found on the host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlockDevice {
+    /// Kernel name: `nvme0n1`, `vda`.
+    pub name: String,
+    /// The device node to open, e.g. `/dev/nvme0n1` (or `/dev/loop3` behind the emulator).
+    pub node: PathBuf,
+    pub major: u32,
+    pub minor: u32,
+    pub size_bytes: u64,
+}
+
+/// Reads a sysfs tree rooted at `root` (`/sys` on a real host).
+#[derive(Debug, Clone)]
+pub struct Sysfs {
+    root: PathBuf,
+    /// The machine's real sysfs, where `dev/block/M:m` names the device.
+    kernel_sysfs: PathBuf,
+    dev_dir: PathBuf,
+}
+
+impl Sysfs {
+    /// A reader for the tree at `root`; device nodes resolve through the
+    /// machine's `/sys` and `/dev`.
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        Sysfs {
+            root: root.into(),
+            kernel_sysfs: PathBuf::from("/sys"),
+            dev_dir: PathBuf::from("/dev"),
+        }
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    fn function_dir(&self, bdf: &str) -> PathBuf {
+        self.root.join("bus/pci/devices").join(normalize_bdf(bdf))
+    }
+
+    /// The namespace `nsid` under the NVMe function at `bdf`, if the host sees
+    /// it with a non-zero size (and, when given, the expected UUID).
+    pub fn find_nvme_namespace(
+        &self,
+        bdf: &str,
+        nsid: u32,
+        uuid: Option<&str>,
+    ) -> Result<Option<BlockDevice>, HostError> {
+        let nvme_dir = self.function_dir(bdf).join("nvme");
+        for controller in subdirs(&nvme_dir)? {
+            let controller_name = file_name(&controller);
+            for namespace in subdirs(&controller)? {
+                let name = file_name(&namespace);
+                if !is_namespace_of(&controller_name, &name) {
+                    continue;
+                }
+                if read_trimmed(&namespace.join("nsid"))?.parse::<u32>().ok() != Some(nsid) {
+                    continue;
+                }
+                if let Some(expected) = uuid {
+                    let found = read_trimmed(&namespace.join("uuid"))?;
+                    if !found.eq_ignore_ascii_case(expected) {
+                        continue;
+                    }
+                }
+                let disk = match multipath_head(&name) {
+                    Some(head) => self.root.join("block").join(head),
+                    None => namespace.clone(),
+                };
+                return self.block_device(&disk);
+            }
+        }
+        Ok(None)
+    }
+
+    /// The virtio-blk disk under the function at `bdf` whose serial is `serial`.
+    pub fn find_virtio_blk(
+        &self,
+        bdf: &str,
+        serial: &str,
+    ) -> Result<Option<BlockDevice>, HostError> {
+        for virtio in subdirs(&self.function_dir(bdf))? {
+            if !file_name(&virtio).starts_with("virtio") {
+                continue;
+            }
+            for disk in subdirs(&virtio.join("block"))? {
+                match read_optional(&disk.join("serial"))? {
+                    Some(found) if found.trim() == serial => return self.block_device(&disk),
+                    _ => continue,
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// A disk directory's device, or `None` while its size is still zero.
+    fn block_device(&self, disk: &Path) -> Result<Option<BlockDevice>, HostError> {
+        let size_path = disk.join("size");
+        let sectors = parse(&size_path, &read_trimmed(&size_path)?)?;
+        if sectors == 0 {
+            return Ok(None);
+        }
+        let dev_path = disk.join("dev");
+        let dev = read_trimmed(&dev_path)?;
+        let (major, minor) = dev
+            .split_once(':')
+            .and_then(|(a, b)| Some((a.parse().ok()?, b.parse().ok()?)))
+            .ok_or_else(|| HostError::Parse {
+                path: dev_path.clone(),
+                content: dev.clone(),
+            })?;
+        Ok(Some(BlockDevice {
+            name: file_name(disk),
+            node: self.device_node(major, minor)?,
+            major,
+            minor,
+            size_bytes: sectors * 512,
+        }))
+    }
+
+    /// `/dev/<DEVNAME>` for `major:minor`, checked to be that block device.
+    pub fn device_node(&self, major: u32, minor: u32) -> Result<PathBuf, HostError> {
+        let uevent = self
+            .kernel_sysfs
+            .join(format!("dev/block/{major}:{minor}/uevent"));
+        let content = match read_optional(&uevent)? {
+            Some(content) => content,
+            None => return Err(HostError::NoDeviceNode { major, minor }),
+        };
+        let name = content
+            .lines()
+            .find_map(|line| line.strip_prefix("DEVNAME="))
+            .ok_or(HostError::NoDeviceNode { major, minor })?;
+        let node = self.dev_dir.join(name);
+        match fs::metadata(&node) {
+            Ok(meta)
+                if meta.file_type().is_block_device()
+                    && nix::sys::stat::major(meta.rdev()) == u64::from(major)
+                    && nix::sys::stat::minor(meta.rdev()) == u64::from(minor) =>
+            {
+                Ok(node)
+            }
+            _ => Err(HostError::NoDeviceNode { major, minor }),
+        }
+    }
+}
+
+/// `"26:00.1"` or `"0000:26:00.1"` -> `"0000:26:00.1"` (sysfs names carry the
+/// PCI domain; SNAP reports addresses without it).
+pub fn normalize_bdf(bdf: &str) -> String {
+    let bdf = bdf.trim().to_ascii_lowercase();
+    if bdf.matches(':').count() >= 2 {
+        bdf
+    } else {
+        format!("0000:{bdf}")
+    }
+}
+
+/// `nvme0n1` and `nvme0c1n1` belong to controller `nvme0`; `nvme0` itself and
+/// other entries (`device`, `power`, ...) do not.
+fn is_namespace_of(controller: &str, entry: &str) -> bool {
+    entry
+        .strip_prefix(controller)
+        .is_some_and(|rest| rest.starts_with('n') || rest.starts_with('c'))
+}
+
+/// `nvme0c1n2` -> `nvme0n2`; `None` for a non-multipath name.
+fn multipath_head(name: &str) -> Option<String> {
+    let rest = name.strip_prefix("nvme")?;
+    let (subsystem, rest) = rest.split_once('c')?;
+    let (_path, namespace) = rest.split_once('n')?;
+    Some(format!("nvme{subsystem}n{namespace}"))
+}
+
+fn file_name(path: &Path) -> String {
+    path.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+/// Subdirectories of `dir`, sorted; none when `dir` does not exist.
+fn subdirs(dir: &Path) -> Result<Vec<PathBuf>, HostError> {
+    let entries = match fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(source) => {
+            return Err(HostError::Read {
+                path: dir.to_path_buf(),
+                source,
+            });
+        }
+    };
+    let mut dirs: Vec<PathBuf> = entries
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.is_dir())
+        .collect();
+    dirs.sort();
+    Ok(dirs)
+}
+
+fn read_optional(path: &Path) -> Result<Option<String>, HostError> {
+    match fs::read_to_string(path) {
+        Ok(content) => Ok(Some(content)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(source) => Err(HostError::Read {
+            path: path.to_path_buf(),
+            source,
+        }),
+    }
+}
+
+fn read_trimmed(path: &Path) -> Result<String, HostError> {
+    fs::read_to_string(path)
+        .map(|s| s.trim().to_string())
+        .map_err(|source| HostError::Read {
+            path: path.to_path_buf(),
+            source,
+        })
+}
+
+fn parse(path: &Path, content: &str) -> Result<u64, HostError> {
+    content.parse().map_err(|_| HostError::Parse {
+        path: path.to_path_buf(),
+        content: content.to_string(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bdf_gets_a_domain_once() {
+        assert_eq!(normalize_bdf("26:00.1"), "0000:26:00.1");
+        assert_eq!(normalize_bdf("0000:26:00.1"), "0000:26:00.1");
+        assert_eq!(normalize_bdf("AF:00.7"), "0000:af:00.7");
+    }
+
+    #[test]
+    fn multipath_path_maps_to_its_head() {
+        assert_eq!(multipath_head("nvme0c1n2").as_deref(), Some("nvme0n2"));
+        assert_eq!(multipath_head("nvme0n2"), None);
+        assert!(is_namespace_of("nvme0", "nvme0n1"));
+        assert!(is_namespace_of("nvme0", "nvme0c3n1"));
+        assert!(!is_namespace_of("nvme1", "nvme10n1"));
+        assert!(!is_namespace_of("nvme0", "device"));
+    }
+
+    /// A tree shaped like the kernel's, pointing at a block device this machine
+    /// really has (the first loop device, or any), so node resolution is real.
+    fn any_block_device() -> Option<(u32, u32)> {
+        let entries = fs::read_dir("/sys/dev/block").ok()?;
+        entries.filter_map(Result::ok).find_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let (a, b) = name.split_once(':')?;
+            Some((a.parse().ok()?, b.parse().ok()?))
+        })
+    }
+
+    fn write(path: &Path, content: &str) {
+        fs::create_dir_all(path.parent().unwrap()).unwrap();
+        fs::write(path, content).unwrap();
+    }
+
+    #[test]
+    fn finds_nvme_namespace_by_nsid_and_uuid_and_skips_not_ready() {
+        let (major, minor) = any_block_device().expect("this machine has a block device");
+        let root = tempfile::tempdir().unwrap();
+        let ctrl = root.path().join("bus/pci/devices/0000:26:00.2/nvme/nvme3");
+        // nsid 7 shows as nvme3n1: the kernel's name is not the nsid.
+        write(&ctrl.join("nvme3n1/nsid"), "7\n");
+        write(
+            &ctrl.join("nvme3n1/uuid"),
+            "0b0a0c3e-0000-4000-8000-000000000001\n",
+        );
+        write(&ctrl.join("nvme3n1/size"), "2048\n");
+        write(&ctrl.join("nvme3n1/dev"), &format!("{major}:{minor}\n"));
+        write(&ctrl.join("nvme3n2/nsid"), "8\n");
+        write(
+            &ctrl.join("nvme3n2/uuid"),
+            "0b0a0c3e-0000-4000-8000-000000000002\n",
+        );
+        write(&ctrl.join("nvme3n2/size"), "0\n");
+        write(&ctrl.join("nvme3n2/dev"), &format!("{major}:{minor}\n"));
+        let sysfs = Sysfs::new(root.path());
+
+        let found = sysfs
+            .find_nvme_namespace("26:00.2", 7, Some("0B0A0C3E-0000-4000-8000-000000000001"))
+            .unwrap()
+            .expect("namespace 7");
+        assert_eq!(found.name, "nvme3n1");
+        assert_eq!(found.size_bytes, 2048 * 512);
+        assert_eq!((found.major, found.minor), (major, minor));
+        assert!(found.node.starts_with("/dev"));
+
+        let wrong_uuid = sysfs
+            .find_nvme_namespace("26:00.2", 7, Some("0b0a0c3e-0000-4000-8000-00000000ffff"))
+            .unwrap();
+        assert_eq!(wrong_uuid, None, "a reused function must not match");
+        assert_eq!(
+            sysfs.find_nvme_namespace("26:00.2", 8, None).unwrap(),
+            None,
+            "size 0 is not ready"
+        );
+        assert_eq!(sysfs.find_nvme_namespace("26:00.3", 7, None).unwrap(), None);
+    }
+
+    #[test]
+    fn finds_virtio_blk_by_serial() {
+        let (major, minor) = any_block_device().expect("this machine has a block device");
+        let root = tempfile::tempdir().unwrap();
+        let func = root.path().join("bus/pci/devices/0000:36:00.1");
+        write(&func.join("virtio4/block/vdb/serial"), "other\n");
+        write(&func.join("virtio4/block/vdb/size"), "8\n");
+        write(
+            &func.join("virtio4/block/vdb/dev"),
+            &format!("{major}:{minor}\n"),
+        );
+        write(&func.join("virtio5/block/vdc/serial"), "pvc-42\n");
+        write(&func.join("virtio5/block/vdc/size"), "16\n");
+        write(
+            &func.join("virtio5/block/vdc/dev"),
+            &format!("{major}:{minor}\n"),
+        );
+        let sysfs = Sysfs::new(root.path());
+        let found = sysfs.find_virtio_blk("36:00.1", "pvc-42").unwrap().unwrap();
+        assert_eq!(found.name, "vdc");
+        assert_eq!(found.size_bytes, 16 * 512);
+        assert_eq!(sysfs.find_virtio_blk("36:00.1", "pvc-43").unwrap(), None);
+    }
+}

@@ -1,0 +1,20 @@
+//! snap-csi: a Kubernetes CSI driver that bridges pods to BlueField DPU storage.
+//!
+//! A storage vendor's plugin turns a volume into an SPDK bdev inside SNAP;
+//! SNAP exposes it to the host as an emulated NVMe or virtio-blk PCI function;
+//! the node service finds the block device on the host, formats and mounts it.
+//! See `ARCHITECTURE.md` at the repository root for the map and the rules.
+//!
+//! Layout:
+//! - [`proto`]: generated CSI v1.12, `nvidia.storage.plugins.v1` and
+//!   VolumeGroup types and gRPC stubs (secrets never print through `Debug`).
+//! - [`jsonrpc`]: the JSON-RPC 2.0 client for SPDK/SNAP UNIX sockets: framing,
+//!   deadlines, many calls in flight, reconnect, typed errors.
+//! - [`spdk`]: typed params and results of every SPDK and SNAP-4 method we use.
+//! - [`host`]: finding the block device an emulated function carries, through
+//!   sysfs (root configurable, so the same code reads the emulator's tree).
+
+pub mod host;
+pub mod jsonrpc;
+pub mod proto;
+pub mod spdk;

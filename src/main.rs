@@ -1,0 +1,139 @@
+//! The `snap-csi` binary. Each subcommand is a thin shell over the library.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use snap_csi::host::Sysfs;
+use snap_csi::jsonrpc::RpcClient;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "snap-csi",
+    version,
+    about = "CSI driver for BlueField DPU storage (SNAP)"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Call one SPDK/SNAP JSON-RPC method and print its result, like SPDK's rpc.py.
+    Rpc {
+        /// The SPDK/SNAP RPC socket.
+        #[arg(
+            long,
+            short = 's',
+            env = "SNAP_RPC_SOCKET",
+            default_value = "/var/tmp/spdk.sock"
+        )]
+        socket: PathBuf,
+        /// Seconds to wait for the reply.
+        #[arg(long, short = 't', default_value_t = 30.0)]
+        timeout: f64,
+        /// Method name, e.g. `bdev_get_bdevs`.
+        method: String,
+        /// Params as a JSON object, e.g. '{"name":"Malloc0"}'. Omit for none.
+        params: Option<String>,
+    },
+    /// Find the block device an emulated PCI function carries and print its node.
+    FindDevice(FindDevice),
+}
+
+#[derive(Debug, Args)]
+struct FindDevice {
+    /// sysfs root to search (the emulator's `--sysfs-root` off a DPU).
+    #[arg(long, default_value = "/sys")]
+    sysfs_root: PathBuf,
+    /// Host PCI address of the function, with or without domain (`26:00.1`).
+    #[arg(long)]
+    bdf: String,
+    /// NVMe namespace id.
+    #[arg(long, required_unless_present = "serial", conflicts_with = "serial")]
+    nsid: Option<u32>,
+    /// Expected NVMe namespace UUID.
+    #[arg(long, requires = "nsid")]
+    uuid: Option<String>,
+    /// virtio-blk serial.
+    #[arg(long)]
+    serial: Option<String>,
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Rpc {
+            socket,
+            timeout,
+            method,
+            params,
+        } => rpc(socket, timeout, &method, params.as_deref()).await,
+        Command::FindDevice(args) => find_device(&args),
+    }
+}
+
+fn find_device(args: &FindDevice) -> ExitCode {
+    let sysfs = Sysfs::new(&args.sysfs_root);
+    let found = match (&args.serial, args.nsid) {
+        (Some(serial), _) => sysfs.find_virtio_blk(&args.bdf, serial),
+        (None, Some(nsid)) => sysfs.find_nvme_namespace(&args.bdf, nsid, args.uuid.as_deref()),
+        (None, None) => {
+            eprintln!("give --nsid (NVMe) or --serial (virtio-blk)");
+            return ExitCode::from(2);
+        }
+    };
+    match found {
+        Ok(Some(device)) => {
+            println!(
+                "{} {} {}:{} {}",
+                device.node.display(),
+                device.name,
+                device.major,
+                device.minor,
+                device.size_bytes
+            );
+            ExitCode::SUCCESS
+        }
+        Ok(None) => {
+            eprintln!("no ready device under {} for that function", args.bdf);
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("{e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn rpc(socket: PathBuf, timeout: f64, method: &str, params: Option<&str>) -> ExitCode {
+    let params: Option<serde_json::Value> = match params.map(serde_json::from_str).transpose() {
+        Ok(params) => params,
+        Err(e) => {
+            eprintln!("params are not valid JSON: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let Ok(timeout) = Duration::try_from_secs_f64(timeout) else {
+        eprintln!("timeout must be a non-negative number of seconds");
+        return ExitCode::from(2);
+    };
+    let client = RpcClient::new(socket);
+    let deadline = tokio::time::Instant::now() + timeout;
+    match client.call_raw(method, params.as_ref(), deadline).await {
+        Ok(result) => {
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&result).unwrap_or_else(|_| result.to_string())
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("{e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,134 @@
+//! Block devices: listing, statistics, and the AIO, malloc and null backends.
+
+use serde::{Deserialize, Serialize};
+
+use super::method;
+
+/// `bdev_get_bdevs`: one bdev by name or alias (`-ENODEV` if absent), or all.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct BdevGetBdevs {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Milliseconds to wait for the bdev to appear.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<u32>,
+}
+method!(BdevGetBdevs => "bdev_get_bdevs", Vec<Bdev>);
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct Bdev {
+    pub name: String,
+    #[serde(default)]
+    pub aliases: Vec<String>,
+    pub product_name: String,
+    pub block_size: u32,
+    pub num_blocks: u64,
+    #[serde(default)]
+    pub uuid: Option<String>,
+    #[serde(default)]
+    pub claimed: bool,
+    #[serde(default)]
+    pub claim_type: Option<String>,
+}
+
+impl Bdev {
+    pub fn size_bytes(&self) -> u64 {
+        self.num_blocks * u64::from(self.block_size)
+    }
+}
+
+/// `bdev_get_iostat`: I/O counters of one bdev or all.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct BdevGetIostat {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+method!(BdevGetIostat => "bdev_get_iostat", Iostat);
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct Iostat {
+    pub tick_rate: u64,
+    pub ticks: u64,
+    pub bdevs: Vec<BdevIostat>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct BdevIostat {
+    pub name: String,
+    pub bytes_read: u64,
+    pub num_read_ops: u64,
+    pub bytes_written: u64,
+    pub num_write_ops: u64,
+    #[serde(default)]
+    pub bytes_unmapped: u64,
+    #[serde(default)]
+    pub num_unmap_ops: u64,
+    #[serde(default)]
+    pub read_latency_ticks: u64,
+    #[serde(default)]
+    pub write_latency_ticks: u64,
+}
+
+/// `bdev_aio_create`: a bdev over a file or block device; returns its name.
+/// `-EEXIST` if the name is taken, `-ENOENT` if the file is missing.
+#[derive(Debug, Clone, Serialize)]
+pub struct BdevAioCreate {
+    pub name: String,
+    pub filename: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub block_size: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub readonly: Option<bool>,
+}
+method!(BdevAioCreate => "bdev_aio_create", String);
+
+/// `bdev_aio_delete`: `-ENODEV` if absent.
+#[derive(Debug, Clone, Serialize)]
+pub struct BdevAioDelete {
+    pub name: String,
+}
+method!(BdevAioDelete => "bdev_aio_delete", bool);
+
+/// `bdev_aio_rescan`: re-reads the file's size after it grew.
+#[derive(Debug, Clone, Serialize)]
+pub struct BdevAioRescan {
+    pub name: String,
+}
+method!(BdevAioRescan => "bdev_aio_rescan", bool);
+
+/// `bdev_malloc_create`: a RAM bdev; returns its name.
+#[derive(Debug, Clone, Serialize)]
+pub struct BdevMallocCreate {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    pub num_blocks: u64,
+    pub block_size: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<String>,
+}
+method!(BdevMallocCreate => "bdev_malloc_create", String);
+
+/// `bdev_malloc_delete`: `-ENODEV` if absent.
+#[derive(Debug, Clone, Serialize)]
+pub struct BdevMallocDelete {
+    pub name: String,
+}
+method!(BdevMallocDelete => "bdev_malloc_delete", bool);
+
+/// `bdev_null_create`: a bdev that discards writes; returns its name.
+#[derive(Debug, Clone, Serialize)]
+pub struct BdevNullCreate {
+    pub name: String,
+    pub num_blocks: u64,
+    pub block_size: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<String>,
+}
+method!(BdevNullCreate => "bdev_null_create", String);
+
+/// `bdev_null_delete`: `-ENODEV` if absent.
+#[derive(Debug, Clone, Serialize)]
+pub struct BdevNullDelete {
+    pub name: String,
+}
+method!(BdevNullDelete => "bdev_null_delete", bool);

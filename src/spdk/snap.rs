@@ -1,0 +1,276 @@
+//! SNAP-4 (BlueField-3) emulation methods: the emulated PCI functions and the
+//! NVMe and virtio-blk controllers on them.
+//!
+//! This is the one place that knows SNAP's method and parameter names, so a
+//! SNAP version difference is one place to change. The NVMe names are the ones
+//! NVIDIA's own DPF code sends (verified); the virtio-blk JSON names are
+//! inferred from the public CLI spelling (`reference/snap4-rpc.md`).
+
+use serde::{Deserialize, Serialize};
+
+use super::method;
+
+/// `emulation_function_list`: every emulated PF with its VFs.
+#[derive(Debug, Clone, Serialize)]
+pub struct EmulationFunctionList {
+    pub all: bool,
+}
+method!(EmulationFunctionList => "emulation_function_list", Vec<EmulationFunction>);
+
+/// Which protocol a function emulates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum EmulationType {
+    #[serde(rename = "NVME")]
+    Nvme,
+    #[serde(rename = "VBLK")]
+    VirtioBlk,
+}
+
+/// A physical function and its virtual functions.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct EmulationFunction {
+    #[serde(default)]
+    pub hotplugged: bool,
+    pub emulation_type: EmulationType,
+    #[serde(default)]
+    pub pf_index: Option<u32>,
+    /// Host address without PCI domain (`"26:00.1"`); `"00:00.0"` until the
+    /// host enumerated a hot-plugged function.
+    pub pci_bdf: String,
+    pub vhca_id: u32,
+    pub vuid: String,
+    /// Present when a controller sits on the function.
+    #[serde(default)]
+    pub ctrl_id: Option<String>,
+    #[serde(default)]
+    pub vfs: Vec<EmulationVf>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct EmulationVf {
+    #[serde(default)]
+    pub vf_index: Option<u32>,
+    pub pci_bdf: String,
+    pub vhca_id: u32,
+    pub vuid: String,
+    #[serde(default)]
+    pub ctrl_id: Option<String>,
+}
+
+/// `nvme_subsystem_create`.
+#[derive(Debug, Clone, Serialize)]
+pub struct NvmeSubsystemCreate {
+    pub nqn: String,
+    /// Model number.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mn: Option<String>,
+    /// Serial number.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sn: Option<String>,
+    /// Maximum namespace id.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nn: Option<u32>,
+    /// Maximum number of attached namespaces.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mnan: Option<u32>,
+}
+method!(NvmeSubsystemCreate => "nvme_subsystem_create", serde_json::Value);
+
+/// `nvme_subsystem_destroy`.
+#[derive(Debug, Clone, Serialize)]
+pub struct NvmeSubsystemDestroy {
+    pub nqn: String,
+}
+method!(NvmeSubsystemDestroy => "nvme_subsystem_destroy", serde_json::Value);
+
+/// `nvme_subsystem_list`: subsystems with their controllers and namespaces.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct NvmeSubsystemList {}
+method!(NvmeSubsystemList => "nvme_subsystem_list", Vec<NvmeSubsystem>);
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct NvmeSubsystem {
+    pub nqn: String,
+    #[serde(default)]
+    pub sn: Option<String>,
+    #[serde(default)]
+    pub mn: Option<String>,
+    #[serde(default)]
+    pub nn: Option<u32>,
+    #[serde(default)]
+    pub mnan: Option<u32>,
+    #[serde(default)]
+    pub controllers: Vec<NvmeController>,
+    #[serde(default)]
+    pub namespaces: Vec<NvmeSubsystemNamespace>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct NvmeSubsystemNamespace {
+    pub nsid: u32,
+    pub bdev: String,
+    #[serde(default)]
+    pub uuid: Option<String>,
+    /// Controllers the namespace is attached to (at most one).
+    #[serde(default)]
+    pub controllers: Vec<NvmeControllerRef>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct NvmeControllerRef {
+    pub ctrl_id: String,
+}
+
+/// `nvme_namespace_create`: the namespace exists in the subsystem but no
+/// controller shows it until attached.
+#[derive(Debug, Clone, Serialize)]
+pub struct NvmeNamespaceCreate {
+    /// Always `"spdk"`: the namespace is backed by an SPDK bdev.
+    pub bdev_type: String,
+    pub nqn: String,
+    pub nsid: u32,
+    pub uuid: String,
+    pub bdev_name: String,
+}
+method!(NvmeNamespaceCreate => "nvme_namespace_create", serde_json::Value);
+
+/// `nvme_namespace_destroy`.
+#[derive(Debug, Clone, Serialize)]
+pub struct NvmeNamespaceDestroy {
+    pub nqn: String,
+    pub nsid: u32,
+}
+method!(NvmeNamespaceDestroy => "nvme_namespace_destroy", serde_json::Value);
+
+/// `nvme_controller_create` on a function chosen by `pci_bdf` or `vuid`.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct NvmeControllerCreate {
+    pub nqn: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pci_bdf: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub vuid: Option<String>,
+    /// Create without letting the host see it until `nvme_controller_resume`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub suspended: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub num_queues: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mdts: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub admin_only: Option<bool>,
+}
+method!(NvmeControllerCreate => "nvme_controller_create", NvmeControllerCreated);
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct NvmeControllerCreated {
+    pub ctrl_id: String,
+}
+
+/// `nvme_controller_attach_ns`.
+#[derive(Debug, Clone, Serialize)]
+pub struct NvmeControllerAttachNs {
+    pub ctrl_id: String,
+    pub nsid: u32,
+}
+method!(NvmeControllerAttachNs => "nvme_controller_attach_ns", serde_json::Value);
+
+/// `nvme_controller_detach_ns`.
+#[derive(Debug, Clone, Serialize)]
+pub struct NvmeControllerDetachNs {
+    pub ctrl_id: String,
+    pub nsid: u32,
+}
+method!(NvmeControllerDetachNs => "nvme_controller_detach_ns", serde_json::Value);
+
+/// `nvme_controller_resume`: the host may now use the controller.
+#[derive(Debug, Clone, Serialize)]
+pub struct NvmeControllerResume {
+    pub ctrl_id: String,
+}
+method!(NvmeControllerResume => "nvme_controller_resume", serde_json::Value);
+
+/// `nvme_controller_destroy`.
+#[derive(Debug, Clone, Serialize)]
+pub struct NvmeControllerDestroy {
+    pub ctrl_id: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub force: Option<bool>,
+}
+method!(NvmeControllerDestroy => "nvme_controller_destroy", serde_json::Value);
+
+/// `nvme_controller_list`.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct NvmeControllerList {}
+method!(NvmeControllerList => "nvme_controller_list", Vec<NvmeController>);
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct NvmeController {
+    pub ctrl_id: String,
+    pub vhca_id: u32,
+    #[serde(default)]
+    pub nqn: Option<String>,
+    #[serde(default)]
+    pub namespaces: Vec<NvmeControllerNamespace>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct NvmeControllerNamespace {
+    pub nsid: u32,
+    pub bdev: String,
+    #[serde(default)]
+    pub uuid: Option<String>,
+}
+
+/// `virtio_blk_controller_create`: a virtio-blk controller on a function
+/// (chosen by `pci_bdf`, `vuid` or `pf_id`/`vf_id`) serving `bdev`; the host
+/// reads `vblk_id` as the disk's serial. Returns the controller name.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct VirtioBlkControllerCreate {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pci_bdf: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub vuid: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pf_id: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub vf_id: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bdev: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub vblk_id: Option<String>,
+    /// Controller name to use instead of a generated one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ctrl: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub num_queues: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub suspended: Option<bool>,
+}
+method!(VirtioBlkControllerCreate => "virtio_blk_controller_create", String);
+
+/// `virtio_blk_controller_destroy`.
+#[derive(Debug, Clone, Serialize)]
+pub struct VirtioBlkControllerDestroy {
+    pub ctrl: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub force: Option<bool>,
+}
+method!(VirtioBlkControllerDestroy => "virtio_blk_controller_destroy", serde_json::Value);
+
+/// `virtio_blk_controller_list`.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct VirtioBlkControllerList {}
+method!(VirtioBlkControllerList => "virtio_blk_controller_list", Vec<VirtioBlkController>);
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct VirtioBlkController {
+    pub ctrl_id: String,
+    pub vhca_id: u32,
+    #[serde(default)]
+    pub bdev: Option<String>,
+    #[serde(default)]
+    pub vblk_id: Option<String>,
+    #[serde(default)]
+    pub pci_bdf: Option<String>,
+}
