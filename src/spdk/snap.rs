@@ -160,10 +160,12 @@ pub struct NvmeControllerCreate {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub admin_only: Option<bool>,
 }
-method!(NvmeControllerCreate => "nvme_controller_create", NvmeControllerCreated);
+method!(NvmeControllerCreate => "nvme_controller_create", ControllerCreated);
 
+/// What `nvme_controller_create` and `virtio_blk_controller_create` return
+/// (for virtio-blk the shape is inferred).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-pub struct NvmeControllerCreated {
+pub struct ControllerCreated {
     pub ctrl_id: String,
 }
 
@@ -224,7 +226,7 @@ pub struct NvmeControllerNamespace {
 
 /// `virtio_blk_controller_create`: a virtio-blk controller on a function
 /// (chosen by `pci_bdf`, `vuid` or `pf_id`/`vf_id`) serving `bdev`; the host
-/// reads `vblk_id` as the disk's serial. Returns the controller name.
+/// reads `vblk_id` as the disk's serial.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct VirtioBlkControllerCreate {
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -247,7 +249,7 @@ pub struct VirtioBlkControllerCreate {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub suspended: Option<bool>,
 }
-method!(VirtioBlkControllerCreate => "virtio_blk_controller_create", String);
+method!(VirtioBlkControllerCreate => "virtio_blk_controller_create", ControllerCreated);
 
 /// `virtio_blk_controller_destroy`.
 #[derive(Debug, Clone, Serialize)]
@@ -274,3 +276,87 @@ pub struct VirtioBlkController {
     #[serde(default)]
     pub pci_bdf: Option<String>,
 }
+
+/// `virtio_blk_controller_bdev_attach`: serve `bdev` on an existing controller.
+#[derive(Debug, Clone, Serialize)]
+pub struct VirtioBlkControllerBdevAttach {
+    pub ctrl: String,
+    pub bdev: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub vblk_id: Option<String>,
+}
+method!(VirtioBlkControllerBdevAttach => "virtio_blk_controller_bdev_attach", serde_json::Value);
+
+/// `virtio_blk_controller_bdev_detach`.
+#[derive(Debug, Clone, Serialize)]
+pub struct VirtioBlkControllerBdevDetach {
+    pub ctrl: String,
+}
+method!(VirtioBlkControllerBdevDetach => "virtio_blk_controller_bdev_detach", serde_json::Value);
+
+/// A hot-plugged function: exists on the DPU, not yet seen by the host.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct CreatedFunction {
+    pub vuid: String,
+    pub vhca_id: u32,
+}
+
+/// `nvme_function_create`: hot-plug a new NVMe PF.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct NvmeFunctionCreate {}
+method!(NvmeFunctionCreate => "nvme_function_create", CreatedFunction);
+
+/// `nvme_function_destroy`.
+#[derive(Debug, Clone, Serialize)]
+pub struct NvmeFunctionDestroy {
+    pub vuid: String,
+}
+method!(NvmeFunctionDestroy => "nvme_function_destroy", serde_json::Value);
+
+/// `nvme_controller_hotplug`: show a hot-plugged function's controller to the host.
+#[derive(Debug, Clone, Serialize)]
+pub struct NvmeControllerHotplug {
+    pub ctrl_id: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub wait_for_done: Option<bool>,
+}
+method!(NvmeControllerHotplug => "nvme_controller_hotplug", serde_json::Value);
+
+/// `nvme_controller_hotunplug`.
+#[derive(Debug, Clone, Serialize)]
+pub struct NvmeControllerHotunplug {
+    pub ctrl_id: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub wait_for_done: Option<bool>,
+}
+method!(NvmeControllerHotunplug => "nvme_controller_hotunplug", serde_json::Value);
+
+/// `virtio_blk_function_create`: hot-plug a new virtio-blk PF.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct VirtioBlkFunctionCreate {}
+method!(VirtioBlkFunctionCreate => "virtio_blk_function_create", CreatedFunction);
+
+/// `virtio_blk_function_destroy`.
+#[derive(Debug, Clone, Serialize)]
+pub struct VirtioBlkFunctionDestroy {
+    pub vuid: String,
+}
+method!(VirtioBlkFunctionDestroy => "virtio_blk_function_destroy", serde_json::Value);
+
+/// `virtio_blk_controller_hotplug`.
+#[derive(Debug, Clone, Serialize)]
+pub struct VirtioBlkControllerHotplug {
+    pub ctrl: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub wait_for_done: Option<bool>,
+}
+method!(VirtioBlkControllerHotplug => "virtio_blk_controller_hotplug", serde_json::Value);
+
+/// `virtio_blk_controller_hotunplug`.
+#[derive(Debug, Clone, Serialize)]
+pub struct VirtioBlkControllerHotunplug {
+    pub ctrl: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub wait_for_done: Option<bool>,
+}
+method!(VirtioBlkControllerHotunplug => "virtio_blk_controller_hotunplug", serde_json::Value);

@@ -1,0 +1,753 @@
+//! These tests make real loop devices, so they need root (as CI has). Each
+//! fixture detaches whatever is left over its own files when it drops, so a
+//! failing test does not leak devices into the next one.
+
+use std::fs::OpenOptions;
+use std::os::unix::fs::FileExt;
+use std::process::Command;
+
+use super::*;
+
+const MIB: u64 = 1 << 20;
+const BDF: &str = "26:00.1";
+const UUID: &str = "0B1C2D3E-4F50-6172-8394-A5B6C7D8E9F0";
+
+struct Fixture {
+    dir: tempfile::TempDir,
+}
+
+impl Fixture {
+    fn new() -> Self {
+        Self {
+            dir: tempfile::tempdir().expect("temp dir"),
+        }
+    }
+
+    fn root(&self) -> PathBuf {
+        self.dir.path().join("sysfs")
+    }
+
+    fn state(&self) -> PathBuf {
+        self.dir.path().join("state")
+    }
+
+    fn open(&self) -> HostSide {
+        HostSide::open(&self.root(), &self.state()).expect("open host side")
+    }
+
+    fn file(&self, name: &str, len: u64) -> PathBuf {
+        let path = self.dir.path().join(name);
+        File::create(&path)
+            .and_then(|f| f.set_len(len))
+            .expect("create backing file");
+        path
+    }
+
+    fn devices(&self) -> PathBuf {
+        fs::canonicalize(self.root()).expect("root").join(DEVICES)
+    }
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        let Ok(entries) = fs::read_dir(self.dir.path()) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            for dev in loops_over(&entry.path()) {
+                let _ = Command::new("losetup").arg("-d").arg(&dev).status();
+            }
+        }
+    }
+}
+
+/// `losetup -j`: every loop device over `path`, whoever made it.
+fn loops_over(path: &Path) -> Vec<String> {
+    let out = Command::new("losetup")
+        .arg("-j")
+        .arg(path)
+        .output()
+        .expect("run losetup -j");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|line| line.split_once(':').map(|(dev, _)| dev.to_owned()))
+        .collect()
+}
+
+/// Attaches the way someone else would, outside our records.
+fn foreign_loop(path: &Path, offset: u64, size: u64) -> String {
+    let out = Command::new("losetup")
+        .args(["--find", "--show", "--offset", &offset.to_string()])
+        .args(["--sizelimit", &size.to_string()])
+        .arg(path)
+        .output()
+        .expect("run losetup");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+fn read(path: &Path) -> String {
+    fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+fn backing(path: &Path, offset: u64, size: u64) -> Backing {
+    Backing {
+        path: path.to_owned(),
+        offset,
+        size,
+        read_only: false,
+    }
+}
+
+fn device_size(dev: &Path) -> u64 {
+    File::open(dev)
+        .and_then(|mut f| f.seek(SeekFrom::End(0)))
+        .expect("measure device")
+}
+
+/// Checks `dev` against the kernel's own view of the loop device, both ways.
+fn check_dev(disk: &HostDisk) {
+    let name = loopdev::name_of(&disk.loop_device).unwrap();
+    let kernel = read(&Path::new("/sys/block").join(&name).join("dev"));
+    assert_eq!(read(&disk.sysfs_dir.join("dev")), kernel);
+    assert_eq!(format!("{}:{}\n", disk.major, disk.minor), kernel);
+    let rdev = fs::metadata(&disk.loop_device).unwrap().rdev();
+    assert_eq!(loopdev::split_dev(rdev), (disk.major, disk.minor));
+}
+
+/// Writes through the loop device and finds the bytes in the backing file at
+/// the backing offset.
+fn check_data_path(disk: &HostDisk, file: &Path, backing_offset: u64, size: u64) {
+    let dev = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&disk.loop_device)
+        .expect("open loop device");
+    let pattern: Vec<u8> = (0..4096u32).map(|i| (i * 7 + 3) as u8).collect();
+    for at in [0, size / 2, size - pattern.len() as u64] {
+        dev.write_all_at(&pattern, at).expect("write through loop");
+        dev.sync_all().expect("fsync loop");
+        let mut back = vec![0; pattern.len()];
+        File::open(file)
+            .unwrap()
+            .read_exact_at(&mut back, backing_offset + at)
+            .expect("read backing file");
+        assert_eq!(back, pattern, "bytes written at {at} on the disk");
+    }
+    assert!(
+        dev.write_all_at(&pattern, size).is_err(),
+        "a write past the disk's end must fail"
+    );
+    assert_eq!(device_size(&disk.loop_device), size);
+}
+
+#[test]
+fn pci_function_files() {
+    let fx = Fixture::new();
+    let host = fx.open();
+    host.add_pci_function(BDF, FunctionKind::Nvme).unwrap();
+    host.add_pci_function("26:00.2", FunctionKind::VirtioBlk)
+        .unwrap();
+    let nvme = fx.devices().join("0000:26:00.1");
+    assert_eq!(read(&nvme.join("vendor")), "0x15b3\n");
+    assert_eq!(read(&nvme.join("device")), "0x6001\n");
+    assert_eq!(read(&nvme.join("class")), "0x010802\n");
+    let vblk = fx.devices().join("0000:26:00.2");
+    assert_eq!(read(&vblk.join("vendor")), "0x1af4\n");
+    assert_eq!(read(&vblk.join("device")), "0x1042\n");
+    assert_eq!(read(&vblk.join("class")), "0x010000\n");
+
+    // Idempotent, but a function does not change kind.
+    host.add_pci_function(BDF, FunctionKind::Nvme).unwrap();
+    let err = host
+        .add_pci_function(BDF, FunctionKind::VirtioBlk)
+        .unwrap_err();
+    assert!(
+        format!("{err:#}").contains("already exists as a NVMe"),
+        "{err:#}"
+    );
+
+    host.remove_pci_function(BDF).unwrap();
+    host.remove_pci_function(BDF).unwrap();
+    assert!(!nvme.exists());
+    assert!(vblk.exists());
+}
+
+#[test]
+fn nvme_whole_file() {
+    let fx = Fixture::new();
+    let file = fx.file("ns.img", 16 * MIB);
+    let host = fx.open();
+    host.add_pci_function(BDF, FunctionKind::Nvme).unwrap();
+    let disk = host
+        .attach_nvme_namespace(BDF, 0, 1, 1, UUID, &backing(&file, 0, 16 * MIB))
+        .unwrap();
+
+    let function = fx.devices().join("0000:26:00.1");
+    assert_eq!(disk.sysfs_dir, function.join("nvme/nvme0/nvme0n1"));
+    assert_eq!(read(&disk.sysfs_dir.join("nsid")), "1\n");
+    assert_eq!(
+        read(&disk.sysfs_dir.join("uuid")),
+        "0b1c2d3e-4f50-6172-8394-a5b6c7d8e9f0\n"
+    );
+    assert_eq!(read(&disk.sysfs_dir.join("size")), "32768\n");
+    check_dev(&disk);
+    check_data_path(&disk, &file, 0, 16 * MIB);
+    assert_eq!(loops_over(&file), [disk.loop_device.display().to_string()]);
+
+    host.detach(&disk).unwrap();
+    assert!(loops_over(&file).is_empty());
+    assert!(!function.join("nvme").exists());
+    assert!(function.join("class").exists());
+    // Detaching what is gone succeeds.
+    host.detach(&disk).unwrap();
+}
+
+#[test]
+fn nvme_byte_range() {
+    let fx = Fixture::new();
+    let file = fx.file("lvs.img", 16 * MIB);
+    let host = fx.open();
+    host.add_pci_function(BDF, FunctionKind::Nvme).unwrap();
+    let disk = host
+        .attach_nvme_namespace(BDF, 3, 2, 7, UUID, &backing(&file, 4 * MIB, 8 * MIB))
+        .unwrap();
+    assert!(disk.sysfs_dir.ends_with("nvme/nvme3/nvme3n2"));
+    assert_eq!(read(&disk.sysfs_dir.join("nsid")), "7\n");
+    assert_eq!(read(&disk.sysfs_dir.join("size")), "16384\n");
+    check_dev(&disk);
+    check_data_path(&disk, &file, 4 * MIB, 8 * MIB);
+
+    // A second namespace of the same controller, over the next bytes.
+    let second = host
+        .attach_nvme_namespace(BDF, 3, 3, 8, UUID, &backing(&file, 12 * MIB, 4 * MIB))
+        .unwrap();
+    host.detach(&disk).unwrap();
+    assert!(
+        second.sysfs_dir.exists(),
+        "the controller dir stays while it has namespaces"
+    );
+    host.detach(&second).unwrap();
+    assert!(!fx.devices().join("0000:26:00.1/nvme").exists());
+    assert!(loops_over(&file).is_empty());
+}
+
+#[test]
+fn virtio_blk() {
+    let fx = Fixture::new();
+    let file = fx.file("vblk.img", 16 * MIB);
+    let host = fx.open();
+    host.add_pci_function("3b:00.0", FunctionKind::VirtioBlk)
+        .unwrap();
+    let disk = host
+        .attach_virtio_blk(
+            "3b:00.0",
+            2,
+            "vdb",
+            "vol-1234",
+            &backing(&file, 4 * MIB, 8 * MIB),
+        )
+        .unwrap();
+    let function = fx.devices().join("0000:3b:00.0");
+    assert_eq!(disk.sysfs_dir, function.join("virtio2/block/vdb"));
+    // As the kernel prints it: no newline.
+    assert_eq!(read(&disk.sysfs_dir.join("serial")), "vol-1234");
+    assert_eq!(read(&disk.sysfs_dir.join("size")), "16384\n");
+    check_dev(&disk);
+    check_data_path(&disk, &file, 4 * MIB, 8 * MIB);
+    host.detach(&disk).unwrap();
+    assert!(!function.join("virtio2").exists());
+    assert!(function.exists());
+    assert!(loops_over(&file).is_empty());
+
+    // The device holds 20 bytes of serial; the host sees no more.
+    let long = host
+        .attach_virtio_blk(
+            "3b:00.0",
+            0,
+            "vda",
+            "0123456789abcdefghijKLMN",
+            &backing(&file, 0, MIB),
+        )
+        .unwrap();
+    assert_eq!(read(&long.sysfs_dir.join("serial")), "0123456789abcdefghij");
+    host.detach(&long).unwrap();
+}
+
+#[test]
+fn read_only() {
+    let fx = Fixture::new();
+    let file = fx.file("ro.img", 4 * MIB);
+    let host = fx.open();
+    host.add_pci_function(BDF, FunctionKind::Nvme).unwrap();
+    let disk = host
+        .attach_nvme_namespace(
+            BDF,
+            0,
+            1,
+            1,
+            UUID,
+            &Backing {
+                read_only: true,
+                ..backing(&file, 0, 4 * MIB)
+            },
+        )
+        .unwrap();
+    let name = loopdev::name_of(&disk.loop_device).unwrap();
+    assert_eq!(read(&Path::new("/sys/block").join(name).join("ro")), "1\n");
+    // Root may open it for writing; the write itself is refused.
+    let dev = OpenOptions::new()
+        .write(true)
+        .open(&disk.loop_device)
+        .unwrap();
+    assert!(dev.write_all_at(b"x", 0).is_err());
+    drop(dev);
+    host.detach(&disk).unwrap();
+    assert!(loops_over(&file).is_empty());
+}
+
+#[test]
+fn block_device_backing() {
+    let fx = Fixture::new();
+    let file = fx.file("disk.img", 8 * MIB);
+    // Someone else's block device, standing in for a real disk.
+    let lower = foreign_loop(&file, 0, 8 * MIB);
+    let host = fx.open();
+    host.add_pci_function(BDF, FunctionKind::Nvme).unwrap();
+    let disk = host
+        .attach_nvme_namespace(
+            BDF,
+            0,
+            1,
+            1,
+            UUID,
+            &backing(Path::new(&lower), MIB, 2 * MIB),
+        )
+        .unwrap();
+    assert_eq!(read(&disk.sysfs_dir.join("size")), "4096\n");
+    check_data_path(&disk, &file, MIB, 2 * MIB);
+    host.detach(&disk).unwrap();
+    assert!(loops_over(Path::new(&lower)).is_empty());
+    assert_eq!(loops_over(&file), [lower]);
+}
+
+#[test]
+fn resize_grows_and_shrinks_in_place() {
+    let fx = Fixture::new();
+    let file = fx.file("lvs.img", 16 * MIB);
+    let host = fx.open();
+    host.add_pci_function(BDF, FunctionKind::Nvme).unwrap();
+    let disk = host
+        .attach_nvme_namespace(BDF, 0, 1, 1, UUID, &backing(&file, 4 * MIB, 4 * MIB))
+        .unwrap();
+    // The host keeps the disk open across the resize, as a mounted filesystem would.
+    let held = File::open(&disk.loop_device).unwrap();
+
+    host.resize(&disk, &backing(&file, 4 * MIB, 8 * MIB))
+        .unwrap();
+    assert_eq!(read(&disk.sysfs_dir.join("size")), "16384\n");
+    let name = loopdev::name_of(&disk.loop_device).unwrap();
+    assert_eq!(
+        read(&Path::new("/sys/block").join(&name).join("size")),
+        "16384\n"
+    );
+    check_data_path(&disk, &file, 4 * MIB, 8 * MIB);
+
+    host.resize(&disk, &backing(&file, 4 * MIB, 2 * MIB))
+        .unwrap();
+    assert_eq!(read(&disk.sysfs_dir.join("size")), "4096\n");
+    assert_eq!(device_size(&disk.loop_device), 2 * MIB);
+    // Same size again: nothing to change, still fine.
+    host.resize(&disk, &backing(&file, 4 * MIB, 2 * MIB))
+        .unwrap();
+
+    let err = host.resize(&disk, &backing(&file, 0, 2 * MIB)).unwrap_err();
+    assert!(format!("{err:#}").contains("cannot move"), "{err:#}");
+    let err = host
+        .resize(&disk, &backing(&file, 4 * MIB, 14 * MIB))
+        .unwrap_err();
+    assert!(format!("{err:#}").contains("past its end"), "{err:#}");
+    drop(held);
+    host.detach(&disk).unwrap();
+    assert!(loops_over(&file).is_empty());
+}
+
+#[test]
+fn resize_after_the_file_grew() {
+    let fx = Fixture::new();
+    let file = fx.file("aio.img", 8 * MIB);
+    let host = fx.open();
+    host.add_pci_function("3b:00.0", FunctionKind::VirtioBlk)
+        .unwrap();
+    let disk = host
+        .attach_virtio_blk("3b:00.0", 0, "vda", "s", &backing(&file, 0, 8 * MIB))
+        .unwrap();
+    OpenOptions::new()
+        .write(true)
+        .open(&file)
+        .and_then(|f| f.set_len(12 * MIB))
+        .unwrap();
+    host.resize(&disk, &backing(&file, 0, 12 * MIB)).unwrap();
+    assert_eq!(read(&disk.sysfs_dir.join("size")), "24576\n");
+    check_data_path(&disk, &file, 0, 12 * MIB);
+    host.detach(&disk).unwrap();
+}
+
+#[test]
+fn attach_is_idempotent_and_refuses_a_different_backing() {
+    let fx = Fixture::new();
+    let file = fx.file("ns.img", 8 * MIB);
+    let host = fx.open();
+    host.add_pci_function(BDF, FunctionKind::Nvme).unwrap();
+    let b = backing(&file, 0, 4 * MIB);
+    let first = host.attach_nvme_namespace(BDF, 0, 1, 1, UUID, &b).unwrap();
+    let again = host.attach_nvme_namespace(BDF, 0, 1, 1, UUID, &b).unwrap();
+    assert_eq!(first, again);
+    assert_eq!(loops_over(&file).len(), 1);
+
+    // A lost directory is put back by a retry.
+    fs::remove_dir_all(&first.sysfs_dir).unwrap();
+    let again = host.attach_nvme_namespace(BDF, 0, 1, 1, UUID, &b).unwrap();
+    assert_eq!(first, again);
+    assert_eq!(read(&first.sysfs_dir.join("size")), "8192\n");
+
+    let err = host
+        .attach_nvme_namespace(BDF, 0, 1, 1, UUID, &backing(&file, 4 * MIB, 4 * MIB))
+        .unwrap_err();
+    assert!(format!("{err:#}").contains("detach it first"), "{err:#}");
+    assert_eq!(loops_over(&file).len(), 1);
+    host.detach(&first).unwrap();
+}
+
+#[test]
+fn bad_input_changes_nothing() {
+    let fx = Fixture::new();
+    let file = fx.file("ns.img", 4 * MIB);
+    let host = fx.open();
+    let b = backing(&file, 0, 4 * MIB);
+    for bdf in [
+        "0000:26:00.1",
+        "26:00.8",
+        "26:20.0",
+        "26:0C.1",
+        "2600.1",
+        "",
+    ] {
+        assert!(
+            host.add_pci_function(bdf, FunctionKind::Nvme).is_err(),
+            "{bdf}"
+        );
+    }
+    let err = host
+        .attach_nvme_namespace(BDF, 0, 1, 1, UUID, &b)
+        .unwrap_err();
+    assert!(
+        format!("{err:#}").contains("add_pci_function first"),
+        "{err:#}"
+    );
+    host.add_pci_function(BDF, FunctionKind::VirtioBlk).unwrap();
+    let err = host
+        .attach_nvme_namespace(BDF, 0, 1, 1, UUID, &b)
+        .unwrap_err();
+    assert!(
+        format!("{err:#}").contains("virtio-blk function"),
+        "{err:#}"
+    );
+    for (disk, backing) in [
+        ("vda", backing(&file, 0, 4 * MIB + 512)),
+        ("vda", backing(&file, 3 * MIB, 2 * MIB)),
+        ("vda", backing(&file, 0, 1000)),
+        ("vda", backing(&file, u64::MAX - 511, 512)),
+        ("vda", backing(&fx.dir.path().join("missing"), 0, 512)),
+        ("vda", backing(fx.dir.path(), 0, 512)),
+        ("../x", backing(&file, 0, 512)),
+        ("VDA", backing(&file, 0, 512)),
+    ] {
+        let result = host.attach_virtio_blk(BDF, 0, disk, "s", &backing);
+        assert!(result.is_err(), "{disk} {backing:?}");
+    }
+    assert!(
+        host.attach_nvme_namespace("26:00.3", 0, 1, 0, UUID, &b)
+            .is_err()
+    );
+    assert!(
+        host.attach_nvme_namespace("26:00.3", 0, 1, 1, "not-a-uuid", &b)
+            .is_err()
+    );
+    assert!(loops_over(&file).is_empty());
+    assert!(!fx.devices().join("0000:26:00.1/virtio0").exists());
+    assert!(host.records.list().unwrap().is_empty());
+}
+
+#[test]
+fn refuses_system_roots_and_a_second_owner() {
+    let fx = Fixture::new();
+    for root in ["/", "/sys", "/sys/bus", "/proc", "/dev"] {
+        let err = HostSide::open(Path::new(root), &fx.state()).unwrap_err();
+        assert!(format!("{err:#}").contains("refusing"), "{root}: {err:#}");
+    }
+    let host = fx.open();
+    let err = HostSide::open(&fx.root(), &fx.state()).unwrap_err();
+    assert!(format!("{err:#}").contains("locked"), "{err:#}");
+    drop(host);
+    fx.open();
+}
+
+#[test]
+fn reopen_cleans_up_after_a_crash_and_only_that() {
+    let fx = Fixture::new();
+    let file = fx.file("lvs.img", 16 * MIB);
+    let other = fx.file("other.img", 4 * MIB);
+    // Someone else's devices: one over another file, one over the very bytes
+    // our namespace will use.
+    let elsewhere = foreign_loop(&other, 0, 4 * MIB);
+    let same_bytes = foreign_loop(&file, 0, 4 * MIB);
+
+    let host = fx.open();
+    host.add_pci_function(BDF, FunctionKind::Nvme).unwrap();
+    host.add_pci_function("26:00.2", FunctionKind::VirtioBlk)
+        .unwrap();
+    let nvme = host
+        .attach_nvme_namespace(BDF, 0, 1, 1, UUID, &backing(&file, 0, 4 * MIB))
+        .unwrap();
+    let vblk = host
+        .attach_virtio_blk("26:00.2", 0, "vda", "s", &backing(&file, 8 * MIB, 4 * MIB))
+        .unwrap();
+    assert_eq!(loops_over(&file).len(), 3);
+    // As after SIGKILL: no clean-up runs, the flock goes with the process's files.
+    drop(host);
+
+    let host = fx.open();
+    assert_eq!(loops_over(&file), std::slice::from_ref(&same_bytes));
+    assert_eq!(loops_over(&other), std::slice::from_ref(&elsewhere));
+    assert!(!nvme.sysfs_dir.exists() && !vblk.sysfs_dir.exists());
+    assert!(!fx.root().join("bus").exists());
+    assert!(host.records.list().unwrap().is_empty());
+
+    // A crash after the backing file was deleted still cleans up our device,
+    // and still leaves someone else's over that file alone.
+    host.add_pci_function(BDF, FunctionKind::Nvme).unwrap();
+    let ours = host
+        .attach_nvme_namespace(BDF, 0, 1, 1, UUID, &backing(&other, MIB, MIB))
+        .unwrap();
+    let ours = loopdev::name_of(&ours.loop_device).unwrap();
+    drop(host);
+    fs::remove_file(&other).unwrap();
+    let host = fx.open();
+    assert!(host.records.list().unwrap().is_empty());
+    let deleted = |name: &str| {
+        loopdev::state(name)
+            .unwrap()
+            .is_some_and(|s| s.backing_file.as_encoded_bytes().ends_with(b" (deleted)"))
+    };
+    assert!(!deleted(&ours), "our device over the deleted file is gone");
+    assert!(deleted(elsewhere.trim_start_matches("/dev/")));
+    let _ = Command::new("losetup").args(["-d", &elsewhere]).status();
+}
+
+#[test]
+fn reopen_cleans_up_a_device_attached_but_never_recorded() {
+    let fx = Fixture::new();
+    let file = fx.file("lvs.img", 16 * MIB);
+    let before = foreign_loop(&file, 4 * MIB, 4 * MIB);
+    let host = fx.open();
+    host.add_pci_function(BDF, FunctionKind::Nvme).unwrap();
+
+    // The state right after `losetup` attached but before we wrote its name down.
+    let target = Target::of(&backing(&file, 4 * MIB, 4 * MIB)).unwrap();
+    let id = DiskId::Nvme {
+        bdf: BDF.to_owned(),
+        ctrl: 0,
+        ns: 1,
+    };
+    let record = DiskRecord {
+        sysfs_dir: host.disk_dir(&id),
+        backing_path: target.path.clone(),
+        backing_dev: target.dev,
+        backing_ino: target.ino,
+        offset: target.offset,
+        size: target.size,
+        read_only: false,
+        loop_device: None,
+        preexisting: vec![before.trim_start_matches("/dev/").to_owned()],
+    };
+    host.records.store(&id.key(), &record).unwrap();
+    let leaked = loopdev::attach(&target.path, target.offset, target.size, false).unwrap();
+    assert_eq!(loops_over(&file).len(), 2);
+    drop(host);
+
+    fx.open();
+    assert_eq!(loops_over(&file), [before]);
+    assert!(
+        loopdev::state(&leaked)
+            .unwrap()
+            .is_none_or(|s| s.backing_file.as_os_str() != target.path.as_os_str())
+    );
+}
+
+#[test]
+fn remove_function_and_shutdown_leave_nothing() {
+    let fx = Fixture::new();
+    let file = fx.file("lvs.img", 16 * MIB);
+    let host = fx.open();
+    host.add_pci_function(BDF, FunctionKind::Nvme).unwrap();
+    host.add_pci_function("26:00.2", FunctionKind::VirtioBlk)
+        .unwrap();
+    host.attach_nvme_namespace(BDF, 0, 1, 1, UUID, &backing(&file, 0, 4 * MIB))
+        .unwrap();
+    host.attach_nvme_namespace(BDF, 0, 2, 2, UUID, &backing(&file, 4 * MIB, 4 * MIB))
+        .unwrap();
+    host.attach_virtio_blk("26:00.2", 0, "vda", "s", &backing(&file, 8 * MIB, 4 * MIB))
+        .unwrap();
+    assert_eq!(loops_over(&file).len(), 3);
+
+    host.remove_pci_function(BDF).unwrap();
+    assert_eq!(loops_over(&file).len(), 1);
+    assert!(!fx.devices().join("0000:26:00.1").exists());
+
+    // Not ours: shutdown leaves it.
+    let stranger = fx.root().join("bus/pci/devices/0000:99:00.0");
+    fs::create_dir_all(&stranger).unwrap();
+    fs::write(stranger.join("vendor"), "0x8086\n").unwrap();
+
+    host.shutdown().unwrap();
+    assert!(loops_over(&file).is_empty());
+    assert!(!fx.devices().join("0000:26:00.2").exists());
+    assert!(stranger.join("vendor").exists());
+    assert!(host.records.list().unwrap().is_empty());
+    fs::remove_dir_all(fx.root().join("bus")).unwrap();
+    host.shutdown().unwrap();
+    assert!(!fx.root().join("bus").exists());
+    assert!(!fx.root().join(TMP_DIR).exists());
+}
+
+#[test]
+fn parallel_functions() {
+    let fx = Fixture::new();
+    let host = fx.open();
+    let files: Vec<PathBuf> = (0..6)
+        .map(|i| fx.file(&format!("f{i}.img"), 4 * MIB))
+        .collect();
+    thread::scope(|scope| {
+        for (i, file) in files.iter().enumerate() {
+            let host = &host;
+            scope.spawn(move || {
+                let bdf = format!("4{i}:00.0");
+                for round in 0..3 {
+                    host.add_pci_function(&bdf, FunctionKind::Nvme).unwrap();
+                    let disk = host
+                        .attach_nvme_namespace(&bdf, 0, 1, 1, UUID, &backing(file, 0, 4 * MIB))
+                        .unwrap();
+                    check_dev(&disk);
+                    check_data_path(&disk, file, 0, 4 * MIB);
+                    host.detach(&disk).unwrap();
+                    assert!(loops_over(file).is_empty(), "{bdf} round {round}");
+                    host.remove_pci_function(&bdf).unwrap();
+                }
+            });
+        }
+    });
+    assert!(host.records.list().unwrap().is_empty());
+}
+
+#[test]
+fn disk_ids_round_trip() {
+    for id in [
+        DiskId::Nvme {
+            bdf: "26:00.1".into(),
+            ctrl: 11,
+            ns: 1,
+        },
+        DiskId::Nvme {
+            bdf: "26:00.1".into(),
+            ctrl: 1,
+            ns: 11,
+        },
+        DiskId::VirtioBlk {
+            bdf: "ff:1f.7".into(),
+            virtio: 3,
+            disk: "vdab".into(),
+        },
+    ] {
+        let mut rel = PathBuf::from(format!("0000:{}", id.bdf()));
+        rel.extend(id.rel_dirs());
+        assert_eq!(DiskId::parse(&rel), Some(id.clone()));
+        assert_eq!(key_bdf(&id.key()), Some(id.bdf()));
+    }
+    for bad in [
+        "0000:26:00.1/nvme/nvme0/nvme1n1",
+        "0000:26:00.1/nvme/nvme00/nvme00n1",
+        "0000:26:00.1/nvme/nvme0/nvme0n+1",
+        "0000:26:00.1/virtio0/disk/vda",
+        "0000:26:00.1/virtio0/block/../x",
+        "26:00.1/virtio0/block/vda",
+        "0000:26:00.1/virtio0/block",
+    ] {
+        assert_eq!(DiskId::parse(Path::new(bad)), None, "{bad}");
+    }
+}
+
+#[test]
+fn dev_t_split() {
+    // glibc makedev(259, 1048577) and makedev(7, 3).
+    let make = |major: u64, minor: u64| {
+        ((major & 0xfff) << 8) | ((major & !0xfff) << 32) | (minor & 0xff) | ((minor & !0xff) << 12)
+    };
+    assert_eq!(loopdev::split_dev(make(259, 1_048_577)), (259, 1_048_577));
+    assert_eq!(loopdev::split_dev(make(7, 3)), (7, 3));
+    assert_eq!(loopdev::split_dev(make(4095, 255)), (4095, 255));
+    assert_eq!(loopdev::split_dev(make(4096, 256)), (4096, 256));
+}
+
+#[test]
+fn intent_clean_up_spares_devices_other_records_claim() {
+    let fx = Fixture::new();
+    let file = fx.file("lvs.img", 8 * MIB);
+    let host = fx.open();
+    host.add_pci_function(BDF, FunctionKind::Nvme).unwrap();
+    host.add_pci_function("26:00.2", FunctionKind::Nvme)
+        .unwrap();
+    let b = backing(&file, 0, 4 * MIB);
+    let claimed = host.attach_nvme_namespace(BDF, 0, 1, 1, UUID, &b).unwrap();
+
+    // Another function's attach of the same bytes died with its outcome unknown.
+    let target = Target::of(&b).unwrap();
+    let id = DiskId::Nvme {
+        bdf: "26:00.2".to_owned(),
+        ctrl: 0,
+        ns: 1,
+    };
+    let intent = DiskRecord {
+        sysfs_dir: host.disk_dir(&id),
+        backing_path: target.path.clone(),
+        backing_dev: target.dev,
+        backing_ino: target.ino,
+        offset: target.offset,
+        size: target.size,
+        read_only: false,
+        loop_device: None,
+        preexisting: Vec::new(),
+    };
+    host.records.store(&id.key(), &intent).unwrap();
+    let leaked = loopdev::attach(&target.path, 0, 4 * MIB, false).unwrap();
+    host.release(&id.key(), &intent).unwrap();
+
+    assert_eq!(
+        loops_over(&file),
+        [claimed.loop_device.display().to_string()],
+        "{leaked} goes, the claimed device stays"
+    );
+    host.detach(&claimed).unwrap();
+    assert!(loops_over(&file).is_empty());
+}
+
+#[test]
+fn host_side_can_be_shared_across_tasks() {
+    fn shareable<T: Send + Sync + 'static>() {}
+    shareable::<HostSide>();
+    shareable::<HostDisk>();
+}
