@@ -1,23 +1,28 @@
 //! Starts the real SNAP emulator in-process for a test, on its own socket,
-//! state directory and sysfs root, and stops it (detaching every loop device)
-//! when dropped.
+//! state directory and sysfs root.
+//!
+//! The emulator runs on its own thread and runtime, so that dropping the
+//! handle (also when a test panics) can stop it and wait for it to detach its
+//! loop devices, whatever runtime the test itself uses, and before the
+//! temporary directory holding its records is removed.
 
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
+use std::thread::JoinHandle;
 use std::time::Duration;
 
 use snap_csi::jsonrpc::RpcClient;
 use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
 
 pub struct Emulator {
+    stop: Option<oneshot::Sender<()>>,
+    thread: Option<JoinHandle<anyhow::Result<()>>>,
     root: PathBuf,
-    _owned: Option<tempfile::TempDir>,
     pub socket: PathBuf,
     pub sysfs_root: PathBuf,
-    stop: Option<oneshot::Sender<()>>,
-    task: Option<JoinHandle<anyhow::Result<()>>>,
+    // Declared last: removed only after the emulator has stopped.
+    _owned: Option<tempfile::TempDir>,
 }
 
 impl Emulator {
@@ -32,21 +37,31 @@ impl Emulator {
     /// An emulator whose socket, state and sysfs tree live under `root`, so a
     /// second one started there later takes its place.
     pub async fn start_in(root: &Path) -> Emulator {
-        let config = snap_emu::Config::for_test(root);
+        Emulator::start_with(snap_emu::Config::for_test(root), root).await
+    }
+
+    /// An emulator with a given configuration; `root` is where tests put files.
+    pub async fn start_with(config: snap_emu::Config, root: &Path) -> Emulator {
         let socket = config.socket.clone();
         let sysfs_root = config.effective_sysfs_root();
         let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(snap_emu::run(config, async move {
-            let _ = stopped.await;
-        }));
+        let thread = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()?;
+            runtime.block_on(snap_emu::run(config, async move {
+                let _ = stopped.await;
+            }))
+        });
         wait_for_socket(&socket).await;
         Emulator {
+            stop: Some(stop),
+            thread: Some(thread),
             root: root.to_path_buf(),
-            _owned: None,
             socket,
             sysfs_root,
-            stop: Some(stop),
-            task: Some(task),
+            _owned: None,
         }
     }
 
@@ -59,13 +74,29 @@ impl Emulator {
         RpcClient::new(&self.socket)
     }
 
-    /// Stops the emulator gracefully and waits until it has cleaned up.
+    /// Stops the emulator gracefully and checks that it shut down cleanly.
     pub async fn stop(mut self) {
+        let result = self.shutdown();
+        result.expect("the emulator shuts down cleanly");
+    }
+
+    fn shutdown(&mut self) -> anyhow::Result<()> {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
-        if let Some(task) = self.task.take() {
-            task.await.unwrap().unwrap();
+        match self.thread.take() {
+            Some(thread) => thread
+                .join()
+                .map_err(|_| anyhow::anyhow!("emulator thread panicked"))?,
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for Emulator {
+    fn drop(&mut self) {
+        if let Err(e) = self.shutdown() {
+            eprintln!("emulator shutdown: {e:#}");
         }
     }
 }

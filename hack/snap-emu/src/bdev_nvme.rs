@@ -1,0 +1,389 @@
+//! The NVMe-oF initiator (`bdev_nvme_*`): attaching a remote subsystem turns
+//! each of its namespaces into a `<name>n<nsid>` bdev backed by the target's
+//! bytes (see [`crate::nvmf_tcp`] for what travels over the wire).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tokio::sync::oneshot;
+use uuid::Uuid;
+
+use crate::bdev::{Bdev, BdevKind, NvmeNsInfo};
+use crate::host::Backing;
+use crate::nvmf_tcp::{self, Accepted, ConnectError, ConnectRequest};
+use crate::rpc::{
+    EALREADY, EEXIST, EINVAL, EIO, ENODEV, OnDecodeError, RpcError, RpcResult, decode, decode_opt,
+};
+use crate::state::{Emulator, Shared};
+
+const DEFAULT_MAX_BDEVS: u32 = 128;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Trid {
+    pub adrfam: &'static str,
+    pub traddr: String,
+    pub trsvcid: String,
+    pub subnqn: String,
+}
+
+impl Trid {
+    fn json(&self) -> Value {
+        json!({
+            "trtype": "TCP",
+            "adrfam": self.adrfam,
+            "traddr": self.traddr,
+            "trsvcid": self.trsvcid,
+            "subnqn": self.subnqn
+        })
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct NvmeController {
+    pub name: String,
+    pub trid: Trid,
+    pub hostnqn: String,
+    pub hostaddr: String,
+    pub hostsvcid: String,
+    pub cntlid: u16,
+    pub serial_number: String,
+    pub model_number: String,
+    pub bdevs: Vec<String>,
+    /// Dropping it closes the connection to the target.
+    _conn: oneshot::Sender<()>,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct NvmeInitiator {
+    ctrls: Vec<NvmeController>,
+}
+
+impl NvmeInitiator {
+    fn get(&self, name: &str) -> Option<&NvmeController> {
+        self.ctrls.iter().find(|c| c.name == name)
+    }
+
+    pub fn stop(&mut self) {
+        self.ctrls.clear();
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)] // Path tuning and security options are accepted, not modelled.
+struct AttachParams {
+    name: String,
+    trtype: String,
+    traddr: String,
+    adrfam: Option<String>,
+    trsvcid: Option<String>,
+    priority: Option<String>,
+    subnqn: Option<String>,
+    hostnqn: Option<String>,
+    hostaddr: Option<String>,
+    hostsvcid: Option<String>,
+    prchk_reftag: Option<bool>,
+    prchk_guard: Option<bool>,
+    hdgst: Option<bool>,
+    ddgst: Option<bool>,
+    fabrics_connect_timeout_us: Option<u64>,
+    multipath: Option<String>,
+    num_io_queues: Option<u32>,
+    ctrlr_loss_timeout_sec: Option<i32>,
+    reconnect_delay_sec: Option<u32>,
+    fast_io_fail_timeout_sec: Option<u32>,
+    psk: Option<String>,
+    max_bdevs: Option<u32>,
+    dhchap_key: Option<String>,
+    dhchap_ctrlr_key: Option<String>,
+    allow_unrecognized_csi: Option<bool>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DetachParams {
+    name: String,
+    trtype: Option<String>,
+    traddr: Option<String>,
+    adrfam: Option<String>,
+    trsvcid: Option<String>,
+    subnqn: Option<String>,
+    hostaddr: Option<String>,
+    hostsvcid: Option<String>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct GetControllersParams {
+    name: Option<String>,
+}
+
+/// What an attach will do, decided under the lock before connecting.
+#[derive(Debug)]
+struct Plan {
+    name: String,
+    trid: Trid,
+    hostnqn: String,
+    hostaddr: String,
+    hostsvcid: String,
+    timeout: Duration,
+    max_bdevs: u32,
+}
+
+fn parse_adrfam(s: &str) -> Option<&'static str> {
+    match s.to_ascii_lowercase().as_str() {
+        "ipv4" => Some("IPv4"),
+        "ipv6" => Some("IPv6"),
+        "ib" => Some("IB"),
+        "fc" => Some("FC"),
+        "intra_host" => Some("INTRA_HOST"),
+        _ => None,
+    }
+}
+
+/// `bdev_nvme_attach_controller`: plan under the lock, connect without it
+/// (the target may be this very process), then register under the lock.
+pub(crate) async fn attach_controller(shared: &Arc<Shared>, params: Option<Value>) -> RpcResult {
+    let p: AttachParams = decode(params, OnDecodeError::DecodeFailed)?;
+    let plan = shared.state.lock().await.plan_attach(&p)?;
+    let req = ConnectRequest {
+        proto: nvmf_tcp::PROTO.into(),
+        subnqn: plan.trid.subnqn.clone(),
+        hostnqn: plan.hostnqn.clone(),
+    };
+    let connected =
+        nvmf_tcp::connect(&plan.trid.traddr, &plan.trid.trsvcid, req, plan.timeout).await;
+    let (stream, accepted) = match connected {
+        Ok(c) => c,
+        Err(ConnectError::Unreachable) => return Err(RpcError::errno(ENODEV)),
+        Err(ConnectError::Rejected(why)) => {
+            tracing::info!("attach {} refused: {why}", plan.name);
+            return Err(RpcError::errno(EIO));
+        }
+    };
+    let conn = nvmf_tcp::hold_initiator(stream);
+    shared
+        .state
+        .lock()
+        .await
+        .finish_attach(plan, accepted, conn)
+}
+
+impl Emulator {
+    fn plan_attach(&self, p: &AttachParams) -> Result<Plan, RpcError> {
+        let known = ["pcie", "rdma", "tcp", "fc", "vfiouser", "custom"];
+        if !known.contains(&p.trtype.to_ascii_lowercase().as_str()) {
+            return Err(RpcError::new(
+                -EINVAL,
+                format!("Failed to parse trtype: {}", p.trtype),
+            ));
+        }
+        let adrfam = match &p.adrfam {
+            Some(a) => parse_adrfam(a)
+                .ok_or_else(|| RpcError::new(-EINVAL, format!("Failed to parse adrfam: {a}")))?,
+            None => "IPv4",
+        };
+        let trid = Trid {
+            adrfam,
+            traddr: p.traddr.clone(),
+            trsvcid: p.trsvcid.clone().unwrap_or_default(),
+            subnqn: p
+                .subnqn
+                .clone()
+                .unwrap_or_else(|| crate::nvmf::DISCOVERY_NQN.to_owned()),
+        };
+        let hostaddr = p.hostaddr.clone().unwrap_or_default();
+        let hostsvcid = p.hostsvcid.clone().unwrap_or_default();
+        if let Some(c) = self.nvme.get(&p.name) {
+            let same_path = c.trid.traddr == trid.traddr
+                && c.trid.trsvcid == trid.trsvcid
+                && c.hostaddr == hostaddr
+                && c.hostsvcid == hostsvcid;
+            let msg = if same_path {
+                format!(
+                    "A controller named {} already exists with the specified network path",
+                    p.name
+                )
+            } else {
+                // A second path to one controller (multipath) is not emulated.
+                format!(
+                    "A controller named {} already exists and multipath is disabled",
+                    p.name
+                )
+            };
+            return Err(RpcError::new(-EALREADY, msg));
+        }
+        if !p.trtype.eq_ignore_ascii_case("tcp") {
+            // Only TCP reaches other emulators; anything else finds no device.
+            return Err(RpcError::errno(ENODEV));
+        }
+        let timeout = match p.fabrics_connect_timeout_us {
+            Some(us) if us > 0 => {
+                Duration::from_micros(us).clamp(Duration::from_millis(1), Duration::from_secs(60))
+            }
+            _ => nvmf_tcp::CONNECT_TIMEOUT,
+        };
+        Ok(Plan {
+            name: p.name.clone(),
+            trid,
+            hostnqn: p
+                .hostnqn
+                .clone()
+                .unwrap_or_else(|| self.default_hostnqn.clone()),
+            hostaddr,
+            hostsvcid,
+            timeout,
+            max_bdevs: p.max_bdevs.unwrap_or(DEFAULT_MAX_BDEVS),
+        })
+    }
+
+    fn finish_attach(
+        &mut self,
+        plan: Plan,
+        accepted: Accepted,
+        conn: oneshot::Sender<()>,
+    ) -> RpcResult {
+        if self.nvme.get(&plan.name).is_some() {
+            return Err(RpcError::new(
+                -EALREADY,
+                format!(
+                    "A controller named {} already exists with the specified network path",
+                    plan.name
+                ),
+            ));
+        }
+        let mut names = vec![];
+        for ns in accepted.namespaces.iter().take(plan.max_bdevs as usize) {
+            let name = format!("{}n{}", plan.name, ns.nsid);
+            let uuid = Uuid::parse_str(&ns.uuid).unwrap_or_else(|_| Uuid::new_v4());
+            let bdev = Bdev {
+                name: name.clone(),
+                aliases: vec![],
+                uuid,
+                product_name: "NVMe disk",
+                block_size: ns.block_size,
+                num_blocks: ns.num_blocks,
+                claim: None,
+                kind: BdevKind::Nvme(NvmeNsInfo {
+                    ctrlr: plan.name.clone(),
+                    nsid: ns.nsid,
+                    backing: Backing {
+                        path: ns.path.clone(),
+                        offset: ns.offset,
+                        size: ns.size,
+                        read_only: ns.read_only,
+                    },
+                    unmap: ns.unmap,
+                    copy: ns.copy,
+                }),
+            };
+            match self.bdevs.insert(bdev) {
+                Ok(()) => names.push(name),
+                // SPDK logs and skips a namespace whose bdev cannot register.
+                Err(e) if e.code == -EEXIST => {
+                    tracing::warn!("namespace bdev {name} clashes with an existing bdev");
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        self.nvme.ctrls.push(NvmeController {
+            name: plan.name,
+            trid: plan.trid,
+            hostnqn: plan.hostnqn,
+            hostaddr: plan.hostaddr,
+            hostsvcid: plan.hostsvcid,
+            cntlid: accepted.cntlid,
+            serial_number: accepted.serial_number,
+            model_number: accepted.model_number,
+            bdevs: names.clone(),
+            _conn: conn,
+        });
+        Ok(json!(names))
+    }
+
+    pub(crate) fn bdev_nvme_detach_controller(&mut self, params: Option<Value>) -> RpcResult {
+        let p: DetachParams = decode(params, OnDecodeError::DecodeFailed)?;
+        let c = self.nvme.get(&p.name).ok_or(RpcError::errno(ENODEV))?;
+        let mismatch = |want: &Option<String>, have: &str| {
+            want.as_deref()
+                .is_some_and(|w| !w.eq_ignore_ascii_case(have))
+        };
+        if mismatch(&p.trtype, "tcp")
+            || mismatch(&p.traddr, &c.trid.traddr)
+            || mismatch(&p.adrfam, c.trid.adrfam)
+            || mismatch(&p.trsvcid, &c.trid.trsvcid)
+            || mismatch(&p.subnqn, &c.trid.subnqn)
+            || mismatch(&p.hostaddr, &c.hostaddr)
+            || mismatch(&p.hostsvcid, &c.hostsvcid)
+        {
+            return Err(RpcError::errno(ENODEV));
+        }
+        let Some(i) = self.nvme.ctrls.iter().position(|c| c.name == p.name) else {
+            return Err(RpcError::errno(ENODEV));
+        };
+        let ctrl = self.nvme.ctrls.remove(i);
+        for b in &ctrl.bdevs {
+            self.unregister_bdev(b);
+        }
+        // Dropping the controller closes its connection to the target.
+        drop(ctrl);
+        Ok(json!(true))
+    }
+
+    pub(crate) fn bdev_nvme_get_controllers(&self, params: Option<Value>) -> RpcResult {
+        let p: GetControllersParams = decode_opt(params, OnDecodeError::DecodeFailed)?;
+        let ctrls: Vec<&NvmeController> = match &p.name {
+            Some(n) => vec![self.nvme.get(n).ok_or_else(|| {
+                // SPDK really answers with a positive EINVAL here.
+                RpcError::new(EINVAL, format!("Controller {n} does not exist"))
+            })?],
+            None => self.nvme.ctrls.iter().collect(),
+        };
+        Ok(Value::Array(
+            ctrls
+                .into_iter()
+                .map(|c| {
+                    json!({
+                        "name": c.name,
+                        "ctrlrs": [{
+                            "state": "enabled",
+                            "trid": c.trid.json(),
+                            "cntlid": c.cntlid,
+                            "host": {"nqn": c.hostnqn, "addr": c.hostaddr, "svcid": c.hostsvcid}
+                        }]
+                    })
+                })
+                .collect(),
+        ))
+    }
+
+    pub(crate) fn nvme_driver_specific(&self, bdev: &Bdev) -> Value {
+        let BdevKind::Nvme(info) = &bdev.kind else {
+            return json!({});
+        };
+        let Some(c) = self.nvme.get(&info.ctrlr) else {
+            return json!({});
+        };
+        json!({
+            "nvme": [{
+                "trid": c.trid.json(),
+                "ctrlr_data": {
+                    "cntlid": c.cntlid,
+                    "vendor_id": "0x8086",
+                    "model_number": c.model_number,
+                    "serial_number": c.serial_number,
+                    "firmware_revision": "24.09",
+                    "subnqn": c.trid.subnqn,
+                    "oacs": {"security": 0, "format": 0, "firmware": 0, "ns_manage": 0},
+                    "multi_ctrlr": true,
+                    "ana_reporting": false
+                },
+                "vs": {"nvme_version": "1.3"},
+                "ns_data": {"id": info.nsid, "can_share": true}
+            }],
+            "mp_policy": "active_passive"
+        })
+    }
+}

@@ -1,0 +1,160 @@
+//! Emulator configuration: the library's [`Config`] and the binary's flags.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::bail;
+
+/// How many emulated PCI functions the DPU offers the host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FunctionLayout {
+    pub nvme_pfs: u32,
+    pub nvme_vfs_per_pf: u32,
+    pub virtio_blk_pfs: u32,
+    pub virtio_blk_vfs_per_pf: u32,
+}
+
+impl Default for FunctionLayout {
+    /// One NVMe PF and one virtio-blk PF with 16 VFs each, like a typical BF3 setup.
+    fn default() -> Self {
+        Self {
+            nvme_pfs: 1,
+            nvme_vfs_per_pf: 16,
+            virtio_blk_pfs: 1,
+            virtio_blk_vfs_per_pf: 16,
+        }
+    }
+}
+
+/// Everything one emulator instance needs.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The JSON-RPC UNIX socket (SPDK's `-r`).
+    pub socket: PathBuf,
+    /// Backing files of bdevs and the host side's records; created if missing.
+    pub state_dir: PathBuf,
+    /// Root of the sysfs-shaped tree; `<state_dir>/sysfs` when `None`.
+    pub sysfs_root: Option<PathBuf>,
+    /// `false` behaves as a plain `spdk_tgt`: no SNAP methods, no functions, no host side.
+    pub snap: bool,
+    /// SPDK's RPC poller period; `None` answers at once.
+    pub poll_period: Option<Duration>,
+    pub functions: FunctionLayout,
+}
+
+/// PCI bus numbers start at 0x26 and each PF owns one bus (function 0 is the PF,
+/// VFs follow), so the layout must fit into buses 0x26..=0xff.
+pub(crate) const FIRST_BUS: u32 = 0x26;
+pub(crate) const MAX_VFS_PER_PF: u32 = 255;
+pub(crate) const MAX_PFS: u32 = 0xff - FIRST_BUS + 1;
+
+impl Config {
+    pub fn new(socket: impl Into<PathBuf>, state_dir: impl Into<PathBuf>) -> Self {
+        Self {
+            socket: socket.into(),
+            state_dir: state_dir.into(),
+            sysfs_root: None,
+            snap: true,
+            poll_period: None,
+            functions: FunctionLayout::default(),
+        }
+    }
+
+    /// A SNAP-enabled instance living entirely under `dir` (`spdk.sock`, `state/`).
+    pub fn for_test(dir: &Path) -> Self {
+        Self::new(dir.join("spdk.sock"), dir.join("state"))
+    }
+
+    /// Plain `spdk_tgt` behaviour, e.g. for a remote NVMe-oF target.
+    pub fn without_snap(mut self) -> Self {
+        self.snap = false;
+        self
+    }
+
+    pub fn with_poll_period(mut self, period: Duration) -> Self {
+        self.poll_period = (!period.is_zero()).then_some(period);
+        self
+    }
+
+    pub fn with_functions(mut self, functions: FunctionLayout) -> Self {
+        self.functions = functions;
+        self
+    }
+
+    pub fn with_sysfs_root(mut self, root: impl Into<PathBuf>) -> Self {
+        self.sysfs_root = Some(root.into());
+        self
+    }
+
+    pub fn effective_sysfs_root(&self) -> PathBuf {
+        self.sysfs_root
+            .clone()
+            .unwrap_or_else(|| self.state_dir.join("sysfs"))
+    }
+
+    pub(crate) fn validate(&self) -> anyhow::Result<()> {
+        let f = &self.functions;
+        if f.nvme_vfs_per_pf > MAX_VFS_PER_PF || f.virtio_blk_vfs_per_pf > MAX_VFS_PER_PF {
+            bail!("at most {MAX_VFS_PER_PF} VFs per PF fit on one PCI bus");
+        }
+        // Leave half of the buses for hot-plugged PFs.
+        if f.nvme_pfs + f.virtio_blk_pfs > MAX_PFS / 2 {
+            bail!("at most {} static PFs are supported", MAX_PFS / 2);
+        }
+        Ok(())
+    }
+}
+
+/// Command line of the `snap-emu` binary.
+#[derive(Debug, clap::Parser)]
+#[command(
+    name = "snap-emu",
+    about = "SPDK v24.09 / SNAP-4 wire-compatible JSON-RPC emulator backed by files and loop devices"
+)]
+pub struct Cli {
+    /// JSON-RPC UNIX socket to listen on.
+    #[arg(long, default_value = "/var/tmp/spdk.sock")]
+    pub socket: PathBuf,
+    /// Directory for backing files and host-side records (created if missing).
+    #[arg(long, default_value = "/var/lib/snap-emu")]
+    pub state_dir: PathBuf,
+    /// Root of the emulated sysfs tree (default: STATE_DIR/sysfs).
+    #[arg(long)]
+    pub sysfs_root: Option<PathBuf>,
+    /// Behave as a plain spdk_tgt (no SNAP methods, no emulated functions).
+    #[arg(long)]
+    pub no_snap: bool,
+    /// Serve RPCs from a poller with this period in microseconds, like SPDK (0 = at once).
+    #[arg(long, default_value_t = 0)]
+    pub poll_period_us: u64,
+    /// Number of static NVMe PFs.
+    #[arg(long, default_value_t = 1)]
+    pub nvme_pfs: u32,
+    /// Number of VFs under each NVMe PF.
+    #[arg(long, default_value_t = 16)]
+    pub nvme_vfs_per_pf: u32,
+    /// Number of static virtio-blk PFs.
+    #[arg(long, default_value_t = 1)]
+    pub virtio_blk_pfs: u32,
+    /// Number of VFs under each virtio-blk PF.
+    #[arg(long, default_value_t = 16)]
+    pub virtio_blk_vfs_per_pf: u32,
+}
+
+impl Cli {
+    pub fn into_config(self) -> Config {
+        let mut c = Config::new(self.socket, self.state_dir)
+            .with_poll_period(Duration::from_micros(self.poll_period_us))
+            .with_functions(FunctionLayout {
+                nvme_pfs: self.nvme_pfs,
+                nvme_vfs_per_pf: self.nvme_vfs_per_pf,
+                virtio_blk_pfs: self.virtio_blk_pfs,
+                virtio_blk_vfs_per_pf: self.virtio_blk_vfs_per_pf,
+            });
+        c.sysfs_root = self.sysfs_root;
+        if self.no_snap {
+            c = c.without_snap();
+        }
+        c
+    }
+}

@@ -1,0 +1,449 @@
+//! Every SNAP-4 JSON name in one place: method names, parameter names and the
+//! keys of results. A SNAP version that renames something is a change here only.
+//!
+//! Names marked "verified" in `reference/snap4-rpc.md` are what NVIDIA's own
+//! DPF code sends; the virtio-blk JSON names are inferred from the public CLI
+//! (`ctrl`, `bdev`, `vblk_id`, ...), and so are result objects the reference
+//! leaves open (create results, virtio-blk listing extras).
+
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::functions::{Emulation, Function};
+
+pub(crate) const EMULATION_FUNCTION_LIST: &str = "emulation_function_list";
+pub(crate) const NVME_SUBSYSTEM_CREATE: &str = "nvme_subsystem_create";
+pub(crate) const NVME_SUBSYSTEM_DESTROY: &str = "nvme_subsystem_destroy";
+pub(crate) const NVME_SUBSYSTEM_LIST: &str = "nvme_subsystem_list";
+pub(crate) const NVME_NAMESPACE_CREATE: &str = "nvme_namespace_create";
+pub(crate) const NVME_NAMESPACE_DESTROY: &str = "nvme_namespace_destroy";
+pub(crate) const NVME_CONTROLLER_CREATE: &str = "nvme_controller_create";
+pub(crate) const NVME_CONTROLLER_DESTROY: &str = "nvme_controller_destroy";
+pub(crate) const NVME_CONTROLLER_LIST: &str = "nvme_controller_list";
+pub(crate) const NVME_CONTROLLER_ATTACH_NS: &str = "nvme_controller_attach_ns";
+pub(crate) const NVME_CONTROLLER_DETACH_NS: &str = "nvme_controller_detach_ns";
+pub(crate) const NVME_CONTROLLER_RESUME: &str = "nvme_controller_resume";
+pub(crate) const NVME_CONTROLLER_SUSPEND: &str = "nvme_controller_suspend";
+pub(crate) const NVME_CONTROLLER_HOTPLUG: &str = "nvme_controller_hotplug";
+pub(crate) const NVME_CONTROLLER_HOTUNPLUG: &str = "nvme_controller_hotunplug";
+pub(crate) const NVME_FUNCTION_CREATE: &str = "nvme_function_create";
+pub(crate) const NVME_FUNCTION_DESTROY: &str = "nvme_function_destroy";
+pub(crate) const VIRTIO_BLK_FUNCTION_CREATE: &str = "virtio_blk_function_create";
+pub(crate) const VIRTIO_BLK_FUNCTION_DESTROY: &str = "virtio_blk_function_destroy";
+pub(crate) const VIRTIO_BLK_CONTROLLER_CREATE: &str = "virtio_blk_controller_create";
+pub(crate) const VIRTIO_BLK_CONTROLLER_DESTROY: &str = "virtio_blk_controller_destroy";
+pub(crate) const VIRTIO_BLK_CONTROLLER_LIST: &str = "virtio_blk_controller_list";
+pub(crate) const VIRTIO_BLK_CONTROLLER_BDEV_ATTACH: &str = "virtio_blk_controller_bdev_attach";
+pub(crate) const VIRTIO_BLK_CONTROLLER_BDEV_DETACH: &str = "virtio_blk_controller_bdev_detach";
+pub(crate) const VIRTIO_BLK_CONTROLLER_HOTPLUG: &str = "virtio_blk_controller_hotplug";
+pub(crate) const VIRTIO_BLK_CONTROLLER_HOTUNPLUG: &str = "virtio_blk_controller_hotunplug";
+pub(crate) const VIRTIO_BLK_CONTROLLER_SUSPEND: &str = "virtio_blk_controller_suspend";
+pub(crate) const VIRTIO_BLK_CONTROLLER_RESUME: &str = "virtio_blk_controller_resume";
+
+/// All SNAP methods, for `rpc_get_methods` and dispatch.
+pub(crate) const METHODS: &[&str] = &[
+    EMULATION_FUNCTION_LIST,
+    NVME_SUBSYSTEM_CREATE,
+    NVME_SUBSYSTEM_DESTROY,
+    NVME_SUBSYSTEM_LIST,
+    NVME_NAMESPACE_CREATE,
+    NVME_NAMESPACE_DESTROY,
+    NVME_CONTROLLER_CREATE,
+    NVME_CONTROLLER_DESTROY,
+    NVME_CONTROLLER_LIST,
+    NVME_CONTROLLER_ATTACH_NS,
+    NVME_CONTROLLER_DETACH_NS,
+    NVME_CONTROLLER_RESUME,
+    NVME_CONTROLLER_SUSPEND,
+    NVME_CONTROLLER_HOTPLUG,
+    NVME_CONTROLLER_HOTUNPLUG,
+    NVME_FUNCTION_CREATE,
+    NVME_FUNCTION_DESTROY,
+    VIRTIO_BLK_FUNCTION_CREATE,
+    VIRTIO_BLK_FUNCTION_DESTROY,
+    VIRTIO_BLK_CONTROLLER_CREATE,
+    VIRTIO_BLK_CONTROLLER_DESTROY,
+    VIRTIO_BLK_CONTROLLER_LIST,
+    VIRTIO_BLK_CONTROLLER_BDEV_ATTACH,
+    VIRTIO_BLK_CONTROLLER_BDEV_DETACH,
+    VIRTIO_BLK_CONTROLLER_HOTPLUG,
+    VIRTIO_BLK_CONTROLLER_HOTUNPLUG,
+    VIRTIO_BLK_CONTROLLER_SUSPEND,
+    VIRTIO_BLK_CONTROLLER_RESUME,
+];
+
+/// Value of `emulation_type`.
+pub(crate) fn emulation_type(e: Emulation) -> &'static str {
+    match e {
+        Emulation::Nvme => "NVME",
+        Emulation::VirtioBlk => "VBLK",
+    }
+}
+
+/// Default names SNAP gives controllers created without `ctrl`.
+pub(crate) const NVME_CTRL_PREFIX: &str = "NVMeCtrl";
+pub(crate) const VIRTIO_BLK_CTRL_PREFIX: &str = "VblkCtrl";
+
+/// Defaults of a subsystem created with only `nqn` (values seen on BF3).
+pub(crate) const DEFAULT_MN: &str = "BlueField NVMe SNAP Controller";
+pub(crate) const DEFAULT_NN: u32 = 1024;
+pub(crate) const DEFAULT_MNAN: u32 = 1024;
+/// The only `bdev_type` SNAP namespaces take in this setup.
+pub(crate) const BDEV_TYPE_SPDK: &str = "spdk";
+
+// ---- parameters -------------------------------------------------------------
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct FunctionListParams {
+    #[serde(default)]
+    pub all: bool,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)] // Some options are accepted for compatibility only.
+pub(crate) struct SubsystemCreateParams {
+    pub nqn: String,
+    pub mn: Option<String>,
+    pub sn: Option<String>,
+    pub nn: Option<u32>,
+    pub mnan: Option<u32>,
+    pub single_ctrl: Option<bool>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct SubsystemDestroyParams {
+    pub nqn: String,
+    #[serde(default)]
+    pub force: bool,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct SubsystemListParams {
+    pub nqn: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)] // Some options are accepted for compatibility only.
+pub(crate) struct NamespaceCreateParams {
+    pub bdev_type: String,
+    pub nqn: String,
+    pub nsid: Option<u32>,
+    pub uuid: Option<String>,
+    pub bdev_name: String,
+    pub nguid: Option<String>,
+    pub eui64: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct NamespaceDestroyParams {
+    pub nqn: String,
+    pub nsid: u32,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)] // Some options are accepted for compatibility only.
+pub(crate) struct NvmeControllerCreateParams {
+    pub nqn: String,
+    pub pci_bdf: Option<String>,
+    pub vuid: Option<String>,
+    pub pf_id: Option<u32>,
+    pub vf_id: Option<u32>,
+    pub vhca_id: Option<u32>,
+    pub ctrl: Option<String>,
+    #[serde(default)]
+    pub suspended: bool,
+    pub num_queues: Option<u32>,
+    pub mdts: Option<u32>,
+    #[serde(default)]
+    pub admin_only: bool,
+    #[serde(default)]
+    pub live_update_listener: bool,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct NvmeControllerNsParams {
+    pub ctrl_id: String,
+    pub nsid: u32,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)] // Some options are accepted for compatibility only.
+pub(crate) struct NvmeControllerIdParams {
+    pub ctrl_id: String,
+    /// Accepted by suspend/resume on SNAP; nothing to wait for here.
+    pub timeout_ms: Option<u32>,
+    #[serde(default)]
+    pub admin_only: bool,
+    #[serde(default)]
+    pub live_update_notifier: bool,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct NvmeControllerDestroyParams {
+    pub ctrl_id: String,
+    #[serde(default)]
+    pub force: bool,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)] // Some options are accepted for compatibility only.
+pub(crate) struct NvmeControllerHotplugParams {
+    pub ctrl_id: String,
+    #[serde(default)]
+    pub wait_for_done: bool,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct NvmeControllerListParams {
+    pub ctrl_id: Option<String>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct FunctionCreateParams {}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct FunctionDestroyParams {
+    pub vuid: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct VirtioBlkControllerCreateParams {
+    pub ctrl: Option<String>,
+    pub pf_id: Option<u32>,
+    pub vf_id: Option<u32>,
+    pub vuid: Option<String>,
+    pub pci_bdf: Option<String>,
+    pub vhca_id: Option<u32>,
+    pub bdev: Option<String>,
+    pub num_queues: Option<u32>,
+    pub queue_size: Option<u32>,
+    pub seg_max: Option<u32>,
+    pub size_max: Option<u32>,
+    pub vblk_id: Option<String>,
+    #[serde(default)]
+    pub suspended: bool,
+    #[serde(default)]
+    pub read_only: bool,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct VirtioBlkCtrlParams {
+    pub ctrl: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct VirtioBlkDestroyParams {
+    pub ctrl: String,
+    #[serde(default)]
+    pub force: bool,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)] // Some options are accepted for compatibility only.
+pub(crate) struct VirtioBlkHotplugParams {
+    pub ctrl: String,
+    #[serde(default)]
+    pub wait_for_done: bool,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct VirtioBlkListParams {
+    pub ctrl: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct VirtioBlkBdevAttachParams {
+    pub ctrl: String,
+    pub bdev: String,
+    pub vblk_id: Option<String>,
+}
+
+// ---- results ----------------------------------------------------------------
+
+/// One entry of `emulation_function_list` (a PF, or a VF without `vfs`).
+pub(crate) fn function_json(f: &Function, vfs: Option<Vec<Value>>) -> Value {
+    let mut o = serde_json::Map::new();
+    o.insert("hotplugged".into(), json!(f.hotplugged));
+    o.insert("emulation_type".into(), json!(emulation_type(f.emulation)));
+    o.insert("pf_index".into(), json!(f.pf_index));
+    if let Some(vf) = f.vf_index {
+        o.insert("vf_index".into(), json!(vf));
+    }
+    o.insert("pci_bdf".into(), json!(f.listed_bdf()));
+    o.insert("vhca_id".into(), json!(f.vhca_id));
+    o.insert("vuid".into(), json!(f.vuid));
+    if let Some(ctrl) = &f.ctrl_id {
+        o.insert("ctrl_id".into(), json!(ctrl));
+    }
+    if let Some(vfs) = vfs {
+        o.insert("vfs".into(), Value::Array(vfs));
+    }
+    Value::Object(o)
+}
+
+pub(crate) fn function_created_json(f: &Function) -> Value {
+    json!({"vuid": f.vuid, "vhca_id": f.vhca_id})
+}
+
+pub(crate) struct SubsystemView<'a> {
+    pub nqn: &'a str,
+    pub sn: &'a str,
+    pub mn: &'a str,
+    pub nn: u32,
+    pub mnan: u32,
+}
+
+pub(crate) fn subsystem_created_json(s: &SubsystemView) -> Value {
+    json!({"nqn": s.nqn, "sn": s.sn, "mn": s.mn, "nn": s.nn, "mnan": s.mnan})
+}
+
+pub(crate) fn subsystem_json(
+    s: &SubsystemView,
+    controllers: Vec<Value>,
+    namespaces: Vec<Value>,
+) -> Value {
+    json!({
+        "nqn": s.nqn,
+        "sn": s.sn,
+        "mn": s.mn,
+        "nn": s.nn,
+        "mnan": s.mnan,
+        "controllers": controllers,
+        "namespaces": namespaces
+    })
+}
+
+pub(crate) fn namespace_created_json(nqn: &str, nsid: u32, bdev: &str, uuid: &str) -> Value {
+    json!({"nqn": nqn, "nsid": nsid, "bdev": bdev, "uuid": uuid})
+}
+
+/// `{nsid, bdev, uuid}` as listed under a controller.
+pub(crate) fn ctrl_namespace_json(nsid: u32, bdev: &str, uuid: &str) -> Value {
+    json!({"nsid": nsid, "bdev": bdev, "uuid": uuid})
+}
+
+pub(crate) fn subsystem_namespace_json(
+    nsid: u32,
+    bdev: &str,
+    uuid: &str,
+    nqn: &str,
+    ready: bool,
+    ctrl_id: Option<&str>,
+) -> Value {
+    let controllers: Vec<Value> = ctrl_id.map(|c| json!({"ctrl_id": c})).into_iter().collect();
+    json!({
+        "nsid": nsid,
+        "bdev": bdev,
+        "uuid": uuid,
+        "nqn": nqn,
+        "ready": if ready { "Yes" } else { "No" },
+        "max inflights per weight": 65535,
+        "controllers": controllers
+    })
+}
+
+pub(crate) struct NvmeCtrlView<'a> {
+    pub ctrl_id: &'a str,
+    pub vhca_id: u32,
+    pub nqn: &'a str,
+    pub plugged: bool,
+    pub suspended: bool,
+    pub num_queues: u32,
+    pub max_queues: u32,
+    pub mdts: u32,
+    pub namespaces: Vec<Value>,
+}
+
+fn state_name(suspended: bool) -> &'static str {
+    if suspended { "SUSPENDED" } else { "STARTED" }
+}
+
+/// A controller as `nvme_subsystem_list` shows it.
+pub(crate) fn subsystem_ctrl_json(c: NvmeCtrlView) -> Value {
+    json!({
+        "ctrl_id": c.ctrl_id,
+        "vhca_id": c.vhca_id,
+        "nqn": c.nqn,
+        "plugged": c.plugged,
+        "state": state_name(c.suspended),
+        "num_queues": c.num_queues,
+        "max_queues": c.max_queues,
+        "mdts": c.mdts,
+        "namespaces": c.namespaces
+    })
+}
+
+/// A controller as `nvme_controller_list` shows it.
+pub(crate) fn nvme_ctrl_json(c: NvmeCtrlView) -> Value {
+    json!({
+        "ctrl_id": c.ctrl_id,
+        "vhca_id": c.vhca_id,
+        "nqn": c.nqn,
+        "num_queues": c.num_queues,
+        "mdts": c.mdts,
+        "namespaces": c.namespaces
+    })
+}
+
+pub(crate) fn ctrl_created_json(ctrl_id: &str, f: &Function) -> Value {
+    json!({
+        "ctrl_id": ctrl_id,
+        "vhca_id": f.vhca_id,
+        "vuid": f.vuid,
+        "pci_bdf": f.listed_bdf()
+    })
+}
+
+pub(crate) struct VirtioCtrlView<'a> {
+    pub ctrl_id: &'a str,
+    pub vhca_id: u32,
+    pub num_queues: u32,
+    pub queue_size: u32,
+    pub seg_max: u32,
+    pub size_max: u32,
+    pub vblk_id: &'a str,
+    pub bdev: &'a str,
+    pub read_only: bool,
+    pub pci_bdf: &'a str,
+    pub vuid: &'a str,
+    pub plugged: bool,
+    pub suspended: bool,
+}
+
+pub(crate) fn virtio_ctrl_json(c: VirtioCtrlView) -> Value {
+    json!({
+        "ctrl_id": c.ctrl_id,
+        "vhca_id": c.vhca_id,
+        "num_queues": c.num_queues,
+        "queue_size": c.queue_size,
+        "seg_max": c.seg_max,
+        "size_max": c.size_max,
+        "vblk_id": c.vblk_id,
+        "bdev": c.bdev,
+        "read_only": c.read_only,
+        "pci_bdf": c.pci_bdf,
+        "vuid": c.vuid,
+        "plugged": c.plugged,
+        "state": state_name(c.suspended)
+    })
+}

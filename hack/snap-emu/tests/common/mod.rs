@@ -1,0 +1,378 @@
+//! Helpers shared by the integration tests: starting emulators in-process,
+//! a small JSON-RPC client, transcript parsing and shape-aware comparison.
+
+#![allow(dead_code)] // Each test binary uses a different subset.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use snap_emu::Config;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::UnixStream;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+pub const REPLY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// An emulator served by this process until [`Emu::stop`].
+pub struct Emu {
+    pub socket: PathBuf,
+    pub state_dir: PathBuf,
+    pub sysfs_root: PathBuf,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<anyhow::Result<()>>>,
+}
+
+impl Emu {
+    pub async fn start(config: Config) -> Self {
+        let state_dir = config.state_dir.clone();
+        let sysfs_root = config.effective_sysfs_root();
+        let server = snap_emu::bind(config).await.expect("emulator binds");
+        let socket = server.socket().to_owned();
+        let (tx, rx) = oneshot::channel::<()>();
+        let task = tokio::spawn(server.serve(async {
+            let _ = rx.await;
+        }));
+        Self {
+            socket,
+            state_dir,
+            sysfs_root,
+            stop: Some(tx),
+            task: Some(task),
+        }
+    }
+
+    pub async fn client(&self) -> Client {
+        Client::connect(&self.socket).await
+    }
+
+    pub async fn stop(mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        if let Some(task) = self.task.take() {
+            task.await
+                .expect("server task")
+                .expect("server stops cleanly");
+        }
+    }
+}
+
+impl Drop for Emu {
+    /// A test that panics drops its emulator, and then its temporary state
+    /// directory: stop the server first, or the records of its loop devices
+    /// would be gone before it could detach them. The server runs on the
+    /// runtime's workers, so waiting here (on the test's thread) lets it finish.
+    fn drop(&mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        if let Some(task) = &self.task {
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while !task.is_finished() && std::time::Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+    }
+}
+
+/// A JSON-RPC client that reads replies with a streaming decoder.
+pub struct Client {
+    stream: UnixStream,
+    buf: Vec<u8>,
+    next_id: u64,
+}
+
+impl Client {
+    pub async fn connect(path: &Path) -> Self {
+        let stream = UnixStream::connect(path)
+            .await
+            .expect("connect to emulator");
+        Self {
+            stream,
+            buf: vec![],
+            next_id: 1,
+        }
+    }
+
+    pub async fn send_raw(&mut self, bytes: &[u8]) {
+        self.stream.write_all(bytes).await.expect("write");
+    }
+
+    /// Reads one JSON value from the stream.
+    pub async fn read_value(&mut self) -> Value {
+        let deadline = tokio::time::Instant::now() + REPLY_TIMEOUT;
+        loop {
+            let mut it = serde_json::Deserializer::from_slice(&self.buf).into_iter::<Value>();
+            match it.next() {
+                Some(Ok(v)) => {
+                    let used = it.byte_offset();
+                    self.buf.drain(..used);
+                    return v;
+                }
+                Some(Err(e)) if !e.is_eof() => panic!("bad reply: {e}"),
+                _ => {}
+            }
+            // On the heap: a big array here would bloat every caller's future.
+            let mut chunk = vec![0u8; 65536];
+            let n = tokio::time::timeout_at(deadline, self.stream.read(&mut chunk))
+                .await
+                .expect("reply in time")
+                .expect("read");
+            assert!(n > 0, "server closed the connection");
+            self.buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+
+    /// Calls a method; `Err((code, message))` for an error reply.
+    pub async fn call(
+        &mut self,
+        method: &str,
+        params: Option<Value>,
+    ) -> Result<Value, (i64, String)> {
+        let id = self.next_id;
+        self.next_id += 1;
+        let mut req = json!({"jsonrpc": "2.0", "method": method, "id": id});
+        if let Some(p) = params {
+            req["params"] = p;
+        }
+        self.send_raw(&serde_json::to_vec(&req).expect("encode"))
+            .await;
+        let reply = self.read_value().await;
+        assert_eq!(reply["id"], json!(id), "reply id for {method}");
+        if let Some(e) = reply.get("error") {
+            return Err((
+                e["code"].as_i64().expect("code"),
+                e["message"].as_str().expect("message").to_owned(),
+            ));
+        }
+        Ok(reply["result"].clone())
+    }
+
+    pub async fn ok(&mut self, method: &str, params: Value) -> Value {
+        match self.call(method, Some(params.clone())).await {
+            Ok(v) => v,
+            Err(e) => panic!("{method} {params} failed: {e:?}"),
+        }
+    }
+
+    pub async fn err(&mut self, method: &str, params: Value) -> (i64, String) {
+        match self.call(method, Some(params.clone())).await {
+            Ok(v) => panic!("{method} {params} unexpectedly returned {v}"),
+            Err(e) => e,
+        }
+    }
+}
+
+/// Decodes the inside of a Python bytes literal (`b'...'`).
+pub fn py_bytes(s: &str) -> Vec<u8> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] != b'\\' || i + 1 == b.len() {
+            out.push(b[i]);
+            i += 1;
+            continue;
+        }
+        let c = b[i + 1];
+        i += 2;
+        match c {
+            b'n' => out.push(b'\n'),
+            b'r' => out.push(b'\r'),
+            b't' => out.push(b'\t'),
+            b'0' => out.push(0),
+            b'\\' => out.push(b'\\'),
+            b'\'' => out.push(b'\''),
+            b'"' => out.push(b'"'),
+            b'x' => {
+                let hex = std::str::from_utf8(&b[i..i + 2]).expect("hex escape");
+                out.push(u8::from_str_radix(hex, 16).expect("hex escape"));
+                i += 2;
+            }
+            other => {
+                out.push(b'\\');
+                out.push(other);
+            }
+        }
+    }
+    out
+}
+
+/// Extracts `...` from a line containing `b'...'` (the last quote closes it).
+pub fn bytes_literal(line: &str) -> Vec<u8> {
+    let start = line.find("b'").expect("bytes literal") + 2;
+    let end = line.rfind('\'').expect("closing quote");
+    py_bytes(&line[start..end])
+}
+
+fn is_uuid(s: &[u8]) -> bool {
+    s.len() == 36
+        && s.iter().enumerate().all(|(i, c)| match i {
+            8 | 13 | 18 | 23 => *c == b'-',
+            _ => c.is_ascii_hexdigit(),
+        })
+}
+
+/// Replaces every UUID in a text by a fixed placeholder of the same length,
+/// so texts that differ only in random UUIDs compare equal.
+pub fn mask_uuids(text: &[u8]) -> Vec<u8> {
+    let mut out = text.to_vec();
+    let mut i = 0;
+    while i + 36 <= out.len() {
+        if is_uuid(&out[i..i + 36]) {
+            out[i..i + 36].copy_from_slice(b"00000000-0000-0000-0000-000000000000");
+            i += 36;
+        } else {
+            i += 1;
+        }
+    }
+    out
+}
+
+/// A JSON token; enough to walk a (possibly cut) compact document.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Tok {
+    Punct(u8),
+    Str(String, bool), // text, complete
+    Num(String),
+    Lit(String),
+}
+
+pub fn tokenize(text: &str) -> Vec<Tok> {
+    let b = text.as_bytes();
+    let mut out = vec![];
+    let mut i = 0;
+    while i < b.len() {
+        let c = b[i];
+        match c {
+            b'{' | b'}' | b'[' | b']' | b':' | b',' => {
+                out.push(Tok::Punct(c));
+                i += 1;
+            }
+            b' ' | b'\n' | b'\t' | b'\r' => i += 1,
+            b'"' => {
+                let mut j = i + 1;
+                let mut s = Vec::new();
+                let mut complete = false;
+                while j < b.len() {
+                    if b[j] == b'\\' && j + 1 < b.len() {
+                        s.push(b[j]);
+                        s.push(b[j + 1]);
+                        j += 2;
+                    } else if b[j] == b'"' {
+                        complete = true;
+                        j += 1;
+                        break;
+                    } else {
+                        s.push(b[j]);
+                        j += 1;
+                    }
+                }
+                out.push(Tok::Str(String::from_utf8_lossy(&s).into_owned(), complete));
+                i = j;
+            }
+            b'-' | b'0'..=b'9' => {
+                let mut j = i;
+                while j < b.len() && (b[j].is_ascii_digit() || b"-+.eE".contains(&b[j])) {
+                    j += 1;
+                }
+                out.push(Tok::Num(text[i..j].to_owned()));
+                i = j;
+            }
+            _ => {
+                let mut j = i;
+                while j < b.len() && b[j].is_ascii_alphabetic() {
+                    j += 1;
+                }
+                if j == i {
+                    j += 1;
+                }
+                out.push(Tok::Lit(text[i..j].to_owned()));
+                i = j;
+            }
+        }
+    }
+    out
+}
+
+/// Compares an actual compact JSON reply with an expected one that may be cut
+/// (`cut` = the expected text ends mid-document). Strings compare after masking
+/// UUIDs; numbers under `random_keys` compare by shape only.
+pub fn compare_prefix(
+    expected: &str,
+    actual: &str,
+    cut: bool,
+    random_keys: &[&str],
+) -> Result<(), String> {
+    let exp = tokenize(&String::from_utf8_lossy(&mask_uuids(expected.as_bytes())));
+    let act = tokenize(&String::from_utf8_lossy(&mask_uuids(actual.as_bytes())));
+    if !cut && exp.len() != act.len() {
+        return Err(format!(
+            "token count differs: expected {} got {}",
+            exp.len(),
+            act.len()
+        ));
+    }
+    let mut last_key = String::new();
+    for (i, e) in exp.iter().enumerate() {
+        let a = act
+            .get(i)
+            .ok_or_else(|| format!("reply ends early at token {i}: expected {e:?}"))?;
+        let last = i + 1 == exp.len();
+        let ok = match (e, a) {
+            (Tok::Str(es, true), Tok::Str(as_, true)) => es == as_,
+            (Tok::Str(es, false), Tok::Str(as_, _)) if last && cut => as_.starts_with(es.as_str()),
+            (Tok::Num(en), Tok::Num(an)) => {
+                en == an
+                    || random_keys.contains(&last_key.as_str())
+                    || (last && cut && an.starts_with(en.as_str()))
+            }
+            (Tok::Lit(el), Tok::Lit(al)) => {
+                el == al || (last && cut && al.starts_with(el.as_str()))
+            }
+            (Tok::Punct(x), Tok::Punct(y)) => x == y,
+            _ => false,
+        };
+        if !ok {
+            return Err(format!(
+                "token {i} differs (key {last_key:?}): expected {e:?}, got {a:?}\n  expected: {expected}\n  actual:   {actual}"
+            ));
+        }
+        if let (Tok::Str(s, true), Some(Tok::Punct(b':'))) = (e, exp.get(i + 1)) {
+            last_key = s.clone();
+        }
+    }
+    Ok(())
+}
+
+/// A TCP port nothing listens on right now.
+pub fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("addr").port()
+}
+
+/// Creates a sparse file of `size` bytes.
+pub fn sparse_file(path: &Path, size: u64) {
+    let f = std::fs::File::create(path).expect("create");
+    f.set_len(size).expect("set_len");
+}
+
+/// `losetup -a` output, for checking which files still have loop devices.
+pub fn losetup_all() -> String {
+    let out = std::process::Command::new("losetup")
+        .arg("-a")
+        .output()
+        .expect("losetup");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Resolves a sysfs `dev` file (`major:minor`) to the device node.
+pub fn dev_node(dev_file: &Path) -> PathBuf {
+    let dev = std::fs::read_to_string(dev_file).expect("dev file");
+    let dev = dev.trim();
+    let link = std::fs::read_link(format!("/sys/dev/block/{dev}")).expect("dev link");
+    let name = link.file_name().expect("device name");
+    PathBuf::from("/dev").join(name)
+}

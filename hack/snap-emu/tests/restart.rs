@@ -1,0 +1,133 @@
+//! The binary: a SIGKILLed emulator's loop devices are cleaned up by the next
+//! one on the same state directory; SIGTERM shuts down gracefully; a second
+//! emulator on a busy state directory or a non-socket path is refused.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{Client, losetup_all};
+use serde_json::json;
+
+fn spawn(socket: &Path, state: &Path) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_snap-emu"))
+        .arg("--socket")
+        .arg(socket)
+        .arg("--state-dir")
+        .arg(state)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn snap-emu")
+}
+
+/// Waits until the emulator answers on its socket.
+async fn connect(socket: &Path, child: &mut Child) -> Client {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Ok(s) = tokio::net::UnixStream::connect(socket).await {
+            drop(s);
+            return Client::connect(socket).await;
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("snap-emu exited early: {status}");
+        }
+        assert!(Instant::now() < deadline, "snap-emu did not come up");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn wait_exit(child: &mut Child) -> std::process::ExitStatus {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            return status;
+        }
+        assert!(Instant::now() < deadline, "snap-emu did not exit");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_cleans_up_after_a_killed_emulator() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("spdk.sock");
+    let state = dir.path().join("state");
+    let img = dir.path().join("killed.img");
+    common::sparse_file(&img, 8 << 20);
+    let img_str = img.to_str().unwrap().to_owned();
+
+    let mut first = spawn(&socket, &state);
+    let mut c = connect(&socket, &mut first).await;
+    c.ok("bdev_aio_create", json!({"name": "k", "filename": img}))
+        .await;
+    c.ok(
+        "virtio_blk_controller_create",
+        json!({"pf_id": 0, "vf_id": 3, "bdev": "k", "vblk_id": "killed"}),
+    )
+    .await;
+    assert!(losetup_all().contains(&img_str));
+
+    // A second emulator may not take over a live one's state directory.
+    let other_socket = dir.path().join("other.sock");
+    let mut second = spawn(&other_socket, &state);
+    assert!(!wait_exit(&mut second).success());
+
+    drop(c);
+    first.kill().expect("SIGKILL");
+    first.wait().expect("reap");
+    assert!(
+        losetup_all().contains(&img_str),
+        "SIGKILL leaves the loop device"
+    );
+    assert!(socket.exists(), "SIGKILL leaves the socket");
+
+    let mut again = spawn(&socket, &state);
+    let mut c = connect(&socket, &mut again).await;
+    assert!(!losetup_all().contains(&img_str), "the restart detached it");
+    // A restarted emulator starts empty, like SPDK.
+    assert_eq!(c.ok("bdev_get_bdevs", json!({})).await, json!([]));
+    assert_eq!(
+        c.ok("virtio_blk_controller_list", json!({})).await,
+        json!([])
+    );
+    drop(c);
+
+    let status = Command::new("kill")
+        .arg("-TERM")
+        .arg(again.id().to_string())
+        .status()
+        .expect("kill -TERM");
+    assert!(status.success());
+    assert!(wait_exit(&mut again).success());
+    assert!(!socket.exists(), "graceful shutdown removes the socket");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_path_that_is_not_a_socket_is_left_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let not_socket = dir.path().join("precious.txt");
+    std::fs::write(&not_socket, b"keep me").unwrap();
+    let mut child = spawn(&not_socket, &dir.path().join("state"));
+    assert!(!wait_exit(&mut child).success());
+    assert_eq!(std::fs::read(&not_socket).unwrap(), b"keep me");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_socket_is_not_taken_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = common::Emu::start(snap_emu::Config::for_test(dir.path()).without_snap()).await;
+    let other =
+        snap_emu::Config::new(first.socket.clone(), dir.path().join("other")).without_snap();
+    let err = snap_emu::bind(other)
+        .await
+        .expect_err("the socket is taken");
+    assert!(err.to_string().contains("in use"), "{err:#}");
+    let mut c = first.client().await;
+    c.ok("spdk_get_version", serde_json::Value::Null).await;
+    drop(c);
+    first.stop().await;
+}

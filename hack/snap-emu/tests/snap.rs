@@ -1,0 +1,632 @@
+//! SNAP emulation end to end: the function list, NVIDIA's NVMe attach order
+//! and virtio-blk producing real loop devices under the sysfs tree, teardown,
+//! hot-plug, and graceful shutdown. Needs root and loop devices.
+
+mod common;
+
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+
+use common::{Client, Emu, dev_node, losetup_all};
+use serde_json::{Value, json};
+use snap_emu::Config;
+
+const MIB: u64 = 1 << 20;
+
+fn devices(emu: &Emu) -> PathBuf {
+    emu.sysfs_root.join("bus/pci/devices")
+}
+
+/// A file of `size` bytes with `pattern` written at `offset`.
+fn image(path: &Path, size: u64, offset: u64, pattern: &[u8]) {
+    let mut f = std::fs::File::create(path).unwrap();
+    f.set_len(size).unwrap();
+    f.seek(SeekFrom::Start(offset)).unwrap();
+    f.write_all(pattern).unwrap();
+    f.sync_all().unwrap();
+}
+
+fn read_at(dev: &Path, offset: u64, len: usize) -> Vec<u8> {
+    let mut f = std::fs::File::open(dev).unwrap();
+    f.seek(SeekFrom::Start(offset)).unwrap();
+    let mut buf = vec![0u8; len];
+    f.read_exact(&mut buf).unwrap();
+    buf
+}
+
+fn keys(v: &Value) -> Vec<&str> {
+    v.as_object().unwrap().keys().map(String::as_str).collect()
+}
+
+/// The first VF of the first PF of an emulation type that has no controller.
+async fn free_vf(c: &mut Client, emulation: &str) -> String {
+    let fns = c.ok("emulation_function_list", json!({"all": true})).await;
+    fns.as_array()
+        .unwrap()
+        .iter()
+        .filter(|pf| pf["emulation_type"] == emulation)
+        .flat_map(|pf| pf["vfs"].as_array().unwrap().iter())
+        .find(|vf| vf.get("ctrl_id").is_none())
+        .map(|vf| vf["pci_bdf"].as_str().unwrap().to_owned())
+        .expect("a free VF")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn function_list_has_snap_shape_and_functions_exist_on_the_host() {
+    let dir = tempfile::tempdir().unwrap();
+    let emu = Emu::start(Config::for_test(dir.path())).await;
+    let mut c = emu.client().await;
+    let fns = c.ok("emulation_function_list", json!({"all": true})).await;
+    let pfs = fns.as_array().unwrap();
+    assert_eq!(pfs.len(), 2);
+    assert_eq!(
+        keys(&pfs[0]),
+        [
+            "hotplugged",
+            "emulation_type",
+            "pf_index",
+            "pci_bdf",
+            "vhca_id",
+            "vuid",
+            "vfs"
+        ]
+    );
+    assert_eq!(pfs[0]["emulation_type"], "NVME");
+    assert_eq!(pfs[0]["pci_bdf"], "26:00.0");
+    assert_eq!(pfs[0]["hotplugged"], false);
+    assert_eq!(pfs[1]["emulation_type"], "VBLK");
+    assert_eq!(pfs[1]["pci_bdf"], "27:00.0");
+    let vfs = pfs[0]["vfs"].as_array().unwrap();
+    assert_eq!(vfs.len(), 16);
+    assert_eq!(
+        keys(&vfs[0]),
+        [
+            "hotplugged",
+            "emulation_type",
+            "pf_index",
+            "vf_index",
+            "pci_bdf",
+            "vhca_id",
+            "vuid"
+        ]
+    );
+    assert_eq!(vfs[0]["pci_bdf"], "26:00.1");
+    assert_eq!(vfs[15]["pci_bdf"], "26:02.0");
+    let mut all: Vec<&Value> = pfs.iter().collect();
+    all.extend(pfs.iter().flat_map(|p| p["vfs"].as_array().unwrap()));
+    let mut bdfs: Vec<&str> = all.iter().map(|f| f["pci_bdf"].as_str().unwrap()).collect();
+    bdfs.sort_unstable();
+    bdfs.dedup();
+    assert_eq!(bdfs.len(), 34, "BDFs are distinct");
+    for bdf in bdfs {
+        assert!(
+            devices(&emu).join(format!("0000:{bdf}")).is_dir(),
+            "{bdf} on the host"
+        );
+    }
+    // Without "all", only VFs carrying a controller are listed.
+    let short = c.ok("emulation_function_list", json!({})).await;
+    assert!(short[0]["vfs"].as_array().unwrap().is_empty());
+    // --no-snap has no SNAP methods at all.
+    let plain_dir = dir.path().join("plain");
+    let plain = Emu::start(Config::for_test(&plain_dir).without_snap()).await;
+    let mut p = plain.client().await;
+    assert_eq!(
+        p.call("emulation_function_list", None).await.unwrap_err(),
+        (-32601, "Method not found".into())
+    );
+    plain.stop().await;
+    emu.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nvme_attach_order_produces_a_loop_device_and_teardown_leaves_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("nvme-vol.img");
+    image(&img, 16 * MIB, 4096, b"snap-emu nvme bytes");
+    let emu = Emu::start(Config::for_test(&dir.path().join("emu"))).await;
+    let mut c = emu.client().await;
+    c.ok(
+        "bdev_aio_create",
+        json!({"name": "vol", "filename": img, "block_size": 512}),
+    )
+    .await;
+    let nqn = "nqn.2022-10.io.nvda.nvme:vol";
+    let ns_uuid = "263826ad-19a3-4feb-bc25-4bc81ee7748e";
+    c.ok("nvme_subsystem_create", json!({"nqn": nqn})).await;
+    c.ok(
+        "nvme_namespace_create",
+        json!({"bdev_type": "spdk", "nqn": nqn, "nsid": 1, "uuid": ns_uuid, "bdev_name": "vol"}),
+    )
+    .await;
+    // The namespace is open for writing: nvmf may not claim the bdev now.
+    c.ok("nvmf_create_transport", json!({"trtype": "TCP"}))
+        .await;
+    c.ok(
+        "nvmf_create_subsystem",
+        json!({"nqn": "nqn.2016-06.io.spdk:x1"}),
+    )
+    .await;
+    assert_eq!(
+        c.err(
+            "nvmf_subsystem_add_ns",
+            json!({"nqn": "nqn.2016-06.io.spdk:x1", "namespace": {"bdev_name": "vol"}})
+        )
+        .await
+        .0,
+        -32602
+    );
+    let bdf = free_vf(&mut c, "NVME").await;
+    let created = c
+        .ok(
+            "nvme_controller_create",
+            json!({"nqn": nqn, "pci_bdf": bdf, "suspended": true}),
+        )
+        .await;
+    let ctrl = created["ctrl_id"].as_str().unwrap().to_owned();
+    assert_eq!(ctrl, "NVMeCtrl1");
+    // The function is taken now.
+    assert_eq!(
+        c.err(
+            "nvme_controller_create",
+            json!({"nqn": nqn, "pci_bdf": bdf})
+        )
+        .await
+        .0,
+        -16
+    );
+    c.ok(
+        "nvme_controller_attach_ns",
+        json!({"ctrl_id": ctrl, "nsid": 1}),
+    )
+    .await;
+    let fn_dir = devices(&emu).join(format!("0000:{bdf}"));
+    assert!(
+        !fn_dir.join("nvme").exists(),
+        "suspended: nothing on the host yet"
+    );
+    c.ok("nvme_controller_resume", json!({"ctrl_id": ctrl}))
+        .await;
+
+    let ns_dir = fn_dir.join("nvme/nvme0/nvme0n1");
+    assert_eq!(
+        std::fs::read_to_string(ns_dir.join("nsid")).unwrap().trim(),
+        "1"
+    );
+    assert_eq!(
+        std::fs::read_to_string(ns_dir.join("uuid")).unwrap().trim(),
+        ns_uuid
+    );
+    assert_eq!(
+        std::fs::read_to_string(ns_dir.join("size")).unwrap().trim(),
+        (16 * MIB / 512).to_string()
+    );
+    let node = dev_node(&ns_dir.join("dev"));
+    assert_eq!(read_at(&node, 4096, 19), b"snap-emu nvme bytes");
+    assert!(losetup_all().contains(img.to_str().unwrap()));
+
+    let subs = c.ok("nvme_subsystem_list", Value::Null).await;
+    let s = &subs[0];
+    assert_eq!(
+        keys(s),
+        ["nqn", "sn", "mn", "nn", "mnan", "controllers", "namespaces"]
+    );
+    assert_eq!(
+        keys(&s["controllers"][0]),
+        [
+            "ctrl_id",
+            "vhca_id",
+            "nqn",
+            "plugged",
+            "state",
+            "num_queues",
+            "max_queues",
+            "mdts",
+            "namespaces"
+        ]
+    );
+    assert_eq!(
+        s["controllers"][0]["namespaces"][0],
+        json!({"nsid": 1, "bdev": "vol", "uuid": ns_uuid})
+    );
+    assert_eq!(
+        keys(&s["namespaces"][0]),
+        [
+            "nsid",
+            "bdev",
+            "uuid",
+            "nqn",
+            "ready",
+            "max inflights per weight",
+            "controllers"
+        ]
+    );
+    assert_eq!(
+        s["namespaces"][0]["controllers"],
+        json!([{"ctrl_id": ctrl}])
+    );
+    let ctrls = c.ok("nvme_controller_list", Value::Null).await;
+    assert_eq!(
+        keys(&ctrls[0]),
+        [
+            "ctrl_id",
+            "vhca_id",
+            "nqn",
+            "num_queues",
+            "mdts",
+            "namespaces"
+        ]
+    );
+    let fns = c.ok("emulation_function_list", json!({"all": true})).await;
+    let vf = fns[0]["vfs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["pci_bdf"] == bdf.as_str())
+        .unwrap();
+    assert_eq!(vf["ctrl_id"], ctrl.as_str());
+
+    // A namespace attaches to one controller only.
+    let bdf2 = free_vf(&mut c, "NVME").await;
+    let ctrl2 = c
+        .ok(
+            "nvme_controller_create",
+            json!({"nqn": nqn, "pci_bdf": bdf2}),
+        )
+        .await["ctrl_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(
+        c.err(
+            "nvme_controller_attach_ns",
+            json!({"ctrl_id": ctrl2, "nsid": 1})
+        )
+        .await
+        .0,
+        -16
+    );
+    c.ok(
+        "nvme_controller_destroy",
+        json!({"ctrl_id": ctrl2, "force": true}),
+    )
+    .await;
+
+    // NVIDIA's teardown: the reverse order.
+    c.ok(
+        "nvme_controller_detach_ns",
+        json!({"ctrl_id": ctrl, "nsid": 1}),
+    )
+    .await;
+    assert!(!ns_dir.exists());
+    assert!(!losetup_all().contains(img.to_str().unwrap()));
+    c.ok(
+        "nvme_controller_destroy",
+        json!({"ctrl_id": ctrl, "force": true}),
+    )
+    .await;
+    c.ok("nvme_namespace_destroy", json!({"nqn": nqn, "nsid": 1}))
+        .await;
+    c.ok("nvme_subsystem_destroy", json!({"nqn": nqn})).await;
+    c.ok("bdev_aio_delete", json!({"name": "vol"})).await;
+    assert_eq!(
+        c.err("nvme_controller_destroy", json!({"ctrl_id": ctrl}))
+            .await
+            .0,
+        -19
+    );
+    assert_eq!(c.ok("nvme_subsystem_list", Value::Null).await, json!([]));
+    emu.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn virtio_blk_disk_appears_with_its_serial_and_goes_away() {
+    let dir = tempfile::tempdir().unwrap();
+    let emu = Emu::start(Config::for_test(&dir.path().join("emu"))).await;
+    let mut c = emu.client().await;
+    c.ok(
+        "bdev_malloc_create",
+        json!({"name": "m0", "num_blocks": 8192, "block_size": 512}),
+    )
+    .await;
+    let bdf = free_vf(&mut c, "VBLK").await;
+    let created = c
+        .ok(
+            "virtio_blk_controller_create",
+            json!({"pci_bdf": bdf, "bdev": "m0", "vblk_id": "serial-0001"}),
+        )
+        .await;
+    let ctrl = created["ctrl_id"].as_str().unwrap().to_owned();
+    assert_eq!(ctrl, "VblkCtrl1");
+    let disk = devices(&emu).join(format!("0000:{bdf}/virtio0/block/vda"));
+    assert_eq!(
+        std::fs::read_to_string(disk.join("serial")).unwrap(),
+        "serial-0001"
+    );
+    let node = dev_node(&disk.join("dev"));
+    // Bytes written through the host's disk land in the bdev's file.
+    {
+        let mut f = std::fs::OpenOptions::new().write(true).open(&node).unwrap();
+        f.seek(SeekFrom::Start(512)).unwrap();
+        f.write_all(b"through virtio").unwrap();
+        f.sync_all().unwrap();
+    }
+    assert_eq!(read_at(&node, 512, 14), b"through virtio");
+    let list = c.ok("virtio_blk_controller_list", Value::Null).await;
+    assert_eq!(list[0]["bdev"], "m0");
+    assert_eq!(list[0]["vblk_id"], "serial-0001");
+    // A second controller gets the next disk name.
+    c.ok(
+        "bdev_null_create",
+        json!({"name": "n0", "num_blocks": 2048, "block_size": 512}),
+    )
+    .await;
+    let bdf2 = free_vf(&mut c, "VBLK").await;
+    c.ok(
+        "virtio_blk_controller_create",
+        json!({"pci_bdf": bdf2, "bdev": "n0"}),
+    )
+    .await;
+    let disk2 = devices(&emu).join(format!("0000:{bdf2}/virtio1/block/vdb"));
+    assert_eq!(std::fs::read_to_string(disk2.join("serial")).unwrap(), "n0");
+    // Deleting a bdev under a controller is a hot remove: the disk goes.
+    c.ok("bdev_null_delete", json!({"name": "n0"})).await;
+    assert!(!disk2.exists());
+
+    assert_eq!(
+        c.err("virtio_blk_controller_destroy", json!({"ctrl": ctrl}))
+            .await
+            .0,
+        -16
+    );
+    c.ok("virtio_blk_controller_bdev_detach", json!({"ctrl": ctrl}))
+        .await;
+    assert!(!disk.exists());
+    c.ok(
+        "virtio_blk_controller_bdev_attach",
+        json!({"ctrl": ctrl, "bdev": "m0"}),
+    )
+    .await;
+    assert!(disk.exists(), "the lowest free names are reused");
+    c.ok(
+        "virtio_blk_controller_destroy",
+        json!({"ctrl": ctrl, "force": true}),
+    )
+    .await;
+    assert!(!disk.exists());
+    emu.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hotplug_function_is_invisible_until_plugged() {
+    let dir = tempfile::tempdir().unwrap();
+    let emu = Emu::start(Config::for_test(&dir.path().join("emu"))).await;
+    let mut c = emu.client().await;
+    c.ok(
+        "bdev_malloc_create",
+        json!({"name": "m0", "num_blocks": 4096, "block_size": 4096}),
+    )
+    .await;
+    let nqn = "nqn.2022-10.io.nvda.nvme:hp";
+    c.ok("nvme_subsystem_create", json!({"nqn": nqn})).await;
+    c.ok(
+        "nvme_namespace_create",
+        json!({"bdev_type": "spdk", "nqn": nqn, "nsid": 3, "bdev_name": "m0"}),
+    )
+    .await;
+    let f = c.ok("nvme_function_create", Value::Null).await;
+    assert_eq!(keys(&f), ["vuid", "vhca_id"]);
+    let vuid = f["vuid"].as_str().unwrap().to_owned();
+    let listed = c.ok("emulation_function_list", json!({"all": true})).await;
+    let pf = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["vuid"] == vuid.as_str())
+        .unwrap();
+    assert_eq!(pf["hotplugged"], true);
+    assert_eq!(pf["pci_bdf"], "00:00.0");
+    let ctrl = c
+        .ok(
+            "nvme_controller_create",
+            json!({"nqn": nqn, "vuid": vuid, "suspended": true}),
+        )
+        .await["ctrl_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    c.ok(
+        "nvme_controller_attach_ns",
+        json!({"ctrl_id": ctrl, "nsid": 3}),
+    )
+    .await;
+    c.ok("nvme_controller_resume", json!({"ctrl_id": ctrl}))
+        .await;
+    c.ok(
+        "nvme_controller_hotplug",
+        json!({"ctrl_id": ctrl, "wait_for_done": true}),
+    )
+    .await;
+    let listed = c.ok("emulation_function_list", json!({"all": true})).await;
+    let bdf = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["vuid"] == vuid.as_str())
+        .unwrap()["pci_bdf"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(bdf, "28:00.0");
+    // nvme<X>n<Y>: Y counts attachments, so NSID 3 is nvme0n1.
+    let ns_dir = devices(&emu).join(format!("0000:{bdf}/nvme/nvme0/nvme0n1"));
+    assert_eq!(
+        std::fs::read_to_string(ns_dir.join("nsid")).unwrap().trim(),
+        "3"
+    );
+    assert_eq!(
+        c.err("nvme_function_destroy", json!({"vuid": vuid}))
+            .await
+            .0,
+        -16
+    );
+    c.ok(
+        "nvme_controller_hotunplug",
+        json!({"ctrl_id": ctrl, "wait_for_done": true}),
+    )
+    .await;
+    assert!(!devices(&emu).join(format!("0000:{bdf}")).exists());
+    c.ok(
+        "nvme_controller_destroy",
+        json!({"ctrl_id": ctrl, "force": true}),
+    )
+    .await;
+    c.ok("nvme_function_destroy", json!({"vuid": vuid})).await;
+    assert_eq!(
+        c.err("nvme_function_destroy", json!({"vuid": vuid}))
+            .await
+            .0,
+        -19
+    );
+    emu.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn graceful_shutdown_detaches_everything_and_removes_the_socket() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("shutdown.img");
+    image(&img, 8 * MIB, 0, b"x");
+    let emu = Emu::start(Config::for_test(&dir.path().join("emu"))).await;
+    let socket = emu.socket.clone();
+    let sysfs = emu.sysfs_root.clone();
+    let mut c = emu.client().await;
+    c.ok("bdev_aio_create", json!({"name": "a", "filename": img}))
+        .await;
+    let bdf = free_vf(&mut c, "VBLK").await;
+    c.ok(
+        "virtio_blk_controller_create",
+        json!({"pci_bdf": bdf, "bdev": "a"}),
+    )
+    .await;
+    assert!(losetup_all().contains(img.to_str().unwrap()));
+    drop(c);
+    emu.stop().await;
+    assert!(!losetup_all().contains(img.to_str().unwrap()));
+    assert!(!socket.exists());
+    assert!(!sysfs.join(format!("bus/pci/devices/0000:{bdf}")).exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nvmf_attach_between_instances_reaches_the_same_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = dir.path().join("pool.img");
+    image(&pool, 64 * MIB, 0, b"");
+    let target = Emu::start(Config::for_test(&dir.path().join("target")).without_snap()).await;
+    let dpu = Emu::start(Config::for_test(&dir.path().join("dpu"))).await;
+    let port = common::free_port().to_string();
+    let mut t = target.client().await;
+    t.ok(
+        "bdev_aio_create",
+        json!({"name": "pool", "filename": pool, "block_size": 4096}),
+    )
+    .await;
+    t.ok(
+        "bdev_lvol_create_lvstore",
+        json!({"bdev_name": "pool", "lvs_name": "lvs"}),
+    )
+    .await;
+    let lvol = t
+        .ok(
+            "bdev_lvol_create",
+            json!({"lvol_name": "v", "size_in_mib": 8, "lvs_name": "lvs"}),
+        )
+        .await;
+    let nqn = "nqn.2024-01.io.example:v";
+    t.ok("nvmf_create_transport", json!({"trtype": "TCP"}))
+        .await;
+    t.ok(
+        "nvmf_create_subsystem",
+        json!({"nqn": nqn, "allow_any_host": true}),
+    )
+    .await;
+    t.ok(
+        "nvmf_subsystem_add_ns",
+        json!({"nqn": nqn, "namespace": {"bdev_name": "lvs/v"}}),
+    )
+    .await;
+    t.ok(
+        "nvmf_subsystem_add_listener",
+        json!({"nqn": nqn, "listen_address": {"trtype": "tcp", "adrfam": "ipv4", "traddr": "127.0.0.1", "trsvcid": port}}),
+    )
+    .await;
+
+    let mut d = dpu.client().await;
+    let names = d
+        .ok(
+            "bdev_nvme_attach_controller",
+            json!({"name": "remote", "trtype": "tcp", "adrfam": "ipv4", "traddr": "127.0.0.1", "trsvcid": port, "subnqn": nqn}),
+        )
+        .await;
+    assert_eq!(names, json!(["remoten1"]));
+    let b = d.ok("bdev_get_bdevs", json!({"name": "remoten1"})).await;
+    assert_eq!(b[0]["block_size"], 4096);
+    assert_eq!(b[0]["num_blocks"], 2048);
+    // Expose the remote namespace to the host through SNAP.
+    let snqn = "nqn.2022-10.io.nvda.nvme:remote";
+    d.ok("nvme_subsystem_create", json!({"nqn": snqn})).await;
+    d.ok(
+        "nvme_namespace_create",
+        json!({"bdev_type": "spdk", "nqn": snqn, "nsid": 1, "bdev_name": "remoten1"}),
+    )
+    .await;
+    let bdf = free_vf(&mut d, "NVME").await;
+    let ctrl = d
+        .ok(
+            "nvme_controller_create",
+            json!({"nqn": snqn, "pci_bdf": bdf, "suspended": true}),
+        )
+        .await["ctrl_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    d.ok(
+        "nvme_controller_attach_ns",
+        json!({"ctrl_id": ctrl, "nsid": 1}),
+    )
+    .await;
+    d.ok("nvme_controller_resume", json!({"ctrl_id": ctrl}))
+        .await;
+    let node = dev_node(&devices(&dpu).join(format!("0000:{bdf}/nvme/nvme0/nvme0n1/dev")));
+    {
+        let mut f = std::fs::OpenOptions::new().write(true).open(&node).unwrap();
+        f.seek(SeekFrom::Start(8192)).unwrap();
+        f.write_all(b"written on the host").unwrap();
+        f.sync_all().unwrap();
+    }
+    // The target's lvol file holds what the host wrote.
+    let lvs = t
+        .ok("bdev_lvol_get_lvstores", json!({"lvs_name": "lvs"}))
+        .await;
+    let lvs_uuid = lvs[0]["uuid"].as_str().unwrap();
+    let file = target.state_dir.join(format!(
+        "bdevs/lvs-{lvs_uuid}/{}.img",
+        lvol.as_str().unwrap()
+    ));
+    assert_eq!(read_at(&file, 8192, 19), b"written on the host");
+
+    // The target sees the connection; detaching ends it.
+    let ctrls = d
+        .ok("bdev_nvme_get_controllers", json!({"name": "remote"}))
+        .await;
+    assert_eq!(ctrls[0]["ctrlrs"][0]["cntlid"], 1);
+    d.ok("bdev_nvme_detach_controller", json!({"name": "remote"}))
+        .await;
+    assert!(
+        !devices(&dpu).join(format!("0000:{bdf}/nvme")).exists(),
+        "hot remove reached the host"
+    );
+    let subs = d.ok("nvme_subsystem_list", Value::Null).await;
+    assert_eq!(subs[0]["namespaces"], json!([]));
+    dpu.stop().await;
+    target.stop().await;
+}
