@@ -205,8 +205,27 @@ pub(crate) fn io_error(e: &std::io::Error) -> RpcError {
     RpcError::new(-errno, message)
 }
 
+/// The formats malloc and null bdevs are emulated in: a positive number of
+/// whole 512-byte sectors per block, without metadata or DIF.
+fn check_data_only_format(
+    num_blocks: u64,
+    block_size: u32,
+    md_size: Option<u32>,
+    dif_type: Option<u32>,
+) -> Result<(), RpcError> {
+    if num_blocks == 0
+        || block_size == 0
+        || !block_size.is_multiple_of(512)
+        || md_size.unwrap_or(0) != 0
+        || dif_type.unwrap_or(0) != 0
+    {
+        return Err(RpcError::errno(EINVAL));
+    }
+    Ok(())
+}
+
 /// Creates (or truncates) a sparse file of `size` bytes.
-pub(crate) fn create_sparse(path: &Path, size: u64) -> Result<(), RpcError> {
+fn create_sparse(path: &Path, size: u64) -> Result<(), RpcError> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).map_err(|_| RpcError::errno(ENOMEM))?;
     }
@@ -550,10 +569,7 @@ impl Emulator {
     }
 
     pub(crate) fn bdev_aio_delete(&mut self, params: Option<Value>) -> RpcResult {
-        let p: NameParams = decode(params, OnDecodeError::DecodeFailed)?;
-        let name = self.module_bdev(&p.name, |k| matches!(k, BdevKind::Aio { .. }))?;
-        self.unregister_bdev(&name);
-        Ok(json!(true))
+        self.delete_module_bdev(params, |k| matches!(k, BdevKind::Aio { .. }))
     }
 
     pub(crate) fn bdev_aio_rescan(&mut self, params: Option<Value>) -> RpcResult {
@@ -577,75 +593,45 @@ impl Emulator {
 
     pub(crate) fn bdev_malloc_create(&mut self, params: Option<Value>) -> RpcResult {
         let p: MallocCreateParams = decode(params, OnDecodeError::DecodeFailed)?;
-        if p.num_blocks == 0
-            || !p.block_size.is_multiple_of(512)
-            || p.block_size == 0
-            || p.md_size.unwrap_or(0) != 0
-            || p.dif_type.unwrap_or(0) != 0
-        {
-            return Err(RpcError::errno(EINVAL));
-        }
+        check_data_only_format(p.num_blocks, p.block_size, p.md_size, p.dif_type)?;
+        // The number is taken before the size is checked (in
+        // `register_file_bdev`): a create that fails on its size uses one up.
         let name = match p.name {
             Some(n) => n,
             None => self.bdevs.next_malloc_name(),
         };
-        let uuid = p.uuid.unwrap_or_else(Uuid::new_v4);
-        let size = p
-            .num_blocks
-            .checked_mul(u64::from(p.block_size))
-            .ok_or(RpcError::errno(ENOMEM))?;
         self.register_file_bdev(
             name,
-            uuid,
+            p.uuid.unwrap_or_else(Uuid::new_v4),
             "Malloc disk",
             p.block_size,
             p.num_blocks,
-            size,
             |file| BdevKind::Malloc { file },
         )
     }
 
     pub(crate) fn bdev_malloc_delete(&mut self, params: Option<Value>) -> RpcResult {
-        let p: NameParams = decode(params, OnDecodeError::DecodeFailed)?;
-        let name = self.module_bdev(&p.name, |k| matches!(k, BdevKind::Malloc { .. }))?;
-        self.unregister_bdev(&name);
-        Ok(json!(true))
+        self.delete_module_bdev(params, |k| matches!(k, BdevKind::Malloc { .. }))
     }
 
     pub(crate) fn bdev_null_create(&mut self, params: Option<Value>) -> RpcResult {
         let p: NullCreateParams = decode(params, OnDecodeError::DecodeFailed)?;
-        if p.num_blocks == 0
-            || p.block_size == 0
-            || !p.block_size.is_multiple_of(512)
-            || p.md_size.unwrap_or(0) != 0
-            || p.dif_type.unwrap_or(0) != 0
-        {
-            return Err(RpcError::errno(EINVAL));
-        }
-        let uuid = p.uuid.unwrap_or_else(Uuid::new_v4);
-        let size = p
-            .num_blocks
-            .checked_mul(u64::from(p.block_size))
-            .ok_or(RpcError::errno(ENOMEM))?;
+        check_data_only_format(p.num_blocks, p.block_size, p.md_size, p.dif_type)?;
         self.register_file_bdev(
             p.name,
-            uuid,
+            p.uuid.unwrap_or_else(Uuid::new_v4),
             "Null disk",
             p.block_size,
             p.num_blocks,
-            size,
             |file| BdevKind::Null { file },
         )
     }
 
     pub(crate) fn bdev_null_delete(&mut self, params: Option<Value>) -> RpcResult {
-        let p: NameParams = decode(params, OnDecodeError::DecodeFailed)?;
-        let name = self.module_bdev(&p.name, |k| matches!(k, BdevKind::Null { .. }))?;
-        self.unregister_bdev(&name);
-        Ok(json!(true))
+        self.delete_module_bdev(params, |k| matches!(k, BdevKind::Null { .. }))
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// Registers a malloc or null bdev over a sparse file of its own.
     fn register_file_bdev(
         &mut self,
         name: String,
@@ -653,15 +639,18 @@ impl Emulator {
         product_name: &'static str,
         block_size: u32,
         num_blocks: u64,
-        size: u64,
         kind: impl FnOnce(PathBuf) -> BdevKind,
     ) -> RpcResult {
+        let size = num_blocks
+            .checked_mul(u64::from(block_size))
+            .ok_or(RpcError::errno(ENOMEM))?;
+        // Checked before the file is made: it is named by the UUID, and a
+        // clash must not truncate the file of the bdev that holds that UUID.
         if self.bdevs.get(&name).is_some() || self.bdevs.get(&uuid.to_string()).is_some() {
             return Err(RpcError::errno(EEXIST));
         }
         let file = self.files_dir.join(format!("{uuid}.img"));
-        create_sparse(&file, size)?;
-        let result = self.bdevs.insert(Bdev {
+        let bdev = Bdev {
             name: name.clone(),
             aliases: vec![],
             uuid,
@@ -670,12 +659,35 @@ impl Emulator {
             num_blocks,
             claim: None,
             kind: kind(file.clone()),
-        });
-        if let Err(e) = result {
-            let _ = std::fs::remove_file(&file);
-            return Err(e);
-        }
+        };
+        self.register_with_file(bdev, &file, size)?;
         Ok(json!(name))
+    }
+
+    /// Registers a bdev over a new sparse file of `size` bytes at `file`; the
+    /// file is removed again if the registration fails.
+    pub(crate) fn register_with_file(
+        &mut self,
+        bdev: Bdev,
+        file: &Path,
+        size: u64,
+    ) -> Result<(), RpcError> {
+        create_sparse(file, size)?;
+        self.bdevs.insert(bdev).inspect_err(|_| {
+            let _ = std::fs::remove_file(file);
+        })
+    }
+
+    /// `bdev_{aio,malloc,null}_delete`: alike but for whose bdevs they delete.
+    fn delete_module_bdev(
+        &mut self,
+        params: Option<Value>,
+        is_mine: impl Fn(&BdevKind) -> bool,
+    ) -> RpcResult {
+        let p: NameParams = decode(params, OnDecodeError::DecodeFailed)?;
+        let name = self.module_bdev(&p.name, is_mine)?;
+        self.unregister_bdev(&name);
+        Ok(json!(true))
     }
 
     /// Resolves a name for a module's delete: another module's bdev is -ENODEV,

@@ -12,6 +12,7 @@ use uuid::Uuid;
 
 use crate::bdev::{Bdev, BdevKind, NvmeNsInfo};
 use crate::host::Backing;
+use crate::nvmf::adrfam_name;
 use crate::nvmf_tcp::{self, Accepted, ConnectError, ConnectRequest};
 use crate::rpc::{
     EALREADY, EEXIST, EINVAL, EIO, ENODEV, OnDecodeError, RpcError, RpcResult, decode, decode_opt,
@@ -132,15 +133,13 @@ struct Plan {
     max_bdevs: u32,
 }
 
-fn parse_adrfam(s: &str) -> Option<&'static str> {
-    match s.to_ascii_lowercase().as_str() {
-        "ipv4" => Some("IPv4"),
-        "ipv6" => Some("IPv6"),
-        "ib" => Some("IB"),
-        "fc" => Some("FC"),
-        "intra_host" => Some("INTRA_HOST"),
-        _ => None,
-    }
+/// An attach under a name that is taken by a controller on the same path; also
+/// what the loser of two concurrent attaches of one name gets.
+fn same_path_exists(name: &str) -> RpcError {
+    RpcError::new(
+        -EALREADY,
+        format!("A controller named {name} already exists with the specified network path"),
+    )
 }
 
 /// `bdev_nvme_attach_controller`: plan under the lock, connect without it
@@ -181,7 +180,7 @@ impl Emulator {
             ));
         }
         let adrfam = match &p.adrfam {
-            Some(a) => parse_adrfam(a)
+            Some(a) => adrfam_name(a)
                 .ok_or_else(|| RpcError::new(-EINVAL, format!("Failed to parse adrfam: {a}")))?,
             None => "IPv4",
         };
@@ -201,19 +200,17 @@ impl Emulator {
                 && c.trid.trsvcid == trid.trsvcid
                 && c.hostaddr == hostaddr
                 && c.hostsvcid == hostsvcid;
-            let msg = if same_path {
-                format!(
-                    "A controller named {} already exists with the specified network path",
-                    p.name
-                )
-            } else {
-                // A second path to one controller (multipath) is not emulated.
+            if same_path {
+                return Err(same_path_exists(&p.name));
+            }
+            // A second path to one controller (multipath) is not emulated.
+            return Err(RpcError::new(
+                -EALREADY,
                 format!(
                     "A controller named {} already exists and multipath is disabled",
                     p.name
-                )
-            };
-            return Err(RpcError::new(-EALREADY, msg));
+                ),
+            ));
         }
         if !p.trtype.eq_ignore_ascii_case("tcp") {
             // Only TCP reaches other emulators; anything else finds no device.
@@ -246,13 +243,7 @@ impl Emulator {
         conn: oneshot::Sender<()>,
     ) -> RpcResult {
         if self.nvme.get(&plan.name).is_some() {
-            return Err(RpcError::new(
-                -EALREADY,
-                format!(
-                    "A controller named {} already exists with the specified network path",
-                    plan.name
-                ),
-            ));
+            return Err(same_path_exists(&plan.name));
         }
         let mut names = vec![];
         for ns in accepted.namespaces.iter().take(plan.max_bdevs as usize) {

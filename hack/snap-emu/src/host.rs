@@ -417,17 +417,7 @@ impl HostSide {
             .filter(|state| target.owns(state))
             .map(|state| state.name)
             .collect();
-        let mut record = DiskRecord {
-            sysfs_dir: self.disk_dir(id),
-            backing_path: target.path.clone(),
-            backing_dev: target.dev,
-            backing_ino: target.ino,
-            offset: target.offset,
-            size: target.size,
-            read_only: target.read_only,
-            loop_device: None,
-            preexisting,
-        };
+        let mut record = target.intent(self.disk_dir(id), preexisting);
         self.records.store(&key, &record)?;
 
         let attached = (|| -> anyhow::Result<HostDisk> {
@@ -953,6 +943,21 @@ impl Target {
             size: backing.size,
             read_only: backing.read_only,
         })
+    }
+
+    /// The record written before `losetup` runs: the bytes, no device yet.
+    fn intent(&self, sysfs_dir: PathBuf, preexisting: Vec<String>) -> DiskRecord {
+        DiskRecord {
+            sysfs_dir,
+            backing_path: self.path.clone(),
+            backing_dev: self.dev,
+            backing_ino: self.ino,
+            offset: self.offset,
+            size: self.size,
+            read_only: self.read_only,
+            loop_device: None,
+            preexisting,
+        }
     }
 
     /// Same bytes as the record (size aside).

@@ -14,7 +14,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use crate::bdev::{Bdev, BdevKind, create_sparse};
+use crate::bdev::{Bdev, BdevKind};
 use crate::rpc::{
     EEXIST, EINVAL, ENODEV, ENOSPC, EPERM, OnDecodeError, RpcError, RpcResult, decode, decode_opt,
 };
@@ -60,6 +60,20 @@ impl LvolStore {
             .map(|m| std::os::unix::fs::MetadataExt::blocks(&m).saturating_mul(512))
             .unwrap_or(0);
         used.div_ceil(self.cluster_size).min(lvol.num_clusters)
+    }
+
+    /// Clusters an lvol of `size_in_mib` takes: lvols grow in whole clusters.
+    fn clusters_for(&self, size_in_mib: u64) -> Result<u64, RpcError> {
+        let size = size_in_mib
+            .checked_mul(MIB)
+            .ok_or(RpcError::errno(EINVAL))?;
+        Ok(size.div_ceil(self.cluster_size))
+    }
+
+    fn cluster_bytes(&self, clusters: u64) -> Result<u64, RpcError> {
+        clusters
+            .checked_mul(self.cluster_size)
+            .ok_or(RpcError::errno(EINVAL))
     }
 
     pub fn free_clusters(&self) -> u64 {
@@ -292,20 +306,14 @@ impl Emulator {
         if store.lvols.iter().any(|l| l.name == p.lvol_name) {
             return Err(RpcError::errno(EEXIST));
         }
-        let size = p
-            .size_in_mib
-            .checked_mul(MIB)
-            .ok_or(RpcError::errno(EINVAL))?;
-        let num_clusters = size.div_ceil(store.cluster_size);
+        let num_clusters = store.clusters_for(p.size_in_mib)?;
         if !p.thin_provision && num_clusters > store.free_clusters() {
             return Err(RpcError::errno(ENOSPC));
         }
         let alias = format!("{}/{}", store.name, p.lvol_name);
         let uuid = Uuid::new_v4();
         let file = store.dir.join(format!("{uuid}.img"));
-        let bytes = num_clusters
-            .checked_mul(store.cluster_size)
-            .ok_or(RpcError::errno(EINVAL))?;
+        let bytes = store.cluster_bytes(num_clusters)?;
         let bdev = Bdev {
             name: uuid.to_string(),
             aliases: vec![alias],
@@ -319,11 +327,7 @@ impl Emulator {
                 file: file.clone(),
             },
         };
-        create_sparse(&file, bytes)?;
-        if let Err(e) = self.bdevs.insert(bdev) {
-            let _ = std::fs::remove_file(&file);
-            return Err(e);
-        }
+        self.register_with_file(bdev, &file, bytes)?;
         self.lvstores[i].lvols.push(Lvol {
             uuid,
             name: p.lvol_name,
@@ -375,20 +379,14 @@ impl Emulator {
         let (si, li) = self.lvol_bdev(&p.name)?;
         let store = &self.lvstores[si];
         let lvol = &store.lvols[li];
-        let size = p
-            .size_in_mib
-            .checked_mul(MIB)
-            .ok_or(RpcError::errno(EINVAL))?;
-        let num_clusters = size.div_ceil(store.cluster_size);
+        let num_clusters = store.clusters_for(p.size_in_mib)?;
         if !lvol.thin
             && num_clusters > lvol.num_clusters
             && num_clusters - lvol.num_clusters > store.free_clusters()
         {
             return Err(RpcError::errno(ENOSPC));
         }
-        let bytes = num_clusters
-            .checked_mul(store.cluster_size)
-            .ok_or(RpcError::errno(EINVAL))?;
+        let bytes = store.cluster_bytes(num_clusters)?;
         let num_blocks = bytes / u64::from(store.block_size);
         std::fs::OpenOptions::new()
             .write(true)

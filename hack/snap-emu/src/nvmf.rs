@@ -92,6 +92,13 @@ impl NvmfTarget {
         self.subsystems.iter().position(|s| s.nqn == nqn)
     }
 
+    /// The subsystem a per-subsystem method names, with SPDK's errors: the
+    /// target is checked first, and an unknown NQN is reported by name.
+    fn named_subsystem(&self, tgt_name: &Option<String>, nqn: &str) -> Result<usize, RpcError> {
+        check_tgt(tgt_name)?;
+        self.subsystem(nqn).ok_or_else(|| no_subsystem(nqn))
+    }
+
     /// Stops every listener (shutdown).
     pub fn stop(&mut self) {
         for l in self.listeners.drain(..) {
@@ -129,15 +136,22 @@ fn printable(s: &str, max: usize) -> bool {
     !s.is_empty() && s.len() <= max && s.bytes().all(|c| (0x20..=0x7e).contains(&c))
 }
 
-fn parse_adrfam(s: Option<&str>) -> Option<&'static str> {
-    match s.map(str::to_ascii_lowercase).as_deref() {
-        None | Some("ipv4") => Some("IPv4"),
-        Some("ipv6") => Some("IPv6"),
-        Some("ib") => Some("IB"),
-        Some("fc") => Some("FC"),
-        Some("intra_host") => Some("INTRA_HOST"),
+/// `spdk_nvme_transport_id_parse_adrfam`, which the target and the initiator
+/// share: any case in, SPDK's spelling out.
+pub(crate) fn adrfam_name(s: &str) -> Option<&'static str> {
+    match s.to_ascii_lowercase().as_str() {
+        "ipv4" => Some("IPv4"),
+        "ipv6" => Some("IPv6"),
+        "ib" => Some("IB"),
+        "fc" => Some("FC"),
+        "intra_host" => Some("INTRA_HOST"),
         _ => None,
     }
+}
+
+/// A listener without `adrfam` is IPv4.
+fn parse_adrfam(s: Option<&str>) -> Option<&'static str> {
+    s.map_or(Some("IPv4"), adrfam_name)
 }
 
 fn parse_hex<const N: usize>(s: &str) -> Option<[u8; N]> {
@@ -407,11 +421,7 @@ impl Emulator {
 
     pub(crate) fn nvmf_subsystem_add_ns(&mut self, params: Option<Value>) -> RpcResult {
         let p: AddNsParams = decode(params, OnDecodeError::InvalidParams)?;
-        check_tgt(&p.tgt_name)?;
-        let si = self
-            .nvmf
-            .subsystem(&p.nqn)
-            .ok_or_else(|| no_subsystem(&p.nqn))?;
+        let si = self.nvmf.named_subsystem(&p.tgt_name, &p.nqn)?;
         let ns = p.namespace;
         let nguid = match &ns.nguid {
             Some(s) => Some(parse_hex::<16>(s).ok_or_else(invalid)?),
@@ -455,11 +465,7 @@ impl Emulator {
 
     pub(crate) fn nvmf_subsystem_remove_ns(&mut self, params: Option<Value>) -> RpcResult {
         let p: RemoveNsParams = decode(params, OnDecodeError::InvalidParams)?;
-        check_tgt(&p.tgt_name)?;
-        let si = self
-            .nvmf
-            .subsystem(&p.nqn)
-            .ok_or_else(|| no_subsystem(&p.nqn))?;
+        let si = self.nvmf.named_subsystem(&p.tgt_name, &p.nqn)?;
         let s = &mut self.nvmf.subsystems[si];
         let i = s
             .namespaces
@@ -524,11 +530,7 @@ impl Emulator {
 
     pub(crate) fn nvmf_subsystem_add_listener(&mut self, params: Option<Value>) -> RpcResult {
         let p: ListenerParams = decode(params, OnDecodeError::InvalidParams)?;
-        check_tgt(&p.tgt_name)?;
-        let si = self
-            .nvmf
-            .subsystem(&p.nqn)
-            .ok_or_else(|| no_subsystem(&p.nqn))?;
+        let si = self.nvmf.named_subsystem(&p.tgt_name, &p.nqn)?;
         let addr = Self::listen_addr(&p.listen_address)?;
         if !self.nvmf.tcp_transport {
             return Err(invalid());
@@ -547,11 +549,7 @@ impl Emulator {
 
     pub(crate) fn nvmf_subsystem_remove_listener(&mut self, params: Option<Value>) -> RpcResult {
         let p: ListenerParams = decode(params, OnDecodeError::InvalidParams)?;
-        check_tgt(&p.tgt_name)?;
-        let si = self
-            .nvmf
-            .subsystem(&p.nqn)
-            .ok_or_else(|| no_subsystem(&p.nqn))?;
+        let si = self.nvmf.named_subsystem(&p.tgt_name, &p.nqn)?;
         let addr = Self::listen_addr(&p.listen_address)?;
         let s = &mut self.nvmf.subsystems[si];
         let i = s
@@ -566,11 +564,7 @@ impl Emulator {
 
     pub(crate) fn nvmf_subsystem_add_host(&mut self, params: Option<Value>) -> RpcResult {
         let p: HostParams = decode(params, OnDecodeError::InvalidParams)?;
-        check_tgt(&p.tgt_name)?;
-        let si = self
-            .nvmf
-            .subsystem(&p.nqn)
-            .ok_or_else(|| no_subsystem(&p.nqn))?;
+        let si = self.nvmf.named_subsystem(&p.tgt_name, &p.nqn)?;
         let s = &mut self.nvmf.subsystems[si];
         if s.hosts.contains(&p.host) {
             return Err(invalid());
@@ -581,11 +575,7 @@ impl Emulator {
 
     pub(crate) fn nvmf_subsystem_remove_host(&mut self, params: Option<Value>) -> RpcResult {
         let p: HostParams = decode(params, OnDecodeError::InvalidParams)?;
-        check_tgt(&p.tgt_name)?;
-        let si = self
-            .nvmf
-            .subsystem(&p.nqn)
-            .ok_or_else(|| no_subsystem(&p.nqn))?;
+        let si = self.nvmf.named_subsystem(&p.tgt_name, &p.nqn)?;
         let s = &mut self.nvmf.subsystems[si];
         s.hosts.retain(|h| *h != p.host);
         // A removed host loses its connections.
@@ -595,11 +585,7 @@ impl Emulator {
 
     pub(crate) fn nvmf_subsystem_allow_any_host(&mut self, params: Option<Value>) -> RpcResult {
         let p: AllowAnyHostParams = decode(params, OnDecodeError::InvalidParams)?;
-        check_tgt(&p.tgt_name)?;
-        let si = self
-            .nvmf
-            .subsystem(&p.nqn)
-            .ok_or_else(|| no_subsystem(&p.nqn))?;
+        let si = self.nvmf.named_subsystem(&p.tgt_name, &p.nqn)?;
         self.nvmf.subsystems[si].allow_any_host = p.allow_any_host;
         Ok(json!(true))
     }

@@ -111,6 +111,14 @@ pub(crate) struct VirtioCtrl {
     pub disk: Option<VirtioDisk>,
 }
 
+/// A controller of either emulation, by its index in its list: what the
+/// suspend, resume and hot-plug methods of both share.
+#[derive(Debug, Clone, Copy)]
+enum CtrlRef {
+    Nvme(usize),
+    VirtioBlk(usize),
+}
+
 #[derive(Debug)]
 pub(crate) struct Snap {
     pub functions: Functions,
@@ -138,19 +146,59 @@ impl Snap {
             || self.virtio_ctrls.iter().any(|c| c.ctrl_id == name)
     }
 
-    fn next_name(&mut self, nvme: bool) -> String {
+    fn next_name(&mut self, e: Emulation) -> String {
         loop {
-            let (prefix, n) = if nvme {
-                self.next_nvme_ctrl += 1;
-                (api::NVME_CTRL_PREFIX, self.next_nvme_ctrl - 1)
-            } else {
-                self.next_virtio_ctrl += 1;
-                (api::VIRTIO_BLK_CTRL_PREFIX, self.next_virtio_ctrl - 1)
+            let (prefix, n) = match e {
+                Emulation::Nvme => {
+                    self.next_nvme_ctrl += 1;
+                    (api::NVME_CTRL_PREFIX, self.next_nvme_ctrl - 1)
+                }
+                Emulation::VirtioBlk => {
+                    self.next_virtio_ctrl += 1;
+                    (api::VIRTIO_BLK_CTRL_PREFIX, self.next_virtio_ctrl - 1)
+                }
             };
             let name = format!("{prefix}{n}");
             if !self.ctrl_name_taken(&name) {
                 return name;
             }
+        }
+    }
+
+    /// Where a new controller goes and what it is called: the selected
+    /// function, which must not carry a controller yet, and the requested
+    /// name (unique across both emulations) or SNAP's next default one.
+    /// Returns the function's VUID and the controller's name.
+    fn place_new_ctrl(
+        &mut self,
+        e: Emulation,
+        sel: &Selector,
+        name: Option<String>,
+    ) -> Result<(String, String), RpcError> {
+        let f = self.functions.select(e, sel)?;
+        if f.ctrl_id.is_some() {
+            return Err(RpcError::errno(EBUSY));
+        }
+        let vuid = f.vuid.clone();
+        let ctrl_id = match name {
+            Some(name) if self.ctrl_name_taken(&name) => return Err(RpcError::errno(EEXIST)),
+            Some(name) => name,
+            None => self.next_name(e),
+        };
+        Ok((vuid, ctrl_id))
+    }
+
+    fn ctrl_vuid(&self, c: CtrlRef) -> &str {
+        match c {
+            CtrlRef::Nvme(ci) => &self.nvme_ctrls[ci].vuid,
+            CtrlRef::VirtioBlk(ci) => &self.virtio_ctrls[ci].vuid,
+        }
+    }
+
+    fn ctrl_suspended_mut(&mut self, c: CtrlRef) -> &mut bool {
+        match c {
+            CtrlRef::Nvme(ci) => &mut self.nvme_ctrls[ci].suspended,
+            CtrlRef::VirtioBlk(ci) => &mut self.virtio_ctrls[ci].suspended,
         }
     }
 
@@ -313,6 +361,44 @@ impl Emulator {
         }
     }
 
+    // ---- either emulation's controllers -------------------------------------
+
+    /// Brings the host's view of a controller in line with its state.
+    fn reconcile(&mut self, c: CtrlRef) -> Result<(), RpcError> {
+        match c {
+            CtrlRef::Nvme(ci) => self.reconcile_nvme(ci),
+            CtrlRef::VirtioBlk(ci) => self.reconcile_virtio(ci),
+        }
+    }
+
+    /// Takes every disk of a controller off the host.
+    fn hide_ctrl(&mut self, c: CtrlRef) {
+        match c {
+            CtrlRef::Nvme(ci) => self.hide_nvme_ctrl(ci),
+            CtrlRef::VirtioBlk(ci) => self.hide_virtio(ci),
+        }
+    }
+
+    /// `*_controller_resume`: what was held back while suspended reaches the
+    /// host; if it cannot, the controller stays as it was.
+    fn resume_ctrl(&mut self, c: CtrlRef) -> RpcResult {
+        let was = std::mem::replace(self.snap_mut()?.ctrl_suspended_mut(c), false);
+        if let Err(e) = self.reconcile(c) {
+            if let Some(s) = &mut self.snap {
+                *s.ctrl_suspended_mut(c) = was;
+            }
+            return Err(e);
+        }
+        Ok(json!(true))
+    }
+
+    /// `*_controller_suspend`: a suspended controller stops serving I/O; the
+    /// host keeps its disks.
+    fn suspend_ctrl(&mut self, c: CtrlRef) -> RpcResult {
+        *self.snap_mut()?.ctrl_suspended_mut(c) = true;
+        Ok(json!(true))
+    }
+
     // ---- NVMe exposure ------------------------------------------------------
 
     /// Brings the host's view of an NVMe controller in line with its state.
@@ -453,6 +539,14 @@ impl Emulator {
         }
     }
 
+    /// The controller lets go of its bdev; its disk leaves the host first.
+    fn release_virtio_bdev(&mut self, ci: usize) {
+        self.hide_virtio(ci);
+        if let Some(s) = &mut self.snap {
+            s.virtio_ctrls[ci].bdev = None;
+        }
+    }
+
     /// A bdev is going away: SNAP's consumers let go of it first (hot remove).
     pub(crate) fn snap_release_bdev(&mut self, bdev: &str) {
         let Some(snap) = &self.snap else {
@@ -479,10 +573,7 @@ impl Emulator {
             self.remove_snap_namespace(&nqn, nsid);
         }
         for ci in virtio {
-            self.hide_virtio(ci);
-            if let Some(s) = &mut self.snap {
-                s.virtio_ctrls[ci].bdev = None;
-            }
+            self.release_virtio_bdev(ci);
         }
     }
 
@@ -741,16 +832,7 @@ impl Emulator {
         let snap = self.snap_mut()?;
         snap.subsystem(&p.nqn)?;
         let sel = selector(p.pci_bdf, p.vuid, p.pf_id, p.vf_id, p.vhca_id);
-        let f = snap.functions.select(Emulation::Nvme, &sel)?;
-        if f.ctrl_id.is_some() {
-            return Err(RpcError::errno(EBUSY));
-        }
-        let vuid = f.vuid.clone();
-        let ctrl_id = match p.ctrl {
-            Some(name) if snap.ctrl_name_taken(&name) => return Err(RpcError::errno(EEXIST)),
-            Some(name) => name,
-            None => snap.next_name(true),
-        };
+        let (vuid, ctrl_id) = snap.place_new_ctrl(Emulation::Nvme, &sel, p.ctrl)?;
         snap.nvme_ctrls.push(NvmeCtrl {
             ctrl_id: ctrl_id.clone(),
             nqn: p.nqn,
@@ -811,25 +893,14 @@ impl Emulator {
 
     pub(crate) fn nvme_controller_resume(&mut self, params: Option<Value>) -> RpcResult {
         let p: api::NvmeControllerIdParams = decode(params, OnDecodeError::DecodeFailed)?;
-        let snap = self.snap_mut()?;
-        let ci = snap.nvme_ctrl(&p.ctrl_id)?;
-        let was = std::mem::replace(&mut snap.nvme_ctrls[ci].suspended, false);
-        if let Err(e) = self.reconcile_nvme(ci) {
-            if let Some(s) = &mut self.snap {
-                s.nvme_ctrls[ci].suspended = was;
-            }
-            return Err(e);
-        }
-        Ok(json!(true))
+        let ci = self.snap()?.nvme_ctrl(&p.ctrl_id)?;
+        self.resume_ctrl(CtrlRef::Nvme(ci))
     }
 
     pub(crate) fn nvme_controller_suspend(&mut self, params: Option<Value>) -> RpcResult {
         let p: api::NvmeControllerIdParams = decode(params, OnDecodeError::DecodeFailed)?;
-        let snap = self.snap_mut()?;
-        let ci = snap.nvme_ctrl(&p.ctrl_id)?;
-        // A suspended controller stops serving I/O; the host keeps its disks.
-        snap.nvme_ctrls[ci].suspended = true;
-        Ok(json!(true))
+        let ci = self.snap()?.nvme_ctrl(&p.ctrl_id)?;
+        self.suspend_ctrl(CtrlRef::Nvme(ci))
     }
 
     fn destroy_nvme_ctrl(&mut self, ctrl_id: &str) {
@@ -925,21 +996,20 @@ impl Emulator {
         Ok(())
     }
 
-    pub(crate) fn nvme_controller_hotplug(&mut self, params: Option<Value>) -> RpcResult {
-        let p: api::NvmeControllerHotplugParams = decode(params, OnDecodeError::DecodeFailed)?;
-        let snap = self.snap()?;
-        let ci = snap.nvme_ctrl(&p.ctrl_id)?;
-        let vuid = snap.nvme_ctrls[ci].vuid.clone();
+    /// `*_controller_hotplug`: the controller's function appears on the host,
+    /// and with it the disks of a controller that is not suspended.
+    fn hotplug_ctrl(&mut self, c: CtrlRef) -> RpcResult {
+        let vuid = self.snap()?.ctrl_vuid(c).to_owned();
         self.plug_function(&vuid)?;
-        self.reconcile_nvme(ci)?;
+        self.reconcile(c)?;
         Ok(json!(true))
     }
 
-    pub(crate) fn nvme_controller_hotunplug(&mut self, params: Option<Value>) -> RpcResult {
-        let p: api::NvmeControllerHotplugParams = decode(params, OnDecodeError::DecodeFailed)?;
+    /// `*_controller_hotunplug`: the disks leave the host, then the function.
+    /// Checked before anything goes, so a refused unplug keeps the disks.
+    fn hotunplug_ctrl(&mut self, c: CtrlRef) -> RpcResult {
         let snap = self.snap()?;
-        let ci = snap.nvme_ctrl(&p.ctrl_id)?;
-        let vuid = snap.nvme_ctrls[ci].vuid.clone();
+        let vuid = snap.ctrl_vuid(c).to_owned();
         let f = snap.functions.get(&vuid).ok_or(RpcError::errno(ENODEV))?;
         if !f.hotplugged {
             return Err(RpcError::errno(EINVAL));
@@ -947,9 +1017,21 @@ impl Emulator {
         if f.bdf.is_none() {
             return Err(RpcError::errno(ENODEV));
         }
-        self.hide_nvme_ctrl(ci);
+        self.hide_ctrl(c);
         self.unplug_function(&vuid)?;
         Ok(json!(true))
+    }
+
+    pub(crate) fn nvme_controller_hotplug(&mut self, params: Option<Value>) -> RpcResult {
+        let p: api::NvmeControllerHotplugParams = decode(params, OnDecodeError::DecodeFailed)?;
+        let ci = self.snap()?.nvme_ctrl(&p.ctrl_id)?;
+        self.hotplug_ctrl(CtrlRef::Nvme(ci))
+    }
+
+    pub(crate) fn nvme_controller_hotunplug(&mut self, params: Option<Value>) -> RpcResult {
+        let p: api::NvmeControllerHotplugParams = decode(params, OnDecodeError::DecodeFailed)?;
+        let ci = self.snap()?.nvme_ctrl(&p.ctrl_id)?;
+        self.hotunplug_ctrl(CtrlRef::Nvme(ci))
     }
 
     fn function_create(&mut self, params: Option<Value>, e: Emulation) -> RpcResult {
@@ -1024,16 +1106,7 @@ impl Emulator {
         };
         let snap = self.snap_mut()?;
         let sel = selector(p.pci_bdf, p.vuid, p.pf_id, p.vf_id, p.vhca_id);
-        let f = snap.functions.select(Emulation::VirtioBlk, &sel)?;
-        if f.ctrl_id.is_some() {
-            return Err(RpcError::errno(EBUSY));
-        }
-        let vuid = f.vuid.clone();
-        let ctrl_id = match p.ctrl {
-            Some(name) if snap.ctrl_name_taken(&name) => return Err(RpcError::errno(EEXIST)),
-            Some(name) => name,
-            None => snap.next_name(false),
-        };
+        let (vuid, ctrl_id) = snap.place_new_ctrl(Emulation::VirtioBlk, &sel, p.ctrl)?;
         let vblk_id = p
             .vblk_id
             .or_else(|| bdev.as_deref().map(Self::default_vblk_id))
@@ -1156,58 +1229,32 @@ impl Emulator {
         if self.snap()?.virtio_ctrls[ci].bdev.is_none() {
             return Err(RpcError::errno(ENODEV));
         }
-        self.hide_virtio(ci);
-        self.snap_mut()?.virtio_ctrls[ci].bdev = None;
+        self.release_virtio_bdev(ci);
         Ok(json!(true))
     }
 
     pub(crate) fn virtio_blk_controller_suspend(&mut self, params: Option<Value>) -> RpcResult {
         let p: api::VirtioBlkCtrlParams = decode(params, OnDecodeError::DecodeFailed)?;
-        let snap = self.snap_mut()?;
-        let ci = snap.virtio_ctrl(&p.ctrl)?;
-        snap.virtio_ctrls[ci].suspended = true;
-        Ok(json!(true))
+        let ci = self.snap()?.virtio_ctrl(&p.ctrl)?;
+        self.suspend_ctrl(CtrlRef::VirtioBlk(ci))
     }
 
     pub(crate) fn virtio_blk_controller_resume(&mut self, params: Option<Value>) -> RpcResult {
         let p: api::VirtioBlkCtrlParams = decode(params, OnDecodeError::DecodeFailed)?;
-        let snap = self.snap_mut()?;
-        let ci = snap.virtio_ctrl(&p.ctrl)?;
-        let was = std::mem::replace(&mut snap.virtio_ctrls[ci].suspended, false);
-        if let Err(e) = self.reconcile_virtio(ci) {
-            if let Some(s) = &mut self.snap {
-                s.virtio_ctrls[ci].suspended = was;
-            }
-            return Err(e);
-        }
-        Ok(json!(true))
+        let ci = self.snap()?.virtio_ctrl(&p.ctrl)?;
+        self.resume_ctrl(CtrlRef::VirtioBlk(ci))
     }
 
     pub(crate) fn virtio_blk_controller_hotplug(&mut self, params: Option<Value>) -> RpcResult {
         let p: api::VirtioBlkHotplugParams = decode(params, OnDecodeError::DecodeFailed)?;
-        let snap = self.snap()?;
-        let ci = snap.virtio_ctrl(&p.ctrl)?;
-        let vuid = snap.virtio_ctrls[ci].vuid.clone();
-        self.plug_function(&vuid)?;
-        self.reconcile_virtio(ci)?;
-        Ok(json!(true))
+        let ci = self.snap()?.virtio_ctrl(&p.ctrl)?;
+        self.hotplug_ctrl(CtrlRef::VirtioBlk(ci))
     }
 
     pub(crate) fn virtio_blk_controller_hotunplug(&mut self, params: Option<Value>) -> RpcResult {
         let p: api::VirtioBlkHotplugParams = decode(params, OnDecodeError::DecodeFailed)?;
-        let snap = self.snap()?;
-        let ci = snap.virtio_ctrl(&p.ctrl)?;
-        let vuid = snap.virtio_ctrls[ci].vuid.clone();
-        let f = snap.functions.get(&vuid).ok_or(RpcError::errno(ENODEV))?;
-        if !f.hotplugged {
-            return Err(RpcError::errno(EINVAL));
-        }
-        if f.bdf.is_none() {
-            return Err(RpcError::errno(ENODEV));
-        }
-        self.hide_virtio(ci);
-        self.unplug_function(&vuid)?;
-        Ok(json!(true))
+        let ci = self.snap()?.virtio_ctrl(&p.ctrl)?;
+        self.hotunplug_ctrl(CtrlRef::VirtioBlk(ci))
     }
 }
 

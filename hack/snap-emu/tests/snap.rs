@@ -34,8 +34,52 @@ fn read_at(dev: &Path, offset: u64, len: usize) -> Vec<u8> {
     buf
 }
 
+/// Writes through a host device, synced so the bytes reach the backing file.
+fn write_at(dev: &Path, offset: u64, bytes: &[u8]) {
+    let mut f = std::fs::OpenOptions::new().write(true).open(dev).unwrap();
+    f.seek(SeekFrom::Start(offset)).unwrap();
+    f.write_all(bytes).unwrap();
+    f.sync_all().unwrap();
+}
+
 fn keys(v: &Value) -> Vec<&str> {
     v.as_object().unwrap().keys().map(String::as_str).collect()
+}
+
+/// Creates a controller and returns its name.
+async fn create_ctrl(c: &mut Client, method: &str, params: Value) -> String {
+    c.ok(method, params).await["ctrl_id"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
+/// NVIDIA's attach order: a suspended NVMe controller on the function that
+/// `selector` (`pci_bdf`, `vuid`, ...) names, the namespace, then resume.
+/// Returns the controller's name.
+async fn expose_namespace(c: &mut Client, nqn: &str, selector: (&str, &str), nsid: u32) -> String {
+    let mut params = json!({"nqn": nqn, "suspended": true});
+    params[selector.0] = json!(selector.1);
+    let ctrl = create_ctrl(c, "nvme_controller_create", params).await;
+    c.ok(
+        "nvme_controller_attach_ns",
+        json!({"ctrl_id": ctrl, "nsid": nsid}),
+    )
+    .await;
+    c.ok("nvme_controller_resume", json!({"ctrl_id": ctrl}))
+        .await;
+    ctrl
+}
+
+/// A function's entry in the full function list.
+async fn listed_function(c: &mut Client, vuid: &str) -> Value {
+    let fns = c.ok("emulation_function_list", json!({"all": true})).await;
+    fns.as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["vuid"] == vuid)
+        .cloned()
+        .expect("the function is listed")
 }
 
 /// The first VF of the first PF of an emulation type that has no controller.
@@ -157,13 +201,12 @@ async fn nvme_attach_order_produces_a_loop_device_and_teardown_leaves_nothing() 
         -32602
     );
     let bdf = free_vf(&mut c, "NVME").await;
-    let created = c
-        .ok(
-            "nvme_controller_create",
-            json!({"nqn": nqn, "pci_bdf": bdf, "suspended": true}),
-        )
-        .await;
-    let ctrl = created["ctrl_id"].as_str().unwrap().to_owned();
+    let ctrl = create_ctrl(
+        &mut c,
+        "nvme_controller_create",
+        json!({"nqn": nqn, "pci_bdf": bdf, "suspended": true}),
+    )
+    .await;
     assert_eq!(ctrl, "NVMeCtrl1");
     // The function is taken now.
     assert_eq!(
@@ -268,15 +311,12 @@ async fn nvme_attach_order_produces_a_loop_device_and_teardown_leaves_nothing() 
 
     // A namespace attaches to one controller only.
     let bdf2 = free_vf(&mut c, "NVME").await;
-    let ctrl2 = c
-        .ok(
-            "nvme_controller_create",
-            json!({"nqn": nqn, "pci_bdf": bdf2}),
-        )
-        .await["ctrl_id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let ctrl2 = create_ctrl(
+        &mut c,
+        "nvme_controller_create",
+        json!({"nqn": nqn, "pci_bdf": bdf2}),
+    )
+    .await;
     assert_eq!(
         c.err(
             "nvme_controller_attach_ns",
@@ -330,13 +370,12 @@ async fn virtio_blk_disk_appears_with_its_serial_and_goes_away() {
     )
     .await;
     let bdf = free_vf(&mut c, "VBLK").await;
-    let created = c
-        .ok(
-            "virtio_blk_controller_create",
-            json!({"pci_bdf": bdf, "bdev": "m0", "vblk_id": "serial-0001"}),
-        )
-        .await;
-    let ctrl = created["ctrl_id"].as_str().unwrap().to_owned();
+    let ctrl = create_ctrl(
+        &mut c,
+        "virtio_blk_controller_create",
+        json!({"pci_bdf": bdf, "bdev": "m0", "vblk_id": "serial-0001"}),
+    )
+    .await;
     assert_eq!(ctrl, "VblkCtrl1");
     let disk = devices(&emu).join(format!("0000:{bdf}/virtio0/block/vda"));
     assert_eq!(
@@ -345,12 +384,7 @@ async fn virtio_blk_disk_appears_with_its_serial_and_goes_away() {
     );
     let node = dev_node(&disk.join("dev"));
     // Bytes written through the host's disk land in the bdev's file.
-    {
-        let mut f = std::fs::OpenOptions::new().write(true).open(&node).unwrap();
-        f.seek(SeekFrom::Start(512)).unwrap();
-        f.write_all(b"through virtio").unwrap();
-        f.sync_all().unwrap();
-    }
+    write_at(&node, 512, b"through virtio");
     assert_eq!(read_at(&node, 512, 14), b"through virtio");
     let list = c.ok("virtio_blk_controller_list", Value::Null).await;
     assert_eq!(list[0]["bdev"], "m0");
@@ -417,43 +451,16 @@ async fn hotplug_function_is_invisible_until_plugged() {
     let f = c.ok("nvme_function_create", Value::Null).await;
     assert_eq!(keys(&f), ["vuid", "vhca_id"]);
     let vuid = f["vuid"].as_str().unwrap().to_owned();
-    let listed = c.ok("emulation_function_list", json!({"all": true})).await;
-    let pf = listed
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["vuid"] == vuid.as_str())
-        .unwrap();
+    let pf = listed_function(&mut c, &vuid).await;
     assert_eq!(pf["hotplugged"], true);
     assert_eq!(pf["pci_bdf"], "00:00.0");
-    let ctrl = c
-        .ok(
-            "nvme_controller_create",
-            json!({"nqn": nqn, "vuid": vuid, "suspended": true}),
-        )
-        .await["ctrl_id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    c.ok(
-        "nvme_controller_attach_ns",
-        json!({"ctrl_id": ctrl, "nsid": 3}),
-    )
-    .await;
-    c.ok("nvme_controller_resume", json!({"ctrl_id": ctrl}))
-        .await;
+    let ctrl = expose_namespace(&mut c, nqn, ("vuid", &vuid), 3).await;
     c.ok(
         "nvme_controller_hotplug",
         json!({"ctrl_id": ctrl, "wait_for_done": true}),
     )
     .await;
-    let listed = c.ok("emulation_function_list", json!({"all": true})).await;
-    let bdf = listed
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["vuid"] == vuid.as_str())
-        .unwrap()["pci_bdf"]
+    let bdf = listed_function(&mut c, &vuid).await["pci_bdf"]
         .as_str()
         .unwrap()
         .to_owned();
@@ -521,8 +528,7 @@ async fn nvmf_attach_between_instances_reaches_the_same_bytes() {
     let dir = tempfile::tempdir().unwrap();
     let pool = dir.path().join("pool.img");
     image(&pool, 64 * MIB, 0, b"");
-    let target = Emu::start(Config::for_test(&dir.path().join("target")).without_snap()).await;
-    let dpu = Emu::start(Config::for_test(&dir.path().join("dpu"))).await;
+    let (target, dpu) = Emu::start_target_and_dpu(dir.path()).await;
     let port = common::free_port().to_string();
     let mut t = target.client().await;
     t.ok(
@@ -580,29 +586,9 @@ async fn nvmf_attach_between_instances_reaches_the_same_bytes() {
     )
     .await;
     let bdf = free_vf(&mut d, "NVME").await;
-    let ctrl = d
-        .ok(
-            "nvme_controller_create",
-            json!({"nqn": snqn, "pci_bdf": bdf, "suspended": true}),
-        )
-        .await["ctrl_id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    d.ok(
-        "nvme_controller_attach_ns",
-        json!({"ctrl_id": ctrl, "nsid": 1}),
-    )
-    .await;
-    d.ok("nvme_controller_resume", json!({"ctrl_id": ctrl}))
-        .await;
+    expose_namespace(&mut d, snqn, ("pci_bdf", &bdf), 1).await;
     let node = dev_node(&devices(&dpu).join(format!("0000:{bdf}/nvme/nvme0/nvme0n1/dev")));
-    {
-        let mut f = std::fs::OpenOptions::new().write(true).open(&node).unwrap();
-        f.seek(SeekFrom::Start(8192)).unwrap();
-        f.write_all(b"written on the host").unwrap();
-        f.sync_all().unwrap();
-    }
+    write_at(&node, 8192, b"written on the host");
     // The target's lvol file holds what the host wrote.
     let lvs = t
         .ok("bdev_lvol_get_lvstores", json!({"lvs_name": "lvs"}))

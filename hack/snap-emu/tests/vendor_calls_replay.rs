@@ -135,12 +135,7 @@ async fn both_roles_replay_against_two_emulators() {
             .replace("\"4499\"", &format!("\"{dead_port}\""))
     };
 
-    let target_dir = dir.path().join("target");
-    let dpu_dir = dir.path().join("dpu");
-    std::fs::create_dir_all(&target_dir).unwrap();
-    std::fs::create_dir_all(&dpu_dir).unwrap();
-    let target = Emu::start(Config::for_test(&target_dir).without_snap()).await;
-    let dpu = Emu::start(Config::for_test(&dpu_dir)).await;
+    let (target, dpu) = Emu::start_target_and_dpu(dir.path()).await;
     let mut clients = [target.client().await, dpu.client().await];
 
     let mut compared = 0;

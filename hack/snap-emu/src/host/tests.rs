@@ -35,6 +35,13 @@ impl Fixture {
         HostSide::open(&self.root(), &self.state()).expect("open host side")
     }
 
+    /// A host side with one PCI function, where most tests start.
+    fn open_with(&self, bdf: &str, kind: FunctionKind) -> HostSide {
+        let host = self.open();
+        host.add_pci_function(bdf, kind).expect("add PCI function");
+        host
+    }
+
     fn file(&self, name: &str, len: u64) -> PathBuf {
         let path = self.dir.path().join(name);
         File::create(&path)
@@ -181,8 +188,7 @@ fn pci_function_files() {
 fn nvme_whole_file() {
     let fx = Fixture::new();
     let file = fx.file("ns.img", 16 * MIB);
-    let host = fx.open();
-    host.add_pci_function(BDF, FunctionKind::Nvme).unwrap();
+    let host = fx.open_with(BDF, FunctionKind::Nvme);
     let disk = host
         .attach_nvme_namespace(BDF, 0, 1, 1, UUID, &backing(&file, 0, 16 * MIB))
         .unwrap();
@@ -211,8 +217,7 @@ fn nvme_whole_file() {
 fn nvme_byte_range() {
     let fx = Fixture::new();
     let file = fx.file("lvs.img", 16 * MIB);
-    let host = fx.open();
-    host.add_pci_function(BDF, FunctionKind::Nvme).unwrap();
+    let host = fx.open_with(BDF, FunctionKind::Nvme);
     let disk = host
         .attach_nvme_namespace(BDF, 3, 2, 7, UUID, &backing(&file, 4 * MIB, 8 * MIB))
         .unwrap();
@@ -240,9 +245,7 @@ fn nvme_byte_range() {
 fn virtio_blk() {
     let fx = Fixture::new();
     let file = fx.file("vblk.img", 16 * MIB);
-    let host = fx.open();
-    host.add_pci_function("3b:00.0", FunctionKind::VirtioBlk)
-        .unwrap();
+    let host = fx.open_with("3b:00.0", FunctionKind::VirtioBlk);
     let disk = host
         .attach_virtio_blk(
             "3b:00.0",
@@ -282,8 +285,7 @@ fn virtio_blk() {
 fn read_only() {
     let fx = Fixture::new();
     let file = fx.file("ro.img", 4 * MIB);
-    let host = fx.open();
-    host.add_pci_function(BDF, FunctionKind::Nvme).unwrap();
+    let host = fx.open_with(BDF, FunctionKind::Nvme);
     let disk = host
         .attach_nvme_namespace(
             BDF,
@@ -316,8 +318,7 @@ fn block_device_backing() {
     let file = fx.file("disk.img", 8 * MIB);
     // Someone else's block device, standing in for a real disk.
     let lower = foreign_loop(&file, 0, 8 * MIB);
-    let host = fx.open();
-    host.add_pci_function(BDF, FunctionKind::Nvme).unwrap();
+    let host = fx.open_with(BDF, FunctionKind::Nvme);
     let disk = host
         .attach_nvme_namespace(
             BDF,
@@ -339,8 +340,7 @@ fn block_device_backing() {
 fn resize_grows_and_shrinks_in_place() {
     let fx = Fixture::new();
     let file = fx.file("lvs.img", 16 * MIB);
-    let host = fx.open();
-    host.add_pci_function(BDF, FunctionKind::Nvme).unwrap();
+    let host = fx.open_with(BDF, FunctionKind::Nvme);
     let disk = host
         .attach_nvme_namespace(BDF, 0, 1, 1, UUID, &backing(&file, 4 * MIB, 4 * MIB))
         .unwrap();
@@ -380,9 +380,7 @@ fn resize_grows_and_shrinks_in_place() {
 fn resize_after_the_file_grew() {
     let fx = Fixture::new();
     let file = fx.file("aio.img", 8 * MIB);
-    let host = fx.open();
-    host.add_pci_function("3b:00.0", FunctionKind::VirtioBlk)
-        .unwrap();
+    let host = fx.open_with("3b:00.0", FunctionKind::VirtioBlk);
     let disk = host
         .attach_virtio_blk("3b:00.0", 0, "vda", "s", &backing(&file, 0, 8 * MIB))
         .unwrap();
@@ -401,8 +399,7 @@ fn resize_after_the_file_grew() {
 fn attach_is_idempotent_and_refuses_a_different_backing() {
     let fx = Fixture::new();
     let file = fx.file("ns.img", 8 * MIB);
-    let host = fx.open();
-    host.add_pci_function(BDF, FunctionKind::Nvme).unwrap();
+    let host = fx.open_with(BDF, FunctionKind::Nvme);
     let b = backing(&file, 0, 4 * MIB);
     let first = host.attach_nvme_namespace(BDF, 0, 1, 1, UUID, &b).unwrap();
     let again = host.attach_nvme_namespace(BDF, 0, 1, 1, UUID, &b).unwrap();
@@ -554,8 +551,7 @@ fn reopen_cleans_up_a_device_attached_but_never_recorded() {
     let fx = Fixture::new();
     let file = fx.file("lvs.img", 16 * MIB);
     let before = foreign_loop(&file, 4 * MIB, 4 * MIB);
-    let host = fx.open();
-    host.add_pci_function(BDF, FunctionKind::Nvme).unwrap();
+    let host = fx.open_with(BDF, FunctionKind::Nvme);
 
     // The state right after `losetup` attached but before we wrote its name down.
     let target = Target::of(&backing(&file, 4 * MIB, 4 * MIB)).unwrap();
@@ -564,17 +560,10 @@ fn reopen_cleans_up_a_device_attached_but_never_recorded() {
         ctrl: 0,
         ns: 1,
     };
-    let record = DiskRecord {
-        sysfs_dir: host.disk_dir(&id),
-        backing_path: target.path.clone(),
-        backing_dev: target.dev,
-        backing_ino: target.ino,
-        offset: target.offset,
-        size: target.size,
-        read_only: false,
-        loop_device: None,
-        preexisting: vec![before.trim_start_matches("/dev/").to_owned()],
-    };
+    let record = target.intent(
+        host.disk_dir(&id),
+        vec![before.trim_start_matches("/dev/").to_owned()],
+    );
     host.records.store(&id.key(), &record).unwrap();
     let leaked = loopdev::attach(&target.path, target.offset, target.size, false).unwrap();
     assert_eq!(loops_over(&file).len(), 2);
@@ -721,17 +710,7 @@ fn intent_clean_up_spares_devices_other_records_claim() {
         ctrl: 0,
         ns: 1,
     };
-    let intent = DiskRecord {
-        sysfs_dir: host.disk_dir(&id),
-        backing_path: target.path.clone(),
-        backing_dev: target.dev,
-        backing_ino: target.ino,
-        offset: target.offset,
-        size: target.size,
-        read_only: false,
-        loop_device: None,
-        preexisting: Vec::new(),
-    };
+    let intent = target.intent(host.disk_dir(&id), Vec::new());
     host.records.store(&id.key(), &intent).unwrap();
     let leaked = loopdev::attach(&target.path, 0, 4 * MIB, false).unwrap();
     host.release(&id.key(), &intent).unwrap();

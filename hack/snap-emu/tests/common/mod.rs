@@ -43,6 +43,18 @@ impl Emu {
         }
     }
 
+    /// A remote NVMe-oF target (plain `spdk_tgt`) and a DPU's SNAP, each with
+    /// its own state directory under `dir`: the vendor plugin's two peers.
+    pub async fn start_target_and_dpu(dir: &Path) -> (Self, Self) {
+        let target_dir = dir.join("target");
+        let dpu_dir = dir.join("dpu");
+        std::fs::create_dir_all(&target_dir).expect("target state dir");
+        std::fs::create_dir_all(&dpu_dir).expect("dpu state dir");
+        let target = Self::start(Config::for_test(&target_dir).without_snap()).await;
+        let dpu = Self::start(Config::for_test(&dpu_dir)).await;
+        (target, dpu)
+    }
+
     pub async fn client(&self) -> Client {
         Client::connect(&self.socket).await
     }
