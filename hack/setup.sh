@@ -4,7 +4,7 @@
 # Idempotent; run as root. Rust itself comes from rustup (rust-toolchain.toml).
 set -euo pipefail
 
-packages=(protobuf-compiler libudev-dev pkg-config e2fsprogs xfsprogs util-linux mount kmod)
+packages=(protobuf-compiler libudev-dev pkg-config e2fsprogs xfsprogs util-linux mount fdisk kmod)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

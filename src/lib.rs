@@ -13,8 +13,17 @@
 //! - [`spdk`]: typed params and results of every SPDK and SNAP-4 method we use.
 //! - [`host`]: finding the block device an emulated function carries, through
 //!   sysfs (root configurable, so the same code reads the emulator's tree).
+//! - [`dpu`]: the DPU attach layer behind the [`dpu::DpuAttach`] trait: vendor
+//!   plugin client and SNAP exposure (co-located mode).
+//! - [`node`]: the CSI Identity and Node services and the host-side operations
+//!   (format, mount, mount table, stats) they are made of.
+//! - [`server`]: serving gRPC on a UNIX socket (0600, stale socket, shutdown).
 
+pub mod dpu;
+pub mod failpoint;
 pub mod host;
 pub mod jsonrpc;
+pub mod node;
 pub mod proto;
+pub mod server;
 pub mod spdk;

@@ -21,6 +21,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Serve the CSI Identity and Node services (co-located DPU attach).
+    Node(snap_csi::node::NodeArgs),
     /// Call one SPDK/SNAP JSON-RPC method and print its result, like SPDK's rpc.py.
     Rpc {
         /// The SPDK/SNAP RPC socket.
@@ -62,10 +64,11 @@ struct FindDevice {
     serial: Option<String>,
 }
 
-#[tokio::main(flavor = "current_thread")]
+#[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Node(args) => node(&args).await,
         Command::Rpc {
             socket,
             timeout,
@@ -73,6 +76,29 @@ async fn main() -> ExitCode {
             params,
         } => rpc(socket, timeout, &method, params.as_deref()).await,
         Command::FindDevice(args) => find_device(&args),
+    }
+}
+
+async fn node(args: &snap_csi::node::NodeArgs) -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    let config = match args.resolve() {
+        Ok(config) => config,
+        Err(e) => {
+            eprintln!("configuration: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match snap_csi::node::run(config, snap_csi::server::termination()).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("node service failed: {e:#}");
+            ExitCode::FAILURE
+        }
     }
 }
 

@@ -212,6 +212,10 @@ pub struct NvmeController {
     pub vhca_id: u32,
     #[serde(default)]
     pub nqn: Option<String>,
+    /// `"SUSPENDED"` until resumed, then running (`"STARTED"` in the
+    /// emulator; SNAP's exact words are not public).
+    #[serde(default)]
+    pub state: Option<String>,
     #[serde(default)]
     pub namespaces: Vec<NvmeControllerNamespace>,
 }

@@ -8,6 +8,9 @@
 
 #![allow(dead_code)]
 
+pub mod node;
+pub mod plugin;
+
 use std::path::{Path, PathBuf};
 use std::thread::JoinHandle;
 use std::time::Duration;

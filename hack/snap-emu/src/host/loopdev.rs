@@ -167,8 +167,12 @@ pub(super) fn attach(
         let out = losetup(&args, ATTACH_TIMEOUT)?;
         if out.status.success() {
             let shown = String::from_utf8_lossy(&out.stdout).trim().to_owned();
-            return name_of(Path::new(&shown))
-                .with_context(|| format!("losetup --show printed {shown:?}"));
+            let name = name_of(Path::new(&shown))
+                .with_context(|| format!("losetup --show printed {shown:?}"))?;
+            if !read_only {
+                clear_read_only_flag(&name)?;
+            }
+            return Ok(name);
         }
         let err = stderr_of(&out);
         // losetup retries a lost race itself; this covers one that outlasts its retries.
@@ -179,6 +183,22 @@ pub(super) fn attach(
         }
         bail!("losetup {}: {err} ({})", display_args(&args), out.status);
     }
+}
+
+/// `blockdev --setrw`: a loop device keeps a read-only flag set on it (by a
+/// host that made a read-only volume read-only) across detach and reuse, but
+/// a newly plugged emulated disk starts writable.
+fn clear_read_only_flag(name: &str) -> anyhow::Result<()> {
+    let args: [OsString; 2] = ["--setrw".into(), dev_path(name).into()];
+    let out = tool("blockdev", &args, TIMEOUT)?;
+    if !out.status.success() {
+        bail!(
+            "blockdev --setrw {}: {}",
+            dev_path(name).display(),
+            stderr_of(&out)
+        );
+    }
+    Ok(())
 }
 
 /// One `losetup --detach`. The caller decides what a failure means, because a
@@ -292,7 +312,12 @@ fn display_args(args: &[OsString]) -> String {
 /// Runs `losetup args`, killing it if it outlives `timeout`. Errs only when it
 /// could not be run or did not finish; a non-zero exit is for the caller.
 fn losetup(args: &[OsString], timeout: Duration) -> anyhow::Result<Output> {
-    let mut child = Command::new("losetup")
+    tool("losetup", args, timeout)
+}
+
+/// Runs a util-linux tool with a bounded wait.
+fn tool(program: &str, args: &[OsString], timeout: Duration) -> anyhow::Result<Output> {
+    let mut child = Command::new(program)
         .args(args)
         // Messages are matched on (is_transient), so keep them untranslated.
         .env("LC_ALL", "C")
@@ -302,9 +327,9 @@ fn losetup(args: &[OsString], timeout: Duration) -> anyhow::Result<Output> {
         .spawn()
         .map_err(|e| {
             if e.kind() == io::ErrorKind::NotFound {
-                anyhow!("losetup not found in PATH (it is part of util-linux)")
+                anyhow!("{program} not found in PATH (it is part of util-linux)")
             } else {
-                anyhow!(e).context(format!("running losetup {}", display_args(args)))
+                anyhow!(e).context(format!("running {program} {}", display_args(args)))
             }
         })?;
     // Drain both pipes while waiting, so a chatty child can never block on a full pipe.
@@ -320,7 +345,7 @@ fn losetup(args: &[OsString], timeout: Duration) -> anyhow::Result<Output> {
                 let _ = child.wait();
                 return Err(anyhow!(TimedOut)).with_context(|| {
                     format!(
-                        "losetup {} did not finish within {timeout:?}; killed it",
+                        "{program} {} did not finish within {timeout:?}; killed it",
                         display_args(args)
                     )
                 });

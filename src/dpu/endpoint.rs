@@ -1,0 +1,162 @@
+//! One SNAP process as the attach layer uses it: its JSON-RPC client, the
+//! function pools of its two emulation types, and SPDK errors turned into
+//! [`DpuError`]s that name the socket.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+
+use tokio::time::Instant;
+
+use super::DpuError;
+use super::functions::{FunctionListing, FunctionPool};
+use crate::jsonrpc::{Method, RpcClient, RpcError, code};
+use crate::spdk::snap::{ControllerCreated, EmulationFunctionList, EmulationType};
+
+#[derive(Debug)]
+pub(crate) struct SnapEndpoint {
+    rpc: RpcClient,
+    nvme: FunctionPool,
+    virtio_blk: FunctionPool,
+}
+
+impl SnapEndpoint {
+    pub fn new(socket: PathBuf) -> Self {
+        SnapEndpoint {
+            rpc: RpcClient::new(socket),
+            nvme: FunctionPool::default(),
+            virtio_blk: FunctionPool::default(),
+        }
+    }
+
+    pub fn socket(&self) -> &Path {
+        self.rpc.socket()
+    }
+
+    pub async fn call<M: Method>(
+        &self,
+        method: &M,
+        deadline: Instant,
+    ) -> Result<M::Output, RpcError> {
+        self.rpc.call_until(method, deadline).await
+    }
+
+    /// Calls `method`; an answer with one of `tolerated` codes counts as done
+    /// (e.g. -17 for a create that a crashed attempt already made).
+    pub async fn call_tolerating<M: Method>(
+        &self,
+        what: &str,
+        method: &M,
+        tolerated: &[i32],
+        deadline: Instant,
+    ) -> Result<(), DpuError> {
+        match self.call(method, deadline).await {
+            Ok(_) => Ok(()),
+            Err(e) if e.code().is_some_and(|c| tolerated.contains(&c)) => {
+                tracing::debug!(socket = %self.socket().display(), "{what}: already done ({e})");
+                Ok(())
+            }
+            Err(e) => Err(self.error(what, e)),
+        }
+    }
+
+    /// Every emulated function, with the time it was asked for.
+    pub async fn list_functions(&self, deadline: Instant) -> Result<FunctionListing, DpuError> {
+        let asked_at = Instant::now();
+        let functions = self
+            .call(&EmulationFunctionList { all: true }, deadline)
+            .await
+            .map_err(|e| self.error("listing emulated functions", e))?;
+        Ok(FunctionListing {
+            functions,
+            asked_at,
+        })
+    }
+
+    /// Creates a controller with `create(pci_bdf)` on a free function of
+    /// `kind`, starting from `listing`; returns the controller and its BDF.
+    ///
+    /// A function SNAP calls busy (-16, or -17) was taken by someone else
+    /// since the listing: list again and take the next one. Each function is
+    /// tried at most once, so this ends even if SNAP's listing and its answers
+    /// disagree.
+    pub async fn create_on_free_function<F, Fut>(
+        &self,
+        kind: EmulationType,
+        mut listing: FunctionListing,
+        what: &str,
+        deadline: Instant,
+        mut create: F,
+    ) -> Result<(String, String), DpuError>
+    where
+        F: FnMut(String) -> Fut,
+        Fut: Future<Output = Result<ControllerCreated, RpcError>>,
+    {
+        let pool = match kind {
+            EmulationType::Nvme => &self.nvme,
+            EmulationType::VirtioBlk => &self.virtio_blk,
+        };
+        let mut tried = HashSet::new();
+        let mut fresh = false;
+        loop {
+            let Some(claim) = pool.claim(&listing, kind, &tried) else {
+                if fresh {
+                    let total = listing.iter().filter(|f| f.emulation_type == kind).count();
+                    return Err(DpuError::Exhausted(format!(
+                        "SNAP at {}: no free {} function for {what}: all {total} carry a controller",
+                        self.socket().display(),
+                        kind_name(kind),
+                    )));
+                }
+                // Our listing may predate functions freed since: ask once more.
+                listing = self.list_functions(deadline).await?;
+                fresh = true;
+                continue;
+            };
+            match create(claim.pci_bdf.clone()).await {
+                Ok(created) => {
+                    let bdf = claim.pci_bdf.clone();
+                    claim.taken();
+                    return Ok((created.ctrl_id, bdf));
+                }
+                Err(e) if matches!(e.code(), Some(code::EBUSY | code::EEXIST)) => {
+                    tracing::info!(
+                        socket = %self.socket().display(),
+                        function = %claim.pci_bdf,
+                        "{what}: function taken meanwhile, choosing another"
+                    );
+                    tried.insert(claim.vuid.clone());
+                    claim.taken();
+                    listing = self.list_functions(deadline).await?;
+                    fresh = true;
+                }
+                Err(e) if e.is_transient() => {
+                    // SNAP may have carried it out: keep the function claimed.
+                    claim.taken();
+                    return Err(self.error(what, e));
+                }
+                Err(e) => return Err(self.error(what, e)),
+            }
+        }
+    }
+
+    /// Classifies a failed call: not reached or no answer → Unavailable (the
+    /// caller may retry, every step is idempotent); a SPDK without the SNAP
+    /// methods → FailedPrecondition; any other answer → Internal.
+    pub fn error(&self, what: &str, e: RpcError) -> DpuError {
+        let message = format!("SNAP at {}: {what}: {e}", self.socket().display());
+        if e.is_transient() {
+            DpuError::Unavailable(message)
+        } else if e.is_method_not_found() {
+            DpuError::FailedPrecondition(format!("{message} (is this socket a SNAP process?)"))
+        } else {
+            DpuError::Internal(message)
+        }
+    }
+}
+
+pub(crate) fn kind_name(kind: EmulationType) -> &'static str {
+    match kind {
+        EmulationType::Nvme => "NVMe",
+        EmulationType::VirtioBlk => "virtio-blk",
+    }
+}

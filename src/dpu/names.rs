@@ -1,0 +1,97 @@
+//! The SNAP objects of a volume are named after its volume id, so that every
+//! attach, retry and detach (also after a crash, also from another process)
+//! finds them in SNAP's own lists without any record of ours.
+//!
+//! One digest feeds all names: the UUID v5 of the volume id under a fixed
+//! project namespace. It is the NVMe namespace UUID as is (the host verifies
+//! it, so a reused function cannot hand us someone else's disk), and its hex
+//! form names the subsystem and the virtio-blk serial. Changing anything here
+//! orphans every volume attached by an earlier version: don't.
+
+use uuid::Uuid;
+
+/// The fixed namespace of all snap-csi name derivations (random, never change).
+const PROJECT_NAMESPACE: Uuid = Uuid::from_u128(0x618430f4_1fd8_4a47_a838_47e3354acd37);
+
+/// Every volume gets its own subsystem with one namespace, as DPF does.
+pub const NSID: u32 = 1;
+
+/// Prefix of the subsystem NQNs we own; `nqn.<yyyy-mm>.<reversed domain>:`
+/// is the NVMe-defined form, the domain is the project's.
+pub const NQN_PREFIX: &str = "nqn.2022-10.io.snap-csi:vol-";
+
+/// virtio-blk carries the serial in VIRTIO_BLK_ID_BYTES (20 bytes).
+const SERIAL_MAX: usize = 20;
+const SERIAL_PREFIX: &str = "sc-";
+
+/// The names of one volume's SNAP objects.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VolumeNames {
+    /// Subsystem NQN: ASCII, far below NVMe's 223-byte limit.
+    pub nqn: String,
+    /// UUID of namespace [`NSID`], as the host's sysfs prints it.
+    pub namespace_uuid: String,
+    /// virtio-blk `vblk_id` and NVMe subsystem serial number (20 bytes).
+    pub serial: String,
+}
+
+impl VolumeNames {
+    pub fn new(volume_id: &str) -> Self {
+        let digest = Uuid::new_v5(&PROJECT_NAMESPACE, volume_id.as_bytes());
+        let hex = digest.simple().to_string();
+        let serial = format!(
+            "{SERIAL_PREFIX}{}",
+            &hex[..SERIAL_MAX - SERIAL_PREFIX.len()]
+        );
+        VolumeNames {
+            nqn: format!("{NQN_PREFIX}{hex}"),
+            namespace_uuid: digest.hyphenated().to_string(),
+            serial,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_stable_valid_and_distinct() {
+        let a = VolumeNames::new("pvc-0b9a1e0e-1111-4c7e-9f00-000000000001");
+        assert_eq!(
+            a,
+            VolumeNames::new("pvc-0b9a1e0e-1111-4c7e-9f00-000000000001")
+        );
+        let b = VolumeNames::new("pvc-0b9a1e0e-1111-4c7e-9f00-000000000002");
+        assert_ne!(a.nqn, b.nqn);
+        assert_ne!(a.serial, b.serial);
+        assert_ne!(a.namespace_uuid, b.namespace_uuid);
+
+        assert!(a.nqn.starts_with(NQN_PREFIX));
+        assert_eq!(a.nqn.len(), NQN_PREFIX.len() + 32);
+        assert!(a.nqn.is_ascii() && a.nqn.len() <= 223);
+        assert_eq!(a.serial.len(), SERIAL_MAX);
+        assert!(a.serial.starts_with(SERIAL_PREFIX));
+        assert!(Uuid::parse_str(&a.namespace_uuid).is_ok());
+    }
+
+    #[test]
+    fn derivation_never_changes() {
+        // Volumes attached by an earlier build are found only by these names.
+        let names = VolumeNames::new("vol-1");
+        assert_eq!(names.namespace_uuid, "6aaea650-8ef7-5653-a05a-0aea9d997ec8");
+        assert_eq!(
+            names.nqn,
+            "nqn.2022-10.io.snap-csi:vol-6aaea6508ef75653a05a0aea9d997ec8"
+        );
+        assert_eq!(names.serial, "sc-6aaea6508ef75653a");
+    }
+
+    #[test]
+    fn long_and_odd_volume_ids_still_give_bounded_names() {
+        let id = "x".repeat(4096) + "/../é\0";
+        let names = VolumeNames::new(&id);
+        assert_eq!(names.serial.len(), SERIAL_MAX);
+        assert_eq!(names.nqn.len(), NQN_PREFIX.len() + 32);
+    }
+}

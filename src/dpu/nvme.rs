@@ -1,0 +1,331 @@
+//! Exposing a bdev as an NVMe namespace, in NVIDIA's order (one subsystem per
+//! volume, namespace 1 with our UUID, a controller created suspended on a
+//! free function, attach, resume), and taking it away again.
+//!
+//! Both directions start from one `nvme_subsystem_list` (plus the function
+//! listing for an attach) and continue from whatever state a previous,
+//! perhaps crashed, attempt left: each step runs only if SNAP's listing says
+//! it is missing. Steps that do not depend on each other go out together, so
+//! a new volume costs four dependent round trips after the listings, and an
+//! attached one none.
+
+use futures::future::try_join_all;
+use tokio::time::Instant;
+
+use super::endpoint::SnapEndpoint;
+use super::functions::FunctionListing;
+use super::names::{NSID, VolumeNames};
+use super::{DpuError, HostLocator};
+use crate::jsonrpc::code;
+use crate::spdk::snap::{
+    EmulationType, NvmeController, NvmeControllerAttachNs, NvmeControllerCreate,
+    NvmeControllerDestroy, NvmeControllerDetachNs, NvmeControllerResume, NvmeNamespaceCreate,
+    NvmeNamespaceDestroy, NvmeSubsystem, NvmeSubsystemCreate, NvmeSubsystemDestroy,
+    NvmeSubsystemList,
+};
+
+/// The only `bdev_type` of a namespace backed by an SPDK bdev.
+const BDEV_TYPE_SPDK: &str = "spdk";
+
+/// A volume's subsystem as SNAP lists it.
+#[derive(Debug, Clone)]
+pub(crate) struct Subsystem {
+    pub listed: NvmeSubsystem,
+}
+
+impl Subsystem {
+    /// The bdevs its namespaces serve (normally one: the plugin's device).
+    pub fn bdevs(&self) -> impl Iterator<Item = &str> {
+        self.listed.namespaces.iter().map(|n| n.bdev.as_str())
+    }
+
+    /// Whether the host may use the controller. Only a state known to mean
+    /// "running" counts: resuming a running controller is harmless, leaving a
+    /// suspended one suspended is not.
+    fn is_running(&self, ctrl_id: &str) -> bool {
+        self.listed
+            .controllers
+            .iter()
+            .find(|c| c.ctrl_id == ctrl_id)
+            .and_then(|c| c.state.as_deref())
+            .is_some_and(|s| s.eq_ignore_ascii_case("STARTED") || s.eq_ignore_ascii_case("RUNNING"))
+    }
+}
+
+/// The subsystem named `nqn`, if SNAP has it.
+pub(crate) async fn find(
+    snap: &SnapEndpoint,
+    nqn: &str,
+    deadline: Instant,
+) -> Result<Option<Subsystem>, DpuError> {
+    let listed = snap
+        .call(&NvmeSubsystemList {}, deadline)
+        .await
+        .map_err(|e| snap.error("listing NVMe subsystems", e))?;
+    Ok(listed
+        .into_iter()
+        .find(|s| s.nqn == nqn)
+        .map(|listed| Subsystem { listed }))
+}
+
+/// Our controller as far as a previous attempt got.
+#[derive(Debug)]
+struct Controller {
+    ctrl_id: String,
+    bdf: String,
+    attached: bool,
+    running: bool,
+}
+
+/// Exposes `device` under the volume's subsystem and returns where the host
+/// finds it. `found` and `functions` are the listings read together with the
+/// plugin's CreateDevice.
+pub(crate) async fn expose(
+    snap: &SnapEndpoint,
+    names: &VolumeNames,
+    device: &str,
+    found: Option<Subsystem>,
+    functions: FunctionListing,
+    deadline: Instant,
+) -> Result<HostLocator, DpuError> {
+    let nqn = &names.nqn;
+    if found.is_none() {
+        let create = NvmeSubsystemCreate {
+            nqn: nqn.clone(),
+            mn: None,
+            // The host shows it in /sys/class/nvme/*/serial: name the volume.
+            sn: Some(names.serial.clone()),
+            nn: None,
+            mnan: None,
+        };
+        let what = format!("creating subsystem {nqn}");
+        snap.call_tolerating(&what, &create, &[code::EEXIST], deadline)
+            .await?;
+        tracing::info!(%nqn, "created NVMe subsystem");
+        crate::failpoint::step("attach:nvme-subsystem");
+    }
+    let namespace = found
+        .as_ref()
+        .and_then(|s| s.listed.namespaces.iter().find(|n| n.nsid == NSID));
+    if let Some(ns) = namespace
+        && ns.bdev != device
+    {
+        return Err(DpuError::FailedPrecondition(format!(
+            "SNAP at {}: namespace {NSID} of {nqn} serves bdev {}, not the plugin's device {device}",
+            snap.socket().display(),
+            ns.bdev
+        )));
+    }
+    let existing = found
+        .as_ref()
+        .map(|s| existing_controller(s, &functions, snap))
+        .transpose()?
+        .flatten();
+
+    let create_namespace = async {
+        if namespace.is_some() {
+            return Ok(());
+        }
+        let create = NvmeNamespaceCreate {
+            bdev_type: BDEV_TYPE_SPDK.to_string(),
+            nqn: nqn.clone(),
+            nsid: NSID,
+            uuid: names.namespace_uuid.clone(),
+            bdev_name: device.to_string(),
+        };
+        let what = format!("creating namespace {NSID} of {nqn} on bdev {device}");
+        snap.call_tolerating(&what, &create, &[code::EEXIST], deadline)
+            .await?;
+        tracing::info!(%nqn, bdev = %device, "created NVMe namespace");
+        Ok(())
+    };
+    let controller = async {
+        if let Some(controller) = existing {
+            return Ok(controller);
+        }
+        let what = format!("creating a controller for {nqn}");
+        let (ctrl_id, bdf) = snap
+            .create_on_free_function(EmulationType::Nvme, functions, &what, deadline, |pci_bdf| {
+                let create = NvmeControllerCreate {
+                    nqn: nqn.clone(),
+                    pci_bdf: Some(pci_bdf),
+                    // The host must not see an empty controller.
+                    suspended: Some(true),
+                    ..Default::default()
+                };
+                async move { snap.call(&create, deadline).await }
+            })
+            .await?;
+        tracing::info!(%nqn, %ctrl_id, %bdf, "created NVMe controller, suspended");
+        Ok(Controller {
+            ctrl_id,
+            bdf,
+            attached: false,
+            running: false,
+        })
+    };
+    let (namespace_created, controller) = tokio::join!(create_namespace, controller);
+    let controller = controller?;
+    namespace_created?;
+    crate::failpoint::step("attach:nvme-namespace-controller");
+
+    if !controller.attached {
+        let attach = NvmeControllerAttachNs {
+            ctrl_id: controller.ctrl_id.clone(),
+            nsid: NSID,
+        };
+        let what = format!(
+            "attaching namespace {NSID} of {nqn} to {}",
+            controller.ctrl_id
+        );
+        snap.call_tolerating(&what, &attach, &[code::EEXIST], deadline)
+            .await?;
+        crate::failpoint::step("attach:nvme-attach");
+    }
+    if !controller.running {
+        let resume = NvmeControllerResume {
+            ctrl_id: controller.ctrl_id.clone(),
+        };
+        let what = format!("resuming controller {} of {nqn}", controller.ctrl_id);
+        snap.call_tolerating(&what, &resume, &[], deadline).await?;
+        tracing::info!(%nqn, ctrl_id = %controller.ctrl_id, "resumed NVMe controller");
+        crate::failpoint::step("attach:nvme-resume");
+    }
+    Ok(HostLocator::Nvme {
+        bdf: controller.bdf,
+        nsid: NSID,
+        uuid: Some(
+            namespace
+                .and_then(|n| n.uuid.clone())
+                .unwrap_or_else(|| names.namespace_uuid.clone()),
+        ),
+    })
+}
+
+/// The controller a previous attempt made, preferring one that already
+/// shows our namespace (there is only one unless attempts raced).
+fn existing_controller(
+    subsystem: &Subsystem,
+    functions: &FunctionListing,
+    snap: &SnapEndpoint,
+) -> Result<Option<Controller>, DpuError> {
+    let attached = |c: &NvmeController| {
+        c.namespaces.iter().any(|n| n.nsid == NSID)
+            || subsystem
+                .listed
+                .namespaces
+                .iter()
+                .any(|n| n.nsid == NSID && n.controllers.iter().any(|r| r.ctrl_id == c.ctrl_id))
+    };
+    let controllers = &subsystem.listed.controllers;
+    let Some(c) = controllers
+        .iter()
+        .find(|c| attached(c))
+        .or_else(|| controllers.first())
+    else {
+        return Ok(None);
+    };
+    let bdf = functions
+        .bdf_of(EmulationType::Nvme, &c.ctrl_id, c.vhca_id)
+        .ok_or_else(|| {
+            DpuError::Internal(format!(
+                "SNAP at {}: controller {} of {} sits on no listed NVMe function",
+                snap.socket().display(),
+                c.ctrl_id,
+                subsystem.listed.nqn
+            ))
+        })?;
+    Ok(Some(Controller {
+        ctrl_id: c.ctrl_id.clone(),
+        bdf,
+        attached: attached(c),
+        running: subsystem.is_running(&c.ctrl_id),
+    }))
+}
+
+/// Takes the volume's namespaces away from SNAP: its controllers first, then
+/// its namespaces, each skipped when already gone. Afterwards SNAP no longer
+/// uses the plugin's device; the empty subsystem is left for
+/// [`destroy_subsystem`], which can run alongside DeleteDevice.
+pub(crate) async fn release(
+    snap: &SnapEndpoint,
+    subsystem: &Subsystem,
+    deadline: Instant,
+) -> Result<(), DpuError> {
+    let nqn = &subsystem.listed.nqn;
+    try_join_all(
+        subsystem
+            .listed
+            .controllers
+            .iter()
+            .map(|c| destroy_controller(snap, nqn, c, deadline)),
+    )
+    .await?;
+    try_join_all(subsystem.listed.namespaces.iter().map(|n| async move {
+        let destroy = NvmeNamespaceDestroy {
+            nqn: nqn.clone(),
+            nsid: n.nsid,
+        };
+        let what = format!("destroying namespace {} of {nqn}", n.nsid);
+        snap.call_tolerating(&what, &destroy, &[code::ENODEV], deadline)
+            .await?;
+        tracing::info!(%nqn, nsid = n.nsid, "destroyed NVMe namespace");
+        Ok::<_, DpuError>(())
+    }))
+    .await?;
+    Ok(())
+}
+
+/// `force` takes attached namespaces along, which saves NVIDIA's separate
+/// detach round trip; a SNAP that still refuses (-16) gets the detach first.
+async fn destroy_controller(
+    snap: &SnapEndpoint,
+    nqn: &str,
+    controller: &NvmeController,
+    deadline: Instant,
+) -> Result<(), DpuError> {
+    let ctrl_id = &controller.ctrl_id;
+    let destroy = NvmeControllerDestroy {
+        ctrl_id: ctrl_id.clone(),
+        force: Some(true),
+    };
+    let what = format!("destroying controller {ctrl_id} of {nqn}");
+    match snap.call(&destroy, deadline).await {
+        Ok(_) => {}
+        Err(e) if e.is_no_such_device() => return Ok(()),
+        Err(e) if e.code() == Some(code::EBUSY) => {
+            try_join_all(controller.namespaces.iter().map(|n| {
+                let detach = NvmeControllerDetachNs {
+                    ctrl_id: ctrl_id.clone(),
+                    nsid: n.nsid,
+                };
+                let what = format!("detaching namespace {} from {ctrl_id}", n.nsid);
+                async move {
+                    snap.call_tolerating(&what, &detach, &[code::ENODEV], deadline)
+                        .await
+                }
+            }))
+            .await?;
+            snap.call_tolerating(&what, &destroy, &[code::ENODEV], deadline)
+                .await?;
+        }
+        Err(e) => return Err(snap.error(&what, e)),
+    }
+    tracing::info!(%nqn, %ctrl_id, "destroyed NVMe controller");
+    Ok(())
+}
+
+pub(crate) async fn destroy_subsystem(
+    snap: &SnapEndpoint,
+    nqn: &str,
+    deadline: Instant,
+) -> Result<(), DpuError> {
+    let destroy = NvmeSubsystemDestroy {
+        nqn: nqn.to_string(),
+    };
+    let what = format!("destroying subsystem {nqn}");
+    snap.call_tolerating(&what, &destroy, &[code::ENODEV], deadline)
+        .await?;
+    tracing::info!(%nqn, "destroyed NVMe subsystem");
+    Ok(())
+}

@@ -1,0 +1,480 @@
+//! The vendor plugin client (`nvidia.storage.plugins.v1` over a UNIX socket).
+//!
+//! One lazily connected tonic channel serves both services; tonic reconnects
+//! it after the plugin restarts. Every call carries the caller's deadline
+//! (sent as `grpc-timeout` and enforced here as well, since a tonic client
+//! does not enforce the header itself), and UNAVAILABLE / DEADLINE_EXCEEDED
+//! answers are retried with backoff inside it: the API makes every RPC
+//! idempotent and explicitly allows retries.
+//!
+//! What the plugin says about itself (GetPluginInfo, its capabilities, its
+//! SNAP provider) is asked once and kept for the life of the client; Probe is
+//! asked every time, because readiness is exactly what may change.
+//!
+//! Request contexts may carry sensitive values: nothing here logs a request.
+
+use std::path::{Path, PathBuf};
+
+use hyper_util::rt::TokioIo;
+use tokio::net::UnixStream;
+use tokio::sync::OnceCell;
+use tokio::time::Instant;
+use tonic::transport::{Channel, Endpoint, Uri};
+use tonic::{Code, Status};
+
+use super::{AttachRequest, DpuError, retry};
+use crate::proto::csi::v1::volume_capability::access_mode::Mode;
+use crate::proto::nvidia::storage::plugins::v1 as api;
+use api::identity_service_client::IdentityServiceClient;
+use api::storage_plugin_service_capability::rpc::Type as Capability;
+use api::storage_plugin_service_client::StoragePluginServiceClient;
+
+pub use api::AccessMode;
+
+/// The provider an empty GetSNAPProvider answer means (NVIDIA's own SNAP).
+pub const DEFAULT_SNAP_PROVIDER: &str = "nvidia";
+
+/// Where DPF puts a SNAP provider's socket; `{provider}` is replaced.
+pub const DEFAULT_SNAP_SOCKET_TEMPLATE: &str =
+    "/var/lib/nvidia/storage/snap/providers/{provider}/snap.sock";
+
+/// The placeholder in a SNAP socket template.
+pub const PROVIDER_PLACEHOLDER: &str = "{provider}";
+
+/// `volume_mode` of a CreateDevice that must yield an SPDK bdev. DPF sends
+/// Kubernetes' spelling, "Block" or "Filesystem", and a DPF plugin answers
+/// "Filesystem" with an fsdev for virtio-fs. We always expose a bdev (NVMe or
+/// virtio-blk) and make filesystems on the host, so every volume, also a
+/// filesystem volume, is a "Block" device to the plugin.
+pub const VOLUME_MODE_BLOCK: &str = "Block";
+
+/// ListDevices page size we ask for; the plugin may answer fewer.
+const LIST_PAGE: i32 = 256;
+
+/// The plugin API's access mode for a CSI access mode.
+///
+/// The plugin API has Kubernetes' four modes, so this is the inverse of how
+/// Kubernetes turns its modes into CSI ones (RWO → SINGLE_NODE_WRITER or
+/// SINGLE_NODE_MULTI_WRITER, RWOP → SINGLE_NODE_SINGLE_WRITER, ROX →
+/// MULTI_NODE_READER_ONLY, RWX → MULTI_NODE_MULTI_WRITER). The two CSI modes
+/// Kubernetes never produces go to the mode with the same write permission,
+/// because that is what a plugin can act on (e.g. open its backend read-only):
+/// SINGLE_NODE_READER_ONLY → ROX, MULTI_NODE_SINGLE_WRITER → RWX.
+pub fn plugin_access_mode(mode: Mode) -> AccessMode {
+    match mode {
+        Mode::SingleNodeWriter | Mode::SingleNodeMultiWriter => AccessMode::Rwo,
+        Mode::SingleNodeSingleWriter => AccessMode::Rwop,
+        Mode::SingleNodeReaderOnly | Mode::MultiNodeReaderOnly => AccessMode::Rox,
+        Mode::MultiNodeSingleWriter | Mode::MultiNodeMultiWriter => AccessMode::Rwx,
+        Mode::Unknown => AccessMode::Unspecified,
+    }
+}
+
+/// The SNAP socket of `provider` under `template`: an empty provider is the
+/// default one; a template without the placeholder names one fixed socket.
+///
+/// The provider name comes from the plugin and becomes a path component, so
+/// it must be a plain name.
+pub fn snap_socket_path(template: &str, provider: &str) -> Result<PathBuf, DpuError> {
+    let provider = if provider.is_empty() {
+        DEFAULT_SNAP_PROVIDER
+    } else {
+        provider
+    };
+    let plain = provider
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        && provider != "."
+        && provider != "..";
+    if !plain {
+        return Err(DpuError::FailedPrecondition(format!(
+            "the vendor plugin names SNAP provider {provider:?}, which is not a plain name"
+        )));
+    }
+    Ok(PathBuf::from(
+        template.replace(PROVIDER_PLACEHOLDER, provider),
+    ))
+}
+
+/// What the plugin says about itself; asked once.
+#[derive(Debug, Clone)]
+pub struct PluginDescription {
+    pub name: String,
+    pub vendor_version: String,
+    pub capabilities: Vec<Capability>,
+    /// The SNAP provider's socket, from GetSNAPProvider and the template.
+    pub snap_socket: PathBuf,
+}
+
+impl PluginDescription {
+    pub fn has(&self, capability: Capability) -> bool {
+        self.capabilities.contains(&capability)
+    }
+}
+
+/// A device the plugin lists.
+pub type DeviceEntry = api::list_devices_response::Entry;
+
+/// The client of one vendor plugin.
+#[derive(Debug)]
+pub struct PluginClient {
+    socket: PathBuf,
+    snap_socket_template: String,
+    identity: IdentityServiceClient<Channel>,
+    storage: StoragePluginServiceClient<Channel>,
+    description: OnceCell<PluginDescription>,
+}
+
+impl PluginClient {
+    /// A client for the plugin at `socket`; nothing is connected until the
+    /// first call. `snap_socket_template` maps its provider to SNAP's socket.
+    /// Must be called inside a Tokio runtime: the channel spawns its worker.
+    pub fn new(socket: impl Into<PathBuf>, snap_socket_template: impl Into<String>) -> Self {
+        let socket = socket.into();
+        let channel = unix_channel(socket.clone());
+        PluginClient {
+            socket,
+            snap_socket_template: snap_socket_template.into(),
+            identity: IdentityServiceClient::new(channel.clone()),
+            storage: StoragePluginServiceClient::new(channel),
+            description: OnceCell::new(),
+        }
+    }
+
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    /// GetPluginInfo, capabilities and SNAP provider, asked together on first
+    /// use and kept; a failure is not kept, the next call asks again.
+    pub async fn describe(&self, deadline: Instant) -> Result<&PluginDescription, DpuError> {
+        self.description
+            .get_or_try_init(|| async {
+                let (info, capabilities, provider) = tokio::join!(
+                    self.unary(
+                        "GetPluginInfo",
+                        deadline,
+                        api::GetPluginInfoRequest {},
+                        |mut c, r| async move { c.identity.get_plugin_info(r).await }
+                    ),
+                    self.unary(
+                        "StoragePluginGetCapabilities",
+                        deadline,
+                        api::StoragePluginGetCapabilitiesRequest {},
+                        |mut c, r| async move { c.storage.storage_plugin_get_capabilities(r).await }
+                    ),
+                    self.unary(
+                        "GetSNAPProvider",
+                        deadline,
+                        api::GetSnapProviderRequest {},
+                        |mut c, r| async move { c.storage.get_snap_provider(r).await }
+                    ),
+                );
+                let (info, capabilities, provider) = (info?, capabilities?, provider?);
+                let description = PluginDescription {
+                    name: info.name,
+                    vendor_version: info.vendor_version,
+                    capabilities: capabilities
+                        .capabilities
+                        .iter()
+                        .filter_map(|c| match c.r#type {
+                            Some(api::storage_plugin_service_capability::Type::Rpc(rpc)) => {
+                                Capability::try_from(rpc.r#type).ok()
+                            }
+                            None => None,
+                        })
+                        .collect(),
+                    snap_socket: snap_socket_path(
+                        &self.snap_socket_template,
+                        &provider.provider_name,
+                    )?,
+                };
+                tracing::info!(
+                    plugin = %description.name,
+                    version = %description.vendor_version,
+                    capabilities = ?description.capabilities,
+                    snap_socket = %description.snap_socket.display(),
+                    "vendor plugin described itself"
+                );
+                Ok(description)
+            })
+            .await
+    }
+
+    /// Whether the plugin says it is ready. An unset `ready` counts as ready,
+    /// as CSI's Probe defines it; the plugin API copies that message.
+    pub async fn probe(&self, deadline: Instant) -> Result<bool, DpuError> {
+        let response = self
+            .unary(
+                "Probe",
+                deadline,
+                api::ProbeRequest {},
+                |mut c, r| async move { c.identity.probe(r).await },
+            )
+            .await?;
+        Ok(response.ready.unwrap_or(true))
+    }
+
+    /// CreateDevice: the plugin makes (or finds, it is idempotent) the bdev
+    /// of the volume inside SNAP and names it.
+    pub async fn create_device(
+        &self,
+        request: &AttachRequest,
+        deadline: Instant,
+    ) -> Result<String, DpuError> {
+        self.require(Capability::CreateDeleteBlockDevice, deadline)
+            .await?;
+        let message = api::CreateDeviceRequest {
+            volume_id: request.volume_id.clone(),
+            access_modes: request.access_modes.iter().map(|m| *m as i32).collect(),
+            volume_mode: VOLUME_MODE_BLOCK.to_string(),
+            publish_context: request.publish_context.clone(),
+            volume_context: request.volume_context.clone(),
+            storage_parameters: request.storage_parameters.clone(),
+        };
+        let response = self
+            .unary("CreateDevice", deadline, message, |mut c, r| async move {
+                c.storage.create_device(r).await
+            })
+            .await?;
+        if response.device_name.is_empty() {
+            return Err(DpuError::Internal(format!(
+                "vendor plugin at {}: CreateDevice of volume {} answered no device name",
+                self.socket.display(),
+                request.volume_id
+            )));
+        }
+        Ok(response.device_name)
+    }
+
+    /// DeleteDevice; the plugin answers OK when the device is already gone.
+    pub async fn delete_device(
+        &self,
+        volume_id: &str,
+        device_name: &str,
+        deadline: Instant,
+    ) -> Result<(), DpuError> {
+        let message = api::DeleteDeviceRequest {
+            volume_id: volume_id.to_string(),
+            device_name: device_name.to_string(),
+        };
+        self.unary("DeleteDevice", deadline, message, |mut c, r| async move {
+            c.storage.delete_device(r).await
+        })
+        .await?;
+        Ok(())
+    }
+
+    /// GetDevice; `None` when the plugin says NOT_FOUND. Needs the
+    /// GET_DEVICE_STATS capability.
+    pub async fn get_device(
+        &self,
+        volume_id: &str,
+        device_name: &str,
+        deadline: Instant,
+    ) -> Result<Option<api::GetDeviceResponse>, DpuError> {
+        self.require(Capability::GetDeviceStats, deadline).await?;
+        let message = api::GetDeviceRequest {
+            volume_id: volume_id.to_string(),
+            device_name: device_name.to_string(),
+        };
+        let result = self
+            .call("GetDevice", deadline, message, |mut c, r| async move {
+                c.storage.get_device(r).await
+            })
+            .await;
+        match result {
+            Ok(device) => Ok(Some(device)),
+            Err(status) if status.code() == Code::NotFound => Ok(None),
+            Err(status) => Err(self.error("GetDevice", status)),
+        }
+    }
+
+    /// Every device the plugin knows, all pages. Needs LIST_DEVICES.
+    pub async fn list_devices(&self, deadline: Instant) -> Result<Vec<DeviceEntry>, DpuError> {
+        self.require(Capability::ListDevices, deadline).await?;
+        let mut entries = Vec::new();
+        let mut token = String::new();
+        loop {
+            let message = api::ListDevicesRequest {
+                max_entries: LIST_PAGE,
+                starting_token: token.clone(),
+            };
+            let page = self
+                .unary("ListDevices", deadline, message, |mut c, r| async move {
+                    c.storage.list_devices(r).await
+                })
+                .await?;
+            entries.extend(page.entries);
+            if page.next_token.is_empty() {
+                return Ok(entries);
+            }
+            if page.next_token == token {
+                return Err(DpuError::Internal(format!(
+                    "vendor plugin at {}: ListDevices hands out the same page token {:?} again",
+                    self.socket.display(),
+                    token
+                )));
+            }
+            token = page.next_token;
+        }
+    }
+
+    async fn require(&self, capability: Capability, deadline: Instant) -> Result<(), DpuError> {
+        let description = self.describe(deadline).await?;
+        if description.has(capability) {
+            return Ok(());
+        }
+        Err(DpuError::FailedPrecondition(format!(
+            "vendor plugin {} at {} lacks capability {}",
+            description.name,
+            self.socket.display(),
+            capability.as_str_name()
+        )))
+    }
+
+    /// [`PluginClient::call`] with the status classified.
+    async fn unary<Req, Resp, F, Fut>(
+        &self,
+        rpc: &'static str,
+        deadline: Instant,
+        message: Req,
+        send: F,
+    ) -> Result<Resp, DpuError>
+    where
+        Req: Clone,
+        F: Fn(Clients, tonic::Request<Req>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<Resp>, Status>>,
+    {
+        self.call(rpc, deadline, message, send)
+            .await
+            .map_err(|status| self.error(rpc, status))
+    }
+
+    /// One RPC with the deadline on every attempt and retries of transient
+    /// answers inside it.
+    async fn call<Req, Resp, F, Fut>(
+        &self,
+        rpc: &'static str,
+        deadline: Instant,
+        message: Req,
+        send: F,
+    ) -> Result<Resp, Status>
+    where
+        Req: Clone,
+        F: Fn(Clients, tonic::Request<Req>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<Resp>, Status>>,
+    {
+        let attempt = || async {
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            if remaining.is_zero() {
+                return Err(Status::deadline_exceeded(format!(
+                    "{rpc}: deadline already passed"
+                )));
+            }
+            let mut request = tonic::Request::new(message.clone());
+            request.set_timeout(remaining);
+            let clients = Clients {
+                identity: self.identity.clone(),
+                storage: self.storage.clone(),
+            };
+            match tokio::time::timeout_at(deadline, send(clients, request)).await {
+                Ok(result) => result.map(tonic::Response::into_inner),
+                Err(_) => Err(Status::deadline_exceeded(format!(
+                    "{rpc}: no answer within {remaining:?}"
+                ))),
+            }
+        };
+        retry::until_deadline(deadline, |s: &Status| is_transient(s.code()), attempt).await
+    }
+
+    fn error(&self, rpc: &str, status: Status) -> DpuError {
+        let message = format!(
+            "vendor plugin at {}: {rpc}: {}: {}",
+            self.socket.display(),
+            status.code().description(),
+            status.message()
+        );
+        match status.code() {
+            Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled => {
+                DpuError::Unavailable(message)
+            }
+            Code::InvalidArgument | Code::OutOfRange => DpuError::InvalidArgument(message),
+            Code::FailedPrecondition | Code::Unimplemented => DpuError::FailedPrecondition(message),
+            Code::ResourceExhausted => DpuError::Exhausted(message),
+            _ => DpuError::Internal(message),
+        }
+    }
+}
+
+/// The generated clients, cloned per attempt (their methods take `&mut`).
+struct Clients {
+    identity: IdentityServiceClient<Channel>,
+    storage: StoragePluginServiceClient<Channel>,
+}
+
+fn is_transient(code: Code) -> bool {
+    matches!(code, Code::Unavailable | Code::DeadlineExceeded)
+}
+
+/// A channel to a UNIX socket, connected on first use and after each break.
+fn unix_channel(socket: PathBuf) -> Channel {
+    // The URI only fills the :authority header; the connector ignores it.
+    Endpoint::from_static("http://vendor-plugin").connect_with_connector_lazy(tower::service_fn(
+        move |_: Uri| {
+            let socket = socket.clone();
+            async move { UnixStream::connect(socket).await.map(TokioIo::new) }
+        },
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_csi_mode_maps_to_the_plugin_mode_with_its_write_permission() {
+        let cases = [
+            (Mode::SingleNodeWriter, AccessMode::Rwo),
+            (Mode::SingleNodeMultiWriter, AccessMode::Rwo),
+            (Mode::SingleNodeSingleWriter, AccessMode::Rwop),
+            (Mode::SingleNodeReaderOnly, AccessMode::Rox),
+            (Mode::MultiNodeReaderOnly, AccessMode::Rox),
+            (Mode::MultiNodeSingleWriter, AccessMode::Rwx),
+            (Mode::MultiNodeMultiWriter, AccessMode::Rwx),
+            (Mode::Unknown, AccessMode::Unspecified),
+        ];
+        for (csi, plugin) in cases {
+            assert_eq!(plugin_access_mode(csi), plugin, "{csi:?}");
+        }
+    }
+
+    #[test]
+    fn providers_map_to_dpf_socket_paths() {
+        assert_eq!(
+            snap_socket_path(DEFAULT_SNAP_SOCKET_TEMPLATE, "").unwrap(),
+            PathBuf::from("/var/lib/nvidia/storage/snap/providers/nvidia/snap.sock")
+        );
+        assert_eq!(
+            snap_socket_path(DEFAULT_SNAP_SOCKET_TEMPLATE, "acme-snap").unwrap(),
+            PathBuf::from("/var/lib/nvidia/storage/snap/providers/acme-snap/snap.sock")
+        );
+        assert_eq!(
+            snap_socket_path("/var/tmp/spdk.sock", "acme").unwrap(),
+            PathBuf::from("/var/tmp/spdk.sock")
+        );
+    }
+
+    #[test]
+    fn provider_names_cannot_escape_the_template() {
+        for bad in ["..", ".", "a/b", "../../etc", "x\0y", "a b"] {
+            assert!(
+                matches!(
+                    snap_socket_path(DEFAULT_SNAP_SOCKET_TEMPLATE, bad),
+                    Err(DpuError::FailedPrecondition(_))
+                ),
+                "{bad:?}"
+            );
+        }
+    }
+}

@@ -1,0 +1,138 @@
+//! Exposing a bdev as a virtio-blk disk: one controller per volume on a free
+//! function, recognised by its serial (`vblk_id`), which is derived from the
+//! volume id and is what the host reads from `/sys/block/vdX/serial`.
+
+use futures::future::try_join_all;
+use tokio::time::Instant;
+
+use super::endpoint::SnapEndpoint;
+use super::functions::FunctionListing;
+use super::names::VolumeNames;
+use super::{DpuError, HostLocator};
+use crate::jsonrpc::code;
+use crate::spdk::snap::{
+    EmulationType, VirtioBlkController, VirtioBlkControllerBdevAttach, VirtioBlkControllerCreate,
+    VirtioBlkControllerDestroy, VirtioBlkControllerList,
+};
+
+/// The volume's controllers (normally at most one), found by serial.
+pub(crate) async fn find(
+    snap: &SnapEndpoint,
+    serial: &str,
+    deadline: Instant,
+) -> Result<Vec<VirtioBlkController>, DpuError> {
+    let listed = snap
+        .call(&VirtioBlkControllerList {}, deadline)
+        .await
+        .map_err(|e| snap.error("listing virtio-blk controllers", e))?;
+    Ok(listed
+        .into_iter()
+        .filter(|c| c.vblk_id.as_deref() == Some(serial))
+        .collect())
+}
+
+/// The bdev a controller serves; SNAP lists a controller without one with an
+/// empty name.
+pub(crate) fn bdev_of(controller: &VirtioBlkController) -> Option<&str> {
+    controller.bdev.as_deref().filter(|b| !b.is_empty())
+}
+
+/// Exposes `device` on the volume's controller, creating the controller on a
+/// free function if a previous attempt did not.
+pub(crate) async fn expose(
+    snap: &SnapEndpoint,
+    names: &VolumeNames,
+    device: &str,
+    found: Vec<VirtioBlkController>,
+    functions: FunctionListing,
+    deadline: Instant,
+) -> Result<HostLocator, DpuError> {
+    let serial = &names.serial;
+    let bdf = match found.first() {
+        Some(controller) => {
+            match bdev_of(controller) {
+                Some(bdev) if bdev == device => {}
+                Some(bdev) => {
+                    return Err(DpuError::FailedPrecondition(format!(
+                        "SNAP at {}: virtio-blk controller {} with serial {serial} serves bdev {bdev}, not the plugin's device {device}",
+                        snap.socket().display(),
+                        controller.ctrl_id
+                    )));
+                }
+                // Its bdev went away (hot-removed) and came back: serve it again.
+                None => {
+                    let attach = VirtioBlkControllerBdevAttach {
+                        ctrl: controller.ctrl_id.clone(),
+                        bdev: device.to_string(),
+                        vblk_id: Some(serial.clone()),
+                    };
+                    let what = format!("attaching bdev {device} to {}", controller.ctrl_id);
+                    snap.call_tolerating(&what, &attach, &[code::EEXIST], deadline)
+                        .await?;
+                }
+            }
+            functions
+                .bdf_of(
+                    EmulationType::VirtioBlk,
+                    &controller.ctrl_id,
+                    controller.vhca_id,
+                )
+                .or_else(|| controller.pci_bdf.clone())
+                .ok_or_else(|| {
+                    DpuError::Internal(format!(
+                        "SNAP at {}: virtio-blk controller {} sits on no listed function",
+                        snap.socket().display(),
+                        controller.ctrl_id
+                    ))
+                })?
+        }
+        None => {
+            let what = format!("creating a virtio-blk controller for serial {serial}");
+            let (ctrl_id, bdf) = snap
+                .create_on_free_function(
+                    EmulationType::VirtioBlk,
+                    functions,
+                    &what,
+                    deadline,
+                    |pci_bdf| {
+                        let create = VirtioBlkControllerCreate {
+                            pci_bdf: Some(pci_bdf),
+                            bdev: Some(device.to_string()),
+                            vblk_id: Some(serial.clone()),
+                            ..Default::default()
+                        };
+                        async move { snap.call(&create, deadline).await }
+                    },
+                )
+                .await?;
+            tracing::info!(%serial, %ctrl_id, %bdf, bdev = %device, "created virtio-blk controller");
+            bdf
+        }
+    };
+    Ok(HostLocator::VirtioBlk {
+        bdf,
+        serial: serial.clone(),
+    })
+}
+
+/// Destroys the volume's controllers; `force` because they still serve the
+/// bdev (the host has let go of the disk by now).
+pub(crate) async fn release(
+    snap: &SnapEndpoint,
+    controllers: &[VirtioBlkController],
+    deadline: Instant,
+) -> Result<(), DpuError> {
+    try_join_all(controllers.iter().map(|c| async move {
+        let destroy = VirtioBlkControllerDestroy {
+            ctrl: c.ctrl_id.clone(),
+            force: Some(true),
+        };
+        let what = format!("destroying virtio-blk controller {}", c.ctrl_id);
+        snap.call_tolerating(&what, &destroy, &[code::ENODEV], deadline)
+            .await?;
+        tracing::info!(ctrl_id = %c.ctrl_id, "destroyed virtio-blk controller");
+        Ok::<_, DpuError>(())
+    }))
+    .await?;
+    Ok(())
+}

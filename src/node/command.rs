@@ -1,0 +1,480 @@
+//! External tools and blocking syscalls under a deadline, and the one error
+//! type of the host-side operations.
+//!
+//! Every tool runs with `kill_on_drop`, so a deadline that passes (or a
+//! caller that gives up) kills it instead of leaving it running. A blocking
+//! syscall cannot be interrupted: [`run_blocking`] stops waiting at the
+//! deadline, but the syscall may still complete afterwards, which is why every
+//! operation built on it is idempotent (a retry finds the finished work).
+
+use std::ffi::OsStr;
+use std::io;
+use std::process::{Output, Stdio};
+
+use tokio::time::Instant;
+
+/// What went wrong in a host-side operation; the variant is what the caller
+/// needs to pick the CSI code, the message is meant for the CO's user.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HostOpError {
+    /// The request itself is wrong (a path, an fs type, a mount option).
+    #[error("{0}")]
+    InvalidArgument(String),
+    /// The volume is not in a state the operation can work on, e.g. the
+    /// device carries another filesystem or a partition table, or its
+    /// filesystem has errors that preening could not fix.
+    #[error("{0}")]
+    FailedPrecondition(String),
+    /// The device or path does not exist.
+    #[error("{0}")]
+    NotFound(String),
+    /// Something else is already mounted at the target, or the same thing with
+    /// an incompatible read-only setting.
+    #[error("{0}")]
+    AlreadyExists(String),
+    /// The deadline passed; the work may still complete in the background.
+    #[error("{what} did not finish before the deadline")]
+    Timeout { what: String },
+    /// Anything else: a tool's non-zero exit (with its output), an I/O error.
+    #[error("{what} failed: {message}")]
+    Failed { what: String, message: String },
+}
+
+impl HostOpError {
+    pub(crate) fn failed(what: impl Into<String>, message: impl Into<String>) -> Self {
+        HostOpError::Failed {
+            what: what.into(),
+            message: message.into(),
+        }
+    }
+
+    /// The generic mapping of an I/O error (or an errno, through
+    /// `io::Error::from`): a missing file is `NotFound`, the rest `Failed`.
+    /// Callers that know better (EINVAL from mount(2)) map those first.
+    pub(crate) fn io(what: impl Into<String>, err: &io::Error) -> Self {
+        let what = what.into();
+        match err.kind() {
+            io::ErrorKind::NotFound => HostOpError::NotFound(format!("{what}: {err}")),
+            _ => HostOpError::failed(what, err.to_string()),
+        }
+    }
+
+    pub(crate) fn errno(what: impl Into<String>, errno: nix::errno::Errno) -> Self {
+        HostOpError::io(what, &io::Error::from(errno))
+    }
+}
+
+/// gRPC carries a status message in HTTP/2 headers, whose total size peers
+/// cap (16 KiB by default in tonic); a chatty tool must not push the status
+/// past that, so its output is cut in the middle, keeping both ends.
+const MAX_OUTPUT_IN_MESSAGE: usize = 3000;
+
+/// Runs `program` with `args` until `deadline`; a non-zero exit is an error
+/// carrying the tool's stderr (or stdout when stderr is empty).
+pub async fn run(program: &str, args: &[&OsStr], deadline: Instant) -> Result<Output, HostOpError> {
+    let output = run_unchecked(program, args, deadline).await?;
+    if output.status.success() {
+        Ok(output)
+    } else {
+        Err(HostOpError::failed(
+            command_line(program, args),
+            exit_message(&output),
+        ))
+    }
+}
+
+/// Like [`run`], but any exit status is returned to the caller, for tools
+/// whose exit code carries meaning (`blkid` 2 = nothing found, `e2fsck`'s
+/// bit mask). Only failing to start, a signal and the deadline are errors.
+pub async fn run_unchecked(
+    program: &str,
+    args: &[&OsStr],
+    deadline: Instant,
+) -> Result<Output, HostOpError> {
+    let what = command_line(program, args);
+    if Instant::now() >= deadline {
+        return Err(HostOpError::Timeout { what });
+    }
+    let child = tokio::process::Command::new(program)
+        .args(args)
+        // Tools must never wait for an answer on stdin, and their messages
+        // must be the untranslated ones we document and match.
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .env("LC_ALL", "C")
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|err| match err.kind() {
+            io::ErrorKind::NotFound => HostOpError::failed(
+                what.clone(),
+                format!("{program} is not installed (not found in PATH)"),
+            ),
+            _ => HostOpError::failed(what.clone(), format!("cannot start {program}: {err}")),
+        })?;
+    tracing::debug!(command = %what, "running");
+    // Dropping the wait future at the deadline drops the child, which kills it.
+    let output = match tokio::time::timeout_at(deadline, child.wait_with_output()).await {
+        Err(_) => return Err(HostOpError::Timeout { what }),
+        Ok(Err(err)) => return Err(HostOpError::failed(what, err.to_string())),
+        Ok(Ok(output)) => output,
+    };
+    if output.status.code().is_none() {
+        return Err(HostOpError::failed(what, exit_message(&output)));
+    }
+    Ok(output)
+}
+
+/// Runs blocking work (syscalls that may hang on a sick device) on tokio's
+/// blocking pool and stops waiting for it at `deadline`. The work itself
+/// cannot be cancelled and may still finish later.
+pub async fn run_blocking<T, F>(what: &str, deadline: Instant, work: F) -> Result<T, HostOpError>
+where
+    F: FnOnce() -> Result<T, HostOpError> + Send + 'static,
+    T: Send + 'static,
+{
+    if Instant::now() >= deadline {
+        return Err(HostOpError::Timeout { what: what.into() });
+    }
+    match tokio::time::timeout_at(deadline, tokio::task::spawn_blocking(work)).await {
+        Err(_) => Err(HostOpError::Timeout { what: what.into() }),
+        Ok(Err(join)) => Err(HostOpError::failed(
+            what,
+            format!("the worker died: {join}"),
+        )),
+        Ok(Ok(result)) => result,
+    }
+}
+
+/// The command as a human would type it, for messages.
+fn command_line(program: &str, args: &[&OsStr]) -> String {
+    let mut line = program.to_owned();
+    for arg in args {
+        line.push(' ');
+        line.push_str(&arg.to_string_lossy());
+    }
+    line
+}
+
+/// "exit status N: <output>" for a finished tool.
+fn exit_message(output: &Output) -> String {
+    let status = match (output.status.code(), signal_of(output)) {
+        (Some(code), _) => format!("exit status {code}"),
+        (None, Some(signal)) => format!("killed by signal {signal}"),
+        (None, None) => output.status.to_string(),
+    };
+    let text = tool_output(output);
+    if text.is_empty() {
+        format!("{status} (no output)")
+    } else {
+        format!("{status}: {text}")
+    }
+}
+
+fn signal_of(output: &Output) -> Option<i32> {
+    use std::os::unix::process::ExitStatusExt;
+    output.status.signal()
+}
+
+/// What the tool said: stderr, or stdout when stderr is empty (e2fsck reports
+/// on stdout), trimmed and bounded for a gRPC status.
+pub(crate) fn tool_output(output: &Output) -> String {
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let text = if stderr.trim().is_empty() {
+        String::from_utf8_lossy(&output.stdout)
+    } else {
+        stderr
+    };
+    bounded(text.trim())
+}
+
+fn bounded(text: &str) -> String {
+    if text.len() <= MAX_OUTPUT_IN_MESSAGE {
+        return text.to_owned();
+    }
+    let keep = MAX_OUTPUT_IN_MESSAGE / 2;
+    let head_end = floor_char_boundary(text, keep);
+    let tail_start = ceil_char_boundary(text, text.len() - keep);
+    format!(
+        "{} [... {} bytes omitted ...] {}",
+        &text[..head_end],
+        tail_start - head_end,
+        &text[tail_start..]
+    )
+}
+
+fn floor_char_boundary(text: &str, mut index: usize) -> usize {
+    while !text.is_char_boundary(index) {
+        index -= 1;
+    }
+    index
+}
+
+fn ceil_char_boundary(text: &str, mut index: usize) -> usize {
+    while !text.is_char_boundary(index) {
+        index += 1;
+    }
+    index
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn soon(seconds: u64) -> Instant {
+        Instant::now() + Duration::from_secs(seconds)
+    }
+
+    #[tokio::test]
+    async fn run_returns_output_of_a_successful_tool() {
+        let out = run("sh", &[OsStr::new("-c"), OsStr::new("echo hi")], soon(10))
+            .await
+            .unwrap();
+        assert_eq!(out.stdout, b"hi\n");
+    }
+
+    #[tokio::test]
+    async fn run_reports_exit_status_and_stderr() {
+        let err = run(
+            "sh",
+            &[
+                OsStr::new("-c"),
+                OsStr::new("echo out; echo boom >&2; exit 3"),
+            ],
+            soon(10),
+        )
+        .await
+        .unwrap_err();
+        let HostOpError::Failed { what, message } = err else {
+            panic!("{err:?}");
+        };
+        assert_eq!(what, "sh -c echo out; echo boom >&2; exit 3");
+        assert_eq!(message, "exit status 3: boom");
+    }
+
+    #[tokio::test]
+    async fn run_falls_back_to_stdout_when_stderr_is_empty() {
+        let err = run(
+            "sh",
+            &[OsStr::new("-c"), OsStr::new("echo said; exit 1")],
+            soon(10),
+        )
+        .await
+        .unwrap_err();
+        assert!(err.to_string().ends_with("exit status 1: said"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn run_unchecked_returns_non_zero_exits() {
+        let out = run_unchecked("sh", &[OsStr::new("-c"), OsStr::new("exit 2")], soon(10))
+            .await
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2));
+    }
+
+    #[tokio::test]
+    async fn a_missing_tool_says_so() {
+        let err = run("snap-csi-no-such-tool", &[], soon(10))
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("not installed"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn the_deadline_kills_the_tool() {
+        let marker = tempfile::NamedTempFile::new().unwrap();
+        let script = format!("sleep 2; echo late > {}", marker.path().display());
+        let started = std::time::Instant::now();
+        let err = run(
+            "sh",
+            &[OsStr::new("-c"), OsStr::new(&script)],
+            Instant::now() + Duration::from_millis(200),
+        )
+        .await
+        .unwrap_err();
+        assert!(matches!(err, HostOpError::Timeout { .. }), "{err:?}");
+        assert!(started.elapsed() < Duration::from_secs(2));
+        // Killed, not merely abandoned: it never gets to write.
+        std::thread::sleep(Duration::from_millis(2500));
+        assert!(std::fs::read(marker.path()).unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_passed_deadline_runs_nothing() {
+        let err = run("true", &[], Instant::now()).await.unwrap_err();
+        assert!(matches!(err, HostOpError::Timeout { .. }), "{err:?}");
+        let err = run_blocking("nothing", Instant::now(), || Ok(()))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, HostOpError::Timeout { .. }), "{err:?}");
+    }
+
+    #[tokio::test]
+    async fn run_blocking_stops_waiting_at_the_deadline() {
+        let err = run_blocking(
+            "a slow call",
+            Instant::now() + Duration::from_millis(100),
+            || {
+                std::thread::sleep(Duration::from_millis(500));
+                Ok(())
+            },
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "a slow call did not finish before the deadline"
+        );
+        assert_eq!(
+            run_blocking("a quick call", soon(10), || Ok(7)).await,
+            Ok(7)
+        );
+    }
+
+    #[test]
+    fn long_output_is_cut_in_the_middle_on_char_boundaries() {
+        let text = format!(
+            "{}{}{}",
+            "a".repeat(2000),
+            "é".repeat(2000),
+            "z".repeat(2000)
+        );
+        let cut = bounded(&text);
+        assert!(cut.len() < MAX_OUTPUT_IN_MESSAGE + 100);
+        assert!(cut.starts_with("aaaa") && cut.ends_with("zzzz"));
+        assert!(cut.contains("bytes omitted"));
+        assert_eq!(bounded("short"), "short");
+    }
+
+    #[test]
+    fn io_errors_map_missing_to_not_found() {
+        let missing = io::Error::from(io::ErrorKind::NotFound);
+        assert!(matches!(
+            HostOpError::io("stat /x", &missing),
+            HostOpError::NotFound(_)
+        ));
+        let other = HostOpError::errno("mount /x", nix::errno::Errno::EIO);
+        assert!(matches!(other, HostOpError::Failed { .. }), "{other:?}");
+    }
+}
+
+/// Loop devices and scratch directories for the node module's tests, torn
+/// down (mounts first, then loop devices) even when a test panics. It lives
+/// here because every module's tests use it and it is built on commands.
+#[cfg(test)]
+pub(crate) mod testing {
+    use std::path::{Path, PathBuf};
+    use std::process::Command;
+    use std::time::Duration;
+
+    use tokio::time::Instant;
+
+    pub(crate) fn deadline() -> Instant {
+        Instant::now() + Duration::from_secs(120)
+    }
+
+    #[derive(Debug)]
+    pub(crate) struct Scratch {
+        dir: tempfile::TempDir,
+        loops: Vec<PathBuf>,
+    }
+
+    impl Scratch {
+        pub(crate) fn new() -> Scratch {
+            let dir = tempfile::Builder::new()
+                .prefix("snap-csi-node-")
+                .tempdir()
+                .expect("a scratch directory");
+            Scratch {
+                dir,
+                loops: Vec::new(),
+            }
+        }
+
+        pub(crate) fn path(&self, name: &str) -> PathBuf {
+            self.dir.path().join(name)
+        }
+
+        pub(crate) fn root(&self) -> &Path {
+            self.dir.path()
+        }
+
+        /// A loop device over a new sparse file `name` of `size` bytes.
+        pub(crate) fn loop_device(&mut self, name: &str, size: u64) -> PathBuf {
+            let backing = self.path(name);
+            std::fs::File::create(&backing)
+                .and_then(|f| f.set_len(size))
+                .expect("a backing file");
+            let out = Command::new("losetup")
+                .args(["--find", "--show"])
+                .arg(&backing)
+                .output()
+                .expect("losetup runs");
+            assert!(
+                out.status.success(),
+                "losetup: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let device = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+            self.loops.push(device.clone());
+            device
+        }
+
+        /// Grows the file behind `device` and tells the loop driver.
+        pub(crate) fn grow(&self, device: &Path, name: &str, size: u64) {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(self.path(name))
+                .and_then(|f| f.set_len(size))
+                .expect("the backing file grows");
+            sh("losetup", &["-c".as_ref(), device.as_os_str()]);
+        }
+
+        /// Mount points under the scratch directory, deepest (last mounted) first.
+        pub(crate) fn mounts(&self) -> Vec<PathBuf> {
+            let mut mounts: Vec<PathBuf> = super::super::mountinfo::read()
+                .expect("the mount table")
+                .into_iter()
+                .map(|m| m.mount_point)
+                .filter(|p| p.starts_with(self.dir.path()))
+                .collect();
+            mounts.reverse();
+            mounts
+        }
+    }
+
+    pub(crate) fn sh(program: &str, args: &[&std::ffi::OsStr]) -> String {
+        let out = Command::new(program).args(args).output().expect("runs");
+        assert!(
+            out.status.success(),
+            "{program} {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            for mount in self.mounts() {
+                let ok = Command::new("umount")
+                    .arg(&mount)
+                    .status()
+                    .is_ok_and(|s| s.success());
+                if !ok {
+                    let _ = Command::new("umount").arg("-l").arg(&mount).status();
+                }
+            }
+            for device in self.loops.drain(..) {
+                // The kernel keeps BLKROSET's flag for the next user of the
+                // loop device, who would then find it read-only.
+                let _ = Command::new("blockdev")
+                    .arg("--setrw")
+                    .arg(&device)
+                    .status();
+                let _ = Command::new("losetup").arg("-d").arg(&device).status();
+            }
+        }
+    }
+}

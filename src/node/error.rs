@@ -1,0 +1,32 @@
+//! One place that turns the node's internal errors into CSI status codes.
+
+use tonic::Status;
+
+use super::command::HostOpError;
+use crate::dpu::DpuError;
+
+pub fn dpu_status(error: DpuError) -> Status {
+    match error {
+        DpuError::Unavailable(m) => Status::unavailable(m),
+        DpuError::Exhausted(m) => Status::resource_exhausted(m),
+        DpuError::InvalidArgument(m) => Status::invalid_argument(m),
+        DpuError::FailedPrecondition(m) => Status::failed_precondition(m),
+        DpuError::Internal(m) => Status::internal(m),
+    }
+}
+
+pub fn host_status(error: HostOpError) -> Status {
+    let message = error.to_string();
+    match error {
+        HostOpError::InvalidArgument(_) => Status::invalid_argument(message),
+        HostOpError::FailedPrecondition(_) => Status::failed_precondition(message),
+        HostOpError::NotFound(_) => Status::not_found(message),
+        HostOpError::AlreadyExists(_) => Status::already_exists(message),
+        HostOpError::Timeout { .. } => Status::deadline_exceeded(message),
+        _ => Status::internal(message),
+    }
+}
+
+pub fn io_status(what: &str, error: std::io::Error) -> Status {
+    Status::internal(format!("{what}: {error}"))
+}

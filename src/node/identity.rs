@@ -1,0 +1,72 @@
+//! The CSI Identity service of the node plugin.
+
+use std::sync::Arc;
+
+use tonic::{Request, Response, Status};
+
+use crate::dpu::DpuAttach;
+use crate::proto::csi::v1 as csi;
+
+#[derive(Debug, Clone)]
+pub struct IdentityService {
+    driver_name: String,
+    dpu: Arc<dyn DpuAttach>,
+    probe_timeout: std::time::Duration,
+}
+
+impl IdentityService {
+    pub fn new(
+        driver_name: String,
+        dpu: Arc<dyn DpuAttach>,
+        probe_timeout: std::time::Duration,
+    ) -> Self {
+        IdentityService {
+            driver_name,
+            dpu,
+            probe_timeout,
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl csi::identity_server::Identity for IdentityService {
+    async fn get_plugin_info(
+        &self,
+        _request: Request<csi::GetPluginInfoRequest>,
+    ) -> Result<Response<csi::GetPluginInfoResponse>, Status> {
+        Ok(Response::new(csi::GetPluginInfoResponse {
+            name: self.driver_name.clone(),
+            vendor_version: env!("CARGO_PKG_VERSION").to_string(),
+            manifest: Default::default(),
+        }))
+    }
+
+    async fn get_plugin_capabilities(
+        &self,
+        _request: Request<csi::GetPluginCapabilitiesRequest>,
+    ) -> Result<Response<csi::GetPluginCapabilitiesResponse>, Status> {
+        use csi::plugin_capability::service::Type;
+        // Volumes are reachable only from nodes whose DPU serves them.
+        let capabilities = vec![csi::PluginCapability {
+            r#type: Some(csi::plugin_capability::Type::Service(
+                csi::plugin_capability::Service {
+                    r#type: Type::VolumeAccessibilityConstraints as i32,
+                },
+            )),
+        }];
+        Ok(Response::new(csi::GetPluginCapabilitiesResponse {
+            capabilities,
+        }))
+    }
+
+    async fn probe(
+        &self,
+        request: Request<csi::ProbeRequest>,
+    ) -> Result<Response<csi::ProbeResponse>, Status> {
+        let deadline = super::service::call_deadline(&request, self.probe_timeout);
+        // Not ready (rather than an error) while the plugin or SNAP is down:
+        // the node itself is healthy and must not be restarted for it.
+        let ready = self.dpu.probe(deadline).await.unwrap_or(false);
+        Ok(Response::new(csi::ProbeResponse { ready: Some(ready) }))
+    }
+}

@@ -1,0 +1,66 @@
+//! The CSI node service and the host-side operations it is made of.
+//!
+//! - `service`: the CSI Node RPCs; `identity`: the Identity RPCs.
+//! - `config`: settings (defaults, config file, env, flags).
+//! - `guard`: one operation per volume at a time (ABORTED otherwise).
+//! - `records`: the small per-volume record of what cannot be derived.
+//! - `error`: internal errors to CSI status codes, in one place.
+//! - host operations, split by concern: `command` (external tools with a
+//!   deadline), `paths` (confining CO-supplied paths), `format` (probe and
+//!   mkfs), `mount` (mounts and bind mounts), `mountinfo` (the mount table),
+//!   `stats` (usage and expansion).
+
+pub mod command;
+pub mod config;
+mod error;
+pub mod format;
+pub mod guard;
+pub mod identity;
+pub mod mount;
+pub mod mountinfo;
+pub mod paths;
+pub mod records;
+pub mod service;
+pub mod stats;
+
+pub use config::{NodeArgs, NodeConfig};
+pub use identity::IdentityService;
+pub use service::NodeService;
+
+use std::future::Future;
+use std::sync::Arc;
+
+use crate::dpu::DpuAttach;
+use crate::proto::csi::v1::identity_server::IdentityServer;
+use crate::proto::csi::v1::node_server::NodeServer;
+
+/// A probe answers within this even if kubelet's livenessprobe sets no deadline.
+const PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// Serves the Identity and Node services on `config.endpoint` with the given
+/// DPU attach layer until `shutdown` completes; calls in flight finish first.
+pub async fn serve(
+    config: NodeConfig,
+    dpu: Arc<dyn DpuAttach>,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
+    let node = NodeService::new(config.clone(), Arc::clone(&dpu))?;
+    node.reconcile();
+    let identity = IdentityService::new(config.driver_name.clone(), dpu, PROBE_TIMEOUT);
+    let listener = crate::server::bind(&config.endpoint)?;
+    tracing::info!(endpoint = %config.endpoint.display(), node_id = %config.node_id, "node service listening");
+    let router = tonic::transport::Server::builder()
+        .add_service(IdentityServer::new(identity))
+        .add_service(NodeServer::new(node));
+    crate::server::serve(router, listener, &config.endpoint, shutdown).await?;
+    Ok(())
+}
+
+/// [`serve`] with the co-located DPU attach layer (SNAP reachable from here).
+pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+    let dpu = crate::dpu::colocated::Colocated::new(
+        config.plugin_socket.clone(),
+        config.snap_socket_template.clone(),
+    );
+    serve(config, Arc::new(dpu), shutdown).await
+}

@@ -1,0 +1,773 @@
+//! The CSI Node service: stage, publish, unpublish, unstage, stats, expand.
+//!
+//! Stage attaches the volume on the DPU (or takes DPF's attachment from the
+//! publish context), waits for the host device in sysfs, and for filesystem
+//! volumes formats it if blank and mounts it at the staging path. Publish
+//! bind-mounts the staging path (or, for block volumes, the device node) onto
+//! the target. Every call is idempotent and converges after a crash at any
+//! step: what is true is read from the mount table, SNAP and sysfs; the only
+//! thing remembered is the small [`VolumeRecord`].
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tonic::{Request, Response, Status};
+
+use super::config::{EmulationSetting, NodeConfig};
+use super::error::{host_status, io_status};
+use super::format::{self, FsType};
+use super::guard::{Held, VolumeGuard};
+use super::records::{Records, VolumeRecord};
+use super::{mount, mountinfo, paths, stats};
+use crate::dpu::{AttachRequest, DpuAttach, DpuError, HostLocator, VolumeMode};
+use crate::host::{BlockDevice, Sysfs};
+use crate::proto::csi::v1 as csi;
+use crate::proto::csi::v1::volume_capability::access_mode::Mode;
+use crate::proto::csi::v1::volume_capability::{AccessType, MountVolume};
+
+/// Volume context key choosing the emulation (`nvme` or `virtio-blk`).
+pub const EMULATION_KEY: &str = "snap-csi.io/emulation";
+/// DPF's controller-side attach hands the node the function and namespace.
+pub const DPF_PCI_ADDRESS_KEY: &str = "nv-pciDeviceAddress";
+pub const DPF_NVME_NSID_KEY: &str = "nv-nvmeNsID";
+/// The topology key naming the DPU that serves this node.
+pub const TOPOLOGY_KEY: &str = "topology.snap-csi.io/dpu";
+
+/// The node service; cheap to clone into each call.
+#[derive(Debug, Clone)]
+pub struct NodeService {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    config: NodeConfig,
+    dpu: Arc<dyn DpuAttach>,
+    sysfs: Sysfs,
+    records: Records,
+    guard: VolumeGuard,
+}
+
+/// How a volume is used, from its capability.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Usage {
+    Block,
+    Filesystem { fs: FsType, flags: Vec<String> },
+}
+
+impl NodeService {
+    pub fn new(config: NodeConfig, dpu: Arc<dyn DpuAttach>) -> std::io::Result<NodeService> {
+        let records = Records::open(config.state_dir.join("volumes"))?;
+        let sysfs = Sysfs::new(&config.sysfs_root);
+        Ok(NodeService {
+            inner: Arc::new(Inner {
+                config,
+                dpu,
+                sysfs,
+                records,
+                guard: VolumeGuard::default(),
+            }),
+        })
+    }
+
+    /// Looks at what an earlier run left: drops half-written records and
+    /// reports the volumes it had staged. Nothing is undone here: kubelet
+    /// retries stage or unstage for each of them, and those converge.
+    pub fn reconcile(&self) {
+        match self.inner.records.all() {
+            Ok(records) => {
+                let mut staged = 0;
+                for record in records {
+                    match record {
+                        Ok(record) => {
+                            staged += 1;
+                            tracing::info!(volume_id = %record.volume_id, staging = %record.staging_target_path.display(), "volume staged by an earlier run");
+                        }
+                        Err((path, e)) => {
+                            tracing::warn!(path = %path.display(), "unreadable volume record: {e}");
+                        }
+                    }
+                }
+                tracing::info!(staged, "reconciled volume records");
+            }
+            Err(e) => tracing::warn!("cannot list volume records: {e}"),
+        }
+    }
+
+    pub fn config(&self) -> &NodeConfig {
+        &self.inner.config
+    }
+
+    pub fn dpu(&self) -> &Arc<dyn DpuAttach> {
+        &self.inner.dpu
+    }
+
+    fn deadline<T>(&self, request: &Request<T>) -> Instant {
+        call_deadline(request, self.inner.config.call_timeout)
+    }
+
+    fn hold(&self, volume_id: &str) -> Result<Held, Status> {
+        self.inner.guard.try_hold(volume_id).ok_or_else(|| {
+            Status::aborted(format!(
+                "an operation on volume {volume_id} is already in progress"
+            ))
+        })
+    }
+
+    fn confine(&self, what: &str, path: &str) -> Result<PathBuf, Status> {
+        if path.is_empty() {
+            return Err(Status::invalid_argument(format!("{what} is required")));
+        }
+        paths::confine(&self.inner.config.kubelet_dir, path)
+            .map_err(|e| Status::invalid_argument(format!("{what}: {e}")))
+    }
+
+    /// The host device at `locator`, if sysfs shows it now.
+    fn find_device(&self, locator: &HostLocator) -> Result<Option<BlockDevice>, Status> {
+        match locator {
+            HostLocator::Nvme { bdf, nsid, uuid } => {
+                self.inner
+                    .sysfs
+                    .find_nvme_namespace(bdf, *nsid, uuid.as_deref())
+            }
+            HostLocator::VirtioBlk { bdf, serial } => self.inner.sysfs.find_virtio_blk(bdf, serial),
+        }
+        .map_err(|e| Status::internal(format!("looking for the host device: {e}")))
+    }
+
+    /// Waits (polling, with the deadline) until sysfs shows the device.
+    async fn wait_for_device(
+        &self,
+        locator: &HostLocator,
+        deadline: Instant,
+    ) -> Result<BlockDevice, Status> {
+        let device_deadline = deadline.min(Instant::now() + self.inner.config.device_wait);
+        let mut delay = Duration::from_millis(2);
+        loop {
+            if let Some(device) = self.find_device(locator)? {
+                return Ok(device);
+            }
+            if Instant::now() + delay > device_deadline {
+                return Err(Status::deadline_exceeded(format!(
+                    "the host did not see the device at {locator:?} in time"
+                )));
+            }
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(Duration::from_millis(100));
+        }
+    }
+
+    /// Where the volume's device is now, from its record (`None` if unstaged).
+    fn recorded(&self, volume_id: &str) -> Result<Option<VolumeRecord>, Status> {
+        self.inner
+            .records
+            .load(volume_id)
+            .map_err(|e| io_status("reading the volume record", e))
+    }
+
+    fn attach_request(
+        &self,
+        volume_id: &str,
+        capability: &csi::VolumeCapability,
+        usage: &Usage,
+        publish_context: &std::collections::HashMap<String, String>,
+        volume_context: &std::collections::HashMap<String, String>,
+    ) -> Result<AttachRequest, Status> {
+        let emulation = match volume_context.get(EMULATION_KEY) {
+            Some(value) => EmulationSetting::parse(value).ok_or_else(|| {
+                Status::invalid_argument(format!(
+                    "{EMULATION_KEY} must be nvme or virtio-blk, not {value:?}"
+                ))
+            })?,
+            None => self.inner.config.emulation,
+        };
+        let mode = access_mode(capability)?;
+        Ok(AttachRequest {
+            volume_id: volume_id.to_string(),
+            access_modes: vec![crate::dpu::plugin_access_mode(mode)],
+            volume_mode: match usage {
+                Usage::Block => VolumeMode::Block,
+                Usage::Filesystem { .. } => VolumeMode::Filesystem,
+            },
+            publish_context: publish_context.clone(),
+            volume_context: volume_context.clone(),
+            storage_parameters: volume_context.clone(),
+            emulation: emulation.into(),
+        })
+    }
+}
+
+/// The deadline of a call: the caller's (from `grpc-timeout`) capped by
+/// `cap`, and a little short of the caller's so that our answer (say
+/// UNAVAILABLE with the reason) reaches it before it gives up on its own.
+pub(crate) fn call_deadline<T>(request: &Request<T>, cap: Duration) -> Instant {
+    let budget = request
+        .metadata()
+        .get("grpc-timeout")
+        .and_then(|v| v.to_str().ok())
+        .and_then(parse_grpc_timeout)
+        .map_or(cap, |d| {
+            (d - (d / 10).min(Duration::from_millis(500))).min(cap)
+        });
+    Instant::now() + budget
+}
+
+/// Parses gRPC's `grpc-timeout` header (`<digits><unit>`).
+fn parse_grpc_timeout(value: &str) -> Option<Duration> {
+    let (digits, unit) = value.split_at(value.len().checked_sub(1)?);
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n * 3600),
+        "M" => Duration::from_secs(n * 60),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
+fn require<'a>(value: &'a str, what: &str) -> Result<&'a str, Status> {
+    if value.is_empty() {
+        Err(Status::invalid_argument(format!("{what} is required")))
+    } else {
+        Ok(value)
+    }
+}
+
+fn access_mode(capability: &csi::VolumeCapability) -> Result<Mode, Status> {
+    let mode = capability
+        .access_mode
+        .as_ref()
+        .ok_or_else(|| Status::invalid_argument("volume_capability.access_mode is required"))?
+        .mode();
+    match mode {
+        Mode::Unknown => Err(Status::invalid_argument(
+            "volume_capability.access_mode.mode is required",
+        )),
+        mode => Ok(mode),
+    }
+}
+
+fn is_read_only_mode(mode: Mode) -> bool {
+    matches!(mode, Mode::SingleNodeReaderOnly | Mode::MultiNodeReaderOnly)
+}
+
+/// Validates the capability and says how the volume will be used.
+fn usage(
+    capability: Option<&csi::VolumeCapability>,
+) -> Result<(csi::VolumeCapability, Usage), Status> {
+    let capability = capability
+        .ok_or_else(|| Status::invalid_argument("volume_capability is required"))?
+        .clone();
+    let mode = access_mode(&capability)?;
+    let usage = match &capability.access_type {
+        Some(AccessType::Block(_)) => Usage::Block,
+        Some(AccessType::Mount(MountVolume {
+            fs_type,
+            mount_flags,
+            volume_mount_group,
+        })) => {
+            if !volume_mount_group.is_empty() {
+                return Err(Status::invalid_argument(
+                    "volume_mount_group is not supported (no VOLUME_MOUNT_GROUP capability)",
+                ));
+            }
+            // A local filesystem on a device that several nodes write is corruption.
+            if matches!(
+                mode,
+                Mode::MultiNodeMultiWriter | Mode::MultiNodeSingleWriter
+            ) {
+                return Err(Status::invalid_argument(format!(
+                    "access mode {} needs a shared filesystem; ext4 and xfs volumes are single-node",
+                    mode.as_str_name()
+                )));
+            }
+            let fs =
+                FsType::from_csi(fs_type).map_err(|e| Status::invalid_argument(e.to_string()))?;
+            Usage::Filesystem {
+                fs,
+                flags: mount_flags.clone(),
+            }
+        }
+        None => {
+            return Err(Status::invalid_argument(
+                "volume_capability needs an access type (block or mount)",
+            ));
+        }
+    };
+    Ok((capability, usage))
+}
+
+#[tonic::async_trait]
+impl csi::node_server::Node for NodeService {
+    async fn node_stage_volume(
+        &self,
+        request: Request<csi::NodeStageVolumeRequest>,
+    ) -> Result<Response<csi::NodeStageVolumeResponse>, Status> {
+        let deadline = self.deadline(&request);
+        let req = request.into_inner();
+        let volume_id = require(&req.volume_id, "volume_id")?;
+        let staging = self.confine("staging_target_path", &req.staging_target_path)?;
+        let (capability, usage) = usage(req.volume_capability.as_ref())?;
+        let read_only = is_read_only_mode(access_mode(&capability)?);
+        let _held = self.hold(volume_id)?;
+
+        let (device_name, locator, external) =
+            match dpf_locator(&req.publish_context).map_err(Status::invalid_argument)? {
+                Some(locator) => (None, locator, true),
+                None => {
+                    let attach = self.attach_request(
+                        volume_id,
+                        &capability,
+                        &usage,
+                        &req.publish_context,
+                        &req.volume_context,
+                    )?;
+                    let staged_before = self.recorded(volume_id)?.is_some();
+                    let attachment = match self.inner.dpu.attach(&attach, deadline).await {
+                        Ok(attachment) => attachment,
+                        Err(e) => {
+                            // A definite refusal (no free function, bad
+                            // arguments): undo what this attempt made rather
+                            // than leave it for an unstage that may never come.
+                            // A transient failure is left for the retry.
+                            if !staged_before
+                                && !matches!(e, DpuError::Unavailable(_))
+                                && let Err(undo) =
+                                    self.inner.dpu.detach(volume_id, None, deadline).await
+                            {
+                                tracing::warn!(%volume_id, "undoing a failed attach: {undo}");
+                            }
+                            return Err(super::error::dpu_status(e));
+                        }
+                    };
+                    crate::failpoint::step("stage:attach");
+                    (Some(attachment.device_name), attachment.locator, false)
+                }
+            };
+        let record = VolumeRecord {
+            volume_id: volume_id.to_string(),
+            staging_target_path: staging.clone(),
+            device_name,
+            locator: locator.clone(),
+            external_attach: external,
+        };
+        if self.recorded(volume_id)?.as_ref() != Some(&record) {
+            self.inner
+                .records
+                .store(&record)
+                .map_err(|e| io_status("writing the volume record", e))?;
+        }
+        crate::failpoint::step("stage:record");
+        let device = self.wait_for_device(&locator, deadline).await?;
+        // A read-only mount does not stop writes through the device node (a
+        // block volume, or anything opening the device): the device flag
+        // does. Set both ways: the flag outlives the device's last user.
+        mount::set_block_device_read_only(&device.node, read_only, deadline)
+            .await
+            .map_err(host_status)?;
+
+        if let Usage::Filesystem { fs, flags } = &usage {
+            if let Some(existing) = mountinfo::at(&staging).map_err(host_status)? {
+                if (existing.major, existing.minor) == (device.major, device.minor) {
+                    return Ok(Response::new(csi::NodeStageVolumeResponse {}));
+                }
+                return Err(Status::already_exists(format!(
+                    "{} already has another device mounted ({}:{})",
+                    staging.display(),
+                    existing.major,
+                    existing.minor
+                )));
+            }
+            if read_only {
+                if let format::Probe::Blank = format::probe(&device.node, deadline)
+                    .await
+                    .map_err(host_status)?
+                {
+                    return Err(Status::failed_precondition(format!(
+                        "volume {volume_id} is blank and its access mode is read-only: nothing to mount"
+                    )));
+                }
+            } else {
+                let formatted = format::format_if_blank(&device.node, *fs, deadline)
+                    .await
+                    .map_err(host_status)?;
+                crate::failpoint::step("stage:format");
+                if !formatted && *fs == FsType::Ext4 {
+                    stats::grow_ext4_offline(&device.node, deadline)
+                        .await
+                        .map_err(host_status)?;
+                }
+            }
+            mount::mount_filesystem(&device.node, &staging, *fs, flags, read_only, deadline)
+                .await
+                .map_err(host_status)?;
+            crate::failpoint::step("stage:mount");
+        }
+        Ok(Response::new(csi::NodeStageVolumeResponse {}))
+    }
+
+    async fn node_unstage_volume(
+        &self,
+        request: Request<csi::NodeUnstageVolumeRequest>,
+    ) -> Result<Response<csi::NodeUnstageVolumeResponse>, Status> {
+        let deadline = self.deadline(&request);
+        let req = request.into_inner();
+        let volume_id = require(&req.volume_id, "volume_id")?;
+        let staging = self.confine("staging_target_path", &req.staging_target_path)?;
+        let _held = self.hold(volume_id)?;
+
+        // Stacked mounts (a stage retried after a crash) all go.
+        while mount::unmount(&staging, deadline)
+            .await
+            .map_err(host_status)?
+        {}
+        crate::failpoint::step("unstage:unmount");
+        let record = self.recorded(volume_id)?;
+        // Stage may have made the device read-only; give it back as found.
+        if let Some(record) = &record
+            && let Some(device) = self.find_device(&record.locator)?
+        {
+            mount::set_block_device_read_only(&device.node, false, deadline)
+                .await
+                .map_err(host_status)?;
+        }
+        if !record.as_ref().is_some_and(|r| r.external_attach) {
+            let device_name = record.as_ref().and_then(|r| r.device_name.as_deref());
+            self.inner
+                .dpu
+                .detach(volume_id, device_name, deadline)
+                .await
+                .map_err(super::error::dpu_status)?;
+            crate::failpoint::step("unstage:detach");
+        }
+        self.inner
+            .records
+            .remove(volume_id)
+            .map_err(|e| io_status("removing the volume record", e))?;
+        Ok(Response::new(csi::NodeUnstageVolumeResponse {}))
+    }
+
+    async fn node_publish_volume(
+        &self,
+        request: Request<csi::NodePublishVolumeRequest>,
+    ) -> Result<Response<csi::NodePublishVolumeResponse>, Status> {
+        let deadline = self.deadline(&request);
+        let req = request.into_inner();
+        let volume_id = require(&req.volume_id, "volume_id")?;
+        let target = self.confine("target_path", &req.target_path)?;
+        if req.staging_target_path.is_empty() {
+            return Err(Status::failed_precondition(
+                "staging_target_path is required: this plugin stages volumes (STAGE_UNSTAGE_VOLUME)",
+            ));
+        }
+        let staging = self.confine("staging_target_path", &req.staging_target_path)?;
+        let (capability, usage) = usage(req.volume_capability.as_ref())?;
+        let read_only = req.readonly || is_read_only_mode(access_mode(&capability)?);
+        let _held = self.hold(volume_id)?;
+
+        let block = usage == Usage::Block;
+        let source = match usage {
+            Usage::Filesystem { .. } => {
+                if mountinfo::at(&staging).map_err(host_status)?.is_none() {
+                    return Err(Status::failed_precondition(format!(
+                        "volume {volume_id} is not staged at {}",
+                        staging.display()
+                    )));
+                }
+                staging
+            }
+            Usage::Block => {
+                let record = self.recorded(volume_id)?.ok_or_else(|| {
+                    Status::failed_precondition(format!("volume {volume_id} is not staged"))
+                })?;
+                self.wait_for_device(&record.locator, deadline).await?.node
+            }
+        };
+        if let Some(existing) = mountinfo::at(&target).map_err(host_status)? {
+            // A bind-mounted device node shows the filesystem it lives in
+            // (devtmpfs) in the mount table, so block volumes compare rdev.
+            let same_source = if block {
+                device_numbers(&target)? == device_numbers(&source)?
+            } else {
+                mountinfo::at(&source)
+                    .map_err(host_status)?
+                    .is_some_and(|s| (s.major, s.minor) == (existing.major, existing.minor))
+            };
+            if same_source && existing.is_read_only() == read_only {
+                return Ok(Response::new(csi::NodePublishVolumeResponse {}));
+            }
+            return Err(Status::already_exists(format!(
+                "{} is already published with a different volume or read-only setting",
+                target.display()
+            )));
+        }
+        mount::bind_mount(&source, &target, read_only, deadline)
+            .await
+            .map_err(host_status)?;
+        Ok(Response::new(csi::NodePublishVolumeResponse {}))
+    }
+
+    async fn node_unpublish_volume(
+        &self,
+        request: Request<csi::NodeUnpublishVolumeRequest>,
+    ) -> Result<Response<csi::NodeUnpublishVolumeResponse>, Status> {
+        let deadline = self.deadline(&request);
+        let req = request.into_inner();
+        let volume_id = require(&req.volume_id, "volume_id")?;
+        let target = self.confine("target_path", &req.target_path)?;
+        let _held = self.hold(volume_id)?;
+        while mount::unmount(&target, deadline)
+            .await
+            .map_err(host_status)?
+        {}
+        remove_mount_point(&target).map_err(|e| io_status("removing the target path", e))?;
+        Ok(Response::new(csi::NodeUnpublishVolumeResponse {}))
+    }
+
+    async fn node_get_volume_stats(
+        &self,
+        request: Request<csi::NodeGetVolumeStatsRequest>,
+    ) -> Result<Response<csi::NodeGetVolumeStatsResponse>, Status> {
+        let req = request.into_inner();
+        require(&req.volume_id, "volume_id")?;
+        let path = self.confine("volume_path", &req.volume_path)?;
+        if !path.exists() {
+            return Err(Status::not_found(format!(
+                "volume path {} does not exist",
+                path.display()
+            )));
+        }
+        let Some(entry) = mountinfo::at(&path).map_err(host_status)? else {
+            return Ok(Response::new(abnormal(format!(
+                "{} is not mounted: the volume is not published there",
+                path.display()
+            ))));
+        };
+        let response = if path.is_dir() {
+            let usage = stats::filesystem_usage(&path).map_err(host_status)?;
+            csi::NodeGetVolumeStatsResponse {
+                usage: vec![
+                    csi::VolumeUsage {
+                        available: usage.available_bytes,
+                        total: usage.total_bytes,
+                        used: usage.used_bytes,
+                        unit: csi::volume_usage::Unit::Bytes as i32,
+                    },
+                    csi::VolumeUsage {
+                        available: usage.free_inodes,
+                        total: usage.total_inodes,
+                        used: usage.used_inodes,
+                        unit: csi::volume_usage::Unit::Inodes as i32,
+                    },
+                ],
+                volume_condition: Some(healthy()),
+            }
+        } else {
+            match stats::block_device_size(&path) {
+                Ok(size) => csi::NodeGetVolumeStatsResponse {
+                    usage: vec![csi::VolumeUsage {
+                        available: 0,
+                        total: i64::try_from(size).unwrap_or(i64::MAX),
+                        used: 0,
+                        unit: csi::volume_usage::Unit::Bytes as i32,
+                    }],
+                    volume_condition: Some(healthy()),
+                },
+                Err(e) => abnormal(format!(
+                    "the block device {}:{} behind {} is gone: {e}",
+                    entry.major,
+                    entry.minor,
+                    path.display()
+                )),
+            }
+        };
+        Ok(Response::new(response))
+    }
+
+    async fn node_expand_volume(
+        &self,
+        request: Request<csi::NodeExpandVolumeRequest>,
+    ) -> Result<Response<csi::NodeExpandVolumeResponse>, Status> {
+        let deadline = self.deadline(&request);
+        let req = request.into_inner();
+        let volume_id = require(&req.volume_id, "volume_id")?;
+        let path = self.confine("volume_path", &req.volume_path)?;
+        let _held = self.hold(volume_id)?;
+        let record = self.recorded(volume_id)?.ok_or_else(|| {
+            Status::not_found(format!("volume {volume_id} is not staged on this node"))
+        })?;
+        let device = self.wait_for_device(&record.locator, deadline).await?;
+        let required = req
+            .capacity_range
+            .as_ref()
+            .map_or(0, |r| u64::try_from(r.required_bytes).unwrap_or(0));
+        if device.size_bytes < required {
+            return Err(Status::failed_precondition(format!(
+                "the device is {} bytes, less than the {required} asked: expand the volume on the controller first",
+                device.size_bytes
+            )));
+        }
+        if path.is_dir() {
+            let entry = mountinfo::at(&path)
+                .map_err(host_status)?
+                .ok_or_else(|| Status::not_found(format!("{} is not mounted", path.display())))?;
+            let fs = FsType::from_csi(&entry.fs_type).map_err(|e| {
+                Status::failed_precondition(format!("cannot grow this filesystem: {e}"))
+            })?;
+            stats::expand_filesystem(&device.node, &path, fs, deadline)
+                .await
+                .map_err(host_status)?;
+        }
+        Ok(Response::new(csi::NodeExpandVolumeResponse {
+            capacity_bytes: i64::try_from(device.size_bytes).unwrap_or(i64::MAX),
+        }))
+    }
+
+    async fn node_get_capabilities(
+        &self,
+        _request: Request<csi::NodeGetCapabilitiesRequest>,
+    ) -> Result<Response<csi::NodeGetCapabilitiesResponse>, Status> {
+        use csi::node_service_capability::rpc::Type;
+        let capabilities = [
+            Type::StageUnstageVolume,
+            Type::GetVolumeStats,
+            Type::ExpandVolume,
+            Type::VolumeCondition,
+            Type::SingleNodeMultiWriter,
+        ]
+        .into_iter()
+        .map(|t| csi::NodeServiceCapability {
+            r#type: Some(csi::node_service_capability::Type::Rpc(
+                csi::node_service_capability::Rpc { r#type: t as i32 },
+            )),
+        })
+        .collect();
+        Ok(Response::new(csi::NodeGetCapabilitiesResponse {
+            capabilities,
+        }))
+    }
+
+    async fn node_get_info(
+        &self,
+        request: Request<csi::NodeGetInfoRequest>,
+    ) -> Result<Response<csi::NodeGetInfoResponse>, Status> {
+        let deadline = self.deadline(&request);
+        let functions = self
+            .inner
+            .dpu
+            .function_count(deadline)
+            .await
+            .map_err(super::error::dpu_status)?;
+        Ok(Response::new(csi::NodeGetInfoResponse {
+            node_id: self.inner.config.node_id.clone(),
+            max_volumes_per_node: i64::from(functions),
+            accessible_topology: Some(csi::Topology {
+                segments: [(TOPOLOGY_KEY.to_string(), self.inner.config.dpu_name.clone())].into(),
+            }),
+        }))
+    }
+}
+
+/// DPF's attachment from the publish context, if it carries one.
+fn dpf_locator(
+    context: &std::collections::HashMap<String, String>,
+) -> Result<Option<HostLocator>, String> {
+    let Some(bdf) = context.get(DPF_PCI_ADDRESS_KEY) else {
+        return Ok(None);
+    };
+    let nsid = context
+        .get(DPF_NVME_NSID_KEY)
+        .ok_or_else(|| format!("{DPF_PCI_ADDRESS_KEY} given without {DPF_NVME_NSID_KEY}"))?;
+    let nsid = nsid
+        .parse()
+        .map_err(|_| format!("{DPF_NVME_NSID_KEY} {nsid:?} is not a namespace id"))?;
+    Ok(Some(HostLocator::Nvme {
+        bdf: bdf.clone(),
+        nsid,
+        uuid: None,
+    }))
+}
+
+/// major:minor of a device node.
+fn device_numbers(node: &Path) -> Result<(u32, u32), Status> {
+    use std::os::unix::fs::MetadataExt;
+    let rdev = std::fs::metadata(node)
+        .map_err(|e| io_status("reading the device node", e))?
+        .rdev();
+    let (major, minor) = (nix::sys::stat::major(rdev), nix::sys::stat::minor(rdev));
+    Ok((
+        u32::try_from(major).unwrap_or(u32::MAX),
+        u32::try_from(minor).unwrap_or(u32::MAX),
+    ))
+}
+
+/// Removes an empty mount point (a directory for filesystems, a file for
+/// block volumes) once nothing is mounted on it; an absent one is fine.
+fn remove_mount_point(target: &Path) -> std::io::Result<()> {
+    match std::fs::symlink_metadata(target) {
+        Ok(meta) if meta.is_dir() => match std::fs::remove_dir(target) {
+            Err(e) if e.kind() == std::io::ErrorKind::DirectoryNotEmpty => Ok(()),
+            other => other,
+        },
+        Ok(meta) if meta.is_file() && meta.len() == 0 => std::fs::remove_file(target),
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+fn healthy() -> csi::VolumeCondition {
+    csi::VolumeCondition {
+        abnormal: false,
+        message: "volume is mounted and its device is present".into(),
+    }
+}
+
+fn abnormal(message: String) -> csi::NodeGetVolumeStatsResponse {
+    csi::NodeGetVolumeStatsResponse {
+        usage: Vec::new(),
+        volume_condition: Some(csi::VolumeCondition {
+            abnormal: true,
+            message,
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grpc_timeout_header_parses() {
+        assert_eq!(parse_grpc_timeout("250m"), Some(Duration::from_millis(250)));
+        assert_eq!(parse_grpc_timeout("2S"), Some(Duration::from_secs(2)));
+        assert_eq!(parse_grpc_timeout("1H"), Some(Duration::from_secs(3600)));
+        assert_eq!(parse_grpc_timeout("x"), None);
+        assert_eq!(parse_grpc_timeout(""), None);
+    }
+
+    #[test]
+    fn dpf_context_gives_a_locator_or_a_clear_error() {
+        let mut context = std::collections::HashMap::new();
+        assert_eq!(dpf_locator(&context), Ok(None));
+        context.insert(DPF_PCI_ADDRESS_KEY.to_string(), "26:00.3".to_string());
+        assert!(
+            dpf_locator(&context)
+                .unwrap_err()
+                .contains(DPF_NVME_NSID_KEY)
+        );
+        context.insert(DPF_NVME_NSID_KEY.to_string(), "2".to_string());
+        assert_eq!(
+            dpf_locator(&context),
+            Ok(Some(HostLocator::Nvme {
+                bdf: "26:00.3".into(),
+                nsid: 2,
+                uuid: None
+            }))
+        );
+    }
+}

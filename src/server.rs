@@ -1,0 +1,83 @@
+//! Serving gRPC on a UNIX socket the way a CSI plugin must.
+//!
+//! The socket is created with mode 0600 (only kubelet, as root, may talk to
+//! us); a stale socket left by a crashed run is removed, but any other file
+//! at that path is refused rather than deleted. Shutdown stops accepting new
+//! connections and lets calls in flight finish.
+
+use std::future::Future;
+use std::io;
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::path::Path;
+
+use tokio::net::UnixListener;
+use tokio_stream::wrappers::UnixListenerStream;
+use tonic::transport::server::Router;
+
+/// Why the server could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("{}: exists and is not a socket; refusing to replace it", .0.display())]
+    NotASocket(std::path::PathBuf),
+    #[error("cannot listen on {}: {source}", path.display())]
+    Listen {
+        path: std::path::PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("gRPC server failed: {0}")]
+    Transport(#[from] tonic::transport::Error),
+}
+
+/// Binds `path` (mode 0600) for `router`, without serving yet.
+pub fn bind(path: &Path) -> Result<UnixListener, ServeError> {
+    let listen_error = |source| ServeError::Listen {
+        path: path.to_path_buf(),
+        source,
+    };
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.file_type().is_socket() => {
+            std::fs::remove_file(path).map_err(listen_error)?;
+        }
+        Ok(_) => return Err(ServeError::NotASocket(path.to_path_buf())),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(listen_error(e)),
+    }
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).map_err(listen_error)?;
+    }
+    let listener = UnixListener::bind(path).map_err(listen_error)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(listen_error)?;
+    Ok(listener)
+}
+
+/// Serves `router` on `listener` until `shutdown` completes, then removes the socket.
+pub async fn serve(
+    router: Router,
+    listener: UnixListener,
+    path: &Path,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), ServeError> {
+    let result = router
+        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
+        .await;
+    let _ = std::fs::remove_file(path);
+    Ok(result?)
+}
+
+/// Resolves on SIGTERM or SIGINT.
+pub async fn termination() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        // Without signal handlers we can only run until killed.
+        std::future::pending::<()>().await;
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}

@@ -1,0 +1,203 @@
+//! A whole node stack for a test: the SNAP emulator, the test vendor plugin
+//! and the node service, each on its own socket, talking real gRPC and
+//! JSON-RPC; plus a CSI client playing kubelet.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use snap_csi::node::NodeConfig;
+use snap_csi::node::config::EmulationSetting;
+use snap_csi::proto::csi::v1 as csi;
+use snap_csi::proto::csi::v1::node_client::NodeClient;
+use snap_csi::proto::csi::v1::volume_capability::access_mode::Mode;
+use snap_csi::proto::csi::v1::volume_capability::{
+    AccessMode, AccessType, BlockVolume, MountVolume,
+};
+use tokio::sync::oneshot;
+use tonic::transport::Channel;
+
+use super::Emulator;
+use super::plugin::TestPlugin;
+
+pub struct NodeStack {
+    stop: Option<oneshot::Sender<()>>,
+    thread: Option<JoinHandle<anyhow::Result<()>>>,
+    pub config: NodeConfig,
+    pub kubelet: PathBuf,
+    pub client: NodeClient<Channel>,
+    pub plugin: Option<TestPlugin>,
+    pub emulator: Emulator,
+}
+
+impl NodeStack {
+    pub async fn start(emulation: EmulationSetting) -> NodeStack {
+        let emulator = Emulator::start().await;
+        let root = emulator.root().to_path_buf();
+        let plugin = super::plugin::start(&emulator.socket, &root).await;
+        let kubelet = root.join("kubelet");
+        std::fs::create_dir_all(&kubelet).unwrap();
+        let config = NodeConfig {
+            endpoint: root.join("csi.sock"),
+            driver_name: "csi.snap-csi.io".into(),
+            node_id: "node-1".into(),
+            kubelet_dir: kubelet.clone(),
+            state_dir: root.join("node-state"),
+            sysfs_root: emulator.sysfs_root.clone(),
+            plugin_socket: plugin.socket.clone(),
+            snap_socket_template: emulator.socket.display().to_string(),
+            emulation,
+            dpu_name: "dpu-1".into(),
+            device_wait: Duration::from_secs(10),
+            call_timeout: Duration::from_secs(60),
+        };
+        let (stop, stopped) = oneshot::channel::<()>();
+        let node_config = config.clone();
+        let thread = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()?;
+            runtime.block_on(snap_csi::node::run(node_config, async move {
+                let _ = stopped.await;
+            }))
+        });
+        let client = NodeClient::new(connect(&config.endpoint).await);
+        NodeStack {
+            stop: Some(stop),
+            thread: Some(thread),
+            config,
+            kubelet,
+            client,
+            plugin: Some(plugin),
+            emulator,
+        }
+    }
+
+    /// Stops the vendor plugin (as if its pod died); the rest keeps running.
+    pub async fn stop_plugin(&mut self) {
+        if let Some(plugin) = self.plugin.take() {
+            plugin.stop().await;
+        }
+    }
+
+    /// A path under the kubelet directory whose parent exists, as kubelet
+    /// guarantees for staging and target paths.
+    pub fn path(&self, name: &str) -> PathBuf {
+        let path = self.kubelet.join(name);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        path
+    }
+
+    /// A backing file for a volume, for the test plugin's `path` context key.
+    pub fn backing_file(&self, name: &str, size: u64) -> PathBuf {
+        let path = self.emulator.root().join(name);
+        super::sparse_file(&path, size);
+        path
+    }
+}
+
+impl Drop for NodeStack {
+    fn drop(&mut self) {
+        // A failed test may leave mounts, which would keep loop devices busy
+        // after the emulator stops: take them down first, deepest first.
+        let mut leftovers = mounts_under(&self.kubelet);
+        leftovers.sort_by_key(|m| std::cmp::Reverse(m.len()));
+        for mount_point in leftovers {
+            let _ = nix::mount::umount2(mount_point.as_str(), nix::mount::MntFlags::MNT_DETACH);
+        }
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            match thread.join() {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => eprintln!("node service: {e:#}"),
+                Err(_) => eprintln!("node service thread panicked"),
+            }
+        }
+    }
+}
+
+/// A channel to a gRPC server on a UNIX socket, waiting for it to listen.
+pub async fn connect(socket: &Path) -> Channel {
+    for _ in 0..500 {
+        if socket.exists()
+            && let Ok(channel) =
+                tonic::transport::Endpoint::try_from(format!("unix://{}", socket.display()))
+                    .unwrap()
+                    .connect()
+                    .await
+        {
+            return channel;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("nothing listens on {}", socket.display());
+}
+
+pub fn mount_capability(fs_type: &str, mode: Mode) -> csi::VolumeCapability {
+    csi::VolumeCapability {
+        access_type: Some(AccessType::Mount(MountVolume {
+            fs_type: fs_type.into(),
+            mount_flags: vec!["noatime".into()],
+            volume_mount_group: String::new(),
+        })),
+        access_mode: Some(AccessMode { mode: mode as i32 }),
+    }
+}
+
+pub fn block_capability(mode: Mode) -> csi::VolumeCapability {
+    csi::VolumeCapability {
+        access_type: Some(AccessType::Block(BlockVolume {})),
+        access_mode: Some(AccessMode { mode: mode as i32 }),
+    }
+}
+
+pub fn stage_request(
+    volume_id: &str,
+    staging: &Path,
+    capability: csi::VolumeCapability,
+    backing: &Path,
+) -> csi::NodeStageVolumeRequest {
+    csi::NodeStageVolumeRequest {
+        volume_id: volume_id.into(),
+        publish_context: HashMap::new(),
+        staging_target_path: staging.display().to_string(),
+        volume_capability: Some(capability),
+        secrets: [("token".to_string(), "not-for-logs".to_string())].into(),
+        volume_context: [("path".to_string(), backing.display().to_string())].into(),
+    }
+}
+
+pub fn publish_request(
+    volume_id: &str,
+    staging: &Path,
+    target: &Path,
+    capability: csi::VolumeCapability,
+    readonly: bool,
+) -> csi::NodePublishVolumeRequest {
+    csi::NodePublishVolumeRequest {
+        volume_id: volume_id.into(),
+        publish_context: HashMap::new(),
+        staging_target_path: staging.display().to_string(),
+        target_path: target.display().to_string(),
+        volume_capability: Some(capability),
+        readonly,
+        secrets: HashMap::new(),
+        volume_context: HashMap::new(),
+    }
+}
+
+/// Mount points under `root` in this process's mount table.
+pub fn mounts_under(root: &Path) -> Vec<String> {
+    let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let root = root.display().to_string();
+    table
+        .lines()
+        .filter_map(|line| line.split(' ').nth(4))
+        .filter(|mount_point| mount_point.starts_with(&root))
+        .map(str::to_string)
+        .collect()
+}

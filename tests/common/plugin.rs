@@ -1,0 +1,330 @@
+//! A small vendor plugin for tests: `nvidia.storage.plugins.v1` over real
+//! gRPC on a UNIX socket, making SPDK AIO bdevs on the emulator. It stands in
+//! until the sample plugin exists.
+//!
+//! CreateDevice makes bdev `aio-<volume id>` over the file named by the
+//! volume context's `path`; DeleteDevice removes it; GetDevice and
+//! ListDevices read `bdev_get_bdevs`. The default SNAP provider (empty name).
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use snap_csi::jsonrpc::{RpcClient, RpcError};
+use snap_csi::proto::nvidia::storage::plugins::v1 as api;
+use snap_csi::spdk::bdev::{BdevAioCreate, BdevAioDelete, BdevGetBdevs};
+use tokio::net::UnixListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::UnixListenerStream;
+use tonic::{Request, Response, Status};
+
+use api::identity_service_server::{IdentityService, IdentityServiceServer};
+use api::storage_plugin_service_capability::rpc::Type as Capability;
+use api::storage_plugin_service_server::{StoragePluginService, StoragePluginServiceServer};
+
+/// Prefix of every bdev this plugin makes.
+pub const DEVICE_PREFIX: &str = "aio-";
+/// The volume context key naming the backing file.
+pub const PATH_KEY: &str = "path";
+pub const PLUGIN_NAME: &str = "test-plugin.snap-csi.io";
+
+/// A running test plugin; stops when dropped.
+pub struct TestPlugin {
+    pub socket: PathBuf,
+    /// One line per device call received (`"CreateDevice vol-1"`,
+    /// `"DeleteDevice vol-1 aio-vol-1"`, `"GetDevice vol-1 "`, `"ListDevices"`).
+    pub calls: Arc<Mutex<Vec<String>>>,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<()>>,
+}
+
+/// The bdev name for a volume: its id with anything SPDK might mind replaced.
+pub fn device_name(volume_id: &str) -> String {
+    let safe: String = volume_id
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    format!("{DEVICE_PREFIX}{safe}")
+}
+
+/// What the plugin can do unless a test says otherwise.
+pub const CAPABILITIES: [Capability; 3] = [
+    Capability::CreateDeleteBlockDevice,
+    Capability::GetDeviceStats,
+    Capability::ListDevices,
+];
+
+/// Starts the plugin on `<dir>/plugin.sock`, talking to the emulator at
+/// `emulator_socket`; it listens when this returns.
+pub async fn start(emulator_socket: &Path, dir: &Path) -> TestPlugin {
+    start_with(emulator_socket, dir, &CAPABILITIES).await
+}
+
+/// [`start`] with other capabilities (the RPCs answer all the same: a caller
+/// that honours capabilities never sends the others).
+pub async fn start_with(
+    emulator_socket: &Path,
+    dir: &Path,
+    capabilities: &[Capability],
+) -> TestPlugin {
+    let socket = dir.join("plugin.sock");
+    let _ = std::fs::remove_file(&socket);
+    let listener = UnixListener::bind(&socket).unwrap();
+    let calls = Arc::new(Mutex::new(Vec::new()));
+    let plugin = Plugin {
+        spdk: RpcClient::with_timeout(emulator_socket, Duration::from_secs(30)),
+        calls: Arc::clone(&calls),
+        capabilities: capabilities.to_vec(),
+    };
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        let served = tonic::transport::Server::builder()
+            .add_service(IdentityServiceServer::new(plugin.clone()))
+            .add_service(StoragePluginServiceServer::new(plugin))
+            .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async {
+                let _ = stopped.await;
+            })
+            .await;
+        if let Err(e) = served {
+            eprintln!("test plugin: {e}");
+        }
+    });
+    TestPlugin {
+        socket,
+        calls,
+        stop: Some(stop),
+        task: Some(task),
+    }
+}
+
+impl TestPlugin {
+    /// Stops serving and removes the socket; clients then get UNAVAILABLE.
+    pub async fn stop(mut self) {
+        self.signal_stop();
+        if let Some(task) = self.task.take() {
+            // Graceful shutdown waits for clients to close their connection.
+            let abort = task.abort_handle();
+            if tokio::time::timeout(Duration::from_secs(2), task)
+                .await
+                .is_err()
+            {
+                abort.abort();
+            }
+        }
+    }
+
+    /// The device calls received so far.
+    pub fn calls(&self) -> Vec<String> {
+        self.calls.lock().unwrap().clone()
+    }
+
+    fn signal_stop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        let _ = std::fs::remove_file(&self.socket);
+    }
+}
+
+impl Drop for TestPlugin {
+    fn drop(&mut self) {
+        self.signal_stop();
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Plugin {
+    spdk: RpcClient,
+    calls: Arc<Mutex<Vec<String>>>,
+    capabilities: Vec<Capability>,
+}
+
+impl Plugin {
+    fn record(&self, call: String) {
+        self.calls.lock().unwrap().push(call);
+    }
+}
+
+fn spdk_status(what: &str, e: RpcError) -> Status {
+    let message = format!("{what}: {e}");
+    if e.is_transient() {
+        Status::unavailable(message)
+    } else {
+        Status::internal(message)
+    }
+}
+
+#[tonic::async_trait]
+impl IdentityService for Plugin {
+    async fn get_plugin_info(
+        &self,
+        _: Request<api::GetPluginInfoRequest>,
+    ) -> Result<Response<api::GetPluginInfoResponse>, Status> {
+        Ok(Response::new(api::GetPluginInfoResponse {
+            name: PLUGIN_NAME.into(),
+            vendor_version: "0.1.0".into(),
+            manifest: Default::default(),
+        }))
+    }
+
+    async fn probe(
+        &self,
+        _: Request<api::ProbeRequest>,
+    ) -> Result<Response<api::ProbeResponse>, Status> {
+        Ok(Response::new(api::ProbeResponse { ready: Some(true) }))
+    }
+}
+
+#[tonic::async_trait]
+impl StoragePluginService for Plugin {
+    async fn storage_plugin_get_capabilities(
+        &self,
+        _: Request<api::StoragePluginGetCapabilitiesRequest>,
+    ) -> Result<Response<api::StoragePluginGetCapabilitiesResponse>, Status> {
+        let capabilities = self
+            .capabilities
+            .iter()
+            .map(|c| api::StoragePluginServiceCapability {
+                r#type: Some(api::storage_plugin_service_capability::Type::Rpc(
+                    api::storage_plugin_service_capability::Rpc { r#type: *c as i32 },
+                )),
+            })
+            .collect();
+        Ok(Response::new(api::StoragePluginGetCapabilitiesResponse {
+            capabilities,
+        }))
+    }
+
+    async fn get_snap_provider(
+        &self,
+        _: Request<api::GetSnapProviderRequest>,
+    ) -> Result<Response<api::GetSnapProviderResponse>, Status> {
+        Ok(Response::new(api::GetSnapProviderResponse {
+            provider_name: String::new(),
+        }))
+    }
+
+    async fn create_device(
+        &self,
+        request: Request<api::CreateDeviceRequest>,
+    ) -> Result<Response<api::CreateDeviceResponse>, Status> {
+        let request = request.into_inner();
+        self.record(format!("CreateDevice {}", request.volume_id));
+        if request.volume_id.is_empty() {
+            return Err(Status::invalid_argument("volume_id is required"));
+        }
+        if request.volume_mode != "Block" {
+            return Err(Status::invalid_argument(format!(
+                "volume_mode {:?}: this plugin makes block devices only",
+                request.volume_mode
+            )));
+        }
+        let Some(path) = request.volume_context.get(PATH_KEY) else {
+            return Err(Status::invalid_argument(format!(
+                "volume_context[{PATH_KEY:?}] is required"
+            )));
+        };
+        let name = device_name(&request.volume_id);
+        let create = BdevAioCreate {
+            name: name.clone(),
+            filename: path.clone(),
+            block_size: None,
+            readonly: None,
+        };
+        match self.spdk.call(&create).await {
+            Ok(_) => {}
+            // Made by an earlier call: CreateDevice is idempotent.
+            Err(e) if e.is_exists() => {}
+            Err(e) => return Err(spdk_status("bdev_aio_create", e)),
+        }
+        Ok(Response::new(api::CreateDeviceResponse {
+            device_name: name,
+        }))
+    }
+
+    async fn delete_device(
+        &self,
+        request: Request<api::DeleteDeviceRequest>,
+    ) -> Result<Response<api::DeleteDeviceResponse>, Status> {
+        let request = request.into_inner();
+        self.record(format!(
+            "DeleteDevice {} {}",
+            request.volume_id, request.device_name
+        ));
+        let name = if request.device_name.is_empty() {
+            device_name(&request.volume_id)
+        } else {
+            request.device_name
+        };
+        match self.spdk.call(&BdevAioDelete { name }).await {
+            Ok(_) => {}
+            Err(e) if e.is_no_such_device() => {}
+            Err(e) => return Err(spdk_status("bdev_aio_delete", e)),
+        }
+        Ok(Response::new(api::DeleteDeviceResponse {}))
+    }
+
+    async fn get_device(
+        &self,
+        request: Request<api::GetDeviceRequest>,
+    ) -> Result<Response<api::GetDeviceResponse>, Status> {
+        let request = request.into_inner();
+        self.record(format!(
+            "GetDevice {} {}",
+            request.volume_id, request.device_name
+        ));
+        let name = if request.device_name.is_empty() {
+            device_name(&request.volume_id)
+        } else {
+            request.device_name
+        };
+        let query = BdevGetBdevs {
+            name: Some(name.clone()),
+            timeout: None,
+        };
+        match self.spdk.call(&query).await {
+            Ok(_) => Ok(Response::new(api::GetDeviceResponse {
+                volume_mode: "Block".into(),
+                ..Default::default()
+            })),
+            Err(e) if e.is_no_such_device() => Err(Status::not_found(format!("no device {name}"))),
+            Err(e) => Err(spdk_status("bdev_get_bdevs", e)),
+        }
+    }
+
+    async fn list_devices(
+        &self,
+        _: Request<api::ListDevicesRequest>,
+    ) -> Result<Response<api::ListDevicesResponse>, Status> {
+        self.record("ListDevices".to_string());
+        let bdevs = self
+            .spdk
+            .call(&BdevGetBdevs::default())
+            .await
+            .map_err(|e| spdk_status("bdev_get_bdevs", e))?;
+        let entries = bdevs
+            .into_iter()
+            .filter_map(|b| {
+                let volume_id = b.name.strip_prefix(DEVICE_PREFIX)?.to_string();
+                Some(api::list_devices_response::Entry {
+                    volume_id,
+                    device_name: b.name,
+                })
+            })
+            .collect();
+        Ok(Response::new(api::ListDevicesResponse {
+            entries,
+            next_token: String::new(),
+        }))
+    }
+}

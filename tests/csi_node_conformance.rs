@@ -1,0 +1,374 @@
+//! Our own conformance checks of the CSI Identity and Node services, written
+//! from the spec's MUSTs (`shared/spec/csi-spec.md`, `csi-field-docs.txt`):
+//! required fields, the specified error codes, idempotent undo of what is not
+//! there, and that a refused request changes nothing.
+
+mod common;
+
+use std::os::unix::fs::symlink;
+
+use common::node::{
+    NodeStack, block_capability, mount_capability, mounts_under, publish_request, stage_request,
+};
+use snap_csi::node::config::EmulationSetting;
+use snap_csi::proto::csi::v1 as csi;
+use snap_csi::proto::csi::v1::identity_client::IdentityClient;
+use snap_csi::proto::csi::v1::volume_capability::access_mode::Mode;
+use snap_csi::spdk::bdev::BdevGetBdevs;
+use snap_csi::spdk::snap::NvmeSubsystemList;
+use tonic::Code;
+
+/// Nothing exists after a refused call: no bdev, no SNAP object, no mount, no record.
+async fn assert_no_trace(stack: &NodeStack) {
+    let snap = stack.emulator.client();
+    assert!(
+        snap.call(&BdevGetBdevs::default())
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert!(snap.call(&NvmeSubsystemList {}).await.unwrap().is_empty());
+    assert!(mounts_under(&stack.kubelet).is_empty());
+    let records = std::fs::read_dir(stack.config.state_dir.join("volumes"))
+        .map(|d| d.count())
+        .unwrap_or(0);
+    assert_eq!(records, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn identity_answers_as_the_spec_requires() {
+    let stack = NodeStack::start(EmulationSetting::Nvme).await;
+    let mut identity = IdentityClient::new(common::node::connect(&stack.config.endpoint).await);
+    let info = identity
+        .get_plugin_info(csi::GetPluginInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    // Name: domain notation, at most 63 characters; vendor_version REQUIRED.
+    assert_eq!(info.name, "csi.snap-csi.io");
+    assert!(info.name.len() <= 63);
+    assert!(!info.vendor_version.is_empty());
+    let probe = identity
+        .probe(csi::ProbeRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(probe.ready, Some(true), "plugin and SNAP are up");
+    identity
+        .get_plugin_capabilities(csi::GetPluginCapabilitiesRequest {})
+        .await
+        .unwrap();
+
+    let mut node = stack.client.clone();
+    let capabilities = node
+        .node_get_capabilities(csi::NodeGetCapabilitiesRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .capabilities;
+    let stage = csi::node_service_capability::rpc::Type::StageUnstageVolume as i32;
+    assert!(capabilities.iter().any(|c| matches!(
+        &c.r#type,
+        Some(csi::node_service_capability::Type::Rpc(rpc)) if rpc.r#type == stage
+    )));
+    let info = node
+        .node_get_info(csi::NodeGetInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!info.node_id.is_empty(), "node_id is REQUIRED");
+    assert!(info.max_volumes_per_node >= 0);
+    let topology = info.accessible_topology.unwrap();
+    assert_eq!(
+        topology
+            .segments
+            .get("topology.snap-csi.io/dpu")
+            .map(String::as_str),
+        Some("dpu-1")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probe_is_not_ready_while_the_vendor_plugin_is_down() {
+    let mut stack = NodeStack::start(EmulationSetting::Nvme).await;
+    let mut identity = IdentityClient::new(common::node::connect(&stack.config.endpoint).await);
+    stack.stop_plugin().await;
+    let probe = identity
+        .probe(csi::ProbeRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(probe.ready, Some(false));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_invalid_request_class_gets_its_code_and_leaves_no_trace() {
+    let stack = NodeStack::start(EmulationSetting::Nvme).await;
+    let mut node = stack.client.clone();
+    let backing = stack.backing_file("vol.img", 64 << 20);
+    let staging = stack.path("staging/pvc-x");
+    std::fs::create_dir_all(&staging).unwrap();
+    let target = stack.path("pods/x/volumes/pvc-x");
+    let good = mount_capability("ext4", Mode::SingleNodeWriter);
+
+    let outside = tempfile::tempdir().unwrap();
+    let escape = stack.path("escape");
+    symlink(outside.path(), &escape).unwrap();
+
+    let mut stage_cases: Vec<(&str, csi::NodeStageVolumeRequest, Code)> = Vec::new();
+    let base = stage_request("pvc-x", &staging, good.clone(), &backing);
+    stage_cases.push((
+        "no volume id",
+        csi::NodeStageVolumeRequest {
+            volume_id: String::new(),
+            ..base.clone()
+        },
+        Code::InvalidArgument,
+    ));
+    stage_cases.push((
+        "no staging path",
+        csi::NodeStageVolumeRequest {
+            staging_target_path: String::new(),
+            ..base.clone()
+        },
+        Code::InvalidArgument,
+    ));
+    stage_cases.push((
+        "no capability",
+        csi::NodeStageVolumeRequest {
+            volume_capability: None,
+            ..base.clone()
+        },
+        Code::InvalidArgument,
+    ));
+    stage_cases.push((
+        "relative staging path",
+        csi::NodeStageVolumeRequest {
+            staging_target_path: "staging/pvc-x".into(),
+            ..base.clone()
+        },
+        Code::InvalidArgument,
+    ));
+    stage_cases.push((
+        "staging path outside kubelet's directory",
+        csi::NodeStageVolumeRequest {
+            staging_target_path: outside.path().display().to_string(),
+            ..base.clone()
+        },
+        Code::InvalidArgument,
+    ));
+    stage_cases.push((
+        "staging path through a symlink",
+        csi::NodeStageVolumeRequest {
+            staging_target_path: escape.join("pvc-x").display().to_string(),
+            ..base.clone()
+        },
+        Code::InvalidArgument,
+    ));
+    stage_cases.push((
+        "dot-dot in the staging path",
+        csi::NodeStageVolumeRequest {
+            staging_target_path: format!("{}/../../etc", staging.display()),
+            ..base.clone()
+        },
+        Code::InvalidArgument,
+    ));
+    stage_cases.push((
+        "unsupported fs type",
+        csi::NodeStageVolumeRequest {
+            volume_capability: Some(mount_capability("ntfs", Mode::SingleNodeWriter)),
+            ..base.clone()
+        },
+        Code::InvalidArgument,
+    ));
+    stage_cases.push((
+        "no access mode",
+        csi::NodeStageVolumeRequest {
+            volume_capability: Some(csi::VolumeCapability {
+                access_mode: None,
+                ..good.clone()
+            }),
+            ..base.clone()
+        },
+        Code::InvalidArgument,
+    ));
+    stage_cases.push((
+        "multi-node writer on a local filesystem",
+        csi::NodeStageVolumeRequest {
+            volume_capability: Some(mount_capability("ext4", Mode::MultiNodeMultiWriter)),
+            ..base.clone()
+        },
+        Code::InvalidArgument,
+    ));
+    stage_cases.push((
+        "unknown emulation",
+        csi::NodeStageVolumeRequest {
+            volume_context: [
+                ("path".to_string(), backing.display().to_string()),
+                ("snap-csi.io/emulation".to_string(), "scsi".to_string()),
+            ]
+            .into(),
+            ..base.clone()
+        },
+        Code::InvalidArgument,
+    ));
+    for (what, request, code) in stage_cases {
+        let status = node.node_stage_volume(request).await.unwrap_err();
+        assert_eq!(status.code(), code, "{what}: {status:?}");
+        assert!(
+            !status.message().is_empty(),
+            "{what}: a message says what is wrong"
+        );
+        assert_no_trace(&stack).await;
+    }
+
+    let publish = publish_request("pvc-x", &staging, &target, good.clone(), false);
+    let publish_cases = [
+        (
+            "no volume id",
+            csi::NodePublishVolumeRequest {
+                volume_id: String::new(),
+                ..publish.clone()
+            },
+            Code::InvalidArgument,
+        ),
+        (
+            "no target path",
+            csi::NodePublishVolumeRequest {
+                target_path: String::new(),
+                ..publish.clone()
+            },
+            Code::InvalidArgument,
+        ),
+        (
+            "no capability",
+            csi::NodePublishVolumeRequest {
+                volume_capability: None,
+                ..publish.clone()
+            },
+            Code::InvalidArgument,
+        ),
+        (
+            "target outside kubelet's directory",
+            csi::NodePublishVolumeRequest {
+                target_path: outside.path().join("t").display().to_string(),
+                ..publish.clone()
+            },
+            Code::InvalidArgument,
+        ),
+        (
+            "no staging path with STAGE_UNSTAGE",
+            csi::NodePublishVolumeRequest {
+                staging_target_path: String::new(),
+                ..publish.clone()
+            },
+            Code::FailedPrecondition,
+        ),
+        ("not staged", publish.clone(), Code::FailedPrecondition),
+        (
+            "block volume not staged",
+            publish_request(
+                "pvc-x",
+                &staging,
+                &target,
+                block_capability(Mode::SingleNodeWriter),
+                false,
+            ),
+            Code::FailedPrecondition,
+        ),
+    ];
+    for (what, request, code) in publish_cases {
+        let status = node.node_publish_volume(request).await.unwrap_err();
+        assert_eq!(status.code(), code, "{what}: {status:?}");
+        assert_no_trace(&stack).await;
+    }
+    assert!(!target.exists(), "a refused publish creates no target");
+
+    let status = node
+        .node_unstage_volume(csi::NodeUnstageVolumeRequest {
+            volume_id: String::new(),
+            staging_target_path: staging.display().to_string(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument);
+    let status = node
+        .node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
+            volume_id: "pvc-x".into(),
+            target_path: String::new(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument);
+    let status = node
+        .node_get_volume_stats(csi::NodeGetVolumeStatsRequest {
+            volume_id: "pvc-x".into(),
+            volume_path: stack.path("pods/nope").display().to_string(),
+            staging_target_path: String::new(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(
+        status.code(),
+        Code::NotFound,
+        "stats of a path that does not exist"
+    );
+    let status = node
+        .node_expand_volume(csi::NodeExpandVolumeRequest {
+            volume_id: String::new(),
+            volume_path: target.display().to_string(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert_no_trace(&stack).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn undoing_what_is_not_there_succeeds() {
+    let stack = NodeStack::start(EmulationSetting::Nvme).await;
+    let mut node = stack.client.clone();
+    node.node_unstage_volume(csi::NodeUnstageVolumeRequest {
+        volume_id: "never-staged".into(),
+        staging_target_path: stack.path("staging/never").display().to_string(),
+    })
+    .await
+    .unwrap();
+    node.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
+        volume_id: "never-published".into(),
+        target_path: stack.path("pods/never/volumes/v").display().to_string(),
+    })
+    .await
+    .unwrap();
+    assert_no_trace(&stack).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vendor_plugin_that_is_down_makes_stage_unavailable_within_the_deadline() {
+    let mut stack = NodeStack::start(EmulationSetting::Nvme).await;
+    let mut node = stack.client.clone();
+    let backing = stack.backing_file("vol.img", 64 << 20);
+    let staging = stack.path("staging/pvc-u");
+    std::fs::create_dir_all(&staging).unwrap();
+    stack.stop_plugin().await;
+    let mut request = tonic::Request::new(stage_request(
+        "pvc-u",
+        &staging,
+        mount_capability("ext4", Mode::SingleNodeWriter),
+        &backing,
+    ));
+    request.set_timeout(std::time::Duration::from_secs(3));
+    let started = std::time::Instant::now();
+    let status = node.node_stage_volume(request).await.unwrap_err();
+    assert!(
+        matches!(status.code(), Code::Unavailable | Code::DeadlineExceeded),
+        "{status:?}"
+    );
+    assert!(started.elapsed() < std::time::Duration::from_secs(10));
+    assert!(
+        status.message().contains("plugin"),
+        "the message names the plugin: {status:?}"
+    );
+    assert_no_trace(&stack).await;
+}

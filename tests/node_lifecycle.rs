@@ -1,0 +1,538 @@
+//! The node service as kubelet drives it, as root on real loop devices with
+//! real mkfs and mounts: the SNAP emulator plays the DPU, a test vendor plugin
+//! serves `nvidia.storage.plugins.v1` over real gRPC.
+//!
+//! Each lifecycle: stage -> publish twice (two pods) -> write through one,
+//! read through the other -> unpublish both -> unstage (nothing left) ->
+//! stage again -> the data is still there. Every call is made twice.
+
+mod common;
+
+use std::fs;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::Path;
+
+use common::loop_devices_of;
+use common::node::{
+    NodeStack, block_capability, mount_capability, mounts_under, publish_request, stage_request,
+};
+use snap_csi::node::config::EmulationSetting;
+use snap_csi::proto::csi::v1 as csi;
+use snap_csi::proto::csi::v1::volume_capability::access_mode::Mode;
+use snap_csi::spdk::bdev::BdevGetBdevs;
+use snap_csi::spdk::snap::{NvmeSubsystemList, VirtioBlkControllerList};
+
+/// Sparse, so cheap; big enough for xfs (mkfs.xfs wants at least 300 MB).
+const SIZE: u64 = 512 << 20;
+
+/// Writes `data` into a published volume: a file for filesystems, the device
+/// for block volumes (at an offset past anything mkfs would touch).
+fn write_volume(target: &Path, data: &[u8]) {
+    if target.is_dir() {
+        fs::write(target.join("data.bin"), data).unwrap();
+        let dir = fs::File::open(target).unwrap();
+        dir.sync_all().unwrap();
+    } else {
+        let mut device = fs::OpenOptions::new().write(true).open(target).unwrap();
+        device.seek(SeekFrom::Start(1 << 20)).unwrap();
+        device.write_all(data).unwrap();
+        device.sync_all().unwrap();
+    }
+}
+
+fn read_volume(target: &Path, len: usize) -> Vec<u8> {
+    if target.is_dir() {
+        fs::read(target.join("data.bin")).unwrap()
+    } else {
+        let mut device = fs::File::open(target).unwrap();
+        device.seek(SeekFrom::Start(1 << 20)).unwrap();
+        let mut data = vec![0; len];
+        device.read_exact(&mut data).unwrap();
+        data
+    }
+}
+
+/// Nothing of the volume is left on the DPU side or the host.
+async fn assert_nothing_left(stack: &NodeStack, backing: &Path) {
+    let snap = stack.emulator.client();
+    assert!(loop_devices_of(backing).is_empty(), "a loop device is left");
+    assert!(mounts_under(&stack.kubelet).is_empty(), "a mount is left");
+    let bdevs = snap.call(&BdevGetBdevs::default()).await.unwrap();
+    assert!(bdevs.is_empty(), "a bdev is left: {bdevs:?}");
+    let subsystems = snap.call(&NvmeSubsystemList {}).await.unwrap();
+    assert!(
+        subsystems.is_empty(),
+        "an NVMe subsystem is left: {subsystems:?}"
+    );
+    let controllers = snap.call(&VirtioBlkControllerList {}).await.unwrap();
+    assert!(
+        controllers.is_empty(),
+        "a virtio-blk controller is left: {controllers:?}"
+    );
+    let records = fs::read_dir(stack.config.state_dir.join("volumes"))
+        .map(|d| d.count())
+        .unwrap_or(0);
+    assert_eq!(records, 0, "a volume record is left");
+}
+
+async fn lifecycle(emulation: EmulationSetting, capability: csi::VolumeCapability) {
+    let stack = NodeStack::start(emulation).await;
+    let mut node = stack.client.clone();
+    let backing = stack.backing_file("vol.img", SIZE);
+    let staging = stack.path("plugins/staging/pvc-1");
+    let pod_a = stack.path("pods/a/volumes/pvc-1");
+    let pod_b = stack.path("pods/b/volumes/pvc-1");
+    let block = matches!(
+        capability.access_type,
+        Some(csi::volume_capability::AccessType::Block(_))
+    );
+    if !block {
+        fs::create_dir_all(&staging).unwrap();
+    }
+    let data: Vec<u8> = (0..256 * 1024u32).map(|i| (i % 251) as u8).collect();
+
+    for round in 0..2 {
+        for _ in 0..2 {
+            node.node_stage_volume(stage_request(
+                "pvc-1",
+                &staging,
+                capability.clone(),
+                &backing,
+            ))
+            .await
+            .unwrap_or_else(|e| panic!("stage (round {round}): {e}"));
+        }
+        for target in [&pod_a, &pod_b] {
+            for _ in 0..2 {
+                node.node_publish_volume(publish_request(
+                    "pvc-1",
+                    &staging,
+                    target,
+                    capability.clone(),
+                    false,
+                ))
+                .await
+                .unwrap_or_else(|e| panic!("publish {}: {e}", target.display()));
+            }
+        }
+        if round == 0 {
+            write_volume(&pod_a, &data);
+        }
+        assert_eq!(read_volume(&pod_b, data.len()), data, "round {round}");
+
+        for target in [&pod_a, &pod_b] {
+            for _ in 0..2 {
+                node.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
+                    volume_id: "pvc-1".into(),
+                    target_path: target.display().to_string(),
+                })
+                .await
+                .unwrap();
+            }
+            assert!(!target.exists(), "unpublish removes the target");
+        }
+        for _ in 0..2 {
+            node.node_unstage_volume(csi::NodeUnstageVolumeRequest {
+                volume_id: "pvc-1".into(),
+                staging_target_path: staging.display().to_string(),
+            })
+            .await
+            .unwrap();
+        }
+        assert_nothing_left(&stack, &backing).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ext4_over_nvme() {
+    lifecycle(
+        EmulationSetting::Nvme,
+        mount_capability("ext4", Mode::SingleNodeWriter),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn xfs_over_virtio_blk() {
+    lifecycle(
+        EmulationSetting::VirtioBlk,
+        mount_capability("xfs", Mode::SingleNodeWriter),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn block_over_nvme() {
+    lifecycle(
+        EmulationSetting::Nvme,
+        block_capability(Mode::SingleNodeWriter),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn block_over_virtio_blk() {
+    lifecycle(
+        EmulationSetting::VirtioBlk,
+        block_capability(Mode::MultiNodeMultiWriter),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_only_publish_refuses_writes() {
+    let stack = NodeStack::start(EmulationSetting::Nvme).await;
+    let mut node = stack.client.clone();
+    let backing = stack.backing_file("vol.img", SIZE);
+    let staging = stack.path("staging/pvc-ro");
+    fs::create_dir_all(&staging).unwrap();
+    let target = stack.path("pods/ro/volumes/pvc-ro");
+    let capability = mount_capability("ext4", Mode::SingleNodeWriter);
+    node.node_stage_volume(stage_request(
+        "pvc-ro",
+        &staging,
+        capability.clone(),
+        &backing,
+    ))
+    .await
+    .unwrap();
+    node.node_publish_volume(publish_request(
+        "pvc-ro",
+        &staging,
+        &target,
+        capability.clone(),
+        true,
+    ))
+    .await
+    .unwrap();
+    let error = fs::write(target.join("x"), b"no").unwrap_err();
+    assert_eq!(error.raw_os_error(), Some(libc_erofs()), "{error}");
+    // The same target asked read-write is a different publish: ALREADY_EXISTS.
+    let conflict = node
+        .node_publish_volume(publish_request(
+            "pvc-ro", &staging, &target, capability, false,
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(conflict.code(), tonic::Code::AlreadyExists, "{conflict}");
+    node.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
+        volume_id: "pvc-ro".into(),
+        target_path: target.display().to_string(),
+    })
+    .await
+    .unwrap();
+    node.node_unstage_volume(csi::NodeUnstageVolumeRequest {
+        volume_id: "pvc-ro".into(),
+        staging_target_path: staging.display().to_string(),
+    })
+    .await
+    .unwrap();
+    assert_nothing_left(&stack, &backing).await;
+}
+
+/// EROFS, without a libc dependency for one constant.
+fn libc_erofs() -> i32 {
+    nix::errno::Errno::EROFS as i32
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stats_report_usage_and_identity_and_info_answer() {
+    let stack = NodeStack::start(EmulationSetting::Nvme).await;
+    let mut node = stack.client.clone();
+    let backing = stack.backing_file("vol.img", SIZE);
+    let staging = stack.path("staging/pvc-s");
+    fs::create_dir_all(&staging).unwrap();
+    let target = stack.path("pods/s/volumes/pvc-s");
+    let capability = mount_capability("ext4", Mode::SingleNodeWriter);
+    node.node_stage_volume(stage_request(
+        "pvc-s",
+        &staging,
+        capability.clone(),
+        &backing,
+    ))
+    .await
+    .unwrap();
+    node.node_publish_volume(publish_request(
+        "pvc-s", &staging, &target, capability, false,
+    ))
+    .await
+    .unwrap();
+    let stats = node
+        .node_get_volume_stats(csi::NodeGetVolumeStatsRequest {
+            volume_id: "pvc-s".into(),
+            volume_path: target.display().to_string(),
+            staging_target_path: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let bytes = stats
+        .usage
+        .iter()
+        .find(|u| u.unit == csi::volume_usage::Unit::Bytes as i32)
+        .unwrap();
+    assert!(bytes.total > 0 && bytes.total <= SIZE as i64, "{bytes:?}");
+    assert!(bytes.available > 0 && bytes.used >= 0);
+    assert!(
+        stats
+            .usage
+            .iter()
+            .any(|u| u.unit == csi::volume_usage::Unit::Inodes as i32)
+    );
+    assert_eq!(stats.volume_condition.map(|c| c.abnormal), Some(false));
+
+    let info = node
+        .node_get_info(csi::NodeGetInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(info.node_id, "node-1");
+    assert_eq!(
+        info.max_volumes_per_node, 34,
+        "1 NVMe PF + 16 VFs, 1 virtio-blk PF + 16 VFs"
+    );
+    let capabilities = node
+        .node_get_capabilities(csi::NodeGetCapabilitiesRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!capabilities.capabilities.is_empty());
+
+    node.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
+        volume_id: "pvc-s".into(),
+        target_path: target.display().to_string(),
+    })
+    .await
+    .unwrap();
+    node.node_unstage_volume(csi::NodeUnstageVolumeRequest {
+        volume_id: "pvc-s".into(),
+        staging_target_path: staging.display().to_string(),
+    })
+    .await
+    .unwrap();
+    assert_nothing_left(&stack, &backing).await;
+}
+
+/// The vendor side grows the bdev (the backing file grows and SPDK rescans);
+/// NodeExpandVolume then grows the mounted filesystem online.
+async fn expand(emulation: EmulationSetting, fs_type: &str) {
+    use snap_csi::spdk::bdev::BdevAioRescan;
+    let stack = NodeStack::start(emulation).await;
+    let mut node = stack.client.clone();
+    let backing = stack.backing_file("vol.img", SIZE);
+    let staging = stack.path("staging/pvc-e");
+    fs::create_dir_all(&staging).unwrap();
+    let target = stack.path("pods/e/volumes/pvc-e");
+    let capability = mount_capability(fs_type, Mode::SingleNodeWriter);
+    node.node_stage_volume(stage_request(
+        "pvc-e",
+        &staging,
+        capability.clone(),
+        &backing,
+    ))
+    .await
+    .unwrap();
+    node.node_publish_volume(publish_request(
+        "pvc-e", &staging, &target, capability, false,
+    ))
+    .await
+    .unwrap();
+    let total = |stats: csi::NodeGetVolumeStatsResponse| {
+        stats
+            .usage
+            .iter()
+            .find(|u| u.unit == csi::volume_usage::Unit::Bytes as i32)
+            .unwrap()
+            .total
+    };
+    let stats_request = csi::NodeGetVolumeStatsRequest {
+        volume_id: "pvc-e".into(),
+        volume_path: target.display().to_string(),
+        staging_target_path: String::new(),
+    };
+    let before = total(
+        node.node_get_volume_stats(stats_request.clone())
+            .await
+            .unwrap()
+            .into_inner(),
+    );
+
+    fs::OpenOptions::new()
+        .write(true)
+        .open(&backing)
+        .unwrap()
+        .set_len(2 * SIZE)
+        .unwrap();
+    let bdev = stack
+        .emulator
+        .client()
+        .call(&BdevGetBdevs::default())
+        .await
+        .unwrap()
+        .remove(0)
+        .name;
+    stack
+        .emulator
+        .client()
+        .call(&BdevAioRescan { name: bdev })
+        .await
+        .unwrap();
+    let expand = csi::NodeExpandVolumeRequest {
+        volume_id: "pvc-e".into(),
+        volume_path: target.display().to_string(),
+        capacity_range: Some(csi::CapacityRange {
+            required_bytes: (2 * SIZE) as i64,
+            limit_bytes: 0,
+        }),
+        staging_target_path: staging.display().to_string(),
+        volume_capability: None,
+        secrets: Default::default(),
+    };
+    match node.node_expand_volume(expand.clone()).await {
+        Ok(response) => {
+            assert_eq!(response.into_inner().capacity_bytes, (2 * SIZE) as i64);
+            let again = node.node_expand_volume(expand.clone()).await.unwrap();
+            assert_eq!(again.into_inner().capacity_bytes, (2 * SIZE) as i64);
+        }
+        // Online ext4 growth is an ioctl that needs CAP_SYS_RESOURCE, which
+        // a sandbox may withhold even from root: then the node must say so,
+        // and the filesystem must grow when the volume is next staged.
+        Err(status) if fs_type == "ext4" && !has_cap_sys_resource() => {
+            assert_eq!(status.code(), tonic::Code::FailedPrecondition, "{status:?}");
+            assert!(status.message().contains("CAP_SYS_RESOURCE"), "{status:?}");
+            println!("NOTE: no CAP_SYS_RESOURCE here: ext4 grows at the next stage instead");
+            restage(&mut node, &staging, &target, &backing, fs_type).await;
+        }
+        Err(status) => panic!("{fs_type} expand: {status:?}"),
+    }
+    let after = total(
+        node.node_get_volume_stats(stats_request)
+            .await
+            .unwrap()
+            .into_inner(),
+    );
+    assert!(
+        after > before + (SIZE as i64) / 2,
+        "{fs_type}: {before} -> {after}"
+    );
+
+    node.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
+        volume_id: "pvc-e".into(),
+        target_path: target.display().to_string(),
+    })
+    .await
+    .unwrap();
+    node.node_unstage_volume(csi::NodeUnstageVolumeRequest {
+        volume_id: "pvc-e".into(),
+        staging_target_path: staging.display().to_string(),
+    })
+    .await
+    .unwrap();
+    assert_nothing_left(&stack, &backing).await;
+}
+
+/// Unpublish, unstage, stage and publish again.
+async fn restage(
+    node: &mut snap_csi::proto::csi::v1::node_client::NodeClient<tonic::transport::Channel>,
+    staging: &Path,
+    target: &Path,
+    backing: &Path,
+    fs_type: &str,
+) {
+    let capability = mount_capability(fs_type, Mode::SingleNodeWriter);
+    node.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
+        volume_id: "pvc-e".into(),
+        target_path: target.display().to_string(),
+    })
+    .await
+    .unwrap();
+    node.node_unstage_volume(csi::NodeUnstageVolumeRequest {
+        volume_id: "pvc-e".into(),
+        staging_target_path: staging.display().to_string(),
+    })
+    .await
+    .unwrap();
+    node.node_stage_volume(stage_request("pvc-e", staging, capability.clone(), backing))
+        .await
+        .unwrap();
+    node.node_publish_volume(publish_request("pvc-e", staging, target, capability, false))
+        .await
+        .unwrap();
+}
+
+/// Whether this process may resize a mounted ext4 (capability bit 24).
+fn has_cap_sys_resource() -> bool {
+    let status = fs::read_to_string("/proc/self/status").unwrap();
+    let effective = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        .unwrap();
+    effective & (1 << 24) != 0
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expand_ext4_over_nvme() {
+    expand(EmulationSetting::Nvme, "ext4").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expand_xfs_over_virtio_blk() {
+    expand(EmulationSetting::VirtioBlk, "xfs").await;
+}
+
+/// A read-only bind mount of a device node does not stop writes to the
+/// device; a reader-only access mode must, through the device's own flag.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_only_block_volume_refuses_writes() {
+    let stack = NodeStack::start(EmulationSetting::VirtioBlk).await;
+    let mut node = stack.client.clone();
+    let backing = stack.backing_file("vol.img", SIZE);
+    let staging = stack.path("staging/pvc-rob");
+    let target = stack.path("pods/rob/volumes/pvc-rob");
+    let capability = block_capability(Mode::MultiNodeReaderOnly);
+    node.node_stage_volume(stage_request(
+        "pvc-rob",
+        &staging,
+        capability.clone(),
+        &backing,
+    ))
+    .await
+    .unwrap();
+    node.node_publish_volume(publish_request(
+        "pvc-rob", &staging, &target, capability, true,
+    ))
+    .await
+    .unwrap();
+    let error = fs::OpenOptions::new()
+        .write(true)
+        .open(&target)
+        .and_then(|mut device| {
+            device
+                .write_all(&[1u8; 4096])
+                .and_then(|()| device.sync_all())
+        })
+        .unwrap_err();
+    assert!(
+        matches!(error.raw_os_error(), Some(e) if e == libc_erofs() || e == nix::errno::Errno::EPERM as i32 || e == nix::errno::Errno::EACCES as i32),
+        "{error}"
+    );
+    assert_eq!(
+        read_volume(&target, 16),
+        vec![0; 16],
+        "readable, and unchanged"
+    );
+    node.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
+        volume_id: "pvc-rob".into(),
+        target_path: target.display().to_string(),
+    })
+    .await
+    .unwrap();
+    node.node_unstage_volume(csi::NodeUnstageVolumeRequest {
+        volume_id: "pvc-rob".into(),
+        staging_target_path: staging.display().to_string(),
+    })
+    .await
+    .unwrap();
+    assert_nothing_left(&stack, &backing).await;
+}
