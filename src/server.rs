@@ -81,3 +81,32 @@ pub async fn termination() {
         _ = int.recv() => {}
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn the_socket_is_private_and_a_stale_one_is_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("nested/csi.sock");
+        let first = bind(&path).unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        // A crashed run leaves its socket behind; the next run takes its place.
+        drop(first);
+        let second = bind(&path).unwrap();
+        assert!(tokio::net::UnixStream::connect(&path).await.is_ok());
+        drop(second);
+    }
+
+    #[tokio::test]
+    async fn a_file_that_is_not_a_socket_is_never_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("csi.sock");
+        std::fs::write(&path, b"precious").unwrap();
+        let error = bind(&path).unwrap_err();
+        assert!(matches!(error, ServeError::NotASocket(_)), "{error}");
+        assert_eq!(std::fs::read(&path).unwrap(), b"precious");
+    }
+}

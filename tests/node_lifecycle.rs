@@ -75,6 +75,23 @@ async fn assert_nothing_left(stack: &NodeStack, backing: &Path) {
     assert_eq!(records, 0, "a volume record is left");
 }
 
+/// A repeated stage created nothing twice: one bdev, one SNAP exposure, one
+/// loop device, and a mount at the staging path only for filesystems.
+async fn assert_attached_once(stack: &NodeStack, backing: &Path, staging: &Path, block: bool) {
+    let snap = stack.emulator.client();
+    assert_eq!(snap.call(&BdevGetBdevs::default()).await.unwrap().len(), 1);
+    let subsystems = snap.call(&NvmeSubsystemList {}).await.unwrap();
+    let controllers = snap.call(&VirtioBlkControllerList {}).await.unwrap();
+    let nvme_controllers: usize = subsystems.iter().map(|s| s.controllers.len()).sum();
+    assert_eq!(
+        nvme_controllers + controllers.len(),
+        1,
+        "{subsystems:?} {controllers:?}"
+    );
+    assert_eq!(loop_devices_of(backing).len(), 1);
+    assert_eq!(mounts_under(staging).len(), usize::from(!block));
+}
+
 async fn lifecycle(emulation: EmulationSetting, capability: csi::VolumeCapability) {
     let stack = NodeStack::start(emulation).await;
     let mut node = stack.client.clone();
@@ -102,6 +119,7 @@ async fn lifecycle(emulation: EmulationSetting, capability: csi::VolumeCapabilit
             .await
             .unwrap_or_else(|e| panic!("stage (round {round}): {e}"));
         }
+        assert_attached_once(&stack, &backing, &staging, block).await;
         for target in [&pod_a, &pod_b] {
             for _ in 0..2 {
                 node.node_publish_volume(publish_request(
@@ -535,4 +553,103 @@ async fn read_only_block_volume_refuses_writes() {
     .await
     .unwrap();
     assert_nothing_left(&stack, &backing).await;
+}
+
+/// Behind NVIDIA DPF the controller attaches the volume on the DPU and hands
+/// the node the function and namespace in the publish context: the node only
+/// finds the device, and unstage leaves DPF's attachment alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dpf_publish_context_skips_the_attach() {
+    use snap_csi::spdk::bdev::BdevAioCreate;
+    use snap_csi::spdk::snap::{
+        NvmeControllerAttachNs, NvmeControllerCreate, NvmeControllerResume, NvmeNamespaceCreate,
+        NvmeSubsystemCreate,
+    };
+    let stack = NodeStack::start(EmulationSetting::Nvme).await;
+    let mut node = stack.client.clone();
+    let backing = stack.backing_file("dpf.img", SIZE);
+    let snap = stack.emulator.client();
+    // What DPF's controller-side attach does on the DPU.
+    snap.call(&BdevAioCreate {
+        name: "dpf-vol".into(),
+        filename: backing.display().to_string(),
+        block_size: Some(512),
+        readonly: None,
+    })
+    .await
+    .unwrap();
+    let nqn = "nqn.2022-10.io.nvda.nvme:dpf-vol".to_string();
+    snap.call(&NvmeSubsystemCreate {
+        nqn: nqn.clone(),
+        mn: None,
+        sn: None,
+        nn: None,
+        mnan: None,
+    })
+    .await
+    .unwrap();
+    snap.call(&NvmeNamespaceCreate {
+        bdev_type: "spdk".into(),
+        nqn: nqn.clone(),
+        nsid: 3,
+        uuid: "0d1f0a52-8c5e-4a43-9a43-5d1a8c1f0003".into(),
+        bdev_name: "dpf-vol".into(),
+    })
+    .await
+    .unwrap();
+    let ctrl_id = snap
+        .call(&NvmeControllerCreate {
+            nqn: nqn.clone(),
+            pci_bdf: Some("26:00.5".into()),
+            suspended: Some(true),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .ctrl_id;
+    snap.call(&NvmeControllerAttachNs {
+        ctrl_id: ctrl_id.clone(),
+        nsid: 3,
+    })
+    .await
+    .unwrap();
+    snap.call(&NvmeControllerResume { ctrl_id }).await.unwrap();
+
+    let staging = stack.path("staging/pvc-dpf");
+    fs::create_dir_all(&staging).unwrap();
+    let target = stack.path("pods/dpf/volumes/pvc-dpf");
+    let capability = mount_capability("ext4", Mode::SingleNodeWriter);
+    let mut request = stage_request("pvc-dpf", &staging, capability.clone(), &backing);
+    request.publish_context = [
+        ("nv-pciDeviceAddress".to_string(), "26:00.5".to_string()),
+        ("nv-nvmeNsID".to_string(), "3".to_string()),
+    ]
+    .into();
+    node.node_stage_volume(request).await.unwrap();
+    node.node_publish_volume(publish_request(
+        "pvc-dpf", &staging, &target, capability, false,
+    ))
+    .await
+    .unwrap();
+    write_volume(&target, b"through DPF's attachment");
+    node.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
+        volume_id: "pvc-dpf".into(),
+        target_path: target.display().to_string(),
+    })
+    .await
+    .unwrap();
+    node.node_unstage_volume(csi::NodeUnstageVolumeRequest {
+        volume_id: "pvc-dpf".into(),
+        staging_target_path: staging.display().to_string(),
+    })
+    .await
+    .unwrap();
+    let plugin_calls = stack.plugin.as_ref().unwrap().calls();
+    assert!(
+        plugin_calls.is_empty(),
+        "the vendor plugin was not asked: {plugin_calls:?}"
+    );
+    let subsystems = snap.call(&NvmeSubsystemList {}).await.unwrap();
+    assert_eq!(subsystems.len(), 1, "DPF's attachment is not ours to undo");
+    assert!(mounts_under(&stack.kubelet).is_empty());
 }

@@ -1,0 +1,236 @@
+//! Concurrency and shutdown of the node service, with a DPU attach layer the
+//! test holds in the middle of an attach (the seam is the `DpuAttach` trait):
+//! a second call for a busy volume gets ABORTED while other volumes proceed,
+//! and a shutdown lets the call in flight finish.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use common::node::{block_capability, connect};
+use snap_csi::dpu::{AttachRequest, Attachment, DpuAttach, DpuError, HostLocator};
+use snap_csi::node::NodeConfig;
+use snap_csi::node::config::EmulationSetting;
+use snap_csi::proto::csi::v1 as csi;
+use snap_csi::proto::csi::v1::node_client::NodeClient;
+use snap_csi::proto::csi::v1::volume_capability::access_mode::Mode;
+use tokio::sync::{Semaphore, oneshot};
+use tokio::time::Instant;
+
+/// Attaches only when the test lets it: each attach waits for a permit.
+#[derive(Debug)]
+struct GatedDpu {
+    gate: Semaphore,
+    attaches: AtomicUsize,
+    locator: HostLocator,
+}
+
+#[async_trait::async_trait]
+impl DpuAttach for GatedDpu {
+    async fn attach(
+        &self,
+        _request: &AttachRequest,
+        _deadline: Instant,
+    ) -> Result<Attachment, DpuError> {
+        self.attaches.fetch_add(1, Ordering::SeqCst);
+        self.gate
+            .acquire()
+            .await
+            .map_err(|e| DpuError::Internal(e.to_string()))?
+            .forget();
+        Ok(Attachment {
+            device_name: "gated".into(),
+            locator: self.locator.clone(),
+        })
+    }
+
+    async fn detach(&self, _: &str, _: Option<&str>, _: Instant) -> Result<(), DpuError> {
+        Ok(())
+    }
+
+    async fn probe(&self, _: Instant) -> Result<bool, DpuError> {
+        Ok(true)
+    }
+
+    async fn function_count(&self, _: Instant) -> Result<u32, DpuError> {
+        Ok(1)
+    }
+}
+
+/// A real loop device, described in a sysfs-shaped tree as a virtio-blk disk.
+struct FakeHost {
+    dir: tempfile::TempDir,
+    loop_device: String,
+}
+
+impl FakeHost {
+    fn new() -> FakeHost {
+        let dir = tempfile::tempdir().unwrap();
+        let backing = dir.path().join("disk.img");
+        common::sparse_file(&backing, 8 << 20);
+        let out = Command::new("losetup")
+            .args(["--find", "--show"])
+            .arg(&backing)
+            .output()
+            .unwrap();
+        let loop_device = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        assert!(loop_device.starts_with("/dev/loop"), "{out:?}");
+        let name = loop_device.trim_start_matches("/dev/");
+        let dev = std::fs::read_to_string(format!("/sys/block/{name}/dev")).unwrap();
+        let disk = dir
+            .path()
+            .join("sysfs/bus/pci/devices/0000:27:00.1/virtio1/block/vda");
+        std::fs::create_dir_all(&disk).unwrap();
+        std::fs::write(disk.join("serial"), "gated-serial").unwrap();
+        std::fs::write(disk.join("size"), format!("{}\n", (8 << 20) / 512)).unwrap();
+        std::fs::write(disk.join("dev"), dev).unwrap();
+        FakeHost { dir, loop_device }
+    }
+
+    fn root(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+impl Drop for FakeHost {
+    fn drop(&mut self) {
+        let _ = Command::new("losetup")
+            .args(["-d", &self.loop_device])
+            .status();
+    }
+}
+
+fn config(root: &Path) -> NodeConfig {
+    let kubelet = root.join("kubelet");
+    std::fs::create_dir_all(kubelet.join("staging")).unwrap();
+    NodeConfig {
+        endpoint: root.join("csi.sock"),
+        kubelet_dir: kubelet,
+        state_dir: root.join("state"),
+        sysfs_root: root.join("sysfs"),
+        node_id: "node-1".into(),
+        emulation: EmulationSetting::VirtioBlk,
+        device_wait: Duration::from_secs(5),
+        ..NodeConfig::default()
+    }
+}
+
+fn stage(config: &NodeConfig, volume_id: &str) -> csi::NodeStageVolumeRequest {
+    let staging: PathBuf = config.kubelet_dir.join("staging").join(volume_id);
+    csi::NodeStageVolumeRequest {
+        volume_id: volume_id.into(),
+        staging_target_path: staging.display().to_string(),
+        volume_capability: Some(block_capability(Mode::SingleNodeWriter)),
+        ..Default::default()
+    }
+}
+
+async fn wait_for(count: &AtomicUsize, at_least: usize) {
+    for _ in 0..500 {
+        if count.load(Ordering::SeqCst) >= at_least {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("only {} attaches started", count.load(Ordering::SeqCst));
+}
+
+fn gated_dpu() -> Arc<GatedDpu> {
+    Arc::new(GatedDpu {
+        gate: Semaphore::new(0),
+        attaches: AtomicUsize::new(0),
+        locator: HostLocator::VirtioBlk {
+            bdf: "27:00.1".into(),
+            serial: "gated-serial".into(),
+        },
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_volume_answers_aborted_while_other_volumes_proceed() {
+    let host = FakeHost::new();
+    let config = config(host.root());
+    let dpu = gated_dpu();
+    let (stop, stopped) = oneshot::channel::<()>();
+    let server = tokio::spawn(snap_csi::node::serve(
+        config.clone(),
+        dpu.clone(),
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    let node = NodeClient::new(connect(&config.endpoint).await);
+
+    let first = tokio::spawn({
+        let mut node = node.clone();
+        let request = stage(&config, "pvc-1");
+        async move { node.node_stage_volume(request).await }
+    });
+    wait_for(&dpu.attaches, 1).await;
+    let busy = node
+        .clone()
+        .node_stage_volume(stage(&config, "pvc-1"))
+        .await
+        .unwrap_err();
+    assert_eq!(busy.code(), tonic::Code::Aborted, "{busy:?}");
+    assert!(busy.message().contains("pvc-1"), "{busy:?}");
+
+    // Another volume is not held up behind pvc-1.
+    let second = tokio::spawn({
+        let mut node = node.clone();
+        let request = stage(&config, "pvc-2");
+        async move { node.node_stage_volume(request).await }
+    });
+    wait_for(&dpu.attaches, 2).await;
+
+    dpu.gate.add_permits(2);
+    first.await.unwrap().unwrap();
+    second.await.unwrap().unwrap();
+    // Now free again: a retry of pvc-1 is answered (idempotently).
+    dpu.gate.add_permits(1);
+    node.clone()
+        .node_stage_volume(stage(&config, "pvc-1"))
+        .await
+        .unwrap();
+    let _ = stop.send(());
+    server.await.unwrap().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_lets_the_call_in_flight_finish_and_removes_the_socket() {
+    let host = FakeHost::new();
+    let config = config(host.root());
+    let dpu = gated_dpu();
+    let (stop, stopped) = oneshot::channel::<()>();
+    let server = tokio::spawn(snap_csi::node::serve(
+        config.clone(),
+        dpu.clone(),
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    let node = NodeClient::new(connect(&config.endpoint).await);
+    let in_flight = tokio::spawn({
+        let mut node = node.clone();
+        let request = stage(&config, "pvc-1");
+        async move { node.node_stage_volume(request).await }
+    });
+    wait_for(&dpu.attaches, 1).await;
+    let _ = stop.send(());
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        !server.is_finished(),
+        "the server waits for the call in flight"
+    );
+    dpu.gate.add_permits(1);
+    in_flight.await.unwrap().unwrap();
+    server.await.unwrap().unwrap();
+    assert!(
+        !config.endpoint.exists(),
+        "the socket is removed on shutdown"
+    );
+}
