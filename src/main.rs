@@ -81,6 +81,7 @@ async fn main() -> ExitCode {
 
 async fn node(args: &snap_csi::node::NodeArgs) -> ExitCode {
     tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),

@@ -86,11 +86,23 @@ impl Stack {
             .arg(&self.emulator.socket)
             .arg("--emulation")
             .arg("nvme")
+            // As chatty as it gets, to prove that even then no secret is logged.
+            .env("RUST_LOG", "debug")
+            .stderr(self.log())
             .env_remove(snap_csi::failpoint::ENV);
         if let Some(point) = crash_after {
             command.env(snap_csi::failpoint::ENV, point);
         }
         command.spawn().unwrap()
+    }
+
+    /// The node processes' log, appended by each run.
+    fn log(&self) -> std::fs::File {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.emulator.root().join("node.log"))
+            .unwrap()
     }
 
     async fn client(&self) -> NodeClient<tonic::transport::Channel> {
@@ -231,4 +243,8 @@ async fn a_crash_after_any_stage_or_unstage_step_converges_on_retry() {
         stop(node);
         stack.assert_nothing_left(&backing).await;
     }
+
+    let log = std::fs::read_to_string(stack.emulator.root().join("node.log")).unwrap();
+    assert!(log.contains("volume attached"), "the node logged its work");
+    assert!(!log.contains("not-for-logs"), "a secret reached the log");
 }
