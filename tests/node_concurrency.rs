@@ -139,6 +139,47 @@ async fn wait_for(count: &AtomicUsize, at_least: usize) {
     panic!("only {} attaches started", count.load(Ordering::SeqCst));
 }
 
+/// The node service serving on the test's runtime with a gated DPU.
+struct Running {
+    config: NodeConfig,
+    dpu: Arc<GatedDpu>,
+    stop: oneshot::Sender<()>,
+    server: tokio::task::JoinHandle<anyhow::Result<()>>,
+    node: NodeClient<tonic::transport::Channel>,
+}
+
+impl Running {
+    async fn start(host: &FakeHost) -> Running {
+        let config = config(host.root());
+        let dpu = gated_dpu();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let server = tokio::spawn(snap_csi::node::serve(
+            config.clone(),
+            dpu.clone(),
+            async move {
+                let _ = stopped.await;
+            },
+        ));
+        let node = NodeClient::new(connect(&config.endpoint).await);
+        Running {
+            config,
+            dpu,
+            stop,
+            server,
+            node,
+        }
+    }
+}
+
+/// A stage that runs while the test goes on.
+fn in_background(
+    node: &NodeClient<tonic::transport::Channel>,
+    request: csi::NodeStageVolumeRequest,
+) -> tokio::task::JoinHandle<Result<tonic::Response<csi::NodeStageVolumeResponse>, tonic::Status>> {
+    let mut node = node.clone();
+    tokio::spawn(async move { node.node_stage_volume(request).await })
+}
+
 fn gated_dpu() -> Arc<GatedDpu> {
     Arc::new(GatedDpu {
         gate: Semaphore::new(0),
@@ -153,23 +194,15 @@ fn gated_dpu() -> Arc<GatedDpu> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_busy_volume_answers_aborted_while_other_volumes_proceed() {
     let host = FakeHost::new();
-    let config = config(host.root());
-    let dpu = gated_dpu();
-    let (stop, stopped) = oneshot::channel::<()>();
-    let server = tokio::spawn(snap_csi::node::serve(
-        config.clone(),
-        dpu.clone(),
-        async move {
-            let _ = stopped.await;
-        },
-    ));
-    let node = NodeClient::new(connect(&config.endpoint).await);
+    let Running {
+        config,
+        dpu,
+        stop,
+        server,
+        node,
+    } = Running::start(&host).await;
 
-    let first = tokio::spawn({
-        let mut node = node.clone();
-        let request = stage(&config, "pvc-1");
-        async move { node.node_stage_volume(request).await }
-    });
+    let first = in_background(&node, stage(&config, "pvc-1"));
     wait_for(&dpu.attaches, 1).await;
     let busy = node
         .clone()
@@ -180,11 +213,7 @@ async fn a_busy_volume_answers_aborted_while_other_volumes_proceed() {
     assert!(busy.message().contains("pvc-1"), "{busy:?}");
 
     // Another volume is not held up behind pvc-1.
-    let second = tokio::spawn({
-        let mut node = node.clone();
-        let request = stage(&config, "pvc-2");
-        async move { node.node_stage_volume(request).await }
-    });
+    let second = in_background(&node, stage(&config, "pvc-2"));
     wait_for(&dpu.attaches, 2).await;
 
     dpu.gate.add_permits(2);
@@ -203,22 +232,14 @@ async fn a_busy_volume_answers_aborted_while_other_volumes_proceed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_lets_the_call_in_flight_finish_and_removes_the_socket() {
     let host = FakeHost::new();
-    let config = config(host.root());
-    let dpu = gated_dpu();
-    let (stop, stopped) = oneshot::channel::<()>();
-    let server = tokio::spawn(snap_csi::node::serve(
-        config.clone(),
-        dpu.clone(),
-        async move {
-            let _ = stopped.await;
-        },
-    ));
-    let node = NodeClient::new(connect(&config.endpoint).await);
-    let in_flight = tokio::spawn({
-        let mut node = node.clone();
-        let request = stage(&config, "pvc-1");
-        async move { node.node_stage_volume(request).await }
-    });
+    let Running {
+        config,
+        dpu,
+        stop,
+        server,
+        node,
+    } = Running::start(&host).await;
+    let in_flight = in_background(&node, stage(&config, "pvc-1"));
     wait_for(&dpu.attaches, 1).await;
     let _ = stop.send(());
     tokio::time::sleep(Duration::from_millis(100)).await;

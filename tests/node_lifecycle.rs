@@ -15,6 +15,7 @@ use std::path::Path;
 use common::loop_devices_of;
 use common::node::{
     NodeStack, block_capability, mount_capability, mounts_under, publish_request, stage_request,
+    unpublish, unstage,
 };
 use snap_csi::node::config::EmulationSetting;
 use snap_csi::proto::csi::v1 as csi;
@@ -140,22 +141,12 @@ async fn lifecycle(emulation: EmulationSetting, capability: csi::VolumeCapabilit
 
         for target in [&pod_a, &pod_b] {
             for _ in 0..2 {
-                node.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
-                    volume_id: "pvc-1".into(),
-                    target_path: target.display().to_string(),
-                })
-                .await
-                .unwrap();
+                unpublish(&mut node, "pvc-1", target).await;
             }
             assert!(!target.exists(), "unpublish removes the target");
         }
         for _ in 0..2 {
-            node.node_unstage_volume(csi::NodeUnstageVolumeRequest {
-                volume_id: "pvc-1".into(),
-                staging_target_path: staging.display().to_string(),
-            })
-            .await
-            .unwrap();
+            unstage(&mut node, "pvc-1", &staging).await;
         }
         assert_nothing_left(&stack, &backing).await;
     }
@@ -233,18 +224,8 @@ async fn read_only_publish_refuses_writes() {
         .await
         .unwrap_err();
     assert_eq!(conflict.code(), tonic::Code::AlreadyExists, "{conflict}");
-    node.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
-        volume_id: "pvc-ro".into(),
-        target_path: target.display().to_string(),
-    })
-    .await
-    .unwrap();
-    node.node_unstage_volume(csi::NodeUnstageVolumeRequest {
-        volume_id: "pvc-ro".into(),
-        staging_target_path: staging.display().to_string(),
-    })
-    .await
-    .unwrap();
+    unpublish(&mut node, "pvc-ro", &target).await;
+    unstage(&mut node, "pvc-ro", &staging).await;
     assert_nothing_left(&stack, &backing).await;
 }
 
@@ -316,18 +297,8 @@ async fn stats_report_usage_and_identity_and_info_answer() {
         .into_inner();
     assert!(!capabilities.capabilities.is_empty());
 
-    node.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
-        volume_id: "pvc-s".into(),
-        target_path: target.display().to_string(),
-    })
-    .await
-    .unwrap();
-    node.node_unstage_volume(csi::NodeUnstageVolumeRequest {
-        volume_id: "pvc-s".into(),
-        staging_target_path: staging.display().to_string(),
-    })
-    .await
-    .unwrap();
+    unpublish(&mut node, "pvc-s", &target).await;
+    unstage(&mut node, "pvc-s", &staging).await;
     assert_nothing_left(&stack, &backing).await;
 }
 
@@ -434,18 +405,8 @@ async fn expand(emulation: EmulationSetting, fs_type: &str) {
         "{fs_type}: {before} -> {after}"
     );
 
-    node.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
-        volume_id: "pvc-e".into(),
-        target_path: target.display().to_string(),
-    })
-    .await
-    .unwrap();
-    node.node_unstage_volume(csi::NodeUnstageVolumeRequest {
-        volume_id: "pvc-e".into(),
-        staging_target_path: staging.display().to_string(),
-    })
-    .await
-    .unwrap();
+    unpublish(&mut node, "pvc-e", &target).await;
+    unstage(&mut node, "pvc-e", &staging).await;
     assert_nothing_left(&stack, &backing).await;
 }
 
@@ -458,18 +419,8 @@ async fn restage(
     fs_type: &str,
 ) {
     let capability = mount_capability(fs_type, Mode::SingleNodeWriter);
-    node.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
-        volume_id: "pvc-e".into(),
-        target_path: target.display().to_string(),
-    })
-    .await
-    .unwrap();
-    node.node_unstage_volume(csi::NodeUnstageVolumeRequest {
-        volume_id: "pvc-e".into(),
-        staging_target_path: staging.display().to_string(),
-    })
-    .await
-    .unwrap();
+    unpublish(node, "pvc-e", target).await;
+    unstage(node, "pvc-e", staging).await;
     node.node_stage_volume(stage_request("pvc-e", staging, capability.clone(), backing))
         .await
         .unwrap();
@@ -540,18 +491,8 @@ async fn read_only_block_volume_refuses_writes() {
         vec![0; 16],
         "readable, and unchanged"
     );
-    node.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
-        volume_id: "pvc-rob".into(),
-        target_path: target.display().to_string(),
-    })
-    .await
-    .unwrap();
-    node.node_unstage_volume(csi::NodeUnstageVolumeRequest {
-        volume_id: "pvc-rob".into(),
-        staging_target_path: staging.display().to_string(),
-    })
-    .await
-    .unwrap();
+    unpublish(&mut node, "pvc-rob", &target).await;
+    unstage(&mut node, "pvc-rob", &staging).await;
     assert_nothing_left(&stack, &backing).await;
 }
 
@@ -632,18 +573,8 @@ async fn dpf_publish_context_skips_the_attach() {
     .await
     .unwrap();
     write_volume(&target, b"through DPF's attachment");
-    node.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
-        volume_id: "pvc-dpf".into(),
-        target_path: target.display().to_string(),
-    })
-    .await
-    .unwrap();
-    node.node_unstage_volume(csi::NodeUnstageVolumeRequest {
-        volume_id: "pvc-dpf".into(),
-        staging_target_path: staging.display().to_string(),
-    })
-    .await
-    .unwrap();
+    unpublish(&mut node, "pvc-dpf", &target).await;
+    unstage(&mut node, "pvc-dpf", &staging).await;
     let plugin_calls = stack.plugin.as_ref().unwrap().calls();
     assert!(
         plugin_calls.is_empty(),

@@ -312,44 +312,49 @@ fn already_mounted(
 /// Creates the directory `target` if missing (not its parents: the CO
 /// creates those). Something else at that path is a failed precondition.
 fn ensure_directory(target: &Path) -> Result<(), HostOpError> {
-    match fs::create_dir(target) {
-        Ok(()) => return Ok(()),
-        Err(err) if err.kind() == io::ErrorKind::AlreadyExists => {}
-        Err(err) => return Err(creation_error(target, "directory", &err)),
-    }
-    let meta = fs::symlink_metadata(target)
-        .map_err(|err| HostOpError::io(format!("stat {}", target.display()), &err))?;
-    if meta.is_dir() {
-        Ok(())
-    } else {
-        Err(HostOpError::FailedPrecondition(format!(
-            "{} exists and is not a directory",
-            target.display()
-        )))
-    }
+    ensure(
+        target,
+        "directory",
+        || fs::create_dir(target),
+        fs::Metadata::is_dir,
+    )
 }
 
 /// Creates the empty regular file `target` if missing; an existing one is
 /// never opened (it could be a device node) and must be a regular file.
 fn ensure_file(target: &Path) -> Result<(), HostOpError> {
-    let created = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .custom_flags((OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC).bits())
-        .open(target);
-    match created {
-        Ok(_) => return Ok(()),
+    let create = || {
+        OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags((OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC).bits())
+            .open(target)
+            .map(drop)
+    };
+    ensure(target, "regular file", create, fs::Metadata::is_file)
+}
+
+/// Makes `target` with `create` unless something is already there, which
+/// must then be of the `kind` that `is_kind` recognises.
+fn ensure(
+    target: &Path,
+    kind: &str,
+    create: impl FnOnce() -> io::Result<()>,
+    is_kind: impl FnOnce(&fs::Metadata) -> bool,
+) -> Result<(), HostOpError> {
+    match create() {
+        Ok(()) => return Ok(()),
         Err(err) if err.kind() == io::ErrorKind::AlreadyExists => {}
-        Err(err) => return Err(creation_error(target, "file", &err)),
+        Err(err) => return Err(creation_error(target, kind, &err)),
     }
     let meta = fs::symlink_metadata(target)
         .map_err(|err| HostOpError::io(format!("stat {}", target.display()), &err))?;
-    if meta.is_file() {
+    if is_kind(&meta) {
         Ok(())
     } else {
         Err(HostOpError::FailedPrecondition(format!(
-            "{} exists and is not a regular file",
+            "{} exists and is not a {kind}",
             target.display()
         )))
     }

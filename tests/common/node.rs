@@ -201,3 +201,23 @@ pub fn mounts_under(root: &Path) -> Vec<String> {
         .map(str::to_string)
         .collect()
 }
+
+/// NodeUnpublishVolume, which must succeed.
+pub async fn unpublish(node: &mut NodeClient<Channel>, volume_id: &str, target: &Path) {
+    node.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
+        volume_id: volume_id.into(),
+        target_path: target.display().to_string(),
+    })
+    .await
+    .unwrap_or_else(|e| panic!("unpublish {volume_id} from {}: {e}", target.display()));
+}
+
+/// NodeUnstageVolume, which must succeed.
+pub async fn unstage(node: &mut NodeClient<Channel>, volume_id: &str, staging: &Path) {
+    node.node_unstage_volume(csi::NodeUnstageVolumeRequest {
+        volume_id: volume_id.into(),
+        staging_target_path: staging.display().to_string(),
+    })
+    .await
+    .unwrap_or_else(|e| panic!("unstage {volume_id} from {}: {e}", staging.display()));
+}
