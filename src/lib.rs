@@ -17,13 +17,25 @@
 //!   plugin client and SNAP exposure (co-located mode).
 //! - [`node`]: the CSI Identity and Node services and the host-side operations
 //!   (format, mount, mount table, stats) they are made of.
-//! - [`server`]: serving gRPC on a UNIX socket (0600, stale socket, shutdown).
+//! - [`controller`]: the controller proxy: CSI Identity, Controller,
+//!   GroupController and VolumeGroup forwarded to the vendor's CSI controller.
+//! - [`server`]: serving gRPC on a UNIX socket (0600, stale socket, shutdown);
+//!   [`deadline`]: the deadline of an incoming call, for every call it makes.
+//! - `retry` (backoff inside a deadline) and `settings` (config file and
+//!   seconds, layered under flags): small pieces the services share.
+//! - [`plugin_check`]: `snap-csi plugin-check`, a conformance check of a
+//!   vendor plugin against the `nvidia.storage.plugins.v1` API text.
 
+pub mod controller;
+pub mod deadline;
 pub mod dpu;
 pub mod failpoint;
 pub mod host;
 pub mod jsonrpc;
 pub mod node;
+pub mod plugin_check;
 pub mod proto;
+pub(crate) mod retry;
 pub mod server;
+mod settings;
 pub mod spdk;

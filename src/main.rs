@@ -1,6 +1,8 @@
 //! The `snap-csi` binary. Each subcommand is a thin shell over the library.
 
+use std::future::Future;
 use std::path::PathBuf;
+use std::pin::Pin;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -23,6 +25,9 @@ struct Cli {
 enum Command {
     /// Serve the CSI Identity and Node services (co-located DPU attach).
     Node(snap_csi::node::NodeArgs),
+    /// Serve CSI Identity, Controller, GroupController and VolumeGroup by
+    /// forwarding every call to the vendor's CSI controller.
+    Controller(snap_csi::controller::ControllerArgs),
     /// Call one SPDK/SNAP JSON-RPC method and print its result, like SPDK's rpc.py.
     Rpc {
         /// The SPDK/SNAP RPC socket.
@@ -43,6 +48,8 @@ enum Command {
     },
     /// Find the block device an emulated PCI function carries and print its node.
     FindDevice(FindDevice),
+    /// Check a vendor plugin against the nvidia.storage.plugins.v1 API, call by call.
+    PluginCheck(snap_csi::plugin_check::PluginCheckArgs),
 }
 
 #[derive(Debug, Args)]
@@ -68,7 +75,15 @@ struct FindDevice {
 async fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Node(args) => node(&args).await,
+        Command::Node(args) => service("node service", args.resolve(), snap_csi::node::run).await,
+        Command::Controller(args) => {
+            service(
+                "controller proxy",
+                args.resolve(),
+                snap_csi::controller::run,
+            )
+            .await
+        }
         Command::Rpc {
             socket,
             timeout,
@@ -76,28 +91,47 @@ async fn main() -> ExitCode {
             params,
         } => rpc(socket, timeout, &method, params.as_deref()).await,
         Command::FindDevice(args) => find_device(&args),
+        Command::PluginCheck(args) => snap_csi::plugin_check::run_cli(&args).await,
     }
 }
 
-async fn node(args: &snap_csi::node::NodeArgs) -> ExitCode {
+/// Logs to stderr at `RUST_LOG`'s levels, `info` by default.
+fn init_logging() {
+    use std::io::IsTerminal;
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        // Colour codes only for a person watching, not in a collected log.
+        .with_ansi(std::io::stderr().is_terminal())
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .init();
-    let config = match args.resolve() {
+}
+
+/// Runs a long-lived service (`node`, `controller`) until SIGTERM or SIGINT,
+/// with the exit codes of both: 2 for bad settings, 1 for a failure.
+async fn service<C, E, Fut>(
+    what: &str,
+    config: Result<C, E>,
+    run: impl FnOnce(C, Pin<Box<dyn Future<Output = ()> + Send>>) -> Fut,
+) -> ExitCode
+where
+    E: std::fmt::Display,
+    Fut: Future<Output = anyhow::Result<()>>,
+{
+    init_logging();
+    let config = match config {
         Ok(config) => config,
         Err(e) => {
             eprintln!("configuration: {e}");
             return ExitCode::from(2);
         }
     };
-    match snap_csi::node::run(config, snap_csi::server::termination()).await {
+    match run(config, Box::pin(snap_csi::server::termination())).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            tracing::error!("node service failed: {e:#}");
+            tracing::error!("{what} failed: {e:#}");
             ExitCode::FAILURE
         }
     }

@@ -20,10 +20,11 @@ mod functions;
 pub mod names;
 mod nvme;
 pub mod plugin;
-mod retry;
 mod virtio;
 
 pub use plugin::plugin_access_mode;
+// Shared with the controller proxy; children reach it as `super::retry`.
+use crate::retry;
 
 use std::collections::HashMap;
 

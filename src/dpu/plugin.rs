@@ -49,7 +49,7 @@ pub const PROVIDER_PLACEHOLDER: &str = "{provider}";
 pub const VOLUME_MODE_BLOCK: &str = "Block";
 
 /// ListDevices page size we ask for; the plugin may answer fewer.
-const LIST_PAGE: i32 = 256;
+pub const LIST_PAGE: i32 = 256;
 
 /// The plugin API's access mode for a CSI access mode.
 ///
@@ -365,25 +365,14 @@ impl PluginClient {
         F: Fn(Clients, tonic::Request<Req>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<Resp>, Status>>,
     {
-        let attempt = || async {
-            let remaining = deadline.saturating_duration_since(Instant::now());
-            if remaining.is_zero() {
-                return Err(Status::deadline_exceeded(format!(
-                    "{rpc}: deadline already passed"
-                )));
-            }
-            let mut request = tonic::Request::new(message.clone());
-            request.set_timeout(remaining);
+        let attempt = || {
             let clients = Clients {
                 identity: self.identity.clone(),
                 storage: self.storage.clone(),
             };
-            match tokio::time::timeout_at(deadline, send(clients, request)).await {
-                Ok(result) => result.map(tonic::Response::into_inner),
-                Err(_) => Err(Status::deadline_exceeded(format!(
-                    "{rpc}: no answer within {remaining:?}"
-                ))),
-            }
+            call_until(rpc, deadline, message.clone(), |request| {
+                send(clients, request)
+            })
         };
         retry::until_deadline(deadline, |s: &Status| is_transient(s.code()), attempt).await
     }
@@ -417,8 +406,36 @@ fn is_transient(code: Code) -> bool {
     matches!(code, Code::Unavailable | Code::DeadlineExceeded)
 }
 
+/// One unary call, once, bounded by `deadline`: sent as `grpc-timeout` and
+/// enforced here as well, since a tonic client does not enforce the header.
+pub async fn call_until<Req, Resp, Fut>(
+    rpc: &str,
+    deadline: Instant,
+    message: Req,
+    send: impl FnOnce(tonic::Request<Req>) -> Fut,
+) -> Result<Resp, Status>
+where
+    Fut: Future<Output = Result<tonic::Response<Resp>, Status>>,
+{
+    let remaining = deadline.saturating_duration_since(Instant::now());
+    if remaining.is_zero() {
+        return Err(Status::deadline_exceeded(format!(
+            "{rpc}: deadline already passed"
+        )));
+    }
+    let mut request = tonic::Request::new(message);
+    request.set_timeout(remaining);
+    match tokio::time::timeout_at(deadline, send(request)).await {
+        Ok(result) => result.map(tonic::Response::into_inner),
+        Err(_) => Err(Status::deadline_exceeded(format!(
+            "{rpc}: no answer within {remaining:?}"
+        ))),
+    }
+}
+
 /// A channel to a UNIX socket, connected on first use and after each break.
-fn unix_channel(socket: PathBuf) -> Channel {
+/// Must be called inside a Tokio runtime: the channel spawns its worker.
+pub fn unix_channel(socket: PathBuf) -> Channel {
     // The URI only fills the :authority header; the connector ignores it.
     Endpoint::from_static("http://vendor-plugin").connect_with_connector_lazy(tower::service_fn(
         move |_: Uri| {

@@ -7,6 +7,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::dpu::Emulation;
+use crate::settings::{defaults_or_file, seconds, seconds_flag};
 
 /// Everything the node service can be told.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -97,17 +98,6 @@ fn hostname() -> String {
         .unwrap_or_else(|| "localhost".into())
 }
 
-mod seconds {
-    use std::time::Duration;
-
-    use serde::{Deserialize, Deserializer};
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        let secs = f64::deserialize(d)?;
-        Duration::try_from_secs_f64(secs).map_err(serde::de::Error::custom)
-    }
-}
-
 /// Flags (and their environment variables) for `snap-csi node`; each one
 /// given overrides the config file.
 #[derive(Debug, Default, clap::Args)]
@@ -156,13 +146,7 @@ pub struct NodeArgs {
 impl NodeArgs {
     /// Defaults, then the config file, then what was given here.
     pub fn resolve(&self) -> Result<NodeConfig, config::ConfigError> {
-        let mut resolved: NodeConfig = match &self.config {
-            Some(path) => config::Config::builder()
-                .add_source(config::File::from(path.as_path()).required(true))
-                .build()?
-                .try_deserialize()?,
-            None => NodeConfig::default(),
-        };
+        let mut resolved: NodeConfig = defaults_or_file(self.config.as_deref())?;
         macro_rules! take {
             ($($field:ident),*) => {$(
                 if let Some(value) = &self.$field {
@@ -195,8 +179,7 @@ impl NodeArgs {
             ),
         ] {
             if let Some(secs) = value {
-                *field = Duration::try_from_secs_f64(secs)
-                    .map_err(|e| config::ConfigError::Message(format!("--{flag}: {e}")))?;
+                *field = seconds_flag(flag, secs)?;
             }
         }
         Ok(resolved)

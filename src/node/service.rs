@@ -21,6 +21,7 @@ use super::format::{self, FsType};
 use super::guard::{Held, VolumeGuard};
 use super::records::{Records, VolumeRecord};
 use super::{mount, mountinfo, paths, stats};
+pub(crate) use crate::deadline::call_deadline;
 use crate::dpu::{AttachRequest, DpuAttach, DpuError, HostLocator, VolumeMode};
 use crate::host::{BlockDevice, Sysfs};
 use crate::proto::csi::v1 as csi;
@@ -197,36 +198,6 @@ impl NodeService {
             emulation: emulation.into(),
         })
     }
-}
-
-/// The deadline of a call: the caller's (from `grpc-timeout`) capped by
-/// `cap`, and a little short of the caller's so that our answer (say
-/// UNAVAILABLE with the reason) reaches it before it gives up on its own.
-pub(crate) fn call_deadline<T>(request: &Request<T>, cap: Duration) -> Instant {
-    let budget = request
-        .metadata()
-        .get("grpc-timeout")
-        .and_then(|v| v.to_str().ok())
-        .and_then(parse_grpc_timeout)
-        .map_or(cap, |d| {
-            (d - (d / 10).min(Duration::from_millis(500))).min(cap)
-        });
-    Instant::now() + budget
-}
-
-/// Parses gRPC's `grpc-timeout` header (`<digits><unit>`).
-fn parse_grpc_timeout(value: &str) -> Option<Duration> {
-    let (digits, unit) = value.split_at(value.len().checked_sub(1)?);
-    let n: u64 = digits.parse().ok()?;
-    Some(match unit {
-        "H" => Duration::from_secs(n * 3600),
-        "M" => Duration::from_secs(n * 60),
-        "S" => Duration::from_secs(n),
-        "m" => Duration::from_millis(n),
-        "u" => Duration::from_micros(n),
-        "n" => Duration::from_nanos(n),
-        _ => return None,
-    })
 }
 
 fn require<'a>(value: &'a str, what: &str) -> Result<&'a str, Status> {
@@ -740,15 +711,6 @@ fn abnormal(message: String) -> csi::NodeGetVolumeStatsResponse {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn grpc_timeout_header_parses() {
-        assert_eq!(parse_grpc_timeout("250m"), Some(Duration::from_millis(250)));
-        assert_eq!(parse_grpc_timeout("2S"), Some(Duration::from_secs(2)));
-        assert_eq!(parse_grpc_timeout("1H"), Some(Duration::from_secs(3600)));
-        assert_eq!(parse_grpc_timeout("x"), None);
-        assert_eq!(parse_grpc_timeout(""), None);
-    }
 
     #[test]
     fn dpf_context_gives_a_locator_or_a_clear_error() {

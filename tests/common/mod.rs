@@ -1,26 +1,24 @@
 //! Starts the real SNAP emulator in-process for a test, on its own socket,
 //! state directory and sysfs root.
 //!
-//! The emulator runs on its own thread and runtime, so that dropping the
-//! handle (also when a test panics) can stop it and wait for it to detach its
-//! loop devices, whatever runtime the test itself uses, and before the
-//! temporary directory holding its records is removed.
+//! The emulator is `snap_emu::InProcess`: on its own thread and runtime, so
+//! that dropping the handle (also when a test panics) stops it and waits for
+//! it to detach its loop devices before the directory holding its records is
+//! removed.
 
 #![allow(dead_code)]
 
+pub mod broken_plugin;
 pub mod node;
 pub mod plugin;
+pub mod vendor_controller;
 
 use std::path::{Path, PathBuf};
-use std::thread::JoinHandle;
-use std::time::Duration;
 
 use snap_csi::jsonrpc::RpcClient;
-use tokio::sync::oneshot;
 
 pub struct Emulator {
-    stop: Option<oneshot::Sender<()>>,
-    thread: Option<JoinHandle<anyhow::Result<()>>>,
+    running: Option<snap_emu::InProcess>,
     root: PathBuf,
     pub socket: PathBuf,
     pub sysfs_root: PathBuf,
@@ -45,25 +43,12 @@ impl Emulator {
 
     /// An emulator with a given configuration; `root` is where tests put files.
     pub async fn start_with(config: snap_emu::Config, root: &Path) -> Emulator {
-        let socket = config.socket.clone();
-        let sysfs_root = config.effective_sysfs_root();
-        let (stop, stopped) = oneshot::channel::<()>();
-        let thread = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()?;
-            runtime.block_on(snap_emu::run(config, async move {
-                let _ = stopped.await;
-            }))
-        });
-        wait_for_socket(&socket).await;
+        let running = snap_emu::InProcess::start(config).await.unwrap();
         Emulator {
-            stop: Some(stop),
-            thread: Some(thread),
+            socket: running.socket().to_path_buf(),
+            sysfs_root: running.sysfs_root().to_path_buf(),
+            running: Some(running),
             root: root.to_path_buf(),
-            socket,
-            sysfs_root,
             _owned: None,
         }
     }
@@ -77,41 +62,13 @@ impl Emulator {
         RpcClient::new(&self.socket)
     }
 
-    /// Stops the emulator gracefully and checks that it shut down cleanly.
+    /// Stops the emulator gracefully and checks that it shut down cleanly
+    /// (dropping it stops it too, reporting a failure on stderr).
     pub async fn stop(mut self) {
-        let result = self.shutdown();
-        result.expect("the emulator shuts down cleanly");
-    }
-
-    fn shutdown(&mut self) -> anyhow::Result<()> {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        match self.thread.take() {
-            Some(thread) => thread
-                .join()
-                .map_err(|_| anyhow::anyhow!("emulator thread panicked"))?,
-            None => Ok(()),
+        if let Some(running) = self.running.take() {
+            running.stop().expect("the emulator shuts down cleanly");
         }
     }
-}
-
-impl Drop for Emulator {
-    fn drop(&mut self) {
-        if let Err(e) = self.shutdown() {
-            eprintln!("emulator shutdown: {e:#}");
-        }
-    }
-}
-
-async fn wait_for_socket(socket: &Path) {
-    for _ in 0..500 {
-        if tokio::net::UnixStream::connect(socket).await.is_ok() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("emulator did not listen on {}", socket.display());
 }
 
 /// Loop devices currently backed by `file` (`losetup -j`).

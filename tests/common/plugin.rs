@@ -4,7 +4,8 @@
 //!
 //! CreateDevice makes bdev `aio-<volume id>` over the file named by the
 //! volume context's `path`; DeleteDevice removes it; GetDevice and
-//! ListDevices read `bdev_get_bdevs`. The default SNAP provider (empty name).
+//! ListDevices read `bdev_get_bdevs` (ListDevices in pages, see [`page`]).
+//! The default SNAP provider (empty name).
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -74,15 +75,23 @@ pub async fn start_with(
     dir: &Path,
     capabilities: &[Capability],
 ) -> TestPlugin {
-    let socket = dir.join("plugin.sock");
-    let _ = std::fs::remove_file(&socket);
-    let listener = UnixListener::bind(&socket).unwrap();
     let calls = Arc::new(Mutex::new(Vec::new()));
     let plugin = Plugin {
         spdk: RpcClient::with_timeout(emulator_socket, Duration::from_secs(30)),
         calls: Arc::clone(&calls),
         capabilities: capabilities.to_vec(),
     };
+    serve(dir.join("plugin.sock"), plugin, calls)
+}
+
+/// Serves `plugin` as both plugin services on `socket` (replacing a stale
+/// one); it listens when this returns. `calls` is what the handle reports.
+pub fn serve<P>(socket: PathBuf, plugin: P, calls: Arc<Mutex<Vec<String>>>) -> TestPlugin
+where
+    P: IdentityService + StoragePluginService + Clone,
+{
+    let _ = std::fs::remove_file(&socket);
+    let listener = UnixListener::bind(&socket).unwrap();
     let (stop, stopped) = oneshot::channel::<()>();
     let task = tokio::spawn(async move {
         let served = tonic::transport::Server::builder()
@@ -102,6 +111,39 @@ pub async fn start_with(
         stop: Some(stop),
         task: Some(task),
     }
+}
+
+/// One ListDevices page of `entries` (sorted here, so pages follow one
+/// order). The token is the index of the next entry; any other token was not
+/// handed out and gets ABORTED, as the API requires. An index past the end
+/// (devices deleted meanwhile) is an empty last page.
+pub fn page(
+    mut entries: Vec<api::list_devices_response::Entry>,
+    request: &api::ListDevicesRequest,
+) -> Result<api::ListDevicesResponse, Status> {
+    entries.sort_by(|a, b| a.device_name.cmp(&b.device_name));
+    let start = match request.starting_token.as_str() {
+        "" => 0,
+        token => token
+            .parse::<usize>()
+            .map_err(|_| Status::aborted(format!("starting_token {token:?} was not handed out")))?,
+    };
+    let max_entries = usize::try_from(request.max_entries)
+        .map_err(|_| Status::invalid_argument("max_entries must not be negative"))?;
+    let start = start.min(entries.len());
+    let end = match max_entries {
+        0 => entries.len(),
+        n => start.saturating_add(n).min(entries.len()),
+    };
+    let next_token = if end < entries.len() {
+        end.to_string()
+    } else {
+        String::new()
+    };
+    Ok(api::ListDevicesResponse {
+        entries: entries.drain(start..end).collect(),
+        next_token,
+    })
 }
 
 impl TestPlugin {
@@ -304,7 +346,7 @@ impl StoragePluginService for Plugin {
 
     async fn list_devices(
         &self,
-        _: Request<api::ListDevicesRequest>,
+        request: Request<api::ListDevicesRequest>,
     ) -> Result<Response<api::ListDevicesResponse>, Status> {
         self.record("ListDevices".to_string());
         let bdevs = self
@@ -322,9 +364,6 @@ impl StoragePluginService for Plugin {
                 })
             })
             .collect();
-        Ok(Response::new(api::ListDevicesResponse {
-            entries,
-            next_token: String::new(),
-        }))
+        page(entries, request.get_ref()).map(Response::new)
     }
 }

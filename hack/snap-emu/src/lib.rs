@@ -21,12 +21,14 @@
 //! - `snap` (SNAP emulation logic), `snap_api` (every SNAP JSON name),
 //!   `functions` (emulated PCI functions and their addresses).
 //! - [`host`]: loop devices and the sysfs tree (the host's view).
+//! - [`in_process`]: an emulator on its own thread inside a test of another crate.
 //!
 //! In a test: `let server = snap_emu::bind(Config::for_test(dir)).await?;`
 //! then `tokio::spawn(server.serve(shutdown))`, or simply [`run`].
 
 pub mod config;
 pub mod host;
+pub mod in_process;
 
 mod bdev;
 mod bdev_nvme;
@@ -43,5 +45,6 @@ mod snap_api;
 mod state;
 
 pub use config::{Cli, Config, FunctionLayout};
+pub use in_process::InProcess;
 pub use rpc::RpcError;
 pub use server::{Server, bind, run};

@@ -1,5 +1,6 @@
-//! Retrying with backoff inside a caller's deadline, shared by the plugin
-//! client and the attach flows so both back off the same way.
+//! Retrying with backoff inside a caller's deadline, shared by the vendor
+//! plugin client, the attach flows and the controller proxy, so that all of
+//! them back off the same way.
 
 use std::future::Future;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};

@@ -1,0 +1,109 @@
+//! An emulator running inside another program, for tests of other crates.
+//!
+//! It runs on its own thread and runtime, so that dropping the handle (also
+//! when a test panics) can stop it and wait until it has detached its loop
+//! devices, whatever runtime the test itself uses, and before the caller
+//! removes the directory holding its records.
+
+use std::path::{Path, PathBuf};
+use std::thread::JoinHandle;
+
+use anyhow::Context;
+use tokio::sync::oneshot;
+
+use crate::Config;
+
+/// A running in-process emulator; stops when dropped.
+#[derive(Debug)]
+pub struct InProcess {
+    stop: Option<oneshot::Sender<()>>,
+    thread: Option<JoinHandle<anyhow::Result<()>>>,
+    socket: PathBuf,
+    sysfs_root: PathBuf,
+}
+
+impl InProcess {
+    /// Starts an emulator with `config`; it listens when this returns.
+    pub async fn start(config: Config) -> anyhow::Result<InProcess> {
+        let socket = config.socket.clone();
+        let sysfs_root = config.effective_sysfs_root();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let (bound, listening) = oneshot::channel::<anyhow::Result<()>>();
+        let thread = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()?;
+            runtime.block_on(async move {
+                match crate::bind(config).await {
+                    Ok(server) => {
+                        let _ = bound.send(Ok(()));
+                        server
+                            .serve(async move {
+                                let _ = stopped.await;
+                            })
+                            .await
+                    }
+                    Err(e) => {
+                        let _ = bound.send(Err(e));
+                        Ok(())
+                    }
+                }
+            })
+        });
+        let mut running = InProcess {
+            stop: Some(stop),
+            thread: Some(thread),
+            socket,
+            sysfs_root,
+        };
+        match listening.await {
+            Ok(Ok(())) => Ok(running),
+            Ok(Err(e)) => {
+                running.shutdown()?;
+                Err(e)
+            }
+            // The thread ended before binding: its result says why.
+            Err(_) => {
+                running.shutdown()?;
+                anyhow::bail!("the emulator thread ended before it listened")
+            }
+        }
+    }
+
+    /// The JSON-RPC socket.
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    /// The root of the sysfs-shaped tree the host side writes.
+    pub fn sysfs_root(&self) -> &Path {
+        &self.sysfs_root
+    }
+
+    /// Stops the emulator and waits until it has cleaned up.
+    pub fn stop(mut self) -> anyhow::Result<()> {
+        self.shutdown()
+    }
+
+    fn shutdown(&mut self) -> anyhow::Result<()> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        match self.thread.take() {
+            Some(thread) => thread
+                .join()
+                .map_err(|_| anyhow::anyhow!("emulator thread panicked"))?
+                .context("emulator"),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for InProcess {
+    fn drop(&mut self) {
+        if let Err(e) = self.shutdown() {
+            eprintln!("emulator shutdown: {e:#}");
+        }
+    }
+}

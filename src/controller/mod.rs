@@ -1,0 +1,95 @@
+//! The controller proxy (`snap-csi controller`): CSI Identity, Controller
+//! and GroupController and the VolumeGroup API's Controller toward
+//! Kubernetes, each RPC forwarded to the vendor's CSI controller.
+//!
+//! The proxy adds no behaviour of its own to what the vendor decides: the
+//! vendor's capabilities, responses and statuses (code, message, details)
+//! come back unchanged, and requests reach it field for field, secrets and
+//! parameters included. What it adds is how a call is made: the caller's
+//! deadline (a little short, capped by `call_timeout`) on every call,
+//! UNAVAILABLE retried with backoff inside it, UNAVAILABLE naming the vendor
+//! when it cannot be reached, and one log line per call that never shows a
+//! request's contents. All four services are always served; for a service
+//! the vendor lacks, its UNIMPLEMENTED is what the CO gets.
+//!
+//! - `config`: settings (defaults, config file, env, flags) and the vendor
+//!   endpoint (`unix:///path` or `http://host:port`).
+//! - `forward`: the one forwarding helper every RPC goes through.
+//! - `subject`: which request field names the object of a call, for the log.
+//! - `identity`, `controller`, `group`, `volume_group`: the four services, one
+//!   forwarding call per RPC (Identity may rename the driver).
+
+pub mod config;
+#[expect(
+    clippy::module_inception,
+    reason = "the CSI Controller service of the controller proxy: both names are CSI's"
+)]
+pub mod controller;
+pub mod forward;
+pub mod group;
+pub mod identity;
+pub mod subject;
+pub mod volume_group;
+
+pub use config::{ControllerArgs, ControllerConfig, VendorEndpoint};
+
+use std::future::Future;
+use std::sync::Arc;
+
+use crate::proto::csi::v1::controller_client::ControllerClient;
+use crate::proto::csi::v1::controller_server::ControllerServer;
+use crate::proto::csi::v1::group_controller_client::GroupControllerClient;
+use crate::proto::csi::v1::group_controller_server::GroupControllerServer;
+use crate::proto::csi::v1::identity_client::IdentityClient;
+use crate::proto::csi::v1::identity_server::IdentityServer;
+use crate::proto::volumegroup::controller_client::ControllerClient as VolumeGroupClient;
+use crate::proto::volumegroup::controller_server::ControllerServer as VolumeGroupServer;
+use controller::ControllerProxy;
+use forward::Forwarder;
+use group::GroupControllerProxy;
+use identity::IdentityProxy;
+use volume_group::VolumeGroupProxy;
+
+/// Serves the proxy on `config.endpoint` until `shutdown` completes; calls in
+/// flight finish first. The vendor need not be up yet: it is connected on the
+/// first call, and again after it restarts.
+pub async fn run(
+    config: ControllerConfig,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
+    let vendor = VendorEndpoint::parse(&config.vendor_endpoint).map_err(anyhow::Error::msg)?;
+    let channel = vendor.channel();
+    let label: Arc<str> = vendor.to_string().into();
+    let timeout = config.call_timeout;
+    let listener = crate::server::bind(&config.endpoint)?;
+    tracing::info!(
+        endpoint = %config.endpoint.display(),
+        vendor = %vendor,
+        call_timeout = ?config.call_timeout,
+        "controller proxy listening"
+    );
+    let router = tonic::transport::Server::builder()
+        .add_service(IdentityServer::new(IdentityProxy::new(
+            Forwarder::new(IdentityClient::new(channel.clone()), label.clone(), timeout),
+            config.driver_name.clone(),
+        )))
+        .add_service(ControllerServer::new(ControllerProxy(Forwarder::new(
+            ControllerClient::new(channel.clone()),
+            label.clone(),
+            timeout,
+        ))))
+        .add_service(GroupControllerServer::new(GroupControllerProxy(
+            Forwarder::new(
+                GroupControllerClient::new(channel.clone()),
+                label.clone(),
+                timeout,
+            ),
+        )))
+        .add_service(VolumeGroupServer::new(VolumeGroupProxy(Forwarder::new(
+            VolumeGroupClient::new(channel),
+            label.clone(),
+            timeout,
+        ))));
+    crate::server::serve(router, listener, &config.endpoint, shutdown).await?;
+    Ok(())
+}

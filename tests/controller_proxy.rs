@@ -1,0 +1,1338 @@
+//! The controller proxy over real gRPC: a CSI client plays the Kubernetes
+//! sidecars, the proxy runs in-process (or as the binary, for its log), and a
+//! scripted fake vendor CSI controller records what reaches it.
+
+mod common;
+
+use std::collections::HashMap;
+use std::fmt::Debug;
+use std::future::Future;
+use std::path::Path;
+use std::time::Duration;
+
+use common::vendor_controller::{Answer, FakeVendor, Services};
+use snap_csi::controller::ControllerConfig;
+use snap_csi::proto::csi::v1 as csi;
+use snap_csi::proto::csi::v1::controller_client::ControllerClient;
+use snap_csi::proto::csi::v1::group_controller_client::GroupControllerClient;
+use snap_csi::proto::csi::v1::identity_client::IdentityClient;
+use snap_csi::proto::volumegroup as vg;
+use snap_csi::proto::volumegroup::controller_client::ControllerClient as VolumeGroupClient;
+use tempfile::TempDir;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tonic::transport::Channel;
+use tonic::{Code, Status};
+
+use csi::volume_capability::access_mode::Mode;
+
+/// What secrets and parameters hold in every request here: distinctive
+/// strings, so that a log can be searched for them.
+const SECRET: &str = "s3cr3t-hunter2-value";
+const PARAMETER: &str = "param-value-7f3a";
+
+/// The call timeout the proxies here are configured with.
+const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The proxy in-process, with a client of each service it serves.
+struct Proxy {
+    identity: IdentityClient<Channel>,
+    controller: ControllerClient<Channel>,
+    group: GroupControllerClient<Channel>,
+    volume_group: VolumeGroupClient<Channel>,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<anyhow::Result<()>>>,
+    _dir: TempDir,
+}
+
+impl Proxy {
+    async fn start(vendor_endpoint: &str) -> Proxy {
+        Proxy::start_with(vendor_endpoint, None).await
+    }
+
+    async fn start_with(vendor_endpoint: &str, driver_name: Option<&str>) -> Proxy {
+        let dir = tempfile::tempdir().unwrap();
+        let config = ControllerConfig {
+            endpoint: dir.path().join("csi.sock"),
+            vendor_endpoint: vendor_endpoint.into(),
+            call_timeout: CALL_TIMEOUT,
+            driver_name: driver_name.map(str::to_string),
+        };
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(snap_csi::controller::run(config.clone(), async move {
+            let _ = stopped.await;
+        }));
+        let channel = common::node::connect(&config.endpoint).await;
+        Proxy {
+            identity: IdentityClient::new(channel.clone()),
+            controller: ControllerClient::new(channel.clone()),
+            group: GroupControllerClient::new(channel.clone()),
+            volume_group: VolumeGroupClient::new(channel),
+            stop: Some(stop),
+            task: Some(task),
+            _dir: dir,
+        }
+    }
+
+    /// Stops the proxy and checks that it shut down cleanly.
+    async fn stop(mut self) {
+        let _ = self.stop.take().unwrap().send(());
+        self.task.take().unwrap().await.unwrap().unwrap();
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        if let Some(task) = &self.task {
+            task.abort();
+        }
+    }
+}
+
+/// A request with the caller's deadline, as the sidecars send them.
+fn within<T>(message: T, timeout: Duration) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    request.set_timeout(timeout);
+    request
+}
+
+/// Waits for an answer the proxy must give within `limit`: a tonic client
+/// does not enforce its own deadline, so a hanging proxy would hang the test.
+async fn answered_within<T>(limit: Duration, call: impl Future<Output = T>) -> (T, Duration) {
+    let started = Instant::now();
+    let answer = tokio::time::timeout(limit + Duration::from_secs(5), call)
+        .await
+        .expect("the proxy answers");
+    (answer, started.elapsed())
+}
+
+fn secrets() -> HashMap<String, String> {
+    HashMap::from([
+        ("username".to_string(), "admin".to_string()),
+        ("password".to_string(), SECRET.to_string()),
+    ])
+}
+
+fn parameters() -> HashMap<String, String> {
+    HashMap::from([
+        ("backend".to_string(), "nvmf".to_string()),
+        ("pool".to_string(), PARAMETER.to_string()),
+    ])
+}
+
+fn context() -> HashMap<String, String> {
+    HashMap::from([(
+        "target".to_string(),
+        "nqn.2024-01.io.example:pvc-1".to_string(),
+    )])
+}
+
+fn topology(zone: &str) -> csi::Topology {
+    csi::Topology {
+        segments: HashMap::from([("topology.snap-csi.io/dpu".to_string(), zone.to_string())]),
+    }
+}
+
+fn mount_capability() -> csi::VolumeCapability {
+    csi::VolumeCapability {
+        access_type: Some(csi::volume_capability::AccessType::Mount(
+            csi::volume_capability::MountVolume {
+                fs_type: "xfs".into(),
+                mount_flags: vec!["noatime".into(), "nodiscard".into()],
+                volume_mount_group: "2000".into(),
+            },
+        )),
+        access_mode: Some(csi::volume_capability::AccessMode {
+            mode: Mode::SingleNodeMultiWriter as i32,
+        }),
+    }
+}
+
+fn block_capability() -> csi::VolumeCapability {
+    csi::VolumeCapability {
+        access_type: Some(csi::volume_capability::AccessType::Block(
+            csi::volume_capability::BlockVolume {},
+        )),
+        access_mode: Some(csi::volume_capability::AccessMode {
+            mode: Mode::MultiNodeReaderOnly as i32,
+        }),
+    }
+}
+
+fn capacity() -> csi::CapacityRange {
+    csi::CapacityRange {
+        required_bytes: 1 << 30,
+        limit_bytes: 2 << 30,
+    }
+}
+
+fn from_snapshot(id: &str) -> csi::VolumeContentSource {
+    csi::VolumeContentSource {
+        r#type: Some(csi::volume_content_source::Type::Snapshot(
+            csi::volume_content_source::SnapshotSource {
+                snapshot_id: id.into(),
+            },
+        )),
+    }
+}
+
+fn volume(id: &str) -> csi::Volume {
+    csi::Volume {
+        capacity_bytes: 3 << 30,
+        volume_id: id.into(),
+        volume_context: context(),
+        content_source: Some(from_snapshot("snap-1")),
+        accessible_topology: vec![topology("dpu-a"), topology("dpu-b")],
+    }
+}
+
+fn timestamp() -> prost_types::Timestamp {
+    prost_types::Timestamp {
+        seconds: 1_700_000_000,
+        nanos: 123_456_789,
+    }
+}
+
+fn snapshot(id: &str) -> csi::Snapshot {
+    csi::Snapshot {
+        size_bytes: 3 << 30,
+        snapshot_id: id.into(),
+        source_volume_id: "vol-1".into(),
+        creation_time: Some(timestamp()),
+        ready_to_use: true,
+        group_snapshot_id: "gsnap-1".into(),
+    }
+}
+
+fn condition() -> csi::VolumeCondition {
+    csi::VolumeCondition {
+        abnormal: true,
+        message: "one path down".into(),
+    }
+}
+
+fn group_snapshot() -> csi::VolumeGroupSnapshot {
+    csi::VolumeGroupSnapshot {
+        group_snapshot_id: "gsnap-1".into(),
+        snapshots: vec![snapshot("snap-1"), snapshot("snap-2")],
+        creation_time: Some(timestamp()),
+        ready_to_use: true,
+    }
+}
+
+fn volume_group() -> vg::VolumeGroup {
+    vg::VolumeGroup {
+        volume_group_id: "group-1".into(),
+        volume_group_context: context(),
+        volumes: vec![vg::VgVolume {
+            capacity_bytes: 1 << 30,
+            volume_id: "vol-1".into(),
+            volume_context: context(),
+            content_source: Some(vg::VgVolumeContentSource {
+                r#type: Some(vg::vg_volume_content_source::Type::Volume(
+                    vg::vg_volume_content_source::VolumeSource {
+                        volume_id: "vol-0".into(),
+                    },
+                )),
+            }),
+            accessible_topology: vec![vg::VgTopology {
+                segments: HashMap::from([("zone".to_string(), "a".to_string())]),
+            }],
+        }],
+    }
+}
+
+/// Sends `request` through the proxy with `call` while the vendor is
+/// scripted to answer `response`; both must arrive exactly as sent.
+async fn check_roundtrip<Req, Resp, Fut>(
+    vendor: &FakeVendor,
+    method: &'static str,
+    request: Req,
+    response: Resp,
+    call: impl FnOnce(tonic::Request<Req>) -> Fut,
+) where
+    Req: Clone + PartialEq + Debug + 'static,
+    Resp: Clone + PartialEq + Debug + Send + 'static,
+    Fut: Future<Output = Result<tonic::Response<Resp>, Status>>,
+{
+    vendor.script(method, [Answer::reply(response.clone())]);
+    let (answer, _) = answered_within(
+        CALL_TIMEOUT,
+        call(within(request.clone(), Duration::from_secs(5))),
+    )
+    .await;
+    let got = answer
+        .unwrap_or_else(|s| panic!("{method}: {s:?}"))
+        .into_inner();
+    assert_eq!(got, response, "{method}: the response changed on the way");
+    assert_eq!(
+        vendor.received::<Req>(method),
+        vec![request],
+        "{method}: the request changed on the way (or was sent more than once)"
+    );
+}
+
+/// [`check_roundtrip`] through one client method.
+macro_rules! roundtrip {
+    ($vendor:expr, $client:expr, $method:ident, $name:literal, $request:expr, $response:expr) => {{
+        let mut client = $client.clone();
+        check_roundtrip(&$vendor, $name, $request, $response, |r| async move {
+            client.$method(r).await
+        })
+        .await
+    }};
+}
+
+#[tokio::test]
+async fn every_controller_rpc_reaches_the_vendor_intact_and_its_answer_comes_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let vendor = FakeVendor::unix(dir.path(), Services::ALL).await;
+    let proxy = Proxy::start(&vendor.endpoint).await;
+    let c = &proxy.controller;
+
+    roundtrip!(
+        vendor,
+        c,
+        create_volume,
+        "CreateVolume",
+        csi::CreateVolumeRequest {
+            name: "pvc-1".into(),
+            capacity_range: Some(capacity()),
+            volume_capabilities: vec![mount_capability(), block_capability()],
+            parameters: parameters(),
+            secrets: secrets(),
+            volume_content_source: Some(from_snapshot("snap-1")),
+            accessibility_requirements: Some(csi::TopologyRequirement {
+                requisite: vec![topology("dpu-a"), topology("dpu-b")],
+                preferred: vec![topology("dpu-b")],
+            }),
+            mutable_parameters: HashMap::from([("iops".to_string(), "5000".to_string())]),
+        },
+        csi::CreateVolumeResponse {
+            volume: Some(volume("vol-1")),
+        }
+    );
+    roundtrip!(
+        vendor,
+        c,
+        delete_volume,
+        "DeleteVolume",
+        csi::DeleteVolumeRequest {
+            volume_id: "vol-1".into(),
+            secrets: secrets(),
+        },
+        csi::DeleteVolumeResponse {}
+    );
+    roundtrip!(
+        vendor,
+        c,
+        controller_publish_volume,
+        "ControllerPublishVolume",
+        csi::ControllerPublishVolumeRequest {
+            volume_id: "vol-1".into(),
+            node_id: "node-1".into(),
+            volume_capability: Some(mount_capability()),
+            readonly: true,
+            secrets: secrets(),
+            volume_context: context(),
+        },
+        csi::ControllerPublishVolumeResponse {
+            publish_context: HashMap::from([("lun".to_string(), "3".to_string())]),
+        }
+    );
+    roundtrip!(
+        vendor,
+        c,
+        controller_unpublish_volume,
+        "ControllerUnpublishVolume",
+        csi::ControllerUnpublishVolumeRequest {
+            volume_id: "vol-1".into(),
+            node_id: "node-1".into(),
+            secrets: secrets(),
+        },
+        csi::ControllerUnpublishVolumeResponse {}
+    );
+    roundtrip!(
+        vendor,
+        c,
+        validate_volume_capabilities,
+        "ValidateVolumeCapabilities",
+        csi::ValidateVolumeCapabilitiesRequest {
+            volume_id: "vol-1".into(),
+            volume_context: context(),
+            volume_capabilities: vec![block_capability()],
+            parameters: parameters(),
+            secrets: secrets(),
+            mutable_parameters: HashMap::from([("iops".to_string(), "5000".to_string())]),
+        },
+        csi::ValidateVolumeCapabilitiesResponse {
+            confirmed: Some(csi::validate_volume_capabilities_response::Confirmed {
+                volume_context: context(),
+                volume_capabilities: vec![block_capability()],
+                parameters: parameters(),
+                mutable_parameters: HashMap::from([("iops".to_string(), "5000".to_string())]),
+            }),
+            message: "confirmed".into(),
+        }
+    );
+    roundtrip!(
+        vendor,
+        c,
+        list_volumes,
+        "ListVolumes",
+        csi::ListVolumesRequest {
+            max_entries: 2,
+            starting_token: "page-2".into(),
+        },
+        csi::ListVolumesResponse {
+            entries: vec![csi::list_volumes_response::Entry {
+                volume: Some(volume("vol-3")),
+                status: Some(csi::list_volumes_response::VolumeStatus {
+                    published_node_ids: vec!["node-1".into(), "node-2".into()],
+                    volume_condition: Some(condition()),
+                }),
+            }],
+            next_token: "page-3".into(),
+        }
+    );
+    roundtrip!(
+        vendor,
+        c,
+        get_capacity,
+        "GetCapacity",
+        csi::GetCapacityRequest {
+            volume_capabilities: vec![mount_capability()],
+            parameters: parameters(),
+            accessible_topology: Some(topology("dpu-a")),
+        },
+        csi::GetCapacityResponse {
+            available_capacity: 1 << 40,
+            maximum_volume_size: Some(1 << 38),
+            minimum_volume_size: Some(1 << 20),
+        }
+    );
+    roundtrip!(
+        vendor,
+        c,
+        controller_get_capabilities,
+        "ControllerGetCapabilities",
+        csi::ControllerGetCapabilitiesRequest {},
+        controller_capabilities()
+    );
+    roundtrip!(
+        vendor,
+        c,
+        create_snapshot,
+        "CreateSnapshot",
+        csi::CreateSnapshotRequest {
+            source_volume_id: "vol-1".into(),
+            name: "snapshot-1".into(),
+            secrets: secrets(),
+            parameters: parameters(),
+        },
+        csi::CreateSnapshotResponse {
+            snapshot: Some(snapshot("snap-1")),
+        }
+    );
+    roundtrip!(
+        vendor,
+        c,
+        delete_snapshot,
+        "DeleteSnapshot",
+        csi::DeleteSnapshotRequest {
+            snapshot_id: "snap-1".into(),
+            secrets: secrets(),
+        },
+        csi::DeleteSnapshotResponse {}
+    );
+    roundtrip!(
+        vendor,
+        c,
+        list_snapshots,
+        "ListSnapshots",
+        csi::ListSnapshotsRequest {
+            max_entries: 5,
+            starting_token: "t1".into(),
+            source_volume_id: "vol-1".into(),
+            snapshot_id: "snap-1".into(),
+            secrets: secrets(),
+        },
+        csi::ListSnapshotsResponse {
+            entries: vec![csi::list_snapshots_response::Entry {
+                snapshot: Some(snapshot("snap-1")),
+            }],
+            next_token: "t2".into(),
+        }
+    );
+    roundtrip!(
+        vendor,
+        c,
+        get_snapshot,
+        "GetSnapshot",
+        csi::GetSnapshotRequest {
+            snapshot_id: "snap-1".into(),
+            secrets: secrets(),
+        },
+        csi::GetSnapshotResponse {
+            snapshot: Some(snapshot("snap-1")),
+        }
+    );
+    roundtrip!(
+        vendor,
+        c,
+        controller_expand_volume,
+        "ControllerExpandVolume",
+        csi::ControllerExpandVolumeRequest {
+            volume_id: "vol-1".into(),
+            capacity_range: Some(capacity()),
+            secrets: secrets(),
+            volume_capability: Some(mount_capability()),
+        },
+        csi::ControllerExpandVolumeResponse {
+            capacity_bytes: 2 << 30,
+            node_expansion_required: true,
+        }
+    );
+    roundtrip!(
+        vendor,
+        c,
+        controller_get_volume,
+        "ControllerGetVolume",
+        csi::ControllerGetVolumeRequest {
+            volume_id: "vol-1".into(),
+        },
+        csi::ControllerGetVolumeResponse {
+            volume: Some(volume("vol-1")),
+            status: Some(csi::controller_get_volume_response::VolumeStatus {
+                published_node_ids: vec!["node-1".into()],
+                volume_condition: Some(condition()),
+            }),
+        }
+    );
+    roundtrip!(
+        vendor,
+        c,
+        controller_modify_volume,
+        "ControllerModifyVolume",
+        csi::ControllerModifyVolumeRequest {
+            volume_id: "vol-1".into(),
+            secrets: secrets(),
+            mutable_parameters: HashMap::from([("iops".to_string(), "9000".to_string())]),
+        },
+        csi::ControllerModifyVolumeResponse {}
+    );
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn every_group_and_volume_group_rpc_reaches_the_vendor_intact_and_its_answer_comes_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let vendor = FakeVendor::unix(dir.path(), Services::ALL).await;
+    let proxy = Proxy::start(&vendor.endpoint).await;
+    let (g, v) = (&proxy.group, &proxy.volume_group);
+
+    roundtrip!(
+        vendor,
+        g,
+        group_controller_get_capabilities,
+        "GroupControllerGetCapabilities",
+        csi::GroupControllerGetCapabilitiesRequest {},
+        group_capabilities()
+    );
+    roundtrip!(
+        vendor,
+        g,
+        create_volume_group_snapshot,
+        "CreateVolumeGroupSnapshot",
+        csi::CreateVolumeGroupSnapshotRequest {
+            name: "group-snapshot-1".into(),
+            source_volume_ids: vec!["vol-1".into(), "vol-2".into()],
+            secrets: secrets(),
+            parameters: parameters(),
+        },
+        csi::CreateVolumeGroupSnapshotResponse {
+            group_snapshot: Some(group_snapshot()),
+        }
+    );
+    roundtrip!(
+        vendor,
+        g,
+        delete_volume_group_snapshot,
+        "DeleteVolumeGroupSnapshot",
+        csi::DeleteVolumeGroupSnapshotRequest {
+            group_snapshot_id: "gsnap-1".into(),
+            snapshot_ids: vec!["snap-1".into(), "snap-2".into()],
+            secrets: secrets(),
+        },
+        csi::DeleteVolumeGroupSnapshotResponse {}
+    );
+    roundtrip!(
+        vendor,
+        g,
+        get_volume_group_snapshot,
+        "GetVolumeGroupSnapshot",
+        csi::GetVolumeGroupSnapshotRequest {
+            group_snapshot_id: "gsnap-1".into(),
+            snapshot_ids: vec!["snap-1".into(), "snap-2".into()],
+            secrets: secrets(),
+        },
+        csi::GetVolumeGroupSnapshotResponse {
+            group_snapshot: Some(group_snapshot()),
+        }
+    );
+
+    roundtrip!(
+        vendor,
+        v,
+        create_volume_group,
+        "CreateVolumeGroup",
+        vg::CreateVolumeGroupRequest {
+            name: "group-1".into(),
+            parameters: parameters(),
+            secrets: secrets(),
+        },
+        vg::CreateVolumeGroupResponse {
+            volume_group: Some(volume_group()),
+        }
+    );
+    roundtrip!(
+        vendor,
+        v,
+        modify_volume_group_membership,
+        "ModifyVolumeGroupMembership",
+        vg::ModifyVolumeGroupMembershipRequest {
+            volume_group_id: "group-1".into(),
+            volume_ids: vec!["vol-1".into(), "vol-2".into()],
+            secrets: secrets(),
+        },
+        vg::ModifyVolumeGroupMembershipResponse {
+            volume_group: Some(volume_group()),
+        }
+    );
+    roundtrip!(
+        vendor,
+        v,
+        delete_volume_group,
+        "DeleteVolumeGroup",
+        vg::DeleteVolumeGroupRequest {
+            volume_group_id: "group-1".into(),
+            secrets: secrets(),
+        },
+        vg::DeleteVolumeGroupResponse {}
+    );
+    roundtrip!(
+        vendor,
+        v,
+        list_volume_groups,
+        "ListVolumeGroups",
+        vg::ListVolumeGroupsRequest {
+            max_entries: 10,
+            starting_token: "g2".into(),
+            secrets: secrets(),
+        },
+        vg::ListVolumeGroupsResponse {
+            entries: vec![vg::list_volume_groups_response::Entry {
+                volume_group: Some(volume_group()),
+            }],
+            next_token: "g3".into(),
+        }
+    );
+    roundtrip!(
+        vendor,
+        v,
+        controller_get_volume_group,
+        "ControllerGetVolumeGroup",
+        vg::ControllerGetVolumeGroupRequest {
+            volume_group_id: "group-1".into(),
+            secrets: secrets(),
+        },
+        vg::ControllerGetVolumeGroupResponse {
+            volume_group: Some(volume_group()),
+        }
+    );
+    proxy.stop().await;
+}
+
+fn plugin_capabilities() -> csi::GetPluginCapabilitiesResponse {
+    use csi::plugin_capability::{Service, Type, VolumeExpansion, service, volume_expansion};
+    let service = |t: service::Type| csi::PluginCapability {
+        r#type: Some(Type::Service(Service { r#type: t as i32 })),
+    };
+    csi::GetPluginCapabilitiesResponse {
+        capabilities: vec![
+            service(service::Type::ControllerService),
+            service(service::Type::VolumeAccessibilityConstraints),
+            service(service::Type::GroupControllerService),
+            csi::PluginCapability {
+                r#type: Some(Type::VolumeExpansion(VolumeExpansion {
+                    r#type: volume_expansion::Type::Online as i32,
+                })),
+            },
+        ],
+    }
+}
+
+fn controller_capabilities() -> csi::ControllerGetCapabilitiesResponse {
+    use csi::controller_service_capability::{Rpc, Type, rpc};
+    csi::ControllerGetCapabilitiesResponse {
+        capabilities: [
+            rpc::Type::CreateDeleteVolume,
+            rpc::Type::CreateDeleteSnapshot,
+            rpc::Type::ListSnapshots,
+            rpc::Type::CloneVolume,
+            rpc::Type::ExpandVolume,
+            rpc::Type::ListVolumes,
+            rpc::Type::GetCapacity,
+        ]
+        .into_iter()
+        .map(|t| csi::ControllerServiceCapability {
+            r#type: Some(Type::Rpc(Rpc { r#type: t as i32 })),
+        })
+        .collect(),
+    }
+}
+
+fn group_capabilities() -> csi::GroupControllerGetCapabilitiesResponse {
+    use csi::group_controller_service_capability::{Rpc, Type, rpc};
+    csi::GroupControllerGetCapabilitiesResponse {
+        capabilities: vec![csi::GroupControllerServiceCapability {
+            r#type: Some(Type::Rpc(Rpc {
+                r#type: rpc::Type::CreateDeleteGetVolumeGroupSnapshot as i32,
+            })),
+        }],
+    }
+}
+
+#[tokio::test]
+async fn capabilities_are_exactly_the_vendors() {
+    let dir = tempfile::tempdir().unwrap();
+    let vendor = FakeVendor::unix(dir.path(), Services::ALL).await;
+    let proxy = Proxy::start(&vendor.endpoint).await;
+
+    vendor.script(
+        "GetPluginCapabilities",
+        [Answer::reply(plugin_capabilities())],
+    );
+    vendor.script(
+        "ControllerGetCapabilities",
+        [Answer::reply(controller_capabilities())],
+    );
+    vendor.script(
+        "GroupControllerGetCapabilities",
+        [Answer::reply(group_capabilities())],
+    );
+    let plugin = proxy
+        .identity
+        .clone()
+        .get_plugin_capabilities(csi::GetPluginCapabilitiesRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let controller = proxy
+        .controller
+        .clone()
+        .controller_get_capabilities(csi::ControllerGetCapabilitiesRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let group = proxy
+        .group
+        .clone()
+        .group_controller_get_capabilities(csi::GroupControllerGetCapabilitiesRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(plugin, plugin_capabilities());
+    assert_eq!(controller, controller_capabilities());
+    assert_eq!(group, group_capabilities());
+
+    // A vendor that claims nothing gets nothing claimed for it.
+    let none = proxy
+        .controller
+        .clone()
+        .controller_get_capabilities(csi::ControllerGetCapabilitiesRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(none.capabilities.is_empty(), "{none:?}");
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn plugin_info_is_the_vendors_unless_a_driver_name_is_configured() {
+    let dir = tempfile::tempdir().unwrap();
+    let vendor = FakeVendor::unix(dir.path(), Services::ALL).await;
+    let info = csi::GetPluginInfoResponse {
+        name: "csi.vendor.example".into(),
+        vendor_version: "4.2.0".into(),
+        manifest: HashMap::from([("commit".to_string(), "abc123".to_string())]),
+    };
+    vendor.script(
+        "GetPluginInfo",
+        [Answer::reply(info.clone()), Answer::reply(info.clone())],
+    );
+
+    let proxy = Proxy::start(&vendor.endpoint).await;
+    let got = proxy
+        .identity
+        .clone()
+        .get_plugin_info(csi::GetPluginInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(got, info);
+    proxy.stop().await;
+
+    let renamed = Proxy::start_with(&vendor.endpoint, Some("csi.snap-csi.io")).await;
+    let got = renamed
+        .identity
+        .clone()
+        .get_plugin_info(csi::GetPluginInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        got,
+        csi::GetPluginInfoResponse {
+            name: "csi.snap-csi.io".into(),
+            ..info
+        }
+    );
+    renamed.stop().await;
+}
+
+#[tokio::test]
+async fn probe_is_ready_only_when_the_vendor_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let vendor = FakeVendor::unix(dir.path(), Services::ALL).await;
+    let proxy = Proxy::start(&vendor.endpoint).await;
+    let probe = || {
+        let mut identity = proxy.identity.clone();
+        async move {
+            identity
+                .probe(within(csi::ProbeRequest {}, Duration::from_secs(2)))
+                .await
+        }
+    };
+
+    for ready in [Some(true), Some(false), None] {
+        vendor.script("Probe", [Answer::reply(csi::ProbeResponse { ready })]);
+        let (answer, _) = answered_within(Duration::from_secs(2), probe()).await;
+        assert_eq!(answer.unwrap().into_inner().ready, ready);
+    }
+
+    vendor.script(
+        "Probe",
+        [Answer::fail(
+            Code::FailedPrecondition,
+            "backend array offline",
+        )],
+    );
+    let (answer, _) = answered_within(Duration::from_secs(2), probe()).await;
+    let status = answer.unwrap_err();
+    assert_eq!(status.code(), Code::FailedPrecondition);
+    assert_eq!(status.message(), "backend array offline");
+
+    let endpoint = vendor.endpoint.clone();
+    drop(vendor);
+    let (answer, elapsed) = answered_within(Duration::from_secs(2), probe()).await;
+    let status = answer.unwrap_err();
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    assert!(status.message().contains(&endpoint), "{status:?}");
+    assert!(elapsed < Duration::from_secs(2), "{elapsed:?}");
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn the_vendors_errors_come_back_with_its_code_and_message_untried_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let vendor = FakeVendor::unix(dir.path(), Services::ALL).await;
+    let proxy = Proxy::start(&vendor.endpoint).await;
+    let create = csi::CreateVolumeRequest {
+        name: "pvc-1".into(),
+        capacity_range: Some(capacity()),
+        volume_capabilities: vec![mount_capability()],
+        parameters: parameters(),
+        secrets: secrets(),
+        ..Default::default()
+    };
+    let cases = [
+        (Code::AlreadyExists, "volume pvc-1 exists with another size"),
+        (Code::NotFound, "snapshot snap-9 does not exist"),
+        (Code::ResourceExhausted, "pool fast has 0 bytes free"),
+        (Code::Aborted, "an operation on pvc-1 is in progress"),
+        (Code::InvalidArgument, "unknown parameter \"colour\""),
+        (Code::OutOfRange, "capacity over 16 TiB"),
+        (Code::FailedPrecondition, "volume vol-1 is in use"),
+        (Code::DeadlineExceeded, "the array took too long"),
+        (Code::Internal, "lvol create failed: -28 (No space left)"),
+        (Code::Unimplemented, ""),
+    ];
+    for (code, message) in cases {
+        vendor.script("CreateVolume", [Answer::fail(code, message)]);
+        let before = vendor
+            .received::<csi::CreateVolumeRequest>("CreateVolume")
+            .len();
+        let (answer, _) = answered_within(
+            CALL_TIMEOUT,
+            proxy
+                .controller
+                .clone()
+                .create_volume(within(create.clone(), Duration::from_secs(5))),
+        )
+        .await;
+        let status = answer.unwrap_err();
+        assert_eq!(status.code(), code, "{status:?}");
+        assert_eq!(status.message(), message, "{status:?}");
+        let sent = vendor.received::<csi::CreateVolumeRequest>("CreateVolume");
+        assert_eq!(sent.len(), before + 1, "{code:?} is an answer, not retried");
+    }
+
+    // Rich error details (google.rpc.Status) travel too.
+    vendor.script(
+        "DeleteSnapshot",
+        [Answer::Fail {
+            code: Code::FailedPrecondition,
+            message: "snapshot has clones".into(),
+            details: b"\x08\x09\x12\x05clone".to_vec(),
+        }],
+    );
+    let status = proxy
+        .controller
+        .clone()
+        .delete_snapshot(csi::DeleteSnapshotRequest {
+            snapshot_id: "snap-1".into(),
+            secrets: secrets(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::FailedPrecondition);
+    assert_eq!(status.message(), "snapshot has clones");
+    assert_eq!(status.details(), b"\x08\x09\x12\x05clone");
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn unavailable_is_retried_until_the_vendor_answers() {
+    let dir = tempfile::tempdir().unwrap();
+    let vendor = FakeVendor::unix(dir.path(), Services::ALL).await;
+    let proxy = Proxy::start(&vendor.endpoint).await;
+    let request = csi::CreateVolumeRequest {
+        name: "pvc-1".into(),
+        volume_capabilities: vec![block_capability()],
+        parameters: parameters(),
+        secrets: secrets(),
+        ..Default::default()
+    };
+    let response = csi::CreateVolumeResponse {
+        volume: Some(volume("vol-1")),
+    };
+    vendor.script(
+        "CreateVolume",
+        [
+            Answer::fail(Code::Unavailable, "array controller failing over"),
+            Answer::fail(Code::Unavailable, "array controller failing over"),
+            Answer::reply(response.clone()),
+        ],
+    );
+    let (answer, _) = answered_within(
+        CALL_TIMEOUT,
+        proxy
+            .controller
+            .clone()
+            .create_volume(within(request.clone(), Duration::from_secs(5))),
+    )
+    .await;
+    assert_eq!(answer.unwrap().into_inner(), response);
+    // Every attempt carried the whole request, secrets and all.
+    assert_eq!(
+        vendor.received::<csi::CreateVolumeRequest>("CreateVolume"),
+        vec![request.clone(), request.clone(), request]
+    );
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn a_vendor_that_stays_unavailable_has_its_last_answer_returned_within_the_deadline() {
+    let dir = tempfile::tempdir().unwrap();
+    let vendor = FakeVendor::unix(dir.path(), Services::ALL).await;
+    let proxy = Proxy::start(&vendor.endpoint).await;
+    vendor.script(
+        "DeleteVolume",
+        (0..1000).map(|_| Answer::fail(Code::Unavailable, "array is rebooting")),
+    );
+    let deadline = Duration::from_millis(1500);
+    let (answer, elapsed) = answered_within(
+        deadline,
+        proxy.controller.clone().delete_volume(within(
+            csi::DeleteVolumeRequest {
+                volume_id: "vol-1".into(),
+                secrets: secrets(),
+            },
+            deadline,
+        )),
+    )
+    .await;
+    let status = answer.unwrap_err();
+    assert_eq!(status.code(), Code::Unavailable);
+    assert_eq!(status.message(), "array is rebooting");
+    assert!(elapsed < deadline, "answered after {elapsed:?}");
+    let attempts = vendor
+        .received::<csi::DeleteVolumeRequest>("DeleteVolume")
+        .len();
+    assert!(attempts >= 3, "only {attempts} attempts in {elapsed:?}");
+    proxy.stop().await;
+}
+
+/// The proxy's answer when its vendor at `endpoint` does not answer: UNAVAILABLE
+/// naming the endpoint, before the caller's deadline.
+async fn assert_unreachable(proxy: &Proxy, endpoint: &str) {
+    let deadline = Duration::from_millis(1500);
+    let (answer, elapsed) = answered_within(
+        deadline,
+        proxy.controller.clone().create_volume(within(
+            csi::CreateVolumeRequest {
+                name: "pvc-1".into(),
+                secrets: secrets(),
+                ..Default::default()
+            },
+            deadline,
+        )),
+    )
+    .await;
+    let status = answer.unwrap_err();
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    assert!(
+        status.message().contains(endpoint),
+        "the message names the vendor endpoint {endpoint}: {status:?}"
+    );
+    assert!(elapsed < deadline, "answered after {elapsed:?}");
+}
+
+#[tokio::test]
+async fn a_vendor_that_is_down_gives_unavailable_naming_it_and_is_reconnected_when_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let endpoint = format!("unix://{}", dir.path().join("vendor.sock").display());
+    // The proxy starts before its vendor, as it may in a pod.
+    let proxy = Proxy::start(&endpoint).await;
+    assert_unreachable(&proxy, &endpoint).await;
+
+    let vendor = FakeVendor::unix(dir.path(), Services::ALL).await;
+    assert_eq!(vendor.endpoint, endpoint);
+    proxy
+        .controller
+        .clone()
+        .delete_volume(csi::DeleteVolumeRequest {
+            volume_id: "vol-1".into(),
+            secrets: secrets(),
+        })
+        .await
+        .unwrap();
+
+    drop(vendor);
+    assert_unreachable(&proxy, &endpoint).await;
+
+    // A vendor back on its socket is found again without restarting the proxy.
+    let vendor = FakeVendor::unix(dir.path(), Services::ALL).await;
+    proxy
+        .controller
+        .clone()
+        .delete_volume(csi::DeleteVolumeRequest {
+            volume_id: "vol-1".into(),
+            secrets: secrets(),
+        })
+        .await
+        .unwrap();
+    assert_eq!(vendor.call_count(), 1);
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn a_tcp_vendor_that_is_down_gives_unavailable_naming_it() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let endpoint = format!("http://127.0.0.1:{port}");
+    let proxy = Proxy::start(&endpoint).await;
+    assert_unreachable(&proxy, &endpoint).await;
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn a_silent_vendor_gives_unavailable_naming_it_before_the_callers_deadline() {
+    let dir = tempfile::tempdir().unwrap();
+    let vendor = FakeVendor::unix(dir.path(), Services::ALL).await;
+    let proxy = Proxy::start(&vendor.endpoint).await;
+    vendor.script("CreateVolume", [Answer::Silent]);
+    assert_unreachable(&proxy, &vendor.endpoint).await;
+    drop(vendor);
+    drop(proxy);
+}
+
+#[tokio::test]
+async fn the_vendor_gets_the_callers_deadline_a_little_short_and_capped() {
+    let dir = tempfile::tempdir().unwrap();
+    let vendor = FakeVendor::unix(dir.path(), Services::ALL).await;
+    let proxy = Proxy::start(&vendor.endpoint).await;
+    let call = |timeout: Option<Duration>| {
+        let mut controller = proxy.controller.clone();
+        async move {
+            let mut request = tonic::Request::new(csi::ListVolumesRequest::default());
+            if let Some(timeout) = timeout {
+                request.set_timeout(timeout);
+            }
+            controller.list_volumes(request).await.unwrap();
+        }
+    };
+    call(Some(Duration::from_secs(5))).await;
+    call(Some(Duration::from_secs(600))).await;
+    call(None).await;
+    let seen: Vec<Duration> = vendor
+        .timeouts("ListVolumes")
+        .into_iter()
+        .map(|t| t.expect("every call to the vendor has a deadline"))
+        .collect();
+    assert!(
+        seen[0] < Duration::from_secs(5) && seen[0] > Duration::from_secs(4),
+        "caller's 5 s became {:?}",
+        seen[0]
+    );
+    for capped in &seen[1..] {
+        assert!(
+            *capped <= CALL_TIMEOUT && *capped > CALL_TIMEOUT - Duration::from_secs(1),
+            "capped by the call timeout: {capped:?}"
+        );
+    }
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn services_the_vendor_lacks_answer_as_the_vendor_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let vendor = FakeVendor::unix(dir.path(), Services::BASIC).await;
+    let proxy = Proxy::start(&vendor.endpoint).await;
+    let direct = common::node::connect(
+        vendor
+            .endpoint
+            .strip_prefix("unix://")
+            .map(Path::new)
+            .unwrap(),
+    )
+    .await;
+
+    let ours = proxy
+        .group
+        .clone()
+        .group_controller_get_capabilities(csi::GroupControllerGetCapabilitiesRequest {})
+        .await
+        .unwrap_err();
+    let theirs = GroupControllerClient::new(direct.clone())
+        .group_controller_get_capabilities(csi::GroupControllerGetCapabilitiesRequest {})
+        .await
+        .unwrap_err();
+    assert_eq!(ours.code(), Code::Unimplemented, "{ours:?}");
+    assert_eq!(
+        (ours.code(), ours.message()),
+        (theirs.code(), theirs.message())
+    );
+
+    let request = vg::CreateVolumeGroupRequest {
+        name: "group-1".into(),
+        parameters: parameters(),
+        secrets: secrets(),
+    };
+    let ours = proxy
+        .volume_group
+        .clone()
+        .create_volume_group(request.clone())
+        .await
+        .unwrap_err();
+    let theirs = VolumeGroupClient::new(direct)
+        .create_volume_group(request)
+        .await
+        .unwrap_err();
+    assert_eq!(ours.code(), Code::Unimplemented, "{ours:?}");
+    assert_eq!(
+        (ours.code(), ours.message()),
+        (theirs.code(), theirs.message())
+    );
+    assert_eq!(vendor.call_count(), 0);
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn a_tcp_vendor_works_like_a_unix_one() {
+    let vendor = FakeVendor::tcp(Services::ALL).await;
+    assert!(vendor.endpoint.starts_with("http://127.0.0.1:"));
+    let proxy = Proxy::start(&vendor.endpoint).await;
+
+    roundtrip!(
+        vendor,
+        proxy.controller,
+        create_volume,
+        "CreateVolume",
+        csi::CreateVolumeRequest {
+            name: "pvc-tcp".into(),
+            capacity_range: Some(capacity()),
+            volume_capabilities: vec![mount_capability()],
+            parameters: parameters(),
+            secrets: secrets(),
+            ..Default::default()
+        },
+        csi::CreateVolumeResponse {
+            volume: Some(volume("vol-tcp")),
+        }
+    );
+    vendor.script(
+        "DeleteVolume",
+        [
+            Answer::fail(Code::Unavailable, "busy"),
+            Answer::fail(Code::NotFound, "volume vol-x does not exist"),
+        ],
+    );
+    let status = proxy
+        .controller
+        .clone()
+        .delete_volume(within(
+            csi::DeleteVolumeRequest {
+                volume_id: "vol-x".into(),
+                secrets: secrets(),
+            },
+            Duration::from_secs(5),
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::NotFound);
+    assert_eq!(status.message(), "volume vol-x does not exist");
+    assert_eq!(
+        vendor
+            .received::<csi::DeleteVolumeRequest>("DeleteVolume")
+            .len(),
+        2
+    );
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn secrets_and_parameters_never_reach_the_log_even_at_debug() {
+    use std::process::{Command, Stdio};
+
+    let dir = tempfile::tempdir().unwrap();
+    let vendor = FakeVendor::unix(dir.path(), Services::ALL).await;
+    let endpoint = dir.path().join("csi.sock");
+    let log_path = dir.path().join("controller.log");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_snap-csi"))
+        .arg("controller")
+        .arg("--endpoint")
+        .arg(&endpoint)
+        .arg("--vendor-endpoint")
+        .arg(&vendor.endpoint)
+        .arg("--call-timeout")
+        .arg("10")
+        .env("RUST_LOG", "debug")
+        .env_remove("SNAP_CSI_CONFIG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log_path).unwrap())
+        .spawn()
+        .unwrap();
+    let channel = common::node::connect(&endpoint).await;
+    let mut controller = ControllerClient::new(channel.clone());
+    let mut volume_group = VolumeGroupClient::new(channel);
+
+    // Success, the vendor's error, a retry and a group call, each with secrets.
+    vendor.script(
+        "CreateVolume",
+        [
+            Answer::fail(Code::Unavailable, "warming up"),
+            Answer::reply(csi::CreateVolumeResponse {
+                volume: Some(volume("vol-logged")),
+            }),
+        ],
+    );
+    vendor.script(
+        "DeleteVolume",
+        [Answer::fail(Code::FailedPrecondition, "volume is in use")],
+    );
+    controller
+        .create_volume(within(
+            csi::CreateVolumeRequest {
+                name: "pvc-logged".into(),
+                volume_capabilities: vec![mount_capability()],
+                parameters: parameters(),
+                secrets: secrets(),
+                mutable_parameters: parameters(),
+                ..Default::default()
+            },
+            Duration::from_secs(5),
+        ))
+        .await
+        .unwrap();
+    controller
+        .delete_volume(csi::DeleteVolumeRequest {
+            volume_id: "vol-logged".into(),
+            secrets: secrets(),
+        })
+        .await
+        .unwrap_err();
+    controller
+        .controller_publish_volume(csi::ControllerPublishVolumeRequest {
+            volume_id: "vol-logged".into(),
+            node_id: "node-1".into(),
+            volume_capability: Some(mount_capability()),
+            secrets: secrets(),
+            volume_context: parameters(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    volume_group
+        .create_volume_group(vg::CreateVolumeGroupRequest {
+            name: "group-logged".into(),
+            parameters: parameters(),
+            secrets: secrets(),
+        })
+        .await
+        .unwrap();
+
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let status = tokio::task::spawn_blocking(move || child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        status.success(),
+        "the proxy exits cleanly on SIGTERM: {status}"
+    );
+    assert!(!endpoint.exists(), "the proxy removes its socket");
+
+    let log = std::fs::read_to_string(&log_path).unwrap();
+    for method in [
+        "CreateVolume",
+        "DeleteVolume",
+        "ControllerPublishVolume",
+        "CreateVolumeGroup",
+    ] {
+        assert!(log.contains(method), "{method} is not in the log:\n{log}");
+    }
+    assert!(
+        log.contains("pvc-logged"),
+        "the volume name is logged:\n{log}"
+    );
+    assert!(
+        log.contains("volume is in use"),
+        "the vendor's error is logged:\n{log}"
+    );
+    assert!(!log.contains(SECRET), "a secret reached the log:\n{log}");
+    assert!(
+        !log.contains(PARAMETER),
+        "a parameter reached the log:\n{log}"
+    );
+}

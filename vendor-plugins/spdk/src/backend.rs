@@ -1,0 +1,302 @@
+//! What a volume's `volume_context` says about where its bytes are.
+//!
+//! The CSI controller writes these keys when it creates the volume, so they
+//! are fixed for the volume's life. Keys we do not know are ignored: the
+//! context also carries other parties' settings (the node's emulation choice,
+//! for one). The values are checked for shape only; SPDK has the last word on
+//! whether a file or target is usable, and nothing is created before a
+//! request passes these checks.
+
+use std::collections::HashMap;
+
+/// Chooses the backend: [`AIO`] or [`NVMF`].
+pub const BACKEND_KEY: &str = "backend";
+/// A file or block device on the DPU behind an SPDK AIO bdev.
+pub const AIO: &str = "aio";
+/// A remote NVMe-oF subsystem attached by SPDK's NVMe bdev module.
+pub const NVMF: &str = "nvmf";
+
+/// AIO: the absolute path of the file or block device, as SNAP sees it.
+pub const PATH_KEY: &str = "path";
+
+/// NVMe-oF: the transport (`tcp`, `rdma`, `fc`).
+pub const TRTYPE_KEY: &str = "trtype";
+/// NVMe-oF: the target's address (an IP address for TCP and RDMA).
+pub const TRADDR_KEY: &str = "traddr";
+/// NVMe-oF: the target's service id (the port for TCP and RDMA).
+pub const TRSVCID_KEY: &str = "trsvcid";
+/// NVMe-oF: the address family (`ipv4`, `ipv6`, `ib`, `fc`).
+pub const ADRFAM_KEY: &str = "adrfam";
+/// NVMe-oF: the NQN of the volume's subsystem on the target.
+pub const SUBNQN_KEY: &str = "subnqn";
+/// NVMe-oF, optional: the host NQN SPDK connects as (the target may admit only it).
+pub const HOSTNQN_KEY: &str = "hostnqn";
+
+/// Every backend, as GetPluginInfo's manifest lists them.
+pub const BACKENDS: [&str; 2] = [AIO, NVMF];
+
+/// SPDK's limits (`SPDK_NVMF_TRADDR_MAX_LEN`, `..._TRSVCID_MAX_LEN`, `..._NQN_MAX_LEN`).
+const TRADDR_MAX: usize = 256;
+const TRSVCID_MAX: usize = 32;
+const NQN_MAX: usize = 223;
+/// Linux's `PATH_MAX`, terminator excluded.
+const PATH_MAX: usize = 4095;
+
+/// Which kind of SPDK object a volume's device is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Kind {
+    Aio,
+    Nvmf,
+}
+
+impl Kind {
+    pub const ALL: [Kind; 2] = [Kind::Aio, Kind::Nvmf];
+
+    /// The value of [`BACKEND_KEY`] that selects this kind.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Aio => AIO,
+            Kind::Nvmf => NVMF,
+        }
+    }
+}
+
+/// A volume's storage, from its context.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Backend {
+    Aio { path: String },
+    Nvmf(NvmfTarget),
+}
+
+/// Where a volume's NVMe-oF subsystem is, as `bdev_nvme_attach_controller` takes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NvmfTarget {
+    pub trtype: String,
+    pub traddr: String,
+    pub trsvcid: String,
+    pub adrfam: String,
+    pub subnqn: String,
+    pub hostnqn: Option<String>,
+}
+
+impl Backend {
+    /// The backend a volume context describes, or what is wrong with it.
+    pub fn from_context(context: &HashMap<String, String>) -> Result<Backend, String> {
+        let backend = context.get(BACKEND_KEY).map(String::as_str).unwrap_or("");
+        match backend {
+            AIO => {
+                let path = required(context, AIO, PATH_KEY)?;
+                check_path(path)?;
+                Ok(Backend::Aio {
+                    path: path.to_string(),
+                })
+            }
+            NVMF => Ok(Backend::Nvmf(NvmfTarget::from_context(context)?)),
+            "" => Err(format!(
+                "volume_context[{BACKEND_KEY:?}] is required: one of {}",
+                BACKENDS.join(", ")
+            )),
+            other => Err(format!(
+                "volume_context[{BACKEND_KEY:?}] is {other:?}; this plugin knows {}",
+                BACKENDS.join(", ")
+            )),
+        }
+    }
+
+    pub fn kind(&self) -> Kind {
+        match self {
+            Backend::Aio { .. } => Kind::Aio,
+            Backend::Nvmf(_) => Kind::Nvmf,
+        }
+    }
+}
+
+impl NvmfTarget {
+    fn from_context(context: &HashMap<String, String>) -> Result<NvmfTarget, String> {
+        let get = |key| required(context, NVMF, key);
+        let trtype = get(TRTYPE_KEY)?;
+        one_of(TRTYPE_KEY, trtype, &["tcp", "rdma", "fc"])?;
+        let adrfam = get(ADRFAM_KEY)?;
+        one_of(ADRFAM_KEY, adrfam, &["ipv4", "ipv6", "ib", "fc"])?;
+        let traddr = get(TRADDR_KEY)?;
+        token(TRADDR_KEY, traddr, TRADDR_MAX)?;
+        let trsvcid = get(TRSVCID_KEY)?;
+        token(TRSVCID_KEY, trsvcid, TRSVCID_MAX)?;
+        let subnqn = get(SUBNQN_KEY)?;
+        nqn(SUBNQN_KEY, subnqn)?;
+        let hostnqn = match context.get(HOSTNQN_KEY).filter(|v| !v.is_empty()) {
+            Some(v) => {
+                nqn(HOSTNQN_KEY, v)?;
+                Some(v.clone())
+            }
+            None => None,
+        };
+        Ok(NvmfTarget {
+            trtype: trtype.to_string(),
+            traddr: traddr.to_string(),
+            trsvcid: trsvcid.to_string(),
+            adrfam: adrfam.to_string(),
+            subnqn: subnqn.to_string(),
+            hostnqn,
+        })
+    }
+}
+
+fn required<'a>(
+    context: &'a HashMap<String, String>,
+    backend: &str,
+    key: &str,
+) -> Result<&'a str, String> {
+    match context.get(key).map(String::as_str) {
+        Some(value) if !value.is_empty() => Ok(value),
+        _ => Err(format!(
+            "volume_context[{key:?}] is required for backend {backend:?}"
+        )),
+    }
+}
+
+/// SNAP resolves a relative path against its own working directory, which
+/// nobody who wrote the context can know: only absolute, plain paths.
+fn check_path(path: &str) -> Result<(), String> {
+    let plain = path.starts_with('/')
+        && path.len() <= PATH_MAX
+        && !path.contains('\0')
+        && path.split('/').all(|c| c != "." && c != "..");
+    if plain {
+        Ok(())
+    } else {
+        Err(format!(
+            "volume_context[{PATH_KEY:?}] must be an absolute path without \".\" or \"..\" \
+             components, got {path:?}"
+        ))
+    }
+}
+
+fn one_of(key: &str, value: &str, allowed: &[&str]) -> Result<(), String> {
+    if allowed.iter().any(|a| a.eq_ignore_ascii_case(value)) {
+        Ok(())
+    } else {
+        Err(format!(
+            "volume_context[{key:?}] is {value:?}; expected one of {}",
+            allowed.join(", ")
+        ))
+    }
+}
+
+/// A value SPDK copies into a fixed-size field: printable, no blanks.
+fn token(key: &str, value: &str, max: usize) -> Result<(), String> {
+    if value.len() <= max && value.bytes().all(|b| b.is_ascii_graphic()) {
+        Ok(())
+    } else {
+        Err(format!(
+            "volume_context[{key:?}] must be at most {max} printable ASCII characters without \
+             blanks, got {value:?}"
+        ))
+    }
+}
+
+fn nqn(key: &str, value: &str) -> Result<(), String> {
+    token(key, value, NQN_MAX)?;
+    if value.starts_with("nqn.") {
+        Ok(())
+    } else {
+        Err(format!(
+            "volume_context[{key:?}] must be an NVMe qualified name (nqn.<yyyy-mm>.<domain>...), \
+             got {value:?}"
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn context(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn nvmf_context() -> HashMap<String, String> {
+        context(&[
+            (BACKEND_KEY, NVMF),
+            (TRTYPE_KEY, "tcp"),
+            (TRADDR_KEY, "127.0.0.1"),
+            (TRSVCID_KEY, "4420"),
+            (ADRFAM_KEY, "ipv4"),
+            (SUBNQN_KEY, "nqn.2024-01.io.example:pvc-1"),
+        ])
+    }
+
+    #[test]
+    fn aio_needs_an_absolute_plain_path() {
+        let ok = context(&[(BACKEND_KEY, AIO), (PATH_KEY, "/var/lib/pool/vol.img")]);
+        assert_eq!(
+            Backend::from_context(&ok).unwrap(),
+            Backend::Aio {
+                path: "/var/lib/pool/vol.img".into()
+            }
+        );
+        for bad in ["", "vol.img", "/pool/../etc/shadow", "/pool/./x", "/a\0b"] {
+            let error = Backend::from_context(&context(&[(BACKEND_KEY, AIO), (PATH_KEY, bad)]))
+                .unwrap_err();
+            assert!(error.contains("path"), "{bad:?}: {error}");
+        }
+    }
+
+    #[test]
+    fn nvmf_needs_every_address_part() {
+        let target = match Backend::from_context(&nvmf_context()).unwrap() {
+            Backend::Nvmf(t) => t,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(target.trsvcid, "4420");
+        assert_eq!(target.hostnqn, None);
+        for key in [TRTYPE_KEY, TRADDR_KEY, TRSVCID_KEY, ADRFAM_KEY, SUBNQN_KEY] {
+            let mut c = nvmf_context();
+            c.remove(key);
+            let error = Backend::from_context(&c).unwrap_err();
+            assert!(error.contains(key) && error.contains("required"), "{error}");
+        }
+        for (key, bad) in [
+            (TRTYPE_KEY, "carrier-pigeon"),
+            (ADRFAM_KEY, "ipx"),
+            (TRADDR_KEY, "127.0.0.1 ; rm"),
+            (SUBNQN_KEY, "pvc-1"),
+            (HOSTNQN_KEY, "host 1"),
+        ] {
+            let mut c = nvmf_context();
+            c.insert(key.into(), bad.into());
+            let error = Backend::from_context(&c).unwrap_err();
+            assert!(error.contains(key), "{key}: {error}");
+        }
+        let mut c = nvmf_context();
+        c.insert(
+            HOSTNQN_KEY.into(),
+            "nqn.2014-08.org.nvmexpress:uuid:1".into(),
+        );
+        c.insert("snap-csi.io/emulation".into(), "nvme".into());
+        assert!(matches!(
+            Backend::from_context(&c).unwrap(),
+            Backend::Nvmf(NvmfTarget {
+                hostnqn: Some(_),
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn unknown_or_missing_backends_are_named_in_the_error() {
+        let error = Backend::from_context(&context(&[])).unwrap_err();
+        assert!(
+            error.contains("backend") && error.contains("required"),
+            "{error}"
+        );
+        let error = Backend::from_context(&context(&[(BACKEND_KEY, "ceph")])).unwrap_err();
+        assert!(
+            error.contains("\"ceph\"") && error.contains("aio, nvmf"),
+            "{error}"
+        );
+    }
+}

@@ -1,0 +1,372 @@
+//! The plugin in-process over real gRPC on a UNIX socket, in front of an
+//! in-process SNAP emulator (as root: NVMe and virtio-blk exposure makes
+//! real loop devices), plus the calls tests make.
+
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use snap_csi::dpu::plugin::unix_channel;
+use snap_csi::jsonrpc::RpcClient;
+use snap_csi::proto::nvidia::storage::plugins::v1 as api;
+use snap_csi::spdk::bdev::{BdevAioCreate, BdevGetBdevs};
+use snap_csi::spdk::nvmf::{
+    ListenAddress, NvmfCreateSubsystem, NvmfCreateTransport, NvmfNamespaceParams,
+    NvmfSubsystemAddListener, NvmfSubsystemAddNs,
+};
+use snap_csi_spdk_plugin::backend::{
+    ADRFAM_KEY, AIO, BACKEND_KEY, NVMF, PATH_KEY, SUBNQN_KEY, TRADDR_KEY, TRSVCID_KEY, TRTYPE_KEY,
+};
+use snap_csi_spdk_plugin::config::Config;
+use snap_csi_spdk_plugin::service::ServiceConfig;
+use snap_emu::InProcess;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tonic::transport::Channel;
+use tonic::{Request, Status};
+
+use api::identity_service_client::IdentityServiceClient;
+use api::storage_plugin_service_client::StoragePluginServiceClient;
+
+/// What tests give a call, unless they test deadlines.
+pub const TIMEOUT: Duration = Duration::from_secs(20);
+/// Size of the backing files tests make.
+pub const SIZE: u64 = 16 << 20;
+
+/// An emulator (the DPU's SNAP, or a plain SPDK target) in its own directory.
+pub struct Emulator {
+    // Declared first: stopped (loop devices detached) before the directory goes.
+    pub spdk: InProcess,
+    pub dir: tempfile::TempDir,
+}
+
+impl Emulator {
+    /// The DPU's SNAP.
+    pub async fn snap() -> Emulator {
+        Emulator::start(|c| c).await
+    }
+
+    /// A plain `spdk_tgt`, e.g. a remote NVMe-oF target.
+    pub async fn target() -> Emulator {
+        Emulator::start(snap_emu::Config::without_snap).await
+    }
+
+    pub async fn start(configure: impl FnOnce(snap_emu::Config) -> snap_emu::Config) -> Emulator {
+        let dir = tempfile::tempdir().unwrap();
+        let config = configure(snap_emu::Config::for_test(dir.path()));
+        let spdk = InProcess::start(config).await.unwrap();
+        Emulator { spdk, dir }
+    }
+
+    pub fn socket(&self) -> &Path {
+        self.spdk.socket()
+    }
+
+    pub fn client(&self) -> RpcClient {
+        RpcClient::new(self.spdk.socket())
+    }
+
+    /// A sparse backing file under the emulator's directory.
+    pub fn file(&self, name: &str) -> PathBuf {
+        let path = self.dir.path().join(name);
+        let file = std::fs::File::create(&path).unwrap();
+        file.set_len(SIZE).unwrap();
+        path
+    }
+
+    /// Names of all bdevs.
+    pub async fn bdevs(&self) -> Vec<String> {
+        self.client()
+            .call(&BdevGetBdevs::default())
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|b| b.name)
+            .collect()
+    }
+}
+
+/// The plugin served in-process; stops when dropped.
+pub struct Plugin {
+    pub socket: PathBuf,
+    pub identity: IdentityServiceClient<Channel>,
+    pub storage: StoragePluginServiceClient<Channel>,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<()>>,
+    _dir: tempfile::TempDir,
+}
+
+impl Plugin {
+    /// The plugin in front of the SPDK at `spdk_socket`; it listens when this returns.
+    pub async fn start(spdk_socket: &Path) -> Plugin {
+        Plugin::start_with(spdk_socket, "").await
+    }
+
+    pub async fn start_with(spdk_socket: &Path, provider: &str) -> Plugin {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("plugins/spdk/dpu.sock");
+        let config = Config {
+            plugin_socket: socket.clone(),
+            spdk_socket: spdk_socket.to_path_buf(),
+            service: ServiceConfig {
+                snap_provider: provider.into(),
+                call_timeout: Duration::from_secs(30),
+            },
+        };
+        let listening = snap_csi_spdk_plugin::bind(&config).unwrap();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            let shutdown = async move {
+                let _ = stopped.await;
+            };
+            listening.serve(shutdown).await.unwrap();
+        });
+        let channel = unix_channel(socket.clone());
+        Plugin {
+            identity: IdentityServiceClient::new(channel.clone()),
+            storage: StoragePluginServiceClient::new(channel),
+            socket,
+            stop: Some(stop),
+            task: Some(task),
+            _dir: dir,
+        }
+    }
+
+    /// Stops serving, as SIGTERM would, and waits until the socket is gone.
+    pub async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        // Graceful shutdown waits for our own idle connection: drop it.
+        let (socket, task) = (self.socket.clone(), self.task.take());
+        drop(self);
+        if let Some(task) = task {
+            tokio::time::timeout(TIMEOUT, task).await.unwrap().unwrap();
+        }
+        assert!(!socket.exists(), "the plugin removes its socket");
+    }
+
+    pub async fn create(
+        &self,
+        volume_id: &str,
+        context: HashMap<String, String>,
+    ) -> Result<String, Status> {
+        let request = api::CreateDeviceRequest {
+            volume_id: volume_id.into(),
+            access_modes: vec![api::AccessMode::Rwo as i32],
+            volume_mode: "Block".into(),
+            publish_context: HashMap::new(),
+            volume_context: context,
+            storage_parameters: HashMap::new(),
+        };
+        self.create_request(request, TIMEOUT).await
+    }
+
+    pub async fn create_request(
+        &self,
+        request: api::CreateDeviceRequest,
+        timeout: Duration,
+    ) -> Result<String, Status> {
+        let response = self
+            .storage
+            .clone()
+            .create_device(timed(request, timeout))
+            .await?;
+        Ok(response.into_inner().device_name)
+    }
+
+    pub async fn delete(&self, volume_id: &str, device_name: &str) -> Result<(), Status> {
+        let request = api::DeleteDeviceRequest {
+            volume_id: volume_id.into(),
+            device_name: device_name.into(),
+        };
+        self.storage
+            .clone()
+            .delete_device(timed(request, TIMEOUT))
+            .await?;
+        Ok(())
+    }
+
+    pub async fn get(
+        &self,
+        volume_id: &str,
+        device_name: &str,
+    ) -> Result<api::GetDeviceResponse, Status> {
+        let request = api::GetDeviceRequest {
+            volume_id: volume_id.into(),
+            device_name: device_name.into(),
+        };
+        let response = self
+            .storage
+            .clone()
+            .get_device(timed(request, TIMEOUT))
+            .await?;
+        Ok(response.into_inner())
+    }
+
+    pub async fn list(
+        &self,
+        max_entries: i32,
+        starting_token: &str,
+    ) -> Result<api::ListDevicesResponse, Status> {
+        let request = api::ListDevicesRequest {
+            max_entries,
+            starting_token: starting_token.into(),
+        };
+        let response = self
+            .storage
+            .clone()
+            .list_devices(timed(request, TIMEOUT))
+            .await?;
+        Ok(response.into_inner())
+    }
+
+    /// Every (volume id, device name) listed, paging `page` at a time.
+    pub async fn list_all(&self, page: i32) -> Vec<(String, String)> {
+        let mut all = vec![];
+        let mut token = String::new();
+        loop {
+            let response = self.list(page, &token).await.unwrap();
+            assert!(page == 0 || response.entries.len() <= page as usize);
+            all.extend(
+                response
+                    .entries
+                    .into_iter()
+                    .map(|e| (e.volume_id, e.device_name)),
+            );
+            if response.next_token.is_empty() {
+                return all;
+            }
+            token = response.next_token;
+        }
+    }
+
+    pub async fn probe(&self, timeout: Duration) -> Result<Option<bool>, Status> {
+        let response = self
+            .identity
+            .clone()
+            .probe(timed(api::ProbeRequest {}, timeout))
+            .await?;
+        Ok(response.into_inner().ready)
+    }
+}
+
+impl Drop for Plugin {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+}
+
+/// A request carrying a deadline (`grpc-timeout`), as the node sends them.
+pub fn timed<T>(message: T, timeout: Duration) -> Request<T> {
+    let mut request = Request::new(message);
+    request.set_timeout(timeout);
+    request
+}
+
+pub fn aio_context(path: &Path) -> HashMap<String, String> {
+    HashMap::from([
+        (BACKEND_KEY.to_string(), AIO.to_string()),
+        (PATH_KEY.to_string(), path.display().to_string()),
+    ])
+}
+
+pub fn nvmf_context(port: u16, subnqn: &str) -> HashMap<String, String> {
+    HashMap::from([
+        (BACKEND_KEY.to_string(), NVMF.to_string()),
+        (TRTYPE_KEY.to_string(), "tcp".to_string()),
+        (TRADDR_KEY.to_string(), "127.0.0.1".to_string()),
+        (TRSVCID_KEY.to_string(), port.to_string()),
+        (ADRFAM_KEY.to_string(), "ipv4".to_string()),
+        (SUBNQN_KEY.to_string(), subnqn.to_string()),
+    ])
+}
+
+/// A TCP port nothing listens on (just now).
+pub fn free_tcp_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Exports an AIO bdev over a fresh file as subsystem `nqn` (namespace 1) on
+/// `target`, listening on 127.0.0.1; returns the port.
+pub async fn export(target: &Emulator, name: &str, nqn: &str) -> u16 {
+    let t = target.client();
+    let file = target.file(&format!("{name}.img"));
+    t.call(&BdevAioCreate {
+        name: name.into(),
+        filename: file.display().to_string(),
+        block_size: Some(512),
+        readonly: None,
+    })
+    .await
+    .unwrap();
+    match t
+        .call(&NvmfCreateTransport {
+            trtype: "TCP".into(),
+        })
+        .await
+    {
+        Ok(_) => {}
+        // Made for an earlier export: a second one answers -32603.
+        Err(e) if e.code() == Some(snap_csi::jsonrpc::code::INTERNAL_ERROR) => {}
+        Err(e) => panic!("{e}"),
+    }
+    t.call(&NvmfCreateSubsystem {
+        nqn: nqn.into(),
+        serial_number: Some("SN1".into()),
+        model_number: None,
+        allow_any_host: Some(true),
+        max_namespaces: Some(1),
+    })
+    .await
+    .unwrap();
+    let nsid = t
+        .call(&NvmfSubsystemAddNs {
+            nqn: nqn.into(),
+            namespace: NvmfNamespaceParams {
+                bdev_name: name.into(),
+                nsid: None,
+                uuid: None,
+            },
+        })
+        .await
+        .unwrap();
+    assert_eq!(nsid, 1);
+    let port = free_tcp_port();
+    t.call(&NvmfSubsystemAddListener {
+        nqn: nqn.into(),
+        listen_address: ListenAddress {
+            trtype: "tcp".into(),
+            adrfam: "ipv4".into(),
+            traddr: "127.0.0.1".into(),
+            trsvcid: port.to_string(),
+        },
+    })
+    .await
+    .unwrap();
+    port
+}
+
+/// Loop devices backed by `file` (`losetup -j`).
+pub fn loop_devices_of(file: &Path) -> Vec<String> {
+    let out = std::process::Command::new("losetup")
+        .arg("-j")
+        .arg(file)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect()
+}

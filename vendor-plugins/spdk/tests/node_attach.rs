@@ -1,0 +1,185 @@
+//! The node's DPU attach layer with this plugin, end to end on the emulator
+//! (as root): a volume's device is exposed by SNAP as an NVMe namespace or a
+//! virtio-blk disk, the host finds it only through the emulator's sysfs
+//! tree, and a detach leaves no bdev, controller or loop device.
+
+mod common;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::path::Path;
+use std::time::Duration;
+
+use common::{Emulator, Plugin, aio_context, export, loop_devices_of, nvmf_context};
+use snap_csi::dpu::colocated::Colocated;
+use snap_csi::dpu::plugin::AccessMode;
+use snap_csi::dpu::{AttachRequest, DpuAttach, Emulation, HostLocator, VolumeMode};
+use snap_csi::host::{BlockDevice, Sysfs};
+use snap_csi::spdk::nvme::BdevNvmeGetControllers;
+use tokio::time::Instant;
+
+fn deadline() -> Instant {
+    Instant::now() + Duration::from_secs(30)
+}
+
+fn request(
+    volume_id: &str,
+    volume_context: HashMap<String, String>,
+    emulation: Emulation,
+) -> AttachRequest {
+    AttachRequest {
+        volume_id: volume_id.into(),
+        access_modes: vec![AccessMode::Rwo],
+        volume_mode: VolumeMode::Filesystem,
+        publish_context: HashMap::new(),
+        volume_context,
+        storage_parameters: HashMap::new(),
+        emulation,
+    }
+}
+
+fn host_device(sysfs: &Sysfs, locator: &HostLocator) -> Option<BlockDevice> {
+    match locator {
+        HostLocator::Nvme { bdf, nsid, uuid } => sysfs
+            .find_nvme_namespace(bdf, *nsid, uuid.as_deref())
+            .unwrap(),
+        HostLocator::VirtioBlk { bdf, serial } => sysfs.find_virtio_blk(bdf, serial).unwrap(),
+    }
+}
+
+/// The attach layer in front of `plugin`, whose empty provider maps to the
+/// emulator's socket (a template without a placeholder names it outright).
+fn dpu(plugin: &Plugin, snap: &Emulator) -> Colocated {
+    Colocated::new(&plugin.socket, snap.socket().display().to_string())
+}
+
+async fn attach_and_detach(
+    dpu: &Colocated,
+    snap: &Emulator,
+    request: &AttachRequest,
+    backing: &Path,
+) {
+    let sysfs = Sysfs::new(snap.spdk.sysfs_root());
+    assert!(dpu.probe(deadline()).await.unwrap());
+    let attached = dpu.attach(request, deadline()).await.unwrap();
+    let device = host_device(&sysfs, &attached.locator).expect("the host sees the volume");
+    assert_eq!(device.size_bytes, common::SIZE);
+    assert!(device.node.exists(), "{device:?}");
+    assert_eq!(loop_devices_of(backing).len(), 1);
+
+    let again = dpu.attach(request, deadline()).await.unwrap();
+    assert_eq!(again, attached);
+    assert_eq!(loop_devices_of(backing).len(), 1);
+
+    dpu.detach(&request.volume_id, Some(&attached.device_name), deadline())
+        .await
+        .unwrap();
+    assert_eq!(host_device(&sysfs, &attached.locator), None);
+    assert!(loop_devices_of(backing).is_empty());
+    assert!(
+        !snap.bdevs().await.contains(&attached.device_name),
+        "bdev {} left",
+        attached.device_name
+    );
+    // Detaching again, also without the device name, is done.
+    dpu.detach(&request.volume_id, None, deadline())
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn aio_volumes_through_nvme_and_virtio_blk() {
+    let snap = Emulator::snap().await;
+    let plugin = Plugin::start(snap.socket()).await;
+    let dpu = dpu(&plugin, &snap);
+
+    let file = snap.file("pvc-nvme.img");
+    let nvme = request("pvc-nvme", aio_context(&file), Emulation::Nvme);
+    attach_and_detach(&dpu, &snap, &nvme, &file).await;
+
+    let file = snap.file("pvc-vblk.img");
+    let vblk = request("pvc-vblk", aio_context(&file), Emulation::VirtioBlk);
+    attach_and_detach(&dpu, &snap, &vblk, &file).await;
+    assert!(snap.bdevs().await.is_empty());
+}
+
+/// A detach that lost the device name finds it through ListDevices.
+#[tokio::test]
+async fn detach_without_the_device_name_uses_the_plugins_list() {
+    let snap = Emulator::snap().await;
+    let plugin = Plugin::start(snap.socket()).await;
+    let dpu = dpu(&plugin, &snap);
+    let file = snap.file("pvc-lost.img");
+    // The device exists but SNAP does not expose it (an attach that failed
+    // after CreateDevice): only the plugin can say it is there.
+    plugin.create("pvc-lost", aio_context(&file)).await.unwrap();
+    dpu.detach("pvc-lost", None, deadline()).await.unwrap();
+    assert!(snap.bdevs().await.is_empty());
+}
+
+#[tokio::test]
+async fn nvmf_volume_through_nvme() {
+    let target = Emulator::target().await;
+    let snap = Emulator::snap().await;
+    let nqn = "nqn.2024-01.io.snap-csi:pvc-remote";
+    let port = export(&target, "remote", nqn).await;
+    let plugin = Plugin::start(snap.socket()).await;
+    let dpu = dpu(&plugin, &snap);
+
+    let remote = request("pvc-remote", nvmf_context(port, nqn), Emulation::Nvme);
+    // The host's loop device is over the target's file.
+    let backing = target.dir.path().join("remote.img");
+    attach_and_detach(&dpu, &snap, &remote, &backing).await;
+    assert!(
+        snap.client()
+            .call(&BdevNvmeGetControllers::default())
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
+
+/// How many dependent SNAP round trips a call made: the emulator answers from
+/// a poller, so a request that waits for an earlier reply waits a period,
+/// while requests sent together are answered in the same one.
+async fn round_trips<T>(period: Duration, call: impl Future<Output = T>) -> (T, f64) {
+    let started = Instant::now();
+    let out = call.await;
+    (out, started.elapsed().as_secs_f64() / period.as_secs_f64())
+}
+
+fn assert_round_trips(what: &str, measured: f64, expected: u32) {
+    let expected = f64::from(expected);
+    assert!(
+        measured > expected - 1.0 && measured < expected + 0.75,
+        "{what}: took {measured:.2} poll periods, expected {expected} dependent round trips"
+    );
+}
+
+/// CreateDevice and DeleteDevice cost one SNAP round trip each, also when
+/// repeated, so the node's budgets hold with this plugin.
+#[tokio::test]
+async fn the_plugin_fits_the_nodes_round_trip_budget() {
+    let period = Duration::from_millis(400);
+    let snap = Emulator::start(|c| c.with_poll_period(period)).await;
+    let plugin = Plugin::start(snap.socket()).await;
+    let dpu = dpu(&plugin, &snap);
+    assert!(dpu.probe(deadline()).await.unwrap());
+
+    let file = snap.file("pvc-rt.img");
+    let request = request("pvc-rt", aio_context(&file), Emulation::Nvme);
+    let (first, rounds) = round_trips(period, dpu.attach(&request, deadline())).await;
+    let first = first.unwrap();
+    assert_round_trips("new NVMe attach", rounds, 5);
+    let (again, rounds) = round_trips(period, dpu.attach(&request, deadline())).await;
+    assert_eq!(again.unwrap(), first);
+    assert_round_trips("repeated NVMe attach", rounds, 1);
+    let (detached, rounds) = round_trips(
+        period,
+        dpu.detach("pvc-rt", Some(&first.device_name), deadline()),
+    )
+    .await;
+    detached.unwrap();
+    assert_round_trips("NVMe detach", rounds, 4);
+    assert!(snap.bdevs().await.is_empty());
+}
