@@ -21,6 +21,8 @@
 //!   GroupController and VolumeGroup forwarded to the vendor's CSI controller.
 //! - [`server`]: serving gRPC on a UNIX socket (0600, stale socket, shutdown);
 //!   [`deadline`]: the deadline of an incoming call, for every call it makes.
+//! - [`json_dir`]: small JSON records written atomically, one file per key
+//!   (the node's volume records, the sample plugin's controller state).
 //! - `retry` (backoff inside a deadline) and `settings` (config file and
 //!   seconds, layered under flags): small pieces the services share.
 //! - [`plugin_check`]: `snap-csi plugin-check`, a conformance check of a
@@ -31,7 +33,9 @@ pub mod deadline;
 pub mod dpu;
 pub mod failpoint;
 pub mod host;
+pub mod json_dir;
 pub mod jsonrpc;
+pub mod metrics;
 pub mod node;
 pub mod plugin_check;
 pub mod proto;

@@ -12,7 +12,9 @@ use std::path::Path;
 
 use tokio::net::UnixListener;
 use tokio_stream::wrappers::UnixListenerStream;
+use tonic::transport::Server;
 use tonic::transport::server::Router;
+use tower::layer::util::{Identity, Stack};
 
 /// Why the server could not run.
 #[derive(Debug, thiserror::Error)]
@@ -27,6 +29,11 @@ pub enum ServeError {
     },
     #[error("gRPC server failed: {0}")]
     Transport(#[from] tonic::transport::Error),
+    #[error("metrics endpoint failed: {source}")]
+    Metrics {
+        #[source]
+        source: io::Error,
+    },
 }
 
 /// Binds `path` (mode 0600) for `router`, without serving yet.
@@ -51,18 +58,33 @@ pub fn bind(path: &Path) -> Result<UnixListener, ServeError> {
     Ok(listener)
 }
 
-/// Serves `router` on `listener` until `shutdown` completes, then removes the socket.
+/// A router whose every call is recorded in [`crate::metrics`].
+pub type MeteredRouter = Router<Stack<crate::metrics::GrpcMetricsLayer, Identity>>;
+
+/// A gRPC server that records every call's latency and status code.
+pub fn builder() -> Server<Stack<crate::metrics::GrpcMetricsLayer, Identity>> {
+    Server::builder().layer(crate::metrics::GrpcMetricsLayer)
+}
+
+/// Serves `router` on `listener`, and Prometheus metrics on `metrics` when
+/// given (see [`crate::metrics::bind`]), until `shutdown` completes; then
+/// removes the socket.
 pub async fn serve(
-    router: Router,
+    router: MeteredRouter,
     listener: UnixListener,
     path: &Path,
+    metrics: Option<tokio::net::TcpListener>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServeError> {
-    let result = router
-        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
-        .await;
+    let shutdown = futures::FutureExt::shared(shutdown);
+    let (served, metered) = tokio::join!(
+        router.serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown.clone()),
+        crate::metrics::serve_optional(metrics, shutdown),
+    );
     let _ = std::fs::remove_file(path);
-    Ok(result?)
+    served?;
+    metered.map_err(|source| ServeError::Metrics { source })?;
+    Ok(())
 }
 
 /// Resolves on SIGTERM or SIGINT.

@@ -58,6 +58,7 @@ impl Proxy {
             vendor_endpoint: vendor_endpoint.into(),
             call_timeout: CALL_TIMEOUT,
             driver_name: driver_name.map(str::to_string),
+            metrics_address: None,
         };
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(snap_csi::controller::run(config.clone(), async move {

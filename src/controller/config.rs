@@ -26,6 +26,8 @@ pub struct ControllerConfig {
     pub call_timeout: Duration,
     /// Reported by GetPluginInfo instead of the vendor's name, when set.
     pub driver_name: Option<String>,
+    /// Where to serve Prometheus metrics (`/metrics`); none when unset.
+    pub metrics_address: Option<std::net::SocketAddr>,
 }
 
 impl Default for ControllerConfig {
@@ -35,6 +37,7 @@ impl Default for ControllerConfig {
             vendor_endpoint: String::new(),
             call_timeout: Duration::from_secs(120),
             driver_name: None,
+            metrics_address: None,
         }
     }
 }
@@ -117,6 +120,9 @@ pub struct ControllerArgs {
     /// CSI driver name to report instead of the vendor's.
     #[arg(long, env = "SNAP_CSI_DRIVER_NAME")]
     pub driver_name: Option<String>,
+    /// Serve Prometheus metrics on this address (e.g. 0.0.0.0:9809).
+    #[arg(long, env = "SNAP_CSI_METRICS_ADDRESS")]
+    pub metrics_address: Option<std::net::SocketAddr>,
 }
 
 impl ControllerArgs {
@@ -132,6 +138,9 @@ impl ControllerArgs {
         }
         if let Some(secs) = self.call_timeout {
             resolved.call_timeout = seconds_flag("call-timeout", secs)?;
+        }
+        if self.metrics_address.is_some() {
+            resolved.metrics_address = self.metrics_address;
         }
         if self.driver_name.is_some() {
             resolved.driver_name = self.driver_name.clone();

@@ -134,6 +134,12 @@ impl<C: Clone> Forwarder<C> {
         };
         let result = retry::until_deadline(deadline, Failure::is_retryable, attempt).await;
         let latency = started.elapsed();
+        let outcome = match &result {
+            Ok(_) => "ok".to_string(),
+            Err(Failure::Answered(status)) => format!("{:?}", status.code()),
+            Err(Failure::NoAnswer(_)) => "no_answer".to_string(),
+        };
+        crate::metrics::observe_outbound("vendor", rpc, &outcome, latency);
         match result {
             Ok(response) => {
                 if subject.is_some() {

@@ -68,7 +68,7 @@ pub async fn run(
         call_timeout = ?config.call_timeout,
         "controller proxy listening"
     );
-    let router = tonic::transport::Server::builder()
+    let router = crate::server::builder()
         .add_service(IdentityServer::new(IdentityProxy::new(
             Forwarder::new(IdentityClient::new(channel.clone()), label.clone(), timeout),
             config.driver_name.clone(),
@@ -90,6 +90,7 @@ pub async fn run(
             label.clone(),
             timeout,
         ))));
-    crate::server::serve(router, listener, &config.endpoint, shutdown).await?;
+    let metrics = crate::metrics::bind(config.metrics_address).await?;
+    crate::server::serve(router, listener, &config.endpoint, metrics, shutdown).await?;
     Ok(())
 }

@@ -365,6 +365,7 @@ impl PluginClient {
         F: Fn(Clients, tonic::Request<Req>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<Resp>, Status>>,
     {
+        let started = std::time::Instant::now();
         let attempt = || {
             let clients = Clients {
                 identity: self.identity.clone(),
@@ -374,7 +375,14 @@ impl PluginClient {
                 send(clients, request)
             })
         };
-        retry::until_deadline(deadline, |s: &Status| is_transient(s.code()), attempt).await
+        let result =
+            retry::until_deadline(deadline, |s: &Status| is_transient(s.code()), attempt).await;
+        let outcome = match &result {
+            Ok(_) => "ok".to_string(),
+            Err(status) => format!("{:?}", status.code()),
+        };
+        crate::metrics::observe_outbound("plugin", rpc, &outcome, started.elapsed());
+        result
     }
 
     fn error(&self, rpc: &str, status: Status) -> DpuError {

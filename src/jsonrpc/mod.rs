@@ -116,6 +116,27 @@ impl RpcClient {
         deadline: Instant,
     ) -> Result<R, RpcError> {
         let started = Instant::now();
+        let result = self.request_once(method, params, deadline).await;
+        let outcome = match &result {
+            Ok(_) => "ok".to_string(),
+            Err(RpcError::Server { code, .. }) => code.to_string(),
+            Err(RpcError::Timeout { .. }) => "timeout".to_string(),
+            Err(RpcError::Connect { .. }) => "connect".to_string(),
+            Err(RpcError::Disconnected { .. }) => "disconnected".to_string(),
+            Err(RpcError::InvalidReply { .. }) => "invalid_reply".to_string(),
+            Err(RpcError::InvalidParams { .. }) => "invalid_params".to_string(),
+        };
+        crate::metrics::observe_outbound("snap", method, &outcome, started.elapsed());
+        result
+    }
+
+    async fn request_once<R: DeserializeOwned>(
+        &self,
+        method: &str,
+        params: Params,
+        deadline: Instant,
+    ) -> Result<R, RpcError> {
+        let started = Instant::now();
         let timeout = || RpcError::Timeout {
             method: method.to_string(),
             after: started.elapsed(),

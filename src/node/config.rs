@@ -39,6 +39,8 @@ pub struct NodeConfig {
     /// Upper bound on one CSI call when kubelet gives no deadline.
     #[serde(with = "seconds")]
     pub call_timeout: Duration,
+    /// Where to serve Prometheus metrics (`/metrics`); none when unset.
+    pub metrics_address: Option<std::net::SocketAddr>,
 }
 
 /// `nvme` or `virtio-blk` in files, flags and volume contexts.
@@ -87,6 +89,7 @@ impl Default for NodeConfig {
             dpu_name: hostname(),
             device_wait: Duration::from_secs(30),
             call_timeout: Duration::from_secs(120),
+            metrics_address: None,
         }
     }
 }
@@ -141,6 +144,9 @@ pub struct NodeArgs {
     /// Seconds one call may take when kubelet sets no deadline.
     #[arg(long, env = "SNAP_CSI_CALL_TIMEOUT")]
     pub call_timeout: Option<f64>,
+    /// Serve Prometheus metrics on this address (e.g. 0.0.0.0:9808).
+    #[arg(long, env = "SNAP_CSI_METRICS_ADDRESS")]
+    pub metrics_address: Option<std::net::SocketAddr>,
 }
 
 impl NodeArgs {
@@ -165,6 +171,9 @@ impl NodeArgs {
             snap_socket_template,
             dpu_name
         );
+        if let Some(address) = self.metrics_address {
+            resolved.metrics_address = Some(address);
+        }
         if let Some(value) = &self.emulation {
             resolved.emulation = EmulationSetting::parse(value).ok_or_else(|| {
                 config::ConfigError::Message(format!("unknown emulation {value}"))

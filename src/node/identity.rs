@@ -67,6 +67,7 @@ impl csi::identity_server::Identity for IdentityService {
         // Not ready (rather than an error) while the plugin or SNAP is down:
         // the node itself is healthy and must not be restarted for it.
         let ready = self.dpu.probe(deadline).await.unwrap_or(false);
+        crate::metrics::set_dependency_ready("dpu", ready);
         Ok(Response::new(csi::ProbeResponse { ready: Some(ready) }))
     }
 }

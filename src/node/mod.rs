@@ -49,10 +49,11 @@ pub async fn serve(
     let identity = IdentityService::new(config.driver_name.clone(), dpu, PROBE_TIMEOUT);
     let listener = crate::server::bind(&config.endpoint)?;
     tracing::info!(endpoint = %config.endpoint.display(), node_id = %config.node_id, "node service listening");
-    let router = tonic::transport::Server::builder()
+    let router = crate::server::builder()
         .add_service(IdentityServer::new(identity))
         .add_service(NodeServer::new(node));
-    crate::server::serve(router, listener, &config.endpoint, shutdown).await?;
+    let metrics = crate::metrics::bind(config.metrics_address).await?;
+    crate::server::serve(router, listener, &config.endpoint, metrics, shutdown).await?;
     Ok(())
 }
 

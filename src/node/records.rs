@@ -8,13 +8,13 @@
 //! fsync, rename, fsync of the directory) so a crash leaves the old record or
 //! the new one, never half of one.
 
-use std::fs::{self, File};
-use std::io::{self, Write};
-use std::path::{Path, PathBuf};
+use std::io;
+use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
 use crate::dpu::HostLocator;
+use crate::json_dir::JsonDir;
 
 /// What the node keeps about one staged volume.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -28,80 +28,44 @@ pub struct VolumeRecord {
     pub external_attach: bool,
 }
 
-/// A directory of records, one file per volume.
+/// A directory of records, one file per volume (named by the hex of the
+/// volume id, which is an opaque CO string).
 #[derive(Debug, Clone)]
 pub struct Records {
-    dir: PathBuf,
+    dir: JsonDir,
 }
 
 impl Records {
     /// Opens (creating) the record directory.
     pub fn open(dir: impl Into<PathBuf>) -> io::Result<Records> {
-        let dir = dir.into();
-        fs::create_dir_all(&dir)?;
-        Ok(Records { dir })
-    }
-
-    /// Volume ids are opaque CO strings (may hold `/`): the file name is a
-    /// hex encoding, so every id maps to exactly one safe name.
-    fn path(&self, volume_id: &str) -> PathBuf {
-        let name: String = volume_id.bytes().map(|b| format!("{b:02x}")).collect();
-        self.dir.join(format!("{name}.json"))
+        Ok(Records {
+            dir: JsonDir::open(dir)?,
+        })
     }
 
     pub fn load(&self, volume_id: &str) -> io::Result<Option<VolumeRecord>> {
-        match fs::read(self.path(volume_id)) {
-            Ok(bytes) => serde_json::from_slice(&bytes)
-                .map(Some)
-                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e)),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(e),
-        }
+        self.dir.load(volume_id)
     }
 
     pub fn store(&self, record: &VolumeRecord) -> io::Result<()> {
-        let path = self.path(&record.volume_id);
-        let temp = path.with_extension("tmp");
-        let bytes = serde_json::to_vec_pretty(record).map_err(io::Error::other)?;
-        let mut file = File::create(&temp)?;
-        file.write_all(&bytes)?;
-        file.sync_all()?;
-        fs::rename(&temp, &path)?;
-        sync_dir(&self.dir)
+        self.dir.store(&record.volume_id, record)
     }
 
     /// Removes the record; removing an absent one succeeds.
     pub fn remove(&self, volume_id: &str) -> io::Result<()> {
-        match fs::remove_file(self.path(volume_id)) {
-            Ok(()) => sync_dir(&self.dir),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(e),
-        }
+        self.dir.remove(volume_id)
+    }
+
+    /// How many volumes have a record (for the staged-volumes gauge).
+    pub fn count(&self) -> io::Result<usize> {
+        self.dir.count()
     }
 
     /// Every record, for reconciliation at start; unreadable files are skipped
     /// with their error so one bad file does not hide the others.
     pub fn all(&self) -> io::Result<Vec<Result<VolumeRecord, (PathBuf, io::Error)>>> {
-        let mut out = Vec::new();
-        for entry in fs::read_dir(&self.dir)? {
-            let path = entry?.path();
-            if path.extension().is_some_and(|e| e == "tmp") {
-                // A write that crashed before its rename: never a valid record.
-                let _ = fs::remove_file(&path);
-                continue;
-            }
-            let parsed = fs::read(&path).and_then(|bytes| {
-                serde_json::from_slice(&bytes)
-                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
-            });
-            out.push(parsed.map_err(|e| (path, e)));
-        }
-        Ok(out)
+        self.dir.all()
     }
-}
-
-fn sync_dir(dir: &Path) -> io::Result<()> {
-    File::open(dir)?.sync_all()
 }
 
 #[cfg(test)]

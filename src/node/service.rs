@@ -92,8 +92,17 @@ impl NodeService {
                     }
                 }
                 tracing::info!(staged, "reconciled volume records");
+                crate::metrics::set_volumes_staged(staged);
             }
             Err(e) => tracing::warn!("cannot list volume records: {e}"),
+        }
+    }
+
+    /// Publishes how many volumes are staged, from the records.
+    fn count_staged(&self) {
+        match self.inner.records.count() {
+            Ok(count) => crate::metrics::set_volumes_staged(count),
+            Err(e) => tracing::warn!("cannot count volume records: {e}"),
         }
     }
 
@@ -333,6 +342,7 @@ impl csi::node_server::Node for NodeService {
                 .map_err(|e| io_status("writing the volume record", e))?;
         }
         crate::failpoint::step("stage:record");
+        self.count_staged();
         let device = self.wait_for_device(&locator, deadline).await?;
         // A read-only mount does not stop writes through the device node (a
         // block volume, or anything opening the device): the device flag
@@ -419,6 +429,7 @@ impl csi::node_server::Node for NodeService {
             .records
             .remove(volume_id)
             .map_err(|e| io_status("removing the volume record", e))?;
+        self.count_staged();
         Ok(Response::new(csi::NodeUnstageVolumeResponse {}))
     }
 

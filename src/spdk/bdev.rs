@@ -29,6 +29,17 @@ pub struct Bdev {
     pub claimed: bool,
     #[serde(default)]
     pub claim_type: Option<String>,
+    #[serde(default)]
+    pub driver_specific: DriverSpecific,
+}
+
+/// The parts of a bdev's `driver_specific` object we read; other modules'
+/// keys are ignored.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+pub struct DriverSpecific {
+    /// Present for lvol bdevs.
+    #[serde(default)]
+    pub lvol: Option<super::lvol::LvolDetails>,
 }
 
 impl Bdev {

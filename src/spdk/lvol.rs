@@ -65,3 +65,59 @@ pub struct BdevLvolResize {
     pub size_in_mib: u64,
 }
 method!(BdevLvolResize => "bdev_lvol_resize", bool);
+
+/// `bdev_lvol_snapshot`: a read-only lvol `<lvs>/<snapshot_name>` that takes
+/// over the origin's clusters; the origin becomes its (thin) clone. Returns
+/// the snapshot's UUID. An unknown origin is -19; what the blobstore refuses
+/// afterwards (a taken name, a read-only origin) comes back as -32602 with
+/// `strerror`'s text ("File exists", "Invalid argument").
+#[derive(Debug, Clone, Serialize)]
+pub struct BdevLvolSnapshot {
+    /// The origin: its UUID or `<lvs>/<name>` alias.
+    pub lvol_name: String,
+    pub snapshot_name: String,
+}
+method!(BdevLvolSnapshot => "bdev_lvol_snapshot", String);
+
+/// `bdev_lvol_clone`: a writable thin lvol `<lvs>/<clone_name>` backed by a
+/// snapshot; returns its UUID. Errors as for [`BdevLvolSnapshot`]; cloning a
+/// writable lvol is -32602 "Invalid argument".
+#[derive(Debug, Clone, Serialize)]
+pub struct BdevLvolClone {
+    pub snapshot_name: String,
+    pub clone_name: String,
+}
+method!(BdevLvolClone => "bdev_lvol_clone", String);
+
+/// `bdev_lvol_decouple_parent`: copies the clusters the lvol reads from its
+/// parent snapshot into the lvol (thin where the parent is thin); its parent
+/// becomes the parent's parent. An lvol without a parent is -32602.
+#[derive(Debug, Clone, Serialize)]
+pub struct BdevLvolDecoupleParent {
+    pub name: String,
+}
+method!(BdevLvolDecoupleParent => "bdev_lvol_decouple_parent", bool);
+
+/// `driver_specific.lvol` of an lvol bdev in `bdev_get_bdevs`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+pub struct LvolDetails {
+    pub lvol_store_uuid: String,
+    #[serde(default)]
+    pub base_bdev: Option<String>,
+    #[serde(default)]
+    pub thin_provision: bool,
+    #[serde(default)]
+    pub num_allocated_clusters: Option<u64>,
+    /// Read-only, made by `bdev_lvol_snapshot`.
+    #[serde(default)]
+    pub snapshot: bool,
+    /// Backed by a snapshot.
+    #[serde(default)]
+    pub clone: bool,
+    /// A clone's parent snapshot (its lvol name, without the store).
+    #[serde(default)]
+    pub base_snapshot: Option<String>,
+    /// A snapshot's clones (lvol names), when it has any.
+    #[serde(default)]
+    pub clones: Vec<String>,
+}

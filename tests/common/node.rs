@@ -51,6 +51,7 @@ impl NodeStack {
             dpu_name: "dpu-1".into(),
             device_wait: Duration::from_secs(10),
             call_timeout: Duration::from_secs(60),
+            metrics_address: Some(free_local_address()),
         };
         let (stop, stopped) = oneshot::channel::<()>();
         let node_config = config.clone();
@@ -220,4 +221,25 @@ pub async fn unstage(node: &mut NodeClient<Channel>, volume_id: &str, staging: &
     })
     .await
     .unwrap_or_else(|e| panic!("unstage {volume_id} from {}: {e}", staging.display()));
+}
+
+/// A loopback address with a port nobody listens on right now.
+pub fn free_local_address() -> std::net::SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+/// The node's `/metrics` page.
+pub async fn scrape(address: std::net::SocketAddr) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: node\r\n\r\n")
+        .await
+        .unwrap();
+    let mut page = String::new();
+    stream.read_to_string(&mut page).await.unwrap();
+    page
 }

@@ -73,6 +73,8 @@ pub(crate) enum BdevKind {
     Lvol {
         lvs_uuid: Uuid,
         file: PathBuf,
+        /// A snapshot: SPDK refuses writes to it.
+        read_only: bool,
     },
     Nvme(NvmeNsInfo),
 }
@@ -117,7 +119,14 @@ impl Bdev {
     }
 
     fn io_type_supported(&self, io: &str) -> bool {
-        let writable = !matches!(self.kind, BdevKind::Aio { readonly: true, .. });
+        let writable = !matches!(
+            self.kind,
+            BdevKind::Aio { readonly: true, .. }
+                | BdevKind::Lvol {
+                    read_only: true,
+                    ..
+                }
+        );
         // The bdev layer emulates write_zeroes for any writable bdev.
         if io == "write_zeroes" {
             return writable;
@@ -134,10 +143,11 @@ impl Bdev {
                 "unmap" => *fallocate && writable,
                 _ => false,
             },
-            BdevKind::Lvol { .. } => matches!(
-                io,
-                "read" | "write" | "unmap" | "reset" | "seek_hole" | "seek_data"
-            ),
+            BdevKind::Lvol { .. } => match io {
+                "read" | "reset" | "seek_hole" | "seek_data" => true,
+                "write" | "unmap" => writable,
+                _ => false,
+            },
             BdevKind::Nvme(info) => match io {
                 "read" | "write" | "flush" | "reset" | "nvme_admin" | "nvme_io" | "compare"
                 | "compare_and_write" | "abort" => true,
@@ -369,7 +379,12 @@ impl Emulator {
                 read_only: *readonly,
             },
             BdevKind::Malloc { file: f } | BdevKind::Null { file: f } => file(f),
-            BdevKind::Lvol { file: f, .. } => file(f),
+            BdevKind::Lvol {
+                file: f, read_only, ..
+            } => Backing {
+                read_only: *read_only,
+                ..file(f)
+            },
             BdevKind::Nvme(info) => Backing {
                 size: size.min(info.backing.size),
                 ..info.backing.clone()

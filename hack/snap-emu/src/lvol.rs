@@ -7,6 +7,19 @@
 //! clusters estimated from the blocks its file really occupies. A store is
 //! therefore not found again when its base bdev is re-created: a restarted
 //! emulator starts empty, as documented.
+//!
+//! Snapshots and clones (`bdev_lvol_snapshot`, `bdev_lvol_clone`,
+//! `bdev_lvol_decouple_parent`) keep SPDK's visible rules: a snapshot is a
+//! read-only lvol `<lvs>/<name>` and its origin becomes its thin clone; a
+//! clone is a writable thin lvol backed by a snapshot; an lvol with more than
+//! one clone cannot be deleted (-EPERM), and deleting a snapshot with one
+//! clone hands its parent to that clone; decoupling makes the parent's parent
+//! the new parent. The bytes, though, are copies, not shared clusters: a
+//! snapshot's file is a (sparse) copy of its origin's at that moment and a
+//! clone's file a copy of its snapshot's, so every lvol keeps reading its own
+//! file and no I/O path needs to know about parents. Cluster accounting of a
+//! clone counts only what its file holds beyond its parent's, which is close
+//! to the blobstore's for the write-once patterns tests use, not exact.
 
 use std::path::PathBuf;
 
@@ -33,6 +46,10 @@ pub(crate) struct Lvol {
     pub thin: bool,
     pub num_clusters: u64,
     pub file: PathBuf,
+    /// The snapshot this lvol reads through (it is a clone of it).
+    pub parent: Option<Uuid>,
+    /// A snapshot.
+    pub read_only: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -56,10 +73,36 @@ impl LvolStore {
         }
         // A thin lvol owns the clusters it has written; the file's allocated
         // blocks are the closest thing we have to the blobstore's cluster map.
-        let used = std::fs::metadata(&lvol.file)
-            .map(|m| std::os::unix::fs::MetadataExt::blocks(&m).saturating_mul(512))
-            .unwrap_or(0);
+        // A clone's file starts as a copy of its parent's, whose clusters are
+        // the parent's, not the clone's.
+        let inherited = lvol
+            .parent
+            .and_then(|p| self.lvols.iter().find(|l| l.uuid == p))
+            .map_or(0, |p| file_bytes(&p.file));
+        let used = file_bytes(&lvol.file).saturating_sub(inherited);
         used.div_ceil(self.cluster_size).min(lvol.num_clusters)
+    }
+
+    fn clone_count(&self, uuid: Uuid) -> usize {
+        self.lvols.iter().filter(|l| l.parent == Some(uuid)).count()
+    }
+
+    fn name_of(&self, uuid: Uuid) -> Option<&str> {
+        self.lvols
+            .iter()
+            .find(|l| l.uuid == uuid)
+            .map(|l| l.name.as_str())
+    }
+
+    /// `lvs_verify_lvol_name`, whose refusal reaches the caller through the
+    /// operation's callback (-32602 with `strerror`'s text).
+    fn verify_new_name(&self, name: Option<&str>) -> Result<String, RpcError> {
+        match name {
+            None | Some("") => Err(callback_error(EINVAL)),
+            Some(n) if n.len() > NAME_MAX => Err(callback_error(EINVAL)),
+            Some(n) if self.lvols.iter().any(|l| l.name == n) => Err(callback_error(EEXIST)),
+            Some(n) => Ok(n.to_string()),
+        }
     }
 
     /// Clusters an lvol of `size_in_mib` takes: lvols grow in whole clusters.
@@ -92,6 +135,42 @@ impl LvolStore {
             "cluster_size": self.cluster_size
         })
     }
+}
+
+/// Bytes a file really occupies.
+fn file_bytes(path: &std::path::Path) -> u64 {
+    std::fs::metadata(path)
+        .map(|m| std::os::unix::fs::MetadataExt::blocks(&m).saturating_mul(512))
+        .unwrap_or(0)
+}
+
+/// How the lvol RPCs' completion callbacks report a failure:
+/// `SPDK_JSONRPC_ERROR_INVALID_PARAMS` with `strerror`'s text.
+fn callback_error(errno: i32) -> RpcError {
+    RpcError::invalid_params_msg(crate::rpc::strerror(errno))
+}
+
+/// Copies `from` to a new file `to`, leaving holes where `from` reads zeroes,
+/// so that a copy of a thin lvol stays thin.
+fn copy_sparse(from: &std::path::Path, to: &std::path::Path) -> std::io::Result<()> {
+    use std::io::{Read, Seek, SeekFrom, Write};
+    const CHUNK: usize = 1 << 20;
+    let mut src = std::fs::File::open(from)?;
+    let len = src.metadata()?.len();
+    let mut dst = std::fs::File::create(to)?;
+    let mut buf = vec![0u8; CHUNK];
+    let mut offset = 0u64;
+    while offset < len {
+        let want = usize::try_from((len - offset).min(CHUNK as u64)).unwrap_or(CHUNK);
+        src.read_exact(&mut buf[..want])?;
+        if buf[..want].iter().any(|&b| b != 0) {
+            dst.seek(SeekFrom::Start(offset))?;
+            dst.write_all(&buf[..want])?;
+        }
+        offset += want as u64;
+    }
+    dst.set_len(len)?;
+    dst.sync_all()
 }
 
 /// Clusters the blobstore keeps for its metadata: super block, the three masks
@@ -155,6 +234,20 @@ struct CreateLvolParams {
 #[serde(deny_unknown_fields)]
 struct NameParams {
     name: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SnapshotParams {
+    lvol_name: String,
+    snapshot_name: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CloneParams {
+    snapshot_name: String,
+    clone_name: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -284,8 +377,8 @@ impl Emulator {
                     "uuid": l.uuid.to_string(),
                     "name": l.name,
                     "is_thin_provisioned": l.thin,
-                    "is_snapshot": false,
-                    "is_clone": false,
+                    "is_snapshot": l.read_only,
+                    "is_clone": l.parent.is_some(),
                     "is_esnap_clone": false,
                     "is_degraded": false,
                     "lvs": {"name": s.name, "uuid": s.uuid.to_string()}
@@ -325,6 +418,7 @@ impl Emulator {
             kind: BdevKind::Lvol {
                 lvs_uuid: store.uuid,
                 file: file.clone(),
+                read_only: false,
             },
         };
         self.register_with_file(bdev, &file, bytes)?;
@@ -334,8 +428,111 @@ impl Emulator {
             thin: p.thin_provision,
             num_clusters,
             file,
+            parent: None,
+            read_only: false,
         });
         Ok(json!(uuid.to_string()))
+    }
+
+    /// Registers `lvol` of store `si` over `file`, a copy of `source`'s bytes.
+    fn register_copy(&mut self, si: usize, lvol: Lvol, source: &std::path::Path) -> RpcResult {
+        let store = &self.lvstores[si];
+        let bytes = store.cluster_bytes(lvol.num_clusters)?;
+        copy_sparse(source, &lvol.file).map_err(|e| {
+            let _ = std::fs::remove_file(&lvol.file);
+            crate::bdev::io_error(&e)
+        })?;
+        let bdev = Bdev {
+            name: lvol.uuid.to_string(),
+            aliases: vec![format!("{}/{}", store.name, lvol.name)],
+            uuid: lvol.uuid,
+            product_name: "Logical Volume",
+            block_size: store.block_size,
+            num_blocks: bytes / u64::from(store.block_size),
+            claim: None,
+            kind: BdevKind::Lvol {
+                lvs_uuid: store.uuid,
+                file: lvol.file.clone(),
+                read_only: lvol.read_only,
+            },
+        };
+        if let Err(e) = self.bdevs.insert(bdev) {
+            let _ = std::fs::remove_file(&lvol.file);
+            return Err(e);
+        }
+        let uuid = lvol.uuid;
+        self.lvstores[si].lvols.push(lvol);
+        Ok(json!(uuid.to_string()))
+    }
+
+    /// `bdev_lvol_snapshot`: the snapshot takes the origin's place under its
+    /// parent and the origin becomes the snapshot's clone.
+    pub(crate) fn bdev_lvol_snapshot(&mut self, params: Option<Value>) -> RpcResult {
+        let p: SnapshotParams = decode(params, OnDecodeError::DecodeFailed)?;
+        let (si, li) = self.lvol_bdev(&p.lvol_name)?;
+        let store = &self.lvstores[si];
+        let name = store.verify_new_name(Some(&p.snapshot_name))?;
+        let origin = store.lvols[li].clone();
+        if origin.read_only {
+            return Err(callback_error(EINVAL));
+        }
+        let uuid = Uuid::new_v4();
+        let snapshot = Lvol {
+            uuid,
+            name,
+            thin: origin.thin,
+            num_clusters: origin.num_clusters,
+            file: store.dir.join(format!("{uuid}.img")),
+            parent: origin.parent,
+            read_only: true,
+        };
+        let result = self.register_copy(si, snapshot, &origin.file)?;
+        let origin = &mut self.lvstores[si].lvols[li];
+        origin.parent = Some(uuid);
+        origin.thin = true;
+        Ok(result)
+    }
+
+    /// `bdev_lvol_clone`: a thin writable lvol over a snapshot.
+    pub(crate) fn bdev_lvol_clone(&mut self, params: Option<Value>) -> RpcResult {
+        let p: CloneParams = decode(params, OnDecodeError::DecodeFailed)?;
+        let (si, li) = self.lvol_bdev(&p.snapshot_name)?;
+        let store = &self.lvstores[si];
+        let name = store.verify_new_name(p.clone_name.as_deref())?;
+        let snapshot = store.lvols[li].clone();
+        if !snapshot.read_only {
+            // The blobstore clones only read-only blobs.
+            return Err(callback_error(EINVAL));
+        }
+        let uuid = Uuid::new_v4();
+        let clone = Lvol {
+            uuid,
+            name,
+            thin: true,
+            num_clusters: snapshot.num_clusters,
+            file: store.dir.join(format!("{uuid}.img")),
+            parent: Some(snapshot.uuid),
+            read_only: false,
+        };
+        self.register_copy(si, clone, &snapshot.file)
+    }
+
+    /// `bdev_lvol_decouple_parent`: the lvol's bytes are its own already, so
+    /// only the parent changes, to the parent's parent.
+    pub(crate) fn bdev_lvol_decouple_parent(&mut self, params: Option<Value>) -> RpcResult {
+        let p: NameParams = decode(params, OnDecodeError::DecodeFailed)?;
+        let (si, li) = self.lvol_bdev(&p.name)?;
+        let store = &self.lvstores[si];
+        let Some(parent) = store.lvols[li].parent else {
+            return Err(callback_error(EINVAL));
+        };
+        let grandparent = store
+            .lvols
+            .iter()
+            .find(|l| l.uuid == parent)
+            .and_then(|l| l.parent);
+        self.lvstores[si].lvols[li].parent = grandparent;
+        Ok(json!(true))
     }
 
     fn lvol_bdev(&self, name: &str) -> Result<(usize, usize), RpcError> {
@@ -356,11 +553,24 @@ impl Emulator {
         Ok((si, li))
     }
 
+    /// `bdev_lvol_delete`: an lvol with more than one clone stays (-EPERM
+    /// through the callback); a snapshot with one clone hands it its parent.
     pub(crate) fn bdev_lvol_delete(&mut self, params: Option<Value>) -> RpcResult {
         let p: NameParams = decode(params, OnDecodeError::DecodeFailed)?;
         let (si, li) = self.lvol_bdev(&p.name)?;
-        let name = self.lvstores[si].lvols[li].uuid.to_string();
-        self.unregister_bdev(&name);
+        let store = &mut self.lvstores[si];
+        let lvol = store.lvols[li].clone();
+        if store.clone_count(lvol.uuid) > 1 {
+            return Err(callback_error(EPERM));
+        }
+        for l in store
+            .lvols
+            .iter_mut()
+            .filter(|l| l.parent == Some(lvol.uuid))
+        {
+            l.parent = lvol.parent;
+        }
+        self.unregister_bdev(&lvol.uuid.to_string());
         Ok(json!(true))
     }
 
@@ -379,6 +589,10 @@ impl Emulator {
         let (si, li) = self.lvol_bdev(&p.name)?;
         let store = &self.lvstores[si];
         let lvol = &store.lvols[li];
+        if lvol.read_only {
+            // The blobstore resizes no read-only blob (a snapshot).
+            return Err(callback_error(EPERM));
+        }
         let num_clusters = store.clusters_for(p.size_in_mib)?;
         if !lvol.thin
             && num_clusters > lvol.num_clusters
@@ -412,15 +626,30 @@ impl Emulator {
         let Some(lvol) = store.lvols.iter().find(|l| l.uuid == bdev.uuid) else {
             return json!({});
         };
-        json!({"lvol": {
-            "lvol_store_uuid": store.uuid.to_string(),
-            "base_bdev": store.base_bdev,
-            "thin_provision": lvol.thin,
-            "num_allocated_clusters": store.allocated_clusters(lvol),
-            "snapshot": false,
-            "clone": false,
-            "esnap_clone": false
-        }})
+        let mut o = serde_json::Map::new();
+        o.insert("lvol_store_uuid".into(), json!(store.uuid.to_string()));
+        o.insert("base_bdev".into(), json!(store.base_bdev));
+        o.insert("thin_provision".into(), json!(lvol.thin));
+        o.insert(
+            "num_allocated_clusters".into(),
+            json!(store.allocated_clusters(lvol)),
+        );
+        o.insert("snapshot".into(), json!(lvol.read_only));
+        o.insert("clone".into(), json!(lvol.parent.is_some()));
+        o.insert("esnap_clone".into(), json!(false));
+        if let Some(parent) = lvol.parent.and_then(|p| store.name_of(p)) {
+            o.insert("base_snapshot".into(), json!(parent));
+        }
+        let clones: Vec<&str> = store
+            .lvols
+            .iter()
+            .filter(|l| l.parent == Some(lvol.uuid))
+            .map(|l| l.name.as_str())
+            .collect();
+        if lvol.read_only && !clones.is_empty() {
+            o.insert("clones".into(), json!(clones));
+        }
+        json!({ "lvol": o })
     }
 }
 

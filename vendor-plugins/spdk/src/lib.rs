@@ -32,7 +32,6 @@ use snap_csi::proto::nvidia::storage::plugins::v1::identity_service_server::Iden
 use snap_csi::proto::nvidia::storage::plugins::v1::storage_plugin_service_server::StoragePluginServiceServer;
 use snap_csi::server::ServeError;
 use tokio::net::UnixListener;
-use tonic::transport::server::Router;
 
 pub use config::Config;
 pub use service::SpdkPlugin;
@@ -40,7 +39,7 @@ pub use service::SpdkPlugin;
 /// A plugin whose socket exists and accepts connections, not yet serving.
 #[derive(Debug)]
 pub struct Listening {
-    router: Router,
+    router: snap_csi::server::MeteredRouter,
     listener: UnixListener,
     socket: PathBuf,
 }
@@ -52,7 +51,7 @@ pub fn bind(config: &Config) -> Result<Listening, ServeError> {
     let listener = snap_csi::server::bind(&config.plugin_socket)?;
     let spdk = RpcClient::with_timeout(&config.spdk_socket, config.service.call_timeout);
     let plugin = SpdkPlugin::new(spdk, config.service.clone());
-    let router = tonic::transport::Server::builder()
+    let router = snap_csi::server::builder()
         .add_service(IdentityServiceServer::new(plugin.clone()))
         .add_service(StoragePluginServiceServer::new(plugin));
     tracing::info!(
@@ -72,7 +71,7 @@ impl Listening {
     /// Serves until `shutdown` completes and the calls in flight have
     /// finished, then removes the socket.
     pub async fn serve(self, shutdown: impl Future<Output = ()>) -> Result<(), ServeError> {
-        snap_csi::server::serve(self.router, self.listener, &self.socket, shutdown).await
+        snap_csi::server::serve(self.router, self.listener, &self.socket, None, shutdown).await
     }
 }
 

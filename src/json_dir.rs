@@ -1,0 +1,127 @@
+//! A directory of small JSON records, one file per key, each written
+//! atomically (temp file, fsync, rename, fsync of the directory) so that a
+//! crash leaves the old record or the new one, never half of one.
+//!
+//! Keys are opaque strings (a CO's volume id may hold `/`): a file is named by
+//! the hex of its key's bytes, so every key maps to exactly one safe name.
+//! Records carry their own key when their owner needs to list them.
+
+use std::fs::{self, File};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+/// One directory of records.
+#[derive(Debug, Clone)]
+pub struct JsonDir {
+    dir: PathBuf,
+}
+
+impl JsonDir {
+    /// Opens (creating) the directory.
+    pub fn open(dir: impl Into<PathBuf>) -> io::Result<JsonDir> {
+        let dir = dir.into();
+        fs::create_dir_all(&dir)?;
+        Ok(JsonDir { dir })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn path(&self, key: &str) -> PathBuf {
+        let name: String = key.bytes().map(|b| format!("{b:02x}")).collect();
+        self.dir.join(format!("{name}.json"))
+    }
+
+    /// The record under `key`, or `None` when there is none.
+    pub fn load<T: DeserializeOwned>(&self, key: &str) -> io::Result<Option<T>> {
+        match fs::read(self.path(key)) {
+            Ok(bytes) => serde_json::from_slice(&bytes)
+                .map(Some)
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Writes (or replaces) the record under `key`.
+    pub fn store<T: Serialize>(&self, key: &str, record: &T) -> io::Result<()> {
+        let path = self.path(key);
+        let temp = path.with_extension("tmp");
+        let bytes = serde_json::to_vec_pretty(record).map_err(io::Error::other)?;
+        let mut file = File::create(&temp)?;
+        file.write_all(&bytes)?;
+        file.sync_all()?;
+        fs::rename(&temp, &path)?;
+        sync_dir(&self.dir)
+    }
+
+    /// Removes the record; removing an absent one succeeds.
+    pub fn remove(&self, key: &str) -> io::Result<()> {
+        match fs::remove_file(self.path(key)) {
+            Ok(()) => sync_dir(&self.dir),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// How many records there are, without reading them.
+    pub fn count(&self) -> io::Result<usize> {
+        let mut count = 0;
+        for entry in fs::read_dir(&self.dir)? {
+            if entry?.path().extension().is_some_and(|e| e == "json") {
+                count += 1;
+            }
+        }
+        Ok(count)
+    }
+
+    /// Every record; an unreadable file comes with its error so one bad file
+    /// does not hide the others.
+    pub fn all<T: DeserializeOwned>(&self) -> io::Result<Vec<Result<T, (PathBuf, io::Error)>>> {
+        let mut out = Vec::new();
+        for entry in fs::read_dir(&self.dir)? {
+            let path = entry?.path();
+            if path.extension().is_some_and(|e| e == "tmp") {
+                // A write that crashed before its rename: never a valid record.
+                let _ = fs::remove_file(&path);
+                continue;
+            }
+            let parsed = fs::read(&path).and_then(|bytes| {
+                serde_json::from_slice(&bytes)
+                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+            });
+            out.push(parsed.map_err(|e| (path, e)));
+        }
+        Ok(out)
+    }
+}
+
+fn sync_dir(dir: &Path) -> io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_round_trip_under_awkward_keys_and_survive_a_crashed_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let records = JsonDir::open(dir.path().join("r")).unwrap();
+        for key in ["g-1", "a/b/../c", "ünïcode key"] {
+            assert_eq!(records.load::<String>(key).unwrap(), None);
+            records.store(key, &key.to_string()).unwrap();
+            assert_eq!(records.load::<String>(key).unwrap().as_deref(), Some(key));
+        }
+        std::fs::write(records.dir().join("00.tmp"), b"{half").unwrap();
+        assert_eq!(records.all::<String>().unwrap().len(), 3);
+        assert!(!records.dir().join("00.tmp").exists());
+        records.remove("a/b/../c").unwrap();
+        records.remove("a/b/../c").unwrap();
+        assert_eq!(records.all::<String>().unwrap().len(), 2);
+    }
+}

@@ -1,0 +1,356 @@
+//! Prometheus metrics: what each long-running binary exposes on
+//! `--metrics-address` at `/metrics`.
+//!
+//! - `snap_csi_grpc_requests` / `..._seconds`: every gRPC call we serve, by
+//!   service method and status code (recorded by [`GrpcMetricsLayer`]).
+//! - `snap_csi_outbound_requests` / `..._seconds`: every call we make, by
+//!   target (`snap` for SPDK/SNAP JSON-RPC, `plugin` for the vendor plugin,
+//!   `vendor` for the vendor CSI controller), method and outcome.
+//! - `snap_csi_volumes_staged`: volumes the node has staged.
+//! - `snap_csi_dependency_ready`: 1 when a dependency answered its last probe.
+//!
+//! One process-wide registry, so that deep layers (the JSON-RPC client) record
+//! without every caller threading a handle through.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::OnceLock;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CallLabels {
+    method: String,
+    code: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MethodLabels {
+    method: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutboundLabels {
+    target: String,
+    method: String,
+    outcome: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TargetMethodLabels {
+    target: String,
+    method: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DependencyLabels {
+    dependency: String,
+}
+
+/// Every metric this process records.
+#[derive(Debug)]
+struct Metrics {
+    registry: Registry,
+    grpc_requests: Family<CallLabels, Counter>,
+    grpc_seconds: Family<MethodLabels, Histogram>,
+    outbound_requests: Family<OutboundLabels, Counter>,
+    outbound_seconds: Family<TargetMethodLabels, Histogram>,
+    volumes_staged: Gauge,
+    dependency_ready: Family<DependencyLabels, Gauge>,
+}
+
+/// 100 µs .. ~100 s: from a cached list to a slow mkfs.
+fn latency_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.0001, 2.0, 21))
+}
+
+fn metrics() -> &'static Metrics {
+    static METRICS: OnceLock<Metrics> = OnceLock::new();
+    METRICS.get_or_init(|| {
+        let mut registry = Registry::with_prefix("snap_csi");
+        let grpc_requests = Family::<CallLabels, Counter>::default();
+        let grpc_seconds =
+            Family::<MethodLabels, Histogram>::new_with_constructor(latency_histogram as fn() -> _);
+        let outbound_requests = Family::<OutboundLabels, Counter>::default();
+        let outbound_seconds = Family::<TargetMethodLabels, Histogram>::new_with_constructor(
+            latency_histogram as fn() -> _,
+        );
+        let volumes_staged = Gauge::default();
+        let dependency_ready = Family::<DependencyLabels, Gauge>::default();
+        registry.register(
+            "grpc_requests",
+            "gRPC calls served, by method and status code",
+            grpc_requests.clone(),
+        );
+        registry.register(
+            "grpc_request_duration_seconds",
+            "Latency of gRPC calls served, by method",
+            grpc_seconds.clone(),
+        );
+        registry.register(
+            "outbound_requests",
+            "Calls made to SNAP/SPDK, the vendor plugin or the vendor CSI controller, by outcome",
+            outbound_requests.clone(),
+        );
+        registry.register(
+            "outbound_request_duration_seconds",
+            "Latency of outbound calls, by target and method",
+            outbound_seconds.clone(),
+        );
+        registry.register(
+            "volumes_staged",
+            "Volumes staged on this node",
+            volumes_staged.clone(),
+        );
+        registry.register(
+            "dependency_ready",
+            "1 when the dependency answered its last probe, else 0",
+            dependency_ready.clone(),
+        );
+        Metrics {
+            registry,
+            grpc_requests,
+            grpc_seconds,
+            outbound_requests,
+            outbound_seconds,
+            volumes_staged,
+            dependency_ready,
+        }
+    })
+}
+
+/// Records one outbound call: `target` is `snap`, `plugin` or `vendor`;
+/// `outcome` is `ok` or the error's kind/code.
+pub fn observe_outbound(target: &str, method: &str, outcome: &str, latency: Duration) {
+    let m = metrics();
+    m.outbound_requests
+        .get_or_create(&OutboundLabels {
+            target: target.into(),
+            method: method.into(),
+            outcome: outcome.into(),
+        })
+        .inc();
+    m.outbound_seconds
+        .get_or_create(&TargetMethodLabels {
+            target: target.into(),
+            method: method.into(),
+        })
+        .observe(latency.as_secs_f64());
+}
+
+/// Sets how many volumes the node has staged.
+pub fn set_volumes_staged(count: usize) {
+    metrics()
+        .volumes_staged
+        .set(i64::try_from(count).unwrap_or(i64::MAX));
+}
+
+/// Records whether `dependency` (e.g. `vendor-plugin`, `snap`) is ready.
+pub fn set_dependency_ready(dependency: &str, ready: bool) {
+    metrics()
+        .dependency_ready
+        .get_or_create(&DependencyLabels {
+            dependency: dependency.into(),
+        })
+        .set(i64::from(ready));
+}
+
+/// The text exposition of every metric.
+pub fn render() -> String {
+    let mut out = String::new();
+    // Writing into a String cannot fail.
+    let _ = prometheus_client::encoding::text::encode(&mut out, &metrics().registry);
+    out
+}
+
+/// Binds the metrics address, when there is one: binding before serving makes
+/// a taken port an error at start, not a silent gap in the graphs.
+pub async fn bind(address: Option<SocketAddr>) -> std::io::Result<Option<TcpListener>> {
+    match address {
+        Some(address) => {
+            let listener = TcpListener::bind(address).await?;
+            tracing::info!(%address, "metrics endpoint listening");
+            Ok(Some(listener))
+        }
+        None => Ok(None),
+    }
+}
+
+/// Serves `/metrics` on `listener` (if any) until `shutdown`.
+pub async fn serve_optional(
+    listener: Option<TcpListener>,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()> {
+    match listener {
+        Some(listener) => serve(listener, shutdown).await,
+        None => Ok(()),
+    }
+}
+
+/// Serves `GET /metrics` on `listener` until `shutdown`. A deliberately tiny
+/// HTTP/1.1 responder: Prometheus needs nothing more, and it keeps a web
+/// framework out of a storage driver.
+async fn serve(listener: TcpListener, shutdown: impl Future<Output = ()>) -> std::io::Result<()> {
+    tokio::pin!(shutdown);
+    loop {
+        let (mut stream, _) = tokio::select! {
+            accepted = listener.accept() => accepted?,
+            () = &mut shutdown => return Ok(()),
+        };
+        tokio::spawn(async move {
+            let mut request = Vec::with_capacity(1024);
+            let mut chunk = [0u8; 1024];
+            // Headers end at an empty line; a client that never sends one is dropped.
+            let read = tokio::time::timeout(Duration::from_secs(5), async {
+                while !request.windows(4).any(|w| w == b"\r\n\r\n") && request.len() < 16 * 1024 {
+                    let n = stream.read(&mut chunk).await?;
+                    if n == 0 {
+                        break;
+                    }
+                    request.extend_from_slice(&chunk[..n]);
+                }
+                Ok::<_, std::io::Error>(())
+            })
+            .await;
+            if !matches!(read, Ok(Ok(()))) {
+                return;
+            }
+            let response = if request.starts_with(b"GET /metrics ") {
+                let body = render();
+                format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/openmetrics-text; version=1.0.0; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                )
+            } else {
+                "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                    .to_string()
+            };
+            let _ = stream.write_all(response.as_bytes()).await;
+            let _ = stream.shutdown().await;
+        });
+    }
+}
+
+/// A tower layer for tonic servers that records each call's latency and
+/// status code. A handler's error travels in the response headers
+/// (trailers-only response); a success's `grpc-status: 0` comes in the
+/// trailers, so a response without one in its headers counts as OK.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct GrpcMetricsLayer;
+
+impl<S> tower::Layer<S> for GrpcMetricsLayer {
+    type Service = GrpcMetrics<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        GrpcMetrics { inner }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct GrpcMetrics<S> {
+    inner: S,
+}
+
+impl<S, B, R> tower::Service<http::Request<B>> for GrpcMetrics<S>
+where
+    S: tower::Service<http::Request<B>, Response = http::Response<R>>,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        // "/csi.v1.Node/NodeStageVolume" -> "NodeStageVolume" would lose the
+        // service; keep "Node/NodeStageVolume".
+        let method = request
+            .uri()
+            .path()
+            .rsplit('/')
+            .take(2)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .map(|part| part.rsplit('.').next().unwrap_or(part))
+            .collect::<Vec<_>>()
+            .join("/");
+        let started = Instant::now();
+        let future = self.inner.call(request);
+        Box::pin(async move {
+            let response = future.await?;
+            let code = response
+                .headers()
+                .get("grpc-status")
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse::<i32>().ok())
+                .map_or(tonic::Code::Ok, tonic::Code::from_i32);
+            let m = metrics();
+            m.grpc_requests
+                .get_or_create(&CallLabels {
+                    method: method.clone(),
+                    code: format!("{code:?}"),
+                })
+                .inc();
+            m.grpc_seconds
+                .get_or_create(&MethodLabels { method })
+                .observe(started.elapsed().as_secs_f64());
+            Ok(response)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn the_endpoint_serves_what_was_recorded() {
+        observe_outbound("snap", "bdev_get_bdevs", "ok", Duration::from_millis(3));
+        set_dependency_ready("snap", true);
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(serve(listener, async move {
+            let _ = stopped.await;
+        }));
+        let mut body = String::new();
+        for _ in 0..100 {
+            if let Ok(mut stream) = tokio::net::TcpStream::connect(address).await {
+                stream
+                    .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+                    .await
+                    .unwrap();
+                stream.read_to_string(&mut body).await.unwrap();
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(body.starts_with("HTTP/1.1 200 OK"), "{body}");
+        assert!(
+            body.contains(
+                r#"snap_csi_outbound_requests_total{target="snap",method="bdev_get_bdevs",outcome="ok"} 1"#
+            ),
+            "{body}"
+        );
+        assert!(
+            body.contains(r#"snap_csi_dependency_ready{dependency="snap"} 1"#),
+            "{body}"
+        );
+        let _ = stop.send(());
+        server.await.unwrap().unwrap();
+    }
+}
