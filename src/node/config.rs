@@ -144,7 +144,7 @@ pub struct NodeArgs {
     /// Seconds one call may take when kubelet sets no deadline.
     #[arg(long, env = "SNAP_CSI_CALL_TIMEOUT")]
     pub call_timeout: Option<f64>,
-    /// Serve Prometheus metrics on this address (e.g. 0.0.0.0:9808).
+    /// Serve Prometheus metrics on this address (e.g. 0.0.0.0:9810).
     #[arg(long, env = "SNAP_CSI_METRICS_ADDRESS")]
     pub metrics_address: Option<std::net::SocketAddr>,
 }

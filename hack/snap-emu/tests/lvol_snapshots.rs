@@ -95,10 +95,22 @@ async fn snapshots_and_clones_follow_spdks_rules() {
 
     // Refusals after the lookup come from the blobstore's callback.
     for (params, message) in [
-        (json!({"lvol_name": "lvs/v", "snapshot_name": "s"}), "File exists"),
-        (json!({"lvol_name": "lvs/v", "snapshot_name": "v"}), "File exists"),
-        (json!({"lvol_name": "lvs/s", "snapshot_name": "s2"}), "Invalid argument"),
-        (json!({"lvol_name": "lvs/v", "snapshot_name": ""}), "Invalid argument"),
+        (
+            json!({"lvol_name": "lvs/v", "snapshot_name": "s"}),
+            "File exists",
+        ),
+        (
+            json!({"lvol_name": "lvs/v", "snapshot_name": "v"}),
+            "File exists",
+        ),
+        (
+            json!({"lvol_name": "lvs/s", "snapshot_name": "s2"}),
+            "Invalid argument",
+        ),
+        (
+            json!({"lvol_name": "lvs/v", "snapshot_name": ""}),
+            "Invalid argument",
+        ),
     ] {
         assert_eq!(
             t.err("bdev_lvol_snapshot", params).await,
@@ -132,8 +144,14 @@ async fn snapshots_and_clones_follow_spdks_rules() {
     assert_eq!(c["driver_specific"]["lvol"]["base_snapshot"], json!("s"));
     assert_eq!(read_at(&file_of(&files, &c), 3 * MIB, 6), b"before");
     for (params, message) in [
-        (json!({"snapshot_name": "lvs/v", "clone_name": "c2"}), "Invalid argument"),
-        (json!({"snapshot_name": "lvs/s", "clone_name": "c"}), "File exists"),
+        (
+            json!({"snapshot_name": "lvs/v", "clone_name": "c2"}),
+            "Invalid argument",
+        ),
+        (
+            json!({"snapshot_name": "lvs/s", "clone_name": "c"}),
+            "File exists",
+        ),
         (json!({"snapshot_name": "lvs/s"}), "Invalid argument"),
     ] {
         assert_eq!(
@@ -141,7 +159,9 @@ async fn snapshots_and_clones_follow_spdks_rules() {
             (-32602, message.to_string())
         );
     }
-    let listed = t.ok("bdev_lvol_get_lvols", json!({"lvs_name": "lvs"})).await;
+    let listed = t
+        .ok("bdev_lvol_get_lvols", json!({"lvs_name": "lvs"}))
+        .await;
     let flags: Vec<(String, bool, bool)> = listed
         .as_array()
         .unwrap()

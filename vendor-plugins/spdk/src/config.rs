@@ -1,16 +1,21 @@
 //! The plugin's settings and the binary's flags.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use snap_csi::dpu::plugin::{PROVIDER_PLACEHOLDER, snap_socket_path};
 
+use crate::backend::Kind;
+use crate::csi::{AioConfig, CsiConfig, NvmfConfig};
 use crate::service::ServiceConfig;
 
 /// Where DPF looks for this plugin (`plugins/<plugin-name>/dpu.sock`).
 pub const DEFAULT_PLUGIN_SOCKET: &str = "/var/lib/nvidia/storage/snap/plugins/spdk/dpu.sock";
 /// Where a stock SNAP container serves its JSON-RPC.
 pub const DEFAULT_SPDK_SOCKET: &str = "/var/tmp/spdk.sock";
+/// Where the CSI controller keeps volume groups and NVMe-oF snapshot records.
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/snap-csi-spdk-plugin";
 
 /// Everything a running plugin needs.
 #[derive(Debug, Clone)]
@@ -20,6 +25,8 @@ pub struct Config {
     /// SNAP's SPDK JSON-RPC socket.
     pub spdk_socket: PathBuf,
     pub service: ServiceConfig,
+    /// The CSI controller, when `--csi-socket` is given.
+    pub csi: Option<CsiConfig>,
 }
 
 /// How log lines look.
@@ -52,6 +59,32 @@ pub struct Args {
     /// Log line format (the filter is RUST_LOG, default "info").
     #[arg(long, env = "SPDK_PLUGIN_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+    /// Also serve the CSI controller (Identity, Controller, VolumeGroup) on this UNIX socket.
+    #[arg(long, env = "SPDK_PLUGIN_CSI_SOCKET")]
+    pub csi_socket: Option<PathBuf>,
+    /// CSI controller: where volume groups and NVMe-oF snapshot records are kept.
+    #[arg(long, env = "SPDK_PLUGIN_STATE_DIR", default_value = DEFAULT_STATE_DIR)]
+    pub state_dir: PathBuf,
+    /// CSI controller: the AIO backend's pool directory (absolute; volumes are
+    /// `<dir>/<volume id>.img`, and SNAP must see them at that path).
+    #[arg(long, env = "SPDK_PLUGIN_AIO_POOL_DIR")]
+    pub aio_pool_dir: Option<PathBuf>,
+    /// CSI controller: bytes the AIO pool may hold [default: the filesystem's free space].
+    #[arg(long, env = "SPDK_PLUGIN_AIO_POOL_CAPACITY")]
+    pub aio_pool_capacity: Option<u64>,
+    /// CSI controller: the NVMe-oF backend's target, its SPDK JSON-RPC socket.
+    #[arg(long, env = "SPDK_PLUGIN_NVMF_TARGET_SOCKET")]
+    pub nvmf_target_socket: Option<PathBuf>,
+    /// CSI controller: the lvstore on the target that holds the volumes (it must exist).
+    #[arg(long, env = "SPDK_PLUGIN_NVMF_LVSTORE")]
+    pub nvmf_lvstore: Option<String>,
+    /// CSI controller: the target's NVMe/TCP listener as initiators reach it (ADDR:PORT).
+    #[arg(long, env = "SPDK_PLUGIN_NVMF_LISTEN")]
+    pub nvmf_listen: Option<SocketAddr>,
+    /// CSI controller: the backend of volumes whose parameters name none
+    /// [default: aio when configured, else nvmf].
+    #[arg(long, env = "SPDK_PLUGIN_DEFAULT_BACKEND", value_parser = ["aio", "nvmf"])]
+    pub default_backend: Option<String>,
 }
 
 impl Args {
@@ -65,14 +98,84 @@ impl Args {
         if self.call_timeout == 0 {
             return Err("--call-timeout must be at least 1 second".into());
         }
+        let call_timeout = Duration::from_secs(self.call_timeout);
         Ok(Config {
             plugin_socket: self.plugin_socket.clone(),
             spdk_socket: self.spdk_socket.clone(),
             service: ServiceConfig {
                 snap_provider: self.snap_provider.clone(),
-                call_timeout: Duration::from_secs(self.call_timeout),
+                call_timeout,
             },
+            csi: self.csi(call_timeout)?,
         })
+    }
+
+    fn csi(&self, call_timeout: Duration) -> Result<Option<CsiConfig>, String> {
+        let Some(socket) = &self.csi_socket else {
+            return Ok(None);
+        };
+        let aio = match &self.aio_pool_dir {
+            Some(dir) if dir.is_absolute() => Some(AioConfig {
+                pool_dir: dir.clone(),
+                capacity: self.aio_pool_capacity,
+            }),
+            Some(dir) => {
+                return Err(format!(
+                    "--aio-pool-dir must be absolute (it is SNAP's path to the files), got {}",
+                    dir.display()
+                ));
+            }
+            None if self.aio_pool_capacity.is_some() => {
+                return Err("--aio-pool-capacity needs --aio-pool-dir".into());
+            }
+            None => None,
+        };
+        let nvmf = match (
+            &self.nvmf_target_socket,
+            &self.nvmf_lvstore,
+            self.nvmf_listen,
+        ) {
+            (Some(target_socket), Some(lvstore), Some(listen)) if !lvstore.is_empty() => {
+                Some(NvmfConfig {
+                    target_socket: target_socket.clone(),
+                    lvstore: lvstore.clone(),
+                    listen,
+                })
+            }
+            (None, None, None) => None,
+            _ => {
+                return Err(
+                    "the NVMe-oF backend needs all of --nvmf-target-socket, --nvmf-lvstore and \
+                     --nvmf-listen"
+                        .into(),
+                );
+            }
+        };
+        let default_backend = match self.default_backend.as_deref() {
+            Some("aio") => Kind::Aio,
+            Some(_) => Kind::Nvmf,
+            None if aio.is_some() => Kind::Aio,
+            None => Kind::Nvmf,
+        };
+        let configured = match default_backend {
+            Kind::Aio => aio.is_some(),
+            Kind::Nvmf => nvmf.is_some(),
+        };
+        if !configured {
+            return Err(format!(
+                "--csi-socket needs a backend: --aio-pool-dir, or the --nvmf-* flags \
+                 (the default backend {} is not configured)",
+                default_backend.as_str()
+            ));
+        }
+        Ok(Some(CsiConfig {
+            socket: socket.clone(),
+            state_dir: self.state_dir.clone(),
+            aio,
+            nvmf,
+            default_backend,
+            call_timeout,
+        }))
     }
 }
 
@@ -100,5 +203,64 @@ mod tests {
         let args = Args::try_parse_from(["p", "--call-timeout", "0"]).unwrap();
         assert!(args.resolve().is_err());
         assert!(Args::try_parse_from(["p", "--log-format", "xml"]).is_err());
+    }
+
+    fn csi(args: &[&str]) -> Result<Option<CsiConfig>, String> {
+        let mut all = vec!["p"];
+        all.extend_from_slice(args);
+        Args::try_parse_from(all).unwrap().resolve().map(|c| c.csi)
+    }
+
+    #[test]
+    fn the_csi_controller_needs_a_backend_and_whole_nvmf_settings() {
+        assert_eq!(csi(&[]).unwrap(), None);
+        let aio = csi(&["--csi-socket", "/run/csi.sock", "--aio-pool-dir", "/pool"])
+            .unwrap()
+            .unwrap();
+        assert_eq!(aio.default_backend, Kind::Aio);
+        assert_eq!(aio.state_dir, PathBuf::from(DEFAULT_STATE_DIR));
+        assert!(aio.nvmf.is_none());
+        let nvmf = [
+            "--csi-socket",
+            "/run/csi.sock",
+            "--nvmf-target-socket",
+            "/run/target.sock",
+            "--nvmf-lvstore",
+            "lvs0",
+            "--nvmf-listen",
+            "127.0.0.1:4420",
+        ];
+        let both = csi(&[
+            &nvmf[..],
+            &["--aio-pool-dir", "/pool", "--default-backend", "nvmf"],
+        ]
+        .concat())
+        .unwrap()
+        .unwrap();
+        assert_eq!(both.default_backend, Kind::Nvmf);
+        assert_eq!(both.nvmf.unwrap().listen.port(), 4420);
+        assert!(
+            csi(&["--csi-socket", "/s"])
+                .unwrap_err()
+                .contains("backend")
+        );
+        assert!(csi(&nvmf[..6]).unwrap_err().contains("--nvmf-listen"));
+        assert!(
+            csi(&["--csi-socket", "/s", "--aio-pool-dir", "pool"])
+                .unwrap_err()
+                .contains("absolute")
+        );
+        assert!(
+            csi(&[
+                "--csi-socket",
+                "/s",
+                "--aio-pool-dir",
+                "/p",
+                "--default-backend",
+                "nvmf"
+            ])
+            .is_err()
+        );
+        assert!(Args::try_parse_from(["p", "--nvmf-listen", "localhost"]).is_err());
     }
 }

@@ -12,13 +12,18 @@
 //! and every call is idempotent across plugin restarts. It works unchanged
 //! against real SPDK v24.09 and against `snap-emu`.
 //!
+//! With `--csi-socket`, the same binary also serves the CSI controller for
+//! these backends ([`csi`]: Identity, Controller, VolumeGroup), which makes
+//! the volumes whose contexts the plugin service reads.
+//!
 //! Layout: [`service`] (the RPCs), [`backend`] (the volume context),
-//! [`names`] (device names), [`paging`] (ListDevices tokens), [`errors`]
+//! [`names`] (device names), [`paging`] (list tokens), [`errors`]
 //! (SPDK answers → gRPC codes, with the reasons), [`config`] (settings and
-//! the binary's flags).
+//! the binary's flags), [`csi`] (the CSI controller).
 
 pub mod backend;
 pub mod config;
+pub mod csi;
 pub mod errors;
 pub mod names;
 pub mod paging;
@@ -28,8 +33,11 @@ use std::future::Future;
 use std::path::PathBuf;
 
 use snap_csi::jsonrpc::RpcClient;
+use snap_csi::proto::csi::v1::controller_server::ControllerServer;
+use snap_csi::proto::csi::v1::identity_server::IdentityServer;
 use snap_csi::proto::nvidia::storage::plugins::v1::identity_service_server::IdentityServiceServer;
 use snap_csi::proto::nvidia::storage::plugins::v1::storage_plugin_service_server::StoragePluginServiceServer;
+use snap_csi::proto::volumegroup::controller_server::ControllerServer as VolumeGroupServer;
 use snap_csi::server::ServeError;
 use tokio::net::UnixListener;
 
@@ -39,9 +47,23 @@ pub use service::SpdkPlugin;
 /// A plugin whose socket exists and accepts connections, not yet serving.
 #[derive(Debug)]
 pub struct Listening {
+    plugin: Endpoint,
+    /// The CSI controller's, when configured.
+    csi: Option<Endpoint>,
+}
+
+/// One bound socket and what it will serve.
+#[derive(Debug)]
+struct Endpoint {
     router: snap_csi::server::MeteredRouter,
     listener: UnixListener,
     socket: PathBuf,
+}
+
+impl Endpoint {
+    async fn serve(self, shutdown: impl Future<Output = ()>) -> Result<(), ServeError> {
+        snap_csi::server::serve(self.router, self.listener, &self.socket, None, shutdown).await
+    }
 }
 
 /// Binds the plugin's socket (mode 0600; a stale socket is replaced, any
@@ -60,10 +82,39 @@ pub fn bind(config: &Config) -> Result<Listening, ServeError> {
         provider = %config.service.snap_provider,
         "SPDK vendor plugin listening"
     );
+    let csi = config.csi.as_ref().map(bind_csi).transpose()?;
     Ok(Listening {
+        plugin: Endpoint {
+            router,
+            listener,
+            socket: config.plugin_socket.clone(),
+        },
+        csi,
+    })
+}
+
+/// Binds the CSI controller's socket; no backend is contacted.
+fn bind_csi(config: &csi::CsiConfig) -> Result<Endpoint, ServeError> {
+    let controller = csi::CsiController::new(config).map_err(|source| ServeError::Listen {
+        path: config.state_dir.clone(),
+        source,
+    })?;
+    let listener = snap_csi::server::bind(&config.socket)?;
+    let router = snap_csi::server::builder()
+        .add_service(IdentityServer::new(controller.clone()))
+        .add_service(ControllerServer::new(controller.clone()))
+        .add_service(VolumeGroupServer::new(controller));
+    tracing::info!(
+        socket = %config.socket.display(),
+        aio_pool = ?config.aio.as_ref().map(|a| &a.pool_dir),
+        nvmf_target = ?config.nvmf.as_ref().map(|n| &n.target_socket),
+        default_backend = config.default_backend.as_str(),
+        "CSI controller listening"
+    );
+    Ok(Endpoint {
         router,
         listener,
-        socket: config.plugin_socket.clone(),
+        socket: config.socket.clone(),
     })
 }
 
@@ -71,7 +122,15 @@ impl Listening {
     /// Serves until `shutdown` completes and the calls in flight have
     /// finished, then removes the socket.
     pub async fn serve(self, shutdown: impl Future<Output = ()>) -> Result<(), ServeError> {
-        snap_csi::server::serve(self.router, self.listener, &self.socket, None, shutdown).await
+        let shutdown = futures::FutureExt::shared(shutdown);
+        match self.csi {
+            Some(csi) => {
+                let (plugin, csi) =
+                    tokio::join!(self.plugin.serve(shutdown.clone()), csi.serve(shutdown));
+                plugin.and(csi)
+            }
+            None => self.plugin.serve(shutdown).await,
+        }
     }
 }
 

@@ -1,4 +1,4 @@
-//! ListDevices paging.
+//! ListDevices paging (and the CSI controller's lists, keyed by id).
 //!
 //! Devices are listed in name order and a token is the name of the last
 //! device of the page before: the next page starts after it. A token is thus
@@ -18,12 +18,17 @@ const TOKEN_PREFIX: &str = "after:";
 
 /// Where a page starts: `None` at the beginning, else after the named device.
 pub fn parse_token(token: &str) -> Result<Option<&str>, Status> {
+    parse_token_of(token, |after| parse_device_name(after).is_some())
+}
+
+/// [`parse_token`] for any list whose keys `valid` recognises.
+pub fn parse_token_of(token: &str, valid: impl Fn(&str) -> bool) -> Result<Option<&str>, Status> {
     if token.is_empty() {
         return Ok(None);
     }
     token
         .strip_prefix(TOKEN_PREFIX)
-        .filter(|after| parse_device_name(after).is_some())
+        .filter(|after| valid(after))
         .map(Some)
         .ok_or_else(|| {
             Status::aborted(format!(
@@ -34,20 +39,26 @@ pub fn parse_token(token: &str) -> Result<Option<&str>, Status> {
 
 /// One page of `entries` (any order) starting after `after`, at most
 /// `max_entries` long (0: no limit), and the token of the next page ("" at the end).
-pub fn page(
-    mut entries: Vec<Entry>,
+pub fn page(entries: Vec<Entry>, after: Option<&str>, max_entries: usize) -> (Vec<Entry>, String) {
+    page_by(entries, |e| e.device_name.as_str(), after, max_entries)
+}
+
+/// [`page`] for entries of any kind, ordered and positioned by `key`.
+pub fn page_by<T>(
+    mut entries: Vec<T>,
+    key: impl Fn(&T) -> &str,
     after: Option<&str>,
     max_entries: usize,
-) -> (Vec<Entry>, String) {
-    entries.sort_by(|a, b| a.device_name.cmp(&b.device_name));
+) -> (Vec<T>, String) {
+    entries.sort_by(|a, b| key(a).cmp(key(b)));
     if let Some(after) = after {
-        entries.retain(|e| e.device_name.as_str() > after);
+        entries.retain(|e| key(e) > after);
     }
     if max_entries == 0 || entries.len() <= max_entries {
         return (entries, String::new());
     }
     entries.truncate(max_entries);
-    let next = format!("{TOKEN_PREFIX}{}", entries[max_entries - 1].device_name);
+    let next = format!("{TOKEN_PREFIX}{}", key(&entries[max_entries - 1]));
     (entries, next)
 }
 

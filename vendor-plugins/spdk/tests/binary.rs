@@ -79,3 +79,102 @@ fn bad_flags_exit_with_usage_errors() {
     assert_eq!(output.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&output.stderr).contains("--snap-provider"));
 }
+
+/// With `--csi-socket`, the binary also serves the CSI controller, configured
+/// by flags and environment alike, and removes both sockets on SIGTERM.
+#[tokio::test]
+async fn serves_the_csi_controller_beside_the_plugin() {
+    use snap_csi::proto::csi::v1 as csi;
+
+    let target = common::csi::Target::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let plugin_socket = dir.path().join("dpu.sock");
+    let csi_socket = dir.path().join("csi.sock");
+    let pool = dir.path().join("pool");
+    let child = tokio::process::Command::new(BINARY)
+        .arg("--plugin-socket")
+        .arg(&plugin_socket)
+        .arg("--csi-socket")
+        .arg(&csi_socket)
+        .arg("--aio-pool-dir")
+        .arg(&pool)
+        .arg("--nvmf-lvstore")
+        .arg(common::csi::LVSTORE)
+        .env("SPDK_PLUGIN_STATE_DIR", dir.path().join("state"))
+        .env("SPDK_PLUGIN_AIO_POOL_CAPACITY", (1u64 << 30).to_string())
+        .env("SPDK_PLUGIN_NVMF_TARGET_SOCKET", target.emulator.socket())
+        .env(
+            "SPDK_PLUGIN_NVMF_LISTEN",
+            format!("127.0.0.1:{}", target.listen_port),
+        )
+        .env("SPDK_PLUGIN_DEFAULT_BACKEND", "nvmf")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    for _ in 0..500 {
+        if csi_socket.exists() && plugin_socket.exists() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let channel = unix_channel(csi_socket.clone());
+    let mut identity = csi::identity_client::IdentityClient::new(channel.clone());
+    let ready = identity
+        .probe(timed(csi::ProbeRequest {}, TIMEOUT))
+        .await
+        .unwrap()
+        .into_inner()
+        .ready;
+    assert_eq!(ready, Some(true));
+    let mut controller = csi::controller_client::ControllerClient::new(channel);
+    let created = controller
+        .create_volume(timed(
+            common::csi::volume("pvc-bin", "", 4 << 20, 0),
+            TIMEOUT,
+        ))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    assert_eq!(created.volume_id, "nvmf-pvc-bin", "the default backend");
+    controller
+        .delete_volume(timed(
+            csi::DeleteVolumeRequest {
+                volume_id: created.volume_id,
+                ..Default::default()
+            },
+            TIMEOUT,
+        ))
+        .await
+        .unwrap();
+    drop((identity, controller));
+
+    let killed = Command::new("kill")
+        .arg("-TERM")
+        .arg(child.id().expect("running").to_string())
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let output = tokio::time::timeout(TIMEOUT, child.wait_with_output())
+        .await
+        .expect("the binary stops on SIGTERM")
+        .unwrap();
+    let logs = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{:?}: {logs}", output.status);
+    assert!(!csi_socket.exists() && !plugin_socket.exists());
+}
+
+#[test]
+fn incomplete_csi_settings_are_usage_errors() {
+    let output = Command::new(BINARY)
+        .args(["--csi-socket", "/nonexistent/csi.sock"])
+        .args(["--nvmf-target-socket", "/nonexistent/spdk.sock"])
+        .env("SPDK_PLUGIN_SOCKET", "/nonexistent/dpu.sock")
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("--nvmf-listen"));
+}

@@ -29,5 +29,8 @@ async fn the_sample_plugin_passes_plugin_check() {
     assert_eq!(report.failed(), 0, "{report}");
     assert!(report.passed() >= 17, "{report}");
     assert!(report.names(Verdict::Fail).is_empty());
-    assert!(snap.bdevs().await.is_empty(), "plugin-check cleaned up after itself");
+    assert!(
+        snap.bdevs().await.is_empty(),
+        "plugin-check cleaned up after itself"
+    );
 }

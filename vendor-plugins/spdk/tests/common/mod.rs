@@ -4,6 +4,9 @@
 
 #![allow(dead_code)]
 
+pub mod csi;
+pub mod scenarios;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -114,6 +117,7 @@ impl Plugin {
                 snap_provider: provider.into(),
                 call_timeout: Duration::from_secs(30),
             },
+            csi: None,
         };
         let listening = snap_csi_spdk_plugin::bind(&config).unwrap();
         let (stop, stopped) = oneshot::channel::<()>();

@@ -1,0 +1,26 @@
+# snap-csi-spdk-plugin: the sample vendor plugin (plugins.v1 on the DPU, and
+# its CSI controller). Build from the repository root:
+#   docker build -f deploy/images/spdk-plugin.Dockerfile -t <registry>/snap-csi/snap-csi-spdk-plugin:0.1.0 .
+# For a BlueField add --platform linux/arm64 (the rust and debian images are
+# multi-arch). deploy/check.sh checks this file offline.
+
+FROM rust:1.95-bookworm AS builder
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends protobuf-compiler \
+    && rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+COPY . .
+RUN --mount=type=cache,target=/usr/local/cargo/registry \
+    --mount=type=cache,target=/src/target \
+    cargo build --release --locked -p snap-csi-spdk-plugin --bin snap-csi-spdk-plugin \
+    && install -D -m 0755 target/release/snap-csi-spdk-plugin /out/snap-csi-spdk-plugin
+
+# Minimal: the plugin execs nothing and needs only glibc, so no package is
+# added. debian slim rather than distroless: the same base as the snap-csi
+# image, and a release tag to pin (distroless publishes no versioned tags).
+FROM debian:bookworm-slim
+COPY --from=builder /out/snap-csi-spdk-plugin /usr/local/bin/snap-csi-spdk-plugin
+LABEL org.opencontainers.image.title="snap-csi-spdk-plugin" \
+      org.opencontainers.image.description="Sample snap-csi vendor plugin: SPDK AIO and NVMe-oF bdevs inside SNAP" \
+      org.opencontainers.image.licenses="Apache-2.0"
+ENTRYPOINT ["/usr/local/bin/snap-csi-spdk-plugin"]

@@ -1,0 +1,609 @@
+//! The NVMe-oF backend: a volume is a thin lvol `<lvstore>/<volume id>` on a
+//! remote SPDK target, exported as subsystem `nqn.2024-01.io.snap-csi:<volume
+//! id>` (any host, one namespace, a TCP listener at `--nvmf-listen`); a
+//! snapshot is an lvol snapshot `<lvstore>/<snapshot id>`, its record kept in
+//! the controller's state directory.
+//!
+//! Every step is idempotent against SPDK v24.09's own replies to a repeat
+//! (`spdk-v24.09-vendor-calls.txt`): an lvol name taken is -17 from
+//! `bdev_lvol_create` and -32602 "File exists" from the snapshot and clone
+//! callbacks; a second subsystem is -32603 and a second namespace or listener
+//! -32602, so those are checked against `nvmf_get_subsystems` before being
+//! taken as done; deleting what is gone is -19, or -32602 for a subsystem.
+//!
+//! Volumes never depend on snapshots or on each other (CSI asks that
+//! volumes be independent of snapshots): a volume made from a snapshot is
+//! `bdev_lvol_clone`d and then `bdev_lvol_decouple_parent`ed until it has no
+//! parent, which copies what it reads from its snapshots and keeps it thin
+//! where they are thin. A volume made from a volume clones a temporary
+//! snapshot `tmp-<new volume id>` of the source the same way and then
+//! deletes it (its one remaining clone, the source, takes its clusters
+//! back). So a snapshot's only clone is its source volume (or a later
+//! snapshot of it) and SPDK's rule that an lvol with two clones cannot be
+//! deleted never stops a DeleteSnapshot or DeleteVolume, except for a
+//! snapshot a CreateVolume is copying at that moment (FAILED_PRECONDITION).
+//!
+//! A volume whose lvol exists but whose subsystem is not fully set up is an
+//! interrupted CreateVolume: [`NvmfTarget::find`] says it is not complete and
+//! the next CreateVolume carries on from where it stopped.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+
+use futures::future::try_join;
+use snap_csi::json_dir::JsonDir;
+use snap_csi::jsonrpc::{RpcClient, code};
+use snap_csi::spdk::app::SpdkGetVersion;
+use snap_csi::spdk::bdev::{Bdev, BdevGetBdevs};
+use snap_csi::spdk::lvol::{
+    BdevLvolClone, BdevLvolCreate, BdevLvolDecoupleParent, BdevLvolDelete, BdevLvolGetLvstores,
+    BdevLvolResize, BdevLvolSnapshot,
+};
+use snap_csi::spdk::nvmf::{
+    ListenAddress, NvmfCreateSubsystem, NvmfCreateTransport, NvmfDeleteSubsystem,
+    NvmfGetSubsystems, NvmfNamespaceParams, NvmfSubsystem, NvmfSubsystemAddListener,
+    NvmfSubsystemAddNs,
+};
+use tokio::time::Instant;
+use tonic::Status;
+use uuid::Uuid;
+
+use super::errors::{self, is_absent, is_taken};
+use super::ids::{parse_snapshot_id, parse_volume_id};
+use super::sizes::{MIB, Room, lvol_unit};
+use super::store::{Found, Source, VolumeBackend};
+use crate::backend::{
+    ADRFAM_KEY, BACKEND_KEY, Kind, NVMF, SUBNQN_KEY, TRADDR_KEY, TRSVCID_KEY, TRTYPE_KEY,
+};
+
+/// Subsystem NQNs are this and the volume id.
+pub const NQN_PREFIX: &str = "nqn.2024-01.io.snap-csi:";
+/// Every subsystem has one namespace.
+const NSID: u32 = 1;
+const MODEL: &str = "snap-csi SPDK lvol";
+/// NVMe's serial number field.
+const SERIAL_MAX: usize = 20;
+/// The namespace of the target-side UUIDs and serials (random, never change).
+const TARGET_NAMESPACE: Uuid = Uuid::from_u128(0x3def4779_5dcd_4f17_95fb_4bfb8de14084);
+const TEMP_SNAPSHOT_PREFIX: &str = "tmp-";
+/// Decoupling climbs one snapshot per call; no volume has this many.
+const MAX_DECOUPLES: usize = 256;
+
+/// A remote SPDK target with an lvstore.
+#[derive(Debug)]
+pub struct NvmfTarget {
+    rpc: RpcClient,
+    lvstore: String,
+    listen: SocketAddr,
+    records: JsonDir,
+}
+
+pub fn nqn(volume_id: &str) -> String {
+    format!("{NQN_PREFIX}{volume_id}")
+}
+
+fn digest(volume_id: &str) -> Uuid {
+    Uuid::new_v5(&TARGET_NAMESPACE, volume_id.as_bytes())
+}
+
+fn serial(volume_id: &str) -> String {
+    let hex = digest(volume_id).simple().to_string();
+    format!("SC{}", &hex[..SERIAL_MAX - 2])
+}
+
+fn temp_snapshot(volume_id: &str) -> String {
+    format!("{TEMP_SNAPSHOT_PREFIX}{volume_id}")
+}
+
+fn size_in_mib(size: u64) -> u64 {
+    size.div_ceil(MIB)
+}
+
+impl NvmfTarget {
+    /// The target at `rpc` (nothing is contacted yet); snapshot records go in
+    /// `records`.
+    pub fn new(rpc: RpcClient, lvstore: String, listen: SocketAddr, records: JsonDir) -> Self {
+        NvmfTarget {
+            rpc,
+            lvstore,
+            listen,
+            records,
+        }
+    }
+
+    fn alias(&self, lvol: &str) -> String {
+        format!("{}/{lvol}", self.lvstore)
+    }
+
+    fn listen_address(&self) -> ListenAddress {
+        ListenAddress {
+            trtype: "tcp".into(),
+            adrfam: if self.listen.is_ipv4() {
+                "ipv4"
+            } else {
+                "ipv6"
+            }
+            .into(),
+            traddr: self.listen.ip().to_string(),
+            trsvcid: self.listen.port().to_string(),
+        }
+    }
+
+    async fn lvol(&self, name: &str, deadline: Instant) -> Result<Option<Bdev>, Status> {
+        let query = BdevGetBdevs {
+            name: Some(self.alias(name)),
+            timeout: None,
+        };
+        match self.rpc.call_until(&query, deadline).await {
+            Ok(bdevs) => Ok(bdevs.into_iter().next()),
+            Err(e) if is_absent(&e) => Ok(None),
+            Err(e) => Err(errors::spdk(
+                &format!("looking up lvol {}", self.alias(name)),
+                &e,
+            )),
+        }
+    }
+
+    /// `(lvol name, bdev)` of every lvol in our lvstore.
+    async fn lvols(&self, deadline: Instant) -> Result<Vec<(String, Bdev)>, Status> {
+        let bdevs = self
+            .rpc
+            .call_until(&BdevGetBdevs::default(), deadline)
+            .await
+            .map_err(|e| errors::spdk("listing the target's bdevs", &e))?;
+        let prefix = format!("{}/", self.lvstore);
+        Ok(bdevs
+            .into_iter()
+            .filter_map(|b| {
+                let name = b.aliases.iter().find_map(|a| a.strip_prefix(&prefix))?;
+                Some((name.to_string(), b.clone()))
+            })
+            .collect())
+    }
+
+    async fn subsystem(
+        &self,
+        volume_id: &str,
+        deadline: Instant,
+    ) -> Result<Option<NvmfSubsystem>, Status> {
+        let query = NvmfGetSubsystems {
+            nqn: Some(nqn(volume_id)),
+        };
+        match self.rpc.call_until(&query, deadline).await {
+            Ok(list) => Ok(list.into_iter().next()),
+            Err(e) if is_absent(&e) => Ok(None),
+            Err(e) => Err(errors::spdk(
+                &format!("looking up subsystem {}", nqn(volume_id)),
+                &e,
+            )),
+        }
+    }
+
+    fn has_namespace(subsystem: &NvmfSubsystem, bdev: &Bdev) -> bool {
+        subsystem.namespaces.iter().any(|n| {
+            n.nsid == NSID && (n.bdev_name == bdev.name || bdev.aliases.contains(&n.bdev_name))
+        })
+    }
+
+    fn has_listener(&self, subsystem: &NvmfSubsystem) -> bool {
+        let ours = self.listen_address();
+        subsystem.listen_addresses.iter().any(|a| {
+            a.trtype.eq_ignore_ascii_case(&ours.trtype)
+                && a.adrfam.eq_ignore_ascii_case(&ours.adrfam)
+                && a.traddr == ours.traddr
+                && a.trsvcid == ours.trsvcid
+        })
+    }
+
+    /// Makes the lvol of a new volume, from its source if it has one.
+    async fn make_lvol(
+        &self,
+        volume_id: &str,
+        size: u64,
+        source: Option<&Source>,
+        deadline: Instant,
+    ) -> Result<(), Status> {
+        match source {
+            None => {
+                let create = BdevLvolCreate {
+                    lvol_name: volume_id.to_string(),
+                    size_in_mib: size_in_mib(size),
+                    lvs_name: Some(self.lvstore.clone()),
+                    uuid: None,
+                    thin_provision: Some(true),
+                };
+                match self.rpc.call_until(&create, deadline).await {
+                    Ok(_) => Ok(()),
+                    Err(e) if is_taken(&e) => Ok(()),
+                    Err(e) => Err(errors::spdk(
+                        &format!("creating lvol {}", self.alias(volume_id)),
+                        &e,
+                    )),
+                }
+            }
+            Some(Source::Snapshot(snapshot_id)) => {
+                self.clone_lvol(snapshot_id, volume_id, deadline).await
+            }
+            Some(Source::Volume(source_id)) => {
+                let temp = temp_snapshot(volume_id);
+                self.snapshot(source_id, &temp, deadline).await?;
+                self.clone_lvol(&temp, volume_id, deadline).await
+            }
+        }
+    }
+
+    async fn clone_lvol(
+        &self,
+        snapshot: &str,
+        volume_id: &str,
+        deadline: Instant,
+    ) -> Result<(), Status> {
+        let clone = BdevLvolClone {
+            snapshot_name: self.alias(snapshot),
+            clone_name: volume_id.to_string(),
+        };
+        match self.rpc.call_until(&clone, deadline).await {
+            Ok(_) => Ok(()),
+            Err(e) if is_taken(&e) => Ok(()),
+            Err(e) if is_absent(&e) => Err(Status::not_found(format!(
+                "snapshot {} is gone",
+                self.alias(snapshot)
+            ))),
+            Err(e) => Err(errors::spdk(
+                &format!("cloning {} into {volume_id}", self.alias(snapshot)),
+                &e,
+            )),
+        }
+    }
+
+    /// Decouples the lvol from its snapshots, one parent per call, until it
+    /// has none; answers its bdev.
+    async fn stand_alone(&self, volume_id: &str, deadline: Instant) -> Result<Bdev, Status> {
+        for _ in 0..MAX_DECOUPLES {
+            let bdev = self.lvol(volume_id, deadline).await?.ok_or_else(|| {
+                Status::aborted(format!(
+                    "lvol {} vanished while being created",
+                    self.alias(volume_id)
+                ))
+            })?;
+            let is_clone = bdev.driver_specific.lvol.as_ref().is_some_and(|l| l.clone);
+            if !is_clone {
+                return Ok(bdev);
+            }
+            let decouple = BdevLvolDecoupleParent {
+                name: self.alias(volume_id),
+            };
+            self.rpc
+                .call_until(&decouple, deadline)
+                .await
+                .map_err(|e| errors::spdk(&format!("decoupling {}", self.alias(volume_id)), &e))?;
+        }
+        Err(Status::internal(format!(
+            "lvol {} still has a parent after {MAX_DECOUPLES} decouplings",
+            self.alias(volume_id)
+        )))
+    }
+
+    async fn delete_lvol(&self, name: &str, deadline: Instant) -> Result<(), Status> {
+        let delete = BdevLvolDelete {
+            name: self.alias(name),
+        };
+        match self.rpc.call_until(&delete, deadline).await {
+            Ok(_) => Ok(()),
+            Err(e) if is_absent(&e) => Ok(()),
+            Err(e) => Err(errors::spdk(
+                &format!("deleting lvol {}", self.alias(name)),
+                &e,
+            )),
+        }
+    }
+
+    /// Exports the volume's lvol: subsystem, namespace 1, listener; each
+    /// step only if the subsystem lacks it.
+    async fn export(&self, volume_id: &str, bdev: &Bdev, deadline: Instant) -> Result<(), Status> {
+        let nqn = nqn(volume_id);
+        let mut subsystem = self.subsystem(volume_id, deadline).await?;
+        if subsystem.is_none() {
+            let create = NvmfCreateSubsystem {
+                nqn: nqn.clone(),
+                serial_number: Some(serial(volume_id)),
+                model_number: Some(MODEL.into()),
+                allow_any_host: Some(true),
+                max_namespaces: Some(NSID),
+            };
+            match self.rpc.call_until(&create, deadline).await {
+                Ok(_) => {}
+                // "Unable to create subsystem": taken, or refused; look.
+                Err(e) if e.code() == Some(code::INTERNAL_ERROR) => {
+                    if self.subsystem(volume_id, deadline).await?.is_none() {
+                        return Err(errors::spdk(&format!("creating subsystem {nqn}"), &e));
+                    }
+                }
+                Err(e) => return Err(errors::spdk(&format!("creating subsystem {nqn}"), &e)),
+            }
+            subsystem = self.subsystem(volume_id, deadline).await?;
+        }
+        let subsystem = subsystem.ok_or_else(|| {
+            Status::aborted(format!("subsystem {nqn} vanished while being set up"))
+        })?;
+        if !Self::has_namespace(&subsystem, bdev) {
+            let add = NvmfSubsystemAddNs {
+                nqn: nqn.clone(),
+                namespace: NvmfNamespaceParams {
+                    bdev_name: self.alias(volume_id),
+                    nsid: Some(NSID),
+                    uuid: Some(digest(volume_id).hyphenated().to_string()),
+                },
+            };
+            if let Err(e) = self.rpc.call_until(&add, deadline).await {
+                // -32602 is also SPDK's answer to a namespace already there.
+                let there = e.code() == Some(code::INVALID_PARAMS)
+                    && self
+                        .subsystem(volume_id, deadline)
+                        .await?
+                        .is_some_and(|s| Self::has_namespace(&s, bdev));
+                if !there {
+                    return Err(errors::spdk(
+                        &format!("adding {} to {nqn}", self.alias(volume_id)),
+                        &e,
+                    ));
+                }
+            }
+        }
+        if !self.has_listener(&subsystem) {
+            let transport = NvmfCreateTransport {
+                trtype: "TCP".into(),
+            };
+            match self.rpc.call_until(&transport, deadline).await {
+                Ok(_) => {}
+                // "Transport type 'TCP' already exists".
+                Err(e) if e.code() == Some(code::INTERNAL_ERROR) => {}
+                Err(e) => return Err(errors::spdk("creating the TCP transport", &e)),
+            }
+            let add = NvmfSubsystemAddListener {
+                nqn: nqn.clone(),
+                listen_address: self.listen_address(),
+            };
+            if let Err(e) = self.rpc.call_until(&add, deadline).await {
+                let there = e.code() == Some(code::INVALID_PARAMS)
+                    && self
+                        .subsystem(volume_id, deadline)
+                        .await?
+                        .is_some_and(|s| self.has_listener(&s));
+                if !there {
+                    return Err(errors::spdk(
+                        &format!("adding listener {} to {nqn}", self.listen),
+                        &e,
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn is_snapshot(bdev: &Bdev) -> bool {
+    bdev.driver_specific
+        .lvol
+        .as_ref()
+        .is_some_and(|l| l.snapshot)
+}
+
+#[async_trait::async_trait]
+impl VolumeBackend for NvmfTarget {
+    fn kind(&self) -> Kind {
+        Kind::Nvmf
+    }
+
+    fn context(&self, volume_id: &str) -> HashMap<String, String> {
+        let listen = self.listen_address();
+        HashMap::from([
+            (BACKEND_KEY.to_string(), NVMF.to_string()),
+            (TRTYPE_KEY.to_string(), listen.trtype),
+            (ADRFAM_KEY.to_string(), listen.adrfam),
+            (TRADDR_KEY.to_string(), listen.traddr),
+            (TRSVCID_KEY.to_string(), listen.trsvcid),
+            (SUBNQN_KEY.to_string(), nqn(volume_id)),
+        ])
+    }
+
+    async fn room(&self, deadline: Instant) -> Result<Room, Status> {
+        let query = BdevLvolGetLvstores {
+            uuid: None,
+            lvs_name: Some(self.lvstore.clone()),
+        };
+        let stores = match self.rpc.call_until(&query, deadline).await {
+            Ok(stores) => stores,
+            Err(e) if is_absent(&e) => {
+                return Err(Status::failed_precondition(format!(
+                    "the target has no lvstore {:?}: create it (bdev_lvol_create_lvstore) \
+                     or fix --nvmf-lvstore",
+                    self.lvstore
+                )));
+            }
+            Err(e) => return Err(errors::spdk("reading the lvstore", &e)),
+        };
+        let store = stores.into_iter().next().ok_or_else(|| {
+            Status::internal(format!("bdev_lvol_get_lvstores gave no {}", self.lvstore))
+        })?;
+        Ok(Room {
+            total: store.total_data_clusters.saturating_mul(store.cluster_size),
+            available: store.free_clusters.saturating_mul(store.cluster_size),
+            unit: lvol_unit(store.cluster_size),
+        })
+    }
+
+    async fn find(&self, volume_id: &str, deadline: Instant) -> Result<Option<Found>, Status> {
+        let (lvol, subsystem) = try_join(
+            self.lvol(volume_id, deadline),
+            self.subsystem(volume_id, deadline),
+        )
+        .await?;
+        Ok(lvol.map(|bdev| Found {
+            size: bdev.size_bytes(),
+            complete: subsystem
+                .is_some_and(|s| Self::has_namespace(&s, &bdev) && self.has_listener(&s)),
+        }))
+    }
+
+    async fn volumes(&self, deadline: Instant) -> Result<Vec<(String, u64)>, Status> {
+        Ok(self
+            .lvols(deadline)
+            .await?
+            .into_iter()
+            .filter(|(name, bdev)| {
+                matches!(parse_volume_id(name), Some((Kind::Nvmf, _))) && !is_snapshot(bdev)
+            })
+            .map(|(name, bdev)| (name, bdev.size_bytes()))
+            .collect())
+    }
+
+    async fn create(
+        &self,
+        volume_id: &str,
+        size: u64,
+        source: Option<&Source>,
+        deadline: Instant,
+    ) -> Result<u64, Status> {
+        if self.lvol(volume_id, deadline).await?.is_none() {
+            self.make_lvol(volume_id, size, source, deadline).await?;
+        }
+        let mut bdev = self.stand_alone(volume_id, deadline).await?;
+        if matches!(source, Some(Source::Volume(_))) {
+            self.delete_lvol(&temp_snapshot(volume_id), deadline)
+                .await?;
+        }
+        if bdev.size_bytes() < size {
+            self.expand(volume_id, size, deadline).await?;
+            bdev = self.stand_alone(volume_id, deadline).await?;
+        }
+        self.export(volume_id, &bdev, deadline).await?;
+        Ok(bdev.size_bytes())
+    }
+
+    async fn delete(&self, volume_id: &str, deadline: Instant) -> Result<(), Status> {
+        let nqn = nqn(volume_id);
+        let delete = NvmfDeleteSubsystem { nqn: nqn.clone() };
+        match self.rpc.call_until(&delete, deadline).await {
+            Ok(_) => {}
+            Err(e) if is_absent(&e) || e.code() == Some(code::INVALID_PARAMS) => {}
+            Err(e) => return Err(errors::spdk(&format!("deleting subsystem {nqn}"), &e)),
+        }
+        self.delete_lvol(volume_id, deadline).await?;
+        // Left by a CreateVolume from a volume that was interrupted and given up.
+        self.delete_lvol(&temp_snapshot(volume_id), deadline).await
+    }
+
+    async fn expand(&self, volume_id: &str, size: u64, deadline: Instant) -> Result<(), Status> {
+        let resize = BdevLvolResize {
+            name: self.alias(volume_id),
+            size_in_mib: size_in_mib(size),
+        };
+        match self.rpc.call_until(&resize, deadline).await {
+            Ok(_) => Ok(()),
+            Err(e) if is_absent(&e) => Err(Status::not_found(format!(
+                "volume {volume_id} has no lvol {}",
+                self.alias(volume_id)
+            ))),
+            Err(e) => Err(errors::spdk(
+                &format!("resizing {}", self.alias(volume_id)),
+                &e,
+            )),
+        }
+    }
+
+    async fn snapshot(
+        &self,
+        volume_id: &str,
+        snapshot_id: &str,
+        deadline: Instant,
+    ) -> Result<(), Status> {
+        if self.lvol(snapshot_id, deadline).await?.is_some() {
+            return Ok(());
+        }
+        let snapshot = BdevLvolSnapshot {
+            lvol_name: self.alias(volume_id),
+            snapshot_name: snapshot_id.to_string(),
+        };
+        match self.rpc.call_until(&snapshot, deadline).await {
+            Ok(_) => Ok(()),
+            Err(e) if is_taken(&e) => Ok(()),
+            Err(e) if is_absent(&e) => Err(Status::not_found(format!(
+                "volume {volume_id} has no lvol {}",
+                self.alias(volume_id)
+            ))),
+            Err(e) => Err(errors::spdk(
+                &format!(
+                    "snapshotting {} as {}",
+                    self.alias(volume_id),
+                    self.alias(snapshot_id)
+                ),
+                &e,
+            )),
+        }
+    }
+
+    async fn snapshot_sizes(&self, deadline: Instant) -> Result<HashMap<String, u64>, Status> {
+        Ok(self
+            .lvols(deadline)
+            .await?
+            .into_iter()
+            .filter(|(name, bdev)| {
+                matches!(parse_snapshot_id(name), Some((Kind::Nvmf, _))) && is_snapshot(bdev)
+            })
+            .map(|(name, bdev)| (name, bdev.size_bytes()))
+            .collect())
+    }
+
+    async fn snapshot_size(
+        &self,
+        snapshot_id: &str,
+        deadline: Instant,
+    ) -> Result<Option<u64>, Status> {
+        Ok(self
+            .lvol(snapshot_id, deadline)
+            .await?
+            .filter(is_snapshot)
+            .map(|b| b.size_bytes()))
+    }
+
+    async fn delete_snapshot(&self, snapshot_id: &str, deadline: Instant) -> Result<(), Status> {
+        self.delete_lvol(snapshot_id, deadline).await
+    }
+
+    fn snapshot_records(&self) -> &JsonDir {
+        &self.records
+    }
+
+    async fn probe(&self, deadline: Instant) -> Result<(), String> {
+        self.rpc
+            .call_until(&SpdkGetVersion {}, deadline)
+            .await
+            .map_err(|e| format!("the NVMe-oF target does not answer: {e}"))?;
+        self.room(deadline)
+            .await
+            .map(drop)
+            .map_err(|s| s.message().to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn target_names_fit_spdks_fields_and_never_change() {
+        let id = "nvmf-pvc-0b9a1e0e-1111-4c7e-9f00-000000000001";
+        assert_eq!(
+            nqn(id),
+            "nqn.2024-01.io.snap-csi:nvmf-pvc-0b9a1e0e-1111-4c7e-9f00-000000000001"
+        );
+        let serial = serial(id);
+        assert_eq!(serial.len(), SERIAL_MAX);
+        assert!(serial.starts_with("SC"));
+        assert_ne!(serial, super::serial("nvmf-other"));
+        assert!(temp_snapshot(&"x".repeat(57)).len() <= 63);
+        assert_eq!(size_in_mib(4 * MIB), 4);
+        assert_eq!(size_in_mib(4 * MIB + 1), 5);
+    }
+}

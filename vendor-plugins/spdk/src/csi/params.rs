@@ -1,0 +1,205 @@
+//! What a CreateVolume (or GetCapacity, or ValidateVolumeCapabilities) may
+//! ask for: parameters and volume capabilities.
+//!
+//! Parameters: `backend` (`aio` or `nvmf`) chooses the storage;
+//! `snap-csi.io/emulation` (`nvme` or `virtio-blk`, read by the node) and the
+//! CO's own `csi.storage.k8s.io/*` metadata are copied into the volume
+//! context. Any other key is INVALID_ARGUMENT: a typo must not silently give
+//! a volume other than the one asked for.
+//!
+//! Capabilities: block, or a mount with a filesystem the node can make
+//! (ext4, xfs, or empty for ext4); single-node access modes only. Every
+//! volume is one SPDK bdev on one DPU at a time: an AIO file lives on one
+//! DPU's filesystem, and although an NVMe-oF subsystem admits any host, the
+//! node attaches it through SNAP as a plain NVMe disk with no reservations or
+//! shared-disk coordination, so MULTI_NODE_* modes are refused rather than
+//! promised.
+
+use std::collections::HashMap;
+
+use snap_csi::node::format::FsType;
+use snap_csi::node::service::EMULATION_KEY;
+use snap_csi::proto::csi::v1 as csi;
+
+use crate::backend::Kind;
+use csi::volume_capability::AccessType;
+use csi::volume_capability::access_mode::Mode;
+
+/// The parameter choosing the backend.
+pub const BACKEND_PARAM: &str = "backend";
+/// The CO's metadata keys (`--extra-create-metadata`), passed through.
+const CO_PREFIX: &str = "csi.storage.k8s.io/";
+const EMULATIONS: [&str; 2] = ["nvme", "virtio-blk"];
+
+/// Parsed CreateVolume parameters.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Params {
+    /// The backend asked for, if any.
+    pub backend: Option<Kind>,
+    /// What goes into the volume context as given.
+    pub passed: HashMap<String, String>,
+}
+
+impl Params {
+    pub fn parse(parameters: &HashMap<String, String>) -> Result<Params, String> {
+        let mut params = Params::default();
+        for (key, value) in parameters {
+            if key == BACKEND_PARAM {
+                params.backend = Some(parse_backend(value)?);
+            } else if key == EMULATION_KEY {
+                if !EMULATIONS.contains(&value.as_str()) {
+                    return Err(format!(
+                        "parameter {EMULATION_KEY:?} is {value:?}; expected one of {}",
+                        EMULATIONS.join(", ")
+                    ));
+                }
+                params.passed.insert(key.clone(), value.clone());
+            } else if key.starts_with(CO_PREFIX) {
+                params.passed.insert(key.clone(), value.clone());
+            } else {
+                return Err(format!(
+                    "unknown parameter {key:?}; this driver takes {BACKEND_PARAM:?}, \
+                     {EMULATION_KEY:?} and the CO's {CO_PREFIX}* keys"
+                ));
+            }
+        }
+        Ok(params)
+    }
+}
+
+pub fn parse_backend(value: &str) -> Result<Kind, String> {
+    Kind::ALL
+        .into_iter()
+        .find(|k| k.as_str() == value)
+        .ok_or_else(|| {
+            format!("parameter {BACKEND_PARAM:?} is {value:?}; expected one of aio, nvmf")
+        })
+}
+
+/// Why these capabilities cannot all be served, if they cannot.
+pub fn check_capabilities(capabilities: &[csi::VolumeCapability]) -> Result<(), String> {
+    if capabilities.is_empty() {
+        return Err("volume_capabilities is required".into());
+    }
+    capabilities.iter().try_for_each(check_capability)
+}
+
+fn check_capability(capability: &csi::VolumeCapability) -> Result<(), String> {
+    match &capability.access_type {
+        Some(AccessType::Block(_)) => {}
+        Some(AccessType::Mount(mount)) => {
+            FsType::from_csi(&mount.fs_type).map_err(|e| e.to_string())?;
+        }
+        None => return Err("volume_capability.access_type (block or mount) is required".into()),
+    }
+    let mode = capability
+        .access_mode
+        .as_ref()
+        .map(|m| m.mode())
+        .unwrap_or(Mode::Unknown);
+    match mode {
+        Mode::SingleNodeWriter
+        | Mode::SingleNodeReaderOnly
+        | Mode::SingleNodeSingleWriter
+        | Mode::SingleNodeMultiWriter => Ok(()),
+        Mode::Unknown => Err("volume_capability.access_mode is required".into()),
+        other => Err(format!(
+            "access mode {} is not supported: a volume is attached to one node's DPU at a time",
+            other.as_str_name()
+        )),
+    }
+}
+
+/// Whether a capability uses the volume as a raw block device (then the node
+/// has no filesystem to grow after an expansion).
+pub fn is_block(capability: Option<&csi::VolumeCapability>) -> bool {
+    matches!(
+        capability.and_then(|c| c.access_type.as_ref()),
+        Some(AccessType::Block(_))
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(pairs: &[(&str, &str)]) -> Result<Params, String> {
+        Params::parse(
+            &pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        )
+    }
+
+    pub fn capability(access: AccessType, mode: Mode) -> csi::VolumeCapability {
+        csi::VolumeCapability {
+            access_type: Some(access),
+            access_mode: Some(csi::volume_capability::AccessMode { mode: mode as i32 }),
+        }
+    }
+
+    fn mount(fs: &str) -> AccessType {
+        AccessType::Mount(csi::volume_capability::MountVolume {
+            fs_type: fs.into(),
+            ..Default::default()
+        })
+    }
+
+    #[test]
+    fn parameters_choose_the_backend_and_pass_metadata_through() {
+        assert_eq!(params(&[]).unwrap(), Params::default());
+        let p = params(&[
+            ("backend", "nvmf"),
+            (EMULATION_KEY, "virtio-blk"),
+            ("csi.storage.k8s.io/pvc/name", "data"),
+        ])
+        .unwrap();
+        assert_eq!(p.backend, Some(Kind::Nvmf));
+        assert_eq!(p.passed.len(), 2);
+        assert!(
+            params(&[("backend", "ceph")])
+                .unwrap_err()
+                .contains("\"ceph\"")
+        );
+        assert!(
+            params(&[("bakend", "aio")])
+                .unwrap_err()
+                .contains("\"bakend\"")
+        );
+        assert!(params(&[(EMULATION_KEY, "scsi")]).is_err());
+    }
+
+    #[test]
+    fn single_node_block_and_known_filesystems_only() {
+        let block = || AccessType::Block(Default::default());
+        for ok in [
+            capability(block(), Mode::SingleNodeWriter),
+            capability(mount(""), Mode::SingleNodeReaderOnly),
+            capability(mount("xfs"), Mode::SingleNodeMultiWriter),
+            capability(mount("ext4"), Mode::SingleNodeSingleWriter),
+        ] {
+            check_capabilities(&[ok]).unwrap();
+        }
+        assert!(check_capabilities(&[]).unwrap_err().contains("required"));
+        let multi = capability(block(), Mode::MultiNodeMultiWriter);
+        assert!(
+            check_capabilities(&[capability(block(), Mode::SingleNodeWriter), multi])
+                .unwrap_err()
+                .contains("MULTI_NODE_MULTI_WRITER")
+        );
+        assert!(check_capabilities(&[capability(mount("btrfs"), Mode::SingleNodeWriter)]).is_err());
+        let no_access = csi::VolumeCapability {
+            access_type: None,
+            access_mode: None,
+        };
+        assert!(check_capabilities(&[no_access]).is_err());
+        assert!(check_capabilities(&[capability(block(), Mode::Unknown)]).is_err());
+        assert!(is_block(Some(&capability(block(), Mode::SingleNodeWriter))));
+        assert!(!is_block(Some(&capability(
+            mount(""),
+            Mode::SingleNodeWriter
+        ))));
+        assert!(!is_block(None));
+    }
+}

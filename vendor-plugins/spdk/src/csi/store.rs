@@ -1,0 +1,110 @@
+//! What the controller asks of a backend, and the records it keeps beside
+//! a backend's data.
+//!
+//! Volumes keep no record: a backend's own objects (the pool's files, the
+//! target's lvols and subsystems) are named by volume id and found by it.
+//! A snapshot's source volume and creation time are facts SPDK v24.09 has
+//! no field for, so each snapshot has a small [`SnapshotRecord`] (where the
+//! backend says: the AIO pool keeps them in the pool, the NVMe-oF backend in
+//! the state directory). The record is written before the snapshot is cut
+//! and removed after its data; a record whose data is missing is an
+//! unfinished CreateSnapshot and is neither listed nor binding.
+
+use std::collections::HashMap;
+use std::fmt::Debug;
+
+use serde::{Deserialize, Serialize};
+use snap_csi::json_dir::JsonDir;
+use tokio::time::Instant;
+use tonic::Status;
+
+use super::sizes::Room;
+use crate::backend::Kind;
+
+/// What a new volume is filled from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    /// A snapshot of this backend, by snapshot id.
+    Snapshot(String),
+    /// A volume of this backend, by volume id.
+    Volume(String),
+}
+
+/// A volume found in its backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Found {
+    pub size: u64,
+    /// False while a CreateVolume that was interrupted has not finished it
+    /// (an lvol not yet exported): the next CreateVolume finishes it.
+    pub complete: bool,
+}
+
+/// One backend's volumes and snapshots. Every method is idempotent: making
+/// what exists or removing what is absent succeeds.
+#[async_trait::async_trait]
+pub trait VolumeBackend: Send + Sync + Debug {
+    fn kind(&self) -> Kind;
+
+    /// The volume context CreateDevice needs for `volume_id`.
+    fn context(&self, volume_id: &str) -> HashMap<String, String>;
+
+    /// Capacity and allocation unit.
+    async fn room(&self, deadline: Instant) -> Result<Room, Status>;
+
+    async fn find(&self, volume_id: &str, deadline: Instant) -> Result<Option<Found>, Status>;
+
+    /// Every volume and its size.
+    async fn volumes(&self, deadline: Instant) -> Result<Vec<(String, u64)>, Status>;
+
+    /// Makes the volume, or finishes making it, `size` bytes (at least the
+    /// source's) filled from `source`; answers its size.
+    async fn create(
+        &self,
+        volume_id: &str,
+        size: u64,
+        source: Option<&Source>,
+        deadline: Instant,
+    ) -> Result<u64, Status>;
+
+    async fn delete(&self, volume_id: &str, deadline: Instant) -> Result<(), Status>;
+
+    /// Grows the volume to `size` bytes.
+    async fn expand(&self, volume_id: &str, size: u64, deadline: Instant) -> Result<(), Status>;
+
+    /// Cuts snapshot `snapshot_id` of `volume_id` unless it exists.
+    async fn snapshot(
+        &self,
+        volume_id: &str,
+        snapshot_id: &str,
+        deadline: Instant,
+    ) -> Result<(), Status>;
+
+    /// Sizes of the snapshots whose data exists, by snapshot id.
+    async fn snapshot_sizes(&self, deadline: Instant) -> Result<HashMap<String, u64>, Status>;
+
+    /// The size of one snapshot, if its data exists.
+    async fn snapshot_size(
+        &self,
+        snapshot_id: &str,
+        deadline: Instant,
+    ) -> Result<Option<u64>, Status>;
+
+    async fn delete_snapshot(&self, snapshot_id: &str, deadline: Instant) -> Result<(), Status>;
+
+    /// Where this backend's snapshot records are.
+    fn snapshot_records(&self) -> &JsonDir;
+
+    /// Whether the backend can serve calls now; the reason when not.
+    async fn probe(&self, deadline: Instant) -> Result<(), String>;
+}
+
+/// What SPDK cannot hold about a snapshot.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotRecord {
+    pub snapshot_id: String,
+    /// The CSI name it was created under.
+    pub name: String,
+    pub source_volume_id: String,
+    pub created_seconds: i64,
+    pub created_nanos: i32,
+}

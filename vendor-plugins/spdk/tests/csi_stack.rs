@@ -1,0 +1,500 @@
+//! The CSI controller with both backends: its identity, names shared across
+//! backends, a restart, the whole surface through `snap-csi controller` (the
+//! proxy Kubernetes talks to), and the volumes it makes attached on a node
+//! by the plugin service and the node's DPU layer (as root: SNAP's host side
+//! makes real loop devices).
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use common::csi::{
+    Backends, Csi, GIB, MIB, assert_code, block, from_snapshot, read_at, volume, write_at,
+};
+use common::{Emulator, Plugin, TIMEOUT, loop_devices_of, timed};
+use snap_csi::controller::ControllerConfig;
+use snap_csi::dpu::colocated::Colocated;
+use snap_csi::dpu::plugin::{AccessMode, unix_channel};
+use snap_csi::dpu::{AttachRequest, DpuAttach, Emulation, HostLocator, VolumeMode};
+use snap_csi::host::Sysfs;
+use snap_csi::proto::csi::v1 as csi;
+use snap_csi::proto::volumegroup as vg;
+use tokio::time::Instant;
+use tonic::Code;
+
+use csi::controller_service_capability::rpc::Type as Capability;
+
+#[tokio::test]
+async fn identity_says_what_it_serves_and_probe_follows_the_backends() {
+    let mut csi = Csi::start(Backends::BOTH).await;
+    let info = csi
+        .identity
+        .clone()
+        .get_plugin_info(timed(csi::GetPluginInfoRequest {}, TIMEOUT))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(info.name, "spdk.snap-csi.io");
+    assert_eq!(info.manifest["backends"], "aio,nvmf");
+    assert_eq!(info.manifest["default-backend"], "aio");
+    let plugin = csi
+        .identity
+        .clone()
+        .get_plugin_capabilities(timed(csi::GetPluginCapabilitiesRequest {}, TIMEOUT))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(plugin.capabilities.len(), 2, "{plugin:?}");
+    let controller = csi
+        .controller
+        .clone()
+        .controller_get_capabilities(timed(csi::ControllerGetCapabilitiesRequest {}, TIMEOUT))
+        .await
+        .unwrap()
+        .into_inner();
+    let rpcs: Vec<Capability> = controller
+        .capabilities
+        .iter()
+        .filter_map(|c| match &c.r#type {
+            Some(csi::controller_service_capability::Type::Rpc(r)) => r.r#type.try_into().ok(),
+            None => None,
+        })
+        .collect();
+    for wanted in [
+        Capability::CreateDeleteVolume,
+        Capability::ListVolumes,
+        Capability::GetCapacity,
+        Capability::CreateDeleteSnapshot,
+        Capability::ListSnapshots,
+        Capability::CloneVolume,
+        Capability::ExpandVolume,
+    ] {
+        assert!(rpcs.contains(&wanted), "{wanted:?} in {rpcs:?}");
+    }
+    let publish = csi
+        .controller
+        .clone()
+        .controller_publish_volume(timed(Default::default(), TIMEOUT))
+        .await;
+    assert_code(publish, Code::Unimplemented, "not advertised");
+
+    let probe = |csi: &Csi| {
+        let mut identity = csi.identity.clone();
+        async move {
+            identity
+                .probe(timed(csi::ProbeRequest {}, TIMEOUT))
+                .await
+                .unwrap()
+                .into_inner()
+                .ready
+        }
+    };
+    assert_eq!(probe(&csi).await, Some(true));
+    // The target gone, the controller is up but not ready.
+    drop(csi.target.take());
+    assert_eq!(probe(&csi).await, Some(false));
+}
+
+#[tokio::test]
+async fn names_are_one_volume_across_backends_and_survive_a_restart() {
+    let mut csi = Csi::start(Backends::BOTH).await;
+    // Without a backend parameter, the default (aio) is used.
+    let aio = csi
+        .create(volume("pvc-shared", "", 8 * MIB, 0))
+        .await
+        .unwrap();
+    assert_eq!(aio.volume_id, "aio-pvc-shared");
+    assert_code(
+        csi.create(volume("pvc-shared", "nvmf", 8 * MIB, 0)).await,
+        Code::AlreadyExists,
+        "the name on the other backend",
+    );
+    let nvmf = csi
+        .create(volume("pvc-remote", "nvmf", 8 * MIB, 0))
+        .await
+        .unwrap();
+    let snap = csi.snapshot("snap-shared", &aio.volume_id).await.unwrap();
+    assert_code(
+        csi.snapshot("snap-shared", &nvmf.volume_id).await,
+        Code::AlreadyExists,
+        "the snapshot name on the other backend",
+    );
+    let mut listed = csi.list_all(1).await;
+    listed.sort();
+    assert_eq!(listed, ["aio-pvc-shared", "nvmf-pvc-remote"]);
+
+    // A new controller finds everything by name alone.
+    csi.restart().await;
+    assert_eq!(
+        csi.create(volume("pvc-shared", "", 8 * MIB, 0))
+            .await
+            .unwrap(),
+        aio
+    );
+    assert_eq!(
+        csi.create(volume("pvc-remote", "nvmf", 8 * MIB, 0))
+            .await
+            .unwrap(),
+        nvmf
+    );
+    assert_eq!(
+        csi.snapshot("snap-shared", &aio.volume_id).await.unwrap(),
+        snap
+    );
+    assert_eq!(csi.list_all(0).await.len(), 2);
+
+    csi.delete_snapshot(&snap.snapshot_id).await.unwrap();
+    for v in [&aio, &nvmf] {
+        csi.delete(&v.volume_id).await.unwrap();
+    }
+    assert!(
+        csi.leftovers().await.is_empty(),
+        "{:?}",
+        csi.leftovers().await
+    );
+}
+
+/// `snap-csi controller` in front of this controller, as Kubernetes' sidecars reach it.
+struct Proxy {
+    controller: csi::controller_client::ControllerClient<tonic::transport::Channel>,
+    identity: csi::identity_client::IdentityClient<tonic::transport::Channel>,
+    groups: vg::controller_client::ControllerClient<tonic::transport::Channel>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl Proxy {
+    async fn start(csi: &Csi) -> Proxy {
+        let endpoint = csi.dir.path().join("proxy/csi.sock");
+        let config = ControllerConfig {
+            endpoint: endpoint.clone(),
+            vendor_endpoint: format!("unix://{}", csi.socket.display()),
+            call_timeout: Duration::from_secs(30),
+            driver_name: Some("csi.snap-csi.io".into()),
+            ..Default::default()
+        };
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(snap_csi::controller::run(config, async move {
+            let _ = stopped.await;
+        }));
+        for _ in 0..500 {
+            if endpoint.exists() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let channel = unix_channel(endpoint);
+        Proxy {
+            controller: csi::controller_client::ControllerClient::new(channel.clone()),
+            identity: csi::identity_client::IdentityClient::new(channel.clone()),
+            groups: vg::controller_client::ControllerClient::new(channel),
+            stop: Some(stop),
+            task,
+        }
+    }
+
+    async fn create(
+        &self,
+        request: csi::CreateVolumeRequest,
+    ) -> Result<csi::Volume, tonic::Status> {
+        let response = self
+            .controller
+            .clone()
+            .create_volume(timed(request, TIMEOUT))
+            .await?;
+        Ok(response.into_inner().volume.unwrap())
+    }
+
+    async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        let task = self.task;
+        drop((self.controller, self.identity, self.groups));
+        tokio::time::timeout(TIMEOUT, task)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+    }
+}
+
+#[tokio::test]
+async fn the_whole_surface_works_through_the_proxy() {
+    let csi = Csi::start(Backends::BOTH).await;
+    let proxy = Proxy::start(&csi).await;
+    let info = proxy
+        .identity
+        .clone()
+        .get_plugin_info(timed(csi::GetPluginInfoRequest {}, TIMEOUT))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(info.name, "csi.snap-csi.io");
+
+    for backend in ["aio", "nvmf"] {
+        let name = format!("pvc-proxy-{backend}");
+        let created = proxy
+            .create(volume(&name, backend, 16 * MIB, 0))
+            .await
+            .unwrap();
+        assert_eq!(created.volume_id, format!("{backend}-{name}"));
+        assert_eq!(
+            proxy
+                .create(volume(&name, backend, 16 * MIB, 0))
+                .await
+                .unwrap(),
+            created
+        );
+        // The vendor's code and message come through untouched.
+        let status = assert_code(
+            proxy.create(volume(&name, backend, 64 * MIB, 0)).await,
+            Code::AlreadyExists,
+            "incompatible through the proxy",
+        );
+        assert!(status.message().contains(&created.volume_id), "{status:?}");
+        assert_code(
+            proxy.create(volume("pvc-huge", backend, 8 * GIB, 0)).await,
+            Code::OutOfRange,
+            "over the pool through the proxy",
+        );
+        write_at(&csi.backing(&created).await, MIB, b"through the proxy");
+        let snapshot = proxy
+            .controller
+            .clone()
+            .create_snapshot(timed(
+                csi::CreateSnapshotRequest {
+                    source_volume_id: created.volume_id.clone(),
+                    name: format!("snap-{backend}"),
+                    ..Default::default()
+                },
+                TIMEOUT,
+            ))
+            .await
+            .unwrap()
+            .into_inner()
+            .snapshot
+            .unwrap();
+        let restored = proxy
+            .create(from_snapshot(
+                volume(&format!("{name}-restored"), backend, 16 * MIB, 0),
+                &snapshot.snapshot_id,
+            ))
+            .await
+            .unwrap();
+        assert_eq!(
+            read_at(&csi.backing(&restored).await, MIB, 17),
+            b"through the proxy"
+        );
+        let listed = proxy
+            .controller
+            .clone()
+            .list_snapshots(timed(
+                csi::ListSnapshotsRequest {
+                    source_volume_id: created.volume_id.clone(),
+                    ..Default::default()
+                },
+                TIMEOUT,
+            ))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(listed.entries.len(), 1);
+        let expanded = proxy
+            .controller
+            .clone()
+            .controller_expand_volume(timed(
+                csi::ControllerExpandVolumeRequest {
+                    volume_id: restored.volume_id.clone(),
+                    capacity_range: Some(csi::CapacityRange {
+                        required_bytes: (32 * MIB) as i64,
+                        limit_bytes: 0,
+                    }),
+                    volume_capability: Some(block()),
+                    ..Default::default()
+                },
+                TIMEOUT,
+            ))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(expanded.capacity_bytes, (32 * MIB) as i64);
+        proxy
+            .controller
+            .clone()
+            .delete_snapshot(timed(
+                csi::DeleteSnapshotRequest {
+                    snapshot_id: snapshot.snapshot_id,
+                    secrets: HashMap::from([("token".to_string(), "s3cr3t".to_string())]),
+                },
+                TIMEOUT,
+            ))
+            .await
+            .unwrap();
+    }
+
+    // Paging through the proxy, and its refusal of a token we never issued.
+    let mut ids = vec![];
+    let mut token = String::new();
+    loop {
+        let page = proxy
+            .controller
+            .clone()
+            .list_volumes(timed(
+                csi::ListVolumesRequest {
+                    max_entries: 3,
+                    starting_token: token.clone(),
+                },
+                TIMEOUT,
+            ))
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(page.entries.len() <= 3);
+        ids.extend(
+            page.entries
+                .into_iter()
+                .map(|e| e.volume.unwrap().volume_id),
+        );
+        if page.next_token.is_empty() {
+            break;
+        }
+        token = page.next_token;
+    }
+    assert_eq!(ids.len(), 4, "{ids:?}");
+    let bad = proxy
+        .controller
+        .clone()
+        .list_volumes(timed(
+            csi::ListVolumesRequest {
+                max_entries: 1,
+                starting_token: "forged".into(),
+            },
+            TIMEOUT,
+        ))
+        .await;
+    assert_code(bad, Code::Aborted, "a forged token through the proxy");
+
+    // A volume group through the proxy takes its volumes with it.
+    let group = proxy
+        .groups
+        .clone()
+        .create_volume_group(timed(
+            vg::CreateVolumeGroupRequest {
+                name: "proxied".into(),
+                ..Default::default()
+            },
+            TIMEOUT,
+        ))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume_group
+        .unwrap();
+    proxy
+        .groups
+        .clone()
+        .modify_volume_group_membership(timed(
+            vg::ModifyVolumeGroupMembershipRequest {
+                volume_group_id: group.volume_group_id.clone(),
+                volume_ids: ids.clone(),
+                ..Default::default()
+            },
+            TIMEOUT,
+        ))
+        .await
+        .unwrap();
+    let delete = proxy
+        .controller
+        .clone()
+        .delete_volume(timed(
+            csi::DeleteVolumeRequest {
+                volume_id: ids[0].clone(),
+                ..Default::default()
+            },
+            TIMEOUT,
+        ))
+        .await;
+    assert_code(delete, Code::FailedPrecondition, "a group member");
+    proxy
+        .groups
+        .clone()
+        .delete_volume_group(timed(
+            vg::DeleteVolumeGroupRequest {
+                volume_group_id: group.volume_group_id,
+                ..Default::default()
+            },
+            TIMEOUT,
+        ))
+        .await
+        .unwrap();
+    assert!(csi.list_all(0).await.is_empty());
+    assert!(
+        csi.leftovers().await.is_empty(),
+        "{:?}",
+        csi.leftovers().await
+    );
+    proxy.stop().await;
+    csi.stop().await;
+}
+
+/// CreateVolume's context attaches through the plugin service and SNAP: the
+/// host sees a disk of the volume's size holding the volume's bytes.
+async fn attach_created_volume(backend: &str, emulation: Emulation) {
+    let csi = Csi::start(Backends::BOTH).await;
+    let snap = Emulator::snap().await;
+    let plugin = Plugin::start(snap.socket()).await;
+    let dpu = Colocated::new(&plugin.socket, snap.socket().display().to_string());
+    let deadline = || Instant::now() + Duration::from_secs(30);
+
+    let created = csi
+        .create(volume(&format!("pvc-node-{backend}"), backend, 24 * MIB, 0))
+        .await
+        .unwrap();
+    let backing = csi.backing(&created).await;
+    write_at(&backing, 2 * MIB, b"made by the controller");
+    let request = AttachRequest {
+        volume_id: created.volume_id.clone(),
+        access_modes: vec![AccessMode::Rwo],
+        volume_mode: VolumeMode::Filesystem,
+        publish_context: HashMap::new(),
+        volume_context: created.volume_context.clone(),
+        storage_parameters: HashMap::new(),
+        emulation,
+    };
+    assert!(dpu.probe(deadline()).await.unwrap());
+    let attached = dpu.attach(&request, deadline()).await.unwrap();
+    let sysfs = Sysfs::new(snap.spdk.sysfs_root());
+    let device = match &attached.locator {
+        HostLocator::Nvme { bdf, nsid, uuid } => sysfs
+            .find_nvme_namespace(bdf, *nsid, uuid.as_deref())
+            .unwrap(),
+        HostLocator::VirtioBlk { bdf, serial } => sysfs.find_virtio_blk(bdf, serial).unwrap(),
+    }
+    .expect("the host sees the volume");
+    assert_eq!(device.size_bytes, 24 * MIB);
+    assert_eq!(
+        read_at(&device.node, 2 * MIB, 22),
+        b"made by the controller"
+    );
+    assert_eq!(loop_devices_of(&backing).len(), 1);
+
+    dpu.detach(&created.volume_id, Some(&attached.device_name), deadline())
+        .await
+        .unwrap();
+    assert!(loop_devices_of(&backing).is_empty());
+    assert!(snap.bdevs().await.is_empty());
+    csi.delete(&created.volume_id).await.unwrap();
+    assert!(csi.leftovers().await.is_empty());
+}
+
+#[tokio::test]
+async fn an_aio_volume_attaches_on_the_node() {
+    attach_created_volume("aio", Emulation::VirtioBlk).await;
+}
+
+#[tokio::test]
+async fn an_nvmf_volume_attaches_on_the_node() {
+    attach_created_volume("nvmf", Emulation::Nvme).await;
+}
