@@ -9,16 +9,26 @@
 # for AIO and NVMe-oF volumes, exposed as NVMe or virtio-blk, with ext4, xfs or
 # as raw block. It prints one row per volume with each step's time, then stops
 # the stack and checks that nothing is left: no loop device, no mount, no
-# directory. Run as root: ./hack/demo.sh
+# directory. Run as root: ./hack/demo.sh [--profile release|debug]
+# (the test command runs it in debug, on the binaries the tests just built).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+profile=release
+case "${1:-}" in
+  "") ;;
+  --profile) profile=${2:?--profile needs release or debug} ;;
+  *) echo "demo: unknown argument $1" >&2; exit 2 ;;
+esac
+case $profile in release | debug) ;; *) echo "demo: --profile must be release or debug" >&2; exit 2 ;; esac
 ./hack/setup.sh
-cargo build --release --locked --quiet -p snap-csi -p snap-emu -p snap-csi-spdk-plugin -p csi-player
+flag=()
+[ "$profile" = release ] && flag=(--release)
+cargo build "${flag[@]}" --locked --quiet -p snap-csi -p snap-emu -p snap-csi-spdk-plugin -p csi-player
 
 work=$(mktemp -d /tmp/snap-csi-demo.XXXXXX)
 stack=$work/stack
 out=$work/local-up.out
-./hack/local-up.sh --no-build --dir "$stack" >"$out" 2>"$work/local-up.err" &
+./hack/local-up.sh --no-build --profile "$profile" --dir "$stack" >"$out" 2>"$work/local-up.err" &
 up=$!
 stop_stack() {
   if kill -0 "$up" 2>/dev/null; then
@@ -40,10 +50,32 @@ done
 grep -qx READY "$out" || { echo "demo: the stack did not come up in 60 s" >&2; exit 1; }
 set -a
 # shellcheck disable=SC1090
-. <(grep -E '^(CSI_CONTROLLER_ENDPOINT|CSI_NODE_ENDPOINT|KUBELET_DIR)=' "$out")
+. <(grep -E '^(CSI_CONTROLLER_ENDPOINT|CSI_NODE_ENDPOINT|KUBELET_DIR|NODE_METRICS|CONTROLLER_METRICS)=' "$out")
 set +a
 
-./target/release/csi-player
+./target/"$profile"/csi-player
+
+# scrape URL: the Prometheus page at http://HOST:PORT/metrics (bash's /dev/tcp: no curl needed).
+scrape() {
+  local hostport=${1#http://}
+  hostport=${hostport%%/*}
+  exec 3<>"/dev/tcp/${hostport%:*}/${hostport#*:}"
+  printf 'GET /metrics HTTP/1.1\r\nHost: %s\r\n\r\n' "$hostport" >&3
+  cat <&3
+  exec 3<&-
+}
+echo
+echo "metrics (calls served by method, from each endpoint during this run):"
+for page in "$NODE_METRICS" "$CONTROLLER_METRICS"; do
+  counted=$(scrape "$page" | grep '^snap_csi_grpc_requests_total' || true)
+  if [ -z "$counted" ]; then
+    echo "FAIL: $page counted no calls" >&2
+    exit 1
+  fi
+  echo "  $page"
+  # shellcheck disable=SC2001
+  sed 's/^/    /' <<<"$counted"
+done
 
 stop_stack
 left=$( (losetup -a | grep -F "$stack") || true)

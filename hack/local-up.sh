@@ -7,7 +7,7 @@
 #   snap-csi node (co-located DPU attach) -> plugins.v1 -> sample plugin; JSON-RPC -> SNAP emulator
 #
 # Prints CSI_CONTROLLER_ENDPOINT=, CSI_NODE_ENDPOINT=, KUBELET_DIR= (one per
-# line), then READY, and stays in the foreground. SIGINT or SIGTERM stops
+# line; then NODE_METRICS= and CONTROLLER_METRICS=, the Prometheus pages), then READY, and stays in the foreground. SIGINT or SIGTERM stops
 # everything and removes what it created.
 #
 # Usage (as root): hack/local-up.sh [--backend aio|nvmf] [--dir DIR] [--profile release|debug] [--no-build]
@@ -52,6 +52,8 @@ mkdir -p "$kubelet" "$dir/logs" "$dir/aio-pool"
 pids=()
 cleanup() {
   trap - INT TERM EXIT
+  # Best effort from here on: one failed step must not skip the rest.
+  set +e
   # Stop in reverse order of start, each gracefully: the node and the
   # emulators take their mounts and loop devices down themselves.
   for ((i = ${#pids[@]} - 1; i >= 0; i--)); do
@@ -59,8 +61,8 @@ cleanup() {
     wait "${pids[i]}" 2>/dev/null || true
   done
   # Whatever a consumer left mounted under our kubelet directory.
-  grep -o " $kubelet[^ ]*" /proc/self/mountinfo 2>/dev/null | sort -r | while read -r m; do
-    umount -l "$m" 2>/dev/null || true
+  grep -o " $kubelet[^ ]*" /proc/self/mountinfo | sort -r | while read -r m; do
+    umount -l "$m"
   done
   rm -rf "$dir"
 }
@@ -95,8 +97,22 @@ wait_for_socket "$dir/target.sock"
 truncate -s 8G "$dir/target-pool.img"
 rpc "$dir/target.sock" bdev_aio_create "{\"name\":\"pool0\",\"filename\":\"$dir/target-pool.img\",\"block_size\":4096}"
 rpc "$dir/target.sock" bdev_lvol_create_lvstore '{"bdev_name":"pool0","lvs_name":"lvs0"}'
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])' 2>/dev/null ||
-  shuf -i 20000-40000 -n 1)
+# free_port: a loopback TCP port nobody listens on now.
+free_port() {
+  local port
+  for _ in $(seq 100); do
+    port=$(shuf -i 20000-60000 -n 1)
+    if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+      echo "$port"
+      return 0
+    fi
+  done
+  echo "local-up: no free port found" >&2
+  exit 1
+}
+port=$(free_port)
+node_metrics=127.0.0.1:$(free_port)
+controller_metrics=127.0.0.1:$(free_port)
 
 # The DPU's SNAP.
 start snap "$bin/snap-emu" --socket "$dir/snap.sock" --state-dir "$dir/snap"
@@ -118,7 +134,8 @@ wait_for_socket "$dir/vendor-csi.sock"
 
 start controller "$bin/snap-csi" controller \
   --endpoint "$dir/controller.sock" \
-  --vendor-endpoint "unix://$dir/vendor-csi.sock"
+  --vendor-endpoint "unix://$dir/vendor-csi.sock" \
+  --metrics-address "$controller_metrics"
 wait_for_socket "$dir/controller.sock"
 
 start node "$bin/snap-csi" node \
@@ -129,12 +146,15 @@ start node "$bin/snap-csi" node \
   --sysfs-root "$dir/snap/sysfs" \
   --plugin-socket "$dir/plugin.sock" \
   --snap-socket-template "$dir/snap.sock" \
-  --dpu-name local-dpu
+  --dpu-name local-dpu \
+  --metrics-address "$node_metrics"
 wait_for_socket "$dir/node.sock"
 
 echo "CSI_CONTROLLER_ENDPOINT=unix://$dir/controller.sock"
 echo "CSI_NODE_ENDPOINT=unix://$dir/node.sock"
 echo "KUBELET_DIR=$kubelet"
+echo "NODE_METRICS=http://$node_metrics/metrics"
+echo "CONTROLLER_METRICS=http://$controller_metrics/metrics"
 echo "READY"
 
 # Stay up until told to stop, or until a part dies (then stop the rest).
