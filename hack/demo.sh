@@ -50,7 +50,7 @@ done
 grep -qx READY "$out" || { echo "demo: the stack did not come up in 60 s" >&2; exit 1; }
 set -a
 # shellcheck disable=SC1090
-. <(grep -E '^(CSI_CONTROLLER_ENDPOINT|CSI_NODE_ENDPOINT|KUBELET_DIR|NODE_METRICS|CONTROLLER_METRICS)=' "$out")
+. <(grep -E '^(CSI_CONTROLLER_ENDPOINT|CSI_NODE_ENDPOINT|KUBELET_DIR|NODE_METRICS|CONTROLLER_METRICS|PLUGIN_METRICS)=' "$out")
 set +a
 
 ./target/"$profile"/csi-player
@@ -66,7 +66,7 @@ scrape() {
 }
 echo
 echo "metrics (calls served by method, from each endpoint during this run):"
-for page in "$NODE_METRICS" "$CONTROLLER_METRICS"; do
+for page in "$NODE_METRICS" "$CONTROLLER_METRICS" "$PLUGIN_METRICS"; do
   counted=$(scrape "$page" | grep '^snap_csi_grpc_requests_total' || true)
   if [ -z "$counted" ]; then
     echo "FAIL: $page counted no calls" >&2

@@ -7,7 +7,8 @@
 #   snap-csi node (co-located DPU attach) -> plugins.v1 -> sample plugin; JSON-RPC -> SNAP emulator
 #
 # Prints CSI_CONTROLLER_ENDPOINT=, CSI_NODE_ENDPOINT=, KUBELET_DIR= (one per
-# line; then NODE_METRICS= and CONTROLLER_METRICS=, the Prometheus pages), then READY, and stays in the foreground. SIGINT or SIGTERM stops
+# line; then NODE_METRICS=, CONTROLLER_METRICS= and PLUGIN_METRICS=, the
+# Prometheus pages), then READY, and stays in the foreground. SIGINT or SIGTERM stops
 # everything and removes what it created.
 #
 # Usage (as root): hack/local-up.sh [--backend aio|nvmf] [--dir DIR] [--profile release|debug] [--no-build]
@@ -113,6 +114,7 @@ free_port() {
 port=$(free_port)
 node_metrics=127.0.0.1:$(free_port)
 controller_metrics=127.0.0.1:$(free_port)
+plugin_metrics=127.0.0.1:$(free_port)
 
 # The DPU's SNAP.
 start snap "$bin/snap-emu" --socket "$dir/snap.sock" --state-dir "$dir/snap"
@@ -128,7 +130,8 @@ start plugin "$bin/snap-csi-spdk-plugin" \
   --nvmf-target-socket "$dir/target.sock" \
   --nvmf-lvstore lvs0 \
   --nvmf-listen "127.0.0.1:$port" \
-  --default-backend "$backend"
+  --default-backend "$backend" \
+  --metrics-address "$plugin_metrics"
 wait_for_socket "$dir/plugin.sock"
 wait_for_socket "$dir/vendor-csi.sock"
 
@@ -155,6 +158,7 @@ echo "CSI_NODE_ENDPOINT=unix://$dir/node.sock"
 echo "KUBELET_DIR=$kubelet"
 echo "NODE_METRICS=http://$node_metrics/metrics"
 echo "CONTROLLER_METRICS=http://$controller_metrics/metrics"
+echo "PLUGIN_METRICS=http://$plugin_metrics/metrics"
 echo "READY"
 
 # Stay up until told to stop, or until a part dies (then stop the rest).

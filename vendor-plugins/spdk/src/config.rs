@@ -27,6 +27,8 @@ pub struct Config {
     pub service: ServiceConfig,
     /// The CSI controller, when `--csi-socket` is given.
     pub csi: Option<CsiConfig>,
+    /// Where to serve Prometheus metrics (`/metrics`), if anywhere.
+    pub metrics_address: Option<std::net::SocketAddr>,
 }
 
 /// How log lines look.
@@ -59,6 +61,9 @@ pub struct Args {
     /// Log line format (the filter is RUST_LOG, default "info").
     #[arg(long, env = "SPDK_PLUGIN_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+    /// Serve Prometheus metrics on this address (e.g. 0.0.0.0:9812).
+    #[arg(long, env = "SPDK_PLUGIN_METRICS_ADDRESS")]
+    pub metrics_address: Option<std::net::SocketAddr>,
     /// Also serve the CSI controller (Identity, Controller, VolumeGroup) on this UNIX socket.
     #[arg(long, env = "SPDK_PLUGIN_CSI_SOCKET")]
     pub csi_socket: Option<PathBuf>,
@@ -107,6 +112,7 @@ impl Args {
                 call_timeout,
             },
             csi: self.csi(call_timeout)?,
+            metrics_address: self.metrics_address,
         })
     }
 

@@ -50,6 +50,7 @@ pub struct Listening {
     plugin: Endpoint,
     /// The CSI controller's, when configured.
     csi: Option<Endpoint>,
+    metrics_address: Option<std::net::SocketAddr>,
 }
 
 /// One bound socket and what it will serve.
@@ -61,8 +62,12 @@ struct Endpoint {
 }
 
 impl Endpoint {
-    async fn serve(self, shutdown: impl Future<Output = ()>) -> Result<(), ServeError> {
-        snap_csi::server::serve(self.router, self.listener, &self.socket, None, shutdown).await
+    async fn serve(
+        self,
+        metrics: Option<tokio::net::TcpListener>,
+        shutdown: impl Future<Output = ()>,
+    ) -> Result<(), ServeError> {
+        snap_csi::server::serve(self.router, self.listener, &self.socket, metrics, shutdown).await
     }
 }
 
@@ -90,6 +95,7 @@ pub fn bind(config: &Config) -> Result<Listening, ServeError> {
             socket: config.plugin_socket.clone(),
         },
         csi,
+        metrics_address: config.metrics_address,
     })
 }
 
@@ -122,14 +128,19 @@ impl Listening {
     /// Serves until `shutdown` completes and the calls in flight have
     /// finished, then removes the socket.
     pub async fn serve(self, shutdown: impl Future<Output = ()>) -> Result<(), ServeError> {
+        let metrics = snap_csi::metrics::bind(self.metrics_address)
+            .await
+            .map_err(|source| ServeError::Metrics { source })?;
         let shutdown = futures::FutureExt::shared(shutdown);
         match self.csi {
             Some(csi) => {
-                let (plugin, csi) =
-                    tokio::join!(self.plugin.serve(shutdown.clone()), csi.serve(shutdown));
+                let (plugin, csi) = tokio::join!(
+                    self.plugin.serve(metrics, shutdown.clone()),
+                    csi.serve(None, shutdown)
+                );
                 plugin.and(csi)
             }
-            None => self.plugin.serve(shutdown).await,
+            None => self.plugin.serve(metrics, shutdown).await,
         }
     }
 }

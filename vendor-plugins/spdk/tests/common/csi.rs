@@ -197,6 +197,7 @@ impl Csi {
                     .unwrap(),
                 call_timeout: Duration::from_secs(30),
             }),
+            metrics_address: None,
         };
         let (stop, task) = serve(&config);
         let channel = unix_channel(socket.clone());

@@ -118,6 +118,7 @@ impl Plugin {
                 call_timeout: Duration::from_secs(30),
             },
             csi: None,
+            metrics_address: None,
         };
         let listening = snap_csi_spdk_plugin::bind(&config).unwrap();
         let (stop, stopped) = oneshot::channel::<()>();
