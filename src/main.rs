@@ -17,8 +17,18 @@ use snap_csi::jsonrpc::RpcClient;
     about = "CSI driver for BlueField DPU storage (SNAP)"
 )]
 struct Cli {
+    /// Log line format for the long-running services (filter: RUST_LOG, default info).
+    #[arg(long, global = true, env = "SNAP_CSI_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
+}
+
+/// How log lines look: text for people, JSON for log collectors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Debug, Subcommand)]
@@ -74,10 +84,14 @@ struct FindDevice {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
+    let format = cli.log_format;
     match cli.command {
-        Command::Node(args) => service("node service", args.resolve(), snap_csi::node::run).await,
+        Command::Node(args) => {
+            service(format, "node service", args.resolve(), snap_csi::node::run).await
+        }
         Command::Controller(args) => {
             service(
+                format,
                 "controller proxy",
                 args.resolve(),
                 snap_csi::controller::run,
@@ -96,22 +110,26 @@ async fn main() -> ExitCode {
 }
 
 /// Logs to stderr at `RUST_LOG`'s levels, `info` by default.
-fn init_logging() {
+fn init_logging(format: LogFormat) {
     use std::io::IsTerminal;
-    tracing_subscriber::fmt()
+    let logs = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         // Colour codes only for a person watching, not in a collected log.
         .with_ansi(std::io::stderr().is_terminal())
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .init();
+        );
+    match format {
+        LogFormat::Text => logs.init(),
+        LogFormat::Json => logs.json().init(),
+    }
 }
 
 /// Runs a long-lived service (`node`, `controller`) until SIGTERM or SIGINT,
 /// with the exit codes of both: 2 for bad settings, 1 for a failure.
 async fn service<C, E, Fut>(
+    format: LogFormat,
     what: &str,
     config: Result<C, E>,
     run: impl FnOnce(C, Pin<Box<dyn Future<Output = ()> + Send>>) -> Fut,
@@ -120,7 +138,7 @@ where
     E: std::fmt::Display,
     Fut: Future<Output = anyhow::Result<()>>,
 {
-    init_logging();
+    init_logging(format);
     let config = match config {
         Ok(config) => config,
         Err(e) => {

@@ -69,6 +69,8 @@ impl Stack {
     fn node(&self, crash_after: Option<&str>) -> Child {
         let mut command = Command::new(env!("CARGO_BIN_EXE_snap-csi"));
         command
+            .arg("--log-format")
+            .arg("json")
             .arg("node")
             .arg("--endpoint")
             .arg(&self.endpoint)
@@ -247,4 +249,18 @@ async fn a_crash_after_any_stage_or_unstage_step_converges_on_retry() {
     let log = std::fs::read_to_string(stack.emulator.root().join("node.log")).unwrap();
     assert!(log.contains("volume attached"), "the node logged its work");
     assert!(!log.contains("not-for-logs"), "a secret reached the log");
+    // JSON lines, and the work of a stage is logged inside its RPC's span,
+    // which names the volume.
+    let lines: Vec<serde_json::Value> = log
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    assert!(
+        lines
+            .iter()
+            .any(|line| line["span"]["name"] == "NodeStageVolume"
+                && line["span"]["volume_id"] == "pvc-c"),
+        "no log line inside a NodeStageVolume span naming the volume"
+    );
 }

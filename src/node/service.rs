@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 use tonic::{Request, Response, Status};
+use tracing::Instrument;
 
 use super::config::{EmulationSetting, NodeConfig};
 use super::error::{host_status, io_status};
@@ -281,9 +282,9 @@ fn usage(
     Ok((capability, usage))
 }
 
-#[tonic::async_trait]
-impl csi::node_server::Node for NodeService {
-    async fn node_stage_volume(
+/// The RPCs' bodies; the trait impl below wraps each in a span.
+impl NodeService {
+    async fn node_stage_volume_inner(
         &self,
         request: Request<csi::NodeStageVolumeRequest>,
     ) -> Result<Response<csi::NodeStageVolumeResponse>, Status> {
@@ -391,7 +392,7 @@ impl csi::node_server::Node for NodeService {
         Ok(Response::new(csi::NodeStageVolumeResponse {}))
     }
 
-    async fn node_unstage_volume(
+    async fn node_unstage_volume_inner(
         &self,
         request: Request<csi::NodeUnstageVolumeRequest>,
     ) -> Result<Response<csi::NodeUnstageVolumeResponse>, Status> {
@@ -433,7 +434,7 @@ impl csi::node_server::Node for NodeService {
         Ok(Response::new(csi::NodeUnstageVolumeResponse {}))
     }
 
-    async fn node_publish_volume(
+    async fn node_publish_volume_inner(
         &self,
         request: Request<csi::NodePublishVolumeRequest>,
     ) -> Result<Response<csi::NodePublishVolumeResponse>, Status> {
@@ -493,7 +494,7 @@ impl csi::node_server::Node for NodeService {
         Ok(Response::new(csi::NodePublishVolumeResponse {}))
     }
 
-    async fn node_unpublish_volume(
+    async fn node_unpublish_volume_inner(
         &self,
         request: Request<csi::NodeUnpublishVolumeRequest>,
     ) -> Result<Response<csi::NodeUnpublishVolumeResponse>, Status> {
@@ -510,7 +511,7 @@ impl csi::node_server::Node for NodeService {
         Ok(Response::new(csi::NodeUnpublishVolumeResponse {}))
     }
 
-    async fn node_get_volume_stats(
+    async fn node_get_volume_stats_inner(
         &self,
         request: Request<csi::NodeGetVolumeStatsRequest>,
     ) -> Result<Response<csi::NodeGetVolumeStatsResponse>, Status> {
@@ -570,7 +571,7 @@ impl csi::node_server::Node for NodeService {
         Ok(Response::new(response))
     }
 
-    async fn node_expand_volume(
+    async fn node_expand_volume_inner(
         &self,
         request: Request<csi::NodeExpandVolumeRequest>,
     ) -> Result<Response<csi::NodeExpandVolumeResponse>, Status> {
@@ -609,7 +610,7 @@ impl csi::node_server::Node for NodeService {
         }))
     }
 
-    async fn node_get_capabilities(
+    async fn node_get_capabilities_inner(
         &self,
         _request: Request<csi::NodeGetCapabilitiesRequest>,
     ) -> Result<Response<csi::NodeGetCapabilitiesResponse>, Status> {
@@ -633,7 +634,7 @@ impl csi::node_server::Node for NodeService {
         }))
     }
 
-    async fn node_get_info(
+    async fn node_get_info_inner(
         &self,
         request: Request<csi::NodeGetInfoRequest>,
     ) -> Result<Response<csi::NodeGetInfoResponse>, Status> {
@@ -651,6 +652,90 @@ impl csi::node_server::Node for NodeService {
                 segments: [(TOPOLOGY_KEY.to_string(), self.inner.config.dpu_name.clone())].into(),
             }),
         }))
+    }
+}
+
+#[tonic::async_trait]
+impl csi::node_server::Node for NodeService {
+    async fn node_stage_volume(
+        &self,
+        request: Request<csi::NodeStageVolumeRequest>,
+    ) -> Result<Response<csi::NodeStageVolumeResponse>, Status> {
+        let span = tracing::info_span!("NodeStageVolume", volume_id = %request.get_ref().volume_id);
+        self.node_stage_volume_inner(request).instrument(span).await
+    }
+
+    async fn node_unstage_volume(
+        &self,
+        request: Request<csi::NodeUnstageVolumeRequest>,
+    ) -> Result<Response<csi::NodeUnstageVolumeResponse>, Status> {
+        let span =
+            tracing::info_span!("NodeUnstageVolume", volume_id = %request.get_ref().volume_id);
+        self.node_unstage_volume_inner(request)
+            .instrument(span)
+            .await
+    }
+
+    async fn node_publish_volume(
+        &self,
+        request: Request<csi::NodePublishVolumeRequest>,
+    ) -> Result<Response<csi::NodePublishVolumeResponse>, Status> {
+        let span =
+            tracing::info_span!("NodePublishVolume", volume_id = %request.get_ref().volume_id);
+        self.node_publish_volume_inner(request)
+            .instrument(span)
+            .await
+    }
+
+    async fn node_unpublish_volume(
+        &self,
+        request: Request<csi::NodeUnpublishVolumeRequest>,
+    ) -> Result<Response<csi::NodeUnpublishVolumeResponse>, Status> {
+        let span =
+            tracing::info_span!("NodeUnpublishVolume", volume_id = %request.get_ref().volume_id);
+        self.node_unpublish_volume_inner(request)
+            .instrument(span)
+            .await
+    }
+
+    async fn node_get_volume_stats(
+        &self,
+        request: Request<csi::NodeGetVolumeStatsRequest>,
+    ) -> Result<Response<csi::NodeGetVolumeStatsResponse>, Status> {
+        let span =
+            tracing::info_span!("NodeGetVolumeStats", volume_id = %request.get_ref().volume_id);
+        self.node_get_volume_stats_inner(request)
+            .instrument(span)
+            .await
+    }
+
+    async fn node_expand_volume(
+        &self,
+        request: Request<csi::NodeExpandVolumeRequest>,
+    ) -> Result<Response<csi::NodeExpandVolumeResponse>, Status> {
+        let span =
+            tracing::info_span!("NodeExpandVolume", volume_id = %request.get_ref().volume_id);
+        self.node_expand_volume_inner(request)
+            .instrument(span)
+            .await
+    }
+
+    async fn node_get_capabilities(
+        &self,
+        request: Request<csi::NodeGetCapabilitiesRequest>,
+    ) -> Result<Response<csi::NodeGetCapabilitiesResponse>, Status> {
+        let span = tracing::debug_span!("NodeGetCapabilities");
+        self.node_get_capabilities_inner(request)
+            .instrument(span)
+            .await
+    }
+
+    async fn node_get_info(
+        &self,
+        request: Request<csi::NodeGetInfoRequest>,
+    ) -> Result<Response<csi::NodeGetInfoResponse>, Status> {
+        let span = tracing::debug_span!("NodeGetInfo");
+        self.node_get_info_inner(request).instrument(span).await
     }
 }
 
