@@ -1,6 +1,6 @@
 //! What every service's settings share: a TOML file read over the built-in
-//! defaults (flags and environment variables are laid over it by each
-//! service's `resolve`), and durations written as seconds.
+//! defaults, flags (and their environment variables) laid over that by each
+//! service's `resolve`, and durations written as seconds.
 
 use std::path::Path;
 use std::time::Duration;
@@ -23,9 +23,38 @@ pub(crate) fn defaults_or_file<T: Default + DeserializeOwned>(
     }
 }
 
-/// A flag given in seconds, named in the error when it is no duration.
-pub(crate) fn seconds_flag(flag: &str, secs: f64) -> Result<Duration, ConfigError> {
-    Duration::try_from_secs_f64(secs).map_err(|e| ConfigError::Message(format!("--{flag}: {e}")))
+/// Lays the flags that were given over the settings read so far: each listed
+/// field of `$flags` that is `Some` replaces the field of the same name in
+/// `$settings`; those listed after `optional` are settings that may stay
+/// unset, so the flag's value is kept as `Some`.
+macro_rules! flags_over {
+    ($flags:expr => $settings:expr, [$($field:ident),* $(,)?] $(, optional [$($optional:ident),* $(,)?])?) => {
+        $(
+            if let Some(value) = &$flags.$field {
+                $settings.$field = value.clone();
+            }
+        )*
+        $($(
+            if let Some(value) = &$flags.$optional {
+                $settings.$optional = Some(value.clone());
+            }
+        )*)?
+    };
+}
+pub(crate) use flags_over;
+
+/// Lays the flag `--{flag}`, given in seconds, over `setting` when it was
+/// given; the error names the flag when the value is no duration.
+pub(crate) fn seconds_flag(
+    setting: &mut Duration,
+    flag: &str,
+    given: Option<f64>,
+) -> Result<(), ConfigError> {
+    if let Some(secs) = given {
+        *setting = Duration::try_from_secs_f64(secs)
+            .map_err(|e| ConfigError::Message(format!("--{flag}: {e}")))?;
+    }
+    Ok(())
 }
 
 /// `#[serde(with = "seconds")]`: a duration written as (fractional) seconds.
@@ -38,4 +67,14 @@ pub(crate) mod seconds {
         let secs = f64::deserialize(d)?;
         Duration::try_from_secs_f64(secs).map_err(serde::de::Error::custom)
     }
+}
+
+/// A config file `name` holding `contents`, in a directory that lives as long
+/// as the returned handle.
+#[cfg(test)]
+pub(crate) fn test_file(name: &str, contents: &str) -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join(name);
+    std::fs::write(&file, contents).unwrap();
+    (dir, file)
 }

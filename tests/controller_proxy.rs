@@ -11,6 +11,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::vendor_controller::{Answer, FakeVendor, Services};
+use common::{free_tcp_port, timed};
 use snap_csi::controller::ControllerConfig;
 use snap_csi::proto::csi::v1 as csi;
 use snap_csi::proto::csi::v1::controller_client::ControllerClient;
@@ -91,11 +92,11 @@ impl Drop for Proxy {
     }
 }
 
-/// A request with the caller's deadline, as the sidecars send them.
-fn within<T>(message: T, timeout: Duration) -> tonic::Request<T> {
-    let mut request = tonic::Request::new(message);
-    request.set_timeout(timeout);
-    request
+/// A fake vendor serving everything on a socket in `dir`, and a proxy to it.
+async fn proxied_vendor(dir: &Path) -> (FakeVendor, Proxy) {
+    let vendor = FakeVendor::unix(dir, Services::ALL).await;
+    let proxy = Proxy::start(&vendor.endpoint).await;
+    (vendor, proxy)
 }
 
 /// Waits for an answer the proxy must give within `limit`: a tonic client
@@ -260,7 +261,7 @@ async fn check_roundtrip<Req, Resp, Fut>(
     vendor.script(method, [Answer::reply(response.clone())]);
     let (answer, _) = answered_within(
         CALL_TIMEOUT,
-        call(within(request.clone(), Duration::from_secs(5))),
+        call(timed(request.clone(), Duration::from_secs(5))),
     )
     .await;
     let got = answer
@@ -288,8 +289,7 @@ macro_rules! roundtrip {
 #[tokio::test]
 async fn every_controller_rpc_reaches_the_vendor_intact_and_its_answer_comes_back() {
     let dir = tempfile::tempdir().unwrap();
-    let vendor = FakeVendor::unix(dir.path(), Services::ALL).await;
-    let proxy = Proxy::start(&vendor.endpoint).await;
+    let (vendor, proxy) = proxied_vendor(dir.path()).await;
     let c = &proxy.controller;
 
     roundtrip!(
@@ -529,8 +529,7 @@ async fn every_controller_rpc_reaches_the_vendor_intact_and_its_answer_comes_bac
 #[tokio::test]
 async fn every_group_and_volume_group_rpc_reaches_the_vendor_intact_and_its_answer_comes_back() {
     let dir = tempfile::tempdir().unwrap();
-    let vendor = FakeVendor::unix(dir.path(), Services::ALL).await;
-    let proxy = Proxy::start(&vendor.endpoint).await;
+    let (vendor, proxy) = proxied_vendor(dir.path()).await;
     let (g, v) = (&proxy.group, &proxy.volume_group);
 
     roundtrip!(
@@ -708,8 +707,17 @@ fn group_capabilities() -> csi::GroupControllerGetCapabilitiesResponse {
 #[tokio::test]
 async fn capabilities_are_exactly_the_vendors() {
     let dir = tempfile::tempdir().unwrap();
-    let vendor = FakeVendor::unix(dir.path(), Services::ALL).await;
-    let proxy = Proxy::start(&vendor.endpoint).await;
+    let (vendor, proxy) = proxied_vendor(dir.path()).await;
+    let ask_controller = || {
+        let mut controller = proxy.controller.clone();
+        async move {
+            controller
+                .controller_get_capabilities(csi::ControllerGetCapabilitiesRequest {})
+                .await
+                .unwrap()
+                .into_inner()
+        }
+    };
 
     vendor.script(
         "GetPluginCapabilities",
@@ -730,13 +738,7 @@ async fn capabilities_are_exactly_the_vendors() {
         .await
         .unwrap()
         .into_inner();
-    let controller = proxy
-        .controller
-        .clone()
-        .controller_get_capabilities(csi::ControllerGetCapabilitiesRequest {})
-        .await
-        .unwrap()
-        .into_inner();
+    let controller = ask_controller().await;
     let group = proxy
         .group
         .clone()
@@ -749,15 +751,19 @@ async fn capabilities_are_exactly_the_vendors() {
     assert_eq!(group, group_capabilities());
 
     // A vendor that claims nothing gets nothing claimed for it.
-    let none = proxy
-        .controller
-        .clone()
-        .controller_get_capabilities(csi::ControllerGetCapabilitiesRequest {})
-        .await
-        .unwrap()
-        .into_inner();
+    let none = ask_controller().await;
     assert!(none.capabilities.is_empty(), "{none:?}");
     proxy.stop().await;
+}
+
+async fn plugin_info(proxy: &Proxy) -> csi::GetPluginInfoResponse {
+    proxy
+        .identity
+        .clone()
+        .get_plugin_info(csi::GetPluginInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner()
 }
 
 #[tokio::test]
@@ -775,24 +781,12 @@ async fn plugin_info_is_the_vendors_unless_a_driver_name_is_configured() {
     );
 
     let proxy = Proxy::start(&vendor.endpoint).await;
-    let got = proxy
-        .identity
-        .clone()
-        .get_plugin_info(csi::GetPluginInfoRequest {})
-        .await
-        .unwrap()
-        .into_inner();
+    let got = plugin_info(&proxy).await;
     assert_eq!(got, info);
     proxy.stop().await;
 
     let renamed = Proxy::start_with(&vendor.endpoint, Some("csi.snap-csi.io")).await;
-    let got = renamed
-        .identity
-        .clone()
-        .get_plugin_info(csi::GetPluginInfoRequest {})
-        .await
-        .unwrap()
-        .into_inner();
+    let got = plugin_info(&renamed).await;
     assert_eq!(
         got,
         csi::GetPluginInfoResponse {
@@ -806,13 +800,12 @@ async fn plugin_info_is_the_vendors_unless_a_driver_name_is_configured() {
 #[tokio::test]
 async fn probe_is_ready_only_when_the_vendor_says_so() {
     let dir = tempfile::tempdir().unwrap();
-    let vendor = FakeVendor::unix(dir.path(), Services::ALL).await;
-    let proxy = Proxy::start(&vendor.endpoint).await;
+    let (vendor, proxy) = proxied_vendor(dir.path()).await;
     let probe = || {
         let mut identity = proxy.identity.clone();
         async move {
             identity
-                .probe(within(csi::ProbeRequest {}, Duration::from_secs(2)))
+                .probe(timed(csi::ProbeRequest {}, Duration::from_secs(2)))
                 .await
         }
     };
@@ -848,8 +841,7 @@ async fn probe_is_ready_only_when_the_vendor_says_so() {
 #[tokio::test]
 async fn the_vendors_errors_come_back_with_its_code_and_message_untried_again() {
     let dir = tempfile::tempdir().unwrap();
-    let vendor = FakeVendor::unix(dir.path(), Services::ALL).await;
-    let proxy = Proxy::start(&vendor.endpoint).await;
+    let (vendor, proxy) = proxied_vendor(dir.path()).await;
     let create = csi::CreateVolumeRequest {
         name: "pvc-1".into(),
         capacity_range: Some(capacity()),
@@ -880,7 +872,7 @@ async fn the_vendors_errors_come_back_with_its_code_and_message_untried_again() 
             proxy
                 .controller
                 .clone()
-                .create_volume(within(create.clone(), Duration::from_secs(5))),
+                .create_volume(timed(create.clone(), Duration::from_secs(5))),
         )
         .await;
         let status = answer.unwrap_err();
@@ -917,8 +909,7 @@ async fn the_vendors_errors_come_back_with_its_code_and_message_untried_again() 
 #[tokio::test]
 async fn unavailable_is_retried_until_the_vendor_answers() {
     let dir = tempfile::tempdir().unwrap();
-    let vendor = FakeVendor::unix(dir.path(), Services::ALL).await;
-    let proxy = Proxy::start(&vendor.endpoint).await;
+    let (vendor, proxy) = proxied_vendor(dir.path()).await;
     let request = csi::CreateVolumeRequest {
         name: "pvc-1".into(),
         volume_capabilities: vec![block_capability()],
@@ -942,7 +933,7 @@ async fn unavailable_is_retried_until_the_vendor_answers() {
         proxy
             .controller
             .clone()
-            .create_volume(within(request.clone(), Duration::from_secs(5))),
+            .create_volume(timed(request.clone(), Duration::from_secs(5))),
     )
     .await;
     assert_eq!(answer.unwrap().into_inner(), response);
@@ -957,8 +948,7 @@ async fn unavailable_is_retried_until_the_vendor_answers() {
 #[tokio::test]
 async fn a_vendor_that_stays_unavailable_has_its_last_answer_returned_within_the_deadline() {
     let dir = tempfile::tempdir().unwrap();
-    let vendor = FakeVendor::unix(dir.path(), Services::ALL).await;
-    let proxy = Proxy::start(&vendor.endpoint).await;
+    let (vendor, proxy) = proxied_vendor(dir.path()).await;
     vendor.script(
         "DeleteVolume",
         (0..1000).map(|_| Answer::fail(Code::Unavailable, "array is rebooting")),
@@ -966,7 +956,7 @@ async fn a_vendor_that_stays_unavailable_has_its_last_answer_returned_within_the
     let deadline = Duration::from_millis(1500);
     let (answer, elapsed) = answered_within(
         deadline,
-        proxy.controller.clone().delete_volume(within(
+        proxy.controller.clone().delete_volume(timed(
             csi::DeleteVolumeRequest {
                 volume_id: "vol-1".into(),
                 secrets: secrets(),
@@ -992,7 +982,7 @@ async fn assert_unreachable(proxy: &Proxy, endpoint: &str) {
     let deadline = Duration::from_millis(1500);
     let (answer, elapsed) = answered_within(
         deadline,
-        proxy.controller.clone().create_volume(within(
+        proxy.controller.clone().create_volume(timed(
             csi::CreateVolumeRequest {
                 name: "pvc-1".into(),
                 secrets: secrets(),
@@ -1017,46 +1007,36 @@ async fn a_vendor_that_is_down_gives_unavailable_naming_it_and_is_reconnected_wh
     let endpoint = format!("unix://{}", dir.path().join("vendor.sock").display());
     // The proxy starts before its vendor, as it may in a pod.
     let proxy = Proxy::start(&endpoint).await;
+    let delete = || {
+        let mut controller = proxy.controller.clone();
+        async move {
+            controller
+                .delete_volume(csi::DeleteVolumeRequest {
+                    volume_id: "vol-1".into(),
+                    secrets: secrets(),
+                })
+                .await
+        }
+    };
     assert_unreachable(&proxy, &endpoint).await;
 
     let vendor = FakeVendor::unix(dir.path(), Services::ALL).await;
     assert_eq!(vendor.endpoint, endpoint);
-    proxy
-        .controller
-        .clone()
-        .delete_volume(csi::DeleteVolumeRequest {
-            volume_id: "vol-1".into(),
-            secrets: secrets(),
-        })
-        .await
-        .unwrap();
+    delete().await.unwrap();
 
     drop(vendor);
     assert_unreachable(&proxy, &endpoint).await;
 
     // A vendor back on its socket is found again without restarting the proxy.
     let vendor = FakeVendor::unix(dir.path(), Services::ALL).await;
-    proxy
-        .controller
-        .clone()
-        .delete_volume(csi::DeleteVolumeRequest {
-            volume_id: "vol-1".into(),
-            secrets: secrets(),
-        })
-        .await
-        .unwrap();
+    delete().await.unwrap();
     assert_eq!(vendor.call_count(), 1);
     proxy.stop().await;
 }
 
 #[tokio::test]
 async fn a_tcp_vendor_that_is_down_gives_unavailable_naming_it() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let endpoint = format!("http://127.0.0.1:{port}");
+    let endpoint = format!("http://127.0.0.1:{}", free_tcp_port());
     let proxy = Proxy::start(&endpoint).await;
     assert_unreachable(&proxy, &endpoint).await;
     proxy.stop().await;
@@ -1065,8 +1045,7 @@ async fn a_tcp_vendor_that_is_down_gives_unavailable_naming_it() {
 #[tokio::test]
 async fn a_silent_vendor_gives_unavailable_naming_it_before_the_callers_deadline() {
     let dir = tempfile::tempdir().unwrap();
-    let vendor = FakeVendor::unix(dir.path(), Services::ALL).await;
-    let proxy = Proxy::start(&vendor.endpoint).await;
+    let (vendor, proxy) = proxied_vendor(dir.path()).await;
     vendor.script("CreateVolume", [Answer::Silent]);
     assert_unreachable(&proxy, &vendor.endpoint).await;
     drop(vendor);
@@ -1076,8 +1055,7 @@ async fn a_silent_vendor_gives_unavailable_naming_it_before_the_callers_deadline
 #[tokio::test]
 async fn the_vendor_gets_the_callers_deadline_a_little_short_and_capped() {
     let dir = tempfile::tempdir().unwrap();
-    let vendor = FakeVendor::unix(dir.path(), Services::ALL).await;
-    let proxy = Proxy::start(&vendor.endpoint).await;
+    let (vendor, proxy) = proxied_vendor(dir.path()).await;
     let call = |timeout: Option<Duration>| {
         let mut controller = proxy.controller.clone();
         async move {
@@ -1110,6 +1088,16 @@ async fn the_vendor_gets_the_callers_deadline_a_little_short_and_capped() {
     proxy.stop().await;
 }
 
+/// The proxy's refusal of a service the vendor lacks (`ours`) is the
+/// vendor's own (`theirs`): UNIMPLEMENTED, with the vendor's message.
+fn assert_refused_alike(ours: &Status, theirs: &Status) {
+    assert_eq!(ours.code(), Code::Unimplemented, "{ours:?}");
+    assert_eq!(
+        (ours.code(), ours.message()),
+        (theirs.code(), theirs.message())
+    );
+}
+
 #[tokio::test]
 async fn services_the_vendor_lacks_answer_as_the_vendor_does() {
     let dir = tempfile::tempdir().unwrap();
@@ -1134,11 +1122,7 @@ async fn services_the_vendor_lacks_answer_as_the_vendor_does() {
         .group_controller_get_capabilities(csi::GroupControllerGetCapabilitiesRequest {})
         .await
         .unwrap_err();
-    assert_eq!(ours.code(), Code::Unimplemented, "{ours:?}");
-    assert_eq!(
-        (ours.code(), ours.message()),
-        (theirs.code(), theirs.message())
-    );
+    assert_refused_alike(&ours, &theirs);
 
     let request = vg::CreateVolumeGroupRequest {
         name: "group-1".into(),
@@ -1155,11 +1139,7 @@ async fn services_the_vendor_lacks_answer_as_the_vendor_does() {
         .create_volume_group(request)
         .await
         .unwrap_err();
-    assert_eq!(ours.code(), Code::Unimplemented, "{ours:?}");
-    assert_eq!(
-        (ours.code(), ours.message()),
-        (theirs.code(), theirs.message())
-    );
+    assert_refused_alike(&ours, &theirs);
     assert_eq!(vendor.call_count(), 0);
     proxy.stop().await;
 }
@@ -1197,7 +1177,7 @@ async fn a_tcp_vendor_works_like_a_unix_one() {
     let status = proxy
         .controller
         .clone()
-        .delete_volume(within(
+        .delete_volume(timed(
             csi::DeleteVolumeRequest {
                 volume_id: "vol-x".into(),
                 secrets: secrets(),
@@ -1259,7 +1239,7 @@ async fn secrets_and_parameters_never_reach_the_log_even_at_debug() {
         [Answer::fail(Code::FailedPrecondition, "volume is in use")],
     );
     controller
-        .create_volume(within(
+        .create_volume(timed(
             csi::CreateVolumeRequest {
                 name: "pvc-logged".into(),
                 volume_capabilities: vec![mount_capability()],

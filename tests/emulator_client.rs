@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Emulator, sparse_file};
+use common::{Emulator, free_tcp_port, sparse_file};
 use snap_csi::jsonrpc::{RpcError, code};
 use snap_csi::spdk::app::{RpcGetMethods, SpdkGetVersion};
 use snap_csi::spdk::bdev::{
@@ -433,12 +433,4 @@ async fn the_client_reconnects_to_a_restarted_emulator() {
     let version = client.call(&SpdkGetVersion {}).await.unwrap();
     assert_eq!(version.version, "SPDK v24.09");
     second.stop().await;
-}
-
-fn free_tcp_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }

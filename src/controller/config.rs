@@ -9,7 +9,7 @@ use config::ConfigError;
 use serde::Deserialize;
 use tonic::transport::{Channel, Endpoint};
 
-use crate::settings::{defaults_or_file, seconds, seconds_flag};
+use crate::settings::{defaults_or_file, flags_over, seconds, seconds_flag};
 
 /// Everything the controller proxy can be told.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -130,21 +130,16 @@ impl ControllerArgs {
     /// or malformed vendor endpoint is an error here, before anything starts.
     pub fn resolve(&self) -> Result<ControllerConfig, ConfigError> {
         let mut resolved: ControllerConfig = defaults_or_file(self.config.as_deref())?;
-        if let Some(endpoint) = &self.endpoint {
-            resolved.endpoint = endpoint.clone();
-        }
-        if let Some(vendor) = &self.vendor_endpoint {
-            resolved.vendor_endpoint = vendor.clone();
-        }
-        if let Some(secs) = self.call_timeout {
-            resolved.call_timeout = seconds_flag("call-timeout", secs)?;
-        }
-        if self.metrics_address.is_some() {
-            resolved.metrics_address = self.metrics_address;
-        }
-        if self.driver_name.is_some() {
-            resolved.driver_name = self.driver_name.clone();
-        }
+        flags_over!(
+            self => resolved,
+            [endpoint, vendor_endpoint],
+            optional [metrics_address, driver_name]
+        );
+        seconds_flag(
+            &mut resolved.call_timeout,
+            "call-timeout",
+            self.call_timeout,
+        )?;
         if resolved.vendor_endpoint.is_empty() {
             return Err(ConfigError::Message(
                 "--vendor-endpoint is required (unix:///path or http://host:port)".into(),
@@ -163,16 +158,14 @@ impl ControllerArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::settings::test_file;
 
     #[test]
     fn flags_override_the_file_which_overrides_defaults() {
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("controller.toml");
-        std::fs::write(
-            &file,
+        let (_dir, file) = test_file(
+            "controller.toml",
             "vendor_endpoint = \"unix:///run/vendor.sock\"\ncall_timeout = 2.5\ndriver_name = \"from.file\"\n",
-        )
-        .unwrap();
+        );
         let args = ControllerArgs {
             config: Some(file),
             driver_name: Some("from.flag".into()),
@@ -222,9 +215,7 @@ mod tests {
 
     #[test]
     fn an_unknown_key_in_the_file_is_an_error() {
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("controller.toml");
-        std::fs::write(&file, "vendor_endpont = \"unix:///x\"\n").unwrap();
+        let (_dir, file) = test_file("controller.toml", "vendor_endpont = \"unix:///x\"\n");
         let args = ControllerArgs {
             config: Some(file),
             vendor_endpoint: Some("unix:///x".into()),

@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::dpu::Emulation;
-use crate::settings::{defaults_or_file, seconds, seconds_flag};
+use crate::settings::{defaults_or_file, flags_over, seconds, seconds_flag};
 
 /// Everything the node service can be told.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -153,44 +153,32 @@ impl NodeArgs {
     /// Defaults, then the config file, then what was given here.
     pub fn resolve(&self) -> Result<NodeConfig, config::ConfigError> {
         let mut resolved: NodeConfig = defaults_or_file(self.config.as_deref())?;
-        macro_rules! take {
-            ($($field:ident),*) => {$(
-                if let Some(value) = &self.$field {
-                    resolved.$field = value.clone();
-                }
-            )*};
-        }
-        take!(
-            endpoint,
-            driver_name,
-            node_id,
-            kubelet_dir,
-            state_dir,
-            sysfs_root,
-            plugin_socket,
-            snap_socket_template,
-            dpu_name
+        flags_over!(
+            self => resolved,
+            [
+                endpoint,
+                driver_name,
+                node_id,
+                kubelet_dir,
+                state_dir,
+                sysfs_root,
+                plugin_socket,
+                snap_socket_template,
+                dpu_name,
+            ],
+            optional [metrics_address]
         );
-        if let Some(address) = self.metrics_address {
-            resolved.metrics_address = Some(address);
-        }
         if let Some(value) = &self.emulation {
             resolved.emulation = EmulationSetting::parse(value).ok_or_else(|| {
                 config::ConfigError::Message(format!("unknown emulation {value}"))
             })?;
         }
-        for (flag, value, field) in [
-            ("device-wait", self.device_wait, &mut resolved.device_wait),
-            (
-                "call-timeout",
-                self.call_timeout,
-                &mut resolved.call_timeout,
-            ),
-        ] {
-            if let Some(secs) = value {
-                *field = seconds_flag(flag, secs)?;
-            }
-        }
+        seconds_flag(&mut resolved.device_wait, "device-wait", self.device_wait)?;
+        seconds_flag(
+            &mut resolved.call_timeout,
+            "call-timeout",
+            self.call_timeout,
+        )?;
         Ok(resolved)
     }
 }
@@ -198,16 +186,14 @@ impl NodeArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::settings::test_file;
 
     #[test]
     fn flags_override_the_file_which_overrides_defaults() {
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("node.toml");
-        std::fs::write(
-            &file,
+        let (_dir, file) = test_file(
+            "node.toml",
             "driver_name = \"from.file\"\nnode_id = \"file-node\"\nemulation = \"virtio-blk\"\ndevice_wait = 2.5\n",
-        )
-        .unwrap();
+        );
         let args = NodeArgs {
             config: Some(file),
             node_id: Some("flag-node".into()),
@@ -223,9 +209,7 @@ mod tests {
 
     #[test]
     fn an_unknown_key_in_the_file_is_an_error() {
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("node.toml");
-        std::fs::write(&file, "drivr_name = \"typo\"\n").unwrap();
+        let (_dir, file) = test_file("node.toml", "drivr_name = \"typo\"\n");
         let args = NodeArgs {
             config: Some(file),
             ..Default::default()

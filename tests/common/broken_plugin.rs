@@ -133,18 +133,9 @@ impl StoragePluginService for Broken {
         &self,
         _: Request<api::StoragePluginGetCapabilitiesRequest>,
     ) -> Result<Response<api::StoragePluginGetCapabilitiesResponse>, Status> {
-        let capabilities = self
-            .capabilities
-            .iter()
-            .map(|c| api::StoragePluginServiceCapability {
-                r#type: Some(api::storage_plugin_service_capability::Type::Rpc(
-                    api::storage_plugin_service_capability::Rpc { r#type: *c as i32 },
-                )),
-            })
-            .collect();
-        Ok(Response::new(api::StoragePluginGetCapabilitiesResponse {
-            capabilities,
-        }))
+        Ok(Response::new(plugin::capabilities_response(
+            &self.capabilities,
+        )))
     }
 
     async fn get_snap_provider(

@@ -11,7 +11,12 @@
 pub mod broken_plugin;
 pub mod node;
 pub mod plugin;
+pub mod shared;
 pub mod vendor_controller;
+
+// Each test crate uses some of them, as with `dead_code` above.
+#[allow(unused_imports)]
+pub use shared::{free_tcp_port, loop_devices_of, sparse_file, timed};
 
 use std::path::{Path, PathBuf};
 
@@ -69,23 +74,4 @@ impl Emulator {
             running.stop().expect("the emulator shuts down cleanly");
         }
     }
-}
-
-/// Loop devices currently backed by `file` (`losetup -j`).
-pub fn loop_devices_of(file: &Path) -> Vec<String> {
-    let out = std::process::Command::new("losetup")
-        .arg("-j")
-        .arg(file)
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(str::to_string)
-        .collect()
-}
-
-/// A sparse file of `size` bytes.
-pub fn sparse_file(path: &Path, size: u64) {
-    let file = std::fs::File::create(path).unwrap();
-    file.set_len(size).unwrap();
 }

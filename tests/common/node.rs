@@ -20,6 +20,7 @@ use tonic::transport::Channel;
 
 use super::Emulator;
 use super::plugin::TestPlugin;
+use super::shared::free_local_address;
 
 pub struct NodeStack {
     stop: Option<oneshot::Sender<()>>,
@@ -221,14 +222,6 @@ pub async fn unstage(node: &mut NodeClient<Channel>, volume_id: &str, staging: &
     })
     .await
     .unwrap_or_else(|e| panic!("unstage {volume_id} from {}: {e}", staging.display()));
-}
-
-/// A loopback address with a port nobody listens on right now.
-pub fn free_local_address() -> std::net::SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
 }
 
 /// The node's `/metrics` page.

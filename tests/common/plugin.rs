@@ -113,6 +113,21 @@ where
     }
 }
 
+/// The StoragePluginGetCapabilities answer advertising `capabilities`.
+pub fn capabilities_response(
+    capabilities: &[Capability],
+) -> api::StoragePluginGetCapabilitiesResponse {
+    let capabilities = capabilities
+        .iter()
+        .map(|c| api::StoragePluginServiceCapability {
+            r#type: Some(api::storage_plugin_service_capability::Type::Rpc(
+                api::storage_plugin_service_capability::Rpc { r#type: *c as i32 },
+            )),
+        })
+        .collect();
+    api::StoragePluginGetCapabilitiesResponse { capabilities }
+}
+
 /// One ListDevices page of `entries` (sorted here, so pages follow one
 /// order). The token is the index of the next entry; any other token was not
 /// handed out and gets ABORTED, as the API requires. An index past the end
@@ -233,18 +248,7 @@ impl StoragePluginService for Plugin {
         &self,
         _: Request<api::StoragePluginGetCapabilitiesRequest>,
     ) -> Result<Response<api::StoragePluginGetCapabilitiesResponse>, Status> {
-        let capabilities = self
-            .capabilities
-            .iter()
-            .map(|c| api::StoragePluginServiceCapability {
-                r#type: Some(api::storage_plugin_service_capability::Type::Rpc(
-                    api::storage_plugin_service_capability::Rpc { r#type: *c as i32 },
-                )),
-            })
-            .collect();
-        Ok(Response::new(api::StoragePluginGetCapabilitiesResponse {
-            capabilities,
-        }))
+        Ok(Response::new(capabilities_response(&self.capabilities)))
     }
 
     async fn get_snap_provider(

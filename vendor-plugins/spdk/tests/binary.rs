@@ -4,6 +4,7 @@
 mod common;
 
 use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -13,6 +14,34 @@ use snap_csi::dpu::plugin::unix_channel;
 use snap_csi::proto::nvidia::storage::plugins::v1 as api;
 
 const BINARY: &str = env!("CARGO_BIN_EXE_snap-csi-spdk-plugin");
+
+/// Waits up to 5 s for the binary to have bound every one of `sockets`.
+async fn wait_for(sockets: &[&Path]) {
+    for _ in 0..500 {
+        if sockets.iter().all(|socket| socket.exists()) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Sends SIGTERM to `child` and checks that it exits cleanly in time
+/// (`stops` says what timed out otherwise); answers what it logged.
+async fn terminate(child: tokio::process::Child, stops: &str) -> String {
+    let killed = Command::new("kill")
+        .arg("-TERM")
+        .arg(child.id().expect("running").to_string())
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let output = tokio::time::timeout(TIMEOUT, child.wait_with_output())
+        .await
+        .expect(stops)
+        .unwrap();
+    let logs = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(output.status.success(), "{:?}: {logs}", output.status);
+    logs
+}
 
 #[tokio::test]
 async fn serves_until_sigterm_and_cleans_up() {
@@ -32,12 +61,7 @@ async fn serves_until_sigterm_and_cleans_up() {
         .kill_on_drop(true)
         .spawn()
         .unwrap();
-    for _ in 0..500 {
-        if socket.exists() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    wait_for(&[&socket]).await;
     let mode = std::fs::metadata(&socket).unwrap().permissions().mode();
     assert_eq!(mode & 0o777, 0o600);
 
@@ -50,18 +74,7 @@ async fn serves_until_sigterm_and_cleans_up() {
     assert_eq!(provider.provider_name, "acme");
     drop(storage);
 
-    let killed = Command::new("kill")
-        .arg("-TERM")
-        .arg(child.id().expect("running").to_string())
-        .status()
-        .unwrap();
-    assert!(killed.success());
-    let output = tokio::time::timeout(TIMEOUT, child.wait_with_output())
-        .await
-        .expect("the plugin stops on SIGTERM")
-        .unwrap();
-    let logs = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "{:?}: {logs}", output.status);
+    let logs = terminate(child, "the plugin stops on SIGTERM").await;
     assert!(
         logs.lines().all(|l| l.starts_with('{')),
         "JSON log lines: {logs}"
@@ -113,12 +126,7 @@ async fn serves_the_csi_controller_beside_the_plugin() {
         .kill_on_drop(true)
         .spawn()
         .unwrap();
-    for _ in 0..500 {
-        if csi_socket.exists() && plugin_socket.exists() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    wait_for(&[&csi_socket, &plugin_socket]).await;
     let channel = unix_channel(csi_socket.clone());
     let mut identity = csi::identity_client::IdentityClient::new(channel.clone());
     let ready = identity
@@ -152,18 +160,7 @@ async fn serves_the_csi_controller_beside_the_plugin() {
         .unwrap();
     drop((identity, controller));
 
-    let killed = Command::new("kill")
-        .arg("-TERM")
-        .arg(child.id().expect("running").to_string())
-        .status()
-        .unwrap();
-    assert!(killed.success());
-    let output = tokio::time::timeout(TIMEOUT, child.wait_with_output())
-        .await
-        .expect("the binary stops on SIGTERM")
-        .unwrap();
-    let logs = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "{:?}: {logs}", output.status);
+    terminate(child, "the binary stops on SIGTERM").await;
     assert!(!csi_socket.exists() && !plugin_socket.exists());
 }
 

@@ -4,7 +4,6 @@
 mod common;
 
 use common::csi::{Backends, Csi};
-use common::scenarios;
 
 const BACKEND: &str = "aio";
 
@@ -17,60 +16,7 @@ async fn controller() -> Csi {
     .await
 }
 
-#[tokio::test]
-async fn create_is_idempotent_by_name() {
-    let csi = controller().await;
-    scenarios::create_is_idempotent_by_name(&csi, BACKEND).await;
-    csi.stop().await;
-}
-
-#[tokio::test]
-async fn capacity_ranges_are_honoured() {
-    let csi = controller().await;
-    scenarios::capacity_ranges_are_honoured(&csi, BACKEND).await;
-}
-
-#[tokio::test]
-async fn bad_requests_leave_nothing() {
-    let csi = controller().await;
-    scenarios::bad_requests_leave_nothing(&csi, BACKEND).await;
-}
-
-#[tokio::test]
-async fn lists_page_and_refuse_foreign_tokens() {
-    let csi = controller().await;
-    scenarios::lists_page_and_refuse_foreign_tokens(&csi, BACKEND).await;
-}
-
-#[tokio::test]
-async fn capabilities_are_validated() {
-    let csi = controller().await;
-    scenarios::capabilities_are_validated(&csi, BACKEND).await;
-}
-
-#[tokio::test]
-async fn volumes_expand() {
-    let csi = controller().await;
-    scenarios::volumes_expand(&csi, BACKEND).await;
-}
-
-#[tokio::test]
-async fn snapshots_keep_their_data() {
-    let csi = controller().await;
-    scenarios::snapshots_keep_their_data(&csi, BACKEND).await;
-}
-
-#[tokio::test]
-async fn volumes_clone_volumes() {
-    let csi = controller().await;
-    scenarios::volumes_clone_volumes(&csi, BACKEND).await;
-}
-
-#[tokio::test]
-async fn volume_groups_hold_and_delete_their_volumes() {
-    let csi = controller().await;
-    scenarios::volume_groups_hold_and_delete_their_volumes(&csi, BACKEND).await;
-}
+scenario_tests!(controller, BACKEND);
 
 /// A CreateVolume interrupted while writing its file leaves only a hidden
 /// temporary file, which the next attempt replaces and DeleteVolume removes;

@@ -12,7 +12,7 @@ use std::time::Duration;
 use common::csi::{
     Backends, Csi, GIB, MIB, assert_code, block, from_snapshot, read_at, volume, write_at,
 };
-use common::{Emulator, Plugin, TIMEOUT, loop_devices_of, timed};
+use common::{Emulator, Plugin, TIMEOUT, every_page, loop_devices_of, timed};
 use snap_csi::controller::ControllerConfig;
 use snap_csi::dpu::colocated::Colocated;
 use snap_csi::dpu::plugin::{AccessMode, unix_channel};
@@ -335,33 +335,30 @@ async fn the_whole_surface_works_through_the_proxy() {
     }
 
     // Paging through the proxy, and its refusal of a token we never issued.
-    let mut ids = vec![];
-    let mut token = String::new();
-    loop {
-        let page = proxy
-            .controller
-            .clone()
-            .list_volumes(timed(
-                csi::ListVolumesRequest {
-                    max_entries: 3,
-                    starting_token: token.clone(),
-                },
-                TIMEOUT,
-            ))
-            .await
-            .unwrap()
-            .into_inner();
-        assert!(page.entries.len() <= 3);
-        ids.extend(
-            page.entries
+    let ids: Vec<String> = every_page(String::new(), |token| {
+        let mut controller = proxy.controller.clone();
+        async move {
+            let page = controller
+                .list_volumes(timed(
+                    csi::ListVolumesRequest {
+                        max_entries: 3,
+                        starting_token: token,
+                    },
+                    TIMEOUT,
+                ))
+                .await
+                .unwrap()
+                .into_inner();
+            assert!(page.entries.len() <= 3);
+            let ids = page
+                .entries
                 .into_iter()
-                .map(|e| e.volume.unwrap().volume_id),
-        );
-        if page.next_token.is_empty() {
-            break;
+                .map(|e| e.volume.unwrap().volume_id)
+                .collect();
+            (ids, page.next_token)
         }
-        token = page.next_token;
-    }
+    })
+    .await;
     assert_eq!(ids.len(), 4, "{ids:?}");
     let bad = proxy
         .controller

@@ -15,7 +15,6 @@ use snap_csi::dpu::colocated::Colocated;
 use snap_csi::dpu::plugin::AccessMode;
 use snap_csi::dpu::{AttachRequest, DpuAttach, Emulation, HostLocator, VolumeMode};
 use snap_csi::host::{BlockDevice, Sysfs};
-use snap_csi::spdk::nvme::BdevNvmeGetControllers;
 use tokio::time::Instant;
 
 fn deadline() -> Instant {
@@ -130,13 +129,7 @@ async fn nvmf_volume_through_nvme() {
     // The host's loop device is over the target's file.
     let backing = target.dir.path().join("remote.img");
     attach_and_detach(&dpu, &snap, &remote, &backing).await;
-    assert!(
-        snap.client()
-            .call(&BdevNvmeGetControllers::default())
-            .await
-            .unwrap()
-            .is_empty()
-    );
+    assert!(snap.nvme_controllers().await.is_empty());
 }
 
 /// How many dependent SNAP round trips a call made: the emulator answers from

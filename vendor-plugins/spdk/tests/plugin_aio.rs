@@ -50,26 +50,12 @@ async fn identity_capabilities_and_provider() {
         .collect();
     assert_eq!(types, CAPABILITIES.map(|c| c as i32));
 
-    let provider = plugin
-        .storage
-        .clone()
-        .get_snap_provider(timed(api::GetSnapProviderRequest {}, TIMEOUT))
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(provider.provider_name, "acme-snap");
+    assert_eq!(plugin.provider().await.unwrap(), "acme-snap");
     plugin.stop().await;
 
     // The default provider is the empty name.
     let plugin = Plugin::start(snap.socket()).await;
-    let provider = plugin
-        .storage
-        .clone()
-        .get_snap_provider(timed(api::GetSnapProviderRequest {}, TIMEOUT))
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(provider.provider_name, "");
+    assert_eq!(plugin.provider().await.unwrap(), "");
 }
 
 #[tokio::test]

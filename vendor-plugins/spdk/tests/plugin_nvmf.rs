@@ -3,12 +3,9 @@
 
 mod common;
 
-use common::{Emulator, Plugin, export, free_tcp_port, nvmf_context};
+use common::{Emulator, Plugin, export, free_tcp_port, listen, nvmf_context};
 use snap_csi::spdk::bdev::BdevGetBdevs;
-use snap_csi::spdk::nvme::BdevNvmeGetControllers;
-use snap_csi::spdk::nvmf::{
-    ListenAddress, NvmfCreateSubsystem, NvmfCreateTransport, NvmfSubsystemAddListener,
-};
+use snap_csi::spdk::nvmf::{NvmfCreateSubsystem, NvmfCreateTransport};
 use tonic::Code;
 
 const NQN: &str = "nqn.2024-01.io.snap-csi:pvc-nvmf-1";
@@ -31,7 +28,7 @@ async fn attach_is_idempotent_and_detach_leaves_nothing() {
         .unwrap();
     assert_eq!(again, device);
     let spdk = snap.client();
-    let controllers = spdk.call(&BdevNvmeGetControllers::default()).await.unwrap();
+    let controllers = snap.nvme_controllers().await;
     assert_eq!(controllers.len(), 1, "{controllers:?}");
     assert_eq!(controllers[0].ctrlrs[0].trid.subnqn.as_deref(), Some(NQN));
     let bdev = &spdk
@@ -55,12 +52,7 @@ async fn attach_is_idempotent_and_detach_leaves_nothing() {
     plugin.delete("pvc-nvmf-1", &device).await.unwrap();
     plugin.delete("pvc-nvmf-1", &device).await.unwrap();
     plugin.delete("pvc-nvmf-1", "").await.unwrap();
-    assert!(
-        spdk.call(&BdevNvmeGetControllers::default())
-            .await
-            .unwrap()
-            .is_empty()
-    );
+    assert!(snap.nvme_controllers().await.is_empty());
     assert!(snap.bdevs().await.is_empty());
     let status = plugin.get("pvc-nvmf-1", &device).await.unwrap_err();
     assert_eq!(status.code(), Code::NotFound, "{status:?}");
@@ -92,13 +84,7 @@ async fn unreachable_targets_and_unknown_subsystems_create_nothing() {
         .unwrap_err();
     assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
 
-    assert!(
-        snap.client()
-            .call(&BdevNvmeGetControllers::default())
-            .await
-            .unwrap()
-            .is_empty()
-    );
+    assert!(snap.nvme_controllers().await.is_empty());
     assert!(snap.bdevs().await.is_empty());
 }
 
@@ -123,18 +109,7 @@ async fn a_subsystem_without_namespace_1_is_refused_and_left_detached() {
     })
     .await
     .unwrap();
-    let port = free_tcp_port();
-    t.call(&NvmfSubsystemAddListener {
-        nqn: NQN.into(),
-        listen_address: ListenAddress {
-            trtype: "tcp".into(),
-            adrfam: "ipv4".into(),
-            traddr: "127.0.0.1".into(),
-            trsvcid: port.to_string(),
-        },
-    })
-    .await
-    .unwrap();
+    let port = listen(&target, NQN).await;
     let plugin = Plugin::start(snap.socket()).await;
     let status = plugin
         .create("pvc-empty", nvmf_context(port, NQN))
@@ -142,13 +117,7 @@ async fn a_subsystem_without_namespace_1_is_refused_and_left_detached() {
         .unwrap_err();
     assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
     assert!(status.message().contains("namespace 1"), "{status:?}");
-    assert!(
-        snap.client()
-            .call(&BdevNvmeGetControllers::default())
-            .await
-            .unwrap()
-            .is_empty()
-    );
+    assert!(snap.nvme_controllers().await.is_empty());
 }
 
 /// Both backends side by side, listed together.

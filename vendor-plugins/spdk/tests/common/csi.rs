@@ -22,7 +22,7 @@ use tokio::task::JoinHandle;
 use tonic::transport::Channel;
 use tonic::{Code, Status};
 
-use super::{Emulator, TIMEOUT, free_tcp_port, timed};
+use super::{Emulator, TIMEOUT, every_page, free_tcp_port, sparse_file, timed};
 use csi::controller_client::ControllerClient;
 use csi::identity_client::IdentityClient;
 use csi::volume_capability::access_mode::Mode;
@@ -46,7 +46,7 @@ impl Target {
     pub async fn start() -> Target {
         let emulator = Emulator::target().await;
         let pool = emulator.dir.path().join("pool.img");
-        std::fs::File::create(&pool).unwrap().set_len(POOL).unwrap();
+        sparse_file(&pool, POOL);
         let spdk = emulator.client();
         spdk.call(&BdevAioCreate {
             name: "pool0".into(),
@@ -279,22 +279,17 @@ impl Csi {
 
     /// Every volume id, paging `page` at a time.
     pub async fn list_all(&self, page: i32) -> Vec<String> {
-        let mut all = vec![];
-        let mut token = String::new();
-        loop {
+        every_page(String::new(), |token| async move {
             let response = self.list(page, &token).await.unwrap();
             assert!(page == 0 || response.entries.len() <= page as usize);
-            all.extend(
-                response
-                    .entries
-                    .into_iter()
-                    .map(|e| e.volume.unwrap().volume_id),
-            );
-            if response.next_token.is_empty() {
-                return all;
-            }
-            token = response.next_token;
-        }
+            let ids = response
+                .entries
+                .into_iter()
+                .map(|e| e.volume.unwrap().volume_id)
+                .collect();
+            (ids, response.next_token)
+        })
+        .await
     }
 
     pub async fn expand(
@@ -392,21 +387,24 @@ impl Csi {
     }
 
     /// Ids of the snapshots listed for `request`, following every page.
-    pub async fn list_snapshots_all(&self, mut request: csi::ListSnapshotsRequest) -> Vec<String> {
-        let mut all = vec![];
-        loop {
-            let response = self.list_snapshots(request.clone()).await.unwrap();
-            all.extend(
-                response
+    pub async fn list_snapshots_all(&self, request: csi::ListSnapshotsRequest) -> Vec<String> {
+        let first = request.starting_token.clone();
+        every_page(first, |token| {
+            let request = csi::ListSnapshotsRequest {
+                starting_token: token,
+                ..request.clone()
+            };
+            async move {
+                let response = self.list_snapshots(request).await.unwrap();
+                let ids = response
                     .entries
                     .into_iter()
-                    .map(|e| e.snapshot.unwrap().snapshot_id),
-            );
-            if response.next_token.is_empty() {
-                return all;
+                    .map(|e| e.snapshot.unwrap().snapshot_id)
+                    .collect();
+                (ids, response.next_token)
             }
-            request.starting_token = response.next_token;
-        }
+        })
+        .await
     }
 
     /// The file holding a volume's bytes: the AIO file itself, or the

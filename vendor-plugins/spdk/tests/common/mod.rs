@@ -7,7 +7,16 @@
 pub mod csi;
 pub mod scenarios;
 
+// Helpers the root crate's tests use too (another crate: included by path).
+#[path = "../../../../tests/common/shared.rs"]
+mod shared;
+
+// Each test crate uses some of them, as with `dead_code` above.
+#[allow(unused_imports)]
+pub use shared::{free_tcp_port, loop_devices_of, sparse_file, timed};
+
 use std::collections::HashMap;
+use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -15,6 +24,7 @@ use snap_csi::dpu::plugin::unix_channel;
 use snap_csi::jsonrpc::RpcClient;
 use snap_csi::proto::nvidia::storage::plugins::v1 as api;
 use snap_csi::spdk::bdev::{BdevAioCreate, BdevGetBdevs};
+use snap_csi::spdk::nvme::{BdevNvmeGetControllers, NvmeBdevController};
 use snap_csi::spdk::nvmf::{
     ListenAddress, NvmfCreateSubsystem, NvmfCreateTransport, NvmfNamespaceParams,
     NvmfSubsystemAddListener, NvmfSubsystemAddNs,
@@ -27,8 +37,8 @@ use snap_csi_spdk_plugin::service::ServiceConfig;
 use snap_emu::InProcess;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
+use tonic::Status;
 use tonic::transport::Channel;
-use tonic::{Request, Status};
 
 use api::identity_service_client::IdentityServiceClient;
 use api::storage_plugin_service_client::StoragePluginServiceClient;
@@ -74,8 +84,7 @@ impl Emulator {
     /// A sparse backing file under the emulator's directory.
     pub fn file(&self, name: &str) -> PathBuf {
         let path = self.dir.path().join(name);
-        let file = std::fs::File::create(&path).unwrap();
-        file.set_len(SIZE).unwrap();
+        sparse_file(&path, SIZE);
         path
     }
 
@@ -88,6 +97,14 @@ impl Emulator {
             .into_iter()
             .map(|b| b.name)
             .collect()
+    }
+
+    /// The NVMe-oF controllers SPDK has attached.
+    pub async fn nvme_controllers(&self) -> Vec<NvmeBdevController> {
+        self.client()
+            .call(&BdevNvmeGetControllers::default())
+            .await
+            .unwrap()
     }
 }
 
@@ -230,22 +247,27 @@ impl Plugin {
 
     /// Every (volume id, device name) listed, paging `page` at a time.
     pub async fn list_all(&self, page: i32) -> Vec<(String, String)> {
-        let mut all = vec![];
-        let mut token = String::new();
-        loop {
+        every_page(String::new(), |token| async move {
             let response = self.list(page, &token).await.unwrap();
             assert!(page == 0 || response.entries.len() <= page as usize);
-            all.extend(
-                response
-                    .entries
-                    .into_iter()
-                    .map(|e| (e.volume_id, e.device_name)),
-            );
-            if response.next_token.is_empty() {
-                return all;
-            }
-            token = response.next_token;
-        }
+            let entries = response
+                .entries
+                .into_iter()
+                .map(|e| (e.volume_id, e.device_name))
+                .collect();
+            (entries, response.next_token)
+        })
+        .await
+    }
+
+    /// The SNAP provider GetSNAPProvider names.
+    pub async fn provider(&self) -> Result<String, Status> {
+        let response = self
+            .storage
+            .clone()
+            .get_snap_provider(timed(api::GetSnapProviderRequest {}, TIMEOUT))
+            .await?;
+        Ok(response.into_inner().provider_name)
     }
 
     pub async fn probe(&self, timeout: Duration) -> Result<Option<bool>, Status> {
@@ -269,11 +291,22 @@ impl Drop for Plugin {
     }
 }
 
-/// A request carrying a deadline (`grpc-timeout`), as the node sends them.
-pub fn timed<T>(message: T, timeout: Duration) -> Request<T> {
-    let mut request = Request::new(message);
-    request.set_timeout(timeout);
-    request
+/// Every item of a paged list, from the page at `first` to the one with no
+/// next token: `page(token)` answers one page's items and the next token.
+pub async fn every_page<T, Fut>(first: String, mut page: impl FnMut(String) -> Fut) -> Vec<T>
+where
+    Fut: Future<Output = (Vec<T>, String)>,
+{
+    let mut all = vec![];
+    let mut token = first;
+    loop {
+        let (items, next) = page(token).await;
+        all.extend(items);
+        if next.is_empty() {
+            return all;
+        }
+        token = next;
+    }
 }
 
 pub fn aio_context(path: &Path) -> HashMap<String, String> {
@@ -292,15 +325,6 @@ pub fn nvmf_context(port: u16, subnqn: &str) -> HashMap<String, String> {
         (ADRFAM_KEY.to_string(), "ipv4".to_string()),
         (SUBNQN_KEY.to_string(), subnqn.to_string()),
     ])
-}
-
-/// A TCP port nothing listens on (just now).
-pub fn free_tcp_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// Exports an AIO bdev over a fresh file as subsystem `nqn` (namespace 1) on
@@ -348,30 +372,25 @@ pub async fn export(target: &Emulator, name: &str, nqn: &str) -> u16 {
         .await
         .unwrap();
     assert_eq!(nsid, 1);
-    let port = free_tcp_port();
-    t.call(&NvmfSubsystemAddListener {
-        nqn: nqn.into(),
-        listen_address: ListenAddress {
-            trtype: "tcp".into(),
-            adrfam: "ipv4".into(),
-            traddr: "127.0.0.1".into(),
-            trsvcid: port.to_string(),
-        },
-    })
-    .await
-    .unwrap();
-    port
+    listen(target, nqn).await
 }
 
-/// Loop devices backed by `file` (`losetup -j`).
-pub fn loop_devices_of(file: &Path) -> Vec<String> {
-    let out = std::process::Command::new("losetup")
-        .arg("-j")
-        .arg(file)
-        .output()
+/// Makes subsystem `nqn` of `target` listen on a free TCP port of
+/// 127.0.0.1; returns the port.
+pub async fn listen(target: &Emulator, nqn: &str) -> u16 {
+    let port = free_tcp_port();
+    target
+        .client()
+        .call(&NvmfSubsystemAddListener {
+            nqn: nqn.into(),
+            listen_address: ListenAddress {
+                trtype: "tcp".into(),
+                adrfam: "ipv4".into(),
+                traddr: "127.0.0.1".into(),
+                trsvcid: port.to_string(),
+            },
+        })
+        .await
         .unwrap();
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(str::to_string)
-        .collect()
+    port
 }

@@ -13,6 +13,43 @@ use super::{TIMEOUT, timed};
 use csi::volume_capability::AccessType;
 use csi::volume_capability::access_mode::Mode;
 
+/// Defines one `#[tokio::test]` per scenario below, each on a fresh controller
+/// from `$controller` (an `async fn() -> Csi`) serving `$backend`, so every
+/// backend's test file runs the same list and a new scenario reaches them all.
+#[macro_export]
+macro_rules! scenario_tests {
+    ($controller:ident, $backend:expr) => {
+        #[tokio::test]
+        async fn create_is_idempotent_by_name() {
+            let csi = $controller().await;
+            $crate::common::scenarios::create_is_idempotent_by_name(&csi, $backend).await;
+            // Once per backend, a graceful stop is checked to remove the socket.
+            csi.stop().await;
+        }
+
+        $crate::scenario_tests!(
+            @dropped $controller, $backend,
+            capacity_ranges_are_honoured,
+            bad_requests_leave_nothing,
+            lists_page_and_refuse_foreign_tokens,
+            capabilities_are_validated,
+            volumes_expand,
+            snapshots_keep_their_data,
+            volumes_clone_volumes,
+            volume_groups_hold_and_delete_their_volumes,
+        );
+    };
+    (@dropped $controller:ident, $backend:expr, $($scenario:ident,)+) => {
+        $(
+            #[tokio::test]
+            async fn $scenario() {
+                let csi = $controller().await;
+                $crate::common::scenarios::$scenario(&csi, $backend).await;
+            }
+        )+
+    };
+}
+
 /// The allocation unit of `backend` (the emulator's lvstores use 4 MiB clusters).
 pub fn unit(backend: &str) -> u64 {
     if backend == "nvmf" { 4 * MIB } else { MIB }
