@@ -12,6 +12,13 @@
 # everything and removes what it created.
 #
 # Usage (as root): hack/local-up.sh [--backend aio|nvmf] [--dir DIR] [--profile release|debug] [--no-build]
+#   [--snap-poll-period-us N] [--snap-nvme-pfs N] [--snap-nvme-vfs-per-pf N] [--allow-node-restart]
+# The --snap-* options go to the DPU's SNAP emulator only (not the NVMe-oF
+# target): its RPC poller period (8000 reproduces real SPDK's ~8 ms per
+# sequential call) and how many NVMe functions it offers (default 1 PF with 16
+# VFs). --allow-node-restart keeps the stack up when the node service exits,
+# so that a benchmark can restart it with the same flags (it then stops its
+# replacement itself).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
@@ -20,13 +27,19 @@ backend=aio
 dir=
 profile=release
 build=1
+snap_args=()
+allow_node_restart=0
 while (($#)); do
   case $1 in
     --backend) backend=$2; shift 2 ;;
     --dir) dir=$2; shift 2 ;;
     --profile) profile=$2; shift 2 ;;
     --no-build) build=0; shift ;;
-    -h | --help) sed -n '2,14p' "$0"; exit 0 ;;
+    --snap-poll-period-us) snap_args+=(--poll-period-us "$2"); shift 2 ;;
+    --snap-nvme-pfs) snap_args+=(--nvme-pfs "$2"); shift 2 ;;
+    --snap-nvme-vfs-per-pf) snap_args+=(--nvme-vfs-per-pf "$2"); shift 2 ;;
+    --allow-node-restart) allow_node_restart=1; shift ;;
+    -h | --help) sed -n '2,21p' "$0"; exit 0 ;;
     *) echo "local-up: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -117,7 +130,7 @@ controller_metrics=127.0.0.1:$(free_port)
 plugin_metrics=127.0.0.1:$(free_port)
 
 # The DPU's SNAP.
-start snap "$bin/snap-emu" --socket "$dir/snap.sock" --state-dir "$dir/snap"
+start snap "$bin/snap-emu" --socket "$dir/snap.sock" --state-dir "$dir/snap" "${snap_args[@]}"
 wait_for_socket "$dir/snap.sock"
 
 # The sample vendor plugin: plugins.v1 toward the node, CSI toward the proxy.
@@ -161,8 +174,11 @@ echo "CONTROLLER_METRICS=http://$controller_metrics/metrics"
 echo "PLUGIN_METRICS=http://$plugin_metrics/metrics"
 echo "READY"
 
-# Stay up until told to stop, or until a part dies (then stop the rest).
-wait -n "${pids[@]}" || true
+# Stay up until told to stop, or until a part dies (then stop the rest). With
+# --allow-node-restart the node is not watched: it may exit and be replaced.
+watched=("${pids[@]}")
+((allow_node_restart)) && unset 'watched[-1]'
+wait -n "${watched[@]}" || true
 echo "local-up: a process exited; stopping (logs were in $dir/logs)" >&2
 tail -n 20 "$dir"/logs/*.log >&2 || true
 exit 1

@@ -50,9 +50,11 @@ impl MountEntry {
 
 /// The current mount table of this process's mount namespace.
 pub fn read() -> Result<Vec<MountEntry>, HostOpError> {
-    let text = std::fs::read(MOUNTINFO)
-        .map_err(|err| HostOpError::io(format!("read {MOUNTINFO}"), &err))?;
-    parse(&text)
+    parse(&read_text()?)
+}
+
+fn read_text() -> Result<Vec<u8>, HostOpError> {
+    std::fs::read(MOUNTINFO).map_err(|err| HostOpError::io(format!("read {MOUNTINFO}"), &err))
 }
 
 /// The top-most mount whose mount point is exactly `path` (after resolving
@@ -61,8 +63,29 @@ pub fn at(path: &Path) -> Result<Option<MountEntry>, HostOpError> {
     let Some(resolved) = resolve(path)? else {
         return Ok(None);
     };
-    let table = read()?;
-    Ok(top_most(&table, &resolved).cloned())
+    let text = read_text()?;
+    let stacked = parse_lines(&text, |line| {
+        mount_point_is(line, resolved.as_os_str().as_bytes())
+    })?;
+    Ok(top_most(&stacked, &resolved).cloned())
+}
+
+/// Whether the mount point field of `line` is `wanted`. Publish, unpublish
+/// and unstage look up one path in a table that holds a line per staged and
+/// published volume; parsing only the lines at that path keeps a lookup
+/// from allocating for every other mount. Measured (hack/bench): lookups
+/// were a third of the node's CPU in a publish/unpublish loop, and this cut
+/// the node's own time per publish from 0.44 to 0.32 ms.
+fn mount_point_is(line: &[u8], wanted: &[u8]) -> bool {
+    let Some(field) = line.split(|&b| b == b' ').nth(4) else {
+        // Malformed: let the full parse say so.
+        return true;
+    };
+    if field.contains(&b'\\') {
+        unescape(field) == wanted
+    } else {
+        field == wanted
+    }
 }
 
 /// Of the mounts stacked at `mount_point`, the one on top: the one no other
@@ -111,9 +134,17 @@ fn resolve(path: &Path) -> Result<Option<PathBuf>, HostOpError> {
 
 /// Parses the text of a mountinfo file.
 pub fn parse(text: &[u8]) -> Result<Vec<MountEntry>, HostOpError> {
+    parse_lines(text, |_| true)
+}
+
+/// Parses the lines of a mountinfo file that `wanted` selects.
+fn parse_lines(
+    text: &[u8],
+    wanted: impl Fn(&[u8]) -> bool,
+) -> Result<Vec<MountEntry>, HostOpError> {
     text.split(|&b| b == b'\n')
         .enumerate()
-        .filter(|(_, line)| !line.is_empty())
+        .filter(|(_, line)| !line.is_empty() && wanted(line))
         .map(|(index, line)| {
             parse_line(line).map_err(|why| {
                 HostOpError::failed(
@@ -318,6 +349,19 @@ mod tests {
                 assert!(err.to_string().contains("line 1"), "{line:?}: {err}");
             }
         }
+    }
+
+    #[test]
+    fn only_the_lines_at_a_mount_point_are_parsed() {
+        let wanted = b"/var/lib/kubelet/plugins/staging dir/vol\t1";
+        let at = parse_lines(SAMPLE.as_bytes(), |line| mount_point_is(line, wanted)).unwrap();
+        assert_eq!(at.len(), 1);
+        assert_eq!(at[0].mount_id, 100);
+        let root = parse_lines(SAMPLE.as_bytes(), |line| mount_point_is(line, b"/")).unwrap();
+        assert_eq!(root.len(), 1);
+        assert_eq!(root[0].mount_id, 22);
+        // A malformed line is still reported, not skipped.
+        assert!(parse_lines(b"1 2 3\n", |line| mount_point_is(line, b"/")).is_err());
     }
 
     #[test]

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The benchmark: builds the release binaries, then runs snap-csi-bench, which
+# starts the whole stack on the SNAP emulator (hack/local-up.sh) several
+# times, plays external-provisioner and kubelet over real gRPC, and prints
+# latency, floors, SNAP round trips, scale, memory and JSON-RPC client tables
+# (README "Performance"). Arguments go to the bench (--help lists them), e.g.
+#   ./hack/bench.sh --json /tmp/bench.json
+#   ./hack/bench.sh --sections 1,2 --volumes 8
+# Run as root: the emulator makes loop devices and the node mounts.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ "$(id -u)" -ne 0 ]; then
+  echo "bench: run as root (loop devices and mounts)" >&2
+  exit 1
+fi
+./hack/setup.sh >&2
+cargo build --release --locked --quiet -p snap-csi -p snap-emu -p snap-csi-spdk-plugin -p snap-csi-bench >&2
+exec ./target/release/snap-csi-bench "$@"

@@ -1,0 +1,220 @@
+//! Playing external-provisioner (CreateVolume, DeleteVolume through the
+//! controller proxy) and kubelet (stage, publish, unpublish, unstage on the
+//! node) over real gRPC, the way `hack/player` does.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::Context;
+use snap_csi::proto::csi::v1 as csi;
+use snap_csi::proto::csi::v1::controller_client::ControllerClient;
+use snap_csi::proto::csi::v1::identity_client::IdentityClient;
+use snap_csi::proto::csi::v1::node_client::NodeClient;
+use snap_csi::proto::csi::v1::volume_capability::access_mode::Mode;
+use snap_csi::proto::csi::v1::volume_capability::{
+    AccessMode, AccessType, BlockVolume, MountVolume,
+};
+use tonic::transport::{Channel, Endpoint};
+
+/// kubelet's own deadline is 2 minutes for stage; ours is the same, so a
+/// stuck call fails the bench instead of hanging it.
+const DEADLINE: Duration = Duration::from_secs(120);
+
+pub async fn channel(endpoint: &str) -> anyhow::Result<Channel> {
+    Endpoint::try_from(endpoint.to_string())
+        .with_context(|| format!("endpoint {endpoint}"))?
+        .connect()
+        .await
+        .with_context(|| format!("connecting to {endpoint}"))
+}
+
+fn request<T>(message: T) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    request.set_timeout(DEADLINE);
+    request
+}
+
+/// Raw block, or a filesystem type (`ext4`, `xfs`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Kind {
+    Block,
+    Filesystem(String),
+}
+
+impl Kind {
+    fn capability(&self) -> csi::VolumeCapability {
+        let access_type = match self {
+            Kind::Block => AccessType::Block(BlockVolume {}),
+            Kind::Filesystem(fs) => AccessType::Mount(MountVolume {
+                fs_type: fs.clone(),
+                mount_flags: vec!["noatime".into()],
+                volume_mount_group: String::new(),
+            }),
+        };
+        csi::VolumeCapability {
+            access_type: Some(access_type),
+            access_mode: Some(AccessMode {
+                mode: Mode::SingleNodeWriter as i32,
+            }),
+        }
+    }
+}
+
+/// A volume the provisioner made, with kubelet's paths for it.
+#[derive(Debug, Clone)]
+pub struct Volume {
+    pub id: String,
+    pub kind: Kind,
+    pub context: HashMap<String, String>,
+    pub staging: PathBuf,
+    pub target: PathBuf,
+}
+
+/// The provisioner's and kubelet's connections (one each, like theirs;
+/// clones share the HTTP/2 connection).
+#[derive(Debug, Clone)]
+pub struct Clients {
+    pub controller: ControllerClient<Channel>,
+    pub node: NodeClient<Channel>,
+}
+
+impl Clients {
+    pub async fn connect(controller: &str, node: &str) -> anyhow::Result<Clients> {
+        Ok(Clients {
+            controller: ControllerClient::new(channel(controller).await?),
+            node: NodeClient::new(channel(node).await?),
+        })
+    }
+
+    /// CreateVolume (AIO, exposed as NVMe); makes kubelet's directories.
+    pub async fn create(
+        &mut self,
+        kubelet: &Path,
+        name: &str,
+        kind: &Kind,
+        size_mib: i64,
+    ) -> anyhow::Result<Volume> {
+        let response = self
+            .controller
+            .create_volume(request(csi::CreateVolumeRequest {
+                name: name.to_string(),
+                capacity_range: Some(csi::CapacityRange {
+                    required_bytes: size_mib << 20,
+                    limit_bytes: 0,
+                }),
+                volume_capabilities: vec![kind.capability()],
+                parameters: [
+                    ("backend".to_string(), "aio".to_string()),
+                    ("snap-csi.io/emulation".to_string(), "nvme".to_string()),
+                ]
+                .into(),
+                ..Default::default()
+            }))
+            .await
+            .with_context(|| format!("CreateVolume {name}"))?
+            .into_inner()
+            .volume
+            .context("CreateVolume answered no volume")?;
+        // kubelet creates the staging directory and the target's parent;
+        // the driver creates the target itself.
+        let staging = kubelet
+            .join("plugins/kubernetes.io/csi/csi.snap-csi.io/bench")
+            .join(name)
+            .join("globalmount");
+        let target = kubelet.join("pods/bench/volumes").join(name).join("mount");
+        std::fs::create_dir_all(&staging)?;
+        std::fs::create_dir_all(target.parent().context("target has a parent")?)?;
+        Ok(Volume {
+            id: response.volume_id,
+            kind: kind.clone(),
+            context: response.volume_context,
+            staging,
+            target,
+        })
+    }
+
+    pub async fn stage(&mut self, volume: &Volume) -> anyhow::Result<()> {
+        self.node
+            .node_stage_volume(request(csi::NodeStageVolumeRequest {
+                volume_id: volume.id.clone(),
+                staging_target_path: volume.staging.display().to_string(),
+                volume_capability: Some(volume.kind.capability()),
+                volume_context: volume.context.clone(),
+                ..Default::default()
+            }))
+            .await
+            .with_context(|| format!("NodeStageVolume {}", volume.id))?;
+        Ok(())
+    }
+
+    pub async fn publish(&mut self, volume: &Volume) -> anyhow::Result<()> {
+        self.node
+            .node_publish_volume(request(csi::NodePublishVolumeRequest {
+                volume_id: volume.id.clone(),
+                staging_target_path: volume.staging.display().to_string(),
+                target_path: volume.target.display().to_string(),
+                volume_capability: Some(volume.kind.capability()),
+                volume_context: volume.context.clone(),
+                ..Default::default()
+            }))
+            .await
+            .with_context(|| format!("NodePublishVolume {}", volume.id))?;
+        Ok(())
+    }
+
+    pub async fn unpublish(&mut self, volume: &Volume) -> anyhow::Result<()> {
+        self.node
+            .node_unpublish_volume(request(csi::NodeUnpublishVolumeRequest {
+                volume_id: volume.id.clone(),
+                target_path: volume.target.display().to_string(),
+            }))
+            .await
+            .with_context(|| format!("NodeUnpublishVolume {}", volume.id))?;
+        Ok(())
+    }
+
+    pub async fn unstage(&mut self, volume: &Volume) -> anyhow::Result<()> {
+        self.node
+            .node_unstage_volume(request(csi::NodeUnstageVolumeRequest {
+                volume_id: volume.id.clone(),
+                staging_target_path: volume.staging.display().to_string(),
+            }))
+            .await
+            .with_context(|| format!("NodeUnstageVolume {}", volume.id))?;
+        Ok(())
+    }
+
+    /// DeleteVolume, then kubelet's directories go.
+    pub async fn delete(&mut self, volume: &Volume) -> anyhow::Result<()> {
+        self.controller
+            .delete_volume(request(csi::DeleteVolumeRequest {
+                volume_id: volume.id.clone(),
+                secrets: Default::default(),
+            }))
+            .await
+            .with_context(|| format!("DeleteVolume {}", volume.id))?;
+        // remove_dir, never remove_dir_all: should something still be
+        // mounted there, it must not be emptied.
+        for dir in [
+            Some(volume.staging.as_path()),
+            volume.staging.parent(),
+            volume.target.parent(),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            let _ = std::fs::remove_dir(dir);
+        }
+        Ok(())
+    }
+}
+
+/// Probe: whether the plugin says it is ready.
+pub async fn probe(identity: &mut IdentityClient<Channel>) -> anyhow::Result<bool> {
+    let answer = identity
+        .probe(request(csi::ProbeRequest {}))
+        .await?
+        .into_inner();
+    Ok(answer.ready.unwrap_or(false))
+}

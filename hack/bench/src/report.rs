@@ -1,0 +1,744 @@
+//! Everything measured, printed as tables and saved as JSON.
+
+use serde::Serialize;
+
+use crate::Args;
+use crate::floors::Floors;
+use crate::latency::Row;
+use crate::memory::Memory;
+use crate::rpc::Level;
+use crate::scale::Round;
+use crate::table::{Table, ms, num};
+
+/// One design target and whether this run met it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Target {
+    pub target: String,
+    pub measured: String,
+    pub met: bool,
+}
+
+/// An RPC's p50 against the floor of what it must do at the least.
+#[derive(Debug, Clone, Serialize)]
+pub struct Ratio {
+    pub rpc: String,
+    pub p50_ms: f64,
+    pub floor_ms: f64,
+    pub floor: String,
+    pub ratio: f64,
+}
+
+/// Dependent SNAP/SPDK round trips the design allows (issue 6): a new NVMe
+/// stage 5, a retry of a staged volume 1, an unstage 4.
+pub fn design_round_trips(rpc: &str) -> Option<u32> {
+    if rpc.starts_with("NodeStage") {
+        Some(if rpc.contains("retry") { 1 } else { 5 })
+    } else if rpc.starts_with("NodeUnstage") {
+        Some(4)
+    } else {
+        None
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct Settings {
+    pub volumes: usize,
+    pub size_mib: i64,
+    pub fs: String,
+    pub poll_period_us: u64,
+    pub poll_volumes: usize,
+    pub scale_volumes: usize,
+    pub scale_size_mib: i64,
+    pub count_period_us: u64,
+    pub count_volumes: usize,
+    pub sections: Vec<u8>,
+    pub cpus: usize,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Report {
+    pub settings: Settings,
+    /// Section 1 (its counts are section 3's).
+    pub latency: Option<Vec<Row>>,
+    /// Section 2.
+    pub floors: Option<Floors>,
+    pub ratios: Vec<Ratio>,
+    /// Section 3: the latency rows again, with the emulator's poller on.
+    pub poll: Option<Vec<Row>>,
+    /// Section 3: the rows of the counting run (long poll period, each node
+    /// RPC started right after a tick).
+    pub counted: Option<Vec<Row>>,
+    /// Section 4.
+    pub scale: Option<Vec<Round>>,
+    /// Section 4 with the emulator's poller on.
+    pub scale_poll: Option<Vec<Round>>,
+    /// Section 5.
+    pub memory: Option<Memory>,
+    /// Section 6.
+    pub jsonrpc: Option<Vec<Level>>,
+    /// Section 6 with the emulator's poller on (section 3's period).
+    pub jsonrpc_poll: Option<Vec<Level>>,
+    pub targets: Vec<Target>,
+    pub cleanup: Vec<String>,
+}
+
+impl Report {
+    pub fn new(args: &Args) -> Report {
+        Report {
+            settings: Settings {
+                volumes: args.volumes,
+                size_mib: args.size_mib,
+                fs: args.fs.clone(),
+                poll_period_us: args.poll_period_us,
+                poll_volumes: args.poll_volumes,
+                scale_volumes: args.scale_volumes,
+                scale_size_mib: args.scale_size_mib,
+                count_period_us: args.count_period_us,
+                count_volumes: args.count_volumes,
+                sections: args.sections.clone(),
+                cpus: std::thread::available_parallelism().map_or(0, |n| n.get()),
+            },
+            latency: None,
+            floors: None,
+            ratios: Vec::new(),
+            poll: None,
+            counted: None,
+            scale: None,
+            scale_poll: None,
+            memory: None,
+            jsonrpc: None,
+            jsonrpc_poll: None,
+            targets: Vec::new(),
+            cleanup: Vec::new(),
+        }
+    }
+
+    /// Writes the JSON file, if asked for; called after every section so
+    /// that an interrupted run keeps what it measured.
+    pub fn save(&self, args: &Args) -> anyhow::Result<()> {
+        if let Some(path) = &args.json {
+            std::fs::write(path, serde_json::to_vec_pretty(self)?)?;
+        }
+        Ok(())
+    }
+
+    pub fn print_latency(&self) {
+        let Some(rows) = &self.latency else {
+            return;
+        };
+        println!();
+        println!(
+            "1. Latency per RPC (ms; {} volumes of each kind, one at a time; p99 is nearest-rank)",
+            self.settings.volumes
+        );
+        let mut table = Table::new(&["rpc", "n", "p50", "p99", "mean", "min", "max"]);
+        for row in rows {
+            let l = &row.latency;
+            table.row(vec![
+                row.rpc.clone(),
+                l.samples.to_string(),
+                ms(l.p50_ms),
+                ms(l.p99_ms),
+                ms(l.mean_ms),
+                ms(l.min_ms),
+                ms(l.max_ms),
+            ]);
+        }
+        table.print();
+    }
+
+    /// Section 2: the floors, then each RPC as a multiple of its floor.
+    pub fn print_floors(&mut self) {
+        let (Some(f), Some(rows)) = (&self.floors, &self.latency) else {
+            return;
+        };
+        println!();
+        println!("2. Floors, measured by the bench in the same run (ms)");
+        let mut table = Table::new(&["floor", "n", "p50", "p99", "mean"]);
+        for (name, s) in [
+            (
+                "empty gRPC round trip (bench's own server, UDS)",
+                &f.grpc_empty,
+            ),
+            (
+                "  node's GetPluginCapabilities (no I/O), for comparison",
+                &f.node_get_plugin_capabilities,
+            ),
+            (
+                "JSON-RPC round trip (spdk_get_version, raw UnixStream)",
+                &f.jsonrpc_round_trip,
+            ),
+            ("mkdir + bind mount of a mounted fs", &f.publish_dir),
+            ("umount + rmdir", &f.unpublish_dir),
+            ("create file + bind mount of a device node", &f.publish_file),
+            ("umount + unlink", &f.unpublish_file),
+            ("  mount(MS_BIND) alone", &f.bind_alone),
+            ("  umount2 alone", &f.umount_alone),
+            ("  rmdir alone, right after the umount", &f.rmdir_alone),
+        ] {
+            table.row(vec![
+                name.to_string(),
+                s.samples.to_string(),
+                ms(s.p50_ms),
+                ms(s.p99_ms),
+                ms(s.mean_ms),
+            ]);
+        }
+        table.print();
+        if f.node_publish_block.samples > 0 {
+            println!(
+                "   The node's publish and unpublish, interleaved with the floors ({} of each kind): {} and {} ms mean by the node's own clock",
+                f.node_publish_block.samples,
+                ms(f.node_served_publish_ms),
+                ms(f.node_served_unpublish_ms)
+            );
+        }
+
+        let (grpc, json) = (f.grpc_empty.p50_ms, f.jsonrpc_round_trip.p50_ms);
+        let fs = &self.settings.fs;
+        let mut ratios = Vec::new();
+        let repeated = [
+            ("NodePublish block", f.node_publish_block),
+            (&*format!("NodePublish {fs}"), f.node_publish_fs),
+            ("NodeUnpublish block", f.node_unpublish_block),
+            (&*format!("NodeUnpublish {fs}"), f.node_unpublish_fs),
+        ]
+        .map(|(rpc, s)| (format!("{rpc} (interleaved with the floors)"), s));
+        let rows = rows
+            .iter()
+            .map(|r| (r.rpc.clone(), r.latency))
+            .chain(repeated.iter().filter(|(_, s)| s.samples > 0).cloned())
+            .collect::<Vec<_>>();
+        for (rpc, latency) in &rows {
+            let rpc = rpc.as_str();
+            let (floor_ms, floor) = if rpc == "CreateVolume" || rpc == "DeleteVolume" {
+                (
+                    2.0 * grpc,
+                    "2 gRPC (bench -> proxy -> vendor controller)".to_string(),
+                )
+            } else if rpc.starts_with("NodePublish block") {
+                (
+                    grpc + f.publish_file.p50_ms,
+                    "gRPC + create file + bind".to_string(),
+                )
+            } else if rpc.starts_with("NodePublish") {
+                (
+                    grpc + f.publish_dir.p50_ms,
+                    "gRPC + mkdir + bind".to_string(),
+                )
+            } else if rpc.starts_with("NodeUnpublish block") {
+                (
+                    grpc + f.unpublish_file.p50_ms,
+                    "gRPC + umount + unlink".to_string(),
+                )
+            } else if rpc.starts_with("NodeUnpublish") {
+                (
+                    grpc + f.unpublish_dir.p50_ms,
+                    "gRPC + umount + rmdir".to_string(),
+                )
+            } else if let Some(trips) = design_round_trips(rpc) {
+                // The plugin's gRPC hop rides along the first (stage) or
+                // last (unstage) round; each round is one JSON-RPC trip.
+                let mut ms = 2.0 * grpc + f64::from(trips) * json;
+                let mut what = format!("2 gRPC + {trips} JSON-RPC");
+                if rpc == format!("NodeUnstage {fs}") {
+                    ms += f.umount_alone.p50_ms;
+                    what.push_str(" + umount");
+                } else if rpc.contains(fs.as_str()) {
+                    what.push_str(" (mkfs, fsck, mount not included)");
+                }
+                (ms, what)
+            } else {
+                continue;
+            };
+            ratios.push(Ratio {
+                rpc: rpc.to_string(),
+                p50_ms: latency.p50_ms,
+                floor_ms,
+                floor,
+                ratio: latency.p50_ms / floor_ms,
+            });
+        }
+        println!();
+        println!(
+            "   Each RPC's p50 as a multiple of its floor (floor = sum of the p50 floors above)"
+        );
+        let mut table = Table::new(&["rpc", "p50", "floor", "x floor", "floor is"]);
+        for r in &ratios {
+            table.row(vec![
+                r.rpc.clone(),
+                ms(r.p50_ms),
+                ms(r.floor_ms),
+                format!("{:.1}x", r.ratio),
+                r.floor.clone(),
+            ]);
+        }
+        table.print();
+        self.ratios = ratios;
+    }
+
+    /// Section 3: SNAP calls per node RPC, and the poller's effect.
+    pub fn print_round_trips(&self) {
+        let Some(rows) = &self.latency else {
+            return;
+        };
+        println!();
+        println!(
+            "3. SNAP/SPDK calls per node RPC (means per call, from the node's and the plugin's /metrics)"
+        );
+        let mut table = Table::new(&[
+            "rpc",
+            "SNAP by node",
+            "by plugin",
+            "total",
+            "max",
+            "plugin calls",
+            "p50 ms",
+            "node ms",
+            "SNAP ms",
+            "plugin ms",
+            "rest p50",
+            "rest p99",
+        ]);
+        for row in rows.iter().filter(|r| r.rpc.starts_with("Node")) {
+            table.row(vec![
+                row.rpc.clone(),
+                num(row.node_snap_calls),
+                num(row.plugin_snap_calls),
+                num(row.node_snap_calls + row.plugin_snap_calls),
+                num(row.max_snap_calls),
+                num(row.node_plugin_calls),
+                ms(row.latency.p50_ms),
+                ms(row.node_served_ms),
+                ms(row.node_snap_wait_ms),
+                ms(row.node_plugin_wait_ms),
+                ms(row.node_outside_calls.p50_ms),
+                ms(row.node_outside_calls.p99_ms),
+            ]);
+        }
+        table.print();
+        println!(
+            "   (node ms: the call by the node's own clock, mean; SNAP/plugin ms: the node's calls to them, summed, mean;\n    rest: node ms - SNAP ms - plugin ms per call: the node's own work plus host work (mkfs, fsck, mount,\n    blockdev, sysfs); overlapping calls are subtracted twice, so it errs low)"
+        );
+    }
+
+    /// Section 3, second part: stage and unstage with the poller on vs
+    /// off, and the dependent round trips counted.
+    pub fn print_poll(&self) {
+        let (Some(rows), Some(poll), Some(counted)) = (&self.latency, &self.poll, &self.counted)
+        else {
+            return;
+        };
+        println!();
+        println!(
+            "3 (continued). Stage and unstage with the emulator's RPC poller at {} us (real SPDK: ~8 ms per sequential call) vs off,",
+            self.settings.poll_period_us
+        );
+        println!(
+            "   and dependent SNAP round trips counted with the poller at {} us",
+            self.settings.count_period_us
+        );
+        let mut table = Table::new(&[
+            "rpc",
+            "SNAP calls",
+            "p50 off",
+            "p50 on",
+            "p99 on",
+            "dependent trips",
+            "max",
+            "design",
+        ]);
+        for row in poll.iter().filter(|r| design_round_trips(&r.rpc).is_some()) {
+            let off = rows.iter().find(|r| r.rpc == row.rpc);
+            let count = counted.iter().find(|r| r.rpc == row.rpc);
+            table.row(vec![
+                row.rpc.clone(),
+                off.map_or(String::new(), |r| {
+                    num(r.node_snap_calls + r.plugin_snap_calls)
+                }),
+                off.map_or(String::new(), |r| ms(r.latency.p50_ms)),
+                ms(row.latency.p50_ms),
+                ms(row.latency.p99_ms),
+                count
+                    .and_then(|r| r.dependent_round_trips)
+                    .map_or(String::new(), num),
+                count
+                    .and_then(|r| r.dependent_round_trips_max)
+                    .map_or(String::new(), num),
+                design_round_trips(&row.rpc).map_or(String::new(), |t| format!("<= {t}")),
+            ]);
+        }
+        table.print();
+        println!(
+            "   (on: {} volumes of each kind. Counting: {} volumes of each kind, each node RPC started right after a poll\n    tick; dependent trips = floor(latency / {} ms), median: every call that waited for an earlier reply waits\n    for a tick, calls sent together share one; exact while the rest of the RPC takes under one period)",
+            self.settings.poll_volumes,
+            self.settings.count_volumes,
+            self.settings.count_period_us / 1000
+        );
+    }
+
+    /// Section 4.
+    pub fn print_scale(&self) {
+        if let Some(rounds) = &self.scale {
+            println!();
+            println!(
+                "4. Scale: {} block volumes ({} MiB, NVMe), stage + publish each in its own task, at most N at a time",
+                self.settings.scale_volumes, self.settings.scale_size_mib
+            );
+            print_rounds(rounds);
+        }
+    }
+
+    /// Section 4 with the poller on.
+    pub fn print_scale_poll(&self) {
+        if let Some(rounds) = &self.scale_poll {
+            println!();
+            println!(
+                "4 (continued). Scale with the DPU emulator's RPC poller at {} us, as real SPDK answers",
+                self.settings.poll_period_us
+            );
+            print_rounds(rounds);
+        }
+    }
+
+    /// Section 5.
+    pub fn print_memory(&self) {
+        let Some(m) = &self.memory else {
+            return;
+        };
+        println!();
+        println!("5. Memory (MiB; peak = VmHWM, now = VmRSS) and node restart");
+        let mut table = Table::new(&["process", "when", "peak", "now", "threads"]);
+        let staged = format!("{} volumes staged", m.staged_volumes);
+        for (process, when, rss) in [
+            ("node", "idle, after start", Some(m.node_idle)),
+            ("proxy", "idle, after start", Some(m.proxy_idle)),
+            ("node", staged.as_str(), Some(m.node_staged)),
+            ("proxy", staged.as_str(), Some(m.proxy_staged)),
+            (
+                "node (restarted)",
+                "ready, volumes staged",
+                m.node_restarted,
+            ),
+            (
+                "node (restarted)",
+                "after teardown",
+                m.node_restarted_after_teardown,
+            ),
+        ] {
+            if let Some(rss) = rss {
+                table.row(vec![
+                    process.to_string(),
+                    when.to_string(),
+                    format!("{:.1}", rss.peak_mib),
+                    format!("{:.1}", rss.now_mib),
+                    num(rss.threads),
+                ]);
+            }
+        }
+        table.print();
+        if let Some(ready) = m.restart_ready_ms {
+            println!(
+                "   node restart (SIGTERM, same command line) with {} volumes staged: process start to Probe ready in {} ms",
+                m.staged_volumes,
+                ms(ready)
+            );
+        }
+    }
+
+    /// Section 6.
+    pub fn print_jsonrpc(&self) {
+        let Some(levels) = &self.jsonrpc else {
+            return;
+        };
+        println!();
+        println!(
+            "6. JSON-RPC client alone: spdk_get_version calls per second on one connection to the emulator"
+        );
+        let mut table = Table::new(&[
+            "in flight",
+            "RpcClient/s",
+            "raw socket/s",
+            "ratio",
+            "RpcClient runs",
+            "raw runs",
+        ]);
+        let runs = |v: &[f64]| {
+            v.iter()
+                .map(|r| format!("{r:.0}"))
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        for l in levels {
+            table.row(vec![
+                l.in_flight.to_string(),
+                format!("{:.0}", l.client_per_s),
+                format!("{:.0}", l.raw_per_s),
+                format!("{:.2}", l.ratio),
+                runs(&l.client_runs),
+                runs(&l.raw_runs),
+            ]);
+        }
+        table.print();
+        println!(
+            "   (median of the runs; raw: requests written back-to-back, replies split by a streaming JSON decoder)"
+        );
+        self.print_jsonrpc_poll();
+    }
+
+    /// Section 6 with the poller on.
+    pub fn print_jsonrpc_poll(&self) {
+        let Some(levels) = &self.jsonrpc_poll else {
+            return;
+        };
+        println!();
+        println!(
+            "   The same with the emulator's RPC poller at {} us, as real SPDK answers",
+            self.settings.poll_period_us
+        );
+        let mut table = Table::new(&["in flight", "RpcClient/s", "raw socket/s", "ratio"]);
+        for l in levels {
+            table.row(vec![
+                l.in_flight.to_string(),
+                format!("{:.0}", l.client_per_s),
+                format!("{:.0}", l.raw_per_s),
+                format!("{:.2}", l.ratio),
+            ]);
+        }
+        table.print();
+    }
+
+    /// Checks every target the measured sections speak to, then prints them.
+    pub fn print_targets(&mut self) {
+        self.targets = self.check_targets();
+        if self.targets.is_empty() {
+            return;
+        }
+        println!();
+        println!("Targets");
+        let mut table = Table::new(&["target", "measured", "met"]);
+        for t in &self.targets {
+            table.row(vec![
+                t.target.clone(),
+                t.measured.clone(),
+                if t.met { "yes" } else { "NO" }.to_string(),
+            ]);
+        }
+        table.print();
+        for line in &self.cleanup {
+            println!("cleanup: {line}");
+        }
+    }
+
+    fn check_targets(&self) -> Vec<Target> {
+        let mut targets = Vec::new();
+        for r in self
+            .ratios
+            .iter()
+            .filter(|r| r.rpc.starts_with("NodePublish"))
+        {
+            targets.push(Target {
+                target: format!("{} p50 <= 1.5x its floor", r.rpc),
+                measured: format!(
+                    "{:.2}x ({} ms vs {} ms)",
+                    r.ratio,
+                    ms(r.p50_ms),
+                    ms(r.floor_ms)
+                ),
+                met: r.ratio <= 1.5,
+            });
+        }
+        // The driver's own share: rows without mkfs, fsck or a filesystem
+        // mount (their host tools are not the driver's own work).
+        for row in self.latency.iter().flatten().filter(|r| {
+            r.rpc.starts_with("Node")
+                && (r.rpc.contains("block")
+                    || r.rpc.starts_with("NodePublish")
+                    || r.rpc.starts_with("NodeUnpublish"))
+        }) {
+            targets.push(Target {
+                target: format!("{}: node's own share < 1 ms at p99", row.rpc),
+                measured: format!(
+                    "{} ms (p50 {})",
+                    ms(row.node_outside_calls.p99_ms),
+                    ms(row.node_outside_calls.p50_ms)
+                ),
+                met: row.node_outside_calls.p99_ms < 1.0,
+            });
+        }
+        for (rounds, how) in [(&self.scale, ""), (&self.scale_poll, ", poller on")] {
+            let Some(rounds) = rounds else { continue };
+            let rate = |c: usize| {
+                rounds
+                    .iter()
+                    .find(|r| r.concurrency == c)
+                    .map(|r| r.volumes_per_s)
+            };
+            if let (Some(one), Some(eight), Some(many)) = (rate(1), rate(8), rate(64)) {
+                targets.push(Target {
+                    target: format!(
+                        "concurrency 64 >= 1.8x the throughput of concurrency 1 (block{how})"
+                    ),
+                    measured: format!("{:.2}x ({many:.1} vs {one:.1} volumes/s)", many / one),
+                    met: many >= 1.8 * one,
+                });
+                targets.push(Target {
+                    target: format!("concurrency 64 never slower than concurrency 8{how}"),
+                    measured: format!("{many:.1} vs {eight:.1} volumes/s"),
+                    met: many >= eight,
+                });
+            }
+        }
+        if let Some(m) = &self.memory {
+            targets.push(Target {
+                target: format!(
+                    "node peak RSS < 20 MiB with {} volumes staged",
+                    m.staged_volumes
+                ),
+                measured: format!("{:.1} MiB", m.node_staged.peak_mib),
+                met: m.node_staged.peak_mib < 20.0,
+            });
+            if let Some(ready) = m.restart_ready_ms {
+                targets.push(Target {
+                    target: format!(
+                        "node ready <= 300 ms after a restart with {} staged",
+                        m.staged_volumes
+                    ),
+                    measured: format!("{} ms", ms(ready)),
+                    met: ready <= 300.0,
+                });
+            }
+        }
+        for l in self.jsonrpc.iter().flatten() {
+            targets.push(Target {
+                target: format!(
+                    "JSON-RPC client >= 0.8x the raw socket, {} in flight",
+                    l.in_flight
+                ),
+                measured: format!(
+                    "{:.2}x ({:.0} vs {:.0} calls/s)",
+                    l.ratio, l.client_per_s, l.raw_per_s
+                ),
+                met: l.ratio >= 0.8,
+            });
+        }
+        for l in self.jsonrpc_poll.iter().flatten() {
+            targets.push(Target {
+                target: format!(
+                    "JSON-RPC client >= 0.8x the raw socket, {} in flight, poller on",
+                    l.in_flight
+                ),
+                measured: format!(
+                    "{:.2}x ({:.0} vs {:.0} calls/s)",
+                    l.ratio, l.client_per_s, l.raw_per_s
+                ),
+                met: l.ratio >= 0.8,
+            });
+        }
+        if let Some(on) = &self.counted {
+            let calls = |rpc: &str| {
+                self.latency
+                    .iter()
+                    .flatten()
+                    .find(|r| r.rpc == rpc)
+                    .map_or(String::new(), |r| {
+                        format!(" of {} calls", num(r.node_snap_calls + r.plugin_snap_calls))
+                    })
+            };
+            // The block rows carry the targets: the filesystem rows add host
+            // work after the last SNAP reply, which the count cannot tell apart.
+            for row in on.iter().filter(|r| r.rpc.contains("block")) {
+                let (Some(budget), Some(trips), Some(max)) = (
+                    design_round_trips(&row.rpc),
+                    row.dependent_round_trips,
+                    row.dependent_round_trips_max,
+                ) else {
+                    continue;
+                };
+                targets.push(Target {
+                    target: format!("{}: <= {budget} dependent SNAP round trips", row.rpc),
+                    measured: format!(
+                        "{}{} (max {}){}",
+                        num(trips),
+                        calls(&row.rpc),
+                        num(max),
+                        self.poll
+                            .iter()
+                            .flatten()
+                            .find(|r| r.rpc == row.rpc)
+                            .map_or(String::new(), |r| format!(
+                                "; p50 {} ms at {} us poll",
+                                ms(r.latency.p50_ms),
+                                self.settings.poll_period_us
+                            ))
+                    ),
+                    met: trips <= f64::from(budget),
+                });
+            }
+        }
+        targets
+    }
+}
+
+/// One table row per concurrency round, then the SNAP calls by method.
+fn print_rounds(rounds: &[Round]) {
+    let mut table = Table::new(&[
+        "concurrency",
+        "wall s",
+        "volumes/s",
+        "speed-up",
+        "stage+publish p50 ms",
+        "p99 ms",
+        "stage p99 ms",
+        "publish p99 ms",
+        "node ms/vol",
+        "SNAP ms/vol",
+        "plugin ms/vol",
+        "teardown wall s",
+        "create wall s",
+    ]);
+    for r in rounds {
+        table.row(vec![
+            r.concurrency.to_string(),
+            format!("{:.2}", r.wall_s),
+            format!("{:.1}", r.volumes_per_s),
+            r.speedup.map_or(String::new(), |s| format!("{s:.2}x")),
+            ms(r.stage_publish.p50_ms),
+            ms(r.stage_publish.p99_ms),
+            ms(r.stage.p99_ms),
+            ms(r.publish.p99_ms),
+            ms(r.node_ms),
+            ms(r.node_snap_ms),
+            ms(r.node_plugin_ms),
+            format!("{:.2}", r.teardown_wall_s),
+            format!("{:.2}", r.create_wall_s),
+        ]);
+    }
+    table.print();
+    println!(
+        "   The node's SNAP calls during stage + publish, by method: calls per volume, mean ms per call"
+    );
+    let mut methods: Vec<&String> = rounds.iter().flat_map(|r| r.snap_methods.keys()).collect();
+    methods.sort();
+    methods.dedup();
+    let mut headers = vec!["method".to_string()];
+    headers.extend(rounds.iter().map(|r| format!("c={}", r.concurrency)));
+    let mut table = Table::new(&headers.iter().map(String::as_str).collect::<Vec<_>>());
+    for method in methods {
+        let mut row = vec![method.clone()];
+        for r in rounds {
+            row.push(
+                r.snap_methods
+                    .get(method)
+                    .map_or(String::new(), |(calls, mean)| {
+                        format!("{} x {}", num(*calls), ms(*mean))
+                    }),
+            );
+        }
+        table.row(row);
+    }
+    table.print();
+    println!(
+        "   (node/SNAP/plugin ms per volume: stage + publish by the node's clock, and its SNAP and plugin calls' summed\n    time, means; teardown: unpublish + unstage at the same concurrency; create: every volume first, 8 at a time)"
+    );
+}

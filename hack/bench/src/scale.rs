@@ -1,0 +1,208 @@
+//! Section 4: many block volumes staged and published at once, the way a
+//! node starting a hundred pods sees it. Per concurrency: create them all
+//! first (not timed as part of the round), then stage and publish each in
+//! its own task, at most `concurrency` at a time, then take them down again.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+
+use crate::csi::{Clients, Kind, Volume};
+use crate::prom::{Outbound, Page, snap_methods};
+use crate::stats::Summary;
+
+/// One concurrency level.
+#[derive(Debug, Clone, Serialize)]
+pub struct Round {
+    pub concurrency: usize,
+    pub volumes: usize,
+    /// Creating every volume first (at a fixed concurrency of 8).
+    pub create_wall_s: f64,
+    /// Stage + publish of every volume.
+    pub wall_s: f64,
+    pub volumes_per_s: f64,
+    /// Stage + publish of one volume, and each alone.
+    pub stage_publish: Summary,
+    pub stage: Summary,
+    pub publish: Summary,
+    /// Per volume, means by the node's clock (stage + publish): the calls
+    /// served, and the node's SNAP and plugin calls' summed time in them.
+    pub node_ms: f64,
+    pub node_snap_ms: f64,
+    pub node_plugin_ms: f64,
+    /// The node's SNAP calls by method: calls per volume, mean ms per call.
+    pub snap_methods: BTreeMap<String, (f64, f64)>,
+    /// Unpublish + unstage of every volume, at the same concurrency.
+    pub teardown_wall_s: f64,
+    /// Throughput over that of concurrency 1 (when measured).
+    pub speedup: Option<f64>,
+}
+
+/// How many volumes are created at once before a round; fixed so that the
+/// rounds start alike.
+const CREATE_CONCURRENCY: usize = 8;
+
+/// Runs `work` for each item in its own task, at most `concurrency` at a
+/// time; returns what each returned, in item order, and the wall time.
+async fn each<I, T, F, Fut>(
+    items: Vec<I>,
+    concurrency: usize,
+    clients: &Clients,
+    work: F,
+) -> anyhow::Result<(Vec<T>, Duration)>
+where
+    T: Send + 'static,
+    F: Fn(Clients, I) -> Fut,
+    Fut: Future<Output = anyhow::Result<T>> + Send + 'static,
+{
+    let permits = Arc::new(Semaphore::new(concurrency.max(1)));
+    let mut tasks = JoinSet::new();
+    let started = Instant::now();
+    for (index, item) in items.into_iter().enumerate() {
+        let permits = Arc::clone(&permits);
+        // The job is built here but only runs once it holds a permit.
+        let job = work(clients.clone(), item);
+        tasks.spawn(async move {
+            let _permit = permits.acquire_owned().await?;
+            anyhow::Ok((index, job.await?))
+        });
+    }
+    let mut results = Vec::new();
+    while let Some(joined) = tasks.join_next().await {
+        results.push(joined??);
+    }
+    let wall = started.elapsed();
+    results.sort_by_key(|(index, _)| *index);
+    Ok((results.into_iter().map(|(_, r)| r).collect(), wall))
+}
+
+/// Creates `count` block volumes.
+pub async fn create(
+    clients: &Clients,
+    kubelet: &std::path::Path,
+    prefix: &str,
+    count: usize,
+    size_mib: i64,
+) -> anyhow::Result<(Vec<Volume>, Duration)> {
+    let names: Vec<String> = (0..count).map(|i| format!("{prefix}-{i}")).collect();
+    each(names, CREATE_CONCURRENCY, clients, |mut clients, name| {
+        let kubelet = kubelet.to_path_buf();
+        async move {
+            clients
+                .create(&kubelet, &name, &Kind::Block, size_mib)
+                .await
+        }
+    })
+    .await
+}
+
+/// Stages and publishes every volume; returns (stage, publish) per volume
+/// and the wall time.
+pub async fn stage_publish(
+    clients: &Clients,
+    volumes: &[Volume],
+    concurrency: usize,
+) -> anyhow::Result<(Vec<(Duration, Duration)>, Duration)> {
+    each(
+        volumes.to_vec(),
+        concurrency,
+        clients,
+        |mut clients, volume| async move {
+            let started = Instant::now();
+            clients.stage(&volume).await?;
+            let staged = Instant::now();
+            clients.publish(&volume).await?;
+            Ok((staged - started, staged.elapsed()))
+        },
+    )
+    .await
+}
+
+/// Unpublishes and unstages every volume; the wall time.
+pub async fn teardown(
+    clients: &Clients,
+    volumes: &[Volume],
+    concurrency: usize,
+) -> anyhow::Result<Duration> {
+    let (_, wall) = each(
+        volumes.to_vec(),
+        concurrency,
+        clients,
+        |mut clients, volume| async move {
+            clients.unpublish(&volume).await?;
+            clients.unstage(&volume).await
+        },
+    )
+    .await?;
+    Ok(wall)
+}
+
+/// Deletes every volume, at the creation concurrency.
+pub async fn delete(clients: &Clients, volumes: &[Volume]) -> anyhow::Result<()> {
+    each(
+        volumes.to_vec(),
+        CREATE_CONCURRENCY,
+        clients,
+        |mut clients, volume| async move { clients.delete(&volume).await },
+    )
+    .await?;
+    Ok(())
+}
+
+/// The figures of one round from its timings.
+pub fn summarise(
+    concurrency: usize,
+    create_wall: Duration,
+    times: &[(Duration, Duration)],
+    wall: Duration,
+    node: &Outbound,
+    teardown_wall: Duration,
+    snap_methods: BTreeMap<String, (f64, f64)>,
+) -> Round {
+    let per_volume = |seconds: f64| seconds * 1e3 / times.len().max(1) as f64;
+    let both: Vec<Duration> = times.iter().map(|(s, p)| *s + *p).collect();
+    let stages: Vec<Duration> = times.iter().map(|(s, _)| *s).collect();
+    let publishes: Vec<Duration> = times.iter().map(|(_, p)| *p).collect();
+    Round {
+        concurrency,
+        volumes: times.len(),
+        create_wall_s: create_wall.as_secs_f64(),
+        wall_s: wall.as_secs_f64(),
+        volumes_per_s: times.len() as f64 / wall.as_secs_f64(),
+        stage_publish: Summary::of(&both),
+        stage: Summary::of(&stages),
+        publish: Summary::of(&publishes),
+        node_ms: per_volume(node.served_seconds),
+        node_snap_ms: per_volume(node.snap_seconds),
+        node_plugin_ms: per_volume(node.plugin_seconds),
+        snap_methods,
+        teardown_wall_s: teardown_wall.as_secs_f64(),
+        speedup: None,
+    }
+}
+
+/// The node's SNAP calls between two pages, by method: calls per volume and
+/// mean milliseconds per call.
+pub fn method_means(before: &Page, after: &Page, volumes: usize) -> BTreeMap<String, (f64, f64)> {
+    let before = snap_methods(before);
+    snap_methods(after)
+        .into_iter()
+        .filter_map(|(method, (calls, seconds))| {
+            let (calls0, seconds0) = before.get(&method).copied().unwrap_or((0.0, 0.0));
+            let calls = calls - calls0;
+            (calls > 0.0).then(|| {
+                (
+                    method,
+                    (
+                        calls / volumes.max(1) as f64,
+                        (seconds - seconds0) * 1e3 / calls,
+                    ),
+                )
+            })
+        })
+        .collect()
+}

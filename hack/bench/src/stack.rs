@@ -1,0 +1,250 @@
+//! One running copy of the whole stack: `hack/local-up.sh` as a child
+//! process, its endpoints parsed from what it prints, and everything it
+//! made removed again when it is stopped or dropped.
+//!
+//! std's `Child` (not tokio's) so that `Drop` can stop the stack on any path
+//! out of the bench, an error or Ctrl-C included: a leaked stack leaves loop
+//! devices and mounts behind.
+
+use std::fs::File;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+/// How the stack is started.
+#[derive(Debug, Clone, Default)]
+pub struct StackOptions {
+    /// The DPU emulator's RPC poller period (0: answer at once).
+    pub poll_period_us: u64,
+    /// NVMe PFs and VFs per PF of the DPU emulator; `None` keeps its default.
+    pub nvme_functions: Option<(u32, u32)>,
+}
+
+/// A stack that `hack/local-up.sh` started and printed READY for.
+#[derive(Debug)]
+pub struct Stack {
+    pub name: String,
+    pub dir: PathBuf,
+    pub controller: String,
+    pub node: String,
+    pub kubelet: PathBuf,
+    pub node_metrics: String,
+    pub controller_metrics: String,
+    pub plugin_metrics: String,
+    local_up: Option<Child>,
+    /// Held so that local-up never writes into a closed pipe.
+    _stdout: Option<ChildStdout>,
+    stderr_path: PathBuf,
+    /// A node the bench started in place of local-up's (restart test); it is
+    /// not local-up's child, so the bench stops it, before the stack.
+    replacement_node: Option<Child>,
+}
+
+/// What stopping a stack found left behind (empty: nothing).
+#[derive(Debug, Default)]
+pub struct Leftovers(pub Vec<String>);
+
+impl Stack {
+    /// Starts local-up in `dir` (which must not exist yet) and waits for READY.
+    pub async fn start(
+        name: &str,
+        local_up: &Path,
+        profile: &str,
+        dir: PathBuf,
+        logs: &Path,
+        options: &StackOptions,
+    ) -> anyhow::Result<Stack> {
+        let stderr_path = logs.join(format!("local-up-{name}.err"));
+        let stderr = File::create(&stderr_path)?;
+        let mut command = Command::new(local_up);
+        command
+            .args(["--no-build", "--profile", profile, "--allow-node-restart"])
+            .arg("--dir")
+            .arg(&dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(stderr);
+        if options.poll_period_us > 0 {
+            command.args([
+                "--snap-poll-period-us".to_string(),
+                options.poll_period_us.to_string(),
+            ]);
+        }
+        if let Some((pfs, vfs)) = options.nvme_functions {
+            command.args([
+                "--snap-nvme-pfs".to_string(),
+                pfs.to_string(),
+                "--snap-nvme-vfs-per-pf".to_string(),
+                vfs.to_string(),
+            ]);
+        }
+        let mut child = command
+            .spawn()
+            .with_context(|| format!("starting {}", local_up.display()))?;
+        let stdout = child.stdout.take().context("local-up's stdout")?;
+        let mut stack = Stack {
+            name: name.to_string(),
+            dir,
+            controller: String::new(),
+            node: String::new(),
+            kubelet: PathBuf::new(),
+            node_metrics: String::new(),
+            controller_metrics: String::new(),
+            plugin_metrics: String::new(),
+            local_up: Some(child),
+            _stdout: None,
+            stderr_path,
+            replacement_node: None,
+        };
+        // A blocking read of the pipe; if local-up hangs, the timeout drops
+        // the stack, which kills local-up, which closes the pipe.
+        let reading = tokio::task::spawn_blocking(move || read_until_ready(stdout));
+        let (lines, stdout) = match tokio::time::timeout(Duration::from_secs(300), reading).await {
+            Ok(read) => read?.map_err(|e| stack.explain(e))?,
+            Err(_) => return Err(stack.explain(anyhow::anyhow!("no READY within 300 s"))),
+        };
+        stack._stdout = Some(stdout);
+        for line in lines {
+            let Some((key, value)) = line.split_once('=') else {
+                continue;
+            };
+            let value = value.to_string();
+            match key {
+                "CSI_CONTROLLER_ENDPOINT" => stack.controller = value,
+                "CSI_NODE_ENDPOINT" => stack.node = value,
+                "KUBELET_DIR" => stack.kubelet = value.into(),
+                "NODE_METRICS" => stack.node_metrics = value,
+                "CONTROLLER_METRICS" => stack.controller_metrics = value,
+                "PLUGIN_METRICS" => stack.plugin_metrics = value,
+                _ => {}
+            }
+        }
+        if stack.node.is_empty() || stack.controller.is_empty() || stack.node_metrics.is_empty() {
+            return Err(stack.explain(anyhow::anyhow!(
+                "local-up printed READY without all endpoints"
+            )));
+        }
+        Ok(stack)
+    }
+
+    /// The DPU emulator's JSON-RPC socket (local-up's layout).
+    pub fn snap_socket(&self) -> PathBuf {
+        self.dir.join("snap.sock")
+    }
+
+    /// The node's CSI socket path.
+    pub fn node_socket(&self) -> PathBuf {
+        PathBuf::from(self.node.trim_start_matches("unix://"))
+    }
+
+    /// The controller proxy's CSI socket path.
+    pub fn controller_socket(&self) -> PathBuf {
+        PathBuf::from(self.controller.trim_start_matches("unix://"))
+    }
+
+    /// Takes over a node the bench started; it is stopped before the stack.
+    pub fn adopt_node(&mut self, child: Child) {
+        if let Some(mut old) = self.replacement_node.replace(child) {
+            stop_child(&mut old, Duration::from_secs(60));
+        }
+    }
+
+    fn explain(&mut self, error: anyhow::Error) -> anyhow::Error {
+        self.shutdown();
+        let tail = std::fs::read_to_string(&self.stderr_path)
+            .map(|s| {
+                let lines: Vec<&str> = s.lines().collect();
+                lines[lines.len().saturating_sub(30)..].join("\n")
+            })
+            .unwrap_or_default();
+        error.context(format!("stack {}: local-up said:\n{tail}", self.name))
+    }
+
+    /// SIGTERM to the bench's own node, then to local-up, waiting for each.
+    fn shutdown(&mut self) {
+        if let Some(mut node) = self.replacement_node.take() {
+            stop_child(&mut node, Duration::from_secs(60));
+        }
+        if let Some(mut child) = self.local_up.take() {
+            stop_child(&mut child, Duration::from_secs(120));
+        }
+    }
+
+    /// Stops the stack and says what, if anything, it left behind: loop
+    /// devices on its files, mounts below its directory, the directory.
+    pub fn stop(mut self) -> Leftovers {
+        self.shutdown();
+        let dir = self.dir.display().to_string();
+        let mut left = Vec::new();
+        match Command::new("losetup").arg("-a").output() {
+            Ok(out) => left.extend(
+                String::from_utf8_lossy(&out.stdout)
+                    .lines()
+                    .filter(|l| l.contains(&dir))
+                    .map(|l| format!("loop device: {l}")),
+            ),
+            Err(e) => left.push(format!("cannot run losetup -a: {e}")),
+        }
+        match std::fs::read_to_string("/proc/self/mountinfo") {
+            Ok(table) => left.extend(
+                table
+                    .lines()
+                    .filter(|l| l.contains(&dir))
+                    .map(|l| format!("mount: {l}")),
+            ),
+            Err(e) => left.push(format!("cannot read the mount table: {e}")),
+        }
+        if self.dir.exists() {
+            left.push(format!("directory: {dir}"));
+        }
+        Leftovers(left)
+    }
+}
+
+impl Drop for Stack {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+fn read_until_ready(stdout: ChildStdout) -> anyhow::Result<(Vec<String>, ChildStdout)> {
+    let mut reader = BufReader::new(stdout);
+    let mut lines = Vec::new();
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line)? == 0 {
+            bail!("local-up exited before READY");
+        }
+        let line = line.trim_end().to_string();
+        if line == "READY" {
+            return Ok((lines, reader.into_inner()));
+        }
+        lines.push(line);
+    }
+}
+
+/// SIGTERM, then wait up to `grace`, then SIGKILL: the processes the bench
+/// started must not outlive it.
+pub fn stop_child(child: &mut Child, grace: Duration) {
+    if let Ok(pid) = i32::try_from(child.id()) {
+        let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
+    }
+    let started = Instant::now();
+    while started.elapsed() < grace {
+        match child.try_wait() {
+            Ok(Some(_)) | Err(_) => return,
+            Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+    eprintln!(
+        "bench: process {} did not stop within {grace:?}; killing it",
+        child.id()
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+}
