@@ -86,6 +86,7 @@ impl Stack {
             volume_context: [(plugin::PATH_KEY.to_string(), backing.display().to_string())].into(),
             storage_parameters: HashMap::new(),
             emulation,
+            attached_before: false,
         }
     }
 
@@ -689,9 +690,18 @@ async fn attach_and_detach_cost_the_designed_number_of_dependent_round_trips() {
     let (first, rounds) = round_trips(period, stack.dpu.attach(&request, deadline())).await;
     let first = first.unwrap();
     assert_round_trips("new NVMe attach", rounds, 5);
-    let (again, rounds) = round_trips(period, stack.dpu.attach(&request, deadline())).await;
+    let retry = AttachRequest {
+        attached_before: true,
+        ..request.clone()
+    };
+    let (again, rounds) = round_trips(period, stack.dpu.attach(&retry, deadline())).await;
     assert_eq!(again.unwrap(), first);
     assert_round_trips("repeated NVMe attach", rounds, 1);
+    // Without the caller's record (a crash before it was written), the
+    // attach learns from SNAP's -17 that the subsystem exists and reads it.
+    let (again, rounds) = round_trips(period, stack.dpu.attach(&request, deadline())).await;
+    assert_eq!(again.unwrap(), first);
+    assert_round_trips("repeated NVMe attach, not known to be attached", rounds, 3);
     let (detached, rounds) = round_trips(
         period,
         stack

@@ -5,8 +5,8 @@
 //! a real DPU): an attach first asks the plugin's CreateDevice and reads
 //! SNAP's listings, all at once, then runs only the steps the listings show
 //! missing. NVMe: a new volume takes 5 dependent round trips (CreateDevice
-//! with the listings; subsystem; namespace with controller; attach; resume),
-//! an attached one 1. virtio-blk: 2 and 1. A detach takes 4 for NVMe
+//! with the function listing; subsystem; namespace with controller; attach;
+//! resume), an attached one 1 (CreateDevice with both listings). virtio-blk: 2 and 1. A detach takes 4 for NVMe
 //! (listings; controller; namespace; subsystem with DeleteDevice) and 3 for
 //! virtio-blk (listings; controller; DeleteDevice).
 //!
@@ -65,15 +65,21 @@ impl Colocated {
         let create = self.plugin.create_device(request, deadline);
         let (device_name, locator) = match request.emulation {
             Emulation::Nvme => {
-                let (device, found, functions) = tokio::join!(
-                    create,
-                    nvme::find(snap, &names.nqn, deadline),
-                    snap.list_functions(deadline)
-                );
+                let known = async {
+                    if request.attached_before {
+                        nvme::find(snap, &names.nqn, deadline)
+                            .await
+                            .map(nvme::Known::Listed)
+                    } else {
+                        Ok(nvme::Known::Unread)
+                    }
+                };
+                let (device, known, functions) =
+                    tokio::join!(create, known, snap.list_functions(deadline));
                 let device = device?;
                 crate::failpoint::step("attach:create-device");
                 let locator =
-                    nvme::expose(snap, &names, &device, found?, functions?, deadline).await?;
+                    nvme::expose(snap, &names, &device, known?, functions?, deadline).await?;
                 (device, locator)
             }
             Emulation::VirtioBlk => {

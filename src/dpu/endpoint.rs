@@ -4,7 +4,10 @@
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
+use futures::FutureExt;
+use futures::future::{BoxFuture, Shared};
 use tokio::time::Instant;
 
 use super::DpuError;
@@ -17,7 +20,16 @@ pub(crate) struct SnapEndpoint {
     rpc: RpcClient,
     nvme: FunctionPool,
     virtio_blk: FunctionPool,
+    /// The function listing in flight, which attaches that need one join
+    /// instead of asking SNAP again: in a burst of stages SNAP renders its
+    /// (long) listing once rather than once per volume, and one parsed copy
+    /// is held instead of one per stage. A listing is only the starting point
+    /// for picking a function (see `functions`), so an older one is as good
+    /// as a new one there; where a fresh one is needed, [`Self::list_functions_fresh`].
+    listing: Mutex<Option<SharedListing>>,
 }
+
+type SharedListing = Shared<BoxFuture<'static, Result<Arc<FunctionListing>, DpuError>>>;
 
 impl SnapEndpoint {
     pub fn new(socket: PathBuf) -> Self {
@@ -25,6 +37,7 @@ impl SnapEndpoint {
             rpc: RpcClient::new(socket),
             nvme: FunctionPool::default(),
             virtio_blk: FunctionPool::default(),
+            listing: Mutex::new(None),
         }
     }
 
@@ -59,17 +72,37 @@ impl SnapEndpoint {
         }
     }
 
-    /// Every emulated function, with the time it was asked for.
-    pub async fn list_functions(&self, deadline: Instant) -> Result<FunctionListing, DpuError> {
-        let asked_at = Instant::now();
-        let functions = self
-            .call(&EmulationFunctionList { all: true }, deadline)
-            .await
-            .map_err(|e| self.error("listing emulated functions", e))?;
-        Ok(FunctionListing {
-            functions,
-            asked_at,
-        })
+    /// Every emulated function: the listing in flight if there is one, else a
+    /// new one. Its deadline is that of the caller who asked first; a joiner
+    /// whose listing failed asks again itself, so it only ever sees its own
+    /// errors and deadline.
+    pub async fn list_functions(
+        &self,
+        deadline: Instant,
+    ) -> Result<Arc<FunctionListing>, DpuError> {
+        let (listing, joined) = {
+            let mut slot = self.listing.lock().unwrap_or_else(|e| e.into_inner());
+            match slot.as_ref().filter(|l| l.peek().is_none()) {
+                Some(in_flight) => (in_flight.clone(), true),
+                None => {
+                    let listing = list_functions(self.rpc.clone(), deadline).boxed().shared();
+                    *slot = Some(listing.clone());
+                    (listing, false)
+                }
+            }
+        };
+        match listing.await {
+            Err(_) if joined => self.list_functions_fresh(deadline).await,
+            result => result,
+        }
+    }
+
+    /// Every emulated function, asked for now.
+    pub async fn list_functions_fresh(
+        &self,
+        deadline: Instant,
+    ) -> Result<Arc<FunctionListing>, DpuError> {
+        list_functions(self.rpc.clone(), deadline).await
     }
 
     /// Creates a controller with `create(pci_bdf)` on a free function of
@@ -82,7 +115,7 @@ impl SnapEndpoint {
     pub async fn create_on_free_function<F, Fut>(
         &self,
         kind: EmulationType,
-        mut listing: FunctionListing,
+        mut listing: Arc<FunctionListing>,
         what: &str,
         deadline: Instant,
         mut create: F,
@@ -108,7 +141,7 @@ impl SnapEndpoint {
                     )));
                 }
                 // Our listing may predate functions freed since: ask once more.
-                listing = self.list_functions(deadline).await?;
+                listing = self.list_functions_fresh(deadline).await?;
                 fresh = true;
                 continue;
             };
@@ -126,7 +159,7 @@ impl SnapEndpoint {
                     );
                     tried.insert(claim.vuid.clone());
                     claim.taken();
-                    listing = self.list_functions(deadline).await?;
+                    listing = self.list_functions_fresh(deadline).await?;
                     fresh = true;
                 }
                 Err(e) if e.is_transient() => {
@@ -143,15 +176,36 @@ impl SnapEndpoint {
     /// caller may retry, every step is idempotent); a SPDK without the SNAP
     /// methods → FailedPrecondition; any other answer → Internal.
     pub fn error(&self, what: &str, e: RpcError) -> DpuError {
-        let message = format!("SNAP at {}: {what}: {e}", self.socket().display());
-        if e.is_transient() {
-            DpuError::Unavailable(message)
-        } else if e.is_method_not_found() {
-            DpuError::FailedPrecondition(format!("{message} (is this socket a SNAP process?)"))
-        } else {
-            DpuError::Internal(message)
-        }
+        classify(self.socket(), what, e)
     }
+}
+
+fn classify(socket: &Path, what: &str, e: RpcError) -> DpuError {
+    let message = format!("SNAP at {}: {what}: {e}", socket.display());
+    if e.is_transient() {
+        DpuError::Unavailable(message)
+    } else if e.is_method_not_found() {
+        DpuError::FailedPrecondition(format!("{message} (is this socket a SNAP process?)"))
+    } else {
+        DpuError::Internal(message)
+    }
+}
+
+/// One `emulation_function_list`, owning what it needs so that a shared
+/// listing outlives the caller that started it.
+async fn list_functions(
+    rpc: RpcClient,
+    deadline: Instant,
+) -> Result<Arc<FunctionListing>, DpuError> {
+    let asked_at = Instant::now();
+    let functions = rpc
+        .call_until(&EmulationFunctionList { all: true }, deadline)
+        .await
+        .map_err(|e| classify(rpc.socket(), "listing emulated functions", e))?;
+    Ok(Arc::new(FunctionListing {
+        functions,
+        asked_at,
+    }))
 }
 
 pub(crate) fn kind_name(kind: EmulationType) -> &'static str {

@@ -55,6 +55,11 @@ pub struct AttachRequest {
     pub volume_context: HashMap<String, String>,
     pub storage_parameters: HashMap<String, String>,
     pub emulation: Emulation,
+    /// The caller attached this volume before (it is retrying a stage): SNAP
+    /// most likely has everything, so the attach reads SNAP's state first.
+    /// Otherwise it creates first and reads only what SNAP says exists. Only
+    /// round trips depend on it: a wrong hint still converges.
+    pub attached_before: bool,
 }
 
 /// Where the host finds the attached volume.
@@ -83,7 +88,7 @@ pub struct Attachment {
 }
 
 /// Why an attach or detach failed, classified for the CSI status code.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum DpuError {
     /// The vendor plugin or SNAP cannot be reached (or did not answer in time).
     #[error("{0}")]

@@ -2,12 +2,18 @@
 //! volume, namespace 1 with our UUID, a controller created suspended on a
 //! free function, attach, resume), and taking it away again.
 //!
-//! Both directions start from one `nvme_subsystem_list` (plus the function
-//! listing for an attach) and continue from whatever state a previous,
-//! perhaps crashed, attempt left: each step runs only if SNAP's listing says
-//! it is missing. Steps that do not depend on each other go out together, so
-//! a new volume costs four dependent round trips after the listings, and an
-//! attached one none.
+//! Both directions continue from whatever state a previous, perhaps crashed,
+//! attempt left: each step runs only if SNAP's listing says it is missing.
+//! A detach, and an attach of a volume the node has attached before (a
+//! retry), start from one `nvme_subsystem_list`; an attach of a volume the
+//! node has no record of starts by creating its subsystem, and reads the
+//! listing only if SNAP answers that it exists (a crashed attempt made it).
+//! A created subsystem is empty, so the common case reads no listing that
+//! grows with every volume on the DPU. Steps that do not depend on each
+//! other go out together, so a new volume costs four dependent round trips
+//! after the plugin's CreateDevice, and an attached one none.
+
+use std::sync::Arc;
 
 use futures::future::try_join_all;
 use tokio::time::Instant;
@@ -68,6 +74,15 @@ pub(crate) async fn find(
         .map(|listed| Subsystem { listed }))
 }
 
+/// What an attach knows of the volume's subsystem when it starts.
+#[derive(Debug)]
+pub(crate) enum Known {
+    /// SNAP's listing was read: the subsystem as listed, or none.
+    Listed(Option<Subsystem>),
+    /// Not read: the volume is most likely new to SNAP.
+    Unread,
+}
+
 /// Our controller as far as a previous attempt got.
 #[derive(Debug)]
 struct Controller {
@@ -78,32 +93,21 @@ struct Controller {
 }
 
 /// Exposes `device` under the volume's subsystem and returns where the host
-/// finds it. `found` and `functions` are the listings read together with the
-/// plugin's CreateDevice.
+/// finds it. `known` and `functions` were read together with the plugin's
+/// CreateDevice.
 pub(crate) async fn expose(
     snap: &SnapEndpoint,
     names: &VolumeNames,
     device: &str,
-    found: Option<Subsystem>,
-    functions: FunctionListing,
+    known: Known,
+    functions: Arc<FunctionListing>,
     deadline: Instant,
 ) -> Result<HostLocator, DpuError> {
     let nqn = &names.nqn;
-    if found.is_none() {
-        let create = NvmeSubsystemCreate {
-            nqn: nqn.clone(),
-            mn: None,
-            // The host shows it in /sys/class/nvme/*/serial: name the volume.
-            sn: Some(names.serial.clone()),
-            nn: None,
-            mnan: None,
-        };
-        let what = format!("creating subsystem {nqn}");
-        snap.call_tolerating(&what, &create, &[code::EEXIST], deadline)
-            .await?;
-        tracing::info!(%nqn, "created NVMe subsystem");
-        crate::failpoint::step("attach:nvme-subsystem");
-    }
+    let found = match known {
+        Known::Listed(Some(subsystem)) => Some(subsystem),
+        Known::Listed(None) | Known::Unread => create_subsystem(snap, names, deadline).await?,
+    };
     let namespace = found
         .as_ref()
         .and_then(|s| s.listed.namespaces.iter().find(|n| n.nsid == NSID));
@@ -200,6 +204,36 @@ pub(crate) async fn expose(
                 .unwrap_or_else(|| names.namespace_uuid.clone()),
         ),
     })
+}
+
+/// Creates the volume's subsystem. `None`: created, so it is empty; if SNAP
+/// says it exists already, what it holds, from a listing.
+async fn create_subsystem(
+    snap: &SnapEndpoint,
+    names: &VolumeNames,
+    deadline: Instant,
+) -> Result<Option<Subsystem>, DpuError> {
+    let nqn = &names.nqn;
+    let create = NvmeSubsystemCreate {
+        nqn: nqn.clone(),
+        mn: None,
+        // The host shows it in /sys/class/nvme/*/serial: name the volume.
+        sn: Some(names.serial.clone()),
+        nn: None,
+        mnan: None,
+    };
+    match snap.call(&create, deadline).await {
+        Ok(_) => {
+            tracing::info!(%nqn, "created NVMe subsystem");
+            crate::failpoint::step("attach:nvme-subsystem");
+            Ok(None)
+        }
+        Err(e) if e.code() == Some(code::EEXIST) => {
+            tracing::debug!(%nqn, "NVMe subsystem exists already: reading what it holds");
+            find(snap, nqn, deadline).await
+        }
+        Err(e) => Err(snap.error(&format!("creating subsystem {nqn}"), e)),
+    }
 }
 
 /// The controller a previous attempt made, preferring one that already

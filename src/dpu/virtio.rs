@@ -6,6 +6,8 @@ use futures::future::try_join_all;
 use tokio::time::Instant;
 
 use super::endpoint::SnapEndpoint;
+use std::sync::Arc;
+
 use super::functions::FunctionListing;
 use super::names::VolumeNames;
 use super::{DpuError, HostLocator};
@@ -44,7 +46,7 @@ pub(crate) async fn expose(
     names: &VolumeNames,
     device: &str,
     found: Vec<VirtioBlkController>,
-    functions: FunctionListing,
+    functions: Arc<FunctionListing>,
     deadline: Instant,
 ) -> Result<HostLocator, DpuError> {
     let serial = &names.serial;

@@ -261,13 +261,18 @@ pub async fn unmount(target: &Path, deadline: Instant) -> Result<bool, HostOpErr
 /// Marks the block device `device` read-only (or writable again) for every
 /// opener on this host, with `blockdev --setro`/`--setrw`: the way to make a
 /// read-only raw block volume refuse writes (EPERM), which a read-only bind
-/// mount of its node cannot. Idempotent.
+/// mount of its node cannot. Idempotent, and runs nothing when the kernel
+/// already shows the wanted setting: a stage or unstage almost always finds
+/// it so, and the tool costs a process (~1 ms) each time.
 pub async fn set_block_device_read_only(
     device: &Path,
     read_only: bool,
     deadline: Instant,
 ) -> Result<(), HostOpError> {
-    block_device_number(device)?;
+    let (major, minor) = block_device_number(device)?;
+    if kernel_read_only(major, minor) == Some(read_only) {
+        return Ok(());
+    }
     let flag = if read_only { "--setro" } else { "--setrw" };
     command::run(
         "blockdev",
@@ -276,6 +281,20 @@ pub async fn set_block_device_read_only(
     )
     .await?;
     Ok(())
+}
+
+/// The device's read-only flag as the kernel reports it (the real sysfs,
+/// whatever tree locates devices); `None` if it cannot be read, and then the
+/// tool runs anyway.
+fn kernel_read_only(major: u32, minor: u32) -> Option<bool> {
+    match fs::read(format!("/sys/dev/block/{major}:{minor}/ro"))
+        .ok()?
+        .as_slice()
+    {
+        b"0\n" => Some(false),
+        b"1\n" => Some(true),
+        _ => None,
+    }
 }
 
 /// Whether what `ours` recognises is already mounted at `target` with the

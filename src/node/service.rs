@@ -155,7 +155,9 @@ impl NodeService {
         deadline: Instant,
     ) -> Result<BlockDevice, Status> {
         let device_deadline = deadline.min(Instant::now() + self.inner.config.device_wait);
-        let mut delay = Duration::from_millis(2);
+        // A hot-plugged namespace shows up some milliseconds after SNAP's
+        // answer; a look costs a few sysfs reads, so look often at first.
+        let mut delay = Duration::from_millis(1);
         loop {
             if let Some(device) = self.find_device(locator)? {
                 return Ok(device);
@@ -166,7 +168,7 @@ impl NodeService {
                 )));
             }
             tokio::time::sleep(delay).await;
-            delay = (delay * 2).min(Duration::from_millis(100));
+            delay = (delay * 3 / 2).min(Duration::from_millis(100));
         }
     }
 
@@ -185,6 +187,7 @@ impl NodeService {
         usage: &Usage,
         publish_context: &std::collections::HashMap<String, String>,
         volume_context: &std::collections::HashMap<String, String>,
+        attached_before: bool,
     ) -> Result<AttachRequest, Status> {
         let emulation = match volume_context.get(EMULATION_KEY) {
             Some(value) => EmulationSetting::parse(value).ok_or_else(|| {
@@ -206,6 +209,7 @@ impl NodeService {
             volume_context: volume_context.clone(),
             storage_parameters: volume_context.clone(),
             emulation: emulation.into(),
+            attached_before,
         })
     }
 }
@@ -300,14 +304,15 @@ impl NodeService {
             match dpf_locator(&req.publish_context).map_err(Status::invalid_argument)? {
                 Some(locator) => (None, locator, true),
                 None => {
+                    let staged_before = self.recorded(volume_id)?.is_some();
                     let attach = self.attach_request(
                         volume_id,
                         &capability,
                         &usage,
                         &req.publish_context,
                         &req.volume_context,
+                        staged_before,
                     )?;
-                    let staged_before = self.recorded(volume_id)?.is_some();
                     let attachment = match self.inner.dpu.attach(&attach, deadline).await {
                         Ok(attachment) => attachment,
                         Err(e) => {
@@ -452,7 +457,6 @@ impl NodeService {
         let read_only = req.readonly || is_read_only_mode(access_mode(&capability)?);
         let _held = self.hold(volume_id)?;
 
-        let block = usage == Usage::Block;
         let source = match usage {
             Usage::Filesystem { .. } => {
                 if mountinfo::at(&staging).map_err(host_status)?.is_none() {
@@ -470,24 +474,8 @@ impl NodeService {
                 self.wait_for_device(&record.locator, deadline).await?.node
             }
         };
-        if let Some(existing) = mountinfo::at(&target).map_err(host_status)? {
-            // A bind-mounted device node shows the filesystem it lives in
-            // (devtmpfs) in the mount table, so block volumes compare rdev.
-            let same_source = if block {
-                device_numbers(&target)? == device_numbers(&source)?
-            } else {
-                mountinfo::at(&source)
-                    .map_err(host_status)?
-                    .is_some_and(|s| (s.major, s.minor) == (existing.major, existing.minor))
-            };
-            if same_source && existing.is_read_only() == read_only {
-                return Ok(Response::new(csi::NodePublishVolumeResponse {}));
-            }
-            return Err(Status::already_exists(format!(
-                "{} is already published with a different volume or read-only setting",
-                target.display()
-            )));
-        }
+        // Already published here with the same source and setting: done;
+        // anything else there is ALREADY_EXISTS (bind_mount looks once).
         mount::bind_mount(&source, &target, read_only, deadline)
             .await
             .map_err(host_status)?;
@@ -757,19 +745,6 @@ fn dpf_locator(
         nsid,
         uuid: None,
     }))
-}
-
-/// major:minor of a device node.
-fn device_numbers(node: &Path) -> Result<(u32, u32), Status> {
-    use std::os::unix::fs::MetadataExt;
-    let rdev = std::fs::metadata(node)
-        .map_err(|e| io_status("reading the device node", e))?
-        .rdev();
-    let (major, minor) = (nix::sys::stat::major(rdev), nix::sys::stat::minor(rdev));
-    Ok((
-        u32::try_from(major).unwrap_or(u32::MAX),
-        u32::try_from(minor).unwrap_or(u32::MAX),
-    ))
 }
 
 /// Removes an empty mount point (a directory for filesystems, a file for

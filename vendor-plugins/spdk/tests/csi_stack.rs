@@ -459,6 +459,7 @@ async fn attach_created_volume(backend: &str, emulation: Emulation) {
         volume_context: created.volume_context.clone(),
         storage_parameters: HashMap::new(),
         emulation,
+        attached_before: false,
     };
     assert!(dpu.probe(deadline()).await.unwrap());
     let attached = dpu.attach(&request, deadline()).await.unwrap();

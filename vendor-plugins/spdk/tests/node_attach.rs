@@ -34,6 +34,7 @@ fn request(
         volume_context,
         storage_parameters: HashMap::new(),
         emulation,
+        attached_before: false,
     }
 }
 
