@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Installs what the tests need, then runs the checks CI runs: formatting, lints,
 # the whole test suite (as root: the tests make real loop devices and mounts),
-# the offline checks of the Kubernetes manifests and Dockerfiles, and the main
-# job (the whole stack on the emulator, volumes through their life) in debug.
+# the offline checks of the Kubernetes manifests and Dockerfiles, the main job
+# (the whole stack on the emulator, volumes through their life) in debug, and
+# the benchmark on a few volumes in debug: proof that every section still runs
+# and cleans up, not a measurement (that is ./hack/bench.sh, release).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./hack/setup.sh
@@ -11,3 +13,6 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo test --workspace --locked
 ./deploy/check.sh
 ./hack/demo.sh --profile debug
+cargo build --locked -p snap-csi -p snap-emu -p snap-csi-spdk-plugin -p snap-csi-bench
+./target/debug/snap-csi-bench --profile debug --volumes 2 --poll-volumes 1 --count-volumes 1 \
+  --floor-iterations 20 --scale-volumes 8 --concurrency 1,4 --rpc-seconds 0.2 --rpc-repeats 1

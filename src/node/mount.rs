@@ -241,7 +241,7 @@ pub async fn unmount(target: &Path, deadline: Instant) -> Result<bool, HostOpErr
     command::run_blocking(&what, deadline, move || {
         let mut unmounted = false;
         for _ in 0..MAX_LAYERS {
-            if mountinfo::at(&tgt)?.is_none() {
+            if !mountinfo::is_mount_point(&tgt)? {
                 return Ok(unmounted);
             }
             // NOFOLLOW: a link planted at the target must not redirect us.

@@ -459,7 +459,7 @@ impl NodeService {
 
         let source = match usage {
             Usage::Filesystem { .. } => {
-                if mountinfo::at(&staging).map_err(host_status)?.is_none() {
+                if !mountinfo::is_mount_point(&staging).map_err(host_status)? {
                     return Err(Status::failed_precondition(format!(
                         "volume {volume_id} is not staged at {}",
                         staging.display()
