@@ -5,7 +5,8 @@
 //!   service method and status code (recorded by [`GrpcMetricsLayer`]).
 //! - `snap_csi_outbound_requests` / `..._seconds`: every call we make, by
 //!   target (`snap` for SPDK/SNAP JSON-RPC, `plugin` for the vendor plugin,
-//!   `vendor` for the vendor CSI controller), method and outcome.
+//!   `vendor` for the vendor CSI controller, `host` for the node's tools and
+//!   mount syscalls), method and outcome.
 //! - `snap_csi_volumes_staged`: volumes the node has staged.
 //! - `snap_csi_dependency_ready`: 1 when a dependency answered its last probe.
 //!
@@ -129,7 +130,7 @@ fn metrics() -> &'static Metrics {
     })
 }
 
-/// Records one outbound call: `target` is `snap`, `plugin` or `vendor`;
+/// Records one outbound call: `target` is `snap`, `plugin`, `vendor` or `host`;
 /// `outcome` is `ok` or the error's kind/code.
 pub fn observe_outbound(target: &str, method: &str, outcome: &str, latency: Duration) {
     let m = metrics();

@@ -29,6 +29,9 @@ async fn metrics_count_the_calls_served_and_made() {
         r#"snap_csi_outbound_requests_total{target="plugin",method="CreateDevice",outcome="ok"} 2"#,
         r#"snap_csi_outbound_requests_total{target="snap",method="nvme_controller_resume",outcome="ok"} 1"#,
         r#"snap_csi_grpc_request_duration_seconds_count{method="Node/NodeStageVolume"} 2"#,
+        // Host work: formatted once, mounted once; the retry finds it done.
+        r#"snap_csi_outbound_requests_total{target="host",method="mkfs.ext4",outcome="ok"} 1"#,
+        r#"snap_csi_outbound_requests_total{target="host",method="mount",outcome="ok"} 1"#,
         "snap_csi_volumes_staged 1",
     ] {
         assert!(page.contains(expected), "{expected} missing from:\n{page}");
@@ -44,6 +47,7 @@ async fn metrics_count_the_calls_served_and_made() {
     for expected in [
         "snap_csi_volumes_staged 0",
         r#"snap_csi_grpc_requests_total{method="Node/NodeUnstageVolume",code="InvalidArgument"} 1"#,
+        r#"snap_csi_outbound_request_duration_seconds_count{target="host",method="umount"}"#,
     ] {
         assert!(page.contains(expected), "{expected} missing from:\n{page}");
     }

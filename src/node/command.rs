@@ -91,6 +91,30 @@ pub async fn run_unchecked(
     args: &[&OsStr],
     deadline: Instant,
 ) -> Result<Output, HostOpError> {
+    let started = std::time::Instant::now();
+    let result = spawn_and_wait(program, args, deadline).await;
+    let outcome = match &result {
+        Ok(output) if output.status.success() => "ok",
+        Ok(_) => "nonzero",
+        Err(HostOpError::Timeout { .. }) => "timeout",
+        Err(_) => "error",
+    };
+    observe_host(program, outcome, started.elapsed());
+    result
+}
+
+/// Time spent waiting on the host (tools, mount syscalls) is recorded like
+/// an outbound call with target `host`, so that what is left of an RPC's
+/// time is the node's own work (hack/bench reports that share).
+fn observe_host(operation: &str, outcome: &str, took: std::time::Duration) {
+    crate::metrics::observe_outbound("host", operation, outcome, took);
+}
+
+async fn spawn_and_wait(
+    program: &str,
+    args: &[&OsStr],
+    deadline: Instant,
+) -> Result<Output, HostOpError> {
     let what = command_line(program, args);
     if Instant::now() >= deadline {
         return Err(HostOpError::Timeout { what });
@@ -127,8 +151,14 @@ pub async fn run_unchecked(
 
 /// Runs blocking work (syscalls that may hang on a sick device) on tokio's
 /// blocking pool and stops waiting for it at `deadline`. The work itself
-/// cannot be cancelled and may still finish later.
-pub async fn run_blocking<T, F>(what: &str, deadline: Instant, work: F) -> Result<T, HostOpError>
+/// cannot be cancelled and may still finish later. `operation` names it in
+/// the host metrics (the work's own time, not the trip to the pool).
+pub async fn run_blocking<T, F>(
+    operation: &'static str,
+    what: &str,
+    deadline: Instant,
+    work: F,
+) -> Result<T, HostOpError>
 where
     F: FnOnce() -> Result<T, HostOpError> + Send + 'static,
     T: Send + 'static,
@@ -136,7 +166,14 @@ where
     if Instant::now() >= deadline {
         return Err(HostOpError::Timeout { what: what.into() });
     }
-    match tokio::time::timeout_at(deadline, tokio::task::spawn_blocking(work)).await {
+    let timed = move || {
+        let started = std::time::Instant::now();
+        let result = work();
+        let outcome = if result.is_ok() { "ok" } else { "error" };
+        observe_host(operation, outcome, started.elapsed());
+        result
+    };
+    match tokio::time::timeout_at(deadline, tokio::task::spawn_blocking(timed)).await {
         Err(_) => Err(HostOpError::Timeout { what: what.into() }),
         Ok(Err(join)) => Err(HostOpError::failed(
             what,
@@ -305,7 +342,7 @@ mod tests {
     async fn a_passed_deadline_runs_nothing() {
         let err = run("true", &[], Instant::now()).await.unwrap_err();
         assert!(matches!(err, HostOpError::Timeout { .. }), "{err:?}");
-        let err = run_blocking("nothing", Instant::now(), || Ok(()))
+        let err = run_blocking("test", "nothing", Instant::now(), || Ok(()))
             .await
             .unwrap_err();
         assert!(matches!(err, HostOpError::Timeout { .. }), "{err:?}");
@@ -314,6 +351,7 @@ mod tests {
     #[tokio::test]
     async fn run_blocking_stops_waiting_at_the_deadline() {
         let err = run_blocking(
+            "test",
             "a slow call",
             Instant::now() + Duration::from_millis(100),
             || {
@@ -328,7 +366,7 @@ mod tests {
             "a slow call did not finish before the deadline"
         );
         assert_eq!(
-            run_blocking("a quick call", soon(10), || Ok(7)).await,
+            run_blocking("test", "a quick call", soon(10), || Ok(7)).await,
             Ok(7)
         );
     }

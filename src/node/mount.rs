@@ -52,7 +52,7 @@ pub async fn mount_filesystem(
     let what = format!("mount {} at {}", device.display(), target.display());
 
     let (dev, tgt) = (device.to_path_buf(), target.to_path_buf());
-    let mounted_elsewhere = command::run_blocking(&what, deadline, move || {
+    let mounted_elsewhere = command::run_blocking("mount-prepare", &what, deadline, move || {
         let number = block_device_number(&dev)?;
         let ours = |m: &MountEntry| Ok((m.major, m.minor) == number && m.root == Path::new("/"));
         if already_mounted(&tgt, read_only, ours)? {
@@ -75,7 +75,7 @@ pub async fn mount_filesystem(
 
     let (dev, tgt) = (device.to_path_buf(), target.to_path_buf());
     let (data, names) = (options.data_string(), options.data_names());
-    let result = command::run_blocking(&what, deadline, move || {
+    let result = command::run_blocking("mount", &what, deadline, move || {
         Ok(nix::mount::mount(
             Some(dev.as_path()),
             tgt.as_path(),
@@ -160,7 +160,7 @@ pub async fn bind_mount(
 ) -> Result<bool, HostOpError> {
     let what = format!("bind {} at {}", source.display(), target.display());
     let (src, tgt) = (source.to_path_buf(), target.to_path_buf());
-    command::run_blocking(&what, deadline, move || {
+    command::run_blocking("bind-mount", &what, deadline, move || {
         let source_meta = fs::metadata(&src)
             .map_err(|err| HostOpError::io(format!("bind mount source {}", src.display()), &err))?;
         let ours = |_: &MountEntry| {
@@ -238,7 +238,7 @@ pub async fn unmount(target: &Path, deadline: Instant) -> Result<bool, HostOpErr
         let what = what.clone();
         move |message: String| HostOpError::failed(what.clone(), message)
     };
-    command::run_blocking(&what, deadline, move || {
+    command::run_blocking("umount", &what, deadline, move || {
         let mut unmounted = false;
         for _ in 0..MAX_LAYERS {
             if !mountinfo::is_mount_point(&tgt)? {

@@ -106,6 +106,7 @@ pub async fn expand_filesystem(
 ) -> Result<(), HostOpError> {
     let (dev, mnt) = (device.to_path_buf(), mount_path.to_path_buf());
     command::run_blocking(
+        "expand-check",
         &format!(
             "check that {} is mounted at {}",
             device.display(),

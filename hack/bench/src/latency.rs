@@ -58,11 +58,13 @@ pub struct Row {
     /// Summed time of the node's SNAP and plugin calls (they may overlap).
     pub node_snap_wait_ms: f64,
     pub node_plugin_wait_ms: f64,
+    /// Summed time of the node's host work (tools, mount syscalls).
+    pub node_host_wait_ms: f64,
     /// The node's own measure of the call (its gRPC metrics layer), mean.
     pub node_served_ms: f64,
-    /// Per call: served time minus the SNAP and plugin calls' summed time,
-    /// i.e. the node's own work, host work (mkfs, mount, blockdev) included.
-    /// Calls that overlap are subtracted twice, so this errs low.
+    /// Per call: served time minus the summed time of its SNAP calls, plugin
+    /// calls and host work, i.e. the node's own work. Calls that overlap
+    /// (sent together) are subtracted twice, so this errs low.
     pub node_outside_calls: Summary,
 }
 
@@ -301,13 +303,17 @@ pub async fn run(
                     .fold(0.0, f64::max),
                 node_snap_wait_ms: of(|s| s.node.snap_seconds * 1e3),
                 node_plugin_wait_ms: of(|s| s.node.plugin_seconds * 1e3),
+                node_host_wait_ms: of(|s| s.node.host_seconds * 1e3),
                 node_served_ms: of(|s| s.node.served_seconds * 1e3),
                 node_outside_calls: Summary::of_ms(
                     &steps
                         .iter()
                         .filter(|s| s.node.served_seconds > 0.0)
                         .map(|s| {
-                            (s.node.served_seconds - s.node.snap_seconds - s.node.plugin_seconds)
+                            (s.node.served_seconds
+                                - s.node.snap_seconds
+                                - s.node.plugin_seconds
+                                - s.node.host_seconds)
                                 .max(0.0)
                                 * 1e3
                         })

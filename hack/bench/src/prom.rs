@@ -147,6 +147,8 @@ pub struct Outbound {
     pub snap_seconds: f64,
     pub plugin_calls: f64,
     pub plugin_seconds: f64,
+    /// The node's host work: tools (mkfs, blockdev, ...) and mount syscalls.
+    pub host_seconds: f64,
     /// Time the process spent serving gRPC calls, by its own clock (from
     /// the request's arrival in its tower stack to the response).
     pub served_seconds: f64,
@@ -166,6 +168,7 @@ impl Outbound {
             snap_seconds: seconds("snap"),
             plugin_calls: calls("plugin"),
             plugin_seconds: seconds("plugin"),
+            host_seconds: seconds("host"),
             served_seconds: page.sum("snap_csi_grpc_request_duration_seconds_sum", &[]),
         }
     }
@@ -177,6 +180,7 @@ impl Outbound {
             snap_seconds: self.snap_seconds - before.snap_seconds,
             plugin_calls: self.plugin_calls - before.plugin_calls,
             plugin_seconds: self.plugin_seconds - before.plugin_seconds,
+            host_seconds: self.host_seconds - before.host_seconds,
             served_seconds: self.served_seconds - before.served_seconds,
         }
     }
