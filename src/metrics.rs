@@ -3,6 +3,9 @@
 //!
 //! - `snap_csi_grpc_requests` / `..._seconds`: every gRPC call we serve, by
 //!   service method and status code (recorded by [`GrpcMetricsLayer`]).
+//! - `snap_csi_grpc_request_own_seconds`: the part of each served call not
+//!   spent waiting on an outbound call below (overlapping waits count once):
+//!   the process's own work.
 //! - `snap_csi_outbound_requests` / `..._seconds`: every call we make, by
 //!   target (`snap` for SPDK/SNAP JSON-RPC, `plugin` for the vendor plugin,
 //!   `vendor` for the vendor CSI controller, `host` for the node's tools and
@@ -13,6 +16,7 @@
 //! One process-wide registry, so that deep layers (the JSON-RPC client) record
 //! without every caller threading a handle through.
 
+use std::cell::RefCell;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -64,6 +68,7 @@ struct Metrics {
     registry: Registry,
     grpc_requests: Family<CallLabels, Counter>,
     grpc_seconds: Family<MethodLabels, Histogram>,
+    grpc_own_seconds: Family<MethodLabels, Histogram>,
     outbound_requests: Family<OutboundLabels, Counter>,
     outbound_seconds: Family<TargetMethodLabels, Histogram>,
     volumes_staged: Gauge,
@@ -82,6 +87,8 @@ fn metrics() -> &'static Metrics {
         let grpc_requests = Family::<CallLabels, Counter>::default();
         let grpc_seconds =
             Family::<MethodLabels, Histogram>::new_with_constructor(latency_histogram as fn() -> _);
+        let grpc_own_seconds =
+            Family::<MethodLabels, Histogram>::new_with_constructor(latency_histogram as fn() -> _);
         let outbound_requests = Family::<OutboundLabels, Counter>::default();
         let outbound_seconds = Family::<TargetMethodLabels, Histogram>::new_with_constructor(
             latency_histogram as fn() -> _,
@@ -97,6 +104,11 @@ fn metrics() -> &'static Metrics {
             "grpc_request_duration_seconds",
             "Latency of gRPC calls served, by method",
             grpc_seconds.clone(),
+        );
+        registry.register(
+            "grpc_request_own_seconds",
+            "Time of gRPC calls served not spent waiting on outbound calls or host work, by method",
+            grpc_own_seconds.clone(),
         );
         registry.register(
             "outbound_requests",
@@ -122,6 +134,7 @@ fn metrics() -> &'static Metrics {
             registry,
             grpc_requests,
             grpc_seconds,
+            grpc_own_seconds,
             outbound_requests,
             outbound_seconds,
             volumes_staged,
@@ -133,6 +146,13 @@ fn metrics() -> &'static Metrics {
 /// Records one outbound call: `target` is `snap`, `plugin`, `vendor` or `host`;
 /// `outcome` is `ok` or the error's kind/code.
 pub fn observe_outbound(target: &str, method: &str, outcome: &str, latency: Duration) {
+    let end = Instant::now();
+    // Outside a served call (startup probes, tools) there is nothing to charge.
+    let _ = WAITS.try_with(|waits| {
+        waits
+            .borrow_mut()
+            .push((end.checked_sub(latency).unwrap_or(end), end));
+    });
     let m = metrics();
     m.outbound_requests
         .get_or_create(&OutboundLabels {
@@ -242,6 +262,31 @@ async fn serve(listener: TcpListener, shutdown: impl Future<Output = ()>) -> std
     }
 }
 
+tokio::task_local! {
+    /// When the served call running in this task waited on outbound calls
+    /// or host work: the handler runs inside the layer's future, so every
+    /// wait it records lands here, also from calls it sends together.
+    static WAITS: RefCell<Vec<(Instant, Instant)>>;
+}
+
+/// How long at least one of `waits` was in progress.
+fn covered(waits: &mut [(Instant, Instant)]) -> Duration {
+    waits.sort_unstable();
+    let mut total = Duration::ZERO;
+    let mut current: Option<(Instant, Instant)> = None;
+    for &(start, end) in waits.iter() {
+        current = match current {
+            Some((s, e)) if start <= e => Some((s, e.max(end))),
+            Some((s, e)) => {
+                total += e - s;
+                Some((start, end))
+            }
+            None => Some((start, end)),
+        };
+    }
+    total + current.map_or(Duration::ZERO, |(s, e)| e - s)
+}
+
 /// A tower layer for tonic servers that records each call's latency and
 /// status code. A handler's error travels in the response headers
 /// (trailers-only response); a success's `grpc-status: 0` comes in the
@@ -291,8 +336,10 @@ where
             .join("/");
         let started = Instant::now();
         let future = self.inner.call(request);
-        Box::pin(async move {
+        Box::pin(WAITS.scope(RefCell::new(Vec::new()), async move {
             let response = future.await?;
+            let took = started.elapsed();
+            let own = took.saturating_sub(WAITS.with(|waits| covered(&mut waits.borrow_mut())));
             let code = response
                 .headers()
                 .get("grpc-status")
@@ -307,16 +354,36 @@ where
                 })
                 .inc();
             m.grpc_seconds
+                .get_or_create(&MethodLabels {
+                    method: method.clone(),
+                })
+                .observe(took.as_secs_f64());
+            m.grpc_own_seconds
                 .get_or_create(&MethodLabels { method })
-                .observe(started.elapsed().as_secs_f64());
+                .observe(own.as_secs_f64());
             Ok(response)
-        })
+        }))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn overlapping_waits_count_once() {
+        let t = Instant::now();
+        let ms = |n| t + Duration::from_millis(n);
+        // [0,4] and [2,6] overlap, [6,7] touches, [10,12] stands apart.
+        let mut waits = vec![
+            (ms(10), ms(12)),
+            (ms(2), ms(6)),
+            (ms(0), ms(4)),
+            (ms(6), ms(7)),
+        ];
+        assert_eq!(covered(&mut waits), Duration::from_millis(9));
+        assert_eq!(covered(&mut []), Duration::ZERO);
+    }
 
     #[tokio::test]
     async fn the_endpoint_serves_what_was_recorded() {

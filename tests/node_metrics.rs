@@ -33,9 +33,22 @@ async fn metrics_count_the_calls_served_and_made() {
         r#"snap_csi_outbound_requests_total{target="host",method="mkfs.ext4",outcome="ok"} 1"#,
         r#"snap_csi_outbound_requests_total{target="host",method="mount",outcome="ok"} 1"#,
         "snap_csi_volumes_staged 1",
+        r#"snap_csi_grpc_request_own_seconds_count{method="Node/NodeStageVolume"} 2"#,
     ] {
         assert!(page.contains(expected), "{expected} missing from:\n{page}");
     }
+    // The node's own share excludes its waits: a first stage spends most of
+    // its time in SNAP, the plugin, mkfs and mount.
+    let sum = |name: &str| -> f64 {
+        let prefix = format!(r#"{name}_sum{{method="Node/NodeStageVolume"}} "#);
+        let line = page.lines().find(|l| l.starts_with(&prefix)).unwrap();
+        line[prefix.len()..].parse().unwrap()
+    };
+    let (total, own) = (
+        sum("snap_csi_grpc_request_duration_seconds"),
+        sum("snap_csi_grpc_request_own_seconds"),
+    );
+    assert!(own > 0.0 && own < total / 2.0, "own {own} s of {total} s");
 
     unstage(&mut node, "pvc-m", &staging).await;
     let refused = node

@@ -168,10 +168,7 @@ where
     }
     let timed = move || {
         let started = std::time::Instant::now();
-        let result = work();
-        let outcome = if result.is_ok() { "ok" } else { "error" };
-        observe_host(operation, outcome, started.elapsed());
-        result
+        (work(), started.elapsed())
     };
     match tokio::time::timeout_at(deadline, tokio::task::spawn_blocking(timed)).await {
         Err(_) => Err(HostOpError::Timeout { what: what.into() }),
@@ -179,7 +176,11 @@ where
             what,
             format!("the worker died: {join}"),
         )),
-        Ok(Ok(result)) => result,
+        Ok(Ok((result, took))) => {
+            // Recorded here, in the served call's task, not on the pool's thread.
+            observe_host(operation, if result.is_ok() { "ok" } else { "error" }, took);
+            result
+        }
     }
 }
 

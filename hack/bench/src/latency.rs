@@ -62,9 +62,8 @@ pub struct Row {
     pub node_host_wait_ms: f64,
     /// The node's own measure of the call (its gRPC metrics layer), mean.
     pub node_served_ms: f64,
-    /// Per call: served time minus the summed time of its SNAP calls, plugin
-    /// calls and host work, i.e. the node's own work. Calls that overlap
-    /// (sent together) are subtracted twice, so this errs low.
+    /// Per call: the node's own work, by its own measure: served time minus
+    /// the time any SNAP call, plugin call or host work was in progress.
     pub node_outside_calls: Summary,
 }
 
@@ -309,14 +308,7 @@ pub async fn run(
                     &steps
                         .iter()
                         .filter(|s| s.node.served_seconds > 0.0)
-                        .map(|s| {
-                            (s.node.served_seconds
-                                - s.node.snap_seconds
-                                - s.node.plugin_seconds
-                                - s.node.host_seconds)
-                                .max(0.0)
-                                * 1e3
-                        })
+                        .map(|s| s.node.own_seconds * 1e3)
                         .collect::<Vec<_>>(),
                 ),
                 rpc: name,

@@ -152,6 +152,9 @@ pub struct Outbound {
     /// Time the process spent serving gRPC calls, by its own clock (from
     /// the request's arrival in its tower stack to the response).
     pub served_seconds: f64,
+    /// The part of it no outbound call or host work was in progress: the
+    /// process's own work, as it measures it.
+    pub own_seconds: f64,
 }
 
 impl Outbound {
@@ -170,6 +173,7 @@ impl Outbound {
             plugin_seconds: seconds("plugin"),
             host_seconds: seconds("host"),
             served_seconds: page.sum("snap_csi_grpc_request_duration_seconds_sum", &[]),
+            own_seconds: page.sum("snap_csi_grpc_request_own_seconds_sum", &[]),
         }
     }
 
@@ -182,6 +186,7 @@ impl Outbound {
             plugin_seconds: self.plugin_seconds - before.plugin_seconds,
             host_seconds: self.host_seconds - before.host_seconds,
             served_seconds: self.served_seconds - before.served_seconds,
+            own_seconds: self.own_seconds - before.own_seconds,
         }
     }
 }

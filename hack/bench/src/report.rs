@@ -320,7 +320,7 @@ impl Report {
         }
         table.print();
         println!(
-            "   (node ms: the call by the node's own clock, mean; SNAP/plugin/host ms: the node's calls to them and its\n    host work (tools such as mkfs and blockdev, mount syscalls), summed, mean; own: node ms - SNAP - plugin -\n    host per call, the node's own work (records, sysfs, checks); calls sent together are subtracted twice, so\n    it errs low)"
+            "   (node ms: the call by the node's own clock, mean; SNAP/plugin/host ms: the node's calls to them and its\n    host work (tools such as mkfs and blockdev, mount syscalls), summed, mean; own: the node's own work per\n    call (records, sysfs, checks, gRPC), the node's clock minus the time any of those was in progress, which\n    the node measures itself: snap_csi_grpc_request_own_seconds)"
         );
     }
 
