@@ -184,6 +184,22 @@ where
     }
 }
 
+/// Runs quick host work on the calling thread, recorded like
+/// [`run_blocking`]'s; only for syscalls that touch no volume's device.
+pub fn run_inline<T>(
+    operation: &'static str,
+    work: impl FnOnce() -> Result<T, HostOpError>,
+) -> Result<T, HostOpError> {
+    let started = std::time::Instant::now();
+    let result = work();
+    observe_host(
+        operation,
+        if result.is_ok() { "ok" } else { "error" },
+        started.elapsed(),
+    );
+    result
+}
+
 /// The command as a human would type it, for messages.
 fn command_line(program: &str, args: &[&OsStr]) -> String {
     let mut line = program.to_owned();

@@ -152,52 +152,45 @@ async fn explain_einval(
 /// Read-only on a device node only marks the mount: the kernel checks a
 /// mount's read-only flag for files and directories, not for writes through
 /// device nodes. [`set_block_device_read_only`] makes the device refuse them.
-pub async fn bind_mount(
-    source: &Path,
-    target: &Path,
-    read_only: bool,
-    deadline: Instant,
-) -> Result<bool, HostOpError> {
-    let what = format!("bind {} at {}", source.display(), target.display());
-    let (src, tgt) = (source.to_path_buf(), target.to_path_buf());
-    command::run_blocking("bind-mount", &what, deadline, move || {
-        let source_meta = fs::metadata(&src)
+///
+/// Runs on the caller's thread: a bind only links objects the kernel holds
+/// already (a mounted filesystem's root, a device node) and reads or writes
+/// no volume, so unlike mount and umount it cannot hang on a sick device,
+/// and the trip to the blocking pool and back would cost more than the work.
+pub fn bind_mount(source: &Path, target: &Path, read_only: bool) -> Result<bool, HostOpError> {
+    let (src, tgt) = (source, target);
+    command::run_inline("bind-mount", || {
+        let source_meta = fs::metadata(src)
             .map_err(|err| HostOpError::io(format!("bind mount source {}", src.display()), &err))?;
         let ours = |_: &MountEntry| {
             // A bind mount shows the very inode of its source.
-            let meta = fs::metadata(&tgt)
+            let meta = fs::metadata(tgt)
                 .map_err(|err| HostOpError::io(format!("stat {}", tgt.display()), &err))?;
             Ok((meta.dev(), meta.ino()) == (source_meta.dev(), source_meta.ino()))
         };
-        if already_mounted(&tgt, read_only, ours)? {
+        if already_mounted(tgt, read_only, ours)? {
             return Ok(false);
         }
         if source_meta.is_dir() {
-            ensure_directory(&tgt)?;
+            ensure_directory(tgt)?;
         } else {
-            ensure_file(&tgt)?;
+            ensure_file(tgt)?;
         }
-        nix::mount::mount(
-            Some(src.as_path()),
-            tgt.as_path(),
-            None::<&str>,
-            MsFlags::MS_BIND,
-            None::<&str>,
-        )
-        .map_err(|errno| {
-            HostOpError::errno(
-                format!("bind {} at {}", src.display(), tgt.display()),
-                errno,
-            )
-        })?;
-        if read_only && let Err(err) = remount_read_only(&tgt) {
+        nix::mount::mount(Some(src), tgt, None::<&str>, MsFlags::MS_BIND, None::<&str>).map_err(
+            |errno| {
+                HostOpError::errno(
+                    format!("bind {} at {}", src.display(), tgt.display()),
+                    errno,
+                )
+            },
+        )?;
+        if read_only && let Err(err) = remount_read_only(tgt) {
             // A writable bind where read-only was asked must not stay.
-            let _ = nix::mount::umount2(tgt.as_path(), MntFlags::UMOUNT_NOFOLLOW);
+            let _ = nix::mount::umount2(tgt, MntFlags::UMOUNT_NOFOLLOW);
             return Err(err);
         }
         Ok(true)
     })
-    .await
 }
 
 /// The kernel ignores MS_RDONLY when creating a bind mount; it takes a
@@ -919,11 +912,11 @@ mod tests {
             .await
             .unwrap();
 
-        assert!(bind_mount(&staging, &rw, false, deadline()).await.unwrap());
+        assert!(bind_mount(&staging, &rw, false).unwrap());
         fs::write(rw.join("through-bind"), b"hello").unwrap();
         assert_eq!(fs::read(staging.join("through-bind")).unwrap(), b"hello");
 
-        assert!(bind_mount(&staging, &ro, true, deadline()).await.unwrap());
+        assert!(bind_mount(&staging, &ro, true).unwrap());
         let entry = mountinfo::at(&ro).unwrap().unwrap();
         assert!(entry.is_read_only());
         // The remount to read-only kept what the staged mount had.
@@ -939,17 +932,13 @@ mod tests {
         assert!(!mountinfo::at(&staging).unwrap().unwrap().is_read_only());
 
         // Retries succeed; the other read-only setting or another source conflicts.
-        assert!(!bind_mount(&staging, &rw, false, deadline()).await.unwrap());
-        assert!(!bind_mount(&staging, &ro, true, deadline()).await.unwrap());
-        let err = bind_mount(&staging, &ro, false, deadline())
-            .await
-            .unwrap_err();
+        assert!(!bind_mount(&staging, &rw, false).unwrap());
+        assert!(!bind_mount(&staging, &ro, true).unwrap());
+        let err = bind_mount(&staging, &ro, false).unwrap_err();
         assert!(matches!(err, HostOpError::AlreadyExists(_)), "{err:?}");
         let elsewhere = scratch.path("elsewhere");
         fs::create_dir(&elsewhere).unwrap();
-        let err = bind_mount(&elsewhere, &rw, false, deadline())
-            .await
-            .unwrap_err();
+        let err = bind_mount(&elsewhere, &rw, false).unwrap_err();
         assert!(matches!(err, HostOpError::AlreadyExists(_)), "{err:?}");
 
         for target in [&rw, &ro] {
@@ -967,11 +956,7 @@ mod tests {
         let target = publish.join("volume");
         fs::create_dir(&publish).unwrap();
 
-        assert!(
-            bind_mount(&device, &target, false, deadline())
-                .await
-                .unwrap()
-        );
+        assert!(bind_mount(&device, &target, false).unwrap());
         let meta = fs::metadata(&target).unwrap();
         assert!(meta.file_type().is_block_device());
         assert_eq!(meta.rdev(), fs::metadata(&device).unwrap().rdev());
@@ -986,11 +971,7 @@ mod tests {
                 .unwrap();
             assert_eq!(&back, b"raw block");
         }
-        assert!(
-            !bind_mount(&device, &target, false, deadline())
-                .await
-                .unwrap()
-        );
+        assert!(!bind_mount(&device, &target, false).unwrap());
 
         assert!(unmount(&target, deadline()).await.unwrap());
         assert!(!unmount(&target, deadline()).await.unwrap());
@@ -1001,11 +982,7 @@ mod tests {
         );
 
         // A second bind onto the existing placeholder file works too.
-        assert!(
-            bind_mount(&device, &target, true, deadline())
-                .await
-                .unwrap()
-        );
+        assert!(bind_mount(&device, &target, true).unwrap());
         assert!(mountinfo::at(&target).unwrap().unwrap().is_read_only());
         assert!(unmount(&target, deadline()).await.unwrap());
     }
@@ -1017,11 +994,7 @@ mod tests {
         let mut scratch = Scratch::new();
         let device = scratch.loop_device("disk.img", 16 << 20);
         let target = scratch.path("volume");
-        assert!(
-            bind_mount(&device, &target, true, deadline())
-                .await
-                .unwrap()
-        );
+        assert!(bind_mount(&device, &target, true).unwrap());
         let write = |path: &Path| {
             OpenOptions::new()
                 .write(true)
@@ -1059,25 +1032,17 @@ mod tests {
         let dir = scratch.path("dir");
         fs::create_dir(&dir).unwrap();
 
-        let err = bind_mount(&device, &dir, false, deadline())
-            .await
-            .unwrap_err();
+        let err = bind_mount(&device, &dir, false).unwrap_err();
         assert!(matches!(err, HostOpError::FailedPrecondition(_)), "{err:?}");
-        let err = bind_mount(scratch.root(), &file, false, deadline())
-            .await
-            .unwrap_err();
+        let err = bind_mount(scratch.root(), &file, false).unwrap_err();
         assert!(matches!(err, HostOpError::FailedPrecondition(_)), "{err:?}");
         let orphan = scratch.path("missing-parent/target");
-        let err = bind_mount(&device, &orphan, false, deadline())
-            .await
-            .unwrap_err();
+        let err = bind_mount(&device, &orphan, false).unwrap_err();
         assert!(
             matches!(&err, HostOpError::FailedPrecondition(m) if m.contains("parent")),
             "{err:?}"
         );
-        let err = bind_mount(&scratch.path("no-source"), &dir, false, deadline())
-            .await
-            .unwrap_err();
+        let err = bind_mount(&scratch.path("no-source"), &dir, false).unwrap_err();
         assert!(matches!(err, HostOpError::NotFound(_)), "{err:?}");
         assert!(scratch.mounts().is_empty());
     }
@@ -1103,11 +1068,7 @@ mod tests {
         let mut scratch = Scratch::new();
         let device = scratch.loop_device("disk.img", 16 << 20);
         let target = scratch.path("volume");
-        assert!(
-            bind_mount(&device, &target, false, deadline())
-                .await
-                .unwrap()
-        );
+        assert!(bind_mount(&device, &target, false).unwrap());
         // A second layer, as a mount that finished after its deadline leaves.
         nix::mount::mount(
             Some(device.as_path()),

@@ -476,9 +476,7 @@ impl NodeService {
         };
         // Already published here with the same source and setting: done;
         // anything else there is ALREADY_EXISTS (bind_mount looks once).
-        mount::bind_mount(&source, &target, read_only, deadline)
-            .await
-            .map_err(host_status)?;
+        mount::bind_mount(&source, &target, read_only).map_err(host_status)?;
         Ok(Response::new(csi::NodePublishVolumeResponse {}))
     }
 
