@@ -106,6 +106,19 @@ impl Stack {
         }
     }
 
+    /// Waits for the host to discover the disk, as the node does: SNAP answers
+    /// before the host's driver has found it.
+    async fn discovered(&self, locator: &HostLocator) -> snap_csi::host::BlockDevice {
+        let deadline = deadline();
+        loop {
+            if let Some(device) = self.host_device(locator) {
+                return device;
+            }
+            assert!(Instant::now() < deadline, "the host never saw {locator:?}");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
     async fn attach(&self, volume_id: &str, emulation: Emulation) -> Attachment {
         let request = self.request(volume_id, emulation);
         self.dpu.attach(&request, deadline()).await.unwrap()
@@ -170,9 +183,7 @@ async fn nvme_attach_is_seen_by_the_host_repeats_identically_and_detaches_withou
         (*nsid, uuid.as_deref()),
         (NSID, Some(names.namespace_uuid.as_str()))
     );
-    let device = stack
-        .host_device(&first.locator)
-        .expect("the host sees the namespace");
+    let device = stack.discovered(&first.locator).await;
     assert_eq!(device.size_bytes, SIZE);
     assert_eq!(loop_devices_of(&stack.backing("vol-nvme")).len(), 1);
 
@@ -228,9 +239,7 @@ async fn virtio_blk_attach_is_seen_by_the_host_repeats_identically_and_detaches_
         panic!("{:?}", first.locator);
     };
     assert_eq!(serial, &names.serial);
-    let device = stack
-        .host_device(&first.locator)
-        .expect("the host sees the disk");
+    let device = stack.discovered(&first.locator).await;
     assert_eq!(device.size_bytes, SIZE);
 
     let again = stack.attach("vol-vblk", Emulation::VirtioBlk).await;
@@ -349,10 +358,8 @@ async fn an_nvme_attach_continues_where_a_crashed_attempt_stopped() {
         let volume_id = format!("vol-crash-{steps}");
         let ctrl_id = crash_after(&stack, &volume_id, steps).await;
         let attachment = stack.attach(&volume_id, Emulation::Nvme).await;
-        assert!(
-            stack.host_device(&attachment.locator).is_some(),
-            "after {steps} steps the host sees the volume"
-        );
+        // After any number of steps, the host sees the volume.
+        stack.discovered(&attachment.locator).await;
         let names = VolumeNames::new(&volume_id);
         let subsystems = stack.snap.call(&NvmeSubsystemList {}).await.unwrap();
         let ours: Vec<_> = subsystems.iter().filter(|s| s.nqn == names.nqn).collect();
@@ -392,7 +399,7 @@ async fn sixteen_concurrent_attaches_get_sixteen_functions() {
     let bdfs: HashSet<&str> = attachments.iter().map(|a| nvme_bdf(&a.locator)).collect();
     assert_eq!(bdfs.len(), 16, "{bdfs:?}");
     for attachment in &attachments {
-        assert!(stack.host_device(&attachment.locator).is_some());
+        stack.discovered(&attachment.locator).await;
     }
     assert_eq!(
         stack.snap.call(&NvmeControllerList {}).await.unwrap().len(),

@@ -9,6 +9,7 @@ mod common;
 use std::fs::OpenOptions;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 use common::{Emulator, loop_devices_of, sparse_file};
 use snap_csi::host::{Sysfs, normalize_bdf};
@@ -44,6 +45,19 @@ async fn free_function(client: &RpcClient, kind: EmulationType) -> String {
         .find(|(_, ctrl)| ctrl.is_none())
         .map(|(bdf, _)| bdf)
         .expect("a free function")
+}
+
+/// Polls sysfs as the node does until the host has discovered a disk: SNAP
+/// answers before the host's driver has found it.
+async fn discovered<T>(what: &str, mut find: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(found) = find() {
+            return found;
+        }
+        assert!(Instant::now() < deadline, "{what}: not within 30 s");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
 }
 
 fn pattern() -> Vec<u8> {
@@ -144,10 +158,10 @@ async fn a_volume_through_nvme_then_virtio_blk_keeps_its_data_and_leaves_nothing
     let subsystem = subsystems.iter().find(|s| s.nqn == nqn).unwrap();
     assert_eq!(subsystem.namespaces[0].bdev, "aio-vol1");
 
-    let device = sysfs
-        .find_nvme_namespace(&bdf, 1, Some(&uuid))
-        .unwrap()
-        .expect("the namespace appears on the host once resumed");
+    let device = discovered("the namespace appears on the host once resumed", || {
+        sysfs.find_nvme_namespace(&bdf, 1, Some(&uuid)).unwrap()
+    })
+    .await;
     assert_eq!(device.size_bytes, SIZE);
     assert!(
         device.node.to_string_lossy().starts_with("/dev/loop"),
@@ -212,10 +226,10 @@ async fn a_volume_through_nvme_then_virtio_blk_keeps_its_data_and_leaves_nothing
         .ctrl_id;
     let listed = client.call(&VirtioBlkControllerList {}).await.unwrap();
     assert!(listed.iter().any(|c| c.ctrl_id == ctrl));
-    let disk = sysfs
-        .find_virtio_blk(&vblk_bdf, serial)
-        .unwrap()
-        .expect("the virtio-blk disk appears on the host");
+    let disk = discovered("the virtio-blk disk appears on the host", || {
+        sysfs.find_virtio_blk(&vblk_bdf, serial).unwrap()
+    })
+    .await;
     assert_eq!(disk.size_bytes, SIZE);
     assert_eq!(read_through(&disk.node, data.len()), data);
 
