@@ -26,8 +26,8 @@
 //! inode and offset still match the record. `<state_dir>/host.lock` keeps a
 //! second emulator from "cleaning up" the loop devices of a live one.
 //!
-//! Every method blocks (it runs `losetup` and fsyncs); call it from
-//! `spawn_blocking`. Calls for different PCI functions run in parallel; calls
+//! Every method but the `*_in_background` attaches blocks (it runs `losetup`
+//! and fsyncs); call it from `spawn_blocking`. Calls for different PCI functions run in parallel; calls
 //! for the same function run one at a time, in the order they were made.
 //!
 //! Asynchronous discovery. On a BlueField, SNAP answers a controller resume or

@@ -4,9 +4,13 @@
 //! A namespace shows up on the host (through [`HostSide`]) once it is attached
 //! to a controller that has been resumed and whose function the host can see;
 //! it disappears when detached, destroyed, hot-unplugged, or when its bdev goes
-//! away. Showing up is asynchronous, as on a real host: the reply (and SNAP's
-//! state, `ready` included) does not wait for the loop device, which appears
-//! in the tree shortly after; going away is done before the reply. NVMe disks are named `nvme<X>n<Y>`: X is the lowest controller
+//! away. Showing up is asynchronous, as on a real host, whose driver finds a
+//! namespace by hot-plug after SNAP answered: the reply (and SNAP's state,
+//! `ready` included) does not wait for the loop device, which appears in the
+//! tree shortly after, so a consumer polls sysfs for it as the node does.
+//! Going away is done before the reply.
+//!
+//! NVMe disks are named `nvme<X>n<Y>`: X is the lowest controller
 //! instance free across the emulator, Y counts attachments per controller from
 //! 1, so Y need not equal the NSID, exactly as on a real host. virtio-blk disks
 //! take the lowest free `virtio<N>` index and the lowest free `vd<x>` name.
@@ -88,7 +92,7 @@ pub(crate) struct NvmeCtrl {
     pub mdts: u32,
     /// NSIDs in attach order.
     pub attached: Vec<u32>,
-    /// Disks the host sees, by NSID.
+    /// Disks shown to the host (or on their way there), by NSID.
     pub disks: Vec<(u32, DiskRef)>,
     /// X of `nvme<X>` while the controller has been on the host.
     pub instance: Option<u32>,
