@@ -106,17 +106,12 @@ impl Stack {
         }
     }
 
-    /// Waits for the host to discover the disk, as the node does: SNAP answers
-    /// before the host's driver has found it.
+    /// Waits for the host to discover the disk, as the node does.
     async fn discovered(&self, locator: &HostLocator) -> snap_csi::host::BlockDevice {
-        let deadline = deadline();
-        loop {
-            if let Some(device) = self.host_device(locator) {
-                return device;
-            }
-            assert!(Instant::now() < deadline, "the host never saw {locator:?}");
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        common::discovered(&format!("the host seeing {locator:?}"), || {
+            self.host_device(locator)
+        })
+        .await
     }
 
     async fn attach(&self, volume_id: &str, emulation: Emulation) -> Attachment {

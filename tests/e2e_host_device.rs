@@ -9,9 +9,8 @@ mod common;
 use std::fs::OpenOptions;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::Path;
-use std::time::{Duration, Instant};
 
-use common::{Emulator, loop_devices_of, sparse_file};
+use common::{Emulator, discovered, loop_devices_of, sparse_file};
 use snap_csi::host::{Sysfs, normalize_bdf};
 use snap_csi::jsonrpc::RpcClient;
 use snap_csi::spdk::bdev::{BdevAioCreate, BdevAioDelete};
@@ -45,19 +44,6 @@ async fn free_function(client: &RpcClient, kind: EmulationType) -> String {
         .find(|(_, ctrl)| ctrl.is_none())
         .map(|(bdf, _)| bdf)
         .expect("a free function")
-}
-
-/// Polls sysfs as the node does until the host has discovered a disk: SNAP
-/// answers before the host's driver has found it.
-async fn discovered<T>(what: &str, mut find: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Some(found) = find() {
-            return found;
-        }
-        assert!(Instant::now() < deadline, "{what}: not within 30 s");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
 }
 
 fn pattern() -> Vec<u8> {

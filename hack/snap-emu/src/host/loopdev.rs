@@ -72,12 +72,18 @@ fn is_loop_name(name: &str) -> bool {
 /// The state of `loopN`, or `None` when it is unbound or does not exist.
 pub(super) fn state(name: &str) -> anyhow::Result<Option<LoopState>> {
     let base = Path::new(SYS_BLOCK).join(name);
-    // A device can be torn down between two reads; any attribute gone means unbound.
+    // A device can be torn down between two reads; any attribute gone means
+    // unbound. Mid-teardown the kernel answers ENXIO or ENODEV rather than
+    // ENOENT, which attaches running in parallel (ours, or another
+    // process's) meet whenever a detach overlaps their scan.
     let read = |rel: &str| -> anyhow::Result<Option<Vec<u8>>> {
         let path = base.join(rel);
         match fs::read(&path) {
             Ok(bytes) => Ok(Some(bytes)),
-            Err(e) if e.kind() == io::ErrorKind::NotFound || e.raw_os_error() == Some(ENXIO) => {
+            Err(e)
+                if e.kind() == io::ErrorKind::NotFound
+                    || matches!(e.raw_os_error(), Some(ENXIO | ENODEV)) =>
+            {
                 Ok(None)
             }
             Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
@@ -297,6 +303,7 @@ impl std::fmt::Display for TimedOut {
 impl std::error::Error for TimedOut {}
 
 const ENXIO: i32 = 6;
+const ENODEV: i32 = 19;
 const EAGAIN: i32 = 11;
 const EBUSY: i32 = 16;
 
