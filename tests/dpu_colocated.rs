@@ -107,6 +107,14 @@ impl Stack {
         }
     }
 
+    /// Waits for the host to discover the disk, as the node does.
+    async fn discovered(&self, locator: &HostLocator) -> snap_csi::host::BlockDevice {
+        common::discovered(&format!("the host seeing {locator:?}"), || {
+            self.host_device(locator)
+        })
+        .await
+    }
+
     async fn attach(&self, volume_id: &str, emulation: Emulation) -> Attachment {
         let request = self.request(volume_id, emulation);
         self.dpu.attach(&request, deadline()).await.unwrap()
@@ -171,9 +179,7 @@ async fn nvme_attach_is_seen_by_the_host_repeats_identically_and_detaches_withou
         (*nsid, uuid.as_deref()),
         (NSID, Some(names.namespace_uuid.as_str()))
     );
-    let device = stack
-        .host_device(&first.locator)
-        .expect("the host sees the namespace");
+    let device = stack.discovered(&first.locator).await;
     assert_eq!(device.size_bytes, SIZE);
     assert_eq!(loop_devices_of(&stack.backing("vol-nvme")).len(), 1);
 
@@ -229,9 +235,7 @@ async fn virtio_blk_attach_is_seen_by_the_host_repeats_identically_and_detaches_
         panic!("{:?}", first.locator);
     };
     assert_eq!(serial, &names.serial);
-    let device = stack
-        .host_device(&first.locator)
-        .expect("the host sees the disk");
+    let device = stack.discovered(&first.locator).await;
     assert_eq!(device.size_bytes, SIZE);
 
     let again = stack.attach("vol-vblk", Emulation::VirtioBlk).await;
@@ -350,10 +354,8 @@ async fn an_nvme_attach_continues_where_a_crashed_attempt_stopped() {
         let volume_id = format!("vol-crash-{steps}");
         let ctrl_id = crash_after(&stack, &volume_id, steps).await;
         let attachment = stack.attach(&volume_id, Emulation::Nvme).await;
-        assert!(
-            stack.host_device(&attachment.locator).is_some(),
-            "after {steps} steps the host sees the volume"
-        );
+        // After any number of steps, the host sees the volume.
+        stack.discovered(&attachment.locator).await;
         let names = VolumeNames::new(&volume_id);
         let subsystems = stack.snap.call(&NvmeSubsystemList {}).await.unwrap();
         let ours: Vec<_> = subsystems.iter().filter(|s| s.nqn == names.nqn).collect();
@@ -393,7 +395,7 @@ async fn sixteen_concurrent_attaches_get_sixteen_functions() {
     let bdfs: HashSet<&str> = attachments.iter().map(|a| nvme_bdf(&a.locator)).collect();
     assert_eq!(bdfs.len(), 16, "{bdfs:?}");
     for attachment in &attachments {
-        assert!(stack.host_device(&attachment.locator).is_some());
+        stack.discovered(&attachment.locator).await;
     }
     assert_eq!(
         stack.snap.call(&NvmeControllerList {}).await.unwrap().len(),

@@ -10,7 +10,7 @@ use std::fs::OpenOptions;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::Path;
 
-use common::{Emulator, loop_devices_of, sparse_file};
+use common::{Emulator, discovered, loop_devices_of, sparse_file};
 use snap_csi::host::{Sysfs, normalize_bdf};
 use snap_csi::jsonrpc::RpcClient;
 use snap_csi::spdk::bdev::{BdevAioCreate, BdevAioDelete};
@@ -144,10 +144,10 @@ async fn a_volume_through_nvme_then_virtio_blk_keeps_its_data_and_leaves_nothing
     let subsystem = subsystems.iter().find(|s| s.nqn == nqn).unwrap();
     assert_eq!(subsystem.namespaces[0].bdev, "aio-vol1");
 
-    let device = sysfs
-        .find_nvme_namespace(&bdf, 1, Some(&uuid))
-        .unwrap()
-        .expect("the namespace appears on the host once resumed");
+    let device = discovered("the namespace appears on the host once resumed", || {
+        sysfs.find_nvme_namespace(&bdf, 1, Some(&uuid)).unwrap()
+    })
+    .await;
     assert_eq!(device.size_bytes, SIZE);
     assert!(
         device.node.to_string_lossy().starts_with("/dev/loop"),
@@ -212,10 +212,10 @@ async fn a_volume_through_nvme_then_virtio_blk_keeps_its_data_and_leaves_nothing
         .ctrl_id;
     let listed = client.call(&VirtioBlkControllerList {}).await.unwrap();
     assert!(listed.iter().any(|c| c.ctrl_id == ctrl));
-    let disk = sysfs
-        .find_virtio_blk(&vblk_bdf, serial)
-        .unwrap()
-        .expect("the virtio-blk disk appears on the host");
+    let disk = discovered("the virtio-blk disk appears on the host", || {
+        sysfs.find_virtio_blk(&vblk_bdf, serial).unwrap()
+    })
+    .await;
     assert_eq!(disk.size_bytes, SIZE);
     assert_eq!(read_through(&disk.node, data.len()), data);
 

@@ -1,6 +1,6 @@
 //! Small helpers for both test crates, this one and the sample plugin's
-//! (which includes this file by path): loop devices, sparse files, free ports
-//! and requests with a deadline.
+//! (which includes this file by path): loop devices, sparse files, free ports,
+//! requests with a deadline and waiting for the host to see a disk.
 
 #![allow(dead_code)]
 
@@ -46,4 +46,24 @@ pub fn timed<T>(message: T, timeout: Duration) -> tonic::Request<T> {
     let mut request = tonic::Request::new(message);
     request.set_timeout(timeout);
     request
+}
+
+/// How long the host may take to discover a disk after SNAP exposed it.
+pub const DISCOVERY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Polls until `find` sees a host device, as the node does after an attach:
+/// SNAP (and the emulator) answers before the host's driver has found the
+/// namespace or disk, so a lookup right after the reply may come up empty.
+pub async fn discovered<T>(what: &str, mut find: impl FnMut() -> Option<T>) -> T {
+    let deadline = tokio::time::Instant::now() + DISCOVERY_TIMEOUT;
+    loop {
+        if let Some(found) = find() {
+            return found;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{what}: not within {DISCOVERY_TIMEOUT:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
 }

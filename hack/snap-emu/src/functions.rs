@@ -8,6 +8,8 @@
 //! domain, as in SNAP. A hot-plugged PF reads `00:00.0` until the host has
 //! enumerated it (its controller was hot-plugged).
 
+use std::collections::HashMap;
+
 use crate::config::{FIRST_BUS, FunctionLayout, MAX_PFS};
 use crate::host::FunctionKind;
 use crate::rpc::{EINVAL, ENODEV, ENOSPC, RpcError};
@@ -163,6 +165,11 @@ impl Functions {
 
     pub fn get(&self, vuid: &str) -> Option<&Function> {
         self.list.iter().find(|f| f.vuid == vuid)
+    }
+
+    /// Every function by VUID, for a caller that looks up many.
+    pub fn by_vuid(&self) -> HashMap<&str, &Function> {
+        self.list.iter().map(|f| (f.vuid.as_str(), f)).collect()
     }
 
     pub fn get_mut(&mut self, vuid: &str) -> Option<&mut Function> {

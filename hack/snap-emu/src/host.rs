@@ -26,9 +26,26 @@
 //! inode and offset still match the record. `<state_dir>/host.lock` keeps a
 //! second emulator from "cleaning up" the loop devices of a live one.
 //!
-//! Every method blocks (it runs `losetup` and fsyncs); call it from
-//! `spawn_blocking`. Calls for different PCI functions run in parallel; calls
-//! for the same function are serialised.
+//! Every method but the `*_in_background` attaches blocks (it runs `losetup`
+//! and fsyncs); call it from `spawn_blocking`. Calls for different PCI functions run in parallel; calls
+//! for the same function run one at a time, in the order they were made.
+//!
+//! Asynchronous discovery. On a BlueField, SNAP answers a controller resume or
+//! a namespace attach once its own state has changed; the host's NVMe or
+//! virtio driver finds the disk afterwards (hot-plug), and consumers poll
+//! sysfs for it. The `*_in_background` attaches model that: they check their
+//! arguments, take their place in the function's line and return a
+//! [`DiskRef`], while a thread of their own makes the loop device and the
+//! directory. Whatever is asked of the same function later (detach, resize,
+//! removing the function) waits for it, so a disk never appears after its
+//! detach returned; [`shutdown`](HostSide::shutdown) waits for every queued
+//! attach, and the crash records cover one cut short by a kill. An attach that
+//! fails in the background is logged and undone like any failed attach.
+//!
+//! What this does not model: a real host's discovery latency (ours is the time
+//! `losetup` takes, milliseconds), a driver that gives up on a namespace it
+//! cannot read, and the host noticing a disk leave: removal is synchronous
+//! here, while a real host learns of it after SNAP answered.
 
 mod loop_ioctl;
 mod loopdev;
@@ -36,13 +53,13 @@ mod records;
 #[cfg(test)]
 mod tests;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fs::{self, File, TryLockError};
 use std::io::{self, Seek, SeekFrom};
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Condvar, Mutex, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -71,13 +88,22 @@ pub struct HostDisk {
     pub sysfs_dir: PathBuf,
 }
 
+/// A disk whose attach was queued: its place in the tree names it, since its
+/// loop device may not exist yet (or ever, if the attach fails).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DiskRef {
+    /// The namespace or disk directory it has (or will have) in the tree.
+    pub sysfs_dir: PathBuf,
+}
+
 #[derive(Debug)]
 pub struct HostSide {
     /// Canonical, so that the `sysfs_dir` of a `HostDisk` maps back to its disk.
     sysfs_root: PathBuf,
     state_dir: PathBuf,
     records: Records,
-    functions: FunctionLocks,
+    functions: Arc<FunctionLocks>,
+    jobs: Arc<Jobs>,
     /// Held (flock) for our lifetime; the kernel drops it when the process dies.
     _lock: File,
     tmp_seq: AtomicU64,
@@ -148,7 +174,8 @@ impl HostSide {
             sysfs_root,
             state_dir,
             records,
-            functions: FunctionLocks::default(),
+            functions: Arc::default(),
+            jobs: Arc::default(),
             _lock: lock,
             tmp_seq: AtomicU64::new(0),
         };
@@ -226,21 +253,8 @@ impl HostSide {
         uuid: &str,
         backing: &Backing,
     ) -> anyhow::Result<HostDisk> {
-        validate_bdf(bdf)?;
-        if nsid == 0 || nsid == u32::MAX {
-            bail!("invalid NVMe namespace id {nsid}: valid ids are 1..=0xfffffffe");
-        }
-        // The kernel prints the UUID with %pU: lowercase, hyphenated.
-        let uuid = uuid::Uuid::parse_str(uuid)
-            .with_context(|| format!("invalid namespace UUID {uuid:?}"))?
-            .hyphenated()
-            .to_string();
-        let id = DiskId::Nvme {
-            bdf: bdf.to_owned(),
-            ctrl,
-            ns,
-        };
-        self.attach(&id, &DiskAttrs::Nvme { nsid, uuid }, backing)
+        let (id, attrs) = nvme_disk(bdf, ctrl, ns, nsid, uuid)?;
+        self.attach(&id, &attrs, backing)
     }
 
     /// Makes `virtio<virtio>/block/<disk>` with `serial` appear under `bdf`.
@@ -252,19 +266,82 @@ impl HostSide {
         serial: &str,
         backing: &Backing,
     ) -> anyhow::Result<HostDisk> {
-        validate_bdf(bdf)?;
-        validate_disk_name(disk)?;
-        // The device holds 20 bytes, NUL-padded; the kernel prints up to the
-        // first NUL. A longer serial is cut here as the device would cut it.
-        let serial = serial.as_bytes();
-        let serial = serial.split(|&b| b == 0).next().unwrap_or_default();
-        let serial = serial[..serial.len().min(VIRTIO_BLK_ID_BYTES)].to_vec();
-        let id = DiskId::VirtioBlk {
-            bdf: bdf.to_owned(),
-            virtio,
-            disk: disk.to_owned(),
+        let (id, attrs) = virtio_disk(bdf, virtio, disk, serial)?;
+        self.attach(&id, &attrs, backing)
+    }
+
+    /// [`attach_nvme_namespace`](Self::attach_nvme_namespace) on a thread of
+    /// its own, as a host's NVMe driver discovers a namespace some time after
+    /// the controller announced it. Only the arguments are checked before this
+    /// returns; a failure later is logged, and leaves nothing behind.
+    pub fn attach_nvme_namespace_in_background(
+        self: &Arc<Self>,
+        bdf: &str,
+        ctrl: u32,
+        ns: u32,
+        nsid: u32,
+        uuid: &str,
+        backing: Backing,
+    ) -> anyhow::Result<DiskRef> {
+        let (id, attrs) = nvme_disk(bdf, ctrl, ns, nsid, uuid)?;
+        self.attach_in_background(id, attrs, backing)
+    }
+
+    /// [`attach_virtio_blk`](Self::attach_virtio_blk) on a thread of its own,
+    /// like [`attach_nvme_namespace_in_background`](Self::attach_nvme_namespace_in_background).
+    pub fn attach_virtio_blk_in_background(
+        self: &Arc<Self>,
+        bdf: &str,
+        virtio: u32,
+        disk: &str,
+        serial: &str,
+        backing: Backing,
+    ) -> anyhow::Result<DiskRef> {
+        let (id, attrs) = virtio_disk(bdf, virtio, disk, serial)?;
+        self.attach_in_background(id, attrs, backing)
+    }
+
+    /// Queues the attach behind every earlier call for the same function, so
+    /// that whatever is asked of the function later happens after it.
+    fn attach_in_background(
+        self: &Arc<Self>,
+        id: DiskId,
+        attrs: DiskAttrs,
+        backing: Backing,
+    ) -> anyhow::Result<DiskRef> {
+        let disk = DiskRef {
+            sysfs_dir: self.disk_dir(&id),
         };
-        self.attach(&id, &DiskAttrs::VirtioBlk { serial }, backing)
+        let thread_name = format!("attach-{}", id.bdf());
+        let ticket = self.functions.reserve(id.bdf());
+        let running = self.jobs.start();
+        let host = Arc::clone(self);
+        let job = move || {
+            let guard = ticket.wait();
+            if let Err(e) = host.attach_locked(&id, &attrs, &backing) {
+                tracing::warn!(
+                    "host discovery of {} failed: {e:#}",
+                    host.disk_dir(&id).display()
+                );
+            }
+            drop(guard);
+            // Dropped before the job counts as finished: a shutdown that waits
+            // for the jobs then holds the last reference, and with it the lock.
+            drop(host);
+            drop(running);
+        };
+        thread::Builder::new()
+            .name(thread_name)
+            .spawn(job)
+            .with_context(|| format!("starting the attach of {}", disk.sysfs_dir.display()))?;
+        Ok(disk)
+    }
+
+    /// The loop device of a queued disk, once its attach has made one.
+    pub fn loop_device_of(&self, disk: &DiskRef) -> Option<PathBuf> {
+        let id = self.disk_id(&disk.sysfs_dir).ok()?;
+        let name = self.records.load(&id.key()).ok()??.loop_device?;
+        Some(loopdev::dev_path(&name))
     }
 
     /// Tells the host the disk changed size (lvol resize, aio rescan).
@@ -278,9 +355,24 @@ impl HostSide {
     /// a backing file that has grown into it.
     pub fn resize(&self, disk: &HostDisk, backing: &Backing) -> anyhow::Result<()> {
         let what = || format!("resizing {}", disk.sysfs_dir.display());
-        let id = self.disk_id(disk).with_context(what)?;
+        let id = self.disk_id(&disk.sysfs_dir).with_context(what)?;
         let name = loopdev::name_of(&disk.loop_device).with_context(what)?;
         let _guard = self.functions.lock(id.bdf());
+        self.resize_locked(&id, &name, backing).with_context(what)
+    }
+
+    /// [`resize`](Self::resize) of a queued disk, after its attach.
+    pub fn resize_queued(&self, disk: &DiskRef, backing: &Backing) -> anyhow::Result<()> {
+        let what = || format!("resizing {}", disk.sysfs_dir.display());
+        let id = self.disk_id(&disk.sysfs_dir).with_context(what)?;
+        let _guard = self.functions.lock(id.bdf());
+        let name = self
+            .records
+            .load(&id.key())
+            .with_context(what)?
+            .and_then(|record| record.loop_device)
+            .ok_or_else(|| anyhow!("not on the host (its attach failed)"))
+            .with_context(what)?;
         self.resize_locked(&id, &name, backing).with_context(what)
     }
 
@@ -288,34 +380,50 @@ impl HostSide {
     /// (`nvme<X>`, `virtio<N>`) left empty. Detaching an absent disk succeeds.
     pub fn detach(&self, disk: &HostDisk) -> anyhow::Result<()> {
         let what = || format!("detaching {}", disk.sysfs_dir.display());
-        let id = self.disk_id(disk).with_context(what)?;
+        let id = self.disk_id(&disk.sysfs_dir).with_context(what)?;
         let name = loopdev::name_of(&disk.loop_device).with_context(what)?;
         let _guard = self.functions.lock(id.bdf());
+        self.detach_locked(&id, Some(&name)).with_context(what)
+    }
+
+    /// [`detach`](Self::detach) of a queued disk: it waits for the attach
+    /// (which came earlier in the function's line), then removes whatever that
+    /// attach left, which is nothing if it failed.
+    pub fn detach_queued(&self, disk: &DiskRef) -> anyhow::Result<()> {
+        let what = || format!("detaching {}", disk.sysfs_dir.display());
+        let id = self.disk_id(&disk.sysfs_dir).with_context(what)?;
+        let _guard = self.functions.lock(id.bdf());
+        self.detach_locked(&id, None).with_context(what)
+    }
+
+    /// Detaches the disk at `id`; with `expected`, only if that is still its
+    /// loop device.
+    fn detach_locked(&self, id: &DiskId, expected: Option<&str>) -> anyhow::Result<()> {
         let key = id.key();
-        if let Some(record) = self.records.load(&key).with_context(what)? {
-            if record
-                .loop_device
-                .as_ref()
-                .is_some_and(|have| *have != name)
+        if let Some(record) = self.records.load(&key)? {
+            if let (Some(expected), Some(have)) = (expected, &record.loop_device)
+                && have != expected
             {
                 // The disk was detached and attached again since this handle
                 // was made; the new attachment is not the caller's to remove.
                 tracing::warn!(
-                    disk = %disk.sysfs_dir.display(),
-                    stale = %disk.loop_device.display(),
+                    disk = %self.disk_dir(id).display(),
+                    stale = %loopdev::dev_path(expected).display(),
                     "detach of a stale handle; leaving the current attachment"
                 );
                 return Ok(());
             }
-            self.release(&key, &record).with_context(what)?;
+            self.release(&key, &record)?;
         }
-        self.remove_disk_dirs(&id).with_context(what)?;
-        tracing::info!(disk = %disk.sysfs_dir.display(), "detached");
+        self.remove_disk_dirs(id)?;
+        tracing::info!(disk = %self.disk_dir(id).display(), "detached");
         Ok(())
     }
 
-    /// Detaches every disk and removes the whole tree (graceful shutdown).
+    /// Waits for the queued attaches, then detaches every disk and removes the
+    /// whole tree (graceful shutdown).
     pub fn shutdown(&self) -> anyhow::Result<()> {
+        self.jobs.wait_idle();
         self.release_everything().with_context(|| {
             format!(
                 "shutting down the host side (records in {}, tree under {})",
@@ -339,17 +447,17 @@ impl HostSide {
         dir
     }
 
-    /// Maps a `HostDisk` back to the disk it names, refusing one that is not
+    /// Maps a disk's directory back to the disk it names, refusing one that is not
     /// under our tree.
-    fn disk_id(&self, disk: &HostDisk) -> anyhow::Result<DiskId> {
-        disk.sysfs_dir
+    fn disk_id(&self, sysfs_dir: &Path) -> anyhow::Result<DiskId> {
+        sysfs_dir
             .strip_prefix(self.devices_dir())
             .ok()
             .and_then(DiskId::parse)
             .ok_or_else(|| {
                 anyhow!(
                     "{} is not a disk directory under {}",
-                    disk.sysfs_dir.display(),
+                    sysfs_dir.display(),
                     self.devices_dir().display()
                 )
             })
@@ -787,6 +895,53 @@ fn function_kind(dir: &Path) -> anyhow::Result<Option<FunctionKind>> {
     }
 }
 
+/// Checks an NVMe namespace's arguments and spells them as the kernel would.
+fn nvme_disk(
+    bdf: &str,
+    ctrl: u32,
+    ns: u32,
+    nsid: u32,
+    uuid: &str,
+) -> anyhow::Result<(DiskId, DiskAttrs)> {
+    validate_bdf(bdf)?;
+    if nsid == 0 || nsid == u32::MAX {
+        bail!("invalid NVMe namespace id {nsid}: valid ids are 1..=0xfffffffe");
+    }
+    // The kernel prints the UUID with %pU: lowercase, hyphenated.
+    let uuid = uuid::Uuid::parse_str(uuid)
+        .with_context(|| format!("invalid namespace UUID {uuid:?}"))?
+        .hyphenated()
+        .to_string();
+    let id = DiskId::Nvme {
+        bdf: bdf.to_owned(),
+        ctrl,
+        ns,
+    };
+    Ok((id, DiskAttrs::Nvme { nsid, uuid }))
+}
+
+/// Checks a virtio-blk disk's arguments and cuts the serial as the device does.
+fn virtio_disk(
+    bdf: &str,
+    virtio: u32,
+    disk: &str,
+    serial: &str,
+) -> anyhow::Result<(DiskId, DiskAttrs)> {
+    validate_bdf(bdf)?;
+    validate_disk_name(disk)?;
+    // The device holds 20 bytes, NUL-padded; the kernel prints up to the
+    // first NUL. A longer serial is cut here as the device would cut it.
+    let serial = serial.as_bytes();
+    let serial = serial.split(|&b| b == 0).next().unwrap_or_default();
+    let serial = serial[..serial.len().min(VIRTIO_BLK_ID_BYTES)].to_vec();
+    let id = DiskId::VirtioBlk {
+        bdf: bdf.to_owned(),
+        virtio,
+        disk: disk.to_owned(),
+    };
+    Ok((id, DiskAttrs::VirtioBlk { serial }))
+}
+
 /// A disk's place in the tree, which is also its identity.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum DiskId {
@@ -1069,47 +1224,157 @@ fn detach_loop(name: &str, record: &DiskRecord) -> anyhow::Result<()> {
     }
 }
 
-/// Serialises the calls for one PCI function; calls for different functions
-/// never wait for each other, and nothing is held across them but this.
+/// Serialises the calls for one PCI function, first come first served;
+/// calls for different functions never wait for each other, and nothing is
+/// held across them but this.
+///
+/// The order matters because a background attach takes its place in line
+/// when SNAP's state changes, not when its thread gets to run: a detach of
+/// the same function that comes later must find the disk attached, never
+/// overtake the attach and leave it to appear afterwards.
 #[derive(Debug, Default)]
 struct FunctionLocks {
-    held: Mutex<HashSet<String>>,
-    released: Condvar,
+    lines: Mutex<HashMap<String, Line>>,
+    turn: Condvar,
+}
+
+/// One function's line: ticket `served` holds the function, and every ticket
+/// below `issued` waits for its turn.
+#[derive(Debug, Default)]
+struct Line {
+    issued: u64,
+    served: u64,
 }
 
 impl FunctionLocks {
-    fn lock(&self, bdf: &str) -> FunctionGuard<'_> {
-        // The set is only ever left consistent, so a panic elsewhere is no
-        // reason to stop using it.
-        let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
-        while held.contains(bdf) {
-            held = self
-                .released
-                .wait(held)
+    fn lock(self: &Arc<Self>, bdf: &str) -> FunctionGuard {
+        self.reserve(bdf).wait()
+    }
+
+    fn reserve(self: &Arc<Self>, bdf: &str) -> Ticket {
+        // The lines are only ever left consistent, so a panic elsewhere is no
+        // reason to stop using them.
+        let mut lines = self.lines.lock().unwrap_or_else(PoisonError::into_inner);
+        let line = lines.entry(bdf.to_owned()).or_default();
+        let number = line.issued;
+        line.issued += 1;
+        Ticket {
+            locks: Some(Arc::clone(self)),
+            bdf: bdf.to_owned(),
+            number,
+        }
+    }
+}
+
+/// A place in a function's line.
+#[derive(Debug)]
+#[must_use]
+struct Ticket {
+    /// Taken when the ticket is redeemed.
+    locks: Option<Arc<FunctionLocks>>,
+    bdf: String,
+    number: u64,
+}
+
+impl Ticket {
+    fn wait(mut self) -> FunctionGuard {
+        let locks = self.locks.take().expect("a ticket is redeemed once");
+        let mut lines = locks.lines.lock().unwrap_or_else(PoisonError::into_inner);
+        while lines
+            .get(&self.bdf)
+            .is_some_and(|l| l.served != self.number)
+        {
+            lines = locks
+                .turn
+                .wait(lines)
                 .unwrap_or_else(PoisonError::into_inner);
         }
-        held.insert(bdf.to_owned());
+        drop(lines);
         FunctionGuard {
-            locks: self,
-            bdf: bdf.to_owned(),
+            locks,
+            bdf: std::mem::take(&mut self.bdf),
+        }
+    }
+}
+
+impl Drop for Ticket {
+    /// A ticket that was never redeemed (its job could not start) still has
+    /// to pass its turn on, or the function's line stops for good.
+    fn drop(&mut self) {
+        if self.locks.is_some() {
+            let bdf = std::mem::take(&mut self.bdf);
+            drop(
+                Ticket {
+                    locks: self.locks.take(),
+                    bdf,
+                    number: self.number,
+                }
+                .wait(),
+            );
         }
     }
 }
 
 #[derive(Debug)]
-struct FunctionGuard<'a> {
-    locks: &'a FunctionLocks,
+struct FunctionGuard {
+    locks: Arc<FunctionLocks>,
     bdf: String,
 }
 
-impl Drop for FunctionGuard<'_> {
+impl Drop for FunctionGuard {
     fn drop(&mut self) {
-        self.locks
-            .held
+        let mut lines = self
+            .locks
+            .lines
             .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(&self.bdf);
-        self.locks.released.notify_all();
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(line) = lines.get_mut(&self.bdf) {
+            line.served += 1;
+            if line.served == line.issued {
+                lines.remove(&self.bdf);
+            }
+        }
+        drop(lines);
+        self.locks.turn.notify_all();
+    }
+}
+
+/// Background host jobs not finished yet; shutdown waits for none.
+#[derive(Debug, Default)]
+struct Jobs {
+    running: Mutex<usize>,
+    finished: Condvar,
+}
+
+impl Jobs {
+    fn start(self: &Arc<Self>) -> JobGuard {
+        *self.running.lock().unwrap_or_else(PoisonError::into_inner) += 1;
+        JobGuard(Arc::clone(self))
+    }
+
+    fn wait_idle(&self) {
+        let mut running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
+        while *running > 0 {
+            running = self
+                .finished
+                .wait(running)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+}
+
+/// Counts a job as running until dropped, also when its thread never starts.
+#[derive(Debug)]
+struct JobGuard(Arc<Jobs>);
+
+impl Drop for JobGuard {
+    fn drop(&mut self) {
+        *self
+            .0
+            .running
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) -= 1;
+        self.0.finished.notify_all();
     }
 }
 

@@ -86,6 +86,9 @@ impl RpcError {
 
 pub(crate) type RpcResult = Result<Value, RpcError>;
 
+/// A result already serialised as SPDK would (see `framing::to_json`).
+pub(crate) type Rendered = Result<String, RpcError>;
+
 /// Which error a method sends when its parameters do not decode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum OnDecodeError {

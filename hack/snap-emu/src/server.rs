@@ -102,7 +102,7 @@ pub async fn bind(config: Config) -> anyhow::Result<Server> {
             .await
             .context("opening the host side")?
             .context("opening the host side")?;
-        Some(host)
+        Some(Arc::new(host))
     } else {
         // A plain target needs no host side, but a SNAP run on this state
         // directory may have died with loop devices attached.
@@ -249,7 +249,7 @@ async fn answer(shared: &Arc<Shared>, raw: &str) -> Vec<u8> {
         Frame::Call { id, method, params } => {
             tracing::debug!(%method, "rpc");
             match dispatch(shared, &method, params).await {
-                Ok(v) => framing::result_reply(id.as_deref(), &v),
+                Ok(body) => framing::result_reply(id.as_deref(), &body),
                 Err(e) => {
                     tracing::debug!(%method, code = e.code, message = %e.message, "rpc failed");
                     framing::error_reply(id.as_deref(), &e)

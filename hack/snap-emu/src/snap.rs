@@ -4,7 +4,13 @@
 //! A namespace shows up on the host (through [`HostSide`]) once it is attached
 //! to a controller that has been resumed and whose function the host can see;
 //! it disappears when detached, destroyed, hot-unplugged, or when its bdev goes
-//! away. NVMe disks are named `nvme<X>n<Y>`: X is the lowest controller
+//! away. Showing up is asynchronous, as on a real host, whose driver finds a
+//! namespace by hot-plug after SNAP answered: the reply (and SNAP's state,
+//! `ready` included) does not wait for the loop device, which appears in the
+//! tree shortly after, so a consumer polls sysfs for it as the node does.
+//! Going away is done before the reply.
+//!
+//! NVMe disks are named `nvme<X>n<Y>`: X is the lowest controller
 //! instance free across the emulator, Y counts attachments per controller from
 //! 1, so Y need not equal the NSID, exactly as on a real host. virtio-blk disks
 //! take the lowest free `virtio<N>` index and the lowest free `vd<x>` name.
@@ -25,18 +31,23 @@
 //!   other than "spdk", hot-plug calls on static functions, a serial longer
 //!   than 20 bytes, namespaces on an admin-only controller): -22 (EINVAL);
 //! - a subsystem already holding `mnan` namespaces: -28 (ENOSPC);
-//! - the host side failing to create a loop device: -5 (EIO).
+//! - the host side refusing a disk before queueing its attach: -5 (EIO). An
+//!   attach that fails later is logged; SNAP's state keeps the namespace
+//!   attached, as SNAP knows nothing of the host's driver.
 //!
 //! [`HostSide`]: crate::host::HostSide
+
+use std::collections::HashMap;
 
 use serde_json::{Value, json};
 use uuid::Uuid;
 
+use crate::framing::to_json;
 use crate::functions::{Emulation, Function, Functions, Selector};
-use crate::host::HostDisk;
+use crate::host::DiskRef;
 use crate::rpc::{
-    EBUSY, EEXIST, EINVAL, EIO, ENODEV, ENOSPC, EPERM, OnDecodeError, RpcError, RpcResult, decode,
-    decode_opt,
+    EBUSY, EEXIST, EINVAL, EIO, ENODEV, ENOSPC, EPERM, OnDecodeError, Rendered, RpcError,
+    RpcResult, decode, decode_opt,
 };
 use crate::snap_api as api;
 use crate::state::Emulator;
@@ -81,8 +92,8 @@ pub(crate) struct NvmeCtrl {
     pub mdts: u32,
     /// NSIDs in attach order.
     pub attached: Vec<u32>,
-    /// Disks the host sees, by NSID.
-    pub disks: Vec<(u32, HostDisk)>,
+    /// Disks shown to the host (or on their way there), by NSID.
+    pub disks: Vec<(u32, DiskRef)>,
     /// X of `nvme<X>` while the controller has been on the host.
     pub instance: Option<u32>,
     /// Last Y handed out in `nvme<X>n<Y>`.
@@ -91,7 +102,7 @@ pub(crate) struct NvmeCtrl {
 
 #[derive(Debug)]
 pub(crate) struct VirtioDisk {
-    pub disk: HostDisk,
+    pub disk: DiskRef,
     pub index: u32,
     pub letter: u32,
 }
@@ -328,7 +339,7 @@ impl Emulator {
     }
 
     /// The host disks currently backed by a bdev.
-    pub(crate) fn host_disks_of(&self, bdev: &str) -> Vec<HostDisk> {
+    pub(crate) fn host_disks_of(&self, bdev: &str) -> Vec<DiskRef> {
         let Some(snap) = &self.snap else {
             return vec![];
         };
@@ -353,11 +364,11 @@ impl Emulator {
         out
     }
 
-    fn host_detach(&self, disk: &HostDisk) {
+    fn host_detach(&self, disk: &DiskRef) {
         if let Some(host) = &self.host
-            && let Err(e) = host.detach(disk)
+            && let Err(e) = host.detach_queued(disk)
         {
-            tracing::error!("failed to detach {}: {e:#}", disk.loop_device.display());
+            tracing::error!("failed to detach {}: {e:#}", disk.sysfs_dir.display());
         }
     }
 
@@ -446,7 +457,7 @@ impl Emulator {
             return Ok(());
         };
         let disk = host
-            .attach_nvme_namespace(bdf, instance, ns_instance, nsid, &uuid, &backing)
+            .attach_nvme_namespace_in_background(bdf, instance, ns_instance, nsid, &uuid, backing)
             .map_err(|e| host_error("attach an NVMe namespace", &e))?;
         if let Some(snap) = &mut self.snap {
             let c = &mut snap.nvme_ctrls[ci];
@@ -517,7 +528,13 @@ impl Emulator {
             return Ok(());
         };
         let disk = host
-            .attach_virtio_blk(&bdf, index, &virtio_disk_name(letter), &serial, &backing)
+            .attach_virtio_blk_in_background(
+                &bdf,
+                index,
+                &virtio_disk_name(letter),
+                &serial,
+                backing,
+            )
             .map_err(|e| host_error("attach a virtio-blk disk", &e))?;
         if let Some(snap) = &mut self.snap {
             snap.virtio_ctrls[ci].disk = Some(VirtioDisk {
@@ -617,15 +634,15 @@ impl Emulator {
         };
         let backing = self.backing_of(b);
         for d in disks {
-            if let Err(e) = host.resize(&d, &backing) {
-                tracing::error!("failed to resize {}: {e:#}", d.loop_device.display());
+            if let Err(e) = host.resize_queued(&d, &backing) {
+                tracing::error!("failed to resize {}: {e:#}", d.sysfs_dir.display());
             }
         }
     }
 
     // ---- emulation_function_list ------------------------------------------
 
-    pub(crate) fn emulation_function_list(&self, params: Option<Value>) -> RpcResult {
+    pub(crate) fn emulation_function_list(&self, params: Option<Value>) -> Rendered {
         let p: api::FunctionListParams = decode_opt(params, OnDecodeError::DecodeFailed)?;
         let snap = self.snap()?;
         let fns = &snap.functions;
@@ -645,8 +662,8 @@ impl Emulator {
                     .collect();
                 api::function_json(pf, Some(vfs))
             })
-            .collect();
-        Ok(Value::Array(out))
+            .collect::<Vec<_>>();
+        Ok(to_json(&out))
     }
 
     // ---- NVMe subsystems and namespaces ------------------------------------
@@ -705,30 +722,39 @@ impl Emulator {
         Ok(json!(true))
     }
 
-    pub(crate) fn nvme_subsystem_list(&self, params: Option<Value>) -> RpcResult {
+    pub(crate) fn nvme_subsystem_list(&self, params: Option<Value>) -> Rendered {
         let p: api::SubsystemListParams = decode_opt(params, OnDecodeError::DecodeFailed)?;
         let snap = self.snap()?;
         if let Some(nqn) = &p.nqn {
             snap.subsystem(nqn)?;
         }
+        // Indexed once: the node lists every subsystem on each stage, and with
+        // hundreds of volumes the nested scans cost more than the rendering.
+        let mut ctrls_of: HashMap<&str, Vec<&NvmeCtrl>> = HashMap::new();
+        for c in &snap.nvme_ctrls {
+            ctrls_of.entry(c.nqn.as_str()).or_default().push(c);
+        }
+        let functions = snap.functions.by_vuid();
         let out = snap
             .subsystems
             .iter()
             .filter(|s| p.nqn.as_ref().is_none_or(|n| *n == s.nqn))
             .map(|s| {
-                let ctrls = snap
-                    .nvme_ctrls
+                let ctrls = ctrls_of.get(s.nqn.as_str()).map_or(&[][..], Vec::as_slice);
+                let ctrl_json = ctrls
                     .iter()
-                    .filter(|c| c.nqn == s.nqn)
-                    .map(|c| api::subsystem_ctrl_json(self.ctrl_view(snap, c)))
+                    .map(|c| {
+                        let f = functions.get(c.vuid.as_str()).copied();
+                        api::subsystem_ctrl_json(ctrl_view(Some(s), f, c))
+                    })
                     .collect();
                 let nss = s
                     .namespaces
                     .iter()
                     .map(|n| {
-                        let ready = n.ctrl.as_ref().is_some_and(|c| {
-                            snap.nvme_ctrls.iter().any(|x| {
-                                &x.ctrl_id == c && x.disks.iter().any(|(id, _)| *id == n.nsid)
+                        let ready = n.ctrl.as_ref().is_some_and(|id| {
+                            ctrls.iter().any(|x| {
+                                x.ctrl_id == *id && x.disks.iter().any(|(nsid, _)| *nsid == n.nsid)
                             })
                         });
                         api::subsystem_namespace_json(
@@ -741,31 +767,10 @@ impl Emulator {
                         )
                     })
                     .collect();
-                api::subsystem_json(&subsystem_view(s), ctrls, nss)
+                api::subsystem_json(&subsystem_view(s), ctrl_json, nss)
             })
-            .collect();
-        Ok(Value::Array(out))
-    }
-
-    fn ctrl_view<'a>(&self, snap: &'a Snap, c: &'a NvmeCtrl) -> api::NvmeCtrlView<'a> {
-        let f = snap.function_of(&c.vuid);
-        let namespaces = c
-            .attached
-            .iter()
-            .filter_map(|nsid| snap.namespace(&c.nqn, *nsid))
-            .map(|n| api::ctrl_namespace_json(n.nsid, &n.bdev, &n.uuid))
-            .collect();
-        api::NvmeCtrlView {
-            ctrl_id: &c.ctrl_id,
-            vhca_id: f.map_or(0, |f| f.vhca_id),
-            nqn: &c.nqn,
-            plugged: f.is_some_and(|f| f.bdf.is_some()),
-            suspended: c.suspended,
-            num_queues: c.num_queues,
-            max_queues: NVME_MAX_QUEUES,
-            mdts: c.mdts,
-            namespaces,
-        }
+            .collect::<Vec<_>>();
+        Ok(to_json(&out))
     }
 
     pub(crate) fn nvme_namespace_create(&mut self, params: Option<Value>) -> RpcResult {
@@ -942,7 +947,10 @@ impl Emulator {
             .nvme_ctrls
             .iter()
             .filter(|c| p.ctrl_id.as_ref().is_none_or(|id| *id == c.ctrl_id))
-            .map(|c| api::nvme_ctrl_json(self.ctrl_view(snap, c)))
+            .map(|c| {
+                let s = snap.subsystems.iter().find(|s| s.nqn == c.nqn);
+                api::nvme_ctrl_json(ctrl_view(s, snap.function_of(&c.vuid), c))
+            })
             .collect();
         Ok(Value::Array(out))
     }
@@ -1255,6 +1263,31 @@ impl Emulator {
         let p: api::VirtioBlkHotplugParams = decode(params, OnDecodeError::DecodeFailed)?;
         let ci = self.snap()?.virtio_ctrl(&p.ctrl)?;
         self.hotunplug_ctrl(CtrlRef::VirtioBlk(ci))
+    }
+}
+
+/// A controller as both listings show it; `s` is its subsystem, `f` its function.
+fn ctrl_view<'a>(
+    s: Option<&'a SnapSubsystem>,
+    f: Option<&Function>,
+    c: &'a NvmeCtrl,
+) -> api::NvmeCtrlView<'a> {
+    let namespaces = c
+        .attached
+        .iter()
+        .filter_map(|nsid| s?.namespaces.iter().find(|n| n.nsid == *nsid))
+        .map(|n| api::ctrl_namespace_json(n.nsid, &n.bdev, &n.uuid))
+        .collect();
+    api::NvmeCtrlView {
+        ctrl_id: &c.ctrl_id,
+        vhca_id: f.map_or(0, |f| f.vhca_id),
+        nqn: &c.nqn,
+        plugged: f.is_some_and(|f| f.bdf.is_some()),
+        suspended: c.suspended,
+        num_queues: c.num_queues,
+        max_queues: NVME_MAX_QUEUES,
+        mdts: c.mdts,
+        namespaces,
     }
 }
 

@@ -6,7 +6,7 @@
 //! (`ctrl`, `bdev`, `vblk_id`, ...), and so are result objects the reference
 //! leaves open (create results, virtio-blk listing extras).
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use crate::functions::{Emulation, Function};
@@ -281,24 +281,41 @@ pub(crate) struct VirtioBlkBdevAttachParams {
 // ---- results ----------------------------------------------------------------
 
 /// One entry of `emulation_function_list` (a PF, or a VF without `vfs`).
-pub(crate) fn function_json(f: &Function, vfs: Option<Vec<Value>>) -> Value {
-    let mut o = serde_json::Map::new();
-    o.insert("hotplugged".into(), json!(f.hotplugged));
-    o.insert("emulation_type".into(), json!(emulation_type(f.emulation)));
-    o.insert("pf_index".into(), json!(f.pf_index));
-    if let Some(vf) = f.vf_index {
-        o.insert("vf_index".into(), json!(vf));
+/// A function as `emulation_function_list` shows it. The listings are
+/// serialised straight from these (no `Value` in between): with hundreds of
+/// functions and subsystems, building the `Value` cost more than the rest of
+/// the call. Field order is key order.
+#[derive(Serialize)]
+pub(crate) struct FunctionJson<'a> {
+    hotplugged: bool,
+    emulation_type: &'static str,
+    pf_index: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    vf_index: Option<u32>,
+    pci_bdf: &'a str,
+    vhca_id: u32,
+    vuid: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ctrl_id: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    vfs: Option<Vec<FunctionJson<'a>>>,
+}
+
+pub(crate) fn function_json<'a>(
+    f: &'a Function,
+    vfs: Option<Vec<FunctionJson<'a>>>,
+) -> FunctionJson<'a> {
+    FunctionJson {
+        hotplugged: f.hotplugged,
+        emulation_type: emulation_type(f.emulation),
+        pf_index: f.pf_index,
+        vf_index: f.vf_index,
+        pci_bdf: f.listed_bdf(),
+        vhca_id: f.vhca_id,
+        vuid: &f.vuid,
+        ctrl_id: f.ctrl_id.as_deref(),
+        vfs,
     }
-    o.insert("pci_bdf".into(), json!(f.listed_bdf()));
-    o.insert("vhca_id".into(), json!(f.vhca_id));
-    o.insert("vuid".into(), json!(f.vuid));
-    if let Some(ctrl) = &f.ctrl_id {
-        o.insert("ctrl_id".into(), json!(ctrl));
-    }
-    if let Some(vfs) = vfs {
-        o.insert("vfs".into(), Value::Array(vfs));
-    }
-    Value::Object(o)
 }
 
 pub(crate) fn function_created_json(f: &Function) -> Value {
@@ -317,20 +334,32 @@ pub(crate) fn subsystem_created_json(s: &SubsystemView) -> Value {
     json!({"nqn": s.nqn, "sn": s.sn, "mn": s.mn, "nn": s.nn, "mnan": s.mnan})
 }
 
-pub(crate) fn subsystem_json(
-    s: &SubsystemView,
-    controllers: Vec<Value>,
-    namespaces: Vec<Value>,
-) -> Value {
-    json!({
-        "nqn": s.nqn,
-        "sn": s.sn,
-        "mn": s.mn,
-        "nn": s.nn,
-        "mnan": s.mnan,
-        "controllers": controllers,
-        "namespaces": namespaces
-    })
+/// A subsystem as `nvme_subsystem_list` shows it.
+#[derive(Serialize)]
+pub(crate) struct SubsystemJson<'a> {
+    nqn: &'a str,
+    sn: &'a str,
+    mn: &'a str,
+    nn: u32,
+    mnan: u32,
+    controllers: Vec<SubsystemCtrlJson<'a>>,
+    namespaces: Vec<SubsystemNamespaceJson<'a>>,
+}
+
+pub(crate) fn subsystem_json<'a>(
+    s: &SubsystemView<'a>,
+    controllers: Vec<SubsystemCtrlJson<'a>>,
+    namespaces: Vec<SubsystemNamespaceJson<'a>>,
+) -> SubsystemJson<'a> {
+    SubsystemJson {
+        nqn: s.nqn,
+        sn: s.sn,
+        mn: s.mn,
+        nn: s.nn,
+        mnan: s.mnan,
+        controllers,
+        namespaces,
+    }
 }
 
 pub(crate) fn namespace_created_json(nqn: &str, nsid: u32, bdev: &str, uuid: &str) -> Value {
@@ -338,28 +367,59 @@ pub(crate) fn namespace_created_json(nqn: &str, nsid: u32, bdev: &str, uuid: &st
 }
 
 /// `{nsid, bdev, uuid}` as listed under a controller.
-pub(crate) fn ctrl_namespace_json(nsid: u32, bdev: &str, uuid: &str) -> Value {
-    json!({"nsid": nsid, "bdev": bdev, "uuid": uuid})
+#[derive(Serialize)]
+pub(crate) struct CtrlNamespaceJson<'a> {
+    nsid: u32,
+    bdev: &'a str,
+    uuid: &'a str,
 }
 
-pub(crate) fn subsystem_namespace_json(
+pub(crate) fn ctrl_namespace_json<'a>(
     nsid: u32,
-    bdev: &str,
-    uuid: &str,
-    nqn: &str,
+    bdev: &'a str,
+    uuid: &'a str,
+) -> CtrlNamespaceJson<'a> {
+    CtrlNamespaceJson { nsid, bdev, uuid }
+}
+
+/// A namespace as `nvme_subsystem_list` shows it.
+#[derive(Serialize)]
+pub(crate) struct SubsystemNamespaceJson<'a> {
+    nsid: u32,
+    bdev: &'a str,
+    uuid: &'a str,
+    nqn: &'a str,
+    ready: &'static str,
+    #[serde(rename = "max inflights per weight")]
+    max_inflights_per_weight: u32,
+    controllers: Vec<CtrlIdJson<'a>>,
+}
+
+#[derive(Serialize)]
+pub(crate) struct CtrlIdJson<'a> {
+    ctrl_id: &'a str,
+}
+
+pub(crate) fn subsystem_namespace_json<'a>(
+    nsid: u32,
+    bdev: &'a str,
+    uuid: &'a str,
+    nqn: &'a str,
     ready: bool,
-    ctrl_id: Option<&str>,
-) -> Value {
-    let controllers: Vec<Value> = ctrl_id.map(|c| json!({"ctrl_id": c})).into_iter().collect();
-    json!({
-        "nsid": nsid,
-        "bdev": bdev,
-        "uuid": uuid,
-        "nqn": nqn,
-        "ready": if ready { "Yes" } else { "No" },
-        "max inflights per weight": 65535,
-        "controllers": controllers
-    })
+    ctrl_id: Option<&'a str>,
+) -> SubsystemNamespaceJson<'a> {
+    SubsystemNamespaceJson {
+        nsid,
+        bdev,
+        uuid,
+        nqn,
+        ready: if ready { "Yes" } else { "No" },
+        max_inflights_per_weight: 65535,
+        controllers: ctrl_id
+            .map(|ctrl_id| CtrlIdJson { ctrl_id })
+            .into_iter()
+            .collect(),
+    }
 }
 
 pub(crate) struct NvmeCtrlView<'a> {
@@ -371,7 +431,7 @@ pub(crate) struct NvmeCtrlView<'a> {
     pub num_queues: u32,
     pub max_queues: u32,
     pub mdts: u32,
-    pub namespaces: Vec<Value>,
+    pub namespaces: Vec<CtrlNamespaceJson<'a>>,
 }
 
 fn state_name(suspended: bool) -> &'static str {
@@ -379,18 +439,31 @@ fn state_name(suspended: bool) -> &'static str {
 }
 
 /// A controller as `nvme_subsystem_list` shows it.
-pub(crate) fn subsystem_ctrl_json(c: NvmeCtrlView) -> Value {
-    json!({
-        "ctrl_id": c.ctrl_id,
-        "vhca_id": c.vhca_id,
-        "nqn": c.nqn,
-        "plugged": c.plugged,
-        "state": state_name(c.suspended),
-        "num_queues": c.num_queues,
-        "max_queues": c.max_queues,
-        "mdts": c.mdts,
-        "namespaces": c.namespaces
-    })
+#[derive(Serialize)]
+pub(crate) struct SubsystemCtrlJson<'a> {
+    ctrl_id: &'a str,
+    vhca_id: u32,
+    nqn: &'a str,
+    plugged: bool,
+    state: &'static str,
+    num_queues: u32,
+    max_queues: u32,
+    mdts: u32,
+    namespaces: Vec<CtrlNamespaceJson<'a>>,
+}
+
+pub(crate) fn subsystem_ctrl_json(c: NvmeCtrlView) -> SubsystemCtrlJson {
+    SubsystemCtrlJson {
+        ctrl_id: c.ctrl_id,
+        vhca_id: c.vhca_id,
+        nqn: c.nqn,
+        plugged: c.plugged,
+        state: state_name(c.suspended),
+        num_queues: c.num_queues,
+        max_queues: c.max_queues,
+        mdts: c.mdts,
+        namespaces: c.namespaces,
+    }
 }
 
 /// A controller as `nvme_controller_list` shows it.

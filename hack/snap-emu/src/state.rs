@@ -20,7 +20,9 @@ pub(crate) const TICK_RATE: u64 = 2_300_000_000;
 
 /// What connections, listeners and tasks share. One lock serialises RPCs, as
 /// SPDK's single RPC thread does; handlers that touch the host side (which
-/// blocks on `losetup`) run on the blocking pool while holding it.
+/// blocks on `losetup`) run on the blocking pool while holding it. Attaches
+/// to the host run outside it, in the background (see `host`), so that only
+/// SNAP's own work, and host-side removal, is serialised.
 #[derive(Debug)]
 pub(crate) struct Shared {
     pub state: Arc<Mutex<Emulator>>,
@@ -38,7 +40,7 @@ pub(crate) struct Emulator {
     pub nvmf: NvmfTarget,
     pub nvme: NvmeInitiator,
     pub snap: Option<Snap>,
-    pub host: Option<HostSide>,
+    pub host: Option<Arc<HostSide>>,
     pub started: Instant,
     /// `nqn.2014-08.org.nvmexpress:uuid:<uuid>`, fixed per process like SPDK's.
     pub default_hostnqn: String,
@@ -100,8 +102,14 @@ impl Emulator {
     /// I/O counters of the loop devices exposing a bdev to the host.
     pub(crate) fn host_io_stat(&self, bdev: &str) -> IoStat {
         let mut total = IoStat::default();
+        let Some(host) = &self.host else {
+            return total;
+        };
         for disk in self.host_disks_of(bdev) {
-            let Some(dev) = disk.loop_device.file_name() else {
+            let Some(dev) = host.loop_device_of(&disk) else {
+                continue;
+            };
+            let Some(dev) = dev.file_name() else {
                 continue;
             };
             let path = PathBuf::from("/sys/block").join(dev).join("stat");

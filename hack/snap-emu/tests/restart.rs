@@ -69,7 +69,10 @@ async fn a_restart_cleans_up_after_a_killed_emulator() {
         json!({"pf_id": 0, "vf_id": 3, "bdev": "k", "vblk_id": "killed"}),
     )
     .await;
-    assert!(losetup_all().contains(&img_str));
+    common::wait_until("the loop device appearing", || {
+        losetup_all().contains(&img_str)
+    })
+    .await;
 
     // A second emulator may not take over a live one's state directory.
     let other_socket = dir.path().join("other.sock");

@@ -464,13 +464,13 @@ async fn attach_created_volume(backend: &str, emulation: Emulation) {
     assert!(dpu.probe(deadline()).await.unwrap());
     let attached = dpu.attach(&request, deadline()).await.unwrap();
     let sysfs = Sysfs::new(snap.spdk.sysfs_root());
-    let device = match &attached.locator {
+    let device = common::discovered("the host sees the volume", || match &attached.locator {
         HostLocator::Nvme { bdf, nsid, uuid } => sysfs
             .find_nvme_namespace(bdf, *nsid, uuid.as_deref())
             .unwrap(),
         HostLocator::VirtioBlk { bdf, serial } => sysfs.find_virtio_blk(bdf, serial).unwrap(),
-    }
-    .expect("the host sees the volume");
+    })
+    .await;
     assert_eq!(device.size_bytes, 24 * MIB);
     assert_eq!(
         read_at(&device.node, 2 * MIB, 22),

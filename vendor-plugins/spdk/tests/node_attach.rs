@@ -10,7 +10,7 @@ use std::future::Future;
 use std::path::Path;
 use std::time::Duration;
 
-use common::{Emulator, Plugin, aio_context, export, loop_devices_of, nvmf_context};
+use common::{Emulator, Plugin, aio_context, discovered, export, loop_devices_of, nvmf_context};
 use snap_csi::dpu::colocated::Colocated;
 use snap_csi::dpu::plugin::AccessMode;
 use snap_csi::dpu::{AttachRequest, DpuAttach, Emulation, HostLocator, VolumeMode};
@@ -62,7 +62,10 @@ async fn attach_and_detach(
     let sysfs = Sysfs::new(snap.spdk.sysfs_root());
     assert!(dpu.probe(deadline()).await.unwrap());
     let attached = dpu.attach(request, deadline()).await.unwrap();
-    let device = host_device(&sysfs, &attached.locator).expect("the host sees the volume");
+    let device = discovered("the host sees the volume", || {
+        host_device(&sysfs, &attached.locator)
+    })
+    .await;
     assert_eq!(device.size_bytes, common::SIZE);
     assert!(device.node.exists(), "{device:?}");
     assert_eq!(loop_devices_of(backing).len(), 1);

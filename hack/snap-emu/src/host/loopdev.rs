@@ -12,6 +12,8 @@ use std::io::{self, Read};
 use std::os::unix::ffi::OsStringExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::{Mutex, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -24,6 +26,9 @@ use super::loop_ioctl;
 const ATTACH_TIMEOUT: Duration = Duration::from_secs(30);
 const TIMEOUT: Duration = Duration::from_secs(10);
 const SYS_BLOCK: &str = "/sys/block";
+
+/// Held while this process's `losetup --find` looks for a free device.
+static FINDING: Mutex<()> = Mutex::new(());
 
 /// A bound loop device as sysfs describes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -67,12 +72,18 @@ fn is_loop_name(name: &str) -> bool {
 /// The state of `loopN`, or `None` when it is unbound or does not exist.
 pub(super) fn state(name: &str) -> anyhow::Result<Option<LoopState>> {
     let base = Path::new(SYS_BLOCK).join(name);
-    // A device can be torn down between two reads; any attribute gone means unbound.
+    // A device can be torn down between two reads; any attribute gone means
+    // unbound. Mid-teardown the kernel answers ENXIO or ENODEV rather than
+    // ENOENT, which attaches running in parallel (ours, or another
+    // process's) meet whenever a detach overlaps their scan.
     let read = |rel: &str| -> anyhow::Result<Option<Vec<u8>>> {
         let path = base.join(rel);
         match fs::read(&path) {
             Ok(bytes) => Ok(Some(bytes)),
-            Err(e) if e.kind() == io::ErrorKind::NotFound || e.raw_os_error() == Some(ENXIO) => {
+            Err(e)
+                if e.kind() == io::ErrorKind::NotFound
+                    || matches!(e.raw_os_error(), Some(ENXIO | ENODEV)) =>
+            {
                 Ok(None)
             }
             Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
@@ -164,7 +175,14 @@ pub(super) fn attach(
     args.push(file.into());
     let mut attempt = 1;
     loop {
-        let out = losetup(&args, ATTACH_TIMEOUT)?;
+        let out = {
+            // Two `losetup --find` at once pick the same free device, and the
+            // loser sleeps 200 ms before it looks again: with dozens of
+            // attaches in flight that is most of their time. One at a time,
+            // they take a couple of milliseconds each.
+            let _turn = FINDING.lock().unwrap_or_else(PoisonError::into_inner);
+            losetup(&args, ATTACH_TIMEOUT)?
+        };
         if out.status.success() {
             let shown = String::from_utf8_lossy(&out.stdout).trim().to_owned();
             let name = name_of(Path::new(&shown))
@@ -285,6 +303,7 @@ impl std::fmt::Display for TimedOut {
 impl std::error::Error for TimedOut {}
 
 const ENXIO: i32 = 6;
+const ENODEV: i32 = 19;
 const EAGAIN: i32 = 11;
 const EBUSY: i32 = 16;
 
@@ -332,15 +351,21 @@ fn tool(program: &str, args: &[OsString], timeout: Duration) -> anyhow::Result<O
                 anyhow!(e).context(format!("running {program} {}", display_args(args)))
             }
         })?;
-    // Drain both pipes while waiting, so a chatty child can never block on a full pipe.
-    let stdout = drain(child.stdout.take());
-    let stderr = drain(child.stderr.take());
+    // Drain both pipes while waiting, so a chatty child can never block on a
+    // full pipe. The drains also tell us when the child is done: the tools we
+    // run close their output only by exiting, so both pipes reaching end of
+    // file is the moment to reap it. Waiting on that, rather than polling
+    // `try_wait` with naps, keeps a 2 ms `losetup` at 2 ms.
+    let (done_tx, done_rx) = mpsc::channel();
+    let stdout = drain(child.stdout.take(), done_tx.clone());
+    let stderr = drain(child.stderr.take(), done_tx);
     let deadline = Instant::now() + timeout;
-    let mut nap = Duration::from_millis(1);
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(status)) => break status,
-            Ok(None) if Instant::now() >= deadline => {
+    let mut open_pipes = 2;
+    while open_pipes > 0 {
+        match done_rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            // A drain thread that died also stops sending: treat it as closed.
+            Ok(()) | Err(RecvTimeoutError::Disconnected) => open_pipes -= 1,
+            Err(RecvTimeoutError::Timeout) => {
                 let _ = child.kill();
                 let _ = child.wait();
                 return Err(anyhow!(TimedOut)).with_context(|| {
@@ -350,18 +375,11 @@ fn tool(program: &str, args: &[OsString], timeout: Duration) -> anyhow::Result<O
                     )
                 });
             }
-            Ok(None) => {
-                thread::sleep(nap);
-                nap = (nap * 2).min(Duration::from_millis(20));
-            }
-            Err(e) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(e)
-                    .with_context(|| format!("waiting for losetup {}", display_args(args)));
-            }
         }
-    };
+    }
+    let status = child
+        .wait()
+        .with_context(|| format!("waiting for {program} {}", display_args(args)))?;
     Ok(Output {
         status,
         stdout: stdout.join().unwrap_or_default(),
@@ -369,12 +387,16 @@ fn tool(program: &str, args: &[OsString], timeout: Duration) -> anyhow::Result<O
     })
 }
 
-fn drain(pipe: Option<impl Read + Send + 'static>) -> thread::JoinHandle<Vec<u8>> {
+fn drain(
+    pipe: Option<impl Read + Send + 'static>,
+    done: mpsc::Sender<()>,
+) -> thread::JoinHandle<Vec<u8>> {
     thread::spawn(move || {
         let mut buf = Vec::new();
         if let Some(mut pipe) = pipe {
             let _ = pipe.read_to_end(&mut buf);
         }
+        let _ = done.send(());
         buf
     })
 }

@@ -730,3 +730,131 @@ fn host_side_can_be_shared_across_tasks() {
     shareable::<HostSide>();
     shareable::<HostDisk>();
 }
+
+/// Waits for a queued attach, as a host's consumer polls sysfs.
+fn discovered(disk: &DiskRef) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !disk.sysfs_dir.join("dev").exists() {
+        assert!(
+            Instant::now() < deadline,
+            "{} never appeared",
+            disk.sysfs_dir.display()
+        );
+        thread::sleep(Duration::from_millis(2));
+    }
+}
+
+#[test]
+fn queued_attach_appears_later_and_a_detach_waits_for_it() {
+    let fx = Fixture::new();
+    let file = fx.file("q.img", 8 * MIB);
+    let host = Arc::new(fx.open_with(BDF, FunctionKind::Nvme));
+    // Detached before the thread may even have started: the detach waits for
+    // the attach, so no disk appears afterwards.
+    for round in 0..5 {
+        let disk = host
+            .attach_nvme_namespace_in_background(BDF, 0, 1, 1, UUID, backing(&file, 0, 4 * MIB))
+            .unwrap();
+        host.detach_queued(&disk).unwrap();
+        assert!(!disk.sysfs_dir.exists(), "round {round}");
+        assert!(loops_over(&file).is_empty(), "round {round}");
+    }
+    let disk = host
+        .attach_nvme_namespace_in_background(BDF, 0, 1, 1, UUID, backing(&file, 0, 4 * MIB))
+        .unwrap();
+    discovered(&disk);
+    assert_eq!(read(&disk.sysfs_dir.join("nsid")), "1\n");
+    let device = host
+        .loop_device_of(&disk)
+        .expect("a loop device once discovered");
+    assert_eq!(loops_over(&file), [device.to_str().unwrap()]);
+    host.resize_queued(&disk, &backing(&file, 0, 8 * MIB))
+        .unwrap();
+    assert_eq!(device_size(&device), 8 * MIB);
+    host.detach_queued(&disk).unwrap();
+    assert!(loops_over(&file).is_empty());
+    assert!(host.loop_device_of(&disk).is_none());
+}
+
+#[test]
+fn failed_queued_attach_leaves_nothing() {
+    let fx = Fixture::new();
+    let file = fx.file("short.img", MIB);
+    let host = Arc::new(fx.open_with("26:00.2", FunctionKind::VirtioBlk));
+    // Past the end of the file: refused in the background.
+    let disk = host
+        .attach_virtio_blk_in_background("26:00.2", 0, "vda", "s", backing(&file, 0, 4 * MIB))
+        .unwrap();
+    // A call after it in the function's line runs once the attach is over.
+    host.add_pci_function("26:00.2", FunctionKind::VirtioBlk)
+        .unwrap();
+    assert!(!disk.sysfs_dir.exists());
+    assert!(!fx.devices().join("0000:26:00.2/virtio0").exists());
+    assert!(loops_over(&file).is_empty());
+    assert!(host.records.list().unwrap().is_empty());
+    assert!(host.resize_queued(&disk, &backing(&file, 0, MIB)).is_err());
+    host.detach_queued(&disk).unwrap();
+    // Bad arguments are refused before anything is queued.
+    assert!(
+        host.attach_virtio_blk_in_background("26:00.2", 0, "VDA", "s", backing(&file, 0, MIB))
+            .is_err()
+    );
+}
+
+#[test]
+fn shutdown_waits_for_queued_attaches() {
+    let fx = Fixture::new();
+    let file = fx.file("many.img", 8 * MIB);
+    let host = Arc::new(fx.open());
+    for i in 0..4u64 {
+        let bdf = format!("5{i}:00.0");
+        host.add_pci_function(&bdf, FunctionKind::Nvme).unwrap();
+        host.attach_nvme_namespace_in_background(
+            &bdf,
+            0,
+            1,
+            1,
+            UUID,
+            backing(&file, i * 2 * MIB, 2 * MIB),
+        )
+        .unwrap();
+    }
+    host.shutdown().unwrap();
+    assert!(loops_over(&file).is_empty());
+    assert!(host.records.list().unwrap().is_empty());
+    assert!(!fx.root().join("bus").exists());
+    // The jobs let go of the host side: the last reference is ours.
+    assert_eq!(Arc::strong_count(&host), 1);
+}
+
+#[test]
+fn a_function_line_is_first_come_first_served() {
+    let locks = Arc::new(FunctionLocks::default());
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let first = locks.lock(BDF);
+    let waiting: Vec<_> = (0..5)
+        .map(|i| {
+            let ticket = locks.reserve(BDF);
+            let order = Arc::clone(&order);
+            thread::spawn(move || {
+                // Later tickets try to overtake by asking first.
+                thread::sleep(Duration::from_millis(10 * (5 - i)));
+                let _guard = ticket.wait();
+                order.lock().unwrap().push(i);
+            })
+        })
+        .collect();
+    // An unredeemed ticket passes its turn on when dropped (once it is its turn).
+    let unused = locks.reserve(BDF);
+    let skipper = thread::spawn(move || drop(unused));
+    // Another function is not held up.
+    drop(locks.lock("26:00.2"));
+    drop(first);
+    for t in waiting {
+        t.join().unwrap();
+    }
+    skipper.join().unwrap();
+    drop(locks.lock(BDF));
+    assert_eq!(*order.lock().unwrap(), [0, 1, 2, 3, 4]);
+    assert!(locks.lines.lock().unwrap().is_empty());
+}

@@ -112,6 +112,35 @@ impl Client {
         self.stream.write_all(bytes).await.expect("write");
     }
 
+    /// Calls a method and returns its reply line as sent, for byte comparisons.
+    pub async fn call_raw(&mut self, method: &str, params: Value) -> Vec<u8> {
+        let id = self.next_id;
+        self.next_id += 1;
+        let req = json!({"jsonrpc": "2.0", "method": method, "id": id, "params": params});
+        self.send_raw(&serde_json::to_vec(&req).expect("encode"))
+            .await;
+        // `read_value` leaves the newline that ends a reply.
+        let leading = self
+            .buf
+            .iter()
+            .take_while(|b| b.is_ascii_whitespace())
+            .count();
+        self.buf.drain(..leading);
+        let deadline = tokio::time::Instant::now() + REPLY_TIMEOUT;
+        loop {
+            if let Some(end) = self.buf.iter().position(|&b| b == b'\n') {
+                return self.buf.drain(..=end).collect();
+            }
+            let mut chunk = vec![0u8; 65536];
+            let n = tokio::time::timeout_at(deadline, self.stream.read(&mut chunk))
+                .await
+                .expect("reply in time")
+                .expect("read");
+            assert!(n > 0, "server closed the connection");
+            self.buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+
     /// Reads one JSON value from the stream.
     pub async fn read_value(&mut self) -> Value {
         let deadline = tokio::time::Instant::now() + REPLY_TIMEOUT;
@@ -387,4 +416,27 @@ pub fn dev_node(dev_file: &Path) -> PathBuf {
     let link = std::fs::read_link(format!("/sys/dev/block/{dev}")).expect("dev link");
     let name = link.file_name().expect("device name");
     PathBuf::from("/dev").join(name)
+}
+
+/// How long a host may take to discover a disk after SNAP announced it.
+pub const DISCOVERY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Waits for a disk directory to appear, as a host's consumer polls sysfs
+/// after a controller is resumed: the emulator attaches in the background.
+/// Directories appear whole, so once it exists its `dev` is there too.
+pub async fn wait_for_disk(dir: &Path) -> PathBuf {
+    wait_until(&format!("{} appearing", dir.display()), || dir.exists()).await;
+    dir.to_path_buf()
+}
+
+/// Waits until `done` holds, for what the emulator finishes in the background.
+pub async fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + DISCOVERY_TIMEOUT;
+    while !done() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{what}: not within {DISCOVERY_TIMEOUT:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
 }
