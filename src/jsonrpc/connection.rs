@@ -235,7 +235,7 @@ async fn write_loop(shared: Arc<Shared>, mut write: OwnedWriteHalf) {
         // The first caller to queue wakes us, and tokio runs a task just woken
         // next: without stepping aside, each write would carry one request
         // while the callers the reader just completed wait to queue theirs
-        // (measured at 64 in flight: ~1 write per call without, ~15-25 with).
+        // (measured at 64 in flight: ~1 request per write without, ~10-30 with).
         // With no other call in flight there is no one to wait for, and the
         // detour would only add latency.
         let others_in_flight = {
