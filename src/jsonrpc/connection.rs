@@ -81,8 +81,8 @@ impl Shared {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn complete(&self, frame: Vec<u8>) -> Result<(), Failure> {
-        let id = wire::reply_id(&frame).map_err(Failure::Protocol)?;
+    fn complete(&self, routing: wire::Routing, frame: Vec<u8>) -> Result<(), Failure> {
+        let id = wire::reply_id(routing, &frame).map_err(Failure::Protocol)?;
         let mut state = self.state();
         match state.pending.remove(&id) {
             Some(caller) => {
@@ -275,9 +275,9 @@ async fn read_replies(shared: &Shared, read: &mut OwnedReadHalf) -> Failure {
     let mut chunk = vec![0; READ_CHUNK];
     loop {
         loop {
-            match framer.next_value() {
-                Ok(Some(frame)) => {
-                    if let Err(failure) = shared.complete(frame) {
+            match framer.next_decoded::<wire::Routing>() {
+                Ok(Some((routing, frame))) => {
+                    if let Err(failure) = shared.complete(routing, frame) {
                         return failure;
                     }
                 }

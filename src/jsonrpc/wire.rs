@@ -35,21 +35,20 @@ pub(super) fn encode_request(
     serde_json::to_writer(out, &request)
 }
 
-/// The id of a reply: only what the connection needs to route it.
+/// The id of a reply: only what the connection needs to route it, read by
+/// the framer in the same pass that finds where the reply ends.
 #[derive(Deserialize)]
-struct Routing {
+pub(super) struct Routing {
     #[serde(default)]
     id: serde_json::Value,
 }
 
 /// The id of the call `frame` answers, or why it answers none of ours.
-pub(super) fn reply_id(frame: &[u8]) -> Result<u64, String> {
+pub(super) fn reply_id(routing: Routing, frame: &[u8]) -> Result<u64, String> {
     // serde would also read a struct from an array; a reply is an object.
     if frame.first() != Some(&b'{') {
         return Err(format!("not a JSON-RPC reply: {}", excerpt(frame)));
     }
-    let routing: Routing = serde_json::from_slice(frame)
-        .map_err(|e| format!("not a JSON-RPC reply ({e}): {}", excerpt(frame)))?;
     routing.id.as_u64().ok_or_else(|| {
         format!(
             "a reply with id {} answers no request: {}",
