@@ -16,6 +16,7 @@
 //! One process-wide registry, so that deep layers (the JSON-RPC client) record
 //! without every caller threading a handle through.
 
+use std::borrow::Cow;
 use std::cell::RefCell;
 use std::future::Future;
 use std::net::SocketAddr;
@@ -46,15 +47,15 @@ struct MethodLabels {
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OutboundLabels {
-    target: String,
-    method: String,
-    outcome: String,
+    target: &'static str,
+    method: Cow<'static, str>,
+    outcome: Cow<'static, str>,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct TargetMethodLabels {
-    target: String,
-    method: String,
+    target: &'static str,
+    method: Cow<'static, str>,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -145,7 +146,23 @@ fn metrics() -> &'static Metrics {
 
 /// Records one outbound call: `target` is `snap`, `plugin`, `vendor` or `host`;
 /// `outcome` is `ok` or the error's kind/code.
-pub fn observe_outbound(target: &str, method: &str, outcome: &str, latency: Duration) {
+pub fn observe_outbound(target: &'static str, method: &str, outcome: &str, latency: Duration) {
+    observe_outbound_static(
+        target,
+        Cow::Owned(method.to_string()),
+        Cow::Owned(outcome.to_string()),
+        latency,
+    );
+}
+
+/// [`observe_outbound`] for the JSON-RPC client's hot path: labels that are
+/// borrowed `'static` strings cost no allocation, except when first seen.
+pub fn observe_outbound_static(
+    target: &'static str,
+    method: Cow<'static, str>,
+    outcome: Cow<'static, str>,
+    latency: Duration,
+) {
     let end = Instant::now();
     // Outside a served call (startup probes, tools) there is nothing to charge.
     let _ = WAITS.try_with(|waits| {
@@ -154,17 +171,16 @@ pub fn observe_outbound(target: &str, method: &str, outcome: &str, latency: Dura
             .push((end.checked_sub(latency).unwrap_or(end), end));
     });
     let m = metrics();
-    m.outbound_requests
-        .get_or_create(&OutboundLabels {
-            target: target.into(),
-            method: method.into(),
-            outcome: outcome.into(),
-        })
-        .inc();
+    let labels = OutboundLabels {
+        target,
+        method,
+        outcome,
+    };
+    m.outbound_requests.get_or_create(&labels).inc();
     m.outbound_seconds
         .get_or_create(&TargetMethodLabels {
-            target: target.into(),
-            method: method.into(),
+            target,
+            method: labels.method,
         })
         .observe(latency.as_secs_f64());
 }

@@ -6,6 +6,7 @@
 //! itself: a value is complete when a streaming parser finishes it.
 
 use bytes::{Buf, BytesMut};
+use serde::de::DeserializeOwned;
 
 /// Why the bytes received so far cannot be a JSON value stream.
 #[derive(Debug, thiserror::Error)]
@@ -37,6 +38,17 @@ impl JsonFramer {
     /// Returns the next complete value's bytes, `None` when more bytes are needed,
     /// or an error when the buffered bytes can never become valid JSON.
     pub fn next_value(&mut self) -> Result<Option<Vec<u8>>, FramingError> {
+        Ok(self
+            .next_decoded::<serde::de::IgnoredAny>()?
+            .map(|(_, bytes)| bytes))
+    }
+
+    /// Like [`JsonFramer::next_value`], also decoding the value as `T` in the
+    /// same pass over the bytes; a value that is valid JSON but not a `T` is
+    /// an error too.
+    pub fn next_decoded<T: DeserializeOwned>(
+        &mut self,
+    ) -> Result<Option<(T, Vec<u8>)>, FramingError> {
         let leading = self
             .buffer
             .iter()
@@ -46,12 +58,11 @@ impl JsonFramer {
         if self.buffer.is_empty() {
             return Ok(None);
         }
-        let mut values =
-            serde_json::Deserializer::from_slice(&self.buffer).into_iter::<serde::de::IgnoredAny>();
+        let mut values = serde_json::Deserializer::from_slice(&self.buffer).into_iter::<T>();
         match values.next() {
-            Some(Ok(_)) => {
+            Some(Ok(value)) => {
                 let end = values.byte_offset();
-                Ok(Some(self.buffer.split_to(end).to_vec()))
+                Ok(Some((value, self.buffer.split_to(end).to_vec())))
             }
             Some(Err(e)) if e.is_eof() => Ok(None),
             Some(Err(source)) => Err(FramingError {
@@ -102,6 +113,24 @@ mod tests {
             framer.extend(&whole[cut..]);
             assert_eq!(framer.next_value().unwrap().unwrap(), whole.to_vec());
         }
+    }
+
+    #[test]
+    fn decodes_each_value_as_it_frames_it() {
+        #[derive(serde::Deserialize)]
+        struct Id {
+            id: u64,
+        }
+        let mut framer = JsonFramer::default();
+        framer.extend(br#"{"id":3,"result":"x"} {"id":"#);
+        let (value, bytes) = framer.next_decoded::<Id>().unwrap().unwrap();
+        assert_eq!(
+            (value.id, &bytes[..]),
+            (3, &br#"{"id":3,"result":"x"}"#[..])
+        );
+        assert!(framer.next_decoded::<Id>().unwrap().is_none());
+        framer.extend(br#""three"}"#);
+        assert!(framer.next_decoded::<Id>().is_err());
     }
 
     #[test]
