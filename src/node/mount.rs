@@ -4,15 +4,17 @@
 //!
 //! Each operation first looks at the mount table: the same thing already
 //! mounted at the target is success (a retry after a crash or a timeout),
-//! something else there is `AlreadyExists`. The syscalls run on the blocking
-//! pool under the caller's deadline; one that outlives the deadline still
-//! completes, and the retry then finds its result.
+//! something else there is `AlreadyExists`. Mount and unmount run on the
+//! blocking pool under the caller's deadline (they may wait on the device);
+//! one that outlives the deadline still completes, and the retry then finds
+//! its result. A bind mount touches no device and runs in place.
 
 use std::ffi::OsStr;
 use std::fs::{self, OpenOptions};
 use std::io;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use nix::errno::Errno;
 use nix::fcntl::OFlag;
@@ -233,6 +235,10 @@ pub async fn unmount(target: &Path, deadline: Instant) -> Result<bool, HostOpErr
     };
     command::run_blocking("umount", &what, deadline, move || {
         let mut unmounted = false;
+        // A busy mount is often busy for an instant only: a probe (blkid,
+        // udev) holding the device, or a child between fork and exec with an
+        // inherited descriptor. Look again a few times before saying so.
+        let mut busy_pauses = [5, 10, 20, 40].into_iter().map(Duration::from_millis);
         for _ in 0..MAX_LAYERS {
             if !mountinfo::is_mount_point(&tgt)? {
                 return Ok(unmounted);
@@ -242,7 +248,10 @@ pub async fn unmount(target: &Path, deadline: Instant) -> Result<bool, HostOpErr
                 Ok(()) => unmounted = true,
                 // Someone else unmounted it between our look and our call.
                 Err(Errno::EINVAL | Errno::ENOENT) => return Ok(unmounted),
-                Err(Errno::EBUSY) => return Err(failed(BUSY.into())),
+                Err(Errno::EBUSY) => match busy_pauses.next() {
+                    Some(pause) if Instant::now() + pause < deadline => std::thread::sleep(pause),
+                    _ => return Err(failed(BUSY.into())),
+                },
                 Err(errno) => return Err(failed(errno.desc().into())),
             }
         }
@@ -1079,6 +1088,34 @@ mod tests {
         )
         .unwrap();
         assert_eq!(scratch.mounts().len(), 2);
+        assert!(unmount(&target, deadline()).await.unwrap());
+        assert!(scratch.mounts().is_empty());
+    }
+
+    #[tokio::test]
+    async fn an_instant_of_busy_is_waited_out_a_lasting_one_is_reported() {
+        let mut scratch = Scratch::new();
+        let device = scratch.loop_device("disk.img", 16 << 20);
+        let target = scratch.path("volume");
+        assert!(bind_mount(&device, &target, false).unwrap());
+
+        // Held for 15 ms, as a probe or a forking neighbour would.
+        let held = fs::File::open(&target).unwrap();
+        let release = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(15));
+            drop(held);
+        });
+        assert!(unmount(&target, deadline()).await.unwrap());
+        release.join().unwrap();
+        assert!(scratch.mounts().is_empty());
+
+        // Held throughout: reported, and the mount stays.
+        assert!(bind_mount(&device, &target, false).unwrap());
+        let held = fs::File::open(&target).unwrap();
+        let err = unmount(&target, deadline()).await.unwrap_err();
+        assert!(err.to_string().contains("target is busy"), "{err}");
+        assert_eq!(scratch.mounts().len(), 1);
+        drop(held);
         assert!(unmount(&target, deadline()).await.unwrap());
         assert!(scratch.mounts().is_empty());
     }

@@ -243,6 +243,8 @@ impl HostSide {
         Ok(())
     }
 
+    // Synchronous, for the tests; the emulator itself queues (below).
+    #[cfg(test)]
     /// Makes `nvme<ctrl>n<ns>` with namespace id `nsid` appear under `bdf`.
     pub fn attach_nvme_namespace(
         &self,
@@ -257,6 +259,8 @@ impl HostSide {
         self.attach(&id, &attrs, backing)
     }
 
+    // Synchronous, for the tests; the emulator itself queues (below).
+    #[cfg(test)]
     /// Makes `virtio<virtio>/block/<disk>` with `serial` appear under `bdf`.
     pub fn attach_virtio_blk(
         &self,
@@ -344,6 +348,8 @@ impl HostSide {
         Some(loopdev::dev_path(&name))
     }
 
+    // Synchronous, for the tests; the emulator itself queues (below).
+    #[cfg(test)]
     /// Tells the host the disk changed size (lvol resize, aio rescan).
     ///
     /// The loop device keeps its backing file and offset; only the size limit
@@ -376,6 +382,8 @@ impl HostSide {
         self.resize_locked(&id, &name, backing).with_context(what)
     }
 
+    // Synchronous, for the tests; the emulator itself queues (below).
+    #[cfg(test)]
     /// Detaches the loop device and removes the disk's directory and any parent
     /// (`nvme<X>`, `virtio<N>`) left empty. Detaching an absent disk succeeds.
     pub fn detach(&self, disk: &HostDisk) -> anyhow::Result<()> {
@@ -463,6 +471,7 @@ impl HostSide {
             })
     }
 
+    #[cfg(test)]
     fn attach(
         &self,
         id: &DiskId,

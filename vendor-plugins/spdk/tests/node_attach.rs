@@ -168,7 +168,12 @@ async fn the_plugin_fits_the_nodes_round_trip_budget() {
     let (first, rounds) = round_trips(period, dpu.attach(&request, deadline())).await;
     let first = first.unwrap();
     assert_round_trips("new NVMe attach", rounds, 5);
-    let (again, rounds) = round_trips(period, dpu.attach(&request, deadline())).await;
+    // A retry of a volume the node has a record of (NodeStage again).
+    let retry = AttachRequest {
+        attached_before: true,
+        ..request.clone()
+    };
+    let (again, rounds) = round_trips(period, dpu.attach(&retry, deadline())).await;
     assert_eq!(again.unwrap(), first);
     assert_round_trips("repeated NVMe attach", rounds, 1);
     let (detached, rounds) = round_trips(
