@@ -54,7 +54,7 @@ impl JsonDir {
         let bytes = serde_json::to_vec_pretty(record).map_err(io::Error::other)?;
         let mut file = File::create(&temp)?;
         file.write_all(&bytes)?;
-        file.sync_all()?;
+        flush(&file)?;
         fs::rename(&temp, &path)?;
         sync_dir(&self.dir)
     }
@@ -101,7 +101,17 @@ impl JsonDir {
 }
 
 fn sync_dir(dir: &Path) -> io::Result<()> {
-    File::open(dir)?.sync_all()
+    flush(&File::open(dir)?)
+}
+
+/// A flush waits on the disk: it is recorded as host work, like a mount
+/// syscall, not as the process's own time.
+fn flush(file: &File) -> io::Result<()> {
+    let started = std::time::Instant::now();
+    let result = file.sync_all();
+    let outcome = if result.is_ok() { "ok" } else { "error" };
+    crate::metrics::observe_outbound("host", "fsync", outcome, started.elapsed());
+    result
 }
 
 #[cfg(test)]

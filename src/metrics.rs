@@ -8,8 +8,9 @@
 //!   the process's own work.
 //! - `snap_csi_outbound_requests` / `..._seconds`: every call we make, by
 //!   target (`snap` for SPDK/SNAP JSON-RPC, `plugin` for the vendor plugin,
-//!   `vendor` for the vendor CSI controller, `host` for the node's tools and
-//!   mount syscalls), method and outcome.
+//!   `vendor` for the vendor CSI controller, `host` for tools, mount
+//!   syscalls, fsyncs and the wait for a hot-plugged disk), method and
+//!   outcome.
 //! - `snap_csi_volumes_staged`: volumes the node has staged.
 //! - `snap_csi_dependency_ready`: 1 when a dependency answered its last probe.
 //!

@@ -154,22 +154,30 @@ impl NodeService {
         locator: &HostLocator,
         deadline: Instant,
     ) -> Result<BlockDevice, Status> {
+        if let Some(device) = self.find_device(locator)? {
+            return Ok(device);
+        }
         let device_deadline = deadline.min(Instant::now() + self.inner.config.device_wait);
+        let started = Instant::now();
         // A hot-plugged namespace shows up some milliseconds after SNAP's
         // answer; a look costs a few sysfs reads, so look often at first.
         let mut delay = Duration::from_millis(1);
-        loop {
-            if let Some(device) = self.find_device(locator)? {
-                return Ok(device);
-            }
+        let found = loop {
             if Instant::now() + delay > device_deadline {
-                return Err(Status::deadline_exceeded(format!(
+                break Err(Status::deadline_exceeded(format!(
                     "the host did not see the device at {locator:?} in time"
                 )));
             }
             tokio::time::sleep(delay).await;
             delay = (delay * 3 / 2).min(Duration::from_millis(100));
-        }
+            if let Some(device) = self.find_device(locator)? {
+                break Ok(device);
+            }
+        };
+        // Waiting for the host to discover a hot-plugged disk is host time.
+        let outcome = if found.is_ok() { "ok" } else { "timeout" };
+        crate::metrics::observe_outbound("host", "device-wait", outcome, started.elapsed());
+        found
     }
 
     /// Where the volume's device is now, from its record (`None` if unstaged).
