@@ -2,44 +2,19 @@
 //! middle of a call, malformed and truncated replies, replies dribbled byte by
 //! byte. Each scripted server answers the way a broken SPDK could.
 
-use std::path::PathBuf;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use snap_csi::jsonrpc::{RpcClient, RpcError};
 use snap_csi::spdk::app::SpdkGetVersion;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{UnixListener, UnixStream};
+use tokio::net::UnixStream;
 use tokio::time::Instant;
 
-/// What a scripted server does with the n-th connection (0-based).
-type Script = fn(usize, UnixStream) -> futures::future::BoxFuture<'static, ()>;
+#[path = "../src/jsonrpc/test_server.rs"]
+mod test_server;
 
-struct Server {
-    _dir: tempfile::TempDir,
-    socket: PathBuf,
-    connections: Arc<AtomicUsize>,
-}
-
-fn serve(script: Script) -> Server {
-    let dir = tempfile::tempdir().unwrap();
-    let socket = dir.path().join("spdk.sock");
-    let listener = UnixListener::bind(&socket).unwrap();
-    let connections = Arc::new(AtomicUsize::new(0));
-    let counter = Arc::clone(&connections);
-    tokio::spawn(async move {
-        while let Ok((stream, _)) = listener.accept().await {
-            let n = counter.fetch_add(1, Ordering::SeqCst);
-            tokio::spawn(script(n, stream));
-        }
-    });
-    Server {
-        _dir: dir,
-        socket,
-        connections,
-    }
-}
+use test_server::serve;
 
 /// Reads one request and returns its id (requests are small; one read suffices).
 async fn read_request_id(stream: &mut UnixStream) -> Option<serde_json::Value> {

@@ -18,6 +18,8 @@
 mod connection;
 mod error;
 mod framing;
+#[cfg(test)]
+mod test_server;
 mod wire;
 
 use std::borrow::Cow;
@@ -217,49 +219,19 @@ fn encode_params<T: Serialize + ?Sized>(
 
 #[cfg(test)]
 mod tests {
-    use std::future::Future;
-    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::atomic::Ordering;
 
     use serde_json::{Value, json};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    use tokio::net::{UnixListener, UnixStream};
+    use tokio::net::UnixStream;
 
+    use super::test_server::serve;
     use super::*;
 
     impl RpcClient {
         fn pending_calls(&self) -> usize {
             let live = self.inner.live.read().unwrap();
             live.as_ref().map_or(0, |c| c.pending_calls())
-        }
-    }
-
-    struct Server {
-        _dir: tempfile::TempDir,
-        socket: PathBuf,
-        connections: Arc<AtomicUsize>,
-    }
-
-    /// Runs `script` on every accepted connection.
-    fn serve<F, Fut>(script: F) -> Server
-    where
-        F: Fn(UnixStream) -> Fut + Send + 'static,
-        Fut: Future<Output = ()> + Send + 'static,
-    {
-        let dir = tempfile::tempdir().unwrap();
-        let socket = dir.path().join("spdk.sock");
-        let listener = UnixListener::bind(&socket).unwrap();
-        let connections = Arc::new(AtomicUsize::new(0));
-        let counter = Arc::clone(&connections);
-        tokio::spawn(async move {
-            while let Ok((stream, _)) = listener.accept().await {
-                counter.fetch_add(1, Ordering::SeqCst);
-                tokio::spawn(script(stream));
-            }
-        });
-        Server {
-            _dir: dir,
-            socket,
-            connections,
         }
     }
 
@@ -301,7 +273,7 @@ mod tests {
 
     #[tokio::test]
     async fn timed_out_calls_leave_nothing_behind_and_late_replies_are_ignored() {
-        let server = serve(|mut stream| async move {
+        let server = serve(|_, mut stream| async move {
             let mut framer = JsonFramer::default();
             // Sit on three requests past their deadline, then answer them late.
             let late = read_requests(&mut stream, &mut framer, 3).await.unwrap();
@@ -334,7 +306,7 @@ mod tests {
 
     #[tokio::test]
     async fn error_objects_and_params_reach_the_caller_as_sent() {
-        let server = serve(|mut stream| async move {
+        let server = serve(|_, mut stream| async move {
             let mut framer = JsonFramer::default();
             while let Some(requests) = read_requests(&mut stream, &mut framer, 1).await {
                 let request = &requests[0];
@@ -374,7 +346,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_null_result_is_a_result() {
-        let server = serve(|mut stream| async move {
+        let server = serve(|_, mut stream| async move {
             let mut framer = JsonFramer::default();
             while let Some(requests) = read_requests(&mut stream, &mut framer, 1).await {
                 reply(&mut stream, &requests[0], json!({"result": null})).await;
@@ -388,7 +360,7 @@ mod tests {
     #[tokio::test]
     async fn many_tasks_share_one_connection_with_replies_out_of_order() {
         const CALLS: usize = 200;
-        let server = serve(|mut stream| async move {
+        let server = serve(|_, mut stream| async move {
             let mut framer = JsonFramer::default();
             let requests = read_requests(&mut stream, &mut framer, CALLS)
                 .await
@@ -422,7 +394,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_reply_to_an_id_never_sent_breaks_the_connection() {
-        let server = serve(|mut stream| async move {
+        let server = serve(|_, mut stream| async move {
             let mut framer = JsonFramer::default();
             while let Some(requests) = read_requests(&mut stream, &mut framer, 1).await {
                 let body = json!({"result": true});
@@ -450,7 +422,7 @@ mod tests {
     async fn dropping_the_last_client_closes_the_connection() {
         let (closed, is_closed) = tokio::sync::oneshot::channel::<()>();
         let closed = std::sync::Mutex::new(Some(closed));
-        let server = serve(move |mut stream| {
+        let server = serve(move |_, mut stream| {
             let closed = closed.lock().unwrap().take();
             async move {
                 let mut framer = JsonFramer::default();
