@@ -131,13 +131,7 @@ impl Client {
             if let Some(end) = self.buf.iter().position(|&b| b == b'\n') {
                 return self.buf.drain(..=end).collect();
             }
-            let mut chunk = vec![0u8; 65536];
-            let n = tokio::time::timeout_at(deadline, self.stream.read(&mut chunk))
-                .await
-                .expect("reply in time")
-                .expect("read");
-            assert!(n > 0, "server closed the connection");
-            self.buf.extend_from_slice(&chunk[..n]);
+            self.read_more(deadline).await;
         }
     }
 
@@ -155,15 +149,20 @@ impl Client {
                 Some(Err(e)) if !e.is_eof() => panic!("bad reply: {e}"),
                 _ => {}
             }
-            // On the heap: a big array here would bloat every caller's future.
-            let mut chunk = vec![0u8; 65536];
-            let n = tokio::time::timeout_at(deadline, self.stream.read(&mut chunk))
-                .await
-                .expect("reply in time")
-                .expect("read");
-            assert!(n > 0, "server closed the connection");
-            self.buf.extend_from_slice(&chunk[..n]);
+            self.read_more(deadline).await;
         }
+    }
+
+    /// Appends what the server sent next to the buffer.
+    async fn read_more(&mut self, deadline: tokio::time::Instant) {
+        // On the heap: a big array here would bloat every caller's future.
+        let mut chunk = vec![0u8; 65536];
+        let n = tokio::time::timeout_at(deadline, self.stream.read(&mut chunk))
+            .await
+            .expect("reply in time")
+            .expect("read");
+        assert!(n > 0, "server closed the connection");
+        self.buf.extend_from_slice(&chunk[..n]);
     }
 
     /// Calls a method; `Err((code, message))` for an error reply.
