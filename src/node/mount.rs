@@ -677,13 +677,19 @@ mod tests {
             .map(|e| Errno::from_raw(e.raw_os_error().unwrap_or(0)))
     }
 
+    /// A loop device over a new image, formatted with `fs`.
+    async fn formatted(scratch: &mut Scratch, size: u64, fs: FsType) -> PathBuf {
+        let device = scratch.loop_device("disk.img", size);
+        assert!(format_if_blank(&device, fs, deadline()).await.unwrap());
+        device
+    }
+
     /// Format, mount with flags, check the table, remount idempotently,
     /// unmount twice, mount again: the data is still there.
     async fn mount_with_flags(fs: FsType, size: u64, data_option: &str) {
         let mut scratch = Scratch::new();
-        let device = scratch.loop_device("disk.img", size);
+        let device = formatted(&mut scratch, size, fs).await;
         let staging = scratch.path("staging");
-        format_if_blank(&device, fs, deadline()).await.unwrap();
         let flags = strings(&["noatime", "nosuid,nodev", data_option]);
 
         assert!(
@@ -744,11 +750,8 @@ mod tests {
     #[tokio::test]
     async fn read_only_mount_refuses_writes() {
         let mut scratch = Scratch::new();
-        let device = scratch.loop_device("disk.img", 64 << 20);
+        let device = formatted(&mut scratch, 64 << 20, FsType::Ext4).await;
         let staging = scratch.path("staging");
-        format_if_blank(&device, FsType::Ext4, deadline())
-            .await
-            .unwrap();
         assert!(
             mount_filesystem(&device, &staging, FsType::Ext4, &[], true, deadline())
                 .await
@@ -768,11 +771,8 @@ mod tests {
     #[tokio::test]
     async fn bad_options_are_invalid_argument_and_leave_nothing_mounted() {
         let mut scratch = Scratch::new();
-        let device = scratch.loop_device("disk.img", 64 << 20);
+        let device = formatted(&mut scratch, 64 << 20, FsType::Ext4).await;
         let staging = scratch.path("staging");
-        format_if_blank(&device, FsType::Ext4, deadline())
-            .await
-            .unwrap();
         for bad in [
             &["noatime", "no_such_option"][..],
             &["commit=notanumber"],
@@ -851,11 +851,8 @@ mod tests {
     #[tokio::test]
     async fn ext4_with_errors_preening_cannot_fix_is_not_mounted() {
         let mut scratch = Scratch::new();
-        let device = scratch.loop_device("disk.img", 64 << 20);
+        let device = formatted(&mut scratch, 64 << 20, FsType::Ext4).await;
         let staging = scratch.path("staging");
-        format_if_blank(&device, FsType::Ext4, deadline())
-            .await
-            .unwrap();
         // A cleared root inode is beyond what preening may repair alone.
         debugfs(&device, "clri <2>");
         // Marked clean, preening skips it; mounting finds the damage.
@@ -881,11 +878,8 @@ mod tests {
     #[tokio::test]
     async fn ext4_left_dirty_is_preened_and_mounted() {
         let mut scratch = Scratch::new();
-        let device = scratch.loop_device("disk.img", 64 << 20);
+        let device = formatted(&mut scratch, 64 << 20, FsType::Ext4).await;
         let staging = scratch.path("staging");
-        format_if_blank(&device, FsType::Ext4, deadline())
-            .await
-            .unwrap();
         // A wrong free-blocks count is what a crash leaves; preening fixes it.
         debugfs(&device, "ssv free_blocks_count 1");
         debugfs(&device, "ssv state 0");
@@ -910,12 +904,9 @@ mod tests {
     #[tokio::test]
     async fn bind_mounts_read_write_and_read_only() {
         let mut scratch = Scratch::new();
-        let device = scratch.loop_device("disk.img", 64 << 20);
+        let device = formatted(&mut scratch, 64 << 20, FsType::Ext4).await;
         let staging = scratch.path("staging");
         let (rw, ro) = (scratch.path("pod-rw"), scratch.path("pod-ro"));
-        format_if_blank(&device, FsType::Ext4, deadline())
-            .await
-            .unwrap();
         let flags = strings(&["nosuid", "nodev", "noatime"]);
         mount_filesystem(&device, &staging, FsType::Ext4, &flags, false, deadline())
             .await
