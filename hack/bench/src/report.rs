@@ -209,6 +209,25 @@ impl Report {
             .map(|r| (r.rpc.clone(), r.latency))
             .chain(repeated.iter().filter(|(_, s)| s.samples > 0).cloned())
             .collect::<Vec<_>>();
+        // First match wins: the block rows before their filesystem twins.
+        let bind_floors = [
+            (
+                "NodePublish block",
+                f.publish_file.p50_ms,
+                "gRPC + create file + bind",
+            ),
+            ("NodePublish", f.publish_dir.p50_ms, "gRPC + mkdir + bind"),
+            (
+                "NodeUnpublish block",
+                f.unpublish_file.p50_ms,
+                "gRPC + umount + unlink",
+            ),
+            (
+                "NodeUnpublish",
+                f.unpublish_dir.p50_ms,
+                "gRPC + umount + rmdir",
+            ),
+        ];
         for (rpc, latency) in &rows {
             let rpc = rpc.as_str();
             let (floor_ms, floor) = if rpc == "CreateVolume" || rpc == "DeleteVolume" {
@@ -216,26 +235,11 @@ impl Report {
                     2.0 * grpc,
                     "2 gRPC (bench -> proxy -> vendor controller)".to_string(),
                 )
-            } else if rpc.starts_with("NodePublish block") {
-                (
-                    grpc + f.publish_file.p50_ms,
-                    "gRPC + create file + bind".to_string(),
-                )
-            } else if rpc.starts_with("NodePublish") {
-                (
-                    grpc + f.publish_dir.p50_ms,
-                    "gRPC + mkdir + bind".to_string(),
-                )
-            } else if rpc.starts_with("NodeUnpublish block") {
-                (
-                    grpc + f.unpublish_file.p50_ms,
-                    "gRPC + umount + unlink".to_string(),
-                )
-            } else if rpc.starts_with("NodeUnpublish") {
-                (
-                    grpc + f.unpublish_dir.p50_ms,
-                    "gRPC + umount + rmdir".to_string(),
-                )
+            } else if let Some((_, host_ms, what)) = bind_floors
+                .iter()
+                .find(|(prefix, ..)| rpc.starts_with(prefix))
+            {
+                (grpc + host_ms, what.to_string())
             } else if let Some(trips) = design_round_trips(rpc) {
                 // The plugin's gRPC hop rides along the first (stage) or
                 // last (unstage) round; each round is one JSON-RPC trip.
