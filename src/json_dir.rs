@@ -107,11 +107,7 @@ fn sync_dir(dir: &Path) -> io::Result<()> {
 /// A flush waits on the disk: it is recorded as host work, like a mount
 /// syscall, not as the process's own time.
 fn flush(file: &File) -> io::Result<()> {
-    let started = std::time::Instant::now();
-    let result = file.sync_all();
-    let outcome = if result.is_ok() { "ok" } else { "error" };
-    crate::metrics::observe_outbound("host", "fsync", outcome, started.elapsed());
-    result
+    crate::metrics::host_work("fsync", || file.sync_all())
 }
 
 #[cfg(test)]

@@ -156,6 +156,24 @@ pub fn observe_outbound(target: &'static str, method: &str, outcome: &str, laten
     );
 }
 
+/// Records host work (a tool, a syscall, a flush) that took `took`.
+pub fn observe_host<T, E>(operation: &'static str, result: &Result<T, E>, took: Duration) {
+    let outcome = if result.is_ok() { "ok" } else { "error" };
+    observe_outbound("host", operation, outcome, took);
+}
+
+/// Runs `work` on this thread and records it as host work: waiting on the
+/// kernel or the disk is not the process's own time.
+pub fn host_work<T, E>(
+    operation: &'static str,
+    work: impl FnOnce() -> Result<T, E>,
+) -> Result<T, E> {
+    let started = Instant::now();
+    let result = work();
+    observe_host(operation, &result, started.elapsed());
+    result
+}
+
 /// [`observe_outbound`] for the JSON-RPC client's hot path: labels that are
 /// borrowed `'static` strings cost no allocation, except when first seen.
 pub fn observe_outbound_static(

@@ -6,9 +6,10 @@
 //! SNAP's listings, all at once, then runs only the steps the listings show
 //! missing. NVMe: a new volume takes 5 dependent round trips (CreateDevice
 //! with the function listing; subsystem; namespace with controller; attach;
-//! resume), an attached one 1 (CreateDevice with both listings). virtio-blk: 2 and 1. A detach takes 4 for NVMe
-//! (listings; controller; namespace; subsystem with DeleteDevice) and 3 for
-//! virtio-blk (listings; controller; DeleteDevice).
+//! resume), one the node attached before 1 (CreateDevice with both
+//! listings). virtio-blk: 2 and 1. A detach takes 4 for NVMe (listings;
+//! controller; namespace; subsystem with DeleteDevice) and 3 for virtio-blk
+//! (listings; controller; DeleteDevice).
 //!
 //! A failed attach leaves what it made for a retry or a detach to pick up:
 //! only the caller knows whether the volume was in use before, so only the

@@ -99,15 +99,9 @@ pub async fn run_unchecked(
         Err(HostOpError::Timeout { .. }) => "timeout",
         Err(_) => "error",
     };
-    observe_host(program, outcome, started.elapsed());
+    // Host time, not the node's own: see `metrics` (target `host`).
+    crate::metrics::observe_outbound("host", program, outcome, started.elapsed());
     result
-}
-
-/// Time spent waiting on the host (tools, mount syscalls) is recorded like
-/// an outbound call with target `host`, so that what is left of an RPC's
-/// time is the node's own work (hack/bench reports that share).
-fn observe_host(operation: &str, outcome: &str, took: std::time::Duration) {
-    crate::metrics::observe_outbound("host", operation, outcome, took);
 }
 
 async fn spawn_and_wait(
@@ -178,26 +172,10 @@ where
         )),
         Ok(Ok((result, took))) => {
             // Recorded here, in the served call's task, not on the pool's thread.
-            observe_host(operation, if result.is_ok() { "ok" } else { "error" }, took);
+            crate::metrics::observe_host(operation, &result, took);
             result
         }
     }
-}
-
-/// Runs quick host work on the calling thread, recorded like
-/// [`run_blocking`]'s; only for syscalls that touch no volume's device.
-pub fn run_inline<T>(
-    operation: &'static str,
-    work: impl FnOnce() -> Result<T, HostOpError>,
-) -> Result<T, HostOpError> {
-    let started = std::time::Instant::now();
-    let result = work();
-    observe_host(
-        operation,
-        if result.is_ok() { "ok" } else { "error" },
-        started.elapsed(),
-    );
-    result
 }
 
 /// The command as a human would type it, for messages.

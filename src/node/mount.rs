@@ -161,7 +161,7 @@ async fn explain_einval(
 /// and the trip to the blocking pool and back would cost more than the work.
 pub fn bind_mount(source: &Path, target: &Path, read_only: bool) -> Result<bool, HostOpError> {
     let (src, tgt) = (source, target);
-    command::run_inline("bind-mount", || {
+    crate::metrics::host_work("bind-mount", || {
         let source_meta = fs::metadata(src)
             .map_err(|err| HostOpError::io(format!("bind mount source {}", src.display()), &err))?;
         let ours = |_: &MountEntry| {
