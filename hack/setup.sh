@@ -6,7 +6,7 @@
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 
-packages=(protobuf-compiler libudev-dev pkg-config e2fsprogs xfsprogs util-linux mount fdisk kmod python3-venv)
+packages=(protobuf-compiler libprotobuf-dev libudev-dev pkg-config e2fsprogs xfsprogs util-linux mount fdisk kmod python3-venv)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
