@@ -16,10 +16,15 @@ const PROTOS: &[&str] = &[
     "proto/csi/v1/csi.proto",
     "proto/nvidia/storage/plugins/v1/storage_plugin.proto",
     "proto/volumegroup/volumegroup.proto",
+    "proto/snapcsi/dpu/v1/dpu_agent.proto",
 ];
 
 /// Fields that are sensitive without carrying a secret option.
-const ALSO_SENSITIVE: &[(&str, &str)] = &[("csi.v1.VolumeCapability.MountVolume", "mount_flags")];
+const ALSO_SENSITIVE: &[(&str, &str)] = &[
+    ("csi.v1.VolumeCapability.MountVolume", "mount_flags"),
+    // Our own API carries NodeStage's secrets to the DPU agent.
+    ("snapcsi.dpu.v1.AttachRequest", "secrets"),
+];
 
 const SECRET_OPTIONS: &[&str] = &["(csi_secret) = true", "(vg_csi_secret) = true"];
 

@@ -28,10 +28,12 @@
 //! - [`plugin_check`]: `snap-csi plugin-check`, a conformance check of a
 //!   vendor plugin against the `nvidia.storage.plugins.v1` API text.
 
+pub mod agent;
 pub mod controller;
 pub mod deadline;
 pub mod dpu;
 pub mod failpoint;
+pub mod guard;
 pub mod host;
 pub mod json_dir;
 pub mod jsonrpc;
@@ -43,3 +45,4 @@ pub(crate) mod retry;
 pub mod server;
 mod settings;
 pub mod spdk;
+pub mod tls;

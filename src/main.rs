@@ -33,8 +33,12 @@ enum LogFormat {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Serve the CSI Identity and Node services (co-located DPU attach).
+    /// Serve the CSI Identity and Node services (DPU attach co-located, or
+    /// through the DPU agent with --dpu-endpoint).
     Node(snap_csi::node::NodeArgs),
+    /// Serve the DPU attach layer to one host over mutual TLS (on the DPU,
+    /// beside SNAP and the vendor plugin: split mode).
+    DpuAgent(snap_csi::agent::AgentArgs),
     /// Serve CSI Identity, Controller, GroupController and VolumeGroup by
     /// forwarding every call to the vendor's CSI controller.
     Controller(snap_csi::controller::ControllerArgs),
@@ -89,6 +93,9 @@ async fn main() -> ExitCode {
         Command::Node(args) => {
             service(format, "node service", args.resolve(), snap_csi::node::run).await
         }
+        Command::DpuAgent(args) => {
+            service(format, "DPU agent", args.resolve(), snap_csi::agent::run).await
+        }
         Command::Controller(args) => {
             service(
                 format,
@@ -126,7 +133,7 @@ fn init_logging(format: LogFormat) {
     }
 }
 
-/// Runs a long-lived service (`node`, `controller`) until SIGTERM or SIGINT,
+/// Runs a long-lived service (`node`, `dpu-agent`, `controller`) until SIGTERM or SIGINT,
 /// with the exit codes of both: 2 for bad settings, 1 for a failure.
 async fn service<C, E, Fut>(
     format: LogFormat,

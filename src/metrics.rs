@@ -13,6 +13,12 @@
 //!   outcome.
 //! - `snap_csi_volumes_staged`: volumes the node has staged.
 //! - `snap_csi_dependency_ready`: 1 when a dependency answered its last probe.
+//! - `snap_csi_dpu_drift`: at the node's start, volumes SNAP exposes without
+//!   a record here (`kind="unrecorded"`) and records SNAP no longer backs
+//!   (`kind="unattached"`).
+//! - `snap_csi_tls_handshakes`: TLS handshakes on the DPU link, by role
+//!   (`server`: the agent, `client`: the node) and outcome; one per
+//!   connection, not per call.
 //!
 //! One process-wide registry, so that deep layers (the JSON-RPC client) record
 //! without every caller threading a handle through.
@@ -64,6 +70,17 @@ struct DependencyLabels {
     dependency: String,
 }
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DriftLabels {
+    kind: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct HandshakeLabels {
+    role: &'static str,
+    outcome: &'static str,
+}
+
 /// Every metric this process records.
 #[derive(Debug)]
 struct Metrics {
@@ -75,6 +92,8 @@ struct Metrics {
     outbound_seconds: Family<TargetMethodLabels, Histogram>,
     volumes_staged: Gauge,
     dependency_ready: Family<DependencyLabels, Gauge>,
+    dpu_drift: Family<DriftLabels, Gauge>,
+    tls_handshakes: Family<HandshakeLabels, Counter>,
 }
 
 /// 100 µs .. ~100 s: from a cached list to a slow mkfs.
@@ -97,6 +116,8 @@ fn metrics() -> &'static Metrics {
         );
         let volumes_staged = Gauge::default();
         let dependency_ready = Family::<DependencyLabels, Gauge>::default();
+        let dpu_drift = Family::<DriftLabels, Gauge>::default();
+        let tls_handshakes = Family::<HandshakeLabels, Counter>::default();
         registry.register(
             "grpc_requests",
             "gRPC calls served, by method and status code",
@@ -132,6 +153,16 @@ fn metrics() -> &'static Metrics {
             "1 when the dependency answered its last probe, else 0",
             dependency_ready.clone(),
         );
+        registry.register(
+            "dpu_drift",
+            "Volumes where the node's records and SNAP disagreed at start, by kind",
+            dpu_drift.clone(),
+        );
+        registry.register(
+            "tls_handshakes",
+            "TLS handshakes on the DPU link, by role and outcome",
+            tls_handshakes.clone(),
+        );
         Metrics {
             registry,
             grpc_requests,
@@ -141,6 +172,8 @@ fn metrics() -> &'static Metrics {
             outbound_seconds,
             volumes_staged,
             dependency_ready,
+            dpu_drift,
+            tls_handshakes,
         }
     })
 }
@@ -219,6 +252,22 @@ pub fn set_dependency_ready(dependency: &str, ready: bool) {
             dependency: dependency.into(),
         })
         .set(i64::from(ready));
+}
+
+/// Sets how many volumes of `kind` the records and SNAP disagreed on.
+pub fn set_dpu_drift(kind: &'static str, count: usize) {
+    metrics()
+        .dpu_drift
+        .get_or_create(&DriftLabels { kind })
+        .set(i64::try_from(count).unwrap_or(i64::MAX));
+}
+
+/// Records one TLS handshake on the DPU link.
+pub fn observe_handshake(role: &'static str, outcome: &'static str) {
+    metrics()
+        .tls_handshakes
+        .get_or_create(&HandshakeLabels { role, outcome })
+        .inc();
 }
 
 /// The text exposition of every metric.

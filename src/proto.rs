@@ -4,6 +4,8 @@
 //!   GroupController, Node) toward kubelet and the Kubernetes sidecars.
 //! - [`nvidia::storage::plugins::v1`]: the vendor plugin API on the DPU.
 //! - [`volumegroup`]: the VolumeGroup API (alpha).
+//! - [`snapcsi::dpu::v1`]: our own API between the node and the DPU agent
+//!   (split mode).
 //!
 //! Messages that carry secrets (or mount flags) print only how many entries
 //! they hold through `Debug`; see `build.rs`.
@@ -28,6 +30,14 @@ pub mod nvidia {
 
 pub mod volumegroup {
     tonic::include_proto!("volumegroup");
+}
+
+pub mod snapcsi {
+    pub mod dpu {
+        pub mod v1 {
+            tonic::include_proto!("snapcsi.dpu.v1");
+        }
+    }
 }
 
 include!(concat!(env!("OUT_DIR"), "/redacted_debug.rs"));

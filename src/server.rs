@@ -1,4 +1,5 @@
-//! Serving gRPC on a UNIX socket the way a CSI plugin must.
+//! Serving gRPC on a UNIX socket the way a CSI plugin must (and, for the DPU
+//! agent, on any stream of connections).
 //!
 //! The socket is created with mode 0600 (only kubelet, as root, may talk to
 //! us); a stale socket left by a crashed run is removed, but any other file
@@ -10,9 +11,12 @@ use std::io;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::Path;
 
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::UnixListener;
+use tokio_stream::Stream;
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::transport::Server;
+use tonic::transport::server::Connected;
 use tonic::transport::server::Router;
 use tower::layer::util::{Identity, Stack};
 
@@ -76,12 +80,28 @@ pub async fn serve(
     metrics: Option<tokio::net::TcpListener>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServeError> {
+    let served = serve_incoming(router, UnixListenerStream::new(listener), metrics, shutdown).await;
+    let _ = std::fs::remove_file(path);
+    served
+}
+
+/// Serves `router` on the connections `incoming` yields (the DPU agent's
+/// TCP or TLS connections), and metrics as [`serve`] does, until `shutdown`.
+pub async fn serve_incoming<IO, IE>(
+    router: MeteredRouter,
+    incoming: impl Stream<Item = Result<IO, IE>>,
+    metrics: Option<tokio::net::TcpListener>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), ServeError>
+where
+    IO: AsyncRead + AsyncWrite + Connected + Unpin + Send + 'static,
+    IE: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let shutdown = futures::FutureExt::shared(shutdown);
     let (served, metered) = tokio::join!(
-        router.serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown.clone()),
+        router.serve_with_incoming_shutdown(incoming, shutdown.clone()),
         crate::metrics::serve_optional(metrics, shutdown),
     );
-    let _ = std::fs::remove_file(path);
     served?;
     metered.map_err(|source| ServeError::Metrics { source })?;
     Ok(())

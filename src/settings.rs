@@ -26,13 +26,20 @@ pub(crate) fn defaults_or_file<T: Default + DeserializeOwned>(
 /// Lays the flags that were given over the settings read so far: each listed
 /// field of `$flags` that is `Some` replaces the field of the same name in
 /// `$settings`; those listed after `optional` are settings that may stay
-/// unset, so the flag's value is kept as `Some`.
+/// unset, so the flag's value is kept as `Some`. A listed `flag => setting`
+/// lays the flag over a setting of another name.
 macro_rules! flags_over {
-    ($flags:expr => $settings:expr, [$($field:ident),* $(,)?] $(, optional [$($optional:ident),* $(,)?])?) => {
+    (@one $flags:expr, $settings:expr, $field:ident) => {
+        flags_over!(@one $flags, $settings, $field => $field)
+    };
+    (@one $flags:expr, $settings:expr, $field:ident => $target:ident) => {
+        if let Some(value) = &$flags.$field {
+            $settings.$target = value.clone();
+        }
+    };
+    ($flags:expr => $settings:expr, [$($field:ident $(=> $target:ident)?),* $(,)?] $(, optional [$($optional:ident),* $(,)?])?) => {
         $(
-            if let Some(value) = &$flags.$field {
-                $settings.$field = value.clone();
-            }
+            flags_over!(@one $flags, $settings, $field $(=> $target)?);
         )*
         $($(
             if let Some(value) = &$flags.$optional {

@@ -11,8 +11,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use common::dpu::Agent;
 use common::node::{block_capability, connect};
-use snap_csi::dpu::{AttachRequest, Attachment, DpuAttach, DpuError, HostLocator};
+use snap_csi::dpu::{AttachRequest, Attachment, DpuAttach, DpuError, HostLocator, Inventory};
 use snap_csi::node::NodeConfig;
 use snap_csi::node::config::EmulationSetting;
 use snap_csi::proto::csi::v1 as csi;
@@ -56,8 +57,8 @@ impl DpuAttach for GatedDpu {
         Ok(true)
     }
 
-    async fn function_count(&self, _: Instant) -> Result<u32, DpuError> {
-        Ok(1)
+    async fn inventory(&self, _: Instant) -> Result<Inventory, DpuError> {
+        Ok(Inventory::default())
     }
 }
 
@@ -139,27 +140,31 @@ async fn wait_for(count: &AtomicUsize, at_least: usize) {
     panic!("only {} attaches started", count.load(Ordering::SeqCst));
 }
 
-/// The node service serving on the test's runtime with a gated DPU.
+/// The node service serving on the test's runtime with a gated DPU (behind
+/// a DPU agent in a split-mode run).
 struct Running {
     config: NodeConfig,
     dpu: Arc<GatedDpu>,
     stop: oneshot::Sender<()>,
     server: tokio::task::JoinHandle<anyhow::Result<()>>,
     node: NodeClient<tonic::transport::Channel>,
+    _agent: Option<Agent>,
 }
 
 impl Running {
     async fn start(host: &FakeHost) -> Running {
         let config = config(host.root());
         let dpu = gated_dpu();
+        let (attach, agent): (Arc<dyn DpuAttach>, _) = if common::dpu::split() {
+            let agent = Agent::serving(dpu.clone(), host.root()).await;
+            (Arc::new(agent.remote()), Some(agent))
+        } else {
+            (dpu.clone(), None)
+        };
         let (stop, stopped) = oneshot::channel::<()>();
-        let server = tokio::spawn(snap_csi::node::serve(
-            config.clone(),
-            dpu.clone(),
-            async move {
-                let _ = stopped.await;
-            },
-        ));
+        let server = tokio::spawn(snap_csi::node::serve(config.clone(), attach, async move {
+            let _ = stopped.await;
+        }));
         let node = NodeClient::new(connect(&config.endpoint).await);
         Running {
             config,
@@ -167,6 +172,7 @@ impl Running {
             stop,
             server,
             node,
+            _agent: agent,
         }
     }
 }
@@ -200,6 +206,7 @@ async fn a_busy_volume_answers_aborted_while_other_volumes_proceed() {
         stop,
         server,
         node,
+        _agent,
     } = Running::start(&host).await;
 
     let first = in_background(&node, stage(&config, "pvc-1"));
@@ -238,6 +245,7 @@ async fn shutdown_lets_the_call_in_flight_finish_and_removes_the_socket() {
         stop,
         server,
         node,
+        _agent,
     } = Running::start(&host).await;
     let in_flight = in_background(&node, stage(&config, "pvc-1"));
     wait_for(&dpu.attaches, 1).await;

@@ -1,5 +1,6 @@
 //! [`Colocated`]: the DPU attach layer running where SNAP's socket is
-//! reachable (tests, the demo, a DPU acting as its own node).
+//! reachable: in the node process (co-located mode: tests, the demo, a DPU
+//! acting as its own node) or in the DPU agent (split mode).
 //!
 //! Round trips, since each dependent SNAP call costs a poll period (~8 ms on
 //! a real DPU): an attach first asks the plugin's CreateDevice and reads
@@ -24,7 +25,10 @@ use tokio::time::Instant;
 use super::endpoint::SnapEndpoint;
 use super::names::VolumeNames;
 use super::plugin::PluginClient;
-use super::{AttachRequest, Attachment, DpuAttach, DpuError, Emulation, nvme, retry, virtio};
+use super::{
+    AttachRequest, Attachment, DpuAttach, DpuError, Emulation, Inventory, inventory, nvme, retry,
+    virtio,
+};
 use crate::proto::nvidia::storage::plugins::v1::storage_plugin_service_capability::rpc::Type as Capability;
 use crate::spdk::app::SpdkGetVersion;
 
@@ -279,9 +283,7 @@ impl DpuAttach for Colocated {
         Ok(ready)
     }
 
-    async fn function_count(&self, deadline: Instant) -> Result<u32, DpuError> {
-        let snap = self.snap(deadline).await?;
-        let count = snap.list_functions(deadline).await?.count();
-        Ok(u32::try_from(count).unwrap_or(u32::MAX))
+    async fn inventory(&self, deadline: Instant) -> Result<Inventory, DpuError> {
+        inventory::read(self.snap(deadline).await?, deadline).await
     }
 }

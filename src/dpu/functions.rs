@@ -79,10 +79,6 @@ impl FunctionListing {
             .map(|f| f.pci_bdf)
     }
 
-    pub fn count(&self) -> usize {
-        self.iter().count()
-    }
-
     fn free(&self, kind: EmulationType) -> impl Iterator<Item = ListedFunction> + '_ {
         self.iter().filter(move |f| {
             f.emulation_type == kind && f.ctrl_id.is_none() && f.pci_bdf != UNENUMERATED_BDF
@@ -282,6 +278,6 @@ mod tests {
             listing.bdf_of(EmulationType::VirtioBlk, "NVMeCtrl7", 3),
             None
         );
-        assert_eq!(listing.count(), 2);
+        assert_eq!(listing.iter().count(), 2);
     }
 }

@@ -1,26 +1,33 @@
 //! The DPU attach layer: turns a volume into a block device the host can see.
 //!
-//! In co-located mode ([`colocated::Colocated`]) this runs in the node process:
-//! the vendor plugin (`nvidia.storage.plugins.v1`) makes an SPDK bdev inside
+//! [`colocated::Colocated`] is the one implementation of the DPU steps: the
+//! vendor plugin (`nvidia.storage.plugins.v1`) makes an SPDK bdev inside
 //! SNAP (CreateDevice), then SNAP's JSON-RPC exposes that bdev on a free
-//! emulated function as an NVMe namespace or a virtio-blk disk. A later issue
-//! moves this behind an authenticated link to an agent on the DPU; the node
-//! only ever sees the [`DpuAttach`] trait.
+//! emulated function as an NVMe namespace or a virtio-blk disk. It runs
+//! where SNAP's sockets are: in the node process (co-located mode), or in the
+//! DPU agent on the BlueField (split mode, [`crate::agent`]), which the node
+//! reaches through [`remote::RemoteDpu`] over mutual TLS. The node only ever
+//! sees the [`DpuAttach`] trait.
 //!
 //! - [`plugin`]: the vendor plugin client, CSI → plugin access modes, and the
 //!   SNAP provider → socket mapping.
 //! - [`colocated`]: [`DpuAttach`] over the plugin and SNAP, with `nvme` and
 //!   `virtio` (the SNAP steps of each emulation), `functions` (choosing a free
 //!   emulated function under concurrency) and `endpoint` (one SNAP socket).
+//! - [`remote`]: [`DpuAttach`] as calls to the DPU agent; [`wire`]: the
+//!   agent API's messages and statuses to and from these types, for both ends.
 //! - [`names`]: the SNAP names derived from a volume id.
 
 pub mod colocated;
 mod endpoint;
 mod functions;
+mod inventory;
 pub mod names;
 mod nvme;
 pub mod plugin;
+pub mod remote;
 mod virtio;
+pub mod wire;
 
 pub use plugin::plugin_access_mode;
 // Shared with the controller proxy; children reach it as `super::retry`.
@@ -45,7 +52,7 @@ pub enum VolumeMode {
 }
 
 /// Everything the DPU side needs to attach a volume.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct AttachRequest {
     pub volume_id: String,
     /// CSI access modes mapped to the plugin API's (RWO/ROX/RWX/RWOP).
@@ -60,6 +67,25 @@ pub struct AttachRequest {
     /// Otherwise it creates first and reads only what SNAP says exists. Only
     /// round trips depend on it: a wrong hint still converges.
     pub attached_before: bool,
+    /// NodeStageVolume's secrets, for the DPU side only (never logged; the
+    /// `Debug` below prints how many there are).
+    pub secrets: HashMap<String, String>,
+}
+
+impl std::fmt::Debug for AttachRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AttachRequest")
+            .field("volume_id", &self.volume_id)
+            .field("access_modes", &self.access_modes)
+            .field("volume_mode", &self.volume_mode)
+            .field("publish_context", &self.publish_context)
+            .field("volume_context", &self.volume_context)
+            .field("storage_parameters", &self.storage_parameters)
+            .field("emulation", &self.emulation)
+            .field("attached_before", &self.attached_before)
+            .field("secrets", &crate::proto::Redacted(self.secrets.len()))
+            .finish()
+    }
 }
 
 /// Where the host finds the attached volume.
@@ -87,6 +113,38 @@ pub struct Attachment {
     pub locator: HostLocator,
 }
 
+/// What SNAP on the DPU holds: every emulated function with its use, and
+/// every volume exposed under our names (also half-made ones).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Inventory {
+    pub functions: Vec<FunctionUse>,
+    pub volumes: Vec<ExposedVolume>,
+}
+
+/// One emulated PF or VF.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FunctionUse {
+    pub emulation: Emulation,
+    /// Host PCI address, without domain.
+    pub bdf: String,
+    /// The controller on it; `None` when free.
+    pub controller: Option<String>,
+    /// The [`ExposedVolume::key`] of the controller's volume, when it is ours.
+    pub volume_key: Option<String>,
+}
+
+/// A volume SNAP exposes under the names derived from its id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExposedVolume {
+    /// Subsystem NQN (NVMe) or serial (virtio-blk), from [`names::VolumeNames`].
+    pub key: String,
+    pub emulation: Emulation,
+    /// The bdevs SNAP serves for it.
+    pub device_names: Vec<String>,
+    /// Host PCI address of its function, once it has a controller.
+    pub bdf: Option<String>,
+}
+
 /// Why an attach or detach failed, classified for the CSI status code.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum DpuError {
@@ -105,6 +163,39 @@ pub enum DpuError {
     /// Anything else; the message says what.
     #[error("{0}")]
     Internal(String),
+}
+
+impl DpuError {
+    /// Classifies a status from a gRPC peer below us (the vendor plugin, or
+    /// the DPU agent, which answers with [`Status::from`] of these): a peer
+    /// that is unreachable, late or cancelled is Unavailable, as are statuses
+    /// that say so; `message` says who answered what.
+    pub(crate) fn from_code(code: tonic::Code, message: String) -> DpuError {
+        use tonic::Code;
+        match code {
+            Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled => {
+                DpuError::Unavailable(message)
+            }
+            Code::InvalidArgument | Code::OutOfRange => DpuError::InvalidArgument(message),
+            Code::FailedPrecondition | Code::Unimplemented => DpuError::FailedPrecondition(message),
+            Code::ResourceExhausted => DpuError::Exhausted(message),
+            _ => DpuError::Internal(message),
+        }
+    }
+}
+
+/// The CSI code of each failure: what the node answers kubelet, and what the
+/// agent answers the node.
+impl From<DpuError> for tonic::Status {
+    fn from(error: DpuError) -> Self {
+        match error {
+            DpuError::Unavailable(m) => tonic::Status::unavailable(m),
+            DpuError::Exhausted(m) => tonic::Status::resource_exhausted(m),
+            DpuError::InvalidArgument(m) => tonic::Status::invalid_argument(m),
+            DpuError::FailedPrecondition(m) => tonic::Status::failed_precondition(m),
+            DpuError::Internal(m) => tonic::Status::internal(m),
+        }
+    }
 }
 
 /// The seam between the node service and whatever attaches volumes on the DPU.
@@ -130,6 +221,7 @@ pub trait DpuAttach: Send + Sync + std::fmt::Debug {
     /// Ready when the vendor plugin's Probe says ready and SNAP answers.
     async fn probe(&self, deadline: Instant) -> Result<bool, DpuError>;
 
-    /// How many emulated functions exist in all (NodeGetInfo's max volumes).
-    async fn function_count(&self, deadline: Instant) -> Result<u32, DpuError>;
+    /// Every emulated function with its use and every volume SNAP exposes
+    /// under our names (NodeGetInfo's limit, the node's reconciliation).
+    async fn inventory(&self, deadline: Instant) -> Result<Inventory, DpuError>;
 }

@@ -51,6 +51,19 @@ impl VolumeNames {
     }
 }
 
+/// Whether a subsystem NQN is one this project derived from a volume id.
+pub fn is_our_nqn(nqn: &str) -> bool {
+    nqn.starts_with(NQN_PREFIX)
+}
+
+/// Whether a virtio-blk serial is one this project derived from a volume id.
+pub fn is_our_serial(serial: &str) -> bool {
+    serial.len() == SERIAL_MAX
+        && serial
+            .strip_prefix(SERIAL_PREFIX)
+            .is_some_and(|hex| hex.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -73,6 +86,9 @@ mod tests {
         assert_eq!(a.serial.len(), SERIAL_MAX);
         assert!(a.serial.starts_with(SERIAL_PREFIX));
         assert!(Uuid::parse_str(&a.namespace_uuid).is_ok());
+        assert!(is_our_nqn(&a.nqn) && is_our_serial(&a.serial));
+        assert!(!is_our_nqn("nqn.2016-06.io.spdk:cnode1"));
+        assert!(!is_our_serial("sc-not-hex-at-all-xx") && !is_our_serial("sc-0"));
     }
 
     #[test]

@@ -392,15 +392,7 @@ impl PluginClient {
             status.code().description(),
             status.message()
         );
-        match status.code() {
-            Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled => {
-                DpuError::Unavailable(message)
-            }
-            Code::InvalidArgument | Code::OutOfRange => DpuError::InvalidArgument(message),
-            Code::FailedPrecondition | Code::Unimplemented => DpuError::FailedPrecondition(message),
-            Code::ResourceExhausted => DpuError::Exhausted(message),
-            _ => DpuError::Internal(message),
-        }
+        DpuError::from_code(status.code(), message)
     }
 }
 
@@ -445,12 +437,15 @@ where
 /// Must be called inside a Tokio runtime: the channel spawns its worker.
 pub fn unix_channel(socket: PathBuf) -> Channel {
     // The URI only fills the :authority header; the connector ignores it.
-    Endpoint::from_static("http://vendor-plugin").connect_with_connector_lazy(tower::service_fn(
-        move |_: Uri| {
-            let socket = socket.clone();
-            async move { UnixStream::connect(socket).await.map(TokioIo::new) }
-        },
-    ))
+    unix_channel_with(Endpoint::from_static("http://vendor-plugin"), socket)
+}
+
+/// [`unix_channel`] with `endpoint`'s connection settings.
+pub fn unix_channel_with(endpoint: Endpoint, socket: PathBuf) -> Channel {
+    endpoint.connect_with_connector_lazy(tower::service_fn(move |_: Uri| {
+        let socket = socket.clone();
+        async move { UnixStream::connect(socket).await.map(TokioIo::new) }
+    }))
 }
 
 #[cfg(test)]

@@ -6,8 +6,14 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::agent::address::LinkAddress;
 use crate::dpu::Emulation;
+use crate::dpu::plugin::DEFAULT_SNAP_SOCKET_TEMPLATE;
 use crate::settings::{defaults_or_file, flags_over, seconds, seconds_flag};
+use crate::tls::TlsFiles;
+
+/// The flag that allows a plaintext agent endpoint (loopback only).
+pub const DPU_INSECURE_FLAG: &str = "--dpu-insecure-plaintext";
 
 /// Everything the node service can be told.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -31,8 +37,18 @@ pub struct NodeConfig {
     pub snap_socket_template: String,
     /// How volumes are exposed unless the volume context says otherwise.
     pub emulation: EmulationSetting,
-    /// The DPU's name, reported as this node's topology segment.
+    /// The DPU's name: this node's topology segment, and in split mode the
+    /// name the DPU agent's certificate must carry. Empty: the node id (never
+    /// the host name, which in a pod changes with every restart).
     pub dpu_name: String,
+    /// The DPU agent, in split mode: `https://HOST:PORT` (mutual TLS) or
+    /// `unix:///PATH`. Unset: co-located mode (the vendor plugin's and SNAP's
+    /// sockets are reachable from this host).
+    pub dpu_endpoint: Option<String>,
+    /// Allows a plaintext `http://LOOPBACK-IP:PORT` agent endpoint (tests).
+    pub dpu_insecure_plaintext: bool,
+    /// This node's certificate and key, and the CA of DPU agent certificates.
+    pub dpu_tls: TlsFiles,
     /// How long a stage waits for the host device to appear.
     #[serde(with = "seconds")]
     pub device_wait: Duration,
@@ -70,10 +86,6 @@ impl From<EmulationSetting> for Emulation {
     }
 }
 
-/// The NVIDIA DPF convention for a SNAP provider's socket.
-pub const DEFAULT_SNAP_SOCKET_TEMPLATE: &str =
-    "/var/lib/nvidia/storage/snap/providers/{provider}/snap.sock";
-
 impl Default for NodeConfig {
     fn default() -> Self {
         NodeConfig {
@@ -86,11 +98,27 @@ impl Default for NodeConfig {
             plugin_socket: "/var/lib/nvidia/storage/snap/plugins/spdk/dpu.sock".into(),
             snap_socket_template: DEFAULT_SNAP_SOCKET_TEMPLATE.into(),
             emulation: EmulationSetting::Nvme,
-            dpu_name: hostname(),
+            dpu_name: String::new(),
+            dpu_endpoint: None,
+            dpu_insecure_plaintext: false,
+            dpu_tls: TlsFiles::default(),
             device_wait: Duration::from_secs(30),
             call_timeout: Duration::from_secs(120),
             metrics_address: None,
         }
+    }
+}
+
+impl NodeConfig {
+    /// The DPU agent's address in split mode, checked; `None`: co-located.
+    pub fn dpu_link(&self) -> Result<Option<LinkAddress>, String> {
+        self.dpu_endpoint
+            .as_deref()
+            .map(|endpoint| {
+                LinkAddress::parse(endpoint, self.dpu_insecure_plaintext, DPU_INSECURE_FLAG)
+                    .map_err(|e| format!("--dpu-endpoint {e}"))
+            })
+            .transpose()
     }
 }
 
@@ -135,9 +163,24 @@ pub struct NodeArgs {
     /// Default emulation: nvme or virtio-blk.
     #[arg(long, env = "SNAP_CSI_EMULATION", value_parser = ["nvme", "virtio-blk"])]
     pub emulation: Option<String>,
-    /// The DPU's name for the topology segment.
+    /// The DPU's name: topology segment, and the agent certificate's name (default: the node id).
     #[arg(long, env = "SNAP_CSI_DPU_NAME")]
     pub dpu_name: Option<String>,
+    /// The DPU agent (split mode): https://HOST:PORT or unix:///PATH; unset: co-located.
+    #[arg(long, env = "SNAP_CSI_DPU_ENDPOINT")]
+    pub dpu_endpoint: Option<String>,
+    /// Allow a plaintext http://127.0.0.1:PORT agent endpoint (no authentication; tests only).
+    #[arg(long, env = "SNAP_CSI_DPU_INSECURE_PLAINTEXT")]
+    pub dpu_insecure_plaintext: bool,
+    /// This node's certificate chain for the agent link (PEM).
+    #[arg(long, env = "SNAP_CSI_DPU_TLS_CERT")]
+    pub dpu_tls_cert: Option<PathBuf>,
+    /// This node's private key for the agent link (PEM).
+    #[arg(long, env = "SNAP_CSI_DPU_TLS_KEY")]
+    pub dpu_tls_key: Option<PathBuf>,
+    /// The CA that signs DPU agent certificates (PEM).
+    #[arg(long, env = "SNAP_CSI_DPU_TLS_CA")]
+    pub dpu_tls_ca: Option<PathBuf>,
     /// Seconds a stage waits for the host device.
     #[arg(long, env = "SNAP_CSI_DEVICE_WAIT")]
     pub device_wait: Option<f64>,
@@ -166,8 +209,14 @@ impl NodeArgs {
                 snap_socket_template,
                 dpu_name,
             ],
-            optional [metrics_address]
+            optional [metrics_address, dpu_endpoint]
         );
+        flags_over!(self => resolved.dpu_tls, [dpu_tls_cert => cert, dpu_tls_key => key, dpu_tls_ca => ca]);
+        resolved.dpu_insecure_plaintext |= self.dpu_insecure_plaintext;
+        if resolved.dpu_name.is_empty() {
+            resolved.dpu_name = resolved.node_id.clone();
+        }
+        resolved.dpu_link().map_err(config::ConfigError::Message)?;
         if let Some(value) = &self.emulation {
             resolved.emulation = EmulationSetting::parse(value).ok_or_else(|| {
                 config::ConfigError::Message(format!("unknown emulation {value}"))
@@ -205,6 +254,45 @@ mod tests {
         assert_eq!(config.emulation, EmulationSetting::VirtioBlk);
         assert_eq!(config.device_wait, Duration::from_millis(2500));
         assert_eq!(config.kubelet_dir, PathBuf::from("/var/lib/kubelet"));
+        assert_eq!(
+            config.dpu_name, "flag-node",
+            "the DPU name follows the node id"
+        );
+        assert_eq!(
+            config.dpu_link(),
+            Ok(None),
+            "co-located unless an endpoint is given"
+        );
+    }
+
+    #[test]
+    fn split_mode_takes_an_agent_endpoint_and_its_tls_files() {
+        let (_dir, file) = test_file(
+            "node.toml",
+            "dpu_endpoint = \"https://192.168.100.2:9830\"\ndpu_name = \"bf3-a\"\n[dpu_tls]\nca = \"/etc/ca.pem\"\n",
+        );
+        let args = NodeArgs {
+            config: Some(file),
+            dpu_tls_key: Some("/flag/key.pem".into()),
+            ..Default::default()
+        };
+        let config = args.resolve().unwrap();
+        assert_eq!(
+            config.dpu_link(),
+            Ok(Some(LinkAddress::Tls("192.168.100.2:9830".into())))
+        );
+        assert_eq!(config.dpu_name, "bf3-a");
+        assert_eq!(config.dpu_tls.ca, PathBuf::from("/etc/ca.pem"));
+        assert_eq!(config.dpu_tls.key, PathBuf::from("/flag/key.pem"));
+        assert_eq!(config.dpu_tls.cert, TlsFiles::default().cert);
+
+        let plaintext = NodeArgs {
+            dpu_endpoint: Some("http://10.1.2.3:9830".into()),
+            dpu_insecure_plaintext: true,
+            ..Default::default()
+        };
+        let error = plaintext.resolve().unwrap_err().to_string();
+        assert!(error.contains("non-loopback"), "{error}");
     }
 
     #[test]

@@ -1,20 +1,9 @@
-//! One place that turns the node's internal errors into CSI status codes.
+//! One place that turns the node's internal errors into CSI status codes
+//! (the DPU layer's own are `From<DpuError> for Status`).
 
 use tonic::Status;
 
 use super::command::HostOpError;
-use crate::dpu::DpuError;
-
-pub fn dpu_status(error: DpuError) -> Status {
-    match error {
-        DpuError::Unavailable(m) => Status::unavailable(m),
-        DpuError::Exhausted(m) => Status::resource_exhausted(m),
-        DpuError::InvalidArgument(m) => Status::invalid_argument(m),
-        DpuError::FailedPrecondition(m) => Status::failed_precondition(m),
-        DpuError::Internal(m) => Status::internal(m),
-    }
-}
-
 pub fn host_status(error: HostOpError) -> Status {
     let message = error.to_string();
     match error {

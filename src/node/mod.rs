@@ -2,8 +2,8 @@
 //!
 //! - `service`: the CSI Node RPCs; `identity`: the Identity RPCs.
 //! - `config`: settings (defaults, config file, env, flags).
-//! - `guard`: one operation per volume at a time (ABORTED otherwise).
-//! - `records`: the small per-volume record of what cannot be derived.
+//! - `records`: the small per-volume record of what cannot be derived;
+//!   `reconcile`: what an earlier run left, against the records and the DPU.
 //! - `error`: internal errors to CSI status codes, in one place.
 //! - host operations, split by concern: `command` (external tools with a
 //!   deadline), `paths` (confining CO-supplied paths), `format` (probe and
@@ -14,11 +14,11 @@ pub mod command;
 pub mod config;
 mod error;
 pub mod format;
-pub mod guard;
 pub mod identity;
 pub mod mount;
 pub mod mountinfo;
 pub mod paths;
+mod reconcile;
 pub mod records;
 pub mod service;
 pub mod stats;
@@ -31,6 +31,8 @@ use std::future::Future;
 use std::sync::Arc;
 
 use crate::dpu::DpuAttach;
+use crate::dpu::colocated::Colocated;
+use crate::dpu::remote::RemoteDpu;
 use crate::proto::csi::v1::identity_server::IdentityServer;
 use crate::proto::csi::v1::node_server::NodeServer;
 
@@ -45,7 +47,8 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
     let node = NodeService::new(config.clone(), Arc::clone(&dpu))?;
-    node.reconcile();
+    let records = node.reconcile();
+    tokio::spawn(node.clone().compare_with_dpu(records));
     let identity = IdentityService::new(config.driver_name.clone(), dpu, PROBE_TIMEOUT);
     let listener = crate::server::bind(&config.endpoint)?;
     tracing::info!(endpoint = %config.endpoint.display(), node_id = %config.node_id, "node service listening");
@@ -57,11 +60,19 @@ pub async fn serve(
     Ok(())
 }
 
-/// [`serve`] with the co-located DPU attach layer (SNAP reachable from here).
+/// [`serve`] with the DPU attach layer the configuration names: the DPU
+/// agent when `dpu_endpoint` is set (split mode), else the co-located one
+/// over the vendor plugin's and SNAP's sockets on this host.
 pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
-    let dpu = crate::dpu::colocated::Colocated::new(
-        config.plugin_socket.clone(),
-        config.snap_socket_template.clone(),
-    );
-    serve(config, Arc::new(dpu), shutdown).await
+    let dpu: Arc<dyn DpuAttach> = match config.dpu_link().map_err(anyhow::Error::msg)? {
+        Some(address) => {
+            tracing::info!(agent = %address, dpu = %config.dpu_name, "split mode: the DPU attach layer is the DPU agent");
+            Arc::new(RemoteDpu::new(address, &config.dpu_name, &config.dpu_tls)?)
+        }
+        None => Arc::new(Colocated::new(
+            config.plugin_socket.clone(),
+            config.snap_socket_template.clone(),
+        )),
+    };
+    serve(config, dpu, shutdown).await
 }

@@ -19,11 +19,11 @@ use tracing::Instrument;
 use super::config::{EmulationSetting, NodeConfig};
 use super::error::{host_status, io_status};
 use super::format::{self, FsType};
-use super::guard::{Held, VolumeGuard};
 use super::records::{Records, VolumeRecord};
 use super::{mount, mountinfo, paths, stats};
 pub(crate) use crate::deadline::call_deadline;
 use crate::dpu::{AttachRequest, DpuAttach, DpuError, HostLocator, VolumeMode};
+use crate::guard::{Held, VolumeGuard};
 use crate::host::{BlockDevice, Sysfs};
 use crate::proto::csi::v1 as csi;
 use crate::proto::csi::v1::volume_capability::access_mode::Mode;
@@ -74,31 +74,6 @@ impl NodeService {
         })
     }
 
-    /// Looks at what an earlier run left: drops half-written records and
-    /// reports the volumes it had staged. Nothing is undone here: kubelet
-    /// retries stage or unstage for each of them, and those converge.
-    pub fn reconcile(&self) {
-        match self.inner.records.all() {
-            Ok(records) => {
-                let mut staged = 0;
-                for record in records {
-                    match record {
-                        Ok(record) => {
-                            staged += 1;
-                            tracing::info!(volume_id = %record.volume_id, staging = %record.staging_target_path.display(), "volume staged by an earlier run");
-                        }
-                        Err((path, e)) => {
-                            tracing::warn!(path = %path.display(), "unreadable volume record: {e}");
-                        }
-                    }
-                }
-                tracing::info!(staged, "reconciled volume records");
-                crate::metrics::set_volumes_staged(staged);
-            }
-            Err(e) => tracing::warn!("cannot list volume records: {e}"),
-        }
-    }
-
     /// Publishes how many volumes are staged, from the records.
     fn count_staged(&self) {
         match self.inner.records.count() {
@@ -113,6 +88,10 @@ impl NodeService {
 
     pub fn dpu(&self) -> &Arc<dyn DpuAttach> {
         &self.inner.dpu
+    }
+
+    pub(super) fn records(&self) -> &Records {
+        &self.inner.records
     }
 
     fn deadline<T>(&self, request: &Request<T>) -> Instant {
@@ -190,14 +169,12 @@ impl NodeService {
 
     fn attach_request(
         &self,
-        volume_id: &str,
+        stage: &csi::NodeStageVolumeRequest,
         capability: &csi::VolumeCapability,
         usage: &Usage,
-        publish_context: &std::collections::HashMap<String, String>,
-        volume_context: &std::collections::HashMap<String, String>,
         attached_before: bool,
     ) -> Result<AttachRequest, Status> {
-        let emulation = match volume_context.get(EMULATION_KEY) {
+        let emulation = match stage.volume_context.get(EMULATION_KEY) {
             Some(value) => EmulationSetting::parse(value).ok_or_else(|| {
                 Status::invalid_argument(format!(
                     "{EMULATION_KEY} must be nvme or virtio-blk, not {value:?}"
@@ -207,17 +184,18 @@ impl NodeService {
         };
         let mode = access_mode(capability)?;
         Ok(AttachRequest {
-            volume_id: volume_id.to_string(),
+            volume_id: stage.volume_id.clone(),
             access_modes: vec![crate::dpu::plugin_access_mode(mode)],
             volume_mode: match usage {
                 Usage::Block => VolumeMode::Block,
                 Usage::Filesystem { .. } => VolumeMode::Filesystem,
             },
-            publish_context: publish_context.clone(),
-            volume_context: volume_context.clone(),
-            storage_parameters: volume_context.clone(),
+            publish_context: stage.publish_context.clone(),
+            volume_context: stage.volume_context.clone(),
+            storage_parameters: stage.volume_context.clone(),
             emulation: emulation.into(),
             attached_before,
+            secrets: stage.secrets.clone(),
         })
     }
 }
@@ -313,14 +291,7 @@ impl NodeService {
                 Some(locator) => (None, locator, true),
                 None => {
                     let staged_before = self.recorded(volume_id)?.is_some();
-                    let attach = self.attach_request(
-                        volume_id,
-                        &capability,
-                        &usage,
-                        &req.publish_context,
-                        &req.volume_context,
-                        staged_before,
-                    )?;
+                    let attach = self.attach_request(&req, &capability, &usage, staged_before)?;
                     let attachment = match self.inner.dpu.attach(&attach, deadline).await {
                         Ok(attachment) => attachment,
                         Err(e) => {
@@ -335,7 +306,7 @@ impl NodeService {
                             {
                                 tracing::warn!(%volume_id, "undoing a failed attach: {undo}");
                             }
-                            return Err(super::error::dpu_status(e));
+                            return Err(Status::from(e));
                         }
                     };
                     crate::failpoint::step("stage:attach");
@@ -436,7 +407,7 @@ impl NodeService {
                 .dpu
                 .detach(volume_id, device_name, deadline)
                 .await
-                .map_err(super::error::dpu_status)?;
+                .map_err(Status::from)?;
             crate::failpoint::step("unstage:detach");
         }
         self.inner
@@ -633,15 +604,15 @@ impl NodeService {
         request: Request<csi::NodeGetInfoRequest>,
     ) -> Result<Response<csi::NodeGetInfoResponse>, Status> {
         let deadline = self.deadline(&request);
-        let functions = self
+        let inventory = self
             .inner
             .dpu
-            .function_count(deadline)
+            .inventory(deadline)
             .await
-            .map_err(super::error::dpu_status)?;
+            .map_err(Status::from)?;
         Ok(Response::new(csi::NodeGetInfoResponse {
             node_id: self.inner.config.node_id.clone(),
-            max_volumes_per_node: i64::from(functions),
+            max_volumes_per_node: i64::try_from(inventory.functions.len()).unwrap_or(i64::MAX),
             accessible_topology: Some(csi::Topology {
                 segments: [(TOPOLOGY_KEY.to_string(), self.inner.config.dpu_name.clone())].into(),
             }),

@@ -18,7 +18,7 @@ pub struct EmulationFunctionList {
 method!(EmulationFunctionList => "emulation_function_list", Vec<EmulationFunction>);
 
 /// Which protocol a function emulates.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum EmulationType {
     #[serde(rename = "NVME")]
     Nvme,

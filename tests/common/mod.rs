@@ -9,7 +9,9 @@
 #![allow(dead_code)]
 
 pub mod broken_plugin;
+pub mod dpu;
 pub mod node;
+pub mod pki;
 pub mod plugin;
 pub mod shared;
 pub mod vendor_controller;

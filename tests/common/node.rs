@@ -1,6 +1,7 @@
 //! A whole node stack for a test: the SNAP emulator, the test vendor plugin
 //! and the node service, each on its own socket, talking real gRPC and
-//! JSON-RPC; plus a CSI client playing kubelet.
+//! JSON-RPC; plus a CSI client playing kubelet. In a split-mode run
+//! (`common::dpu`) the node reaches the plugin and SNAP through a DPU agent.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -19,6 +20,7 @@ use tokio::sync::oneshot;
 use tonic::transport::Channel;
 
 use super::Emulator;
+use super::dpu::{Agent, DPU_NAME, HOST_NAME};
 use super::plugin::TestPlugin;
 use super::shared::free_local_address;
 
@@ -28,6 +30,8 @@ pub struct NodeStack {
     pub config: NodeConfig,
     pub kubelet: PathBuf,
     pub client: NodeClient<Channel>,
+    /// The DPU agent the node reaches, in a split-mode run.
+    pub agent: Option<Agent>,
     pub plugin: Option<TestPlugin>,
     pub emulator: Emulator,
 }
@@ -39,17 +43,27 @@ impl NodeStack {
         let plugin = super::plugin::start(&emulator.socket, &root).await;
         let kubelet = root.join("kubelet");
         std::fs::create_dir_all(&kubelet).unwrap();
+        let snap_template = emulator.socket.display().to_string();
+        let agent = match super::dpu::split() {
+            true => Some(Agent::start(&plugin.socket, &snap_template, &root).await),
+            false => None,
+        };
         let config = NodeConfig {
             endpoint: root.join("csi.sock"),
             driver_name: "csi.snap-csi.io".into(),
-            node_id: "node-1".into(),
+            node_id: HOST_NAME.into(),
             kubelet_dir: kubelet.clone(),
             state_dir: root.join("node-state"),
             sysfs_root: emulator.sysfs_root.clone(),
             plugin_socket: plugin.socket.clone(),
-            snap_socket_template: emulator.socket.display().to_string(),
+            snap_socket_template: snap_template,
             emulation,
-            dpu_name: "dpu-1".into(),
+            dpu_name: DPU_NAME.into(),
+            dpu_endpoint: agent.as_ref().map(|a| a.address.to_string()),
+            dpu_insecure_plaintext: false,
+            dpu_tls: agent
+                .as_ref()
+                .map_or_else(Default::default, |a| a.node_tls.clone()),
             device_wait: Duration::from_secs(10),
             call_timeout: Duration::from_secs(60),
             metrics_address: Some(free_local_address()),
@@ -72,6 +86,7 @@ impl NodeStack {
             config,
             kubelet,
             client,
+            agent,
             plugin: Some(plugin),
             emulator,
         }

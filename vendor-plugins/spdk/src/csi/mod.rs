@@ -37,9 +37,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use snap_csi::deadline::call_deadline;
+use snap_csi::guard::{Held, VolumeGuard};
 use snap_csi::json_dir::JsonDir;
 use snap_csi::jsonrpc::RpcClient;
-use snap_csi::node::guard::{Held, VolumeGuard};
 use tokio::time::Instant;
 use tonic::{Request, Status};
 

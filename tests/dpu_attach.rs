@@ -1,18 +1,20 @@
-//! The co-located DPU attach layer against the SNAP emulator and the test
-//! vendor plugin over real gRPC, as root with real loop devices: volumes are
-//! found on the "host" only through the sysfs tree, SNAP's own lists show
-//! exactly one of everything, and a detach leaves no subsystem, controller,
-//! bdev or loop device behind.
+//! The DPU attach layer against the SNAP emulator and the test vendor plugin
+//! over real gRPC, as root with real loop devices: volumes are found on the
+//! "host" only through the sysfs tree, SNAP's own lists show exactly one of
+//! everything, and a detach leaves no subsystem, controller, bdev or loop
+//! device behind. Co-located, or in a split-mode run (`common::dpu`) through
+//! a real DPU agent over mutual TLS: the same behaviour either way.
 
 mod common;
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
+use common::dpu::{Agent, TestDpu};
 use common::plugin::{self, TestPlugin};
 use common::{Emulator, loop_devices_of, sparse_file};
-use snap_csi::dpu::colocated::Colocated;
 use snap_csi::dpu::names::{NSID, VolumeNames};
 use snap_csi::dpu::plugin::AccessMode;
 use snap_csi::dpu::{
@@ -33,9 +35,10 @@ use tokio::time::Instant;
 const SIZE: u64 = 16 << 20;
 
 struct Stack {
+    dpu: Arc<dyn DpuAttach>,
+    agent: Option<Agent>,
     emulator: Emulator,
     plugin: TestPlugin,
-    dpu: Colocated,
     snap: RpcClient,
     sysfs: Sysfs,
 }
@@ -62,14 +65,27 @@ impl Stack {
     async fn on_with(emulator: Emulator, capabilities: &[Capability]) -> Stack {
         let plugin = plugin::start_with(&emulator.socket, emulator.root(), capabilities).await;
         // The template names the emulator's socket outright, as tests must.
-        let dpu = Colocated::new(&plugin.socket, emulator.socket.display().to_string());
+        let TestDpu { attach, agent } = TestDpu::start(
+            &plugin.socket,
+            &emulator.socket.display().to_string(),
+            emulator.root(),
+        )
+        .await;
         Stack {
             snap: emulator.client(),
             sysfs: Sysfs::new(&emulator.sysfs_root),
             emulator,
             plugin,
-            dpu,
+            dpu: attach,
+            agent,
         }
+    }
+
+    /// Another attach layer (with its own agent in a split-mode run) over
+    /// `plugin_socket` and the SNAP at `snap_template`.
+    async fn layer(&self, plugin_socket: &Path, snap_template: &Path) -> TestDpu {
+        let dir = self.emulator.root().join("another");
+        TestDpu::start(plugin_socket, &snap_template.display().to_string(), &dir).await
     }
 
     /// A request for a fresh backing file named after the volume.
@@ -87,6 +103,7 @@ impl Stack {
             storage_parameters: HashMap::new(),
             emulation,
             attached_before: false,
+            secrets: HashMap::new(),
         }
     }
 
@@ -155,6 +172,16 @@ async fn functions(snap: &RpcClient) -> Vec<EmulationFunction> {
         .unwrap()
 }
 
+async fn function_count(stack: &Stack) -> usize {
+    stack
+        .dpu
+        .inventory(deadline())
+        .await
+        .unwrap()
+        .functions
+        .len()
+}
+
 fn nvme_bdf(locator: &HostLocator) -> &str {
     match locator {
         HostLocator::Nvme { bdf, .. } => bdf,
@@ -167,7 +194,7 @@ async fn nvme_attach_is_seen_by_the_host_repeats_identically_and_detaches_withou
     let stack = Stack::start().await;
     assert!(stack.dpu.probe(deadline()).await.unwrap());
     // One NVMe and one virtio-blk PF with 16 VFs each.
-    assert_eq!(stack.dpu.function_count(deadline()).await.unwrap(), 34);
+    assert_eq!(function_count(&stack).await, 34);
 
     let first = stack.attach("vol-nvme", Emulation::Nvme).await;
     assert_eq!(first.device_name, plugin::device_name("vol-nvme"));
@@ -425,7 +452,7 @@ async fn no_free_function_is_exhausted_and_the_partial_attach_detaches() {
         })
     })
     .await;
-    assert_eq!(stack.dpu.function_count(deadline()).await.unwrap(), 2);
+    assert_eq!(function_count(&stack).await, 2);
     for emulation in [Emulation::Nvme, Emulation::VirtioBlk] {
         let taken = format!("vol-taken-{emulation:?}");
         let refused = format!("vol-refused-{emulation:?}");
@@ -448,7 +475,7 @@ async fn no_free_function_is_exhausted_and_the_partial_attach_detaches() {
 async fn a_plugin_that_is_down_is_unavailable_within_the_deadline() {
     let stack = Stack::start().await;
     let missing = stack.emulator.root().join("no-plugin.sock");
-    let dpu = Colocated::new(&missing, stack.emulator.socket.display().to_string());
+    let TestDpu { attach: dpu, .. } = &stack.layer(&missing, &stack.emulator.socket).await;
     let request = stack.request("vol-down", Emulation::Nvme);
 
     let started = Instant::now();
@@ -480,7 +507,12 @@ async fn a_plugin_that_is_down_is_unavailable_within_the_deadline() {
 
     // A plugin that answered once and then went away.
     assert!(stack.dpu.probe(deadline()).await.unwrap());
-    let Stack { plugin, dpu, .. } = stack;
+    let Stack {
+        plugin,
+        dpu,
+        agent: _agent,
+        ..
+    } = stack;
     plugin.stop().await;
     let started = Instant::now();
     let error = dpu
@@ -495,7 +527,7 @@ async fn a_plugin_that_is_down_is_unavailable_within_the_deadline() {
 async fn a_snap_that_is_down_is_unavailable_and_named() {
     let stack = Stack::start().await;
     let missing = stack.emulator.root().join("no-snap.sock");
-    let dpu = Colocated::new(&stack.plugin.socket, missing.display().to_string());
+    let TestDpu { attach: dpu, .. } = &stack.layer(&stack.plugin.socket, &missing).await;
     let started = Instant::now();
     let error = dpu
         .attach(

@@ -1,0 +1,174 @@
+//! The [`Inventory`]: SNAP's three listings (functions, NVMe subsystems,
+//! virtio-blk controllers) joined into what each function carries and which
+//! of our volumes SNAP exposes. Read together, in one round trip.
+
+use std::collections::HashMap;
+
+use tokio::time::Instant;
+
+use super::endpoint::SnapEndpoint;
+use super::functions::FunctionListing;
+use super::names::{is_our_nqn, is_our_serial};
+use super::{DpuError, Emulation, ExposedVolume, FunctionUse, Inventory, virtio};
+use crate::spdk::snap::{
+    EmulationType, NvmeSubsystem, NvmeSubsystemList, VirtioBlkController, VirtioBlkControllerList,
+};
+
+pub(crate) async fn read(snap: &SnapEndpoint, deadline: Instant) -> Result<Inventory, DpuError> {
+    let (functions, subsystems, controllers) = tokio::join!(
+        snap.list_functions_fresh(deadline),
+        snap.call(&NvmeSubsystemList {}, deadline),
+        snap.call(&VirtioBlkControllerList {}, deadline),
+    );
+    let subsystems = subsystems.map_err(|e| snap.error("listing NVMe subsystems", e))?;
+    let controllers = controllers.map_err(|e| snap.error("listing virtio-blk controllers", e))?;
+    Ok(join(&*functions?, &subsystems, &controllers))
+}
+
+fn join(
+    listing: &FunctionListing,
+    subsystems: &[NvmeSubsystem],
+    controllers: &[VirtioBlkController],
+) -> Inventory {
+    // Controller id -> the key of our volume it serves.
+    let mut ours: HashMap<(EmulationType, &str), &str> = HashMap::new();
+    for subsystem in subsystems.iter().filter(|s| is_our_nqn(&s.nqn)) {
+        for controller in &subsystem.controllers {
+            ours.insert(
+                (EmulationType::Nvme, controller.ctrl_id.as_str()),
+                &subsystem.nqn,
+            );
+        }
+    }
+    for controller in controllers {
+        if let Some(serial) = controller.vblk_id.as_deref().filter(|s| is_our_serial(s)) {
+            ours.insert(
+                (EmulationType::VirtioBlk, controller.ctrl_id.as_str()),
+                serial,
+            );
+        }
+    }
+
+    let functions = listing
+        .iter()
+        .map(|f| FunctionUse {
+            emulation: emulation(f.emulation_type),
+            volume_key: f
+                .ctrl_id
+                .as_deref()
+                .and_then(|c| ours.get(&(f.emulation_type, c)))
+                .map(|key| key.to_string()),
+            bdf: f.pci_bdf,
+            controller: f.ctrl_id,
+        })
+        .collect();
+
+    let nvme = subsystems
+        .iter()
+        .filter(|s| is_our_nqn(&s.nqn))
+        .map(|s| ExposedVolume {
+            key: s.nqn.clone(),
+            emulation: Emulation::Nvme,
+            device_names: s.namespaces.iter().map(|n| n.bdev.clone()).collect(),
+            bdf: s
+                .controllers
+                .first()
+                .and_then(|c| listing.bdf_of(EmulationType::Nvme, &c.ctrl_id, c.vhca_id)),
+        });
+    let virtio_blk = controllers.iter().filter_map(|c| {
+        let serial = c.vblk_id.as_deref().filter(|s| is_our_serial(s))?;
+        Some(ExposedVolume {
+            key: serial.to_string(),
+            emulation: Emulation::VirtioBlk,
+            device_names: virtio::bdev_of(c).map(str::to_string).into_iter().collect(),
+            bdf: c
+                .pci_bdf
+                .clone()
+                .or_else(|| listing.bdf_of(EmulationType::VirtioBlk, &c.ctrl_id, c.vhca_id)),
+        })
+    });
+    Inventory {
+        functions,
+        volumes: nvme.chain(virtio_blk).collect(),
+    }
+}
+
+fn emulation(kind: EmulationType) -> Emulation {
+    match kind {
+        EmulationType::Nvme => Emulation::Nvme,
+        EmulationType::VirtioBlk => Emulation::VirtioBlk,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dpu::names::VolumeNames;
+
+    fn from_json<T: serde::de::DeserializeOwned>(value: serde_json::Value) -> T {
+        serde_json::from_value(value).unwrap()
+    }
+
+    #[test]
+    fn functions_name_the_volume_they_carry_and_foreign_objects_are_not_ours() {
+        let a = VolumeNames::new("pvc-a");
+        let b = VolumeNames::new("pvc-b");
+        let listing = FunctionListing {
+            functions: from_json(serde_json::json!([
+                {"emulation_type": "NVME", "pci_bdf": "26:00.2", "vhca_id": 2, "vuid": "n0",
+                 "ctrl_id": "NVMeCtrl1", "vfs": [
+                    {"pci_bdf": "26:00.3", "vhca_id": 3, "vuid": "n1", "ctrl_id": "NVMeCtrl2"},
+                    {"pci_bdf": "26:00.4", "vhca_id": 4, "vuid": "n2"}]},
+                {"emulation_type": "VBLK", "pci_bdf": "27:00.2", "vhca_id": 7, "vuid": "v0",
+                 "ctrl_id": "VblkCtrl1"}
+            ])),
+            asked_at: Instant::now(),
+        };
+        let subsystems: Vec<NvmeSubsystem> = from_json(serde_json::json!([
+            {"nqn": a.nqn, "controllers": [{"ctrl_id": "NVMeCtrl1", "vhca_id": 2}],
+             "namespaces": [{"nsid": 1, "bdev": "dev-a"}]},
+            {"nqn": "nqn.2016-06.io.spdk:someone-else",
+             "controllers": [{"ctrl_id": "NVMeCtrl2", "vhca_id": 3}]}
+        ]));
+        let controllers: Vec<VirtioBlkController> = from_json(serde_json::json!([
+            {"ctrl_id": "VblkCtrl1", "vhca_id": 7, "bdev": "dev-b", "vblk_id": b.serial}
+        ]));
+
+        let inventory = join(&listing, &subsystems, &controllers);
+        let carried: Vec<(&str, Option<&str>)> = inventory
+            .functions
+            .iter()
+            .map(|f| (f.bdf.as_str(), f.volume_key.as_deref()))
+            .collect();
+        assert_eq!(
+            carried,
+            [
+                ("26:00.2", Some(a.nqn.as_str())),
+                ("26:00.3", None),
+                ("26:00.4", None),
+                ("27:00.2", Some(b.serial.as_str())),
+            ]
+        );
+        assert_eq!(
+            inventory.functions[1].controller.as_deref(),
+            Some("NVMeCtrl2")
+        );
+        assert_eq!(
+            inventory.volumes,
+            [
+                ExposedVolume {
+                    key: a.nqn.clone(),
+                    emulation: Emulation::Nvme,
+                    device_names: vec!["dev-a".into()],
+                    bdf: Some("26:00.2".into()),
+                },
+                ExposedVolume {
+                    key: b.serial.clone(),
+                    emulation: Emulation::VirtioBlk,
+                    device_names: vec!["dev-b".into()],
+                    bdf: Some("27:00.2".into()),
+                },
+            ]
+        );
+    }
+}

@@ -1,0 +1,305 @@
+//! The DPU agent API (`snapcsi.dpu.v1`) to and from the attach layer's own
+//! types, for both ends of the link: the node's [`super::remote::RemoteDpu`]
+//! and the agent's service. One place, so that both ends read a message the
+//! same way. A message that cannot be read is INVALID_ARGUMENT on the agent
+//! (the node sent it) and INTERNAL on the node (the agent answered it).
+
+use super::{
+    AttachRequest, Attachment, DpuError, Emulation, ExposedVolume, FunctionUse, HostLocator,
+    Inventory, VolumeMode,
+};
+use crate::proto::nvidia::storage::plugins::v1::AccessMode;
+use crate::proto::snapcsi::dpu::v1 as api;
+
+impl From<Emulation> for api::Emulation {
+    fn from(value: Emulation) -> Self {
+        match value {
+            Emulation::Nvme => api::Emulation::Nvme,
+            Emulation::VirtioBlk => api::Emulation::VirtioBlk,
+        }
+    }
+}
+
+fn emulation(value: i32) -> Result<Emulation, String> {
+    match api::Emulation::try_from(value) {
+        Ok(api::Emulation::Nvme) => Ok(Emulation::Nvme),
+        Ok(api::Emulation::VirtioBlk) => Ok(Emulation::VirtioBlk),
+        _ => Err(format!("emulation {value} is not NVMe or virtio-blk")),
+    }
+}
+
+impl From<&AttachRequest> for api::AttachRequest {
+    fn from(request: &AttachRequest) -> Self {
+        api::AttachRequest {
+            volume_id: request.volume_id.clone(),
+            access_modes: request.access_modes.iter().map(|m| *m as i32).collect(),
+            volume_mode: match request.volume_mode {
+                VolumeMode::Block => api::VolumeMode::Block,
+                VolumeMode::Filesystem => api::VolumeMode::Filesystem,
+            } as i32,
+            publish_context: request.publish_context.clone(),
+            volume_context: request.volume_context.clone(),
+            storage_parameters: request.storage_parameters.clone(),
+            emulation: api::Emulation::from(request.emulation) as i32,
+            attached_before: request.attached_before,
+            secrets: request.secrets.clone(),
+        }
+    }
+}
+
+impl TryFrom<api::AttachRequest> for AttachRequest {
+    type Error = DpuError;
+
+    fn try_from(request: api::AttachRequest) -> Result<Self, DpuError> {
+        let access_modes = request
+            .access_modes
+            .iter()
+            .map(|&m| {
+                AccessMode::try_from(m)
+                    .map_err(|_| DpuError::InvalidArgument(format!("unknown access mode {m}")))
+            })
+            .collect::<Result<_, _>>()?;
+        let volume_mode = match api::VolumeMode::try_from(request.volume_mode) {
+            Ok(api::VolumeMode::Block) => VolumeMode::Block,
+            Ok(api::VolumeMode::Filesystem) => VolumeMode::Filesystem,
+            _ => {
+                return Err(DpuError::InvalidArgument(format!(
+                    "volume mode {} is not block or filesystem",
+                    request.volume_mode
+                )));
+            }
+        };
+        Ok(AttachRequest {
+            volume_id: request.volume_id,
+            access_modes,
+            volume_mode,
+            publish_context: request.publish_context,
+            volume_context: request.volume_context,
+            storage_parameters: request.storage_parameters,
+            emulation: emulation(request.emulation).map_err(DpuError::InvalidArgument)?,
+            attached_before: request.attached_before,
+            secrets: request.secrets,
+        })
+    }
+}
+
+impl From<Attachment> for api::AttachResponse {
+    fn from(attachment: Attachment) -> Self {
+        let kind = match attachment.locator {
+            HostLocator::Nvme { bdf, nsid, uuid } => {
+                api::host_locator::Kind::Nvme(api::NvmeLocator {
+                    bdf,
+                    nsid,
+                    uuid: uuid.unwrap_or_default(),
+                })
+            }
+            HostLocator::VirtioBlk { bdf, serial } => {
+                api::host_locator::Kind::VirtioBlk(api::VirtioBlkLocator { bdf, serial })
+            }
+        };
+        api::AttachResponse {
+            device_name: attachment.device_name,
+            locator: Some(api::HostLocator { kind: Some(kind) }),
+        }
+    }
+}
+
+impl TryFrom<api::AttachResponse> for Attachment {
+    type Error = DpuError;
+
+    fn try_from(response: api::AttachResponse) -> Result<Self, DpuError> {
+        let locator = match response.locator.and_then(|l| l.kind) {
+            Some(api::host_locator::Kind::Nvme(nvme)) => HostLocator::Nvme {
+                bdf: nvme.bdf,
+                nsid: nvme.nsid,
+                uuid: Some(nvme.uuid).filter(|u| !u.is_empty()),
+            },
+            Some(api::host_locator::Kind::VirtioBlk(virtio)) => HostLocator::VirtioBlk {
+                bdf: virtio.bdf,
+                serial: virtio.serial,
+            },
+            None => {
+                return Err(DpuError::Internal(
+                    "the DPU agent answered an attach without a host locator".into(),
+                ));
+            }
+        };
+        Ok(Attachment {
+            device_name: response.device_name,
+            locator,
+        })
+    }
+}
+
+impl From<Inventory> for api::GetInventoryResponse {
+    fn from(inventory: Inventory) -> Self {
+        api::GetInventoryResponse {
+            functions: inventory
+                .functions
+                .into_iter()
+                .map(|f| api::EmulatedFunction {
+                    emulation: api::Emulation::from(f.emulation) as i32,
+                    bdf: f.bdf,
+                    controller: f.controller.unwrap_or_default(),
+                    volume_key: f.volume_key.unwrap_or_default(),
+                })
+                .collect(),
+            volumes: inventory
+                .volumes
+                .into_iter()
+                .map(|v| api::ExposedVolume {
+                    volume_key: v.key,
+                    emulation: api::Emulation::from(v.emulation) as i32,
+                    device_names: v.device_names,
+                    bdf: v.bdf.unwrap_or_default(),
+                })
+                .collect(),
+        }
+    }
+}
+
+impl TryFrom<api::GetInventoryResponse> for Inventory {
+    type Error = DpuError;
+
+    fn try_from(response: api::GetInventoryResponse) -> Result<Self, DpuError> {
+        let unreadable = |e: String| DpuError::Internal(format!("the DPU agent's inventory: {e}"));
+        let present = |s: String| Some(s).filter(|s| !s.is_empty());
+        Ok(Inventory {
+            functions: response
+                .functions
+                .into_iter()
+                .map(|f| {
+                    Ok(FunctionUse {
+                        emulation: emulation(f.emulation).map_err(unreadable)?,
+                        bdf: f.bdf,
+                        controller: present(f.controller),
+                        volume_key: present(f.volume_key),
+                    })
+                })
+                .collect::<Result<_, DpuError>>()?,
+            volumes: response
+                .volumes
+                .into_iter()
+                .map(|v| {
+                    Ok(ExposedVolume {
+                        key: v.volume_key,
+                        emulation: emulation(v.emulation).map_err(unreadable)?,
+                        device_names: v.device_names,
+                        bdf: present(v.bdf),
+                    })
+                })
+                .collect::<Result<_, DpuError>>()?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_attach_crosses_the_link_unchanged_both_ways() {
+        let request = AttachRequest {
+            volume_id: "pvc-1".into(),
+            access_modes: vec![AccessMode::Rwo, AccessMode::Rox],
+            volume_mode: VolumeMode::Block,
+            publish_context: [("p".to_string(), "1".to_string())].into(),
+            volume_context: [("v".to_string(), "2".to_string())].into(),
+            storage_parameters: [("s".to_string(), "3".to_string())].into(),
+            emulation: Emulation::VirtioBlk,
+            attached_before: true,
+            secrets: [("key".to_string(), "k".to_string())].into(),
+        };
+        let sent = api::AttachRequest::from(&request);
+        assert_eq!(AttachRequest::try_from(sent).unwrap(), request);
+
+        for locator in [
+            HostLocator::Nvme {
+                bdf: "26:00.2".into(),
+                nsid: 1,
+                uuid: Some("6aaea650-8ef7-5653-a05a-0aea9d997ec8".into()),
+            },
+            HostLocator::Nvme {
+                bdf: "26:00.2".into(),
+                nsid: 1,
+                uuid: None,
+            },
+            HostLocator::VirtioBlk {
+                bdf: "27:00.2".into(),
+                serial: "sc-0123456789abcdef0".into(),
+            },
+        ] {
+            let attachment = Attachment {
+                device_name: "dev".into(),
+                locator,
+            };
+            let answered = api::AttachResponse::from(attachment.clone());
+            assert_eq!(Attachment::try_from(answered).unwrap(), attachment);
+        }
+    }
+
+    #[test]
+    fn unreadable_messages_are_refused_with_the_reason() {
+        let request = api::AttachRequest {
+            volume_id: "pvc-1".into(),
+            volume_mode: api::VolumeMode::Block as i32,
+            ..Default::default()
+        };
+        let error = AttachRequest::try_from(request).unwrap_err();
+        assert!(
+            matches!(&error, DpuError::InvalidArgument(m) if m.contains("emulation 0")),
+            "{error:?}"
+        );
+        let error = Attachment::try_from(api::AttachResponse::default()).unwrap_err();
+        assert!(matches!(error, DpuError::Internal(_)), "{error:?}");
+    }
+
+    #[test]
+    fn an_inventory_crosses_the_link_unchanged() {
+        let inventory = Inventory {
+            functions: vec![
+                FunctionUse {
+                    emulation: Emulation::Nvme,
+                    bdf: "26:00.2".into(),
+                    controller: Some("NVMeCtrl1".into()),
+                    volume_key: Some("nqn.2022-10.io.snap-csi:vol-x".into()),
+                },
+                FunctionUse {
+                    emulation: Emulation::VirtioBlk,
+                    bdf: "27:00.2".into(),
+                    controller: None,
+                    volume_key: None,
+                },
+            ],
+            volumes: vec![ExposedVolume {
+                key: "nqn.2022-10.io.snap-csi:vol-x".into(),
+                emulation: Emulation::Nvme,
+                device_names: vec!["dev".into()],
+                bdf: None,
+            }],
+        };
+        let answered = api::GetInventoryResponse::from(inventory.clone());
+        assert_eq!(Inventory::try_from(answered).unwrap(), inventory);
+    }
+
+    #[test]
+    fn secrets_never_print() {
+        let request = api::AttachRequest {
+            secrets: [("key".to_string(), "hunter2".to_string())].into(),
+            ..Default::default()
+        };
+        let printed = format!("{request:?}");
+        assert!(!printed.contains("hunter2"), "{printed}");
+        let ours = AttachRequest::try_from(api::AttachRequest {
+            emulation: api::Emulation::Nvme as i32,
+            volume_mode: api::VolumeMode::Block as i32,
+            ..request
+        })
+        .unwrap();
+        let printed = format!("{ours:?}");
+        assert!(
+            !printed.contains("hunter2") && printed.contains("1 redacted"),
+            "{printed}"
+        );
+    }
+}
