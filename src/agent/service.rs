@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::time::Instant;
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
@@ -12,6 +13,11 @@ use crate::deadline::call_deadline;
 use crate::dpu::{AttachRequest, DpuAttach};
 use crate::guard::{Held, VolumeGuard};
 use crate::proto::snapcsi::dpu::v1 as api;
+
+/// At most this much of a call's time is kept back beyond what
+/// [`call_deadline`] keeps, so the node can relay the agent's answer (with
+/// its reason) before its own deadline, also on a busy link or machine.
+const RELAY_MARGIN: Duration = Duration::from_millis(500);
 
 #[derive(Debug, Clone)]
 pub struct AgentService {
@@ -29,9 +35,15 @@ impl AgentService {
         }
     }
 
+    fn deadline<T>(&self, request: &Request<T>) -> Instant {
+        let deadline = call_deadline(request, self.call_timeout);
+        let left = deadline.saturating_duration_since(Instant::now());
+        deadline - (left / 10).min(RELAY_MARGIN)
+    }
+
     /// One call per volume at a time. A second one is a retry of a call the
     /// link lost while it still runs here: it waits for that one to end.
-    async fn hold(&self, volume_id: &str, deadline: tokio::time::Instant) -> Result<Held, Status> {
+    async fn hold(&self, volume_id: &str, deadline: Instant) -> Result<Held, Status> {
         self.guard
             .hold_until(volume_id, deadline)
             .await
@@ -46,7 +58,7 @@ impl AgentService {
         &self,
         request: Request<api::AttachRequest>,
     ) -> Result<Response<api::AttachResponse>, Status> {
-        let deadline = call_deadline(&request, self.call_timeout);
+        let deadline = self.deadline(&request);
         let attach = AttachRequest::try_from(request.into_inner())?;
         let _held = self.hold(&attach.volume_id, deadline).await?;
         let attachment = self.dpu.attach(&attach, deadline).await?;
@@ -57,7 +69,7 @@ impl AgentService {
         &self,
         request: Request<api::DetachRequest>,
     ) -> Result<Response<api::DetachResponse>, Status> {
-        let deadline = call_deadline(&request, self.call_timeout);
+        let deadline = self.deadline(&request);
         let detach = request.into_inner();
         let _held = self.hold(&detach.volume_id, deadline).await?;
         let device_name = Some(detach.device_name.as_str()).filter(|d| !d.is_empty());
@@ -90,7 +102,7 @@ impl api::dpu_agent_server::DpuAgent for AgentService {
         &self,
         request: Request<api::ProbeRequest>,
     ) -> Result<Response<api::ProbeResponse>, Status> {
-        let deadline = call_deadline(&request, self.call_timeout);
+        let deadline = self.deadline(&request);
         let ready = self.dpu.probe(deadline).await?;
         crate::metrics::set_dependency_ready("dpu", ready);
         Ok(Response::new(api::ProbeResponse {
@@ -103,7 +115,7 @@ impl api::dpu_agent_server::DpuAgent for AgentService {
         &self,
         request: Request<api::GetInventoryRequest>,
     ) -> Result<Response<api::GetInventoryResponse>, Status> {
-        let deadline = call_deadline(&request, self.call_timeout);
+        let deadline = self.deadline(&request);
         let inventory = self.dpu.inventory(deadline).await?;
         Ok(Response::new(inventory.into()))
     }
