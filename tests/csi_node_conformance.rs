@@ -54,10 +54,29 @@ async fn identity_answers_as_the_spec_requires() {
         .unwrap()
         .into_inner();
     assert_eq!(probe.ready, Some(true), "plugin and SNAP are up");
-    identity
+    // The capabilities of the whole plugin, the same from every instance:
+    // csi-sanity, like any CO, reads CONTROLLER_SERVICE from the node's.
+    let plugin = identity
         .get_plugin_capabilities(csi::GetPluginCapabilitiesRequest {})
         .await
-        .unwrap();
+        .unwrap()
+        .into_inner();
+    let services: Vec<i32> = plugin
+        .capabilities
+        .iter()
+        .filter_map(|c| match &c.r#type {
+            Some(csi::plugin_capability::Type::Service(s)) => Some(s.r#type),
+            _ => None,
+        })
+        .collect();
+    use csi::plugin_capability::service::Type as Service;
+    assert_eq!(
+        services,
+        [
+            Service::ControllerService as i32,
+            Service::VolumeAccessibilityConstraints as i32
+        ]
+    );
 
     let mut node = stack.client.clone();
     let capabilities = node
@@ -257,6 +276,17 @@ async fn each_invalid_request_class_gets_its_code_and_leaves_no_trace() {
             Code::InvalidArgument,
         ),
         (
+            // REQUIRED fields are checked before the staging path's
+            // FAILED_PRECONDITION (csi-sanity sends neither).
+            "no capability and no staging path",
+            csi::NodePublishVolumeRequest {
+                volume_capability: None,
+                staging_target_path: String::new(),
+                ..publish.clone()
+            },
+            Code::InvalidArgument,
+        ),
+        (
             "no staging path with STAGE_UNSTAGE",
             csi::NodePublishVolumeRequest {
                 staging_target_path: String::new(),
@@ -370,5 +400,95 @@ async fn a_vendor_plugin_that_is_down_makes_stage_unavailable_within_the_deadlin
         status.message().contains("plugin"),
         "the message names the plugin: {status:?}"
     );
+    assert_no_trace(&stack).await;
+}
+
+/// Stats and expand find a volume by the path the CO names: a volume that is
+/// not staged here, or not at that path, is NOT_FOUND, whatever the path
+/// looks like (csi-sanity sends the relative "some/path"); only a missing
+/// argument is INVALID_ARGUMENT.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_volume_not_at_the_path_given_is_not_found() {
+    let stack = NodeStack::start(EmulationSetting::Nvme).await;
+    let mut node = stack.client.clone();
+    let stats = |volume_id: &str, volume_path: &str| csi::NodeGetVolumeStatsRequest {
+        volume_id: volume_id.into(),
+        volume_path: volume_path.into(),
+        staging_target_path: String::new(),
+    };
+    let expand = |volume_id: &str, volume_path: &str| csi::NodeExpandVolumeRequest {
+        volume_id: volume_id.into(),
+        volume_path: volume_path.into(),
+        ..Default::default()
+    };
+    for path in ["some/path", "/nonexistent/elsewhere"] {
+        let status = node
+            .node_get_volume_stats(stats("never-staged", path))
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), Code::NotFound, "stats, {path}: {status:?}");
+        let status = node
+            .node_expand_volume(expand("never-staged", path))
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), Code::NotFound, "expand, {path}: {status:?}");
+    }
+
+    let backing = stack.backing_file("vol.img", 64 << 20);
+    let staging = stack.path("staging/pvc-n");
+    std::fs::create_dir_all(&staging).unwrap();
+    let target = stack.path("pods/n/volumes/pvc-n");
+    let capability = mount_capability("ext4", Mode::SingleNodeWriter);
+    node.node_stage_volume(stage_request(
+        "pvc-n",
+        &staging,
+        capability.clone(),
+        &backing,
+    ))
+    .await
+    .unwrap();
+    node.node_publish_volume(publish_request(
+        "pvc-n", &staging, &target, capability, false,
+    ))
+    .await
+    .unwrap();
+
+    let outside = tempfile::tempdir().unwrap();
+    let not_there = [
+        "some/path".to_string(),
+        outside.path().display().to_string(),
+        stack.path("pods/n/volumes/other").display().to_string(),
+    ];
+    for path in &not_there {
+        let status = node
+            .node_get_volume_stats(stats("pvc-n", path))
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), Code::NotFound, "stats, {path}: {status:?}");
+        assert!(status.message().contains("pvc-n"), "{status:?}");
+        let status = node
+            .node_expand_volume(expand("pvc-n", path))
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), Code::NotFound, "expand, {path}: {status:?}");
+    }
+    let status = node
+        .node_get_volume_stats(stats("pvc-n", ""))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    let status = node
+        .node_expand_volume(expand("pvc-n", ""))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    // Where the volume is, it is found.
+    let target_path = target.display().to_string();
+    node.node_get_volume_stats(stats("pvc-n", &target_path))
+        .await
+        .unwrap();
+
+    common::node::unpublish(&mut node, "pvc-n", &target).await;
+    common::node::unstage(&mut node, "pvc-n", &staging).await;
     assert_no_trace(&stack).await;
 }
