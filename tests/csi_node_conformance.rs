@@ -492,3 +492,56 @@ async fn a_volume_not_at_the_path_given_is_not_found() {
     common::node::unstage(&mut node, "pvc-n", &staging).await;
     assert_no_trace(&stack).await;
 }
+
+/// kubelet and the node sidecars may be built on CSI v1.11 (see
+/// `common::csi_v1_11`): every enum in the node's replies is one it knows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_enum_in_the_nodes_replies_is_one_csi_v1_11_knows() {
+    use common::csi_v1_11::assert_decodes;
+    let stack = NodeStack::start(EmulationSetting::Nvme).await;
+    let mut node = stack.client.clone();
+    let mut identity = IdentityClient::new(common::node::connect(&stack.config.endpoint).await);
+    let plugin = identity
+        .get_plugin_capabilities(csi::GetPluginCapabilitiesRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_decodes("csi.v1.GetPluginCapabilitiesResponse", &plugin);
+    let capabilities = node
+        .node_get_capabilities(csi::NodeGetCapabilitiesRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_decodes("csi.v1.NodeGetCapabilitiesResponse", &capabilities);
+
+    // Volume usage has a unit, for a filesystem (bytes, inodes) and a block volume.
+    for (name, capability) in [
+        ("pvc-fs", mount_capability("ext4", Mode::SingleNodeWriter)),
+        ("pvc-blk", block_capability(Mode::SingleNodeWriter)),
+    ] {
+        let backing = stack.backing_file(&format!("{name}.img"), 64 << 20);
+        let staging = stack.path(&format!("staging/{name}"));
+        std::fs::create_dir_all(&staging).unwrap();
+        let target = stack.path(&format!("pods/v/volumes/{name}"));
+        node.node_stage_volume(stage_request(name, &staging, capability.clone(), &backing))
+            .await
+            .unwrap();
+        node.node_publish_volume(publish_request(name, &staging, &target, capability, false))
+            .await
+            .unwrap();
+        let stats = node
+            .node_get_volume_stats(csi::NodeGetVolumeStatsRequest {
+                volume_id: name.into(),
+                volume_path: target.display().to_string(),
+                staging_target_path: staging.display().to_string(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(!stats.usage.is_empty(), "{name}: {stats:?}");
+        assert_decodes("csi.v1.NodeGetVolumeStatsResponse", &stats);
+        common::node::unpublish(&mut node, name, &target).await;
+        common::node::unstage(&mut node, name, &staging).await;
+    }
+    assert_no_trace(&stack).await;
+}
