@@ -8,7 +8,8 @@ mod common;
 use std::os::unix::fs::symlink;
 
 use common::node::{
-    NodeStack, block_capability, mount_capability, mounts_under, publish_request, stage_request,
+    NodeStack, block_capability, mount_capability, mounts_under, publish_request,
+    stage_and_publish, stage_request,
 };
 use snap_csi::node::config::EmulationSetting;
 use snap_csi::proto::csi::v1 as csi;
@@ -439,19 +440,15 @@ async fn a_volume_not_at_the_path_given_is_not_found() {
     std::fs::create_dir_all(&staging).unwrap();
     let target = stack.path("pods/n/volumes/pvc-n");
     let capability = mount_capability("ext4", Mode::SingleNodeWriter);
-    node.node_stage_volume(stage_request(
+    stage_and_publish(
+        &mut node,
         "pvc-n",
-        &staging,
-        capability.clone(),
+        (&staging, &target),
+        capability,
         &backing,
-    ))
-    .await
-    .unwrap();
-    node.node_publish_volume(publish_request(
-        "pvc-n", &staging, &target, capability, false,
-    ))
-    .await
-    .unwrap();
+        false,
+    )
+    .await;
 
     let outside = tempfile::tempdir().unwrap();
     let not_there = [
@@ -523,12 +520,15 @@ async fn every_enum_in_the_nodes_replies_is_one_csi_v1_11_knows() {
         let staging = stack.path(&format!("staging/{name}"));
         std::fs::create_dir_all(&staging).unwrap();
         let target = stack.path(&format!("pods/v/volumes/{name}"));
-        node.node_stage_volume(stage_request(name, &staging, capability.clone(), &backing))
-            .await
-            .unwrap();
-        node.node_publish_volume(publish_request(name, &staging, &target, capability, false))
-            .await
-            .unwrap();
+        stage_and_publish(
+            &mut node,
+            name,
+            (&staging, &target),
+            capability,
+            &backing,
+            false,
+        )
+        .await;
         let stats = node
             .node_get_volume_stats(csi::NodeGetVolumeStatsRequest {
                 volume_id: name.into(),
