@@ -14,7 +14,7 @@
 # Prints csi-sanity's summary per backend and a line of counts; fails on any
 # failed spec and on any skipped spec, except those csi-sanity skips because
 # we do not offer a capability (each such reason is listed in
-# OFFERED_ELSEWHERE below and counted on one line), and the one spec
+# NOT_OFFERED below and counted on one line), and the one spec
 # csi-test itself marks pending.
 #
 # Usage (as root): hack/csi-sanity.sh [--profile release|debug] [--no-build]
@@ -22,8 +22,11 @@
 #   [-- LOCAL-UP-ARGS...]
 # Default: debug, both backends. Arguments after -- go to hack/local-up.sh.
 set -euo pipefail
+caller=$PWD
 cd "$(dirname "$0")/.."
 repo=$PWD
+# absolute PATH: PATH as the caller meant it, from the directory they ran us in.
+absolute() { case $1 in /*) echo "$1" ;; *) echo "$caller/$1" ;; esac; }
 
 profile=debug
 build=1
@@ -36,10 +39,10 @@ while (($#)); do
     --profile) profile=$2; shift 2 ;;
     --no-build) build=0; shift ;;
     --backend) backends+=("$2"); shift 2 ;;
-    --csi-sanity) binary=$2; shift 2 ;;
-    --tarball) tarball=$2; shift 2 ;;
+    --csi-sanity) binary=$(absolute "$2"); shift 2 ;;
+    --tarball) tarball=$(absolute "$2"); shift 2 ;;
     --) shift; local_up_args=("$@"); break ;;
-    -h | --help) sed -n '2,24p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,23p' "$0"; exit 0 ;;
     *) echo "csi-sanity: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -47,7 +50,7 @@ done
 case $profile in release | debug) ;; *) echo "csi-sanity: --profile must be release or debug" >&2; exit 2 ;; esac
 
 # Skip messages of csi-sanity's for capabilities we do not offer, and why.
-declare -A OFFERED_ELSEWHERE=(
+declare -A NOT_OFFERED=(
   ["ControllerPublishVolume not supported"]="no PUBLISH_UNPUBLISH_VOLUME: the DPU attach is NodeStageVolume's"
   ["ControllerUnpublishVolume not supported"]="no PUBLISH_UNPUBLISH_VOLUME: the DPU attach is NodeStageVolume's"
   ["Controller Publish, UnpublishVolume not supported"]="no PUBLISH_UNPUBLISH_VOLUME: the DPU attach is NodeStageVolume's"
@@ -101,10 +104,10 @@ work=$(mktemp -d /tmp/snap-csi-sanity.XXXXXX)
 trap 'local_up_stop; rm -rf "$work"' EXIT
 
 # verdict REPORT.json NAME: prints the counts; fails on a failed spec or a
-# skip that OFFERED_ELSEWHERE does not explain.
+# skip that NOT_OFFERED does not explain.
 verdict() {
   local reasons
-  reasons=$(for r in "${!OFFERED_ELSEWHERE[@]}"; do printf '%s\t%s\n' "$r" "${OFFERED_ELSEWHERE[$r]}"; done)
+  reasons=$(for r in "${!NOT_OFFERED[@]}"; do printf '%s\t%s\n' "$r" "${NOT_OFFERED[$r]}"; done)
   REASONS=$reasons python3 - "$1" "$2" <<'PY'
 import collections, json, os, sys
 
