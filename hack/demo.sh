@@ -25,33 +25,12 @@ flag=()
 [ "$profile" = release ] && flag=(--release)
 cargo build "${flag[@]}" --locked --quiet -p snap-csi -p snap-emu -p snap-csi-spdk-plugin -p csi-player
 
+# shellcheck source=hack/lib/local-up-client.sh
+. hack/lib/local-up-client.sh
 work=$(mktemp -d /tmp/snap-csi-demo.XXXXXX)
 stack=$work/stack
-out=$work/local-up.out
-./hack/local-up.sh --no-build --profile "$profile" --dir "$stack" >"$out" 2>"$work/local-up.err" &
-up=$!
-stop_stack() {
-  if kill -0 "$up" 2>/dev/null; then
-    kill -TERM "$up"
-    wait "$up" || true
-  fi
-}
-trap 'stop_stack; rm -rf "$work"' EXIT
-
-for _ in $(seq 600); do
-  grep -qx READY "$out" && break
-  if ! kill -0 "$up" 2>/dev/null; then
-    echo "demo: the stack did not come up:" >&2
-    cat "$work/local-up.err" >&2
-    exit 1
-  fi
-  sleep 0.1
-done
-grep -qx READY "$out" || { echo "demo: the stack did not come up in 60 s" >&2; exit 1; }
-set -a
-# shellcheck disable=SC1090
-. <(grep -E '^(CSI_CONTROLLER_ENDPOINT|CSI_NODE_ENDPOINT|KUBELET_DIR|NODE_METRICS|CONTROLLER_METRICS|PLUGIN_METRICS)=' "$out")
-set +a
+trap 'local_up_stop; rm -rf "$work"' EXIT
+local_up_start "$work" --profile "$profile" --dir "$stack"
 
 ./target/"$profile"/csi-player
 
@@ -77,13 +56,6 @@ for page in "$NODE_METRICS" "$CONTROLLER_METRICS" "$PLUGIN_METRICS"; do
   sed 's/^/    /' <<<"$counted"
 done
 
-stop_stack
-left=$( (losetup -a | grep -F "$stack") || true)
-mounted=$( (grep -F "$stack" /proc/self/mountinfo) || true)
-if [ -n "$left" ] || [ -n "$mounted" ] || [ -e "$stack" ]; then
-  echo "FAIL: left behind:" >&2
-  printf '%s\n' "$left" "$mounted" >&2
-  ls "$stack" >&2 2>/dev/null || true
-  exit 1
-fi
+local_up_stop
+local_up_assert_clean "$stack"
 echo "OK: the stack is stopped; no loop device, mount or directory is left"

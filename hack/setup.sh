@@ -1,12 +1,20 @@
 #!/usr/bin/env bash
 # Installs what building and testing snap-csi needs on a Debian 12 machine:
 # protoc for the gRPC code, filesystem and loop-device tools for the host side,
-# and the offline manifest validator for deploy/check.sh.
+# the offline manifest validator for deploy/check.sh, and Go 1.23 for csi-sanity.
 # Idempotent; run as root. Rust itself comes from rustup (rust-toolchain.toml).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 
 packages=(protobuf-compiler libprotobuf-dev libudev-dev pkg-config e2fsprogs xfsprogs util-linux mount fdisk kmod python3-venv)
+
+# Go 1.23 builds csi-sanity (hack/csi-sanity.sh); Debian 12 has it only in
+# bookworm-backports, which is enabled here unless some apt source has it.
+packages+=(golang-1.23-go)
+if ! grep -Eqs '^[^#]*bookworm-backports' /etc/apt/sources.list /etc/apt/sources.list.d/*.list \
+  /etc/apt/sources.list.d/*.sources; then
+  echo 'deb http://deb.debian.org/debian bookworm-backports main' >/etc/apt/sources.list.d/bookworm-backports.list
+fi
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -49,18 +49,22 @@ struct Proxy {
 
 impl Proxy {
     async fn start(vendor_endpoint: &str) -> Proxy {
-        Proxy::start_with(vendor_endpoint, None).await
+        Proxy::start_with(vendor_endpoint, |_| {}).await
     }
 
-    async fn start_with(vendor_endpoint: &str, driver_name: Option<&str>) -> Proxy {
+    /// A proxy with the settings `configure` makes over the defaults.
+    async fn start_with(
+        vendor_endpoint: &str,
+        configure: impl FnOnce(&mut ControllerConfig),
+    ) -> Proxy {
         let dir = tempfile::tempdir().unwrap();
-        let config = ControllerConfig {
+        let mut config = ControllerConfig {
             endpoint: dir.path().join("csi.sock"),
             vendor_endpoint: vendor_endpoint.into(),
             call_timeout: CALL_TIMEOUT,
-            driver_name: driver_name.map(str::to_string),
-            metrics_address: None,
+            ..Default::default()
         };
+        configure(&mut config);
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(snap_csi::controller::run(config.clone(), async move {
             let _ = stopped.await;
@@ -704,6 +708,7 @@ fn group_capabilities() -> csi::GroupControllerGetCapabilitiesResponse {
     }
 }
 
+/// (Every value here is one CSI v1.11 defines; newer ones are the next test's.)
 #[tokio::test]
 async fn capabilities_are_exactly_the_vendors() {
     let dir = tempfile::tempdir().unwrap();
@@ -756,6 +761,161 @@ async fn capabilities_are_exactly_the_vendors() {
     proxy.stop().await;
 }
 
+/// Capability replies with every value from 0 to 20 of each capability enum:
+/// CSI v1.11's, CSI 1.12's GET_SNAPSHOT (15), and values no CSI has yet.
+fn every_capability_value() -> (
+    csi::GetPluginCapabilitiesResponse,
+    csi::ControllerGetCapabilitiesResponse,
+    csi::GroupControllerGetCapabilitiesResponse,
+) {
+    use csi::plugin_capability::{Service, Type, VolumeExpansion};
+    let values = 0..=20;
+    let plugin = values
+        .clone()
+        .flat_map(|v| {
+            [
+                Type::Service(Service { r#type: v }),
+                Type::VolumeExpansion(VolumeExpansion { r#type: v }),
+            ]
+        })
+        .map(|t| csi::PluginCapability { r#type: Some(t) })
+        .collect();
+    let controller = values
+        .clone()
+        .map(|v| csi::ControllerServiceCapability {
+            r#type: Some(csi::controller_service_capability::Type::Rpc(
+                csi::controller_service_capability::Rpc { r#type: v },
+            )),
+        })
+        .collect();
+    let group = values
+        .map(|v| csi::GroupControllerServiceCapability {
+            r#type: Some(csi::group_controller_service_capability::Type::Rpc(
+                csi::group_controller_service_capability::Rpc { r#type: v },
+            )),
+        })
+        .collect();
+    (
+        csi::GetPluginCapabilitiesResponse {
+            capabilities: plugin,
+        },
+        csi::ControllerGetCapabilitiesResponse {
+            capabilities: controller,
+        },
+        csi::GroupControllerGetCapabilitiesResponse {
+            capabilities: group,
+        },
+    )
+}
+
+/// The three capability replies through `proxy`, each answered by `vendor`
+/// with [`every_capability_value`].
+async fn capabilities_through(
+    vendor: &FakeVendor,
+    proxy: &Proxy,
+) -> (
+    csi::GetPluginCapabilitiesResponse,
+    csi::ControllerGetCapabilitiesResponse,
+    csi::GroupControllerGetCapabilitiesResponse,
+) {
+    let (plugin, controller, group) = every_capability_value();
+    vendor.script("GetPluginCapabilities", [Answer::reply(plugin)]);
+    vendor.script("ControllerGetCapabilities", [Answer::reply(controller)]);
+    vendor.script("GroupControllerGetCapabilities", [Answer::reply(group)]);
+    let plugin = proxy
+        .identity
+        .clone()
+        .get_plugin_capabilities(csi::GetPluginCapabilitiesRequest {})
+        .await;
+    let controller = proxy
+        .controller
+        .clone()
+        .controller_get_capabilities(csi::ControllerGetCapabilitiesRequest {})
+        .await;
+    let group = proxy
+        .group
+        .clone()
+        .group_controller_get_capabilities(csi::GroupControllerGetCapabilitiesRequest {})
+        .await;
+    (
+        plugin.unwrap().into_inner(),
+        controller.unwrap().into_inner(),
+        group.unwrap().into_inner(),
+    )
+}
+
+/// Sidecars built on CSI v1.11 crash on an enum value they do not know, so
+/// by default the proxy keeps exactly the capability values CSI v1.11
+/// defines (read from v1.11's own descriptors); forwarding newer ones is the
+/// operator's choice, and then the reply is the vendor's, exactly.
+#[tokio::test]
+async fn capabilities_newer_than_csi_v1_11_reach_sidecars_only_when_forwarded() {
+    use common::csi_v1_11::{assert_decodes, enum_values, unknown_enum_values};
+    use csi::plugin_capability::Type;
+    let dir = tempfile::tempdir().unwrap();
+    let (vendor, proxy) = proxied_vendor(dir.path()).await;
+    let (plugin, controller, group) = capabilities_through(&vendor, &proxy).await;
+    assert_decodes("csi.v1.GetPluginCapabilitiesResponse", &plugin);
+    assert_decodes("csi.v1.ControllerGetCapabilitiesResponse", &controller);
+    assert_decodes("csi.v1.GroupControllerGetCapabilitiesResponse", &group);
+    let services: Vec<i32> = plugin
+        .capabilities
+        .iter()
+        .filter_map(|c| match &c.r#type {
+            Some(Type::Service(s)) => Some(s.r#type),
+            _ => None,
+        })
+        .collect();
+    let expansions: Vec<i32> = plugin
+        .capabilities
+        .iter()
+        .filter_map(|c| match &c.r#type {
+            Some(Type::VolumeExpansion(e)) => Some(e.r#type),
+            _ => None,
+        })
+        .collect();
+    let controller_rpcs: Vec<i32> = controller
+        .capabilities
+        .iter()
+        .filter_map(|c| c.r#type.as_ref())
+        .map(|csi::controller_service_capability::Type::Rpc(r)| r.r#type)
+        .collect();
+    let group_rpcs: Vec<i32> = group
+        .capabilities
+        .iter()
+        .filter_map(|c| c.r#type.as_ref())
+        .map(|csi::group_controller_service_capability::Type::Rpc(r)| r.r#type)
+        .collect();
+    assert_eq!(
+        services,
+        enum_values("csi.v1.PluginCapability.Service.Type")
+    );
+    assert_eq!(
+        expansions,
+        enum_values("csi.v1.PluginCapability.VolumeExpansion.Type")
+    );
+    assert_eq!(
+        controller_rpcs,
+        enum_values("csi.v1.ControllerServiceCapability.RPC.Type")
+    );
+    assert_eq!(
+        group_rpcs,
+        enum_values("csi.v1.GroupControllerServiceCapability.RPC.Type")
+    );
+    proxy.stop().await;
+
+    let forwarding =
+        Proxy::start_with(&vendor.endpoint, |c| c.forward_newer_capabilities = true).await;
+    let forwarded = capabilities_through(&vendor, &forwarding).await;
+    assert_eq!(forwarded, every_capability_value());
+    let unknown = unknown_enum_values("csi.v1.ControllerGetCapabilitiesResponse", &forwarded.1);
+    assert!(
+        unknown.iter().any(|u| u.ends_with(".type = 15")),
+        "the v1.11 check sees GET_SNAPSHOT: {unknown:?}"
+    );
+    forwarding.stop().await;
+}
+
 async fn plugin_info(proxy: &Proxy) -> csi::GetPluginInfoResponse {
     proxy
         .identity
@@ -766,8 +926,10 @@ async fn plugin_info(proxy: &Proxy) -> csi::GetPluginInfoResponse {
         .into_inner()
 }
 
+/// One driver name for the whole deployment: the node's unless configured,
+/// never the vendor's, which no CSIDriver of ours carries.
 #[tokio::test]
-async fn plugin_info_is_the_vendors_unless_a_driver_name_is_configured() {
+async fn plugin_info_is_the_vendors_under_our_driver_name() {
     let dir = tempfile::tempdir().unwrap();
     let vendor = FakeVendor::unix(dir.path(), Services::ALL).await;
     let info = csi::GetPluginInfoResponse {
@@ -782,15 +944,24 @@ async fn plugin_info_is_the_vendors_unless_a_driver_name_is_configured() {
 
     let proxy = Proxy::start(&vendor.endpoint).await;
     let got = plugin_info(&proxy).await;
-    assert_eq!(got, info);
-    proxy.stop().await;
-
-    let renamed = Proxy::start_with(&vendor.endpoint, Some("csi.snap-csi.io")).await;
-    let got = plugin_info(&renamed).await;
     assert_eq!(
         got,
         csi::GetPluginInfoResponse {
             name: "csi.snap-csi.io".into(),
+            ..info.clone()
+        }
+    );
+    proxy.stop().await;
+
+    let renamed = Proxy::start_with(&vendor.endpoint, |c| {
+        c.driver_name = "block.example.com".into();
+    })
+    .await;
+    let got = plugin_info(&renamed).await;
+    assert_eq!(
+        got,
+        csi::GetPluginInfoResponse {
+            name: "block.example.com".into(),
             ..info
         }
     );

@@ -8,7 +8,8 @@ mod common;
 use std::os::unix::fs::symlink;
 
 use common::node::{
-    NodeStack, block_capability, mount_capability, mounts_under, publish_request, stage_request,
+    NodeStack, block_capability, mount_capability, mounts_under, publish_request,
+    stage_and_publish, stage_request,
 };
 use snap_csi::node::config::EmulationSetting;
 use snap_csi::proto::csi::v1 as csi;
@@ -54,10 +55,29 @@ async fn identity_answers_as_the_spec_requires() {
         .unwrap()
         .into_inner();
     assert_eq!(probe.ready, Some(true), "plugin and SNAP are up");
-    identity
+    // The capabilities of the whole plugin, the same from every instance:
+    // csi-sanity, like any CO, reads CONTROLLER_SERVICE from the node's.
+    let plugin = identity
         .get_plugin_capabilities(csi::GetPluginCapabilitiesRequest {})
         .await
-        .unwrap();
+        .unwrap()
+        .into_inner();
+    let services: Vec<i32> = plugin
+        .capabilities
+        .iter()
+        .filter_map(|c| match &c.r#type {
+            Some(csi::plugin_capability::Type::Service(s)) => Some(s.r#type),
+            _ => None,
+        })
+        .collect();
+    use csi::plugin_capability::service::Type as Service;
+    assert_eq!(
+        services,
+        [
+            Service::ControllerService as i32,
+            Service::VolumeAccessibilityConstraints as i32
+        ]
+    );
 
     let mut node = stack.client.clone();
     let capabilities = node
@@ -257,6 +277,17 @@ async fn each_invalid_request_class_gets_its_code_and_leaves_no_trace() {
             Code::InvalidArgument,
         ),
         (
+            // REQUIRED fields are checked before the staging path's
+            // FAILED_PRECONDITION (csi-sanity sends neither).
+            "no capability and no staging path",
+            csi::NodePublishVolumeRequest {
+                volume_capability: None,
+                staging_target_path: String::new(),
+                ..publish.clone()
+            },
+            Code::InvalidArgument,
+        ),
+        (
             "no staging path with STAGE_UNSTAGE",
             csi::NodePublishVolumeRequest {
                 staging_target_path: String::new(),
@@ -370,5 +401,147 @@ async fn a_vendor_plugin_that_is_down_makes_stage_unavailable_within_the_deadlin
         status.message().contains("plugin"),
         "the message names the plugin: {status:?}"
     );
+    assert_no_trace(&stack).await;
+}
+
+/// Stats and expand find a volume by the path the CO names: a volume that is
+/// not staged here, or not at that path, is NOT_FOUND, whatever the path
+/// looks like (csi-sanity sends the relative "some/path"); only a missing
+/// argument is INVALID_ARGUMENT.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_volume_not_at_the_path_given_is_not_found() {
+    let stack = NodeStack::start(EmulationSetting::Nvme).await;
+    let mut node = stack.client.clone();
+    let stats = |volume_id: &str, volume_path: &str| csi::NodeGetVolumeStatsRequest {
+        volume_id: volume_id.into(),
+        volume_path: volume_path.into(),
+        staging_target_path: String::new(),
+    };
+    let expand = |volume_id: &str, volume_path: &str| csi::NodeExpandVolumeRequest {
+        volume_id: volume_id.into(),
+        volume_path: volume_path.into(),
+        ..Default::default()
+    };
+    for path in ["some/path", "/nonexistent/elsewhere"] {
+        let status = node
+            .node_get_volume_stats(stats("never-staged", path))
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), Code::NotFound, "stats, {path}: {status:?}");
+        let status = node
+            .node_expand_volume(expand("never-staged", path))
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), Code::NotFound, "expand, {path}: {status:?}");
+    }
+
+    let backing = stack.backing_file("vol.img", 64 << 20);
+    let staging = stack.path("staging/pvc-n");
+    std::fs::create_dir_all(&staging).unwrap();
+    let target = stack.path("pods/n/volumes/pvc-n");
+    let capability = mount_capability("ext4", Mode::SingleNodeWriter);
+    stage_and_publish(
+        &mut node,
+        "pvc-n",
+        (&staging, &target),
+        capability,
+        &backing,
+        false,
+    )
+    .await;
+
+    let outside = tempfile::tempdir().unwrap();
+    let not_there = [
+        "some/path".to_string(),
+        outside.path().display().to_string(),
+        stack.path("pods/n/volumes/other").display().to_string(),
+    ];
+    for path in &not_there {
+        let status = node
+            .node_get_volume_stats(stats("pvc-n", path))
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), Code::NotFound, "stats, {path}: {status:?}");
+        assert!(status.message().contains("pvc-n"), "{status:?}");
+        let status = node
+            .node_expand_volume(expand("pvc-n", path))
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), Code::NotFound, "expand, {path}: {status:?}");
+    }
+    let status = node
+        .node_get_volume_stats(stats("pvc-n", ""))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    let status = node
+        .node_expand_volume(expand("pvc-n", ""))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    // Where the volume is, it is found.
+    let target_path = target.display().to_string();
+    node.node_get_volume_stats(stats("pvc-n", &target_path))
+        .await
+        .unwrap();
+
+    common::node::unpublish(&mut node, "pvc-n", &target).await;
+    common::node::unstage(&mut node, "pvc-n", &staging).await;
+    assert_no_trace(&stack).await;
+}
+
+/// kubelet and the node sidecars may be built on CSI v1.11 (see
+/// `common::csi_v1_11`): every enum in the node's replies is one it knows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_enum_in_the_nodes_replies_is_one_csi_v1_11_knows() {
+    use common::csi_v1_11::assert_decodes;
+    let stack = NodeStack::start(EmulationSetting::Nvme).await;
+    let mut node = stack.client.clone();
+    let mut identity = IdentityClient::new(common::node::connect(&stack.config.endpoint).await);
+    let plugin = identity
+        .get_plugin_capabilities(csi::GetPluginCapabilitiesRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_decodes("csi.v1.GetPluginCapabilitiesResponse", &plugin);
+    let capabilities = node
+        .node_get_capabilities(csi::NodeGetCapabilitiesRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_decodes("csi.v1.NodeGetCapabilitiesResponse", &capabilities);
+
+    // Volume usage has a unit, for a filesystem (bytes, inodes) and a block volume.
+    for (name, capability) in [
+        ("pvc-fs", mount_capability("ext4", Mode::SingleNodeWriter)),
+        ("pvc-blk", block_capability(Mode::SingleNodeWriter)),
+    ] {
+        let backing = stack.backing_file(&format!("{name}.img"), 64 << 20);
+        let staging = stack.path(&format!("staging/{name}"));
+        std::fs::create_dir_all(&staging).unwrap();
+        let target = stack.path(&format!("pods/v/volumes/{name}"));
+        stage_and_publish(
+            &mut node,
+            name,
+            (&staging, &target),
+            capability,
+            &backing,
+            false,
+        )
+        .await;
+        let stats = node
+            .node_get_volume_stats(csi::NodeGetVolumeStatsRequest {
+                volume_id: name.into(),
+                volume_path: target.display().to_string(),
+                staging_target_path: staging.display().to_string(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(!stats.usage.is_empty(), "{name}: {stats:?}");
+        assert_decodes("csi.v1.NodeGetVolumeStatsResponse", &stats);
+        common::node::unpublish(&mut node, name, &target).await;
+        common::node::unstage(&mut node, name, &staging).await;
+    }
     assert_no_trace(&stack).await;
 }

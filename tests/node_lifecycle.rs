@@ -14,8 +14,8 @@ use std::path::Path;
 
 use common::loop_devices_of;
 use common::node::{
-    NodeStack, block_capability, mount_capability, mounts_under, publish_request, stage_request,
-    unpublish, unstage,
+    NodeStack, block_capability, mount_capability, mounts_under, publish_request,
+    stage_and_publish, stage_request, unpublish, unstage,
 };
 use snap_csi::node::config::EmulationSetting;
 use snap_csi::proto::csi::v1 as csi;
@@ -197,23 +197,15 @@ async fn read_only_publish_refuses_writes() {
     fs::create_dir_all(&staging).unwrap();
     let target = stack.path("pods/ro/volumes/pvc-ro");
     let capability = mount_capability("ext4", Mode::SingleNodeWriter);
-    node.node_stage_volume(stage_request(
+    stage_and_publish(
+        &mut node,
         "pvc-ro",
-        &staging,
+        (&staging, &target),
         capability.clone(),
         &backing,
-    ))
-    .await
-    .unwrap();
-    node.node_publish_volume(publish_request(
-        "pvc-ro",
-        &staging,
-        &target,
-        capability.clone(),
         true,
-    ))
-    .await
-    .unwrap();
+    )
+    .await;
     let error = fs::write(target.join("x"), b"no").unwrap_err();
     assert_eq!(error.raw_os_error(), Some(libc_erofs()), "{error}");
     // The same target asked read-write is a different publish: ALREADY_EXISTS.
@@ -243,19 +235,15 @@ async fn stats_report_usage_and_identity_and_info_answer() {
     fs::create_dir_all(&staging).unwrap();
     let target = stack.path("pods/s/volumes/pvc-s");
     let capability = mount_capability("ext4", Mode::SingleNodeWriter);
-    node.node_stage_volume(stage_request(
+    stage_and_publish(
+        &mut node,
         "pvc-s",
-        &staging,
-        capability.clone(),
+        (&staging, &target),
+        capability,
         &backing,
-    ))
-    .await
-    .unwrap();
-    node.node_publish_volume(publish_request(
-        "pvc-s", &staging, &target, capability, false,
-    ))
-    .await
-    .unwrap();
+        false,
+    )
+    .await;
     let stats = node
         .node_get_volume_stats(csi::NodeGetVolumeStatsRequest {
             volume_id: "pvc-s".into(),
@@ -313,19 +301,15 @@ async fn expand(emulation: EmulationSetting, fs_type: &str) {
     fs::create_dir_all(&staging).unwrap();
     let target = stack.path("pods/e/volumes/pvc-e");
     let capability = mount_capability(fs_type, Mode::SingleNodeWriter);
-    node.node_stage_volume(stage_request(
+    stage_and_publish(
+        &mut node,
         "pvc-e",
-        &staging,
-        capability.clone(),
+        (&staging, &target),
+        capability,
         &backing,
-    ))
-    .await
-    .unwrap();
-    node.node_publish_volume(publish_request(
-        "pvc-e", &staging, &target, capability, false,
-    ))
-    .await
-    .unwrap();
+        false,
+    )
+    .await;
     let total = |stats: csi::NodeGetVolumeStatsResponse| {
         stats
             .usage
@@ -421,12 +405,7 @@ async fn restage(
     let capability = mount_capability(fs_type, Mode::SingleNodeWriter);
     unpublish(node, "pvc-e", target).await;
     unstage(node, "pvc-e", staging).await;
-    node.node_stage_volume(stage_request("pvc-e", staging, capability.clone(), backing))
-        .await
-        .unwrap();
-    node.node_publish_volume(publish_request("pvc-e", staging, target, capability, false))
-        .await
-        .unwrap();
+    stage_and_publish(node, "pvc-e", (staging, target), capability, backing, false).await;
 }
 
 /// Whether this process may resize a mounted ext4 (capability bit 24).
@@ -460,19 +439,15 @@ async fn read_only_block_volume_refuses_writes() {
     let staging = stack.path("staging/pvc-rob");
     let target = stack.path("pods/rob/volumes/pvc-rob");
     let capability = block_capability(Mode::MultiNodeReaderOnly);
-    node.node_stage_volume(stage_request(
+    stage_and_publish(
+        &mut node,
         "pvc-rob",
-        &staging,
-        capability.clone(),
+        (&staging, &target),
+        capability,
         &backing,
-    ))
-    .await
-    .unwrap();
-    node.node_publish_volume(publish_request(
-        "pvc-rob", &staging, &target, capability, true,
-    ))
-    .await
-    .unwrap();
+        true,
+    )
+    .await;
     let error = fs::OpenOptions::new()
         .write(true)
         .open(&target)

@@ -24,8 +24,12 @@ pub struct ControllerConfig {
     /// deadline shortens it.
     #[serde(with = "seconds")]
     pub call_timeout: Duration,
-    /// Reported by GetPluginInfo instead of the vendor's name, when set.
-    pub driver_name: Option<String>,
+    /// Reported by GetPluginInfo instead of the vendor's name: the node's
+    /// name by default, so that one CSIDriver serves both.
+    pub driver_name: String,
+    /// Forward capability values a CSI v1.11 client cannot decode
+    /// (see [`super::capabilities`]).
+    pub forward_newer_capabilities: bool,
     /// Where to serve Prometheus metrics (`/metrics`); none when unset.
     pub metrics_address: Option<std::net::SocketAddr>,
 }
@@ -36,7 +40,8 @@ impl Default for ControllerConfig {
             endpoint: "/csi/csi.sock".into(),
             vendor_endpoint: String::new(),
             call_timeout: Duration::from_secs(120),
-            driver_name: None,
+            driver_name: crate::DRIVER_NAME.into(),
+            forward_newer_capabilities: false,
             metrics_address: None,
         }
     }
@@ -117,9 +122,14 @@ pub struct ControllerArgs {
     /// more (or sets no deadline) [default: 120].
     #[arg(long, env = "SNAP_CSI_CALL_TIMEOUT")]
     pub call_timeout: Option<f64>,
-    /// CSI driver name to report instead of the vendor's.
+    /// CSI driver name to report instead of the vendor's [default: csi.snap-csi.io].
     #[arg(long, env = "SNAP_CSI_DRIVER_NAME")]
     pub driver_name: Option<String>,
+    /// Forward capability values that sidecars built on CSI v1.11 cannot
+    /// decode (CSI 1.12's GET_SNAPSHOT); dropped otherwise, as such sidecars
+    /// crash on them.
+    #[arg(long, env = "SNAP_CSI_FORWARD_NEWER_CAPABILITIES")]
+    pub forward_newer_capabilities: bool,
     /// Serve Prometheus metrics on this address (e.g. 0.0.0.0:9811).
     #[arg(long, env = "SNAP_CSI_METRICS_ADDRESS")]
     pub metrics_address: Option<std::net::SocketAddr>,
@@ -132,9 +142,11 @@ impl ControllerArgs {
         let mut resolved: ControllerConfig = defaults_or_file(self.config.as_deref())?;
         flags_over!(
             self => resolved,
-            [endpoint, vendor_endpoint],
-            optional [metrics_address, driver_name]
+            [endpoint, vendor_endpoint, driver_name],
+            optional [metrics_address]
         );
+        // A flag can turn forwarding on, not off: absent, the file decides.
+        resolved.forward_newer_capabilities |= self.forward_newer_capabilities;
         seconds_flag(
             &mut resolved.call_timeout,
             "call-timeout",
@@ -174,8 +186,37 @@ mod tests {
         let config = args.resolve().unwrap();
         assert_eq!(config.vendor_endpoint, "unix:///run/vendor.sock");
         assert_eq!(config.call_timeout, Duration::from_millis(2500));
-        assert_eq!(config.driver_name.as_deref(), Some("from.flag"));
+        assert_eq!(config.driver_name, "from.flag");
         assert_eq!(config.endpoint, PathBuf::from("/csi/csi.sock"));
+    }
+
+    #[test]
+    fn the_nodes_driver_name_and_csi_v1_11_capabilities_by_default() {
+        let args = ControllerArgs {
+            vendor_endpoint: Some("unix:///run/vendor.sock".into()),
+            ..Default::default()
+        };
+        let config = args.resolve().unwrap();
+        assert_eq!(
+            config.driver_name,
+            crate::node::NodeConfig::default().driver_name
+        );
+        assert!(!config.forward_newer_capabilities);
+
+        let (_dir, file) = test_file(
+            "controller.toml",
+            "vendor_endpoint = \"unix:///x\"\nforward_newer_capabilities = true\n",
+        );
+        let from_file = ControllerArgs {
+            config: Some(file),
+            ..Default::default()
+        };
+        assert!(from_file.resolve().unwrap().forward_newer_capabilities);
+        let from_flag = ControllerArgs {
+            forward_newer_capabilities: true,
+            ..args
+        };
+        assert!(from_flag.resolve().unwrap().forward_newer_capabilities);
     }
 
     #[test]

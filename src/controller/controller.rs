@@ -1,16 +1,20 @@
 //! CSI Controller, forwarded method for method. Capabilities are the
-//! vendor's (ControllerGetCapabilities is forwarded like the rest), so the
-//! CO calls only what the vendor implements.
+//! vendor's (less what a CSI v1.11 client cannot decode, unless configured
+//! otherwise), so the CO calls only what the vendor implements.
 
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
+use super::capabilities::CapabilityFilter;
 use super::forward::Forwarder;
 use crate::proto::csi::v1 as csi;
 use csi::controller_client::ControllerClient;
 
 #[derive(Debug, Clone)]
-pub struct ControllerProxy(pub Forwarder<ControllerClient<Channel>>);
+pub struct ControllerProxy(
+    pub Forwarder<ControllerClient<Channel>>,
+    pub CapabilityFilter,
+);
 
 #[tonic::async_trait]
 impl csi::controller_server::Controller for ControllerProxy {
@@ -99,13 +103,14 @@ impl csi::controller_server::Controller for ControllerProxy {
         &self,
         request: Request<csi::ControllerGetCapabilitiesRequest>,
     ) -> Result<Response<csi::ControllerGetCapabilitiesResponse>, Status> {
-        self.0
-            .forward(
-                "ControllerGetCapabilities",
-                request,
-                |mut c, r| async move { c.controller_get_capabilities(r).await },
-            )
-            .await
+        let method = "ControllerGetCapabilities";
+        let response = self
+            .0
+            .forward(method, request, |mut c, r| async move {
+                c.controller_get_capabilities(r).await
+            })
+            .await?;
+        Ok(self.1.apply(method, response))
     }
 
     async fn create_snapshot(

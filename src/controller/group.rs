@@ -1,15 +1,20 @@
-//! CSI GroupController, forwarded. A vendor without it answers
+//! CSI GroupController, forwarded (capabilities less what a CSI v1.11 client
+//! cannot decode, unless configured otherwise). A vendor without it answers
 //! UNIMPLEMENTED, which goes back as it came.
 
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
+use super::capabilities::CapabilityFilter;
 use super::forward::Forwarder;
 use crate::proto::csi::v1 as csi;
 use csi::group_controller_client::GroupControllerClient;
 
 #[derive(Debug, Clone)]
-pub struct GroupControllerProxy(pub Forwarder<GroupControllerClient<Channel>>);
+pub struct GroupControllerProxy(
+    pub Forwarder<GroupControllerClient<Channel>>,
+    pub CapabilityFilter,
+);
 
 #[tonic::async_trait]
 impl csi::group_controller_server::GroupController for GroupControllerProxy {
@@ -17,13 +22,14 @@ impl csi::group_controller_server::GroupController for GroupControllerProxy {
         &self,
         request: Request<csi::GroupControllerGetCapabilitiesRequest>,
     ) -> Result<Response<csi::GroupControllerGetCapabilitiesResponse>, Status> {
-        self.0
-            .forward(
-                "GroupControllerGetCapabilities",
-                request,
-                |mut c, r| async move { c.group_controller_get_capabilities(r).await },
-            )
-            .await
+        let method = "GroupControllerGetCapabilities";
+        let response = self
+            .0
+            .forward(method, request, |mut c, r| async move {
+                c.group_controller_get_capabilities(r).await
+            })
+            .await?;
+        Ok(self.1.apply(method, response))
     }
 
     async fn create_volume_group_snapshot(

@@ -1,9 +1,11 @@
-//! CSI Identity, answered by the vendor's CSI controller: its name (unless
-//! one is configured), its plugin capabilities, its readiness.
+//! CSI Identity, answered by the vendor's CSI controller: its plugin
+//! capabilities (those a CSI v1.11 client can decode, unless configured
+//! otherwise), its readiness; the name is ours (the node's by default).
 
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
+use super::capabilities::CapabilityFilter;
 use super::forward::Forwarder;
 use crate::proto::csi::v1 as csi;
 use csi::identity_client::IdentityClient;
@@ -11,14 +13,20 @@ use csi::identity_client::IdentityClient;
 #[derive(Debug, Clone)]
 pub struct IdentityProxy {
     vendor: Forwarder<IdentityClient<Channel>>,
-    driver_name: Option<String>,
+    driver_name: String,
+    capabilities: CapabilityFilter,
 }
 
 impl IdentityProxy {
-    pub fn new(vendor: Forwarder<IdentityClient<Channel>>, driver_name: Option<String>) -> Self {
+    pub fn new(
+        vendor: Forwarder<IdentityClient<Channel>>,
+        driver_name: String,
+        capabilities: CapabilityFilter,
+    ) -> Self {
         IdentityProxy {
             vendor,
             driver_name,
+            capabilities,
         }
     }
 }
@@ -35,11 +43,9 @@ impl csi::identity_server::Identity for IdentityProxy {
                 c.get_plugin_info(r).await
             })
             .await?;
-        // The name must match the CSIDriver object, which an operator may
-        // have named differently from the vendor's own build.
-        if let Some(name) = &self.driver_name {
-            response.get_mut().name.clone_from(name);
-        }
+        // The name must match the CSIDriver object and the node's, which the
+        // vendor's own build does not know.
+        response.get_mut().name.clone_from(&self.driver_name);
         Ok(response)
     }
 
@@ -47,11 +53,14 @@ impl csi::identity_server::Identity for IdentityProxy {
         &self,
         request: Request<csi::GetPluginCapabilitiesRequest>,
     ) -> Result<Response<csi::GetPluginCapabilitiesResponse>, Status> {
-        self.vendor
-            .forward("GetPluginCapabilities", request, |mut c, r| async move {
+        let method = "GetPluginCapabilities";
+        let response = self
+            .vendor
+            .forward(method, request, |mut c, r| async move {
                 c.get_plugin_capabilities(r).await
             })
-            .await
+            .await?;
+        Ok(self.capabilities.apply(method, response))
     }
 
     /// Ready exactly when the vendor says so: the proxy has no state of its

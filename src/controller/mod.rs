@@ -3,9 +3,12 @@
 //! Kubernetes, each RPC forwarded to the vendor's CSI controller.
 //!
 //! The proxy adds no behaviour of its own to what the vendor decides: the
-//! vendor's capabilities, responses and statuses (code, message, details)
-//! come back unchanged, and requests reach it field for field, secrets and
-//! parameters included. What it adds is how a call is made: the caller's
+//! vendor's responses and statuses (code, message, details) come back
+//! unchanged, and requests reach it field for field, secrets and parameters
+//! included. Two exceptions, both so that one deployment works with the
+//! sidecars users run: GetPluginInfo reports our driver name (the node's),
+//! and capability replies lose the values a CSI v1.11 client cannot decode
+//! unless configured otherwise (`capabilities`). What it adds is how a call is made: the caller's
 //! deadline (a little short, capped by `call_timeout`) on every call,
 //! UNAVAILABLE retried with backoff inside it, UNAVAILABLE naming the vendor
 //! when it cannot be reached, and one log line per call that never shows a
@@ -16,9 +19,11 @@
 //!   endpoint (`unix:///path` or `http://host:port`).
 //! - `forward`: the one forwarding helper every RPC goes through.
 //! - `subject`: which request field names the object of a call, for the log.
+//! - `capabilities`: what a CSI v1.11 client can decode in a capability reply.
 //! - `identity`, `controller`, `group`, `volume_group`: the four services, one
 //!   forwarding call per RPC (Identity may rename the driver).
 
+pub mod capabilities;
 pub mod config;
 #[expect(
     clippy::module_inception,
@@ -44,6 +49,7 @@ use crate::proto::csi::v1::identity_client::IdentityClient;
 use crate::proto::csi::v1::identity_server::IdentityServer;
 use crate::proto::volumegroup::controller_client::ControllerClient as VolumeGroupClient;
 use crate::proto::volumegroup::controller_server::ControllerServer as VolumeGroupServer;
+use capabilities::CapabilityFilter;
 use controller::ControllerProxy;
 use forward::Forwarder;
 use group::GroupControllerProxy;
@@ -61,29 +67,39 @@ pub async fn run(
     let channel = vendor.channel();
     let label: Arc<str> = vendor.to_string().into();
     let timeout = config.call_timeout;
+    let capabilities = CapabilityFilter {
+        forward_newer: config.forward_newer_capabilities,
+    };
     let listener = crate::server::bind(&config.endpoint)?;
     tracing::info!(
         endpoint = %config.endpoint.display(),
         vendor = %vendor,
         call_timeout = ?config.call_timeout,
+        driver_name = %config.driver_name,
+        forward_newer_capabilities = config.forward_newer_capabilities,
         "controller proxy listening"
     );
     let router = crate::server::builder()
         .add_service(IdentityServer::new(IdentityProxy::new(
             Forwarder::new(IdentityClient::new(channel.clone()), label.clone(), timeout),
             config.driver_name.clone(),
+            capabilities,
         )))
-        .add_service(ControllerServer::new(ControllerProxy(Forwarder::new(
-            ControllerClient::new(channel.clone()),
-            label.clone(),
-            timeout,
-        ))))
+        .add_service(ControllerServer::new(ControllerProxy(
+            Forwarder::new(
+                ControllerClient::new(channel.clone()),
+                label.clone(),
+                timeout,
+            ),
+            capabilities,
+        )))
         .add_service(GroupControllerServer::new(GroupControllerProxy(
             Forwarder::new(
                 GroupControllerClient::new(channel.clone()),
                 label.clone(),
                 timeout,
             ),
+            capabilities,
         )))
         .add_service(VolumeGroupServer::new(VolumeGroupProxy(Forwarder::new(
             VolumeGroupClient::new(channel),

@@ -46,14 +46,21 @@ impl csi::identity_server::Identity for IdentityService {
         _request: Request<csi::GetPluginCapabilitiesRequest>,
     ) -> Result<Response<csi::GetPluginCapabilitiesResponse>, Status> {
         use csi::plugin_capability::service::Type;
-        // Volumes are reachable only from nodes whose DPU serves them.
-        let capabilities = vec![csi::PluginCapability {
+        // CSI asks every instance of a plugin for the capabilities of the
+        // whole, whatever it serves itself: the controller proxy always runs
+        // beside the nodes (CONTROLLER_SERVICE), and volumes are reachable
+        // only from nodes whose DPU serves them.
+        let capabilities = [
+            Type::ControllerService,
+            Type::VolumeAccessibilityConstraints,
+        ]
+        .into_iter()
+        .map(|t| csi::PluginCapability {
             r#type: Some(csi::plugin_capability::Type::Service(
-                csi::plugin_capability::Service {
-                    r#type: Type::VolumeAccessibilityConstraints as i32,
-                },
+                csi::plugin_capability::Service { r#type: t as i32 },
             )),
-        }];
+        })
+        .collect();
         Ok(Response::new(csi::GetPluginCapabilitiesResponse {
             capabilities,
         }))

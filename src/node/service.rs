@@ -16,6 +16,7 @@ use tokio::time::Instant;
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
+use super::command::HostOpError;
 use super::config::{EmulationSetting, NodeConfig};
 use super::error::{host_status, io_status};
 use super::format::{self, FsType};
@@ -112,6 +113,36 @@ impl NodeService {
         }
         paths::confine(&self.inner.config.kubelet_dir, path)
             .map_err(|e| Status::invalid_argument(format!("{what}: {e}")))
+    }
+
+    /// The record and path of a volume that a call finds by the path it was
+    /// staged or published at (stats, expand). That path names where the CO
+    /// says the volume is, not a place to make anything: one that cannot hold
+    /// a volume of ours (relative, outside the kubelet directory, through a
+    /// link) or does not exist means the volume is not there, which CSI
+    /// answers with NOT_FOUND, as it does for a volume not staged here.
+    fn staged_at(
+        &self,
+        volume_id: &str,
+        volume_path: &str,
+    ) -> Result<(VolumeRecord, PathBuf), Status> {
+        let record = self.recorded(volume_id)?.ok_or_else(|| {
+            Status::not_found(format!("volume {volume_id} is not staged on this node"))
+        })?;
+        let not_there = |why: String| {
+            Status::not_found(format!(
+                "volume {volume_id} is not at {volume_path:?}: {why}"
+            ))
+        };
+        let path = match paths::confine(&self.inner.config.kubelet_dir, volume_path) {
+            Ok(path) => path,
+            Err(HostOpError::InvalidArgument(why)) => return Err(not_there(why)),
+            Err(e) => return Err(host_status(e)),
+        };
+        if std::fs::symlink_metadata(&path).is_err() {
+            return Err(not_there("no such file or directory".into()));
+        }
+        Ok((record, path))
     }
 
     /// The host device at `locator`, if sysfs shows it now.
@@ -424,15 +455,18 @@ impl NodeService {
     ) -> Result<Response<csi::NodePublishVolumeResponse>, Status> {
         let deadline = self.deadline(&request);
         let req = request.into_inner();
+        // The REQUIRED fields first (INVALID_ARGUMENT), then the staging
+        // path that STAGE_UNSTAGE_VOLUME makes necessary (FAILED_PRECONDITION).
         let volume_id = require(&req.volume_id, "volume_id")?;
-        let target = self.confine("target_path", &req.target_path)?;
+        require(&req.target_path, "target_path")?;
+        let (capability, usage) = usage(req.volume_capability.as_ref())?;
         if req.staging_target_path.is_empty() {
             return Err(Status::failed_precondition(
                 "staging_target_path is required: this plugin stages volumes (STAGE_UNSTAGE_VOLUME)",
             ));
         }
+        let target = self.confine("target_path", &req.target_path)?;
         let staging = self.confine("staging_target_path", &req.staging_target_path)?;
-        let (capability, usage) = usage(req.volume_capability.as_ref())?;
         let read_only = req.readonly || is_read_only_mode(access_mode(&capability)?);
         let _held = self.hold(volume_id)?;
 
@@ -481,14 +515,9 @@ impl NodeService {
         request: Request<csi::NodeGetVolumeStatsRequest>,
     ) -> Result<Response<csi::NodeGetVolumeStatsResponse>, Status> {
         let req = request.into_inner();
-        require(&req.volume_id, "volume_id")?;
-        let path = self.confine("volume_path", &req.volume_path)?;
-        if !path.exists() {
-            return Err(Status::not_found(format!(
-                "volume path {} does not exist",
-                path.display()
-            )));
-        }
+        let volume_id = require(&req.volume_id, "volume_id")?;
+        require(&req.volume_path, "volume_path")?;
+        let (_, path) = self.staged_at(volume_id, &req.volume_path)?;
         let Some(entry) = mountinfo::at(&path).map_err(host_status)? else {
             return Ok(Response::new(abnormal(format!(
                 "{} is not mounted: the volume is not published there",
@@ -543,11 +572,9 @@ impl NodeService {
         let deadline = self.deadline(&request);
         let req = request.into_inner();
         let volume_id = require(&req.volume_id, "volume_id")?;
-        let path = self.confine("volume_path", &req.volume_path)?;
+        require(&req.volume_path, "volume_path")?;
         let _held = self.hold(volume_id)?;
-        let record = self.recorded(volume_id)?.ok_or_else(|| {
-            Status::not_found(format!("volume {volume_id} is not staged on this node"))
-        })?;
+        let (record, path) = self.staged_at(volume_id, &req.volume_path)?;
         let device = self.wait_for_device(&record.locator, deadline).await?;
         let required = req
             .capacity_range

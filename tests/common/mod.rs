@@ -9,6 +9,7 @@
 #![allow(dead_code)]
 
 pub mod broken_plugin;
+pub mod csi_v1_11;
 pub mod dpu;
 pub mod node;
 pub mod pki;

@@ -219,6 +219,30 @@ pub fn mounts_under(root: &Path) -> Vec<String> {
         .collect()
 }
 
+/// NodeStageVolume, then NodePublishVolume at `target`; both must succeed.
+pub async fn stage_and_publish(
+    node: &mut NodeClient<Channel>,
+    volume_id: &str,
+    (staging, target): (&Path, &Path),
+    capability: csi::VolumeCapability,
+    backing: &Path,
+    readonly: bool,
+) {
+    node.node_stage_volume(stage_request(
+        volume_id,
+        staging,
+        capability.clone(),
+        backing,
+    ))
+    .await
+    .unwrap_or_else(|e| panic!("stage {volume_id} at {}: {e}", staging.display()));
+    node.node_publish_volume(publish_request(
+        volume_id, staging, target, capability, readonly,
+    ))
+    .await
+    .unwrap_or_else(|e| panic!("publish {volume_id} at {}: {e}", target.display()));
+}
+
 /// NodeUnpublishVolume, which must succeed.
 pub async fn unpublish(node: &mut NodeClient<Channel>, volume_id: &str, target: &Path) {
     node.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {

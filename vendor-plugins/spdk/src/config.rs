@@ -90,6 +90,10 @@ pub struct Args {
     /// [default: aio when configured, else nvmf].
     #[arg(long, env = "SPDK_PLUGIN_DEFAULT_BACKEND", value_parser = ["aio", "nvmf"])]
     pub default_backend: Option<String>,
+    /// CSI controller: list GET_SNAPSHOT (CSI 1.12) in ControllerGetCapabilities;
+    /// sidecars built on CSI v1.11 crash on it, so only for sidecars built on 1.12.
+    #[arg(long, env = "SPDK_PLUGIN_ADVERTISE_GET_SNAPSHOT")]
+    pub advertise_get_snapshot: bool,
 }
 
 impl Args {
@@ -181,6 +185,7 @@ impl Args {
             nvmf,
             default_backend,
             call_timeout,
+            advertise_get_snapshot: self.advertise_get_snapshot,
         }))
     }
 }

@@ -12,11 +12,11 @@ use std::time::Duration;
 use common::csi::{
     Backends, Csi, GIB, MIB, assert_code, block, from_snapshot, read_at, volume, write_at,
 };
+use common::dpu::TestDpu;
+use common::proxy::Proxy;
 use common::{Emulator, Plugin, TIMEOUT, every_page, loop_devices_of, timed};
-use snap_csi::controller::ControllerConfig;
-use snap_csi::dpu::colocated::Colocated;
-use snap_csi::dpu::plugin::{AccessMode, unix_channel};
-use snap_csi::dpu::{AttachRequest, DpuAttach, Emulation, HostLocator, VolumeMode};
+use snap_csi::dpu::plugin::AccessMode;
+use snap_csi::dpu::{AttachRequest, Emulation, HostLocator, VolumeMode};
 use snap_csi::host::Sysfs;
 use snap_csi::proto::csi::v1 as csi;
 use snap_csi::proto::volumegroup as vg;
@@ -153,71 +153,6 @@ async fn names_are_one_volume_across_backends_and_survive_a_restart() {
         "{:?}",
         csi.leftovers().await
     );
-}
-
-/// `snap-csi controller` in front of this controller, as Kubernetes' sidecars reach it.
-struct Proxy {
-    controller: csi::controller_client::ControllerClient<tonic::transport::Channel>,
-    identity: csi::identity_client::IdentityClient<tonic::transport::Channel>,
-    groups: vg::controller_client::ControllerClient<tonic::transport::Channel>,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<anyhow::Result<()>>,
-}
-
-impl Proxy {
-    async fn start(csi: &Csi) -> Proxy {
-        let endpoint = csi.dir.path().join("proxy/csi.sock");
-        let config = ControllerConfig {
-            endpoint: endpoint.clone(),
-            vendor_endpoint: format!("unix://{}", csi.socket.display()),
-            call_timeout: Duration::from_secs(30),
-            driver_name: Some("csi.snap-csi.io".into()),
-            ..Default::default()
-        };
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(snap_csi::controller::run(config, async move {
-            let _ = stopped.await;
-        }));
-        for _ in 0..500 {
-            if endpoint.exists() {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        let channel = unix_channel(endpoint);
-        Proxy {
-            controller: csi::controller_client::ControllerClient::new(channel.clone()),
-            identity: csi::identity_client::IdentityClient::new(channel.clone()),
-            groups: vg::controller_client::ControllerClient::new(channel),
-            stop: Some(stop),
-            task,
-        }
-    }
-
-    async fn create(
-        &self,
-        request: csi::CreateVolumeRequest,
-    ) -> Result<csi::Volume, tonic::Status> {
-        let response = self
-            .controller
-            .clone()
-            .create_volume(timed(request, TIMEOUT))
-            .await?;
-        Ok(response.into_inner().volume.unwrap())
-    }
-
-    async fn stop(mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        let task = self.task;
-        drop((self.controller, self.identity, self.groups));
-        tokio::time::timeout(TIMEOUT, task)
-            .await
-            .unwrap()
-            .unwrap()
-            .unwrap();
-    }
 }
 
 #[tokio::test]
@@ -442,7 +377,13 @@ async fn attach_created_volume(backend: &str, emulation: Emulation) {
     let csi = Csi::start(Backends::BOTH).await;
     let snap = Emulator::snap().await;
     let plugin = Plugin::start(snap.socket()).await;
-    let dpu = Colocated::new(&plugin.socket, snap.socket().display().to_string());
+    let dpu_dir = snap.dir.path().join("dpu-link");
+    let TestDpu { attach: dpu, .. } = &TestDpu::start(
+        &plugin.socket,
+        &snap.socket().display().to_string(),
+        &dpu_dir,
+    )
+    .await;
     let deadline = || Instant::now() + Duration::from_secs(30);
 
     let created = csi
@@ -460,6 +401,7 @@ async fn attach_created_volume(backend: &str, emulation: Emulation) {
         storage_parameters: HashMap::new(),
         emulation,
         attached_before: false,
+        secrets: HashMap::new(),
     };
     assert!(dpu.probe(deadline()).await.unwrap());
     let attached = dpu.attach(&request, deadline()).await.unwrap();

@@ -10,10 +10,10 @@ use std::future::Future;
 use std::path::Path;
 use std::time::Duration;
 
+use common::dpu::TestDpu;
 use common::{Emulator, Plugin, aio_context, discovered, export, loop_devices_of, nvmf_context};
-use snap_csi::dpu::colocated::Colocated;
 use snap_csi::dpu::plugin::AccessMode;
-use snap_csi::dpu::{AttachRequest, DpuAttach, Emulation, HostLocator, VolumeMode};
+use snap_csi::dpu::{AttachRequest, Emulation, HostLocator, VolumeMode};
 use snap_csi::host::{BlockDevice, Sysfs};
 use tokio::time::Instant;
 
@@ -35,6 +35,7 @@ fn request(
         storage_parameters: HashMap::new(),
         emulation,
         attached_before: false,
+        secrets: HashMap::new(),
     }
 }
 
@@ -48,20 +49,22 @@ fn host_device(sysfs: &Sysfs, locator: &HostLocator) -> Option<BlockDevice> {
 }
 
 /// The attach layer in front of `plugin`, whose empty provider maps to the
-/// emulator's socket (a template without a placeholder names it outright).
-fn dpu(plugin: &Plugin, snap: &Emulator) -> Colocated {
-    Colocated::new(&plugin.socket, snap.socket().display().to_string())
+/// emulator's socket (a template without a placeholder names it outright);
+/// behind a DPU agent in a split-mode run.
+async fn dpu(plugin: &Plugin, snap: &Emulator) -> TestDpu {
+    let dir = snap.dir.path().join("dpu-link");
+    TestDpu::start(&plugin.socket, &snap.socket().display().to_string(), &dir).await
 }
 
 async fn attach_and_detach(
-    dpu: &Colocated,
+    dpu: &TestDpu,
     snap: &Emulator,
     request: &AttachRequest,
     backing: &Path,
 ) {
     let sysfs = Sysfs::new(snap.spdk.sysfs_root());
-    assert!(dpu.probe(deadline()).await.unwrap());
-    let attached = dpu.attach(request, deadline()).await.unwrap();
+    assert!(dpu.attach.probe(deadline()).await.unwrap());
+    let attached = dpu.attach.attach(request, deadline()).await.unwrap();
     let device = discovered("the host sees the volume", || {
         host_device(&sysfs, &attached.locator)
     })
@@ -70,11 +73,12 @@ async fn attach_and_detach(
     assert!(device.node.exists(), "{device:?}");
     assert_eq!(loop_devices_of(backing).len(), 1);
 
-    let again = dpu.attach(request, deadline()).await.unwrap();
+    let again = dpu.attach.attach(request, deadline()).await.unwrap();
     assert_eq!(again, attached);
     assert_eq!(loop_devices_of(backing).len(), 1);
 
-    dpu.detach(&request.volume_id, Some(&attached.device_name), deadline())
+    dpu.attach
+        .detach(&request.volume_id, Some(&attached.device_name), deadline())
         .await
         .unwrap();
     assert_eq!(host_device(&sysfs, &attached.locator), None);
@@ -85,7 +89,8 @@ async fn attach_and_detach(
         attached.device_name
     );
     // Detaching again, also without the device name, is done.
-    dpu.detach(&request.volume_id, None, deadline())
+    dpu.attach
+        .detach(&request.volume_id, None, deadline())
         .await
         .unwrap();
 }
@@ -94,7 +99,7 @@ async fn attach_and_detach(
 async fn aio_volumes_through_nvme_and_virtio_blk() {
     let snap = Emulator::snap().await;
     let plugin = Plugin::start(snap.socket()).await;
-    let dpu = dpu(&plugin, &snap);
+    let dpu = dpu(&plugin, &snap).await;
 
     let file = snap.file("pvc-nvme.img");
     let nvme = request("pvc-nvme", aio_context(&file), Emulation::Nvme);
@@ -111,12 +116,15 @@ async fn aio_volumes_through_nvme_and_virtio_blk() {
 async fn detach_without_the_device_name_uses_the_plugins_list() {
     let snap = Emulator::snap().await;
     let plugin = Plugin::start(snap.socket()).await;
-    let dpu = dpu(&plugin, &snap);
+    let dpu = dpu(&plugin, &snap).await;
     let file = snap.file("pvc-lost.img");
     // The device exists but SNAP does not expose it (an attach that failed
     // after CreateDevice): only the plugin can say it is there.
     plugin.create("pvc-lost", aio_context(&file)).await.unwrap();
-    dpu.detach("pvc-lost", None, deadline()).await.unwrap();
+    dpu.attach
+        .detach("pvc-lost", None, deadline())
+        .await
+        .unwrap();
     assert!(snap.bdevs().await.is_empty());
 }
 
@@ -127,7 +135,7 @@ async fn nvmf_volume_through_nvme() {
     let nqn = "nqn.2024-01.io.snap-csi:pvc-remote";
     let port = export(&target, "remote", nqn).await;
     let plugin = Plugin::start(snap.socket()).await;
-    let dpu = dpu(&plugin, &snap);
+    let dpu = dpu(&plugin, &snap).await;
 
     let remote = request("pvc-remote", nvmf_context(port, nqn), Emulation::Nvme);
     // The host's loop device is over the target's file.
@@ -160,12 +168,12 @@ async fn the_plugin_fits_the_nodes_round_trip_budget() {
     let period = Duration::from_millis(400);
     let snap = Emulator::start(|c| c.with_poll_period(period)).await;
     let plugin = Plugin::start(snap.socket()).await;
-    let dpu = dpu(&plugin, &snap);
-    assert!(dpu.probe(deadline()).await.unwrap());
+    let dpu = dpu(&plugin, &snap).await;
+    assert!(dpu.attach.probe(deadline()).await.unwrap());
 
     let file = snap.file("pvc-rt.img");
     let request = request("pvc-rt", aio_context(&file), Emulation::Nvme);
-    let (first, rounds) = round_trips(period, dpu.attach(&request, deadline())).await;
+    let (first, rounds) = round_trips(period, dpu.attach.attach(&request, deadline())).await;
     let first = first.unwrap();
     assert_round_trips("new NVMe attach", rounds, 5);
     // A retry of a volume the node has a record of (NodeStage again).
@@ -173,12 +181,13 @@ async fn the_plugin_fits_the_nodes_round_trip_budget() {
         attached_before: true,
         ..request.clone()
     };
-    let (again, rounds) = round_trips(period, dpu.attach(&retry, deadline())).await;
+    let (again, rounds) = round_trips(period, dpu.attach.attach(&retry, deadline())).await;
     assert_eq!(again.unwrap(), first);
     assert_round_trips("repeated NVMe attach", rounds, 1);
     let (detached, rounds) = round_trips(
         period,
-        dpu.detach("pvc-rt", Some(&first.device_name), deadline()),
+        dpu.attach
+            .detach("pvc-rt", Some(&first.device_name), deadline()),
     )
     .await;
     detached.unwrap();

@@ -30,8 +30,8 @@ use crate::paging::{page_by, parse_token_of};
 use csi::controller_service_capability::rpc::Type as Capability;
 use csi::volume_content_source::Type as ContentType;
 
-/// What this controller does, as ControllerGetCapabilities says it.
-pub const CAPABILITIES: [Capability; 8] = [
+/// What this controller does, as ControllerGetCapabilities says it by default.
+pub const CAPABILITIES: [Capability; 7] = [
     Capability::CreateDeleteVolume,
     Capability::ListVolumes,
     Capability::GetCapacity,
@@ -39,8 +39,21 @@ pub const CAPABILITIES: [Capability; 8] = [
     Capability::ListSnapshots,
     Capability::CloneVolume,
     Capability::ExpandVolume,
-    Capability::GetSnapshot,
 ];
+
+/// The capabilities listed: [`CAPABILITIES`], and GET_SNAPSHOT only when
+/// told (`--advertise-get-snapshot`). GET_SNAPSHOT is CSI 1.12's, and the
+/// sidecars built on CSI v1.11 that users run today crash on a value they
+/// do not know (their gRPC logging dereferences nil turning it into text).
+/// GetSnapshot itself is always served: a v1.11 sidecar has no such RPC to
+/// call, and a newer one calls it only when it is listed.
+pub fn capabilities(advertise_get_snapshot: bool) -> Vec<Capability> {
+    let mut capabilities = CAPABILITIES.to_vec();
+    if advertise_get_snapshot {
+        capabilities.push(Capability::GetSnapshot);
+    }
+    capabilities
+}
 
 /// Snapshot parameters may only be the CO's metadata.
 const CO_PREFIX: &str = "csi.storage.k8s.io/";
@@ -484,7 +497,7 @@ impl csi::controller_server::Controller for CsiController {
         &self,
         _: Request<csi::ControllerGetCapabilitiesRequest>,
     ) -> Result<Response<csi::ControllerGetCapabilitiesResponse>, Status> {
-        let capabilities = CAPABILITIES
+        let capabilities = capabilities(self.inner.advertise_get_snapshot)
             .into_iter()
             .map(|c| csi::ControllerServiceCapability {
                 r#type: Some(csi::controller_service_capability::Type::Rpc(

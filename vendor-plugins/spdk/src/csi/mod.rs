@@ -59,6 +59,9 @@ pub struct CsiConfig {
     pub default_backend: Kind,
     /// Cap on a call, and the time of one without a deadline.
     pub call_timeout: Duration,
+    /// Whether ControllerGetCapabilities lists GET_SNAPSHOT (see
+    /// [`controller::capabilities`]).
+    pub advertise_get_snapshot: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -90,6 +93,7 @@ struct Inner {
     backends: HashMap<Kind, Box<dyn VolumeBackend>>,
     default_backend: Kind,
     call_timeout: Duration,
+    advertise_get_snapshot: bool,
     /// One operation per volume, snapshot or group name at a time.
     busy: VolumeGuard,
     groups: JsonDir,
@@ -125,6 +129,7 @@ impl CsiController {
                 backends,
                 default_backend: config.default_backend,
                 call_timeout: config.call_timeout,
+                advertise_get_snapshot: config.advertise_get_snapshot,
                 busy: VolumeGuard::default(),
                 groups: JsonDir::open(config.state_dir.join("volume-groups"))?,
                 group_changes: tokio::sync::Mutex::new(()),

@@ -164,6 +164,11 @@ fn serve(config: &Config) -> (oneshot::Sender<()>, JoinHandle<()>) {
 
 impl Csi {
     pub async fn start(backends: Backends) -> Csi {
+        Csi::start_with(backends, |_| {}).await
+    }
+
+    /// A controller with the settings `configure` makes over the tests' own.
+    pub async fn start_with(backends: Backends, configure: impl FnOnce(&mut CsiConfig)) -> Csi {
         let dir = tempfile::tempdir().unwrap();
         let target = if backends.nvmf {
             Some(Target::start().await)
@@ -173,7 +178,7 @@ impl Csi {
         let socket = dir.path().join("csi/csi.sock");
         let pool = dir.path().join("pool");
         let state = dir.path().join("state");
-        let config = Config {
+        let mut config = Config {
             plugin_socket: dir.path().join("plugin/dpu.sock"),
             // The plugin service is not called here.
             spdk_socket: dir.path().join("no-snap.sock"),
@@ -196,9 +201,11 @@ impl Csi {
                 default_backend: snap_csi_spdk_plugin::csi::params::parse_backend(backends.default)
                     .unwrap(),
                 call_timeout: Duration::from_secs(30),
+                advertise_get_snapshot: false,
             }),
             metrics_address: None,
         };
+        configure(config.csi.as_mut().expect("a CSI controller"));
         let (stop, task) = serve(&config);
         let channel = unix_channel(socket.clone());
         Csi {

@@ -5,9 +5,16 @@
 #![allow(dead_code)]
 
 pub mod csi;
+pub mod proxy;
 pub mod scenarios;
 
 // Helpers the root crate's tests use too (another crate: included by path).
+#[path = "../../../../tests/common/csi_v1_11.rs"]
+pub mod csi_v1_11;
+#[path = "../../../../tests/common/dpu.rs"]
+pub mod dpu;
+#[path = "../../../../tests/common/pki.rs"]
+pub mod pki;
 #[path = "../../../../tests/common/shared.rs"]
 mod shared;
 

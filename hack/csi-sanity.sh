@@ -1,0 +1,184 @@
+#!/usr/bin/env bash
+# The official CSI conformance suite, csi-sanity (kubernetes-csi/csi-test
+# v5.4.0), against the whole stack (hack/local-up.sh) once per backend: the
+# controller proxy in front of the sample controller, and the node service,
+# with csi-sanity's default configuration except for small volumes.
+#
+# csi-sanity is built once, offline, from the csi-test source with its
+# vendored Go modules (../shared/third_party/csi-test-v5.4.0.tar.gz; Go 1.23
+# from hack/setup.sh) into
+# ${SNAP_CSI_CACHE:-$HOME/.cache/snap-csi}/csi-sanity-<sha256 of the tarball>/.
+# With a network, `go install github.com/kubernetes-csi/csi-test/v5/cmd/csi-sanity@v5.4.0`
+# gives the same binary: pass it with --csi-sanity.
+#
+# Prints csi-sanity's summary per backend and a line of counts; fails on any
+# failed spec and on any skipped spec, except those csi-sanity skips because
+# we do not offer a capability (each such reason is listed in
+# NOT_OFFERED below and counted on one line), and the one spec
+# csi-test itself marks pending.
+#
+# Usage (as root): hack/csi-sanity.sh [--profile release|debug] [--no-build]
+#   [--backend aio|nvmf]... [--csi-sanity BINARY] [--tarball CSI-TEST.tar.gz]
+#   [-- LOCAL-UP-ARGS...]
+# Default: debug, both backends. Arguments after -- go to hack/local-up.sh.
+set -euo pipefail
+caller=$PWD
+cd "$(dirname "$0")/.."
+repo=$PWD
+# absolute PATH: PATH as the caller meant it, from the directory they ran us in.
+absolute() { case $1 in /*) echo "$1" ;; *) echo "$caller/$1" ;; esac; }
+
+profile=debug
+build=1
+backends=()
+binary=
+tarball=$repo/../shared/third_party/csi-test-v5.4.0.tar.gz
+local_up_args=()
+while (($#)); do
+  case $1 in
+    --profile) profile=$2; shift 2 ;;
+    --no-build) build=0; shift ;;
+    --backend) backends+=("$2"); shift 2 ;;
+    --csi-sanity) binary=$(absolute "$2"); shift 2 ;;
+    --tarball) tarball=$(absolute "$2"); shift 2 ;;
+    --) shift; local_up_args=("$@"); break ;;
+    -h | --help) sed -n '2,23p' "$0"; exit 0 ;;
+    *) echo "csi-sanity: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+((${#backends[@]})) || backends=(aio nvmf)
+case $profile in release | debug) ;; *) echo "csi-sanity: --profile must be release or debug" >&2; exit 2 ;; esac
+
+# Skip messages of csi-sanity's for capabilities we do not offer, and why.
+declare -A NOT_OFFERED=(
+  ["ControllerPublishVolume not supported"]="no PUBLISH_UNPUBLISH_VOLUME: the DPU attach is NodeStageVolume's"
+  ["ControllerUnpublishVolume not supported"]="no PUBLISH_UNPUBLISH_VOLUME: the DPU attach is NodeStageVolume's"
+  ["Controller Publish, UnpublishVolume not supported"]="no PUBLISH_UNPUBLISH_VOLUME: the DPU attach is NodeStageVolume's"
+  ["ControllerModifyVolume not supported"]="no MODIFY_VOLUME (not offered yet)"
+  ["Modify volume not supported"]="no MODIFY_VOLUME (not offered yet)"
+  ["Modify Volume not supported"]="no MODIFY_VOLUME (not offered yet)"
+  ["GroupControllerService not supported"]="no GROUP_CONTROLLER_SERVICE (not offered yet)"
+)
+
+./hack/setup.sh
+if ((build)); then
+  flag=()
+  [ "$profile" = release ] && flag=(--release)
+  cargo build "${flag[@]}" --locked --quiet -p snap-csi -p snap-emu -p snap-csi-spdk-plugin
+fi
+
+# The csi-sanity binary: given, or built from the tarball once per its hash.
+if [ -z "$binary" ]; then
+  if [ ! -f "$tarball" ]; then
+    echo "csi-sanity: no csi-test source at $tarball; give --tarball, or --csi-sanity with a binary" \
+      "from 'go install github.com/kubernetes-csi/csi-test/v5/cmd/csi-sanity@v5.4.0'" >&2
+    exit 1
+  fi
+  cache_root=${SNAP_CSI_CACHE:-$HOME/.cache/snap-csi}
+  cache=$cache_root/csi-sanity-$(sha256sum "$tarball" | cut -d' ' -f1)
+  binary=$cache/csi-sanity
+  if [ ! -x "$binary" ]; then
+    go=/usr/lib/go-1.23/bin/go
+    [ -x "$go" ] || { echo "csi-sanity: $go is missing (hack/setup.sh installs it)" >&2; exit 1; }
+    mkdir -p "$cache_root"
+    scratch=$(mktemp -d "$cache_root/.csi-sanity-build.XXXXXX")
+    trap 'rm -rf "$scratch"' EXIT
+    started=$SECONDS
+    tar -xzf "$tarball" -C "$scratch"
+    src=$(dirname "$(find "$scratch" -maxdepth 2 -name go.mod | head -n 1)")
+    mkdir "$scratch/out"
+    (cd "$src" && env GOFLAGS=-mod=vendor GOTOOLCHAIN=local GOPROXY=off GOENV=off CGO_ENABLED=0 \
+      GOCACHE="$scratch/cache" GOPATH="$scratch/gopath" \
+      "$go" build -trimpath -o "$scratch/out/csi-sanity" ./cmd/csi-sanity)
+    # Atomic: a concurrent build that got there first wins, and either is whole.
+    mv -T "$scratch/out" "$cache" 2>/dev/null || [ -x "$binary" ]
+    rm -rf "$scratch"
+    trap - EXIT
+    echo "csi-sanity: built $binary in $((SECONDS - started)) s"
+  fi
+fi
+
+# shellcheck source=hack/lib/local-up-client.sh
+. hack/lib/local-up-client.sh
+work=$(mktemp -d /tmp/snap-csi-sanity.XXXXXX)
+trap 'local_up_stop; rm -rf "$work"' EXIT
+
+# verdict REPORT.json NAME: prints the counts; fails on a failed spec or a
+# skip that NOT_OFFERED does not explain.
+verdict() {
+  local reasons
+  reasons=$(for r in "${!NOT_OFFERED[@]}"; do printf '%s\t%s\n' "$r" "${NOT_OFFERED[$r]}"; done)
+  REASONS=$reasons python3 - "$1" "$2" <<'PY'
+import collections, json, os, sys
+
+report, name = sys.argv[1], sys.argv[2]
+allowed = dict(line.split("\t", 1) for line in os.environ["REASONS"].splitlines() if line)
+counts = collections.Counter()
+why_skipped = collections.Counter()
+unexplained = []
+for suite in json.load(open(report)):
+    for spec in suite.get("SpecReports") or []:
+        if spec.get("LeafNodeType") != "It":
+            continue
+        state = spec["State"]
+        counts[state] += 1
+        if state == "skipped":
+            message = (spec.get("Failure") or {}).get("Message", "")
+            if message in allowed:
+                why_skipped[allowed[message]] += 1
+            else:
+                title = " ".join(spec.get("ContainerHierarchyTexts") or []) + " " + spec["LeafNodeText"]
+                unexplained.append(f"{title}: {message or 'no reason given'}")
+failed = sum(n for state, n in counts.items() if state not in ("passed", "skipped", "pending"))
+print(f"{name}: {counts['passed']} passed, {failed} failed, {counts['skipped']} skipped, "
+      f"{counts['pending']} pending (marked pending in csi-test itself)")
+print(f"{name}: skipped because a capability is not offered: "
+      + ("; ".join(f"{n} for {why}" for why, n in sorted(why_skipped.items())) or "none"))
+for line in unexplained:
+    print(f"{name}: SKIPPED WITHOUT A REASON WE ACCEPT: {line}")
+sys.exit(1 if failed or unexplained or not counts["passed"] else 0)
+PY
+}
+
+status=0
+for backend in "${backends[@]}"; do
+  run=$work/$backend
+  mkdir -p "$run"
+  started=$SECONDS
+  local_up_start "$run" --profile "$profile" --backend "$backend" --dir "$run/stack" \
+    "${local_up_args[@]}"
+  # The volumes go to the backend under test whatever local-up's default.
+  echo "backend: $backend" >"$run/parameters.yaml"
+  echo
+  echo "== csi-sanity, $backend backend (log: csi-sanity.log in the run's directory)"
+  # Staging and target directories under the kubelet directory: the node
+  # refuses paths outside it. Sizes: small, and not csi-sanity's defaults.
+  sanity_status=0
+  "$binary" \
+    --csi.endpoint "$CSI_NODE_ENDPOINT" \
+    --csi.controllerendpoint "$CSI_CONTROLLER_ENDPOINT" \
+    --csi.stagingdir "$KUBELET_DIR/csi-sanity-staging" \
+    --csi.mountdir "$KUBELET_DIR/csi-sanity-mount" \
+    --csi.testvolumesize $((64 << 20)) \
+    --csi.testvolumeexpandsize $((96 << 20)) \
+    --csi.testvolumeparameters "$run/parameters.yaml" \
+    --ginkgo.no-color \
+    --ginkgo.json-report "$run/report.json" \
+    >"$run/csi-sanity.log" 2>&1 || sanity_status=$?
+  # csi-sanity's own summary: the failures it lists, and its counts.
+  sed -n '/^Summarizing\|^Ran [0-9]* of [0-9]* Specs/,$p' "$run/csi-sanity.log"
+  if [ ! -s "$run/report.json" ]; then
+    echo "csi-sanity ($backend) wrote no report (exit $sanity_status):" >&2
+    tail -n 40 "$run/csi-sanity.log" >&2
+    status=1
+  elif ! verdict "$run/report.json" "csi-sanity $backend"; then
+    status=1
+    cp "$run/csi-sanity.log" "/tmp/csi-sanity-$backend.log"
+    echo "csi-sanity $backend: full log in /tmp/csi-sanity-$backend.log; the stack's logs follow" >&2
+    tail -n 30 "$run"/stack/logs/*.log >&2 || true
+  fi
+  local_up_stop
+  local_up_assert_clean "$run/stack"
+  echo "csi-sanity $backend: $((SECONDS - started)) s, stack up to stopped and clean"
+done
+exit "$status"

@@ -1,0 +1,61 @@
+# Starting hack/local-up.sh from another script and reading what it prints;
+# shared by hack/demo.sh and hack/csi-sanity.sh. Source it from a script whose
+# working directory is the repository root (both cd there first).
+#
+#   local_up_start OUT_DIR [LOCAL-UP-ARGS...]   start the stack, wait for READY,
+#                                               export its endpoints
+#   local_up_stop                               stop it (idempotent; for traps)
+#   local_up_assert_clean STACK_DIR             no loop device, mount or directory left
+
+# local_up_start OUT_DIR ARGS...: runs `hack/local-up.sh --no-build ARGS...` in
+# the background with its output in OUT_DIR/local-up.{out,err}, waits (60 s at
+# most) for READY, then exports what it printed: CSI_CONTROLLER_ENDPOINT,
+# CSI_NODE_ENDPOINT, KUBELET_DIR, NODE_METRICS, CONTROLLER_METRICS, PLUGIN_METRICS.
+local_up_start() {
+  local out=$1
+  shift
+  # Made first, so that the wait below never looks before the stack has written.
+  : >"$out/local-up.out"
+  ./hack/local-up.sh --no-build "$@" >"$out/local-up.out" 2>"$out/local-up.err" &
+  LOCAL_UP_PID=$!
+  for _ in $(seq 600); do
+    grep -qx READY "$out/local-up.out" && break
+    if ! kill -0 "$LOCAL_UP_PID" 2>/dev/null; then
+      echo "$(basename "$0"): the stack did not come up:" >&2
+      cat "$out/local-up.err" >&2
+      return 1
+    fi
+    sleep 0.1
+  done
+  if ! grep -qx READY "$out/local-up.out"; then
+    echo "$(basename "$0"): the stack did not come up in 60 s" >&2
+    return 1
+  fi
+  set -a
+  # shellcheck disable=SC1090
+  . <(grep -E '^(CSI_CONTROLLER_ENDPOINT|CSI_NODE_ENDPOINT|KUBELET_DIR|NODE_METRICS|CONTROLLER_METRICS|PLUGIN_METRICS)=' "$out/local-up.out")
+  set +a
+}
+
+# local_up_stop: stops the stack local_up_start started, if it still runs,
+# and waits until it has taken everything down.
+local_up_stop() {
+  if [ -n "${LOCAL_UP_PID:-}" ] && kill -0 "$LOCAL_UP_PID" 2>/dev/null; then
+    kill -TERM "$LOCAL_UP_PID"
+    wait "$LOCAL_UP_PID" || true
+  fi
+}
+
+# local_up_assert_clean STACK_DIR: after local_up_stop, fails unless the stack
+# left no loop device, no mount and no directory behind.
+local_up_assert_clean() {
+  local stack=$1 left mounted
+  left=$( (losetup -a | grep -F "$stack") || true)
+  mounted=$( (grep -F "$stack" /proc/self/mountinfo) || true)
+  if [ -n "$left" ] || [ -n "$mounted" ] || [ -e "$stack" ]; then
+    echo "FAIL: left behind:" >&2
+    printf '%s\n' "$left" "$mounted" >&2
+    ls "$stack" >&2 2>/dev/null || true
+    return 1
+  fi
+}
