@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the tests need, then runs the checks CI runs: formatting, lints,
-# the whole test suite (as root: the tests make real loop devices and mounts),
+# the whole test suite (as root: the tests make real loop devices and mounts)
+# and the DPU and node suites again in split mode,
 # the offline checks of the Kubernetes manifests and Dockerfiles, the main job
 # (the whole stack on the emulator, volumes through their life) in debug, the
 # official CSI conformance suite (csi-sanity) on that stack for each backend,
@@ -12,6 +13,12 @@ cd "$(dirname "$0")/.."
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo test --workspace --locked
+# Split mode: the suites that reach the DPU again, now through a real DPU
+# agent over mutual TLS (tests/common/dpu.rs), so both modes behave alike.
+SNAP_CSI_TEST_DPU=split cargo test --locked \
+  -p snap-csi --test dpu_attach --test node_lifecycle --test csi_node_conformance \
+  --test node_metrics --test node_concurrency --test node_crash \
+  -p snap-csi-spdk-plugin --test node_attach --test csi_stack
 ./deploy/check.sh
 ./hack/demo.sh --profile debug
 # csi-sanity (built once from ../shared/third_party, then cached): fails on

@@ -1,6 +1,6 @@
 //! `docs/configuration.md` documents every flag and environment variable of
-//! `snap-csi node` and `snap-csi controller`: read from their `--help`, so a
-//! new setting without documentation fails here.
+//! `snap-csi node`, `snap-csi dpu-agent` and `snap-csi controller`: read from
+//! their `--help`, so a new setting without documentation fails here.
 
 #[path = "common/help_doc.rs"]
 mod help_doc;
@@ -16,6 +16,7 @@ fn every_node_and_controller_setting_is_documented() {
     .unwrap();
     for (command, heading) in [
         ("node", "## `snap-csi node`"),
+        ("dpu-agent", "## `snap-csi dpu-agent`"),
         ("controller", "## `snap-csi controller`"),
     ] {
         let output = Command::new(env!("CARGO_BIN_EXE_snap-csi"))

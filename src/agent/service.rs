@@ -14,10 +14,11 @@ use crate::dpu::{AttachRequest, DpuAttach};
 use crate::guard::{Held, VolumeGuard};
 use crate::proto::snapcsi::dpu::v1 as api;
 
-/// At most this much of a call's time is kept back beyond what
+/// A fifth of a call's time, at most this much, is kept back beyond what
 /// [`call_deadline`] keeps, so the node can relay the agent's answer (with
-/// its reason) before its own deadline, also on a busy link or machine.
-const RELAY_MARGIN: Duration = Duration::from_millis(500);
+/// its reason) before its own deadline, also on a busy link or machine:
+/// the node can only say "no answer" for an answer that comes late.
+const RELAY_MARGIN: Duration = Duration::from_secs(1);
 
 #[derive(Debug, Clone)]
 pub struct AgentService {
@@ -38,7 +39,7 @@ impl AgentService {
     fn deadline<T>(&self, request: &Request<T>) -> Instant {
         let deadline = call_deadline(request, self.call_timeout);
         let left = deadline.saturating_duration_since(Instant::now());
-        deadline - (left / 10).min(RELAY_MARGIN)
+        deadline - (left / 5).min(RELAY_MARGIN)
     }
 
     /// One call per volume at a time. A second one is a retry of a call the

@@ -182,7 +182,8 @@ impl RemoteDpu {
     /// Classifies a failed call; a lost one marks the link down, logged
     /// when the reason is new.
     fn error(&self, rpc: &str, status: Status) -> DpuError {
-        let answered = !lost(&status) && status.code() != Code::DeadlineExceeded;
+        let answered =
+            std::error::Error::source(&status).is_none() && status.code() != Code::DeadlineExceeded;
         if answered {
             self.link_answers();
             return DpuError::from_code(
@@ -207,9 +208,28 @@ impl RemoteDpu {
 }
 
 /// Whether the link lost the call: tonic made the status from a transport
-/// error (the agent's own statuses carry no source).
+/// error (the agent's own statuses carry no source). A handshake that TLS
+/// refused is not lost but final: a certificate does not become acceptable
+/// within a call, and knocking again would only repeat the refusal.
 fn lost(status: &Status) -> bool {
-    std::error::Error::source(status).is_some()
+    std::error::Error::source(status).is_some() && !refused_by_tls(status)
+}
+
+/// tokio-rustls reports every TLS failure (a certificate refused here, an
+/// alert from the agent) as an `InvalidData` I/O error; the connection has
+/// no other data to find invalid.
+fn refused_by_tls(status: &Status) -> bool {
+    let mut source = std::error::Error::source(status);
+    while let Some(error) = source {
+        let invalid = error
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|e| e.kind() == std::io::ErrorKind::InvalidData);
+        if invalid || error.is::<rustls::Error>() {
+            return true;
+        }
+        source = error.source();
+    }
+    false
 }
 
 /// What went wrong, down to the root cause (the TLS alert, the refused

@@ -22,6 +22,8 @@ use super::Reloading;
 
 /// A handshake must be done within this.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a refused node is given to read why and hang up.
+const LINGER: Duration = Duration::from_secs(1);
 
 /// One authenticated connection.
 #[derive(Debug)]
@@ -58,7 +60,7 @@ pub fn incoming(
             let (_, config) = tls.current();
             let (ready, host) = (ready.clone(), host.clone());
             tokio::spawn(async move {
-                let handshake = TlsAcceptor::from(config).accept(tcp);
+                let handshake = TlsAcceptor::from(config).accept(tcp).into_fallible();
                 match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake).await {
                     Ok(Ok(stream)) => {
                         crate::metrics::observe_handshake("server", "ok");
@@ -70,12 +72,13 @@ pub fn incoming(
                         let _ = ready.send(Ok(connection)).await;
                     }
                     // A TCP check (a port probe, a load balancer) says nothing.
-                    Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                    Ok(Err((e, _))) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
                         tracing::debug!(peer = %remote, "a connection closed before its TLS handshake");
                     }
-                    Ok(Err(e)) => {
+                    Ok(Err((e, tcp))) => {
                         crate::metrics::observe_handshake("server", "refused");
                         tracing::warn!(peer = %remote, "refused a node's connection: {e} (this agent serves host {host})");
+                        close_gently(tcp).await;
                     }
                     Err(_) => {
                         crate::metrics::observe_handshake("server", "timeout");
@@ -86,6 +89,19 @@ pub fn incoming(
         }
     });
     ReceiverStream::new(accepted)
+}
+
+/// Closes a refused connection so that the node reads the TLS alert saying
+/// why: in TLS 1.3 the node has already sent more by the time we refuse, and
+/// closing with that unread would reset the connection and lose the alert.
+async fn close_gently(mut tcp: TcpStream) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let _ = tcp.shutdown().await;
+    let mut unread = [0u8; 1024];
+    let _ = tokio::time::timeout(LINGER, async {
+        while matches!(tcp.read(&mut unread).await, Ok(n) if n > 0) {}
+    })
+    .await;
 }
 
 impl Connected for TlsConnection {

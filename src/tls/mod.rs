@@ -238,3 +238,74 @@ impl<T> Reloading<T> {
         (state.generation, Arc::clone(&state.config))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A certificate for `name` signed by a fresh CA, as (cert, key, ca) PEM.
+    fn issued(name: &str) -> (String, String, String) {
+        let ca_key = rcgen::KeyPair::generate().unwrap();
+        let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let ca = rcgen::CertifiedIssuer::self_signed(ca, ca_key).unwrap();
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec![name.to_string()])
+            .unwrap()
+            .signed_by(&key, &ca)
+            .unwrap();
+        (cert.pem(), key.serialize_pem(), ca.pem())
+    }
+
+    fn write(files: &TlsFiles, (cert, key, ca): &(String, String, String)) {
+        std::fs::write(&files.cert, cert).unwrap();
+        std::fs::write(&files.key, key).unwrap();
+        std::fs::write(&files.ca, ca).unwrap();
+    }
+
+    #[test]
+    fn changed_files_are_used_and_half_rotated_ones_are_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let files = TlsFiles {
+            cert: dir.path().join("tls.crt"),
+            key: dir.path().join("tls.key"),
+            ca: dir.path().join("ca.crt"),
+        };
+        let first = issued("node-1");
+        write(&files, &first);
+        let settings = Reloading::new(files.clone(), client_config).unwrap();
+        assert_eq!(settings.current().0, 0);
+
+        // The new certificate is in place, its key not yet.
+        let second = issued("node-1");
+        std::fs::write(&files.cert, &second.0).unwrap();
+        std::thread::sleep(RECHECK);
+        assert_eq!(
+            settings.current().0,
+            0,
+            "a key that does not match is not used"
+        );
+
+        std::fs::write(&files.key, &second.1).unwrap();
+        std::thread::sleep(RECHECK);
+        assert_eq!(settings.current().0, 1, "the complete new files are");
+        assert_eq!(settings.current().0, 1, "and only once");
+    }
+
+    #[test]
+    fn missing_or_empty_files_are_a_configuration_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let files = TlsFiles {
+            cert: dir.path().join("tls.crt"),
+            key: dir.path().join("tls.key"),
+            ca: dir.path().join("ca.crt"),
+        };
+        let error = files.load().unwrap_err();
+        assert!(error.to_string().contains("tls.crt"), "{error}");
+        write(&files, &issued("node-1"));
+        std::fs::write(&files.ca, "").unwrap();
+        let error = files.load().unwrap_err();
+        assert!(error.to_string().contains("ca.crt"), "{error}");
+        assert!(peer_name("not a name!").is_err());
+    }
+}

@@ -51,7 +51,7 @@ impl Agent {
     /// `plugin_socket` and the SNAP at `snap_template`; its certificates and
     /// their CA are made under `dir`.
     pub async fn start(plugin_socket: &Path, snap_template: &str, dir: &Path) -> Agent {
-        let (mut config, node_tls) = test_config(dir);
+        let (mut config, node_tls, _) = test_config(dir);
         config.plugin_socket = plugin_socket.to_path_buf();
         config.snap_socket_template = snap_template.to_string();
         Agent::launch(config, node_tls, None).await
@@ -59,7 +59,7 @@ impl Agent {
 
     /// An agent serving `dpu` (a test's own attach layer).
     pub async fn serving(dpu: Arc<dyn DpuAttach>, dir: &Path) -> Agent {
-        let (config, node_tls) = test_config(dir);
+        let (config, node_tls, _) = test_config(dir);
         Agent::launch(config, node_tls, Some(dpu)).await
     }
 
@@ -107,11 +107,13 @@ impl Agent {
     }
 
     async fn wait_listening(&self) {
-        let LinkAddress::Tls(host_port) = &self.address else {
-            panic!("test agents listen on TLS");
+        let host_port = match &self.address {
+            LinkAddress::Tls(host_port) => host_port.clone(),
+            LinkAddress::Plaintext(socket) => socket.to_string(),
+            LinkAddress::Unix(path) => panic!("test agents listen on TCP, not {}", path.display()),
         };
         for _ in 0..500 {
-            if tokio::net::TcpStream::connect(host_port).await.is_ok() {
+            if tokio::net::TcpStream::connect(&host_port).await.is_ok() {
                 return;
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
@@ -152,8 +154,9 @@ impl Drop for Agent {
 }
 
 /// A fresh CA under `dir`, the agent's settings with a certificate naming
-/// [`DPU_NAME`] and serving [`HOST_NAME`], and the files of that host's node.
-pub fn test_config(dir: &Path) -> (AgentConfig, TlsFiles) {
+/// [`DPU_NAME`] and serving [`HOST_NAME`], the files of that host's node,
+/// and the CA for more certificates.
+pub fn test_config(dir: &Path) -> (AgentConfig, TlsFiles, Pki) {
     let pki = Pki::new(&dir.join("pki"), "ca");
     let config = AgentConfig {
         listen: format!("https://{}", free_local_address()),
@@ -163,7 +166,8 @@ pub fn test_config(dir: &Path) -> (AgentConfig, TlsFiles) {
         call_timeout: Duration::from_secs(60),
         ..AgentConfig::default()
     };
-    (config, pki.issue(Role::Node, HOST_NAME))
+    let node_tls = pki.issue(Role::Node, HOST_NAME);
+    (config, node_tls, pki)
 }
 
 /// The attach layer of one test: co-located, or split through an agent.
