@@ -11,6 +11,7 @@
 pub mod broken_plugin;
 pub mod node;
 pub mod plugin;
+pub mod real_spdk;
 pub mod shared;
 pub mod vendor_controller;
 

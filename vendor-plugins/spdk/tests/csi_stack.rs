@@ -12,7 +12,7 @@ use std::time::Duration;
 use common::csi::{
     Backends, Csi, GIB, MIB, assert_code, block, from_snapshot, read_at, volume, write_at,
 };
-use common::{Emulator, Plugin, TIMEOUT, every_page, loop_devices_of, timed};
+use common::{Plugin, Spdk, TIMEOUT, every_page, loop_devices_of, timed};
 use snap_csi::controller::ControllerConfig;
 use snap_csi::dpu::colocated::Colocated;
 use snap_csi::dpu::plugin::{AccessMode, unix_channel};
@@ -440,7 +440,7 @@ async fn the_whole_surface_works_through_the_proxy() {
 /// host sees a disk of the volume's size holding the volume's bytes.
 async fn attach_created_volume(backend: &str, emulation: Emulation) {
     let csi = Csi::start(Backends::BOTH).await;
-    let snap = Emulator::snap().await;
+    let snap = Spdk::snap().await;
     let plugin = Plugin::start(snap.socket()).await;
     let dpu = Colocated::new(&plugin.socket, snap.socket().display().to_string());
     let deadline = || Instant::now() + Duration::from_secs(30);
@@ -463,7 +463,7 @@ async fn attach_created_volume(backend: &str, emulation: Emulation) {
     };
     assert!(dpu.probe(deadline()).await.unwrap());
     let attached = dpu.attach(&request, deadline()).await.unwrap();
-    let sysfs = Sysfs::new(snap.spdk.sysfs_root());
+    let sysfs = Sysfs::new(snap.emulator().sysfs_root());
     let device = common::discovered("the host sees the volume", || match &attached.locator {
         HostLocator::Nvme { bdf, nsid, uuid } => sysfs
             .find_nvme_namespace(bdf, *nsid, uuid.as_deref())
