@@ -19,7 +19,8 @@ const WRITE: u8 = 0x01;
 /// The controller name used while a transfer lasts.
 const CONTROLLER: &str = "io";
 
-/// SPDK writes URL-safe base64; whether it pads is not ours to assume.
+/// URL-safe base64 as SPDK takes it: padded (its decoder wants padding).
+/// What it writes back is decoded padded or not.
 const BASE64: GeneralPurpose = GeneralPurpose::new(
     &base64::alphabet::URL_SAFE,
     GeneralPurposeConfig::new().with_decode_padding_mode(DecodePaddingMode::Indifferent),
@@ -101,17 +102,23 @@ impl Remote<'_> {
         data: Option<&[u8]>,
         block_size: u64,
     ) -> Vec<u8> {
-        let len = u64::from(blocks) * block_size;
         let mut params = json!({
             "name": CONTROLLER,
             "cmd_type": "io",
-            "data_direction": if data.is_some() { "h2c" } else { "c2h" },
             "cmdbuf": BASE64.encode(command(opcode, first, blocks)),
-            "data_len": len,
             "timeout_ms": TIMEOUT.as_millis() as u64,
         });
-        if let Some(data) = data {
-            params["data"] = json!(BASE64.encode(data));
+        match data {
+            // Without data_len: SPDK would check it against a length it
+            // derives from the padded text, two bytes too long.
+            Some(data) => {
+                params["data_direction"] = json!("h2c");
+                params["data"] = json!(BASE64.encode(data));
+            }
+            None => {
+                params["data_direction"] = json!("c2h");
+                params["data_len"] = json!(u64::from(blocks) * block_size);
+            }
         }
         let reply = self
             .initiator

@@ -277,18 +277,22 @@ pub async fn bad_input_is_invalid_argument_and_creates_nothing(source: &Source) 
         assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
     }
 
-    // SPDK refuses what looks fine: a missing file, an empty one.
+    // SPDK refuses what looks fine: a missing file, one that is not whole
+    // blocks. (An empty file it takes, as a bdev of no blocks.)
     let missing = snap.dir.path().join("missing.img");
     let status = plugin
         .create("vol", aio_context(&missing))
         .await
         .unwrap_err();
     assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
-    let empty = snap.dir.path().join("empty.img");
-    std::fs::File::create(&empty).unwrap();
-    let status = plugin.create("vol", aio_context(&empty)).await.unwrap_err();
+    let partial = snap.dir.path().join("partial.img");
+    std::fs::write(&partial, [0u8; 100]).unwrap();
+    let status = plugin
+        .create("vol", aio_context(&partial))
+        .await
+        .unwrap_err();
     assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
-    assert!(status.message().contains("empty"), "{status:?}");
+    assert!(status.message().contains("whole number"), "{status:?}");
 
     assert_eq!(snap.bdevs().await, before);
     assert!(plugin.list_all(0).await.is_empty());
