@@ -12,8 +12,8 @@
 #   --patch   applied with patch -p1 unless already applied
 #             (default: hack/spdk/spdk-v24.09-debian-dpdk.patch)
 # Cache: ${SNAP_CSI_CACHE:-$HOME/.cache/snap-csi}/spdk-<hash>/bin/spdk_tgt.
-# A cache hit runs no apt-get and no build. Installs the Debian build packages
-# it needs (only missing ones). Run as root on a fresh machine (apt-get).
+# A cache hit (an entry whose spdk_tgt starts) runs no apt-get and no build.
+# Installs the Debian packages it needs (only missing ones), as root.
 #   tgt=$(hack/spdk/build.sh | tail -n1)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -43,9 +43,39 @@ fi
 hash=$({ echo "$source_hash"; sha256sum <"$patch"; sha256sum <"$0"; } | sha256sum | cut -c1-16)
 cache=${SNAP_CSI_CACHE:-$HOME/.cache/snap-csi}
 dest=$cache/spdk-$hash
+
+# The build packages (the -dev ones bring the libraries spdk_tgt runs with).
+install_packages() {
+  local packages=(gcc g++ make pkgconf patch libdpdk-dev libnuma-dev libaio-dev uuid-dev
+    libssl-dev libncurses-dev libcunit1-dev python3-pyelftools meson ninja-build libjson-c-dev
+    libkeyutils-dev nasm autoconf automake libtool)
+  local missing=() p
+  for p in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if ((${#missing[@]})); then
+    echo "build.sh: installing ${missing[*]}" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  fi
+}
+
+# "SPDK v..." from a spdk_tgt that starts (its libraries all found).
+version_of() {
+  "$1" --version 2>&1 || true
+}
+
+# A cache hit is an entry whose spdk_tgt starts. One copied from elsewhere may
+# lack Debian's libraries here: those are installed, not rebuilt.
 if [ -x "$dest/bin/spdk_tgt" ]; then
-  echo "$dest/bin/spdk_tgt"
-  exit 0
+  case $(version_of "$dest/bin/spdk_tgt") in
+    "SPDK v"*) ;;
+    *) install_packages ;;
+  esac
+  case $(version_of "$dest/bin/spdk_tgt") in
+    "SPDK v"*) echo "$dest/bin/spdk_tgt"; exit 0 ;;
+  esac
 fi
 
 mkdir -p "$cache"
@@ -53,23 +83,12 @@ mkdir -p "$cache"
 exec 9>"$cache/spdk-$hash.lock"
 flock 9
 if [ -x "$dest/bin/spdk_tgt" ]; then
-  echo "$dest/bin/spdk_tgt"
-  exit 0
+  case $(version_of "$dest/bin/spdk_tgt") in
+    "SPDK v"*) echo "$dest/bin/spdk_tgt"; exit 0 ;;
+    *) echo "build.sh: $dest does not run; building it again" >&2; rm -rf "$dest" ;;
+  esac
 fi
-
-packages=(gcc g++ make pkgconf patch libdpdk-dev libnuma-dev libaio-dev uuid-dev libssl-dev
-  libncurses-dev libcunit1-dev python3-pyelftools meson ninja-build libjson-c-dev libkeyutils-dev
-  nasm autoconf automake libtool)
-missing=()
-for p in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if ((${#missing[@]})); then
-  echo "build.sh: installing ${missing[*]}" >&2
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-fi
+install_packages
 
 # Built and assembled in a temporary directory beside the cache entry, then
 # renamed into place: an interrupted build leaves no half entry behind.
@@ -127,7 +146,7 @@ here=$(dirname "$(readlink -f "$0")")/..
 LD_LIBRARY_PATH=$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} exec "$here/libexec/spdk_tgt" "$@"
 WRAPPER
 chmod +x "$work/out/bin/spdk_tgt"
-version=$("$work/out/bin/spdk_tgt" --version 2>&1 || true)
+version=$(version_of "$work/out/bin/spdk_tgt")
 case $version in
   "SPDK v"*) echo "build.sh: $version" >&2 ;;
   *) echo "build.sh: the built spdk_tgt does not start: $version" >&2; exit 1 ;;

@@ -114,9 +114,10 @@ impl SpdkTgt {
             .open(self.log())
             .unwrap();
         // --no-huge -s 1024: no hugepages needed; --no-pci: the machine's own
-        // PCI devices stay untouched; -m: a core of its own. The core locks
-        // (/var/tmp/spdk_cpu_lock_*) would outlive a SIGKILL in tests that
-        // kill it; the suite's turn already keeps instances apart.
+        // PCI devices stay untouched; -m: a core of its own among this test's
+        // instances. Without SPDK's core locks (/var/tmp/spdk_cpu_lock_*): an
+        // SPDK outside the tests may hold that core, and sharing one costs
+        // only speed.
         let child = Command::new(&self.binary)
             .args([
                 "--no-huge",
