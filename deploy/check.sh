@@ -3,7 +3,8 @@
 # kustomization rendered with kustomize, every object validated against the
 # Kubernetes schemas (strict), and the manifests and Dockerfiles checked
 # against the binaries' own --help, so a path, socket or flag that drifts from
-# the code fails here rather than on a node. No cluster, Docker or network.
+# the code fails here rather than on a node (hack/spdk/Containerfile is checked
+# too). No cluster, Docker or network.
 # The tools come from hack/setup.sh (target/deploy-tools/venv).
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the tests need, then runs the checks CI runs: formatting, lints,
-# the whole test suite (as root: the tests make real loop devices and mounts)
+# the whole test suite (as root: the tests make real loop devices and mounts;
+# with a real SPDK built by hack/spdk/build.sh for the suites that need one)
 # and the DPU and node suites again in split mode,
 # the offline checks of the Kubernetes manifests and Dockerfiles, the main job
 # (the whole stack on the emulator, volumes through their life) in debug, the
@@ -12,6 +13,10 @@ cd "$(dirname "$0")/.."
 ./hack/setup.sh
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
+# Real SPDK for the real-SPDK suites: built once (minutes), then cached
+# outside the repository (hack/spdk/README.md).
+SNAP_CSI_SPDK_TGT=$(./hack/spdk/build.sh | tail -n1)
+export SNAP_CSI_SPDK_TGT
 cargo test --workspace --locked
 # Split mode: the suites that reach the DPU again, now through a real DPU
 # agent over mutual TLS (tests/common/dpu.rs), so both modes behave alike.

@@ -300,7 +300,7 @@ async fn crash_after(stack: &Stack, volume_id: &str, steps: usize) -> Option<Str
         .call(&BdevAioCreate {
             name: device.clone(),
             filename: request.volume_context[plugin::PATH_KEY].clone(),
-            block_size: None,
+            block_size: Some(512),
             readonly: None,
         })
         .await

@@ -530,6 +530,25 @@ def check_dockerfiles(repo: Path, images: Path, t: Tally) -> dict[str, Dockerfil
     return by_title
 
 
+def check_spdk_containerfile(path: Path, t: Tally) -> None:
+    """hack/spdk/Containerfile (real SPDK for users' tests; no engine here to
+    build it): one pinned Debian 12 stage, every file it copies present in its
+    context (its directory), the SPDK tag its patch is for, and spdk_tgt run
+    without hugepages or PCI on a socket."""
+    where = str(path)
+    df = parse_dockerfile(path)
+    t.check([image for image, _ in df.stages] == ["debian:bookworm"], where, f"must be one debian:bookworm stage (the Debian whose DPDK the patch is for), has {df.stages}")
+    for m in re.finditer(r"^COPY\s+(?!--from)(.+)$", df.text, re.MULTILINE):
+        for source in shlex.split(m.group(1))[:-1]:
+            t.check((path.parent / source).is_file(), where, f"COPY source {source} is not in the build context {path.parent}")
+    patches = sorted(path.parent.glob("spdk-*.patch"))
+    tag = patches[0].name.split("-")[1] if patches else None
+    t.check(tag is not None and f"--branch {tag} " in df.text, where, f"must clone SPDK at the tag its patch is for ({tag})")
+    t.check("build.sh --source" in df.text, where, "must build with build.sh --source (the recipe the test command runs)")
+    for flag in ("--no-huge", "-s", "--no-pci", "-r"):
+        t.check(flag in df.entrypoint[1:], where, f"ENTRYPOINT must run spdk_tgt with {flag}, is {df.entrypoint}")
+
+
 # ---------------------------------------------------------------- pods
 
 
@@ -1090,6 +1109,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kubectl", help="kubectl for `kubectl kustomize`")
     ap.add_argument("--snap-csi", required=True, help="the snap-csi binary whose --help the manifests must agree with")
     ap.add_argument("--spdk-plugin", required=True, help="the snap-csi-spdk-plugin binary")
+    ap.add_argument("--containerfile", type=Path, help="the SPDK Containerfile (default: REPO/hack/spdk/Containerfile)")
     ap.add_argument("--quiet", action="store_true", help="print only failures and the tally")
     a = ap.parse_args(argv)
     repo = a.repo.resolve()
@@ -1130,6 +1150,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     version = tomllib.loads((repo / "Cargo.toml").read_text())["workspace"]["package"]["version"]
     check_pods(roots, dockerfiles, helps, version, repo, t)
+    check_spdk_containerfile((a.containerfile or repo / "hack" / "spdk" / "Containerfile").resolve(), t)
 
     for f in t.failures:
         print(f"FAIL {f}")

@@ -30,11 +30,12 @@ cm.cargo_bins = functools.lru_cache(maxsize=None)(cm.cargo_bins)
 cm.debian_package_of = functools.lru_cache(maxsize=None)(cm.debian_package_of)
 
 
-def run_checker(deploy: Path) -> set[str]:
+def run_checker(deploy: Path, extra: tuple[str, ...] = ()) -> set[str]:
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         cm.main(
             [
+                *extra,
                 "--repo",
                 str(REPO),
                 "--deploy",
@@ -231,6 +232,18 @@ class BreakingTheDeployFails(unittest.TestCase):
 
 
 class HelpParsing(unittest.TestCase):
+    def test_spdk_containerfile_copies_what_its_context_lacks(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            spdk = Path(tmp) / "spdk"
+            shutil.copytree(REPO / "hack" / "spdk", spdk)
+            path = spdk / "Containerfile"
+            text = path.read_text()
+            self.assertIn("COPY build.sh ", text)
+            path.write_text(text.replace("COPY build.sh ", "COPY build-spdk.sh ", 1))
+            with tempfile.TemporaryDirectory() as tmp2:
+                failures = run_checker(copy_deploy(Path(tmp2)), ("--containerfile", str(path))) - baseline()
+        self.assertTrue(any("COPY source build-spdk.sh" in f for f in failures), sorted(failures))
+
     def test_long_and_short_clap_layouts(self):
         long = (
             "Usage: x node [OPTIONS]\n\nOptions:\n"

@@ -14,6 +14,7 @@ pub mod dpu;
 pub mod node;
 pub mod pki;
 pub mod plugin;
+pub mod real_spdk;
 pub mod shared;
 pub mod vendor_controller;
 

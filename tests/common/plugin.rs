@@ -284,7 +284,8 @@ impl StoragePluginService for Plugin {
         let create = BdevAioCreate {
             name: name.clone(),
             filename: path.clone(),
-            block_size: None,
+            // SPDK detects no block size in a regular file: it must be given.
+            block_size: Some(512),
             readonly: None,
         };
         match self.spdk.call(&create).await {

@@ -481,14 +481,21 @@ impl Emulator {
         if p.per_channel {
             let name = p.name.ok_or(RpcError::errno(EINVAL))?;
             let bdev = self.bdevs.get(&name).ok_or(RpcError::errno(ENODEV))?;
-            let mut ch = serde_json::Map::new();
-            ch.insert("thread_id".into(), json!(1));
-            self.io_stat_into(bdev, &mut ch);
+            // SPDK lists the threads holding an I/O channel to the bdev: none
+            // while no module uses it; one (the emulator has one thread) once
+            // something does.
+            let mut channels = vec![];
+            if bdev.claim.is_some() || self.bdev_has_writers(&bdev.name) {
+                let mut ch = serde_json::Map::new();
+                ch.insert("thread_id".into(), json!(1));
+                self.io_stat_into(bdev, &mut ch);
+                channels.push(Value::Object(ch));
+            }
             return Ok(json!({
                 "tick_rate": tick_rate,
                 "ticks": ticks,
                 "name": bdev.name,
-                "channels": [Value::Object(ch)]
+                "channels": channels
             }));
         }
         let selected: Vec<&Bdev> = match &p.name {
@@ -553,18 +560,21 @@ impl Emulator {
             .map_err(|e| io_error(&e))?;
         let (size, detected) = probe(&mut file).map_err(|e| io_error(&e))?;
         drop(file);
+        // A regular file has no block size to detect: SPDK wants one given.
         let (block_size, block_size_override) = match p.block_size {
-            None | Some(0) => (if detected == 0 { 512 } else { detected }, false),
+            None | Some(0) if detected == 0 => return Err(RpcError::errno(EINVAL)),
+            None | Some(0) => (detected, false),
             Some(bs) if bs < detected => return Err(RpcError::errno(EINVAL)),
             Some(bs) => (bs, true),
         };
         if block_size < 512 || !block_size.is_power_of_two() {
             return Err(RpcError::errno(EINVAL));
         }
-        let num_blocks = size / u64::from(block_size);
-        if num_blocks == 0 {
+        // An empty file makes a bdev of no blocks, as in SPDK.
+        if !size.is_multiple_of(u64::from(block_size)) {
             return Err(RpcError::errno(EINVAL));
         }
+        let num_blocks = size / u64::from(block_size);
         self.bdevs.insert(Bdev {
             name: p.name.clone(),
             aliases: vec![],

@@ -212,6 +212,20 @@ impl Emulator {
                 ),
             ));
         }
+        let hostnqn = p
+            .hostnqn
+            .clone()
+            .unwrap_or_else(|| self.default_hostnqn.clone());
+        // One controller per path and host: the same one under another name
+        // is refused before connecting (`spdk_bdev_nvme_create`).
+        if self
+            .nvme
+            .ctrls
+            .iter()
+            .any(|c| c.trid == trid && c.hostnqn == hostnqn)
+        {
+            return Err(RpcError::errno(EEXIST));
+        }
         if !p.trtype.eq_ignore_ascii_case("tcp") {
             // Only TCP reaches other emulators; anything else finds no device.
             return Err(RpcError::errno(ENODEV));
@@ -225,10 +239,7 @@ impl Emulator {
         Ok(Plan {
             name: p.name.clone(),
             trid,
-            hostnqn: p
-                .hostnqn
-                .clone()
-                .unwrap_or_else(|| self.default_hostnqn.clone()),
+            hostnqn,
             hostaddr,
             hostsvcid,
             timeout,

@@ -8,7 +8,9 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::framing::to_json;
-use crate::rpc::{ENODEV, OnDecodeError, Rendered, RpcError, RpcResult, decode_opt, no_params};
+use crate::rpc::{
+    ENODEV, ETIMEDOUT, OnDecodeError, Rendered, RpcError, RpcResult, decode_opt, no_params,
+};
 use crate::snap_api as api;
 use crate::state::{Emulator, Shared};
 
@@ -103,7 +105,9 @@ async fn dispatch_value(shared: &Arc<Shared>, method: &str, params: Option<Value
                 "fields": {"major": 24, "minor": 9, "patch": 0, "suffix": ""}
             }))
         }
-        "framework_wait_init" | "bdev_wait_for_examine" => {
+        // Always initialised here, so it answers at once, whatever the params.
+        "framework_wait_init" => Ok(json!(true)),
+        "bdev_wait_for_examine" => {
             if params.is_some() {
                 return Err(RpcError::invalid_params_msg(format!(
                     "{method} requires no parameters"
@@ -150,7 +154,8 @@ fn rpc_get_methods(shared: &Shared, params: Option<Value>) -> RpcResult {
     Ok(json!(names))
 }
 
-/// `bdev_get_bdevs` with `name` and `timeout` waits for the bdev to appear.
+/// `bdev_get_bdevs` with `name` and `timeout` waits for the bdev to appear;
+/// one that does not appear in time is `-ETIMEDOUT`, not `-ENODEV`.
 async fn get_bdevs_waiting(shared: &Arc<Shared>, params: Option<Value>) -> RpcResult {
     let timeout = params
         .as_ref()
@@ -167,6 +172,7 @@ async fn get_bdevs_waiting(shared: &Arc<Shared>, params: Option<Value>) -> RpcRe
             Err(e) if e.code == -ENODEV && Instant::now() < deadline => {
                 tokio::time::sleep(BDEV_WAIT_STEP).await;
             }
+            Err(e) if e.code == -ENODEV && timeout > 0 => return Err(RpcError::errno(ETIMEDOUT)),
             r => return r,
         }
     }

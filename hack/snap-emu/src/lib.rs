@@ -25,6 +25,34 @@
 //!
 //! In a test: `let server = snap_emu::bind(Config::for_test(dir)).await?;`
 //! then `tokio::spawn(server.serve(shutdown))`, or simply [`run`].
+//!
+//! # Held against real SPDK
+//!
+//! `tests/real_spdk_parity.rs` sends every SPDK method implemented here the
+//! same requests, good and bad, as a real SPDK v24.09 `spdk_tgt`, and
+//! compares the answers with UUIDs, paths, ports and measurements masked.
+//! SNAP's methods are not part of it: SNAP is not public, so they rest on
+//! NVIDIA's documentation and captures (`snap_api`, `snap`). What the
+//! comparison masks, and why it may:
+//! - I/O counters of `bdev_get_iostat`: SPDK reads a new bdev to examine it
+//!   (partition tables, lvol superblocks); the emulator counts only what the
+//!   host side does. Per channel, it reports one channel (it has one thread)
+//!   for a bdev some module uses, none for an unused one, as SPDK does.
+//! - NVMe-oF between emulators is not NVMe/TCP (see `nvmf_tcp`), so the
+//!   script attaches each side to itself; an emulator and a real SPDK cannot
+//!   attach to each other.
+//! - `rpc_get_methods` lists only the methods here (checked to be a subset of
+//!   SPDK's).
+//!
+//! Known differences from spdk_tgt, each under the id of the script step that
+//! shows it (the test fails on a difference not listed here, and on a listed
+//! one that is gone):
+//! - `parity:lvstore-odd-cluster`: an lvstore cluster size that is at least
+//!   the block size but not a multiple of 4 KiB fails in both with -32602;
+//!   SPDK's blobstore then fails an allocation deep inside and says "Cannot
+//!   allocate memory", the emulator says "Invalid argument". Only the message
+//!   differs, and reproducing the blobstore's arithmetic would not make the
+//!   emulator more useful.
 
 pub mod config;
 pub mod host;

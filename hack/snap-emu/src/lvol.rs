@@ -274,29 +274,40 @@ impl Emulator {
         if p.lvs_name.is_empty() || p.lvs_name.len() > NAME_MAX {
             return Err(RpcError::errno(EINVAL));
         }
+        // SPDK's order: the base bdev opened for writing (absent, or claimed
+        // by another module), the cluster size against its blocks, the name;
+        // then the blobstore's own checks, which answer through the callback.
         let base = self
             .bdevs
             .get(&p.bdev_name)
             .ok_or(RpcError::errno(ENODEV))?;
-        if self.lvstores.iter().any(|s| s.name == p.lvs_name) {
-            return Err(RpcError::errno(EEXIST));
-        }
         if base.claim.is_some() || self.bdev_has_writers(&base.name) {
             return Err(RpcError::errno(EPERM));
         }
         let cluster_size = p.cluster_sz.map_or(DEFAULT_CLUSTER_SIZE, u64::from);
         let block_size = base.block_size;
+        if cluster_size < u64::from(block_size) {
+            return Err(RpcError::errno(EINVAL));
+        }
+        if self.lvstores.iter().any(|s| s.name == p.lvs_name) {
+            return Err(RpcError::errno(EEXIST));
+        }
         if cluster_size < BS_PAGE_SIZE
             || !cluster_size.is_multiple_of(BS_PAGE_SIZE)
             || !cluster_size.is_multiple_of(u64::from(block_size))
         {
-            return Err(RpcError::errno(EINVAL));
+            return Err(callback_error(EINVAL));
         }
         let ratio = p.num_md_pages_per_cluster_ratio.map_or(100, u64::from);
         let num_clusters = base.size_bytes() / cluster_size;
+        if num_clusters.saturating_mul(ratio) / 100 == 0 {
+            // No metadata pages at all: the blobstore's options check fails.
+            return Err(callback_error(EINVAL));
+        }
+        // A store whose metadata fills it is made, with no data clusters.
         let md = md_clusters(num_clusters, cluster_size, ratio.max(1));
-        if num_clusters <= md {
-            return Err(RpcError::errno(ENOSPC));
+        if num_clusters < md {
+            return Err(callback_error(ENOSPC));
         }
         let uuid = Uuid::new_v4();
         let dir = self.files_dir.join(format!("lvs-{uuid}"));
@@ -401,7 +412,7 @@ impl Emulator {
         }
         let num_clusters = store.clusters_for(p.size_in_mib)?;
         if !p.thin_provision && num_clusters > store.free_clusters() {
-            return Err(RpcError::errno(ENOSPC));
+            return Err(callback_error(ENOSPC));
         }
         let alias = format!("{}/{}", store.name, p.lvol_name);
         let uuid = Uuid::new_v4();
@@ -554,14 +565,15 @@ impl Emulator {
     }
 
     /// `bdev_lvol_delete`: an lvol with more than one clone stays (-EPERM
-    /// through the callback); a snapshot with one clone hands it its parent.
+    /// through the callback, which, unlike the other lvol callbacks, answers
+    /// -32603); a snapshot with one clone hands it its parent.
     pub(crate) fn bdev_lvol_delete(&mut self, params: Option<Value>) -> RpcResult {
         let p: NameParams = decode(params, OnDecodeError::DecodeFailed)?;
         let (si, li) = self.lvol_bdev(&p.name)?;
         let store = &mut self.lvstores[si];
         let lvol = store.lvols[li].clone();
         if store.clone_count(lvol.uuid) > 1 {
-            return Err(callback_error(EPERM));
+            return Err(RpcError::internal(crate::rpc::strerror(EPERM)));
         }
         for l in store
             .lvols
@@ -598,7 +610,7 @@ impl Emulator {
             && num_clusters > lvol.num_clusters
             && num_clusters - lvol.num_clusters > store.free_clusters()
         {
-            return Err(RpcError::errno(ENOSPC));
+            return Err(callback_error(ENOSPC));
         }
         let bytes = store.cluster_bytes(num_clusters)?;
         let num_blocks = bytes / u64::from(store.block_size);
@@ -636,7 +648,6 @@ impl Emulator {
         );
         o.insert("snapshot".into(), json!(lvol.read_only));
         o.insert("clone".into(), json!(lvol.parent.is_some()));
-        o.insert("esnap_clone".into(), json!(false));
         if let Some(parent) = lvol.parent.and_then(|p| store.name_of(p)) {
             o.insert("base_snapshot".into(), json!(parent));
         }
@@ -649,6 +660,7 @@ impl Emulator {
         if lvol.read_only && !clones.is_empty() {
             o.insert("clones".into(), json!(clones));
         }
+        o.insert("esnap_clone".into(), json!(false));
         json!({ "lvol": o })
     }
 }

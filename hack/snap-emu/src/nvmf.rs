@@ -93,10 +93,11 @@ impl NvmfTarget {
     }
 
     /// The subsystem a per-subsystem method names, with SPDK's errors: the
-    /// target is checked first, and an unknown NQN is reported by name.
+    /// target is checked first; an unknown NQN is only named in SPDK's log,
+    /// the reply says "Invalid parameters".
     fn named_subsystem(&self, tgt_name: &Option<String>, nqn: &str) -> Result<usize, RpcError> {
         check_tgt(tgt_name)?;
-        self.subsystem(nqn).ok_or_else(|| no_subsystem(nqn))
+        self.subsystem(nqn).ok_or_else(invalid)
     }
 
     /// Stops every listener (shutdown).
@@ -111,7 +112,7 @@ impl NvmfTarget {
 fn check_tgt(tgt_name: &Option<String>) -> Result<(), RpcError> {
     match tgt_name.as_deref() {
         None | Some(TGT_NAME) => Ok(()),
-        Some(_) => Err(RpcError::invalid_params_msg("Unable to find a target.")),
+        Some(_) => Err(RpcError::internal("Unable to find a target.")),
     }
 }
 
@@ -295,10 +296,6 @@ fn invalid() -> RpcError {
     RpcError::invalid_params()
 }
 
-fn no_subsystem(nqn: &str) -> RpcError {
-    RpcError::invalid_params_msg(format!("Unable to find subsystem with NQN {nqn}"))
-}
-
 impl Emulator {
     pub(crate) fn nvmf_create_transport(&mut self, params: Option<Value>) -> RpcResult {
         let p: CreateTransportParams = decode(params, OnDecodeError::InvalidParams)?;
@@ -353,7 +350,9 @@ impl Emulator {
 
     pub(crate) fn nvmf_create_subsystem(&mut self, params: Option<Value>) -> RpcResult {
         let p: CreateSubsystemParams = decode(params, OnDecodeError::InvalidParams)?;
-        check_tgt(&p.tgt_name)?;
+        if let Some(name) = p.tgt_name.as_deref().filter(|n| *n != TGT_NAME) {
+            return Err(RpcError::internal(format!("Unable to find target {name}")));
+        }
         if let Some(sn) = &p.serial_number
             && !printable(sn, 20)
         {
@@ -567,7 +566,8 @@ impl Emulator {
         let si = self.nvmf.named_subsystem(&p.tgt_name, &p.nqn)?;
         let s = &mut self.nvmf.subsystems[si];
         if s.hosts.contains(&p.host) {
-            return Err(invalid());
+            // spdk_nvmf_subsystem_add_host_ext's -EINVAL, reported generically.
+            return Err(RpcError::internal("Internal error"));
         }
         s.hosts.push(p.host);
         Ok(json!(true))
@@ -577,6 +577,10 @@ impl Emulator {
         let p: HostParams = decode(params, OnDecodeError::InvalidParams)?;
         let si = self.nvmf.named_subsystem(&p.tgt_name, &p.nqn)?;
         let s = &mut self.nvmf.subsystems[si];
+        if !s.hosts.contains(&p.host) {
+            // spdk_nvmf_subsystem_remove_host's -ENOENT, reported generically.
+            return Err(RpcError::internal("Internal error"));
+        }
         s.hosts.retain(|h| *h != p.host);
         // A removed host loses its connections.
         s.connections.retain(|c| c.hostnqn != p.host);

@@ -20,6 +20,7 @@ pub(crate) const EEXIST: i32 = 17;
 pub(crate) const ENODEV: i32 = 19;
 pub(crate) const EINVAL: i32 = 22;
 pub(crate) const ENOSPC: i32 = 28;
+pub(crate) const ETIMEDOUT: i32 = 110;
 pub(crate) const EALREADY: i32 = 114;
 
 /// glibc's `strerror` text, which SPDK copies into its error messages.
@@ -34,6 +35,7 @@ pub(crate) fn strerror(errno: i32) -> &'static str {
         ENODEV => "No such device",
         EINVAL => "Invalid argument",
         ENOSPC => "No space left on device",
+        ETIMEDOUT => "Connection timed out",
         EALREADY => "Operation already in progress",
         _ => "Unknown error",
     }

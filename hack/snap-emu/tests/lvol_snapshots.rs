@@ -183,10 +183,11 @@ async fn snapshots_and_clones_follow_spdks_rules() {
         ]
     );
 
-    // Two clones pin the snapshot; resizing a snapshot is refused too.
+    // Two clones pin the snapshot (the delete callback answers -32603);
+    // resizing a snapshot is refused too.
     assert_eq!(
         t.err("bdev_lvol_delete", json!({"name": "lvs/s"})).await,
-        (-32602, "Operation not permitted".to_string())
+        (-32603, "Operation not permitted".to_string())
     );
     assert_eq!(
         t.err(

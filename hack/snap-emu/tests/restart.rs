@@ -62,8 +62,11 @@ async fn a_restart_cleans_up_after_a_killed_emulator() {
 
     let mut first = spawn(&socket, &state);
     let mut c = connect(&socket, &mut first).await;
-    c.ok("bdev_aio_create", json!({"name": "k", "filename": img}))
-        .await;
+    c.ok(
+        "bdev_aio_create",
+        json!({"name": "k", "filename": img, "block_size": 512}),
+    )
+    .await;
     c.ok(
         "virtio_blk_controller_create",
         json!({"pf_id": 0, "vf_id": 3, "bdev": "k", "vblk_id": "killed"}),

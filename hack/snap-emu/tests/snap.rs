@@ -508,8 +508,11 @@ async fn graceful_shutdown_detaches_everything_and_removes_the_socket() {
     let socket = emu.socket.clone();
     let sysfs = emu.sysfs_root.clone();
     let mut c = emu.client().await;
-    c.ok("bdev_aio_create", json!({"name": "a", "filename": img}))
-        .await;
+    c.ok(
+        "bdev_aio_create",
+        json!({"name": "a", "filename": img, "block_size": 512}),
+    )
+    .await;
     let bdf = free_vf(&mut c, "VBLK").await;
     c.ok(
         "virtio_blk_controller_create",

@@ -115,8 +115,8 @@ impl SpdkPlugin {
             }
             Err(e) if e.code() == Some(code::EINVAL) => {
                 return Err(Status::invalid_argument(format!(
-                    "creating AIO bdev {name} over {path}: SPDK refuses the file: it is empty, \
-                     smaller than one {AIO_BLOCK_SIZE}-byte block, or a block device with larger \
+                    "creating AIO bdev {name} over {path}: SPDK refuses the file: it is not a \
+                     whole number of {AIO_BLOCK_SIZE}-byte blocks, or a block device with larger \
                      logical blocks ({e})"
                 )));
             }

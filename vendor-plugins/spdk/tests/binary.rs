@@ -9,7 +9,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use api::storage_plugin_service_client::StoragePluginServiceClient;
-use common::{Emulator, TIMEOUT, timed};
+use common::{Spdk, TIMEOUT, timed};
 use snap_csi::dpu::plugin::unix_channel;
 use snap_csi::proto::nvidia::storage::plugins::v1 as api;
 
@@ -45,7 +45,7 @@ async fn terminate(child: tokio::process::Child, stops: &str) -> String {
 
 #[tokio::test]
 async fn serves_until_sigterm_and_cleans_up() {
-    let snap = Emulator::snap().await;
+    let snap = Spdk::snap().await;
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("dpu.sock");
     // Killed if the test fails before SIGTERM.
@@ -99,7 +99,7 @@ fn bad_flags_exit_with_usage_errors() {
 async fn serves_the_csi_controller_beside_the_plugin() {
     use snap_csi::proto::csi::v1 as csi;
 
-    let target = common::csi::Target::start().await;
+    let target = common::csi::Target::start(&common::Source::Emulator).await;
     let dir = tempfile::tempdir().unwrap();
     let plugin_socket = dir.path().join("dpu.sock");
     let csi_socket = dir.path().join("csi.sock");
@@ -115,7 +115,7 @@ async fn serves_the_csi_controller_beside_the_plugin() {
         .arg(common::csi::LVSTORE)
         .env("SPDK_PLUGIN_STATE_DIR", dir.path().join("state"))
         .env("SPDK_PLUGIN_AIO_POOL_CAPACITY", (1u64 << 30).to_string())
-        .env("SPDK_PLUGIN_NVMF_TARGET_SOCKET", target.emulator.socket())
+        .env("SPDK_PLUGIN_NVMF_TARGET_SOCKET", target.spdk.socket())
         .env(
             "SPDK_PLUGIN_NVMF_LISTEN",
             format!("127.0.0.1:{}", target.listen_port),

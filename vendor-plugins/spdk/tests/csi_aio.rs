@@ -16,7 +16,7 @@ async fn controller() -> Csi {
     .await
 }
 
-scenario_tests!(controller, BACKEND);
+scenario_tests!(Some(controller().await), BACKEND);
 
 /// A CreateVolume interrupted while writing its file leaves only a hidden
 /// temporary file, which the next attempt replaces and DeleteVolume removes;

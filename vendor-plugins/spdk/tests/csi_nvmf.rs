@@ -16,7 +16,7 @@ async fn controller() -> Csi {
     .await
 }
 
-scenario_tests!(controller, BACKEND);
+scenario_tests!(Some(controller().await), BACKEND);
 
 /// A CreateVolume interrupted after its lvol (or part of its subsystem) was
 /// made is finished by the next one; one given up is removed by DeleteVolume,
@@ -28,7 +28,7 @@ async fn interrupted_creates_are_finished_or_cleaned_up() {
     use snap_csi::spdk::nvmf::NvmfCreateSubsystem;
 
     let csi = controller().await;
-    let spdk = csi.target().emulator.client();
+    let spdk = csi.target().spdk.client();
     // The lvol made, the subsystem begun, then the controller died.
     spdk.call(&BdevLvolCreate {
         lvol_name: "nvmf-pvc-half".into(),

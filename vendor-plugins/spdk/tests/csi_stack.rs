@@ -14,7 +14,7 @@ use common::csi::{
 };
 use common::dpu::TestDpu;
 use common::proxy::Proxy;
-use common::{Emulator, Plugin, TIMEOUT, every_page, loop_devices_of, timed};
+use common::{Plugin, Spdk, TIMEOUT, every_page, loop_devices_of, timed};
 use snap_csi::dpu::plugin::AccessMode;
 use snap_csi::dpu::{AttachRequest, Emulation, HostLocator, VolumeMode};
 use snap_csi::host::Sysfs;
@@ -375,7 +375,7 @@ async fn the_whole_surface_works_through_the_proxy() {
 /// host sees a disk of the volume's size holding the volume's bytes.
 async fn attach_created_volume(backend: &str, emulation: Emulation) {
     let csi = Csi::start(Backends::BOTH).await;
-    let snap = Emulator::snap().await;
+    let snap = Spdk::snap().await;
     let plugin = Plugin::start(snap.socket()).await;
     let dpu_dir = snap.dir.path().join("dpu-link");
     let TestDpu { attach: dpu, .. } = &TestDpu::start(
@@ -405,7 +405,7 @@ async fn attach_created_volume(backend: &str, emulation: Emulation) {
     };
     assert!(dpu.probe(deadline()).await.unwrap());
     let attached = dpu.attach(&request, deadline()).await.unwrap();
-    let sysfs = Sysfs::new(snap.spdk.sysfs_root());
+    let sysfs = Sysfs::new(snap.emulator().sysfs_root());
     let device = common::discovered("the host sees the volume", || match &attached.locator {
         HostLocator::Nvme { bdf, nsid, uuid } => sysfs
             .find_nvme_namespace(bdf, *nsid, uuid.as_deref())

@@ -118,7 +118,10 @@ async fn every_reply_decodes_for_a_csi_v1_11_sidecar_directly_and_through_the_pr
 /// v1.11 check flags; the proxy drops it unless it forwards newer values too.
 #[tokio::test]
 async fn get_snapshot_is_advertised_only_when_turned_on_at_each_hop() {
-    let csi = Csi::start_with(Backends::BOTH, |c| c.advertise_get_snapshot = true).await;
+    let csi = Csi::start_with(Backends::BOTH, &common::Source::Emulator, |c| {
+        c.advertise_get_snapshot = true
+    })
+    .await;
     let direct = controller_capabilities(&csi.controller).await;
     assert!(lists_get_snapshot(&direct));
     let unknown = unknown_enum_values("csi.v1.ControllerGetCapabilitiesResponse", &direct);

@@ -11,7 +11,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::dpu::TestDpu;
-use common::{Emulator, Plugin, aio_context, discovered, export, loop_devices_of, nvmf_context};
+use common::{Plugin, Spdk, aio_context, discovered, export, loop_devices_of, nvmf_context};
 use snap_csi::dpu::plugin::AccessMode;
 use snap_csi::dpu::{AttachRequest, Emulation, HostLocator, VolumeMode};
 use snap_csi::host::{BlockDevice, Sysfs};
@@ -51,18 +51,13 @@ fn host_device(sysfs: &Sysfs, locator: &HostLocator) -> Option<BlockDevice> {
 /// The attach layer in front of `plugin`, whose empty provider maps to the
 /// emulator's socket (a template without a placeholder names it outright);
 /// behind a DPU agent in a split-mode run.
-async fn dpu(plugin: &Plugin, snap: &Emulator) -> TestDpu {
+async fn dpu(plugin: &Plugin, snap: &Spdk) -> TestDpu {
     let dir = snap.dir.path().join("dpu-link");
     TestDpu::start(&plugin.socket, &snap.socket().display().to_string(), &dir).await
 }
 
-async fn attach_and_detach(
-    dpu: &TestDpu,
-    snap: &Emulator,
-    request: &AttachRequest,
-    backing: &Path,
-) {
-    let sysfs = Sysfs::new(snap.spdk.sysfs_root());
+async fn attach_and_detach(dpu: &TestDpu, snap: &Spdk, request: &AttachRequest, backing: &Path) {
+    let sysfs = Sysfs::new(snap.emulator().sysfs_root());
     assert!(dpu.attach.probe(deadline()).await.unwrap());
     let attached = dpu.attach.attach(request, deadline()).await.unwrap();
     let device = discovered("the host sees the volume", || {
@@ -97,7 +92,7 @@ async fn attach_and_detach(
 
 #[tokio::test]
 async fn aio_volumes_through_nvme_and_virtio_blk() {
-    let snap = Emulator::snap().await;
+    let snap = Spdk::snap().await;
     let plugin = Plugin::start(snap.socket()).await;
     let dpu = dpu(&plugin, &snap).await;
 
@@ -114,7 +109,7 @@ async fn aio_volumes_through_nvme_and_virtio_blk() {
 /// A detach that lost the device name finds it through ListDevices.
 #[tokio::test]
 async fn detach_without_the_device_name_uses_the_plugins_list() {
-    let snap = Emulator::snap().await;
+    let snap = Spdk::snap().await;
     let plugin = Plugin::start(snap.socket()).await;
     let dpu = dpu(&plugin, &snap).await;
     let file = snap.file("pvc-lost.img");
@@ -130,8 +125,8 @@ async fn detach_without_the_device_name_uses_the_plugins_list() {
 
 #[tokio::test]
 async fn nvmf_volume_through_nvme() {
-    let target = Emulator::target().await;
-    let snap = Emulator::snap().await;
+    let target = Spdk::target().await;
+    let snap = Spdk::snap().await;
     let nqn = "nqn.2024-01.io.snap-csi:pvc-remote";
     let port = export(&target, "remote", nqn).await;
     let plugin = Plugin::start(snap.socket()).await;
@@ -166,7 +161,7 @@ fn assert_round_trips(what: &str, measured: f64, expected: u32) {
 #[tokio::test]
 async fn the_plugin_fits_the_nodes_round_trip_budget() {
     let period = Duration::from_millis(400);
-    let snap = Emulator::start(|c| c.with_poll_period(period)).await;
+    let snap = Spdk::start(|c| c.with_poll_period(period)).await;
     let plugin = Plugin::start(snap.socket()).await;
     let dpu = dpu(&plugin, &snap).await;
     assert!(dpu.attach.probe(deadline()).await.unwrap());

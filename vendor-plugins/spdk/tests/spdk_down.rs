@@ -5,7 +5,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{Emulator, Plugin, aio_context};
+use common::{Plugin, Spdk, aio_context};
 use tonic::Code;
 
 #[tokio::test]
@@ -35,7 +35,7 @@ async fn spdk_down_is_not_ready_and_unavailable() {
     }
 
     // SNAP comes up: the same plugin becomes ready and serves.
-    let snap = Emulator::start(|_| snap_emu::Config::for_test(dir.path())).await;
+    let snap = Spdk::start(|_| snap_emu::Config::for_test(dir.path())).await;
     assert_eq!(
         plugin.probe(Duration::from_secs(2)).await.unwrap(),
         Some(true)

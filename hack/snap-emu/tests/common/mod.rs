@@ -3,6 +3,11 @@
 
 #![allow(dead_code)] // Each test binary uses a different subset.
 
+// A real spdk_tgt for the parity suite (shared with the other test crates;
+// it uses no snap-csi code).
+#[path = "../../../../tests/common/real_spdk.rs"]
+pub mod real_spdk;
+
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 

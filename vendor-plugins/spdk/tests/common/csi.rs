@@ -1,7 +1,8 @@
 //! The plugin's CSI controller in-process over real gRPC on a UNIX socket,
-//! with an AIO pool in a temporary directory and an in-process emulator
-//! playing the remote NVMe-oF target (pool bdev and lvstore made here, as
-//! an operator would), plus the calls and checks the CSI tests share.
+//! with an AIO pool in a temporary directory and an in-process emulator or a
+//! real `spdk_tgt` playing the remote NVMe-oF target (pool bdev and lvstore
+//! made here, as an operator would), plus the calls and checks the CSI
+//! tests share.
 
 use std::collections::HashMap;
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -22,7 +23,8 @@ use tokio::task::JoinHandle;
 use tonic::transport::Channel;
 use tonic::{Code, Status};
 
-use super::{Emulator, TIMEOUT, every_page, free_tcp_port, sparse_file, timed};
+use super::nvme_io::Remote;
+use super::{Source, Spdk, TIMEOUT, every_page, free_tcp_port, sparse_file, timed};
 use csi::controller_client::ControllerClient;
 use csi::identity_client::IdentityClient;
 use csi::volume_capability::access_mode::Mode;
@@ -36,18 +38,25 @@ pub const GIB: u64 = 1 << 30;
 pub const POOL: u64 = 2 * GIB;
 pub const LVSTORE: &str = "lvs0";
 
-/// The NVMe-oF target: an emulator with a pool bdev and lvstore.
+/// The NVMe-oF target: an SPDK with a pool bdev and lvstore. With real
+/// SPDK, a second `spdk_tgt` is the host that reads and writes volumes over
+/// NVMe/TCP; the emulator's lvols are files, read directly.
 pub struct Target {
-    pub emulator: Emulator,
+    pub spdk: Spdk,
+    pub initiator: Option<Spdk>,
     pub listen_port: u16,
 }
 
 impl Target {
-    pub async fn start() -> Target {
-        let emulator = Emulator::target().await;
-        let pool = emulator.dir.path().join("pool.img");
+    pub async fn start(source: &Source) -> Target {
+        let target = source.target().await;
+        let initiator = match source {
+            Source::Emulator => None,
+            Source::Real(_) => Some(source.snap().await),
+        };
+        let pool = target.dir.path().join("pool.img");
         sparse_file(&pool, POOL);
-        let spdk = emulator.client();
+        let spdk = target.client();
         spdk.call(&BdevAioCreate {
             name: "pool0".into(),
             filename: pool.display().to_string(),
@@ -64,14 +73,28 @@ impl Target {
         .await
         .unwrap();
         Target {
-            emulator,
+            spdk: target,
+            initiator,
             listen_port: free_tcp_port(),
         }
     }
 
+    /// Reads or writes a volume's bytes through the initiator; `None`
+    /// without one (the emulator's target).
+    fn remote<'a>(&'a self, volume: &'a csi::Volume) -> Option<Remote<'a>> {
+        let initiator = self.initiator.as_ref()?;
+        let context = &volume.volume_context;
+        Some(Remote {
+            initiator: initiator.client(),
+            traddr: &context["traddr"],
+            trsvcid: &context["trsvcid"],
+            subnqn: &context["subnqn"],
+        })
+    }
+
     /// The file holding lvol `<lvstore>/<name>`'s bytes.
     pub async fn lvol_file(&self, name: &str) -> PathBuf {
-        let spdk = self.emulator.client();
+        let spdk = self.spdk.client();
         let lvs = spdk
             .call(&BdevLvolGetLvstores {
                 uuid: None,
@@ -86,7 +109,7 @@ impl Target {
             })
             .await
             .unwrap();
-        self.emulator
+        self.spdk
             .dir
             .path()
             .join("state/bdevs")
@@ -96,7 +119,7 @@ impl Target {
 
     /// Every lvol name in the lvstore and every subsystem NQN.
     pub async fn objects(&self) -> Vec<String> {
-        let spdk = self.emulator.client();
+        let spdk = self.spdk.client();
         let prefix = format!("{LVSTORE}/");
         let mut out: Vec<String> = spdk
             .call(&BdevGetBdevs::default())
@@ -163,15 +186,26 @@ fn serve(config: &Config) -> (oneshot::Sender<()>, JoinHandle<()>) {
 }
 
 impl Csi {
+    /// A controller whose NVMe-oF target (if it has that backend) is an emulator.
     pub async fn start(backends: Backends) -> Csi {
-        Csi::start_with(backends, |_| {}).await
+        Csi::start_with(backends, &Source::Emulator, |_| {}).await
     }
 
-    /// A controller with the settings `configure` makes over the tests' own.
-    pub async fn start_with(backends: Backends, configure: impl FnOnce(&mut CsiConfig)) -> Csi {
+    /// A controller whose NVMe-oF target comes from `source`.
+    pub async fn start_on(backends: Backends, source: &Source) -> Csi {
+        Csi::start_with(backends, source, |_| {}).await
+    }
+
+    /// A controller on `source` with the settings `configure` makes over the
+    /// tests' own.
+    pub async fn start_with(
+        backends: Backends,
+        source: &Source,
+        configure: impl FnOnce(&mut CsiConfig),
+    ) -> Csi {
         let dir = tempfile::tempdir().unwrap();
         let target = if backends.nvmf {
-            Some(Target::start().await)
+            Some(Target::start(source).await)
         } else {
             None
         };
@@ -194,7 +228,7 @@ impl Csi {
                     capacity: Some(POOL),
                 }),
                 nvmf: target.as_ref().map(|t| NvmfConfig {
-                    target_socket: t.emulator.socket().to_path_buf(),
+                    target_socket: t.spdk.socket().to_path_buf(),
                     lvstore: LVSTORE.into(),
                     listen: format!("127.0.0.1:{}", t.listen_port).parse().unwrap(),
                 }),
@@ -415,13 +449,54 @@ impl Csi {
     }
 
     /// The file holding a volume's bytes: the AIO file itself, or the
-    /// target's file behind the lvol.
+    /// emulated target's file behind the lvol.
     pub async fn backing(&self, volume: &csi::Volume) -> PathBuf {
         match volume.volume_context.get("backend").map(String::as_str) {
             Some("aio") => PathBuf::from(&volume.volume_context["path"]),
             Some("nvmf") => self.target().lvol_file(&volume.volume_id).await,
             other => panic!("backend {other:?}"),
         }
+    }
+
+    /// Writes a volume's bytes as its user would: through NVMe/TCP when a
+    /// real initiator is there, else to the file behind it.
+    pub async fn write(&self, volume: &csi::Volume, offset: u64, bytes: &[u8]) {
+        match self.target.as_ref().and_then(|t| t.remote(volume)) {
+            Some(remote) if volume.volume_context["backend"] == "nvmf" => {
+                remote.write(offset, bytes).await
+            }
+            _ => write_at(&self.backing(volume).await, offset, bytes),
+        }
+    }
+
+    /// Reads a volume's bytes, as [`Csi::write`] writes them.
+    pub async fn read(&self, volume: &csi::Volume, offset: u64, len: usize) -> Vec<u8> {
+        match self.target.as_ref().and_then(|t| t.remote(volume)) {
+            Some(remote) if volume.volume_context["backend"] == "nvmf" => {
+                remote.read(offset, len).await
+            }
+            _ => read_at(&self.backing(volume).await, offset, len),
+        }
+    }
+
+    /// A volume's size: its file's, or its lvol's on the target.
+    pub async fn size(&self, volume: &csi::Volume) -> u64 {
+        if volume.volume_context["backend"] == "aio" {
+            return std::fs::metadata(&volume.volume_context["path"])
+                .unwrap()
+                .len();
+        }
+        let bdev = &self
+            .target()
+            .spdk
+            .client()
+            .call(&BdevGetBdevs {
+                name: Some(format!("{LVSTORE}/{}", volume.volume_id)),
+                timeout: None,
+            })
+            .await
+            .unwrap()[0];
+        bdev.size_bytes()
     }
 
     /// What the backends hold: pool files (snapshots and records included)

@@ -1,10 +1,12 @@
 //! The plugin in-process over real gRPC on a UNIX socket, in front of an
 //! in-process SNAP emulator (as root: NVMe and virtio-blk exposure makes
-//! real loop devices), plus the calls tests make.
+//! real loop devices) or a real `spdk_tgt`, plus the calls tests make.
 
 #![allow(dead_code)]
 
 pub mod csi;
+pub mod nvme_io;
+pub mod plugin_scenarios;
 pub mod proxy;
 pub mod scenarios;
 
@@ -15,6 +17,8 @@ pub mod csi_v1_11;
 pub mod dpu;
 #[path = "../../../../tests/common/pki.rs"]
 pub mod pki;
+#[path = "../../../../tests/common/real_spdk.rs"]
+pub mod real_spdk;
 #[path = "../../../../tests/common/shared.rs"]
 mod shared;
 
@@ -25,6 +29,7 @@ pub use shared::{discovered, free_tcp_port, loop_devices_of, sparse_file, timed}
 use std::collections::HashMap;
 use std::future::Future;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use snap_csi::dpu::plugin::unix_channel;
@@ -47,6 +52,8 @@ use tokio::task::JoinHandle;
 use tonic::Status;
 use tonic::transport::Channel;
 
+use real_spdk::{SpdkTgt, Suite};
+
 use api::identity_service_client::IdentityServiceClient;
 use api::storage_plugin_service_client::StoragePluginServiceClient;
 
@@ -55,40 +62,100 @@ pub const TIMEOUT: Duration = Duration::from_secs(20);
 /// Size of the backing files tests make.
 pub const SIZE: u64 = 16 << 20;
 
-/// An emulator (the DPU's SNAP, or a plain SPDK target) in its own directory.
-pub struct Emulator {
+/// Where a test's SPDK processes come from: in-process emulators, or real
+/// `spdk_tgt` processes (`tests/common/real_spdk.rs`), whose turn on the
+/// machine lasts as long as any of them runs.
+#[derive(Clone)]
+pub enum Source {
+    Emulator,
+    Real(Arc<Suite>),
+}
+
+impl Source {
+    /// Real SPDK, or `None` (the suite said it skipped) without `SNAP_CSI_SPDK_TGT`.
+    pub fn real() -> Option<Source> {
+        Suite::acquire().map(|suite| Source::Real(Arc::new(suite)))
+    }
+
+    /// The DPU's SPDK. A real one has no SNAP methods, and needs none for
+    /// what the plugin service does: it makes and removes bdevs.
+    pub async fn snap(&self) -> Spdk {
+        match self {
+            Source::Emulator => Spdk::snap().await,
+            Source::Real(suite) => Spdk::real(suite),
+        }
+    }
+
+    /// A plain SPDK target, e.g. a remote NVMe-oF target.
+    pub async fn target(&self) -> Spdk {
+        match self {
+            Source::Emulator => Spdk::target().await,
+            Source::Real(suite) => Spdk::real(suite),
+        }
+    }
+}
+
+enum Process {
+    Emulated(InProcess),
+    Real(SpdkTgt, Arc<Suite>),
+}
+
+/// An SPDK (the emulator or a real `spdk_tgt`) with a directory for files.
+pub struct Spdk {
     // Declared first: stopped (loop devices detached) before the directory goes.
-    pub spdk: InProcess,
+    process: Process,
     pub dir: tempfile::TempDir,
 }
 
-impl Emulator {
-    /// The DPU's SNAP.
-    pub async fn snap() -> Emulator {
-        Emulator::start(|c| c).await
+impl Spdk {
+    /// The DPU's SNAP, emulated.
+    pub async fn snap() -> Spdk {
+        Spdk::start(|c| c).await
     }
 
-    /// A plain `spdk_tgt`, e.g. a remote NVMe-oF target.
-    pub async fn target() -> Emulator {
-        Emulator::start(snap_emu::Config::without_snap).await
+    /// A plain `spdk_tgt`, emulated.
+    pub async fn target() -> Spdk {
+        Spdk::start(snap_emu::Config::without_snap).await
     }
 
-    pub async fn start(configure: impl FnOnce(snap_emu::Config) -> snap_emu::Config) -> Emulator {
+    /// An emulator configured by `configure`.
+    pub async fn start(configure: impl FnOnce(snap_emu::Config) -> snap_emu::Config) -> Spdk {
         let dir = tempfile::tempdir().unwrap();
         let config = configure(snap_emu::Config::for_test(dir.path()));
         let spdk = InProcess::start(config).await.unwrap();
-        Emulator { spdk, dir }
+        Spdk {
+            process: Process::Emulated(spdk),
+            dir,
+        }
+    }
+
+    fn real(suite: &Arc<Suite>) -> Spdk {
+        Spdk {
+            process: Process::Real(suite.spdk_tgt(), Arc::clone(suite)),
+            dir: tempfile::tempdir().unwrap(),
+        }
     }
 
     pub fn socket(&self) -> &Path {
-        self.spdk.socket()
+        match &self.process {
+            Process::Emulated(spdk) => spdk.socket(),
+            Process::Real(spdk, _) => &spdk.socket,
+        }
+    }
+
+    /// The emulator, for what only it has (SNAP's host side).
+    pub fn emulator(&self) -> &InProcess {
+        match &self.process {
+            Process::Emulated(spdk) => spdk,
+            Process::Real(..) => panic!("a real spdk_tgt has no emulated host side"),
+        }
     }
 
     pub fn client(&self) -> RpcClient {
-        RpcClient::new(self.spdk.socket())
+        RpcClient::new(self.socket())
     }
 
-    /// A sparse backing file under the emulator's directory.
+    /// A sparse backing file under the directory.
     pub fn file(&self, name: &str) -> PathBuf {
         let path = self.dir.path().join(name);
         sparse_file(&path, SIZE);
@@ -336,7 +403,7 @@ pub fn nvmf_context(port: u16, subnqn: &str) -> HashMap<String, String> {
 
 /// Exports an AIO bdev over a fresh file as subsystem `nqn` (namespace 1) on
 /// `target`, listening on 127.0.0.1; returns the port.
-pub async fn export(target: &Emulator, name: &str, nqn: &str) -> u16 {
+pub async fn export(target: &Spdk, name: &str, nqn: &str) -> u16 {
     let t = target.client();
     let file = target.file(&format!("{name}.img"));
     t.call(&BdevAioCreate {
@@ -384,7 +451,7 @@ pub async fn export(target: &Emulator, name: &str, nqn: &str) -> u16 {
 
 /// Makes subsystem `nqn` of `target` listen on a free TCP port of
 /// 127.0.0.1; returns the port.
-pub async fn listen(target: &Emulator, nqn: &str) -> u16 {
+pub async fn listen(target: &Spdk, nqn: &str) -> u16 {
     let port = free_tcp_port();
     target
         .client()

@@ -14,14 +14,17 @@ use csi::volume_capability::AccessType;
 use csi::volume_capability::access_mode::Mode;
 
 /// Defines one `#[tokio::test]` per scenario below, each on a fresh controller
-/// from `$controller` (an `async fn() -> Csi`) serving `$backend`, so every
-/// backend's test file runs the same list and a new scenario reaches them all.
+/// from `$controller` (an `Option<Csi>` expression, `None` skipping) serving
+/// `$backend`, so every backend's test file, and the real-SPDK suite, runs the
+/// same list and a new scenario reaches them all.
 #[macro_export]
 macro_rules! scenario_tests {
-    ($controller:ident, $backend:expr) => {
-        #[tokio::test]
+    ($controller:expr, $backend:expr) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn create_is_idempotent_by_name() {
-            let csi = $controller().await;
+            let Some(csi) = $controller else {
+                return;
+            };
             $crate::common::scenarios::create_is_idempotent_by_name(&csi, $backend).await;
             // Once per backend, a graceful stop is checked to remove the socket.
             csi.stop().await;
@@ -39,11 +42,13 @@ macro_rules! scenario_tests {
             volume_groups_hold_and_delete_their_volumes,
         );
     };
-    (@dropped $controller:ident, $backend:expr, $($scenario:ident,)+) => {
+    (@dropped $controller:expr, $backend:expr, $($scenario:ident,)+) => {
         $(
-            #[tokio::test]
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $scenario() {
-                let csi = $controller().await;
+                let Some(csi) = $controller else {
+                    return;
+                };
                 $crate::common::scenarios::$scenario(&csi, $backend).await;
             }
         )+
@@ -394,10 +399,7 @@ pub async fn volumes_expand(csi: &Csi, backend: &str) {
         grown.node_expansion_required,
         "a filesystem grows on the node"
     );
-    assert_eq!(
-        std::fs::metadata(csi.backing(&v).await).unwrap().len(),
-        32 * MIB
-    );
+    assert_eq!(csi.size(&v).await, 32 * MIB);
     let block_grown = csi
         .expand(&v.volume_id, 40 * MIB, Some(block()))
         .await
@@ -447,8 +449,7 @@ pub async fn snapshots_keep_their_data(csi: &Csi, backend: &str) {
         .create(volume("pvc-other", backend, 8 * MIB, 0))
         .await
         .unwrap();
-    let backing = csi.backing(&source).await;
-    write_at(&backing, 5 * MIB, b"before the snapshot");
+    csi.write(&source, 5 * MIB, b"before the snapshot").await;
 
     let snap = csi.snapshot("snap-1", &source.volume_id).await.unwrap();
     assert_eq!(snap.snapshot_id, format!("snap-{backend}-snap-1"));
@@ -479,7 +480,7 @@ pub async fn snapshots_keep_their_data(csi: &Csi, backend: &str) {
     let snap2 = csi.snapshot("snap-2", &other.volume_id).await.unwrap();
 
     // The volume moves on; the snapshot does not.
-    write_at(&backing, 5 * MIB, b"after the snapshot!");
+    csi.write(&source, 5 * MIB, b"after the snapshot!").await;
     let restored = csi
         .create(from_snapshot(
             volume("pvc-restored", backend, 16 * MIB, 0),
@@ -491,9 +492,8 @@ pub async fn snapshots_keep_their_data(csi: &Csi, backend: &str) {
         restored.content_source.as_ref().map(|s| s.r#type.is_some()),
         Some(true)
     );
-    let restored_backing = csi.backing(&restored).await;
     assert_eq!(
-        read_at(&restored_backing, 5 * MIB, 19),
+        csi.read(&restored, 5 * MIB, 19).await,
         b"before the snapshot"
     );
     // Bigger than its snapshot is fine; smaller is not possible.
@@ -505,10 +505,7 @@ pub async fn snapshots_keep_their_data(csi: &Csi, backend: &str) {
         .await
         .unwrap();
     assert_eq!(bigger.capacity_bytes, (32 * MIB) as i64);
-    assert_eq!(
-        read_at(&csi.backing(&bigger).await, 5 * MIB, 19),
-        b"before the snapshot"
-    );
+    assert_eq!(csi.read(&bigger, 5 * MIB, 19).await, b"before the snapshot");
     assert_code(
         csi.create(from_snapshot(
             volume("pvc-small", backend, 4 * MIB, 8 * MIB),
@@ -590,10 +587,7 @@ pub async fn snapshots_keep_their_data(csi: &Csi, backend: &str) {
         .await
         .unwrap();
     assert_eq!(late.capacity_bytes, (16 * MIB) as i64);
-    assert_eq!(
-        read_at(&csi.backing(&late).await, 5 * MIB, 19),
-        b"before the snapshot"
-    );
+    assert_eq!(csi.read(&late, 5 * MIB, 19).await, b"before the snapshot");
 
     // Deleting snapshots leaves the volumes made from them whole.
     for s in [&snap.snapshot_id, &snap2.snapshot_id] {
@@ -603,7 +597,7 @@ pub async fn snapshots_keep_their_data(csi: &Csi, backend: &str) {
     csi.delete_snapshot("not-ours").await.unwrap();
     assert!(csi.list_snapshots_all(list_by("", "", 0)).await.is_empty());
     assert_eq!(
-        read_at(&csi.backing(&restored).await, 5 * MIB, 19),
+        csi.read(&restored, 5 * MIB, 19).await,
         b"before the snapshot"
     );
     for v in [&other, &restored, &bigger, &late] {
@@ -617,8 +611,7 @@ pub async fn volumes_clone_volumes(csi: &Csi, backend: &str) {
         .create(volume("pvc-orig", backend, 8 * MIB, 0))
         .await
         .unwrap();
-    let backing = csi.backing(&source).await;
-    write_at(&backing, 3 * MIB, b"original bytes");
+    csi.write(&source, 3 * MIB, b"original bytes").await;
     let clone = csi
         .create(from_volume(
             volume("pvc-clone", backend, 8 * MIB, 0),
@@ -627,8 +620,7 @@ pub async fn volumes_clone_volumes(csi: &Csi, backend: &str) {
         .await
         .unwrap();
     assert_eq!(clone.capacity_bytes, (8 * MIB) as i64);
-    let clone_backing = csi.backing(&clone).await;
-    assert_eq!(read_at(&clone_backing, 3 * MIB, 14), b"original bytes");
+    assert_eq!(csi.read(&clone, 3 * MIB, 14).await, b"original bytes");
     // Idempotent, and independent of each other.
     let again = csi
         .create(from_volume(
@@ -638,14 +630,11 @@ pub async fn volumes_clone_volumes(csi: &Csi, backend: &str) {
         .await
         .unwrap();
     assert_eq!(again.volume_id, clone.volume_id);
-    write_at(&clone_backing, 3 * MIB, b"changed clone!");
-    assert_eq!(read_at(&backing, 3 * MIB, 14), b"original bytes");
+    csi.write(&clone, 3 * MIB, b"changed clone!").await;
+    assert_eq!(csi.read(&source, 3 * MIB, 14).await, b"original bytes");
     assert_eq!(csi.list_all(0).await.len(), 2, "no helper object is listed");
     csi.delete(&source.volume_id).await.unwrap();
-    assert_eq!(
-        read_at(&csi.backing(&clone).await, 3 * MIB, 14),
-        b"changed clone!"
-    );
+    assert_eq!(csi.read(&clone, 3 * MIB, 14).await, b"changed clone!");
     csi.delete(&clone.volume_id).await.unwrap();
     assert_empty(csi).await;
 }

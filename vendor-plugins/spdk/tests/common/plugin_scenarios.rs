@@ -1,0 +1,459 @@
+//! The plugin service's behaviour, written once and run on the emulator
+//! (`plugin_aio.rs`, `plugin_nvmf.rs`, `plugin_check.rs`) and on real
+//! `spdk_tgt` processes (`real_spdk.rs`): over real gRPC, every RPC for both
+//! backends, idempotency of create and delete, NOT_FOUND, paging and its
+//! tokens, bad input refused with nothing created, and `plugin-check`.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use snap_csi::plugin_check::{self, Verdict};
+use snap_csi::proto::nvidia::storage::plugins::v1 as api;
+use snap_csi::spdk::bdev::BdevGetBdevs;
+use snap_csi::spdk::nvmf::{NvmfCreateSubsystem, NvmfCreateTransport};
+use snap_csi_spdk_plugin::backend::{AIO, BACKEND_KEY, PATH_KEY};
+use snap_csi_spdk_plugin::service::{CAPABILITIES, PLUGIN_NAME};
+use tonic::Code;
+
+use super::{
+    Plugin, SIZE, Source, TIMEOUT, aio_context, export, free_tcp_port, listen, nvmf_context, timed,
+};
+
+/// Defines one `#[tokio::test]` per scenario of a group (`aio`, `nvmf`,
+/// `check`), each with the SPDK processes of `$source` (an
+/// `Option<Source>`: `None` skips), so the emulator's tests and the real
+/// ones run the same list.
+#[macro_export]
+macro_rules! plugin_scenario_tests {
+    (aio, $source:expr) => {
+        $crate::plugin_scenario_tests!(
+            @each $source,
+            identity_capabilities_and_provider,
+            create_get_delete_are_idempotent,
+            delete_never_touches_another_volumes_device,
+            list_pages_one_at_a_time_and_aborts_foreign_tokens,
+            bad_input_is_invalid_argument_and_creates_nothing,
+        );
+    };
+    (nvmf, $source:expr) => {
+        $crate::plugin_scenario_tests!(
+            @each $source,
+            attach_is_idempotent_and_detach_leaves_nothing,
+            unreachable_targets_and_unknown_subsystems_create_nothing,
+            a_subsystem_without_namespace_1_is_refused_and_left_detached,
+            both_backends_list_together,
+        );
+    };
+    (check, $source:expr) => {
+        $crate::plugin_scenario_tests!(@each $source, the_sample_plugin_passes_plugin_check,);
+    };
+    (@each $source:expr, $($scenario:ident,)+) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $scenario() {
+                let Some(source) = $source else {
+                    return;
+                };
+                $crate::common::plugin_scenarios::$scenario(&source).await;
+            }
+        )+
+    };
+}
+
+pub async fn identity_capabilities_and_provider(source: &Source) {
+    let snap = source.snap().await;
+    let plugin = Plugin::start_with(snap.socket(), "acme-snap").await;
+
+    let info = plugin
+        .identity
+        .clone()
+        .get_plugin_info(timed(api::GetPluginInfoRequest {}, TIMEOUT))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(info.name, PLUGIN_NAME);
+    assert_eq!(info.vendor_version, env!("CARGO_PKG_VERSION"));
+    assert_eq!(info.manifest["backends"], "aio,nvmf");
+
+    assert_eq!(plugin.probe(TIMEOUT).await.unwrap(), Some(true));
+
+    let capabilities = plugin
+        .storage
+        .clone()
+        .storage_plugin_get_capabilities(timed(
+            api::StoragePluginGetCapabilitiesRequest {},
+            TIMEOUT,
+        ))
+        .await
+        .unwrap()
+        .into_inner()
+        .capabilities;
+    let types: Vec<i32> = capabilities
+        .iter()
+        .map(|c| match c.r#type {
+            Some(api::storage_plugin_service_capability::Type::Rpc(rpc)) => rpc.r#type,
+            None => panic!("capability without a type"),
+        })
+        .collect();
+    assert_eq!(types, CAPABILITIES.map(|c| c as i32));
+
+    assert_eq!(plugin.provider().await.unwrap(), "acme-snap");
+    plugin.stop().await;
+
+    // The default provider is the empty name.
+    let plugin = Plugin::start(snap.socket()).await;
+    assert_eq!(plugin.provider().await.unwrap(), "");
+}
+
+pub async fn create_get_delete_are_idempotent(source: &Source) {
+    let snap = source.snap().await;
+    let plugin = Plugin::start(snap.socket()).await;
+    let file = snap.file("vol-1.img");
+
+    let device = plugin.create("vol-1", aio_context(&file)).await.unwrap();
+    assert_eq!(device, "snapcsi-aio-vol-1");
+    let again = plugin.create("vol-1", aio_context(&file)).await.unwrap();
+    assert_eq!(again, device);
+    let bdevs = snap.bdevs().await;
+    assert_eq!(
+        bdevs.iter().filter(|b| **b == device).count(),
+        1,
+        "{bdevs:?}"
+    );
+    let bdev = &snap
+        .client()
+        .call(&snap_csi::spdk::bdev::BdevGetBdevs {
+            name: Some(device.clone()),
+            timeout: None,
+        })
+        .await
+        .unwrap()[0];
+    assert_eq!((bdev.block_size, bdev.size_bytes()), (512, SIZE));
+
+    // By name, and by volume id alone.
+    let found = plugin.get("vol-1", &device).await.unwrap();
+    assert_eq!(found.volume_mode, "Block");
+    plugin.get("vol-1", "").await.unwrap();
+    // Another volume's name, or a name that is not ours: not this volume's device.
+    for name in ["snapcsi-aio-vol-2", "Malloc0"] {
+        let status = plugin.get("vol-1", name).await.unwrap_err();
+        assert_eq!(status.code(), Code::NotFound, "{name}: {status:?}");
+    }
+
+    // A plugin restart changes nothing: the name is derived, not remembered.
+    plugin.stop().await;
+    let plugin = Plugin::start(snap.socket()).await;
+    assert_eq!(
+        plugin.create("vol-1", aio_context(&file)).await.unwrap(),
+        device
+    );
+
+    plugin.delete("vol-1", &device).await.unwrap();
+    assert!(!snap.bdevs().await.contains(&device));
+    plugin.delete("vol-1", &device).await.unwrap();
+    let status = plugin.get("vol-1", &device).await.unwrap_err();
+    assert_eq!(status.code(), Code::NotFound, "{status:?}");
+    let status = plugin.get("vol-1", "").await.unwrap_err();
+    assert_eq!(status.code(), Code::NotFound, "{status:?}");
+
+    // Never created: done. Without a device name: done.
+    plugin.delete("vol-never", "").await.unwrap();
+    plugin
+        .delete("vol-never", "snapcsi-aio-vol-never")
+        .await
+        .unwrap();
+    // Without a name, DeleteDevice still finds the volume's device.
+    plugin.create("vol-1", aio_context(&file)).await.unwrap();
+    plugin.delete("vol-1", "").await.unwrap();
+    assert!(!snap.bdevs().await.contains(&device));
+}
+
+pub async fn delete_never_touches_another_volumes_device(source: &Source) {
+    let snap = source.snap().await;
+    let plugin = Plugin::start(snap.socket()).await;
+    let file = snap.file("vol-a.img");
+    let device = plugin.create("vol-a", aio_context(&file)).await.unwrap();
+    plugin.delete("vol-b", &device).await.unwrap();
+    assert!(snap.bdevs().await.contains(&device));
+    plugin.delete("vol-a", &device).await.unwrap();
+}
+
+pub async fn list_pages_one_at_a_time_and_aborts_foreign_tokens(source: &Source) {
+    let snap = source.snap().await;
+    let plugin = Plugin::start(snap.socket()).await;
+    // Someone else's bdev is not listed.
+    snap.client()
+        .call(&snap_csi::spdk::bdev::BdevAioCreate {
+            name: "foreign".into(),
+            filename: snap.file("foreign.img").display().to_string(),
+            block_size: Some(512),
+            readonly: None,
+        })
+        .await
+        .unwrap();
+    // An id that is not a plain name maps back all the same.
+    let ids = ["vol-c", "vol-a", "ns/vol b"];
+    let mut expected = vec![];
+    for (i, id) in ids.iter().enumerate() {
+        let file = snap.file(&format!("{i}.img"));
+        let device = plugin.create(id, aio_context(&file)).await.unwrap();
+        expected.push((id.to_string(), device));
+    }
+    expected.sort_by(|a, b| a.1.cmp(&b.1));
+
+    let first = plugin.list(1, "").await.unwrap();
+    assert_eq!(first.entries.len(), 1);
+    assert!(!first.next_token.is_empty());
+    assert_eq!(plugin.list_all(1).await, expected);
+    assert_eq!(plugin.list_all(2).await, expected);
+    assert_eq!(plugin.list_all(0).await, expected);
+
+    // A token survives the device it names: the next page follows it.
+    let (first_id, first_device) = &expected[0];
+    plugin.delete(first_id, first_device).await.unwrap();
+    let second = plugin.list(1, &first.next_token).await.unwrap();
+    assert_eq!(second.entries[0].device_name, expected[1].1);
+
+    for bad in ["garbage", "after:Malloc0", &expected[1].1] {
+        let status = plugin.list(1, bad).await.unwrap_err();
+        assert_eq!(status.code(), Code::Aborted, "{bad}: {status:?}");
+    }
+    let status = plugin.list(-1, "").await.unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+}
+
+pub async fn bad_input_is_invalid_argument_and_creates_nothing(source: &Source) {
+    let snap = source.snap().await;
+    let plugin = Plugin::start(snap.socket()).await;
+    let file = snap.file("vol.img");
+    let before = snap.bdevs().await;
+
+    let context = |pairs: &[(&str, &str)]| -> HashMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    };
+    let path = file.display().to_string();
+    let long = "x".repeat(129);
+    let cases: Vec<(&str, HashMap<String, String>, &str)> = vec![
+        ("", aio_context(&file), "volume_id"),
+        (&long, aio_context(&file), "128"),
+        ("vol", HashMap::new(), "backend"),
+        ("vol", context(&[(BACKEND_KEY, "ceph")]), "ceph"),
+        ("vol", context(&[(BACKEND_KEY, "aio")]), "path"),
+        (
+            "vol",
+            context(&[(BACKEND_KEY, "aio"), (PATH_KEY, "relative.img")]),
+            "absolute",
+        ),
+        (
+            "vol",
+            context(&[(BACKEND_KEY, "nvmf"), (PATH_KEY, &path)]),
+            "trtype",
+        ),
+    ];
+    for (volume_id, volume_context, says) in cases {
+        let status = plugin.create(volume_id, volume_context).await.unwrap_err();
+        assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+        assert!(status.message().contains(says), "{says}: {status:?}");
+    }
+    let filesystem = api::CreateDeviceRequest {
+        volume_id: "vol".into(),
+        volume_mode: "Filesystem".into(),
+        volume_context: aio_context(&file),
+        ..Default::default()
+    };
+    let status = plugin
+        .create_request(filesystem, TIMEOUT)
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+
+    for status in [
+        plugin.delete("", "").await.unwrap_err(),
+        plugin.get("", "").await.unwrap_err(),
+    ] {
+        assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    }
+
+    // SPDK refuses what looks fine: a missing file, one that is not whole
+    // blocks. (An empty file it takes, as a bdev of no blocks.)
+    let missing = snap.dir.path().join("missing.img");
+    let status = plugin
+        .create("vol", aio_context(&missing))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
+    let partial = snap.dir.path().join("partial.img");
+    std::fs::write(&partial, [0u8; 100]).unwrap();
+    let status = plugin
+        .create("vol", aio_context(&partial))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    assert!(status.message().contains("whole number"), "{status:?}");
+
+    assert_eq!(snap.bdevs().await, before);
+    assert!(plugin.list_all(0).await.is_empty());
+}
+
+const NQN: &str = "nqn.2024-01.io.snap-csi:pvc-nvmf-1";
+
+pub async fn attach_is_idempotent_and_detach_leaves_nothing(source: &Source) {
+    let target = source.target().await;
+    let snap = source.snap().await;
+    let port = export(&target, "vol1", NQN).await;
+    let plugin = Plugin::start(snap.socket()).await;
+
+    let device = plugin
+        .create("pvc-nvmf-1", nvmf_context(port, NQN))
+        .await
+        .unwrap();
+    assert_eq!(device, "snapcsi-nvmf-pvc-nvmf-1n1");
+    let again = plugin
+        .create("pvc-nvmf-1", nvmf_context(port, NQN))
+        .await
+        .unwrap();
+    assert_eq!(again, device);
+    let spdk = snap.client();
+    let controllers = snap.nvme_controllers().await;
+    assert_eq!(controllers.len(), 1, "{controllers:?}");
+    assert_eq!(controllers[0].ctrlrs[0].trid.subnqn.as_deref(), Some(NQN));
+    let bdev = &spdk
+        .call(&BdevGetBdevs {
+            name: Some(device.clone()),
+            timeout: None,
+        })
+        .await
+        .unwrap()[0];
+    assert_eq!(bdev.size_bytes(), SIZE);
+
+    assert_eq!(
+        plugin.get("pvc-nvmf-1", &device).await.unwrap().volume_mode,
+        "Block"
+    );
+    assert_eq!(
+        plugin.list_all(1).await,
+        [("pvc-nvmf-1".to_string(), device.clone())]
+    );
+
+    plugin.delete("pvc-nvmf-1", &device).await.unwrap();
+    plugin.delete("pvc-nvmf-1", &device).await.unwrap();
+    plugin.delete("pvc-nvmf-1", "").await.unwrap();
+    assert!(snap.nvme_controllers().await.is_empty());
+    assert!(snap.bdevs().await.is_empty());
+    let status = plugin.get("pvc-nvmf-1", &device).await.unwrap_err();
+    assert_eq!(status.code(), Code::NotFound, "{status:?}");
+    assert!(plugin.list_all(0).await.is_empty());
+}
+
+pub async fn unreachable_targets_and_unknown_subsystems_create_nothing(source: &Source) {
+    let target = source.target().await;
+    let snap = source.snap().await;
+    let port = export(&target, "vol1", NQN).await;
+    let plugin = Plugin::start(snap.socket()).await;
+
+    // Nothing listens there: the target may be on its way, so retry.
+    let status = plugin
+        .create("pvc-x", nvmf_context(free_tcp_port(), NQN))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    assert!(status.message().contains("nothing answers"), "{status:?}");
+
+    // The target answers but has no such subsystem: retrying will not help.
+    let status = plugin
+        .create(
+            "pvc-x",
+            nvmf_context(port, "nqn.2024-01.io.snap-csi:no-such"),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
+
+    assert!(snap.nvme_controllers().await.is_empty());
+    assert!(snap.bdevs().await.is_empty());
+}
+
+/// A subsystem without namespace 1 has no device to give: the controller
+/// SPDK attached anyway is detached again.
+pub async fn a_subsystem_without_namespace_1_is_refused_and_left_detached(source: &Source) {
+    let target = source.target().await;
+    let snap = source.snap().await;
+    let t = target.client();
+    t.call(&NvmfCreateTransport {
+        trtype: "TCP".into(),
+    })
+    .await
+    .unwrap();
+    t.call(&NvmfCreateSubsystem {
+        nqn: NQN.into(),
+        serial_number: None,
+        model_number: None,
+        allow_any_host: Some(true),
+        max_namespaces: None,
+    })
+    .await
+    .unwrap();
+    let port = listen(&target, NQN).await;
+    let plugin = Plugin::start(snap.socket()).await;
+    let status = plugin
+        .create("pvc-empty", nvmf_context(port, NQN))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
+    assert!(status.message().contains("namespace 1"), "{status:?}");
+    assert!(snap.nvme_controllers().await.is_empty());
+}
+
+/// Both backends side by side, listed together.
+pub async fn both_backends_list_together(source: &Source) {
+    let target = source.target().await;
+    let snap = source.snap().await;
+    let port = export(&target, "vol1", NQN).await;
+    let plugin = Plugin::start(snap.socket()).await;
+    let file = snap.file("aio.img");
+    let aio = plugin.create("pvc-1", aio_context(&file)).await.unwrap();
+    let nvmf = plugin
+        .create("pvc-2", nvmf_context(port, NQN))
+        .await
+        .unwrap();
+    assert_eq!(
+        plugin.list_all(1).await,
+        [
+            ("pvc-1".to_string(), aio.clone()),
+            ("pvc-2".to_string(), nvmf.clone())
+        ]
+    );
+    // Without a name, GetDevice finds either backend's device.
+    plugin.get("pvc-1", "").await.unwrap();
+    plugin.get("pvc-2", "").await.unwrap();
+    plugin.delete("pvc-1", "").await.unwrap();
+    plugin.delete("pvc-2", "").await.unwrap();
+    assert!(snap.bdevs().await.is_empty());
+}
+
+pub async fn the_sample_plugin_passes_plugin_check(source: &Source) {
+    let snap = source.snap().await;
+    let plugin = Plugin::start(snap.socket()).await;
+    let file = snap.file("check.img");
+    let config = plugin_check::Config {
+        socket: plugin.socket.clone(),
+        volume_context: HashMap::from([
+            (BACKEND_KEY.to_string(), AIO.to_string()),
+            (PATH_KEY.to_string(), file.display().to_string()),
+        ]),
+        timeout: Duration::from_secs(30),
+    };
+    let report = plugin_check::run(&config, &mut |result| println!("{result}"))
+        .await
+        .unwrap();
+    assert_eq!(report.failed(), 0, "{report}");
+    assert!(report.passed() >= 17, "{report}");
+    assert!(report.names(Verdict::Fail).is_empty());
+    assert!(
+        snap.bdevs().await.is_empty(),
+        "plugin-check cleaned up after itself"
+    );
+}
