@@ -2,9 +2,10 @@
 //! agent, on any stream of connections).
 //!
 //! The socket is created with mode 0600 (only kubelet, as root, may talk to
-//! us); a stale socket left by a crashed run is removed, but any other file
-//! at that path is refused rather than deleted. Shutdown stops accepting new
-//! connections and lets calls in flight finish.
+//! us), and appears at its path only with that mode; a stale socket left by
+//! a crashed run is removed, but any other file at that path is refused
+//! rather than deleted. Shutdown stops accepting new connections and lets
+//! calls in flight finish.
 
 use std::future::Future;
 use std::io;
@@ -57,8 +58,21 @@ pub fn bind(path: &Path) -> Result<UnixListener, ServeError> {
     if let Some(parent) = path.parent() {
         std::fs::create_dir_all(parent).map_err(listen_error)?;
     }
-    let listener = UnixListener::bind(path).map_err(listen_error)?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(listen_error)?;
+    // Made private under a temporary name and only then renamed into place:
+    // at its path the socket is never open to others, not for an instant.
+    let staged = path.with_file_name(format!(
+        ".{}.{}",
+        path.file_name().map_or_else(Default::default, |n| n.to_string_lossy()),
+        std::process::id()
+    ));
+    let _ = std::fs::remove_file(&staged);
+    let listener = UnixListener::bind(&staged).map_err(listen_error)?;
+    std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(0o600))
+        .and_then(|()| std::fs::rename(&staged, path))
+        .map_err(|e| {
+            let _ = std::fs::remove_file(&staged);
+            listen_error(e)
+        })?;
     Ok(listener)
 }
 
