@@ -62,7 +62,8 @@ pub fn bind(path: &Path) -> Result<UnixListener, ServeError> {
     // at its path the socket is never open to others, not for an instant.
     let staged = path.with_file_name(format!(
         ".{}.{}",
-        path.file_name().map_or_else(Default::default, |n| n.to_string_lossy()),
+        path.file_name()
+            .map_or_else(Default::default, |n| n.to_string_lossy()),
         std::process::id()
     ));
     let _ = std::fs::remove_file(&staged);

@@ -9,13 +9,14 @@
 mod common;
 
 use std::net::Ipv4Addr;
-use std::process::{Child, Command};
+use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
 use common::dpu::{DPU_NAME, HOST_NAME};
 use common::node::{block_capability, connect, mounts_under, stage_request};
 use common::pki::{Pki, Role};
+use common::shared::KillOnDrop;
 use common::{Emulator, loop_devices_of, timed};
 use snap_csi::agent::address::LinkAddress;
 use snap_csi::dpu::DpuAttach;
@@ -149,15 +150,6 @@ impl Drop for DpuNetwork {
 fn run(program: &str, args: &[&str]) {
     let status = Command::new(program).args(args).status().unwrap();
     assert!(status.success(), "{program} {args:?}: {status}");
-}
-
-struct KillOnDrop(Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 /// The whole stack: SNAP and the plugin (reached by the agent through their

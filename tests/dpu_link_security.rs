@@ -10,65 +10,22 @@
 mod common;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use common::dpu::{Agent, DPU_NAME, HOST_NAME, test_config};
+use common::dpu::{Agent, DPU_NAME, GatedDpu, HOST_NAME, test_config};
 use common::pki::{Pki, Role, rotate};
+use common::shared::KillOnDrop;
 use snap_csi::agent::AgentConfig;
 use snap_csi::dpu::remote::RemoteDpu;
-use snap_csi::dpu::{
-    AttachRequest, Attachment, DpuAttach, DpuError, Emulation, HostLocator, Inventory, VolumeMode,
-};
+use snap_csi::dpu::{AttachRequest, DpuAttach, DpuError, Emulation, HostLocator, VolumeMode};
 use snap_csi::tls::TlsFiles;
-use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
-/// An attach layer whose attach waits until the test lets it go.
-#[derive(Debug)]
-struct Gated {
-    gate: Semaphore,
-    entered: AtomicUsize,
-}
-
-impl Gated {
-    fn new() -> Arc<Gated> {
-        Arc::new(Gated {
-            gate: Semaphore::new(0),
-            entered: AtomicUsize::new(0),
-        })
-    }
-}
-
-#[async_trait::async_trait]
-impl DpuAttach for Gated {
-    async fn attach(&self, request: &AttachRequest, _: Instant) -> Result<Attachment, DpuError> {
-        self.entered.fetch_add(1, Ordering::SeqCst);
-        self.gate
-            .acquire()
-            .await
-            .map_err(|e| DpuError::Internal(e.to_string()))?
-            .forget();
-        Ok(Attachment {
-            device_name: format!("dev-{}", request.volume_id),
-            locator: HostLocator::VirtioBlk {
-                bdf: "27:00.2".into(),
-                serial: "sc-0123456789abcdef0".into(),
-            },
-        })
-    }
-
-    async fn detach(&self, _: &str, _: Option<&str>, _: Instant) -> Result<(), DpuError> {
-        Ok(())
-    }
-
-    async fn probe(&self, _: Instant) -> Result<bool, DpuError> {
-        Ok(true)
-    }
-
-    async fn inventory(&self, _: Instant) -> Result<Inventory, DpuError> {
-        Ok(Inventory::default())
-    }
+fn gated() -> Arc<GatedDpu> {
+    GatedDpu::new(HostLocator::VirtioBlk {
+        bdf: "27:00.2".into(),
+        serial: "sc-0123456789abcdef0".into(),
+    })
 }
 
 fn request(volume_id: &str) -> AttachRequest {
@@ -91,7 +48,7 @@ fn soon() -> Instant {
 
 /// An agent serving [`Gated`] with `config`'s certificates.
 async fn agent(config: AgentConfig, node_tls: TlsFiles) -> Agent {
-    Agent::launch(config, node_tls, Some(Gated::new())).await
+    Agent::launch(config, node_tls, Some(gated())).await
 }
 
 /// A probe from a node presenting `tls` and expecting `dpu_name`, which the
@@ -232,7 +189,7 @@ async fn plaintext_is_refused_unless_explicitly_allowed_on_loopback() {
 async fn rotated_files_take_effect_without_a_restart_and_a_call_in_flight_finishes() {
     let dir = tempfile::tempdir().unwrap();
     let (config, node_tls, _) = test_config(dir.path());
-    let gated = Gated::new();
+    let gated = gated();
     let agent = Agent::launch(config.clone(), node_tls.clone(), Some(gated.clone())).await;
     let node = Arc::new(RemoteDpu::new(agent.address.clone(), DPU_NAME, &node_tls).unwrap());
     assert!(node.probe(soon()).await.unwrap());
@@ -245,9 +202,7 @@ async fn rotated_files_take_effect_without_a_restart_and_a_call_in_flight_finish
                 .await
         })
     };
-    while gated.entered.load(Ordering::SeqCst) == 0 {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    gated.started(1).await;
 
     // cert-manager renews both ends under a new CA (the worst case): the
     // files change in place, nothing restarts. Keep a copy of the node's
@@ -280,7 +235,7 @@ async fn rotated_files_take_effect_without_a_restart_and_a_call_in_flight_finish
         .await
         .unwrap()
         .expect("the call in flight finishes");
-    assert_eq!(attached.device_name, "dev-pvc-1");
+    assert_eq!(attached.device_name, "gated");
 }
 
 /// Runs `snap-csi ARGS...`, its log (stderr) going to `log`.
@@ -294,15 +249,6 @@ fn spawn(args: &[String], log: &std::path::Path) -> KillOnDrop {
             .spawn()
             .unwrap(),
     )
-}
-
-struct KillOnDrop(std::process::Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -8,59 +8,17 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use common::dpu::Agent;
+use common::dpu::{Agent, GatedDpu};
 use common::node::{block_capability, connect};
-use snap_csi::dpu::{AttachRequest, Attachment, DpuAttach, DpuError, HostLocator, Inventory};
+use snap_csi::dpu::{DpuAttach, HostLocator};
 use snap_csi::node::NodeConfig;
 use snap_csi::node::config::EmulationSetting;
 use snap_csi::proto::csi::v1 as csi;
 use snap_csi::proto::csi::v1::node_client::NodeClient;
 use snap_csi::proto::csi::v1::volume_capability::access_mode::Mode;
-use tokio::sync::{Semaphore, oneshot};
-use tokio::time::Instant;
-
-/// Attaches only when the test lets it: each attach waits for a permit.
-#[derive(Debug)]
-struct GatedDpu {
-    gate: Semaphore,
-    attaches: AtomicUsize,
-    locator: HostLocator,
-}
-
-#[async_trait::async_trait]
-impl DpuAttach for GatedDpu {
-    async fn attach(
-        &self,
-        _request: &AttachRequest,
-        _deadline: Instant,
-    ) -> Result<Attachment, DpuError> {
-        self.attaches.fetch_add(1, Ordering::SeqCst);
-        self.gate
-            .acquire()
-            .await
-            .map_err(|e| DpuError::Internal(e.to_string()))?
-            .forget();
-        Ok(Attachment {
-            device_name: "gated".into(),
-            locator: self.locator.clone(),
-        })
-    }
-
-    async fn detach(&self, _: &str, _: Option<&str>, _: Instant) -> Result<(), DpuError> {
-        Ok(())
-    }
-
-    async fn probe(&self, _: Instant) -> Result<bool, DpuError> {
-        Ok(true)
-    }
-
-    async fn inventory(&self, _: Instant) -> Result<Inventory, DpuError> {
-        Ok(Inventory::default())
-    }
-}
+use tokio::sync::oneshot;
 
 /// A real loop device, described in a sysfs-shaped tree as a virtio-blk disk.
 struct FakeHost {
@@ -130,16 +88,6 @@ fn stage(config: &NodeConfig, volume_id: &str) -> csi::NodeStageVolumeRequest {
     }
 }
 
-async fn wait_for(count: &AtomicUsize, at_least: usize) {
-    for _ in 0..500 {
-        if count.load(Ordering::SeqCst) >= at_least {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("only {} attaches started", count.load(Ordering::SeqCst));
-}
-
 /// The node service serving on the test's runtime with a gated DPU (behind
 /// a DPU agent in a split-mode run).
 struct Running {
@@ -187,13 +135,9 @@ fn in_background(
 }
 
 fn gated_dpu() -> Arc<GatedDpu> {
-    Arc::new(GatedDpu {
-        gate: Semaphore::new(0),
-        attaches: AtomicUsize::new(0),
-        locator: HostLocator::VirtioBlk {
-            bdf: "27:00.1".into(),
-            serial: "gated-serial".into(),
-        },
+    GatedDpu::new(HostLocator::VirtioBlk {
+        bdf: "27:00.1".into(),
+        serial: "gated-serial".into(),
     })
 }
 
@@ -210,7 +154,7 @@ async fn a_busy_volume_answers_aborted_while_other_volumes_proceed() {
     } = Running::start(&host).await;
 
     let first = in_background(&node, stage(&config, "pvc-1"));
-    wait_for(&dpu.attaches, 1).await;
+    dpu.started(1).await;
     let busy = node
         .clone()
         .node_stage_volume(stage(&config, "pvc-1"))
@@ -221,7 +165,7 @@ async fn a_busy_volume_answers_aborted_while_other_volumes_proceed() {
 
     // Another volume is not held up behind pvc-1.
     let second = in_background(&node, stage(&config, "pvc-2"));
-    wait_for(&dpu.attaches, 2).await;
+    dpu.started(2).await;
 
     dpu.gate.add_permits(2);
     first.await.unwrap().unwrap();
@@ -248,7 +192,7 @@ async fn shutdown_lets_the_call_in_flight_finish_and_removes_the_socket() {
         _agent,
     } = Running::start(&host).await;
     let in_flight = in_background(&node, stage(&config, "pvc-1"));
-    wait_for(&dpu.attaches, 1).await;
+    dpu.started(1).await;
     let _ = stop.send(());
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert!(

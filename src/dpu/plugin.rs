@@ -365,24 +365,15 @@ impl PluginClient {
         F: Fn(Clients, tonic::Request<Req>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<Resp>, Status>>,
     {
-        let started = std::time::Instant::now();
-        let attempt = || {
+        let transient = |s: &Status| is_transient(s.code());
+        call_retried("plugin", rpc, deadline, &message, transient, |request| {
             let clients = Clients {
                 identity: self.identity.clone(),
                 storage: self.storage.clone(),
             };
-            call_until(rpc, deadline, message.clone(), |request| {
-                send(clients, request)
-            })
-        };
-        let result =
-            retry::until_deadline(deadline, |s: &Status| is_transient(s.code()), attempt).await;
-        let outcome = match &result {
-            Ok(_) => "ok".to_string(),
-            Err(status) => format!("{:?}", status.code()),
-        };
-        crate::metrics::observe_outbound("plugin", rpc, &outcome, started.elapsed());
-        result
+            send(clients, request)
+        })
+        .await
     }
 
     fn error(&self, rpc: &str, status: Status) -> DpuError {
@@ -404,6 +395,32 @@ struct Clients {
 
 fn is_transient(code: Code) -> bool {
     matches!(code, Code::Unavailable | Code::DeadlineExceeded)
+}
+
+/// One unary call to `target`, retried with backoff inside `deadline` while
+/// `retryable` says so, each attempt bounded by it ([`call_until`]), and
+/// recorded as one outbound call.
+pub(crate) async fn call_retried<Req, Resp, Fut>(
+    target: &'static str,
+    rpc: &'static str,
+    deadline: Instant,
+    message: &Req,
+    retryable: impl FnMut(&Status) -> bool,
+    send: impl Fn(tonic::Request<Req>) -> Fut,
+) -> Result<Resp, Status>
+where
+    Req: Clone,
+    Fut: Future<Output = Result<tonic::Response<Resp>, Status>>,
+{
+    let started = std::time::Instant::now();
+    let attempt = || call_until(rpc, deadline, message.clone(), &send);
+    let result = retry::until_deadline(deadline, retryable, attempt).await;
+    let outcome = match &result {
+        Ok(_) => "ok".to_string(),
+        Err(status) => format!("{:?}", status.code()),
+    };
+    crate::metrics::observe_outbound(target, rpc, &outcome, started.elapsed());
+    result
 }
 
 /// One unary call, once, bounded by `deadline`: sent as `grpc-timeout` and

@@ -27,8 +27,8 @@ use tokio::time::Instant;
 use tonic::transport::{Channel, Endpoint, Uri};
 use tonic::{Code, Status};
 
-use super::plugin::call_until;
-use super::{AttachRequest, Attachment, DpuAttach, DpuError, Inventory, retry};
+use super::plugin::call_retried;
+use super::{AttachRequest, Attachment, DpuAttach, DpuError, Inventory};
 use crate::agent::address::LinkAddress;
 use crate::proto::snapcsi::dpu::v1 as api;
 use crate::tls::{Reloading, TlsError, TlsFiles, client_config, connect, peer_name};
@@ -150,19 +150,10 @@ impl RemoteDpu {
         F: Fn(DpuAgentClient<Channel>, tonic::Request<Req>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<Resp>, Status>>,
     {
-        let started = std::time::Instant::now();
-        let attempt = || {
-            let client = self.client();
-            call_until(rpc, deadline, message.clone(), |request| {
-                send(client, request)
-            })
-        };
-        let result = retry::until_deadline(deadline, lost, attempt).await;
-        let outcome = match &result {
-            Ok(_) => "ok".to_string(),
-            Err(status) => format!("{:?}", status.code()),
-        };
-        crate::metrics::observe_outbound("dpu-agent", rpc, &outcome, started.elapsed());
+        let result = call_retried("dpu-agent", rpc, deadline, &message, lost, |request| {
+            send(self.client(), request)
+        })
+        .await;
         match result {
             Ok(response) => {
                 self.link_answers();

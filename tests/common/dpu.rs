@@ -12,11 +12,13 @@ use std::time::Duration;
 
 use snap_csi::agent::AgentConfig;
 use snap_csi::agent::address::LinkAddress;
-use snap_csi::dpu::DpuAttach;
 use snap_csi::dpu::colocated::Colocated;
 use snap_csi::dpu::remote::RemoteDpu;
+use snap_csi::dpu::{AttachRequest, Attachment, DpuAttach, DpuError, HostLocator, Inventory};
 use snap_csi::tls::TlsFiles;
-use tokio::sync::oneshot;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use tokio::sync::{Semaphore, oneshot};
+use tokio::time::Instant;
 
 use super::pki::{Pki, Role};
 use super::shared::free_local_address;
@@ -168,6 +170,68 @@ pub fn test_config(dir: &Path) -> (AgentConfig, TlsFiles, Pki) {
     };
     let node_tls = pki.issue(Role::Node, HOST_NAME);
     (config, node_tls, pki)
+}
+
+/// An attach layer whose attaches wait until the test lets them go, one
+/// permit each, so a test can hold a call in the middle.
+#[derive(Debug)]
+pub struct GatedDpu {
+    pub gate: Semaphore,
+    /// Attaches started so far.
+    pub attaches: AtomicUsize,
+    pub locator: HostLocator,
+}
+
+impl GatedDpu {
+    pub fn new(locator: HostLocator) -> Arc<GatedDpu> {
+        Arc::new(GatedDpu {
+            gate: Semaphore::new(0),
+            attaches: AtomicUsize::new(0),
+            locator,
+        })
+    }
+
+    /// Waits until at least `count` attaches have started.
+    pub async fn started(&self, count: usize) {
+        for _ in 0..500 {
+            if self.attaches.load(Ordering::SeqCst) >= count {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!(
+            "only {} attaches started",
+            self.attaches.load(Ordering::SeqCst)
+        );
+    }
+}
+
+#[async_trait::async_trait]
+impl DpuAttach for GatedDpu {
+    async fn attach(&self, _: &AttachRequest, _: Instant) -> Result<Attachment, DpuError> {
+        self.attaches.fetch_add(1, Ordering::SeqCst);
+        self.gate
+            .acquire()
+            .await
+            .map_err(|e| DpuError::Internal(e.to_string()))?
+            .forget();
+        Ok(Attachment {
+            device_name: "gated".into(),
+            locator: self.locator.clone(),
+        })
+    }
+
+    async fn detach(&self, _: &str, _: Option<&str>, _: Instant) -> Result<(), DpuError> {
+        Ok(())
+    }
+
+    async fn probe(&self, _: Instant) -> Result<bool, DpuError> {
+        Ok(true)
+    }
+
+    async fn inventory(&self, _: Instant) -> Result<Inventory, DpuError> {
+        Ok(Inventory::default())
+    }
 }
 
 /// The attach layer of one test: co-located, or split through an agent.

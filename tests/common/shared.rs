@@ -67,3 +67,13 @@ pub async fn discovered<T>(what: &str, mut find: impl FnMut() -> Option<T>) -> T
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
+
+/// A child process killed (and reaped) when dropped, also when a test fails.
+pub struct KillOnDrop(pub std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
