@@ -10,11 +10,11 @@
 //! flight finish on the old one.
 //!
 //! Every call carries the caller's deadline (the agent answers before it).
-//! A call the link lost (the connection refused, reset or its handshake
-//! refused: no answer from the agent) is retried with backoff inside the
-//! deadline, since every agent call is idempotent; what the agent answered
-//! is final, as the agent has already retried its own dependencies. The
-//! link going down and coming back is logged once each.
+//! A call the link lost (the connection refused or reset: no answer from
+//! the agent) is retried with backoff inside the deadline, since every agent
+//! call is idempotent. What the agent answered is final, as the agent has
+//! already retried its own dependencies; so is a handshake TLS refused. The
+//! link going down (with the reason) and coming back is logged once each.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -170,8 +170,8 @@ impl RemoteDpu {
         }
     }
 
-    /// Classifies a failed call; a lost one marks the link down, logged
-    /// when the reason is new.
+    /// Classifies a failed call; one the agent did not answer marks the link
+    /// down, logged when the reason is new.
     fn error(&self, rpc: &str, status: Status) -> DpuError {
         let answered =
             std::error::Error::source(&status).is_none() && status.code() != Code::DeadlineExceeded;
@@ -189,12 +189,11 @@ impl RemoteDpu {
             *down = Some(reason.clone());
         }
         // Our own timeout already names the call.
-        let call = if reason.starts_with(rpc) { "" } else { rpc };
-        DpuError::Unavailable(format!(
-            "DPU agent at {}: {call}{}{reason}",
-            self.address,
-            if call.is_empty() { "" } else { ": " }
-        ))
+        if reason.starts_with(rpc) {
+            DpuError::Unavailable(format!("DPU agent at {}: {reason}", self.address))
+        } else {
+            DpuError::Unavailable(format!("DPU agent at {}: {rpc}: {reason}", self.address))
+        }
     }
 }
 
