@@ -1,34 +1,45 @@
-# snap-csi: the node plugin (`snap-csi node`) and the controller proxy
-# (`snap-csi controller`) in one image; the manifests pick the subcommand.
-# Build from the repository root:
-#   docker build -f deploy/images/snap-csi.Dockerfile -t <registry>/snap-csi/snap-csi:0.1.0 .
+# snap-csi: the node plugin (`snap-csi node`), the DPU agent
+# (`snap-csi dpu-agent`, on the BlueField's Arm cores) and the controller
+# proxy (`snap-csi controller`) in one image; the manifests pick the
+# subcommand. Build from the repository root, for both architectures:
+#   docker buildx build --platform linux/amd64,linux/arm64 \
+#     -f deploy/images/snap-csi.Dockerfile -t <registry>/snap-csi/snap-csi:0.1.0 --push .
 # deploy/check.sh checks this file offline (no Docker engine there).
 
-# Same Rust as rust-toolchain.toml, so the image builds what CI tested.
-FROM rust:1.95-bookworm AS builder
-# protoc: build.rs compiles the CSI and plugins.v1 protos.
+# Same Rust as rust-toolchain.toml, so the image builds what CI tested. The
+# builder runs on the build machine's platform and cross-compiles for each
+# target platform (rust-target.sh): no emulated build.
+FROM --platform=$BUILDPLATFORM rust:1.95-bookworm AS builder
+ARG TARGETARCH
+COPY deploy/images/rust-target.sh /usr/local/bin/rust-target
+# protoc and google/protobuf/*.proto: build.rs compiles the protos; the C
+# cross compiler, when the target is another architecture, for ring.
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends protobuf-compiler \
+    && apt-get install -y --no-install-recommends protobuf-compiler libprotobuf-dev $(rust-target packages) \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
+# The toolchain file first, so the target's standard library is a cached layer.
+COPY rust-toolchain.toml .
+RUN rustup target add "$(rust-target triple)"
 COPY . .
 # The caches keep crates and incremental artefacts across builds; the binary
 # is copied out of the cached target dir because a cache mount is not part
 # of the image.
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    cargo build --release --locked -p snap-csi --bin snap-csi \
-    && install -D -m 0755 target/release/snap-csi /out/snap-csi
+    eval "$(rust-target env)" \
+    && cargo build --release --locked --target "$RUST_TARGET" -p snap-csi --bin snap-csi \
+    && install -D -m 0755 "target/$RUST_TARGET/release/snap-csi" /out/snap-csi
 
-# Debian like the builder, so glibc matches.
+# Debian like the builder, so glibc matches; the target platform's image.
 FROM debian:bookworm-slim
 # What the node execs (deploy/check.sh derives the list from src/node):
 #   e2fsprogs  mkfs.ext4 e2fsck resize2fs dumpe2fs
 #   xfsprogs   mkfs.xfs xfs_growfs
 #   util-linux blkid blockdev
 # mount/umount are not exec'd (the node calls mount(2)) but make the image
-# usable for debugging a node by hand. ca-certificates: nothing speaks TLS
-# yet; it is there so a TLS vendor endpoint needs no new image.
+# usable for debugging a node by hand. ca-certificates: for a vendor
+# endpoint over TLS (the DPU link trusts only its own CA file).
 RUN apt-get update \
     && apt-get install -y --no-install-recommends \
         e2fsprogs \
@@ -39,8 +50,9 @@ RUN apt-get update \
     && rm -rf /var/lib/apt/lists/*
 COPY --from=builder /out/snap-csi /usr/local/bin/snap-csi
 LABEL org.opencontainers.image.title="snap-csi" \
-      org.opencontainers.image.description="CSI driver for BlueField DPU storage (SNAP): node plugin and controller proxy" \
+      org.opencontainers.image.description="CSI driver for BlueField DPU storage (SNAP): node plugin, DPU agent and controller proxy" \
       org.opencontainers.image.licenses="Apache-2.0"
 # Runs as root: the node mounts and formats host devices (the pod is
-# privileged), and the proxy shares its 0600 socket with root sidecars.
+# privileged), the agent opens SNAP's root-owned socket, and the proxy
+# shares its 0600 socket with root sidecars.
 ENTRYPOINT ["/usr/local/bin/snap-csi"]

@@ -1,19 +1,26 @@
 # snap-csi-spdk-plugin: the sample vendor plugin (plugins.v1 on the DPU, and
-# its CSI controller). Build from the repository root:
-#   docker build -f deploy/images/spdk-plugin.Dockerfile -t <registry>/snap-csi/snap-csi-spdk-plugin:0.1.0 .
-# For a BlueField add --platform linux/arm64 (the rust and debian images are
-# multi-arch). deploy/check.sh checks this file offline.
+# its CSI controller). Build from the repository root, for both
+# architectures (the plugin runs on the BlueField's Arm cores):
+#   docker buildx build --platform linux/amd64,linux/arm64 \
+#     -f deploy/images/spdk-plugin.Dockerfile -t <registry>/snap-csi/snap-csi-spdk-plugin:0.1.0 --push .
+# Cross-compiled like snap-csi.Dockerfile (rust-target.sh). deploy/check.sh
+# checks this file offline.
 
-FROM rust:1.95-bookworm AS builder
+FROM --platform=$BUILDPLATFORM rust:1.95-bookworm AS builder
+ARG TARGETARCH
+COPY deploy/images/rust-target.sh /usr/local/bin/rust-target
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends protobuf-compiler \
+    && apt-get install -y --no-install-recommends protobuf-compiler libprotobuf-dev $(rust-target packages) \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
+COPY rust-toolchain.toml .
+RUN rustup target add "$(rust-target triple)"
 COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    cargo build --release --locked -p snap-csi-spdk-plugin --bin snap-csi-spdk-plugin \
-    && install -D -m 0755 target/release/snap-csi-spdk-plugin /out/snap-csi-spdk-plugin
+    eval "$(rust-target env)" \
+    && cargo build --release --locked --target "$RUST_TARGET" -p snap-csi-spdk-plugin --bin snap-csi-spdk-plugin \
+    && install -D -m 0755 "target/$RUST_TARGET/release/snap-csi-spdk-plugin" /out/snap-csi-spdk-plugin
 
 # Minimal: the plugin execs nothing and needs only glibc, so no package is
 # added. debian slim rather than distroless: the same base as the snap-csi

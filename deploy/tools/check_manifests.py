@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import json
 import posixpath
 import re
-import shlex
 import subprocess
 import sys
 import tomllib
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,18 +28,40 @@ import referencing
 import yaml
 from kubernetes_validate import utils as kv_utils
 
+import split
+from checklib import YAML_LOADER, Container, Location, Tally, load_yaml_docs, locate, obj_key, pod_spec_of, show
+from images import Dockerfile, check_dockerfiles, check_spdk_containerfile
+
 # The newest Kubernetes whose schemas kubernetes-validate bundles; the
 # manifests must be valid there (strict: unknown fields are errors).
 K8S_VERSION = "1.37"
 
-# Roots of deploy/kubernetes: the host side and the DPU side (applied to
-# different clusters under NVIDIA DPF). Every other kustomization must be
-# reachable from one of them.
-ROOTS = ("kubernetes", "kubernetes/dpu")
+
+@dataclass(frozen=True)
+class Deployment:
+    """Two roots applied together: the host cluster's and the DPU cluster's
+    (the same cluster unless NVIDIA DPF gives the DPUs their own)."""
+
+    host: str
+    dpu: str
+    mode: str  # "colocated" or "split"
+
+
+DEPLOYMENTS = (
+    Deployment("kubernetes", "kubernetes/dpu", "colocated"),
+    # Split mode's shared parts, as a site lists them, without pairs.
+    Deployment("kubernetes/split/host", "kubernetes/split/dpu", "split"),
+    # The example site: those parts and one pair made by new-pair.sh.
+    Deployment("kubernetes/split/example/host", "kubernetes/split/example/dpu", "split"),
+)
+# Every kustomization must be reachable from one of them.
+ROOTS = tuple(r for d in DEPLOYMENTS for r in (d.host, d.dpu))
 
 # CRD kinds kubernetes-validate has no schema for, and our copy of theirs.
 CRD_SCHEMAS = {
     ("snapshot.storage.k8s.io/v1", "VolumeSnapshotClass"): "volumesnapshotclass-snapshot-v1.json",
+    ("cert-manager.io/v1", "Certificate"): "certificate-cert-manager-v1.json",
+    ("cert-manager.io/v1", "Issuer"): "issuer-cert-manager-v1.json",
 }
 
 SIG_STORAGE = "registry.k8s.io/sig-storage/"
@@ -53,68 +76,30 @@ SIDECARS = {
 # Sidecars that act on the API and so must not act twice.
 LEADER_ELECTED = {"csi-provisioner", "csi-resizer", "csi-snapshotter", "csi-attacher"}
 
-# The tools the node runs, as the brief for the image names them; the check
-# adds whatever src/node execs besides (see node_programs()).
-NODE_PROGRAMS_FLOOR = (
-    "mkfs.ext4",
-    "mkfs.xfs",
-    "e2fsck",
-    "resize2fs",
-    "xfs_growfs",
-    "blkid",
-    "blockdev",
-    "dumpe2fs",
-)
-
-# Which of our binaries' settings are CSI sockets they serve, and whose
-# defaults `--help` does not print (the node layers defaults < file < env <
-# flags, so clap knows none of them): those must be set in the manifest.
+# Which of our binaries' settings are CSI sockets they serve.
 CSI_SOCKETS = {
     ("snap-csi", "node"): ("endpoint",),
     ("snap-csi", "controller"): ("endpoint",),
     ("snap-csi-spdk-plugin", None): ("csi-socket",),
 }
-HIDDEN_DEFAULTS = {("snap-csi", "node")}
-SUBCOMMANDS = {"snap-csi": ("node", "controller")}
+SUBCOMMANDS = {"snap-csi": ("node", "dpu-agent", "controller")}
+
+# Settings of the node and the agent, whose defaults `--help` does not print
+# (they layer defaults < file < env < flags, so clap knows none): a mode must
+# set those it uses, so the mounts can be checked, and must not set those it
+# ignores, which would only mislead a reader. The node is in split mode when
+# it has a --dpu-endpoint.
+NODE_PATHS = ("endpoint", "kubelet-dir", "state-dir", "sysfs-root")
+LOCAL_ATTACH = ("plugin-socket", "snap-socket-template")
+NODE_LINK = ("dpu-endpoint", "dpu-tls-cert", "dpu-tls-key", "dpu-tls-ca")
+AGENT_SETTINGS = ("listen", "host-name", "tls-cert", "tls-key", "tls-ca") + LOCAL_ATTACH
+# Plaintext links: for tests on one machine, never in a manifest.
+INSECURE = ("insecure-plaintext", "dpu-insecure-plaintext")
 
 # NVIDIA DPF socket conventions (shared/reference/snap4-rpc.md).
 DPF_PLUGIN_SOCKET = re.compile(r"^/var/lib/nvidia/storage/snap/plugins/[^/]+/dpu\.sock$")
 DPF_SNAP_SOCKET = re.compile(r"^/var/lib/nvidia/storage/snap/providers/[^/]+/snap\.sock$")
 DEFAULT_PROVIDER = "nvidia"
-
-
-class Tally:
-    def __init__(self) -> None:
-        self.passed = 0
-        self.failures: list[str] = []
-
-    def check(self, ok: bool, what: str, why: str = "") -> bool:
-        if ok:
-            self.passed += 1
-        else:
-            self.failures.append(f"{what}: {why}" if why else what)
-        return ok
-
-    def fail(self, what: str, why: str = "") -> None:
-        self.check(False, what, why)
-
-
-# ---------------------------------------------------------------- loading
-
-
-def load_yaml_docs(path: Path) -> list[dict]:
-    with open(path) as f:
-        return [d for d in yaml.safe_load_all(f) if d is not None]
-
-
-def obj_key(obj: dict) -> tuple[str, str, str, str]:
-    meta = obj.get("metadata") or {}
-    return (obj.get("apiVersion", ""), obj.get("kind", ""), meta.get("namespace", ""), meta.get("name", ""))
-
-
-def show(key: tuple[str, str, str, str]) -> str:
-    _, kind, ns, name = key
-    return f"{kind} {ns + '/' if ns else ''}{name}"
 
 
 @dataclass
@@ -192,16 +177,25 @@ def plain_objects(d: Path, ks: dict[Path, Kustomization]) -> list[dict]:
     return objs
 
 
-def render(kubectl: str, d: Path) -> list[dict]:
-    out = subprocess.run([kubectl, "kustomize", str(d)], capture_output=True, text=True, timeout=120)
+def render(kubectl: str, d: Path) -> list[dict] | str:
+    """What kustomize renders of `d`, or why it could not."""
+    try:
+        out = subprocess.run([kubectl, "kustomize", str(d)], capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired as e:
+        return str(e)
     if out.returncode != 0:
-        raise RuntimeError(out.stderr.strip() or f"exit {out.returncode}")
-    return [doc for doc in yaml.safe_load_all(out.stdout) if doc is not None]
+        return out.stderr.strip() or f"exit {out.returncode}"
+    return [doc for doc in yaml.load_all(out.stdout, Loader=YAML_LOADER) if doc is not None]
 
 
 def check_render(kube: Path, ks: dict[Path, Kustomization], kubectl: str | None, t: Tally) -> dict[Path, list[dict]]:
     """Renders every kustomization; returns what rendered."""
     rendered_by_dir: dict[Path, list[dict]] = {}
+    renders = {}
+    if kubectl is not None:
+        # Each render is a process of its own: run a few at once.
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            renders = dict(zip(ks, pool.map(lambda d: render(kubectl, d), ks), strict=True))
     for d in ks:
         rel = d.relative_to(kube.parent)
         plain = plain_objects(d, ks)
@@ -210,10 +204,9 @@ def check_render(kube: Path, ks: dict[Path, Kustomization], kubectl: str | None,
         t.check(not dups, f"{rel}", f"objects defined twice: {dups}")
         if kubectl is None:
             continue
-        try:
-            rendered = render(kubectl, d)
-        except (RuntimeError, subprocess.TimeoutExpired) as e:
-            t.fail(f"kubectl kustomize {rel}", str(e))
+        rendered = renders[d]
+        if isinstance(rendered, str):
+            t.fail(f"kubectl kustomize {rel}", rendered)
             continue
         rendered_by_dir[d] = rendered
         by_key = {obj_key(o): o for o in rendered}
@@ -228,6 +221,12 @@ def check_render(kube: Path, ks: dict[Path, Kustomization], kubectl: str | None,
 
 
 # ---------------------------------------------------------------- schemas
+
+
+# kubernetes-validate reads and parses its schema files (the definitions are
+# megabytes) for every object it validates; they never change, so read each
+# once. Nothing here or in jsonschema modifies a schema.
+kv_utils.schema_contents = functools.lru_cache(maxsize=None)(kv_utils.schema_contents)
 
 
 def definitions_resource() -> referencing.Resource:
@@ -354,230 +353,12 @@ def run_help(binary: str, sub: str | None) -> dict[str, Flag]:
     return parse_help(out.stdout)
 
 
-@dataclass
-class Dockerfile:
-    path: Path
-    stages: list[tuple[str, str | None]]  # (image, alias)
-    title: str | None
-    built: list[tuple[str, str]]  # (package, bin)
-    copied: list[str]  # binaries copied into the final stage, by name
-    entrypoint: list[str]
-    runtime_packages: set[str]
-    text: str
-
-
-def parse_dockerfile(path: Path) -> Dockerfile:
-    text = path.read_text()
-    # Join continuation lines, drop comments.
-    logical: list[str] = []
-    buf = ""
-    for raw in text.splitlines():
-        line = raw.strip()
-        if not buf and (not line or line.startswith("#")):
-            continue
-        if line.startswith("#"):
-            continue
-        if line.endswith("\\"):
-            buf += line[:-1] + " "
-            continue
-        logical.append(buf + line)
-        buf = ""
-    stages: list[tuple[str, str | None]] = []
-    title = None
-    built: list[tuple[str, str]] = []
-    copied: list[str] = []
-    entrypoint: list[str] = []
-    runtime_packages: set[str] = set()
-    for line in logical:
-        instr, _, rest = line.partition(" ")
-        instr = instr.upper()
-        if instr == "FROM":
-            parts = rest.split()
-            parts = [p for p in parts if not p.startswith("--")]
-            alias = parts[2] if len(parts) >= 3 and parts[1].upper() == "AS" else None
-            stages.append((parts[0], alias))
-            copied = []
-            runtime_packages = set()
-        elif instr == "RUN":
-            for m in re.finditer(r"cargo build ([^&;]*)", rest):
-                args = shlex.split(m.group(1))
-                pkg = args[args.index("-p") + 1] if "-p" in args else None
-                binary = args[args.index("--bin") + 1] if "--bin" in args else None
-                if pkg and binary:
-                    built.append((pkg, binary))
-            for m in re.finditer(r"apt-get install ([^&;]*)", rest):
-                runtime_packages |= {a for a in shlex.split(m.group(1)) if not a.startswith("-")}
-        elif instr == "COPY" and "--from=" in rest:
-            dest = shlex.split(rest)[-1]
-            copied.append(posixpath.basename(dest))
-        elif instr == "LABEL":
-            m = re.search(r'org\.opencontainers\.image\.title="([^"]+)"', rest)
-            if m:
-                title = m.group(1)
-        elif instr == "ENTRYPOINT":
-            entrypoint = json.loads(rest)
-    return Dockerfile(path, stages, title, built, copied, entrypoint, runtime_packages, text)
-
-
-def cargo_bins(repo: Path) -> set[tuple[str, str]]:
-    out = subprocess.run(
-        ["cargo", "metadata", "--no-deps", "--format-version", "1", "--offline"],
-        cwd=repo,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    if out.returncode != 0:
-        raise RuntimeError(f"cargo metadata failed: {out.stderr.strip()}")
-    meta = json.loads(out.stdout)
-    return {(p["name"], t["name"]) for p in meta["packages"] for t in p["targets"] if "bin" in t["kind"]}
-
-
-def node_programs(repo: Path) -> set[str]:
-    """Every program src/node runs through its command helper (test modules
-    cut off: they run tools the image need not carry)."""
-    progs = set(NODE_PROGRAMS_FLOOR)
-    for src in sorted((repo / "src" / "node").glob("*.rs")):
-        text = src.read_text()
-        cut = text.find("#[cfg(test)]")
-        if cut >= 0:
-            text = text[:cut]
-        progs |= set(re.findall(r'command::run(?:_unchecked)?\(\s*"([^"]+)"', text))
-    return progs
-
-
 def node_fs_types(repo: Path) -> set[str]:
     text = (repo / "src" / "node" / "format.rs").read_text()
     return set(re.findall(r'"([a-z0-9]+)" => Ok\(FsType::', text))
 
 
-def debian_package_of(program: str) -> str | None:
-    out = subprocess.run(["dpkg", "-S", f"*bin/{program}"], capture_output=True, text=True)
-    if out.returncode != 0:
-        return None
-    pkgs = {line.split(":", 1)[0].strip() for line in out.stdout.splitlines() if line.strip().endswith("/" + program)}
-    return sorted(pkgs)[0] if len(pkgs) == 1 else None
-
-
-def check_dockerfiles(repo: Path, images: Path, t: Tally) -> dict[str, Dockerfile]:
-    """Returns the Dockerfiles by image title (= the binary they ship)."""
-    channel = tomllib.loads((repo / "rust-toolchain.toml").read_text())["toolchain"]["channel"]
-    rust_minor = ".".join(channel.split(".")[:2])
-    bins = cargo_bins(repo)
-    by_title: dict[str, Dockerfile] = {}
-    for path in sorted(images.glob("*.Dockerfile")):
-        rel = path.relative_to(images.parent.parent)
-        df = parse_dockerfile(path)
-        t.check(len(df.stages) >= 2, f"{rel}", f"must be multi-stage, has {len(df.stages)} stage(s)")
-        if not df.stages:
-            continue
-        builder_image, builder_alias = df.stages[0]
-        t.check(
-            builder_image == f"rust:{rust_minor}-bookworm",
-            f"{rel}",
-            f"builder must be rust:{rust_minor}-bookworm (rust-toolchain.toml pins {channel}), is {builder_image}",
-        )
-        t.check(builder_alias is not None, f"{rel}", "builder stage needs a name for COPY --from")
-        runtime_image = df.stages[-1][0]
-        t.check(
-            runtime_image == "debian:bookworm-slim",
-            f"{rel}",
-            f"runtime must be debian:bookworm-slim (the builder's Debian, so glibc matches), is {runtime_image}",
-        )
-        for image, _ in df.stages:
-            t.check(":" in image and not image.endswith(":latest"), f"{rel}", f"image {image} is not pinned by tag")
-        t.check(len(df.built) == 1, f"{rel}", f"must build exactly one binary with cargo build -p PKG --bin BIN, builds {df.built}")
-        if not df.built:
-            continue
-        pkg, binary = df.built[0]
-        t.check((pkg, binary) in bins, f"{rel}", f"cargo has no binary {binary} in package {pkg}")
-        t.check(
-            re.search(r"cargo build [^&;]*--locked", df.text) is not None and "--release" in df.text,
-            f"{rel}",
-            "cargo build must be --release --locked (what Cargo.lock pins, what CI tested)",
-        )
-        t.check(binary in df.copied, f"{rel}", f"the final stage copies {df.copied}, not the built {binary}")
-        t.check(
-            df.entrypoint == [f"/usr/local/bin/{binary}"],
-            f"{rel}",
-            f"ENTRYPOINT must be the built binary /usr/local/bin/{binary}, is {df.entrypoint}",
-        )
-        t.check(df.title == binary, f"{rel}", f"LABEL org.opencontainers.image.title must be {binary}, is {df.title}")
-        ignore = path.with_name(path.name + ".dockerignore")
-        t.check(
-            ignore.is_file() and "target" in ignore.read_text().split(),
-            f"{rel}",
-            f"{ignore.name} must exist beside it and exclude target (the build context is the repository)",
-        )
-        by_title[binary] = df
-    t.check("snap-csi" in by_title, "deploy/images", "no Dockerfile ships snap-csi")
-    node_df = by_title.get("snap-csi")
-    if node_df:
-        for prog in sorted(node_programs(repo)):
-            pkg = debian_package_of(prog)
-            if not t.check(
-                pkg is not None,
-                f"{node_df.path.relative_to(images.parent.parent)}",
-                f"cannot tell which Debian package ships {prog} (dpkg -S); hack/setup.sh installs the node's tools",
-            ):
-                continue
-            t.check(
-                pkg in node_df.runtime_packages,
-                f"{node_df.path.relative_to(images.parent.parent)}",
-                f"the node runs {prog}, shipped by Debian package {pkg}, which the runtime stage does not install "
-                f"(it installs {sorted(node_df.runtime_packages)})",
-            )
-    return by_title
-
-
-def check_spdk_containerfile(path: Path, t: Tally) -> None:
-    """hack/spdk/Containerfile (real SPDK for users' tests; no engine here to
-    build it): one pinned Debian 12 stage, every file it copies present in its
-    context (its directory), the SPDK tag its patch is for, and spdk_tgt run
-    without hugepages or PCI on a socket."""
-    where = str(path)
-    df = parse_dockerfile(path)
-    t.check([image for image, _ in df.stages] == ["debian:bookworm"], where, f"must be one debian:bookworm stage (the Debian whose DPDK the patch is for), has {df.stages}")
-    for m in re.finditer(r"^COPY\s+(?!--from)(.+)$", df.text, re.MULTILINE):
-        for source in shlex.split(m.group(1))[:-1]:
-            t.check((path.parent / source).is_file(), where, f"COPY source {source} is not in the build context {path.parent}")
-    patches = sorted(path.parent.glob("spdk-*.patch"))
-    tag = patches[0].name.split("-")[1] if patches else None
-    t.check(tag is not None and f"--branch {tag} " in df.text, where, f"must clone SPDK at the tag its patch is for ({tag})")
-    t.check("build.sh --source" in df.text, where, "must build with build.sh --source (the recipe the test command runs)")
-    for flag in ("--no-huge", "-s", "--no-pci", "-r"):
-        t.check(flag in df.entrypoint[1:], where, f"ENTRYPOINT must run spdk_tgt with {flag}, is {df.entrypoint}")
-
-
 # ---------------------------------------------------------------- pods
-
-
-@dataclass
-class Container:
-    pod: str  # "Kind ns/name"
-    spec: dict
-    pod_spec: dict
-    root: str  # which root it renders from
-    image_name: str = ""
-    tag: str = ""
-    args: dict[str, str | None] = field(default_factory=dict)  # flag -> value (None: bare flag)
-    positional: list[str] = field(default_factory=list)
-
-    @property
-    def name(self) -> str:
-        return self.spec["name"]
-
-    def where(self) -> str:
-        return f"{self.pod} container {self.name}"
-
-
-def pods_of(objs: list[dict], root: str) -> list[tuple[str, dict, dict]]:
-    out = []
-    for o in objs:
-        spec = ((o.get("spec") or {}).get("template") or {}).get("spec")
-        if spec:
-            out.append((show(obj_key(o)), o, spec))
-    return out
 
 
 def expand_vars(value: str, env: dict[str, str], where: str, t: Tally) -> str:
@@ -636,33 +417,6 @@ def image_parts(image: str) -> tuple[str, str, str]:
     return repo, repo.rsplit("/", 1)[-1], tag
 
 
-@dataclass
-class Location:
-    """Where a container path really is: a host path, or a path inside one
-    pod volume."""
-
-    volume: str  # "host" or "<pod>/<volume>"
-    path: str
-
-    def __str__(self) -> str:
-        return f"{self.path} on the host" if self.volume == "host" else f"{self.path} in volume {self.volume}"
-
-
-def locate(c: Container, path: str) -> tuple[Location, dict] | None:
-    mounts = sorted(c.spec.get("volumeMounts") or [], key=lambda m: len(m["mountPath"]), reverse=True)
-    vols = {v["name"]: v for v in c.pod_spec.get("volumes") or []}
-    for m in mounts:
-        mp = m["mountPath"].rstrip("/") or "/"
-        if path == mp or path.startswith(mp.rstrip("/") + "/"):
-            rel = path[len(mp) :].lstrip("/")
-            inner = posixpath.join(m.get("subPath", ""), rel)
-            vol = vols.get(m["name"], {})
-            if "hostPath" in vol:
-                return Location("host", posixpath.normpath(posixpath.join(vol["hostPath"]["path"], inner))), m
-            return Location(f"{c.pod}/{m['name']}", posixpath.normpath(posixpath.join("/", inner))), m
-    return None
-
-
 def path_kind(flag: str) -> str | None:
     if flag in ("endpoint",) or flag.endswith("-socket"):
         return "socket"
@@ -670,11 +424,15 @@ def path_kind(flag: str) -> str | None:
         return "template"
     if flag.endswith("-dir") or flag.endswith("-root"):
         return "dir"
-    if flag == "vendor-endpoint":
-        return "url"
-    if flag == "config":
+    if flag in ("vendor-endpoint", "dpu-endpoint", "listen"):
+        return "url"  # a path only when unix://
+    if flag == "config" or re.fullmatch(r"(dpu-)?tls-(cert|key|ca)", flag):
         return "file"
     return None
+
+
+NODE = ("snap-csi", "node")
+AGENT = ("snap-csi", "dpu-agent")
 
 
 @dataclass
@@ -685,6 +443,11 @@ class Ours:
     flags: dict[str, Flag]
     settings: dict[str, str | None]  # effective values of every flag
     explicit: set[str]
+    locs: dict[str, Location] = field(default_factory=dict)  # where each path setting really is
+
+    @property
+    def cmd(self) -> tuple[str, str | None]:
+        return (self.binary, self.sub)
 
 
 def cmd_name(binary: str, sub: str | None) -> str:
@@ -752,6 +515,33 @@ def analyse_ours(
     return Ours(c, binary, sub, flags, settings, explicit)
 
 
+def mode_settings(o: Ours) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
+    """The mode a node or agent runs in, the settings it must set and those
+    it must not (see NODE_PATHS)."""
+    if o.cmd == NODE:
+        if o.settings.get("dpu-endpoint") is not None:
+            return "split", NODE_PATHS + NODE_LINK, LOCAL_ATTACH
+        return "co-located", NODE_PATHS + LOCAL_ATTACH, NODE_LINK[1:]
+    if o.cmd == AGENT:
+        return "split", AGENT_SETTINGS, ()
+    return "", (), ()
+
+
+def check_mode_settings(o: Ours, t: Tally) -> None:
+    where = o.c.where()
+    mode, required, unused = mode_settings(o)
+    for name in required:
+        t.check(
+            name in o.explicit,
+            where,
+            f"--{name} must be set: `{cmd_name(o.binary, o.sub)} --help` prints no default, so the manifest must say it",
+        )
+    for name in unused:
+        t.check(name not in o.explicit, where, f"--{name} is unused in {mode} mode: remove it")
+    for name in INSECURE:
+        t.check(name not in o.explicit, where, f"--{name} turns off the link's authentication: never in a manifest")
+
+
 def check_paths(o: Ours, t: Tally) -> dict[str, Location]:
     """Every path setting resolves into a mount of the container; returns
     where each one really is."""
@@ -759,18 +549,11 @@ def check_paths(o: Ours, t: Tally) -> dict[str, Location]:
     found: dict[str, Location] = {}
     for name, f in o.flags.items():
         kind = path_kind(name)
-        if kind is None or name == "help":
-            continue
         value = o.settings.get(name)
-        if kind == "file" and value is None:
-            continue
+        if kind is None or value is None:
+            continue  # no path, or optional and off (or unset: check_mode_settings)
         if f.controller_only and o.settings.get("csi-socket") is None:
             continue  # the CSI controller is off in this container
-        if (o.binary, o.sub) in HIDDEN_DEFAULTS and name not in o.explicit and kind != "file":
-            t.fail(where, f"--{name} must be set: `{cmd_name(o.binary, o.sub)} --help` prints no default to check the mounts against")
-            continue
-        if value is None:
-            continue  # optional and off (no default, not set)
         path = value
         if kind == "url":
             if not value.startswith("unix://"):
@@ -794,62 +577,63 @@ def check_paths(o: Ours, t: Tally) -> dict[str, Location]:
     return found
 
 
-def check_pods(
-    roots: dict[str, list[dict]],
+def analyse_pods(
+    objs: list[dict],
     dockerfiles: dict[str, Dockerfile],
     helps: dict[tuple[str, str | None], dict[str, Flag]],
     version: str,
-    repo: Path,
     t: Tally,
-) -> None:
-    ours: list[tuple[Ours, dict[str, Location]]] = []
+) -> list[Ours]:
+    """Checks every pod on its own (each once, whichever roots hold it) and
+    returns the containers of ours, analysed."""
+    ours: list[Ours] = []
     sidecars: list[Container] = []
-    all_containers: list[Container] = []
-    for root, objs in roots.items():
-        for podname, obj, spec in pods_of(objs, root):
-            pod_ours = []
-            for cs in (spec.get("initContainers") or []) + spec["containers"]:
-                c = Container(podname, cs, spec, root)
-                all_containers.append(c)
-                repo_, c.image_name, c.tag = image_parts(cs.get("image", ""))
-                where = c.where()
-                t.check(bool(c.tag) and c.tag != "latest", where, f"image {cs.get('image')} must be pinned by a tag")
-                req = (cs.get("resources") or {}).get("requests") or {}
-                t.check("cpu" in req and "memory" in req, where, "resources.requests must set cpu and memory")
-                for e in cs.get("env") or []:
-                    if re.search(r"(PASSWORD|SECRET|TOKEN|KEY)$", e["name"]) and "value" in e:
-                        t.fail(where, f"env {e['name']} carries a literal value: no secrets in manifests")
-                if c.image_name in dockerfiles:
-                    t.check(
-                        c.tag == version,
-                        where,
-                        f"our image must be tagged with the workspace version {version}, is {c.tag}",
-                    )
-                    o = analyse_ours(c, dockerfiles[c.image_name], helps, t)
-                    if o:
-                        locs = check_paths(o, t)
-                        ours.append((o, locs))
-                        pod_ours.append(o)
-                elif c.image_name in SIDECARS:
-                    t.check(repo_ + "/" == SIG_STORAGE + c.image_name + "/", where, f"sidecars come from {SIG_STORAGE}")
-                    c.args, c.positional, _ = split_args([str(a) for a in cs.get("args") or []], None)
-                    env = container_env(cs)
-                    c.args = {k: (expand_vars(v, env, where, t) if v else v) for k, v in c.args.items()}
-                    sidecars.append(c)
-                else:
-                    t.fail(where, f"image {cs.get('image')} is neither ours (deploy/images) nor a sig-storage sidecar")
-    check_ports(all_containers, t)
+    containers: list[Container] = []
+    for obj in objs:
+        spec = pod_spec_of(obj)
+        if not spec:
+            continue
+        podname = show(obj_key(obj))
+        for cs in (spec.get("initContainers") or []) + spec["containers"]:
+            c = Container(podname, cs, spec)
+            containers.append(c)
+            repo_, c.image_name, c.tag = image_parts(cs.get("image", ""))
+            where = c.where()
+            t.check(bool(c.tag) and c.tag != "latest", where, f"image {cs.get('image')} must be pinned by a tag")
+            req = (cs.get("resources") or {}).get("requests") or {}
+            t.check("cpu" in req and "memory" in req, where, "resources.requests must set cpu and memory")
+            for e in cs.get("env") or []:
+                if re.search(r"(PASSWORD|SECRET|TOKEN|KEY)$", e["name"]) and "value" in e:
+                    t.fail(where, f"env {e['name']} carries a literal value: no secrets in manifests")
+            if c.image_name in dockerfiles:
+                t.check(c.tag == version, where, f"our image must be tagged with the workspace version {version}, is {c.tag}")
+                o = analyse_ours(c, dockerfiles[c.image_name], helps, t)
+                if o:
+                    check_mode_settings(o, t)
+                    o.locs = check_paths(o, t)
+                    ours.append(o)
+            elif c.image_name in SIDECARS:
+                t.check(repo_ + "/" == SIG_STORAGE + c.image_name + "/", where, f"sidecars come from {SIG_STORAGE}")
+                c.args, c.positional, _ = split_args([str(a) for a in cs.get("args") or []], None)
+                env = container_env(cs)
+                c.args = {k: (expand_vars(v, env, where, t) if v else v) for k, v in c.args.items()}
+                sidecars.append(c)
+            else:
+                t.fail(where, f"image {cs.get('image')} is neither ours (deploy/images) nor a sig-storage sidecar")
+    check_ports(containers, t)
     check_sockets(ours, sidecars, t)
-    check_node(ours, sidecars, t)
-    check_cross(ours, roots, repo, t)
+    for o in ours:
+        if o.cmd == NODE:
+            check_node(o, sidecars, t)
+    return ours
 
 
 def arg_listeners(c: Container) -> list[int]:
     """TCP ports a container's args make it listen on: sidecars'
-    --http-endpoint/--health-port, our --metrics-address."""
+    --http-endpoint/--health-port, our --metrics-address and --listen."""
     ports = []
     for a in c.spec.get("args") or []:
-        m = re.match(r"^--(http-endpoint|metrics-address|health-port)=(?:.*:)?(\d+)$", str(a))
+        m = re.match(r"^--(http-endpoint|metrics-address|health-port|listen)=(?:.*:)?(\d+)$", str(a))
         if m:
             ports.append(int(m.group(2)))
     return ports
@@ -875,12 +659,14 @@ def check_ports(containers: list[Container], t: Tally) -> None:
             named.setdefault(port, c.name)
 
 
-def served_csi_sockets(ours: list[tuple[Ours, dict[str, Location]]]) -> dict[tuple[str, str], Ours]:
+def served_csi_sockets(ours: list[Ours]) -> dict[tuple[str, str, str], Ours]:
+    """By pod and location: pods of two modes serve the same host path, each
+    on the hosts of its own mode."""
     served = {}
-    for o, locs in ours:
-        for name in CSI_SOCKETS.get((o.binary, o.sub), ()):
-            if name in locs:
-                served[(locs[name].volume, locs[name].path)] = o
+    for o in ours:
+        for name in CSI_SOCKETS.get(o.cmd, ()):
+            if name in o.locs:
+                served[(o.c.pod, o.locs[name].volume, o.locs[name].path)] = o
     return served
 
 
@@ -893,9 +679,9 @@ def named_port(c: dict, port) -> int | None:
     return None
 
 
-def check_sockets(ours: list[tuple[Ours, dict[str, Location]]], sidecars: list[Container], t: Tally) -> None:
+def check_sockets(ours: list[Ours], sidecars: list[Container], t: Tally) -> None:
     served = served_csi_sockets(ours)
-    probed: set[tuple[str, str]] = set()
+    probed: set[tuple[str, str, str]] = set()
     for c in sidecars:
         where = c.where()
         addr = c.args.get("csi-address")
@@ -905,13 +691,13 @@ def check_sockets(ours: list[tuple[Ours, dict[str, Location]]], sidecars: list[C
         loc = locate(c, posixpath.dirname(addr))
         if not t.check(loc is not None, where, f"--csi-address={addr} is not inside any volumeMount"):
             continue
-        key = (loc[0].volume, posixpath.join(loc[0].path, posixpath.basename(addr)))
+        key = (c.pod, loc[0].volume, posixpath.join(loc[0].path, posixpath.basename(addr)))
         server = served.get(key)
         t.check(
-            server is not None and server.c.pod == c.pod,
+            server is not None,
             where,
-            f"--csi-address={addr} is {Location(*key)}, where no container of this pod serves CSI "
-            f"(served: {[str(Location(*k)) for k in served]})",
+            f"--csi-address={addr} is {Location(*key[1:])}, where no container of this pod serves CSI "
+            f"(served: {[str(Location(*k[1:])) for k in served if k[0] == c.pod]})",
         )
         if c.image_name in LEADER_ELECTED:
             t.check("leader-election" in c.args and c.args["leader-election"] in (None, "true"), where, "needs --leader-election")
@@ -928,84 +714,116 @@ def check_sockets(ours: list[tuple[Ours, dict[str, Location]]], sidecars: list[C
             )
             probed.add(key)
     for key, o in served.items():
-        t.check(key in probed, o.c.where(), f"serves CSI at {Location(*key)} with no livenessprobe sidecar on it")
+        t.check(key in probed, o.c.where(), f"serves CSI at {Location(*key[1:])} with no livenessprobe sidecar on it")
 
 
-def check_node(ours: list[tuple[Ours, dict[str, Location]]], sidecars: list[Container], t: Tally) -> None:
-    nodes = [(o, locs) for o, locs in ours if (o.binary, o.sub) == ("snap-csi", "node")]
-    t.check(len(nodes) == 1, "node plugin", f"expected one snap-csi node container, found {len(nodes)}")
-    for o, locs in nodes:
-        where = o.c.where()
-        kubelet = o.settings.get("kubelet-dir") or ""
-        driver = o.settings.get("driver-name") or ""
-        loc = locate(o.c, kubelet)
-        if t.check(loc is not None, where, f"--kubelet-dir={kubelet} is not mounted"):
-            location, mount = loc
-            t.check(
-                mount["mountPath"].rstrip("/") == kubelet.rstrip("/") and location.volume == "host" and location.path == kubelet.rstrip("/"),
-                where,
-                f"kubelet passes host paths: --kubelet-dir={kubelet} must be the host's {kubelet} mounted at the same path, is {location}",
-            )
-            t.check(
-                mount.get("mountPropagation") == "Bidirectional",
-                where,
-                f"{mount['mountPath']} needs mountPropagation: Bidirectional, so stage/publish mounts reach the host",
-            )
-        t.check(o.c.spec.get("securityContext", {}).get("privileged") is True, where, "the node must be privileged (mount, mkfs, sysfs)")
-        sysfs = locs.get("sysfs-root")
-        t.check(sysfs is not None and sysfs == Location("host", "/sys"), where, f"--sysfs-root must be the host's /sys, is {sysfs}")
-        dev = locate(o.c, "/dev")
+def check_node(o: Ours, sidecars: list[Container], t: Tally) -> None:
+    """What kubelet needs of a node plugin, in either mode."""
+    where = o.c.where()
+    locs = o.locs
+    kubelet = o.settings.get("kubelet-dir") or ""
+    driver = o.settings.get("driver-name") or ""
+    loc = locate(o.c, kubelet)
+    if t.check(loc is not None, where, f"--kubelet-dir={kubelet} is not mounted"):
+        location, mount = loc
         t.check(
-            dev is not None and dev[0] == Location("host", "/dev") and dev[1]["mountPath"] == "/dev",
+            mount["mountPath"].rstrip("/") == kubelet.rstrip("/") and location.volume == "host" and location.path == kubelet.rstrip("/"),
             where,
-            "the host's /dev must be mounted at /dev (device nodes of staged volumes)",
+            f"kubelet passes host paths: --kubelet-dir={kubelet} must be the host's {kubelet} mounted at the same path, is {location}",
         )
-        state = locs.get("state-dir")
-        t.check(state is not None and state.volume == "host", where, f"--state-dir must be on the host so records outlive the pod, is {state}")
-        endpoint = locs.get("endpoint")
-        expected = posixpath.join(kubelet, "plugins", driver, posixpath.basename(o.settings.get("endpoint") or ""))
         t.check(
-            endpoint is not None and endpoint == Location("host", expected),
+            mount.get("mountPropagation") == "Bidirectional",
             where,
-            f"kubelet expects the socket of {driver} at {expected} on the host; --endpoint is {endpoint}",
+            f"{mount['mountPath']} needs mountPropagation: Bidirectional, so stage/publish mounts reach the host",
         )
-        regs = [c for c in sidecars if c.pod == o.c.pod and c.image_name == "csi-node-driver-registrar"]
-        if t.check(len(regs) == 1, o.c.pod, "needs one node-driver-registrar"):
-            r = regs[0]
-            t.check(
-                r.args.get("kubelet-registration-path") == expected,
-                r.where(),
-                f"--kubelet-registration-path must be {expected} (the node socket as kubelet sees it), "
-                f"is {r.args.get('kubelet-registration-path')}",
-            )
-            reg = locate(r, "/registration")
-            t.check(
-                reg is not None and reg[0] == Location("host", posixpath.join(kubelet, "plugins_registry")),
-                r.where(),
-                f"/registration must be the host's {kubelet}/plugins_registry, is {reg[0] if reg else None}",
-            )
-            reg_port = (r.args.get("http-endpoint") or "").rsplit(":", 1)[-1]
-            probe = ((r.spec.get("livenessProbe") or {}).get("httpGet")) or {}
-            t.check(
-                reg_port.isdigit() and named_port(r.spec, probe.get("port")) == int(reg_port),
-                r.where(),
-                "needs --http-endpoint and a livenessProbe on it, so a lost registration restarts it",
-            )
+    t.check(o.c.spec.get("securityContext", {}).get("privileged") is True, where, "the node must be privileged (mount, mkfs, sysfs)")
+    sysfs = locs.get("sysfs-root")
+    t.check(sysfs is not None and sysfs == Location("host", "/sys"), where, f"--sysfs-root must be the host's /sys, is {sysfs}")
+    dev = locate(o.c, "/dev")
+    t.check(
+        dev is not None and dev[0] == Location("host", "/dev") and dev[1]["mountPath"] == "/dev",
+        where,
+        "the host's /dev must be mounted at /dev (device nodes of staged volumes)",
+    )
+    state = locs.get("state-dir")
+    t.check(state is not None and state.volume == "host", where, f"--state-dir must be on the host so records outlive the pod, is {state}")
+    endpoint = locs.get("endpoint")
+    expected = posixpath.join(kubelet, "plugins", driver, posixpath.basename(o.settings.get("endpoint") or ""))
+    t.check(
+        endpoint is not None and endpoint == Location("host", expected),
+        where,
+        f"kubelet expects the socket of {driver} at {expected} on the host; --endpoint is {endpoint}",
+    )
+    regs = [c for c in sidecars if c.pod == o.c.pod and c.image_name == "csi-node-driver-registrar"]
+    if t.check(len(regs) == 1, o.c.pod, "needs one node-driver-registrar"):
+        r = regs[0]
+        t.check(
+            r.args.get("kubelet-registration-path") == expected,
+            r.where(),
+            f"--kubelet-registration-path must be {expected} (the node socket as kubelet sees it), "
+            f"is {r.args.get('kubelet-registration-path')}",
+        )
+        reg = locate(r, "/registration")
+        t.check(
+            reg is not None and reg[0] == Location("host", posixpath.join(kubelet, "plugins_registry")),
+            r.where(),
+            f"/registration must be the host's {kubelet}/plugins_registry, is {reg[0] if reg else None}",
+        )
+        reg_port = (r.args.get("http-endpoint") or "").rsplit(":", 1)[-1]
+        probe = ((r.spec.get("livenessProbe") or {}).get("httpGet")) or {}
+        t.check(
+            reg_port.isdigit() and named_port(r.spec, probe.get("port")) == int(reg_port),
+            r.where(),
+            "needs --http-endpoint and a livenessProbe on it, so a lost registration restarts it",
+        )
 
 
-def check_cross(ours: list[tuple[Ours, dict[str, Location]]], roots: dict[str, list[dict]], repo: Path, t: Tally) -> None:
-    objs = [o for objs in roots.values() for o in objs]
-    nodes = [(o, l) for o, l in ours if (o.binary, o.sub) == ("snap-csi", "node")]
-    controllers = [(o, l) for o, l in ours if (o.binary, o.sub) == ("snap-csi", "controller")]
-    plugins = [(o, l) for o, l in ours if o.binary == "snap-csi-spdk-plugin"]
+def check_meets_plugin(u: Ours, p: Ours, t: Tally) -> None:
+    """Whatever does the DPU attach (a co-located node, or an agent) and the
+    vendor plugin beside SNAP reach the same plugin socket and the same SNAP."""
+    ul, pl = u.locs, p.locs
+    t.check(
+        ul.get("plugin-socket") is not None and ul.get("plugin-socket") == pl.get("plugin-socket"),
+        u.c.where(),
+        f"--plugin-socket is {ul.get('plugin-socket')}, the DPU plugin serves {pl.get('plugin-socket')}",
+    )
+    plugin_host = pl.get("plugin-socket")
+    t.check(
+        plugin_host is not None and plugin_host.volume == "host" and DPF_PLUGIN_SOCKET.match(plugin_host.path) is not None,
+        p.c.where(),
+        f"the plugin socket must follow DPF's plugins/<plugin-name>/dpu.sock, is {plugin_host}",
+    )
+    provider = p.settings.get("snap-provider") or DEFAULT_PROVIDER
+    template = u.settings.get("snap-socket-template") or ""
+    snap = template.replace("{provider}", provider)
+    loc = locate(u.c, posixpath.dirname(snap))
+    snap_loc = Location(loc[0].volume, posixpath.join(loc[0].path, posixpath.basename(snap))) if loc else None
+    t.check(
+        snap_loc is not None and snap_loc == pl.get("spdk-socket"),
+        u.c.where(),
+        f"for the plugin's provider {provider!r} it reaches SNAP at {snap_loc}, "
+        f"the plugin at {pl.get('spdk-socket')}: they must be one SNAP",
+    )
+    spdk = pl.get("spdk-socket")
+    t.check(
+        spdk is not None and spdk.volume == "host" and DPF_SNAP_SOCKET.match(spdk.path) is not None,
+        p.c.where(),
+        f"SNAP's socket must follow DPF's providers/<provider>/snap.sock (see the comment in dpu/daemonset.yaml), is {spdk}",
+    )
 
-    # One driver name everywhere.
+
+def check_host_cluster(
+    root: str, objs: list[dict], ours: list[Ours], helps: dict[tuple[str, str | None], dict[str, Flag]], repo: Path, t: Tally
+) -> None:
+    """One driver name, the controller proxy on its vendor, and the classes
+    in a host cluster's root."""
+    controllers = [o for o in ours if o.cmd == ("snap-csi", "controller")]
     drivers = [o for o in objs if o.get("kind") == "CSIDriver"]
-    if t.check(len(drivers) == 1, "CSIDriver", f"expected one, found {len(drivers)}"):
+    if t.check(len(drivers) == 1, f"{root}: CSIDriver", f"expected one, found {len(drivers)}"):
         name = drivers[0]["metadata"]["name"]
         spec = drivers[0]["spec"]
         t.check(spec.get("attachRequired") is False, "CSIDriver", "attachRequired must be false: no ControllerPublishVolume, no attacher")
-        for o, _ in nodes + controllers:
+        for o in [o for o in ours if o.cmd == NODE] + controllers:
             t.check(
                 o.settings.get("driver-name") == name,
                 o.c.where(),
@@ -1021,13 +839,10 @@ def check_cross(ours: list[tuple[Ours, dict[str, Location]]], roots: dict[str, l
     t.check(not attachers, "controller", "no csi-attacher: attachRequired is false")
 
     # The controller proxy reaches the vendor's socket.
-    for o, locs in controllers:
-        vendor = locs.get("vendor-endpoint")
-        servers = [
-            (p, pl)
-            for p, pl in plugins
-            if p.c.pod == o.c.pod and "csi-socket" in pl and vendor is not None and pl["csi-socket"] == vendor
-        ]
+    plugins = [o for o in ours if o.binary == "snap-csi-spdk-plugin"]
+    for o in controllers:
+        vendor = o.locs.get("vendor-endpoint")
+        servers = [p for p in plugins if p.c.pod == o.c.pod and "csi-socket" in p.locs and vendor is not None and p.locs["csi-socket"] == vendor]
         t.check(
             bool(servers),
             o.c.where(),
@@ -1035,43 +850,11 @@ def check_cross(ours: list[tuple[Ours, dict[str, Location]]], roots: dict[str, l
             "serves its CSI controller",
         )
 
-    # The node and the DPU plugin meet at the same sockets (co-located mode).
-    dpu_plugins = [(p, pl) for p, pl in plugins if p.c.pod.startswith("DaemonSet ")]
-    t.check(len(dpu_plugins) == 1, "dpu plugin", f"expected one plugin DaemonSet, found {len(dpu_plugins)}")
-    for (n, nl), (p, pl) in [(a, b) for a in nodes for b in dpu_plugins]:
-        t.check(
-            nl.get("plugin-socket") is not None and nl.get("plugin-socket") == pl.get("plugin-socket"),
-            n.c.where(),
-            f"--plugin-socket is {nl.get('plugin-socket')}, the DPU plugin serves {pl.get('plugin-socket')}",
-        )
-        plugin_host = pl.get("plugin-socket")
-        t.check(
-            plugin_host is not None and plugin_host.volume == "host" and DPF_PLUGIN_SOCKET.match(plugin_host.path) is not None,
-            p.c.where(),
-            f"the plugin socket must follow DPF's plugins/<plugin-name>/dpu.sock, is {plugin_host}",
-        )
-        provider = p.settings.get("snap-provider") or DEFAULT_PROVIDER
-        template = n.settings.get("snap-socket-template") or ""
-        node_snap = template.replace("{provider}", provider)
-        loc = locate(n.c, posixpath.dirname(node_snap))
-        node_snap_loc = Location(loc[0].volume, posixpath.join(loc[0].path, posixpath.basename(node_snap))) if loc else None
-        t.check(
-            node_snap_loc is not None and node_snap_loc == pl.get("spdk-socket"),
-            n.c.where(),
-            f"for the plugin's provider {provider!r} the node reaches SNAP at {node_snap_loc}, "
-            f"the plugin at {pl.get('spdk-socket')}: they must be one SNAP",
-        )
-        spdk = pl.get("spdk-socket")
-        t.check(
-            spdk is not None and spdk.volume == "host" and DPF_SNAP_SOCKET.match(spdk.path) is not None,
-            p.c.where(),
-            f"SNAP's socket must follow DPF's providers/<provider>/snap.sock (see the comment in dpu/daemonset.yaml), is {spdk}",
-        )
-
     # StorageClasses: one per backend and emulation, values the binaries take.
-    emulations = set(nodes[0][0].flags["emulation"].choices) if nodes and "emulation" in nodes[0][0].flags else set()
-    backend_flag = next((p.flags.get("default-backend") for p, _ in plugins if "default-backend" in p.flags), None)
-    backends = set(backend_flag.choices) if backend_flag else set()
+    emulation = helps[NODE].get("emulation")
+    backend = helps[("snap-csi-spdk-plugin", None)].get("default-backend")
+    emulations = set(emulation.choices) if emulation else set()
+    backends = set(backend.choices) if backend else set()
     t.check(bool(emulations), "node --help", "--emulation lists no possible values")
     t.check(bool(backends), "snap-csi-spdk-plugin --help", "--default-backend lists no possible values")
     fs_types = node_fs_types(repo)
@@ -1090,13 +873,81 @@ def check_cross(ours: list[tuple[Ours, dict[str, Location]]], roots: dict[str, l
         t.check(o.get("volumeBindingMode") == "WaitForFirstConsumer", where, "volumeBindingMode must be WaitForFirstConsumer")
         seen.add((b, e))
     missing = sorted({(b, e) for b in backends for e in emulations} - seen)
-    t.check(not missing, "StorageClasses", f"no class for (backend, emulation) {missing}")
-    t.check(
-        any(o.get("kind") == "VolumeSnapshotClass" for o in objs),
-        "VolumeSnapshotClass",
-        "none defined",
-    )
-    t.check(not [o for o in objs if o.get("kind") == "Secret"], "manifests", "no Secret objects: no secrets in manifests")
+    t.check(not missing, f"{root}: StorageClasses", f"no class for (backend, emulation) {missing}")
+    t.check(any(o.get("kind") == "VolumeSnapshotClass" for o in objs), f"{root}: VolumeSnapshotClass", "none defined")
+
+
+def check_deployment(
+    d: Deployment, roots: dict[str, list[dict]], ours: list[Ours], helps: dict[tuple[str, str | None], dict[str, Flag]], repo: Path, t: Tally
+) -> int:
+    """One deployment as a whole, by its mode; returns its host/DPU pairs."""
+    host_objs, dpu_objs = roots.get(d.host, []), roots.get(d.dpu, [])
+    host_pods, dpu_pods = split.pods_in(host_objs), split.pods_in(dpu_objs)
+    host_ours = [o for o in ours if o.c.pod in host_pods]
+    dpu_ours = [o for o in ours if o.c.pod in dpu_pods]
+    check_host_cluster(d.host, host_objs, host_ours, helps, repo, t)
+    nodes = [o for o in host_ours if o.cmd == NODE]
+    agents = [o for o in dpu_ours if o.cmd == AGENT]
+    for o in dpu_ours:
+        t.check(o.cmd != NODE, o.c.where(), f"the node plugin belongs to the host cluster's root, not {d.dpu}")
+    plugins = [o for o in dpu_ours if o.binary == "snap-csi-spdk-plugin" and o.c.pod.startswith("DaemonSet ")]
+    t.check(len(plugins) == 1, f"{d.dpu}: dpu plugin", f"expected one plugin DaemonSet, found {len(plugins)}")
+    pairs = 0
+    if d.mode == "colocated":
+        split.no_cert_manager(d.host, host_objs, t)
+        split.no_cert_manager(d.dpu, dpu_objs, t)
+        t.check(len(nodes) == 1, f"{d.host}: node plugin", f"expected one snap-csi node container, found {len(nodes)}")
+        t.check(not agents, d.dpu, f"co-located mode runs no DPU agent, found {[a.c.pod for a in agents]}")
+        for n in nodes:
+            t.check(mode_settings(n)[0] == "co-located", n.c.where(), f"is in split mode in the co-located root {d.host}")
+        attachers = nodes
+    else:
+        for n in nodes:
+            t.check(mode_settings(n)[0] == "split", n.c.where(), f"is co-located in the split-mode root {d.host}: give it --dpu-endpoint")
+        pairs = split.check_split(d.host, host_objs, host_ours, d.dpu, dpu_objs, dpu_ours, t)
+        attachers = agents
+    for u in attachers:
+        for p in plugins:
+            check_meets_plugin(u, p, t)
+    return pairs
+
+
+def check_node_twins(ours: list[Ours], t: Tally) -> None:
+    """A split-mode node DaemonSet is the co-located one with another DPU
+    attach (templates/host/daemonset.yaml.in began as a copy): the sidecars
+    and the volumes both have must stay the same."""
+    nodes = [o for o in ours if o.cmd == NODE]
+    colocated = [o for o in nodes if mode_settings(o)[0] == "co-located"]
+    if not colocated:
+        return
+    ref = colocated[0]
+    ref_sidecars = {c["name"]: c for c in ref.c.pod_spec["containers"] if c["name"] != ref.c.name}
+    ref_volumes = {v["name"]: v for v in ref.c.pod_spec.get("volumes") or []}
+    for o in nodes:
+        if mode_settings(o)[0] != "split":
+            continue
+        sidecars = {c["name"]: c for c in o.c.pod_spec["containers"] if c["name"] != o.c.name}
+        differ = sorted(n for n in sidecars.keys() | ref_sidecars.keys() if sidecars.get(n) != ref_sidecars.get(n))
+        t.check(not differ, o.c.pod, f"sidecars {differ} differ from the co-located node's ({ref.c.pod}); keep the two in step")
+        volumes = {v["name"]: v for v in o.c.pod_spec.get("volumes") or []}
+        differ = sorted(n for n in volumes.keys() & ref_volumes.keys() if volumes[n] != ref_volumes[n])
+        t.check(not differ, o.c.pod, f"volumes {differ} differ from the co-located node's ({ref.c.pod}); keep the two in step")
+
+
+def check_shared_objects(roots: dict[str, list[dict]], t: Tally) -> list[dict]:
+    """An object in several roots (the namespace, the CA Issuer, what split
+    mode reuses) must be the same in each: a cluster that applies two of
+    them would flip between versions. Returns each object once."""
+    first: dict[tuple[str, str, str, str], tuple[str, dict]] = {}
+    for root, objs in roots.items():
+        for o in objs:
+            seen = first.setdefault(obj_key(o), (root, o))
+            t.check(
+                seen[1] == o,
+                f"{show(obj_key(o))}",
+                f"differs between {seen[0]} and {root}: a cluster applying both would flip between them",
+            )
+    return [o for _, o in first.values()]
 
 
 # ---------------------------------------------------------------- main
@@ -1127,17 +978,12 @@ def main(argv: list[str] | None = None) -> int:
             # What kustomize renders is what gets applied; where it could not
             # render (already a failure) check what the files hold.
             roots[r] = rendered[d] if d in rendered else plain_objects(d, ks)
-    seen = set()
-    unique = []
-    for objs in roots.values():
-        for o in objs:
-            if obj_key(o) not in seen:
-                seen.add(obj_key(o))
-                unique.append(o)
+    unique = check_shared_objects(roots, t)
     check_schemas(unique, deploy / "tools" / "schemas", t)
 
     helps = {
-        ("snap-csi", "node"): run_help(a.snap_csi, "node"),
+        NODE: run_help(a.snap_csi, "node"),
+        AGENT: run_help(a.snap_csi, "dpu-agent"),
         ("snap-csi", "controller"): run_help(a.snap_csi, "controller"),
         ("snap-csi-spdk-plugin", None): run_help(a.spdk_plugin, None),
     }
@@ -1149,13 +995,22 @@ def main(argv: list[str] | None = None) -> int:
             f"the --help checked must come from the binary a Dockerfile ships ({binary})",
         )
     version = tomllib.loads((repo / "Cargo.toml").read_text())["workspace"]["package"]["version"]
-    check_pods(roots, dockerfiles, helps, version, repo, t)
+    ours = analyse_pods(unique, dockerfiles, helps, version, t)
+    check_node_twins(ours, t)
+    pairs = sum(check_deployment(d, roots, ours, helps, repo, t) for d in DEPLOYMENTS)
+    t.check(pairs >= 1, "split mode", "no deployment holds a host/DPU pair, so the pair checks checked nothing")
+    generated = split.check_generated(deploy, t)
+    t.check(generated >= 1, "split mode", "no pair made by new-pair.sh is committed, so its templates go unchecked")
+    t.check(not [o for o in unique if o.get("kind") == "Secret"], "manifests", "no Secret objects: no secrets in manifests")
     check_spdk_containerfile((a.containerfile or repo / "hack" / "spdk" / "Containerfile").resolve(), t)
 
     for f in t.failures:
         print(f"FAIL {f}")
     if not a.quiet:
-        print(f"checked {len(unique)} objects in {len(ks)} kustomizations against Kubernetes {K8S_VERSION} and the binaries")
+        print(
+            f"checked {len(unique)} objects in {len(ks)} kustomizations ({len(DEPLOYMENTS)} deployments, {pairs} host/DPU "
+            f"pairs) against Kubernetes {K8S_VERSION} and the binaries"
+        )
     print(f"deploy: {t.passed} passed, {len(t.failures)} failed")
     return 1 if t.failures else 0
 

@@ -9,16 +9,20 @@ Usage: test_check_manifests.py --snap-csi BIN --spdk-plugin BIN [unittest args]
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import io
 import shutil
+import subprocess
 import sys
 import tempfile
 import unittest
 from pathlib import Path
+from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import check_manifests as cm  # noqa: E402
+import images  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 VENV_KUBECTL = REPO / "target" / "deploy-tools" / "venv" / "bin" / "kubectl"
@@ -26,8 +30,46 @@ BINS: dict[str, str] = {}
 
 # The same answers every time: run each slow probe once for the whole suite.
 cm.run_help = functools.lru_cache(maxsize=None)(cm.run_help)
-cm.cargo_bins = functools.lru_cache(maxsize=None)(cm.cargo_bins)
-cm.debian_package_of = functools.lru_cache(maxsize=None)(cm.debian_package_of)
+images.cargo_bins = functools.lru_cache(maxsize=None)(images.cargo_bins)
+images.debian_package_of = functools.lru_cache(maxsize=None)(images.debian_package_of)
+images.apt_knows = functools.lru_cache(maxsize=None)(images.apt_knows)
+images.run_helper = functools.lru_cache(maxsize=None)(images.run_helper)
+
+
+def kustomize_inputs(d: Path) -> bytes:
+    """Every file kustomize reads to render `d` (our kustomizations only
+    list resources), with its path below deploy/."""
+    out = b""
+    kustomization = d / "kustomization.yaml"
+    if kustomization.is_file():
+        out += str(kustomization.relative_to(deploy_of(d))).encode() + kustomization.read_bytes()
+        for r in cm.load_yaml_docs(kustomization)[0].get("resources") or []:
+            target = (d / r).resolve()
+            if target.is_dir():
+                out += kustomize_inputs(target)
+            elif target.is_file():
+                out += str(target.relative_to(deploy_of(d))).encode() + target.read_bytes()
+    return out
+
+
+def deploy_of(d: Path) -> Path:
+    return next(p for p in [d, *d.parents] if p.name == "deploy")
+
+
+_render = cm.render
+_renders: dict[bytes, object] = {}
+
+
+def cached_render(kubectl: str, d: Path):
+    """A broken copy of deploy/ changes one file: render again only the
+    kustomizations that read it."""
+    key = kustomize_inputs(d)
+    if key not in _renders:
+        _renders[key] = _render(kubectl, d)
+    return copy.deepcopy(_renders[key])
+
+
+cm.render = cached_render
 
 
 def run_checker(deploy: Path, extra: tuple[str, ...] = ()) -> set[str]:
@@ -64,18 +106,59 @@ def copy_deploy(tmp: Path) -> Path:
     return dst
 
 
+EXAMPLE = "kubernetes/split/example"
+NODE_DS = f"{EXAMPLE}/worker-1/host/daemonset.yaml"
+NODE_CERT = f"{EXAMPLE}/worker-1/host/certificate.yaml"
+AGENT_DS = f"{EXAMPLE}/worker-1/dpu/daemonset.yaml"
+AGENT_CERT = f"{EXAMPLE}/worker-1/dpu/certificate.yaml"
+
+
+def add_pair(deploy: Path, host: str, *args: str) -> None:
+    """A second pair in the example site, made by new-pair.sh as an
+    operator would."""
+    subprocess.run(
+        ["bash", str(deploy / "kubernetes/split/new-pair.sh"), "--host", host, *args, str(deploy / EXAMPLE / host)],
+        check=True,
+        capture_output=True,
+    )
+    for side in ("host", "dpu"):
+        k = deploy / EXAMPLE / side / "kustomization.yaml"
+        k.write_text(k.read_text() + f"  - ../{host}/{side}\n")
+
+
+def edit(deploy: Path, rel: str, old: str, new: str) -> None:
+    path = deploy / rel
+    text = path.read_text()
+    if old not in text:
+        raise AssertionError(f"the test's edit no longer applies to {rel}: {old!r}")
+    path.write_text(text.replace(old, new, 1))
+
+
 class BreakingTheDeployFails(unittest.TestCase):
-    def expect(self, edits: list[tuple[str, str, str]], needle: str, extra_files: dict[str, str] | None = None) -> None:
+    def new_failures(
+        self,
+        edits: list[tuple[str, str, str]],
+        extra_files: dict[str, str] | None = None,
+        setup: Callable[[Path], None] | None = None,
+    ) -> set[str]:
         with tempfile.TemporaryDirectory() as tmp:
             deploy = copy_deploy(Path(tmp))
+            if setup:
+                setup(deploy)
             for rel, old, new in edits:
-                path = deploy / rel
-                text = path.read_text()
-                self.assertIn(old, text, f"the test's edit no longer applies to {rel}")
-                path.write_text(text.replace(old, new, 1))
+                edit(deploy, rel, old, new)
             for rel, text in (extra_files or {}).items():
                 (deploy / rel).write_text(text)
-            new_failures = run_checker(deploy) - baseline()
+            return run_checker(deploy) - baseline()
+
+    def expect(
+        self,
+        edits: list[tuple[str, str, str]],
+        needle: str,
+        extra_files: dict[str, str] | None = None,
+        setup: Callable[[Path], None] | None = None,
+    ) -> None:
+        new_failures = self.new_failures(edits, extra_files, setup)
         self.assertTrue(
             any(needle in f for f in new_failures),
             f"expected a new failure containing {needle!r}, got {sorted(new_failures)}",
@@ -228,7 +311,131 @@ class BreakingTheDeployFails(unittest.TestCase):
         )
 
     def test_builder_not_the_pinned_toolchain(self):
-        self.expect([("images/spdk-plugin.Dockerfile", "FROM rust:1.95-bookworm AS builder", "FROM rust:1.94-bookworm AS builder")], "builder must be rust:")
+        self.expect(
+            [("images/spdk-plugin.Dockerfile", "FROM --platform=$BUILDPLATFORM rust:1.95-bookworm AS builder", "FROM --platform=$BUILDPLATFORM rust:1.94-bookworm AS builder")],
+            "builder must be rust:",
+        )
+
+    # ---- split mode
+
+    def test_baseline_is_clean(self):
+        self.assertEqual(baseline(), frozenset(), "the committed deploy/ must pass")
+
+    def test_a_pair_made_by_the_script_passes(self):
+        def second_pair(deploy: Path) -> None:
+            add_pair(deploy, "worker-2", "--dpu-node", "bf-7", "--dpu-address", "fd00:1::2", "--dpu-name", "bf3-rack2-07")
+
+        self.assertEqual(self.new_failures([], setup=second_pair), set())
+
+    def test_unknown_agent_flag(self):
+        self.expect([(AGENT_DS, "--host-name=worker-1", "--hostname=worker-1")], "dpu-agent has no flag --hostname")
+
+    def test_agent_setting_left_to_a_hidden_default(self):
+        self.expect([(AGENT_DS, "            - --tls-ca=/etc/snap-csi/tls/ca.crt\n", "")], "--tls-ca must be set")
+
+    def test_tls_file_not_cert_managers_key(self):
+        self.expect([(AGENT_DS, "--tls-ca=/etc/snap-csi/tls/ca.crt", "--tls-ca=/etc/snap-csi/tls/tls.crt")], "must be the file ca.crt")
+
+    def test_split_node_keeps_the_local_sockets(self):
+        self.expect(
+            [(NODE_DS, "            - --sysfs-root=/sys\n", "            - --sysfs-root=/sys\n            - --plugin-socket=/var/lib/x/dpu.sock\n")],
+            "--plugin-socket is unused in split mode",
+        )
+
+    def test_plaintext_link(self):
+        self.expect(
+            [(NODE_DS, "            - --sysfs-root=/sys\n", "            - --sysfs-root=/sys\n            - --dpu-insecure-plaintext\n")],
+            "turns off the link's authentication",
+        )
+
+    def test_node_certificate_able_to_serve(self):
+        self.expect([(NODE_CERT, "    - client auth", "    - server auth")], "usages must include 'client auth'")
+
+    def test_agent_certificate_names_another_dpu(self):
+        self.expect([(AGENT_CERT, "  dnsNames:\n    - worker-1", "  dnsNames:\n    - worker-9")], "dnsNames must be ['worker-1']")
+
+    def test_agent_serves_another_host(self):
+        self.expect([(AGENT_DS, "--host-name=worker-1", "--host-name=worker-2")], "no DPU agent in kubernetes/split/example/dpu serves host worker-1")
+
+    def test_endpoint_port_not_the_agents(self):
+        self.expect([(NODE_DS, "--dpu-endpoint=https://192.168.100.2:9830", "--dpu-endpoint=https://192.168.100.2:9831")], "must reach the port its agent listens on")
+
+    def test_node_id_not_the_node_name(self):
+        self.expect([(NODE_DS, "--node-id=$(NODE_NAME)", "--node-id=host-a")], "--node-id must be the node's name")
+
+    def test_agent_without_host_network(self):
+        self.expect([(AGENT_DS, "hostNetwork: true", "hostNetwork: false")], "needs hostNetwork")
+
+    def test_key_mounted_on_every_node(self):
+        self.expect([(NODE_DS, "operator: In", "operator: NotIn")], "not pinned to one node by name")
+
+    def test_one_key_on_two_hosts(self):
+        self.expect(
+            [(f"{EXAMPLE}/worker-2/host/daemonset.yaml", "secretName: snap-csi-node-worker-2-tls", "secretName: snap-csi-node-worker-1-tls")],
+            "Secret snap-csi-node-worker-1-tls is mounted by",
+            setup=lambda deploy: add_pair(deploy, "worker-2", "--dpu-node", "bf-2", "--dpu-address", "192.168.100.2"),
+        )
+
+    def test_ca_key_mounted(self):
+        self.expect([(NODE_DS, "secretName: snap-csi-node-worker-1-tls", "secretName: snap-csi-link-ca")], "mounts the link CA's Secret")
+
+    def test_secret_files_through_subpaths(self):
+        mounts = "".join(
+            f"            - name: dpu-tls\n              mountPath: /etc/snap-csi/tls/{f}\n              subPath: {f}\n              readOnly: true\n"
+            for f in ("tls.crt", "tls.key", "ca.crt")
+        )
+        self.expect(
+            [(NODE_DS, "            - name: dpu-tls\n              mountPath: /etc/snap-csi/tls\n              readOnly: true\n", mounts)],
+            "with a subPath, which a renewed certificate never reaches",
+        )
+
+    def test_dpu_cluster_makes_its_own_ca(self):
+        self.expect(
+            [("kubernetes/split/dpu/kustomization.yaml", "  - serviceaccount.yaml\n", "  - serviceaccount.yaml\n  - selfsigned.yaml\n")],
+            "makes a CA of its own",
+            extra_files={
+                "kubernetes/split/dpu/selfsigned.yaml": "apiVersion: cert-manager.io/v1\nkind: Issuer\nmetadata:\n"
+                "  name: own\n  namespace: snap-csi\nspec:\n  selfSigned: {}\n"
+            },
+        )
+
+    def test_certificate_from_another_issuer(self):
+        self.expect([(NODE_CERT, "    name: snap-csi-link-ca", "    name: letsencrypt")], "must be issued by the link's CA Issuer")
+
+    def test_cert_manager_in_the_colocated_root(self):
+        self.expect([("kubernetes/kustomization.yaml", "  - snapshotclass\n", "  - snapshotclass\n  - split/ca-issuer\n")], "co-located mode needs no cert-manager")
+
+    def test_shared_object_differs_between_roots(self):
+        self.expect([("kubernetes/dpu/namespace.yaml", "app.kubernetes.io/part-of: snap-csi", "app.kubernetes.io/part-of: other")], "differs between")
+
+    def test_certificate_against_the_crd_schema(self):
+        self.expect([(NODE_CERT, "    algorithm: ECDSA", "    algorithm: EC")], "schema Certificate snap-csi/snap-csi-node-worker-1")
+
+    def test_split_node_sidecar_drifts_from_the_colocated_one(self):
+        self.expect([(NODE_DS, "            - --probe-timeout=3s", "            - --probe-timeout=5s")], "sidecars ['liveness-probe'] differ")
+
+    def test_generated_pair_edited_by_hand(self):
+        self.expect([(NODE_DS, "cpu: 50m", "cpu: 60m")], "differ from what `new-pair.sh")
+
+    def test_template_placeholder_the_script_does_not_fill(self):
+        self.expect([("kubernetes/split/templates/host/certificate.yaml.in", "    - @HOST@", "    - @HOSTNAME@")], "has a placeholder this script does not fill")
+
+    # ---- images
+
+    def test_builder_emulated_instead_of_cross_compiling(self):
+        self.expect([("images/snap-csi.Dockerfile", "FROM --platform=$BUILDPLATFORM rust:", "FROM rust:")], "FROM --platform=$BUILDPLATFORM")
+
+    def test_helper_without_arm64(self):
+        self.expect([("images/rust-target.sh", "  arm64) triple=aarch64-unknown-linux-gnu gnu=aarch64-linux-gnu debian=arm64 ;;\n", "")], "triple must be aarch64-unknown-linux-gnu")
+
+    def test_cross_build_without_the_targets_libc(self):
+        self.expect([("images/rust-target.sh", " libc6-dev-$debian-cross", "")], "C compiler and its libc")
+
+    def test_builder_without_the_protobuf_includes(self):
+        self.expect([("images/spdk-plugin.Dockerfile", "protobuf-compiler libprotobuf-dev ", "protobuf-compiler ")], "Debian package libprotobuf-dev")
+
+    def test_cargo_build_for_the_build_platform(self):
+        self.expect([("images/snap-csi.Dockerfile", '--target "$RUST_TARGET" ', "")], 'build --target "$RUST_TARGET"')
 
 
 class HelpParsing(unittest.TestCase):
