@@ -8,6 +8,10 @@ repo=$(cd "$(dirname "$0")/.." && pwd)
 
 packages=(protobuf-compiler libprotobuf-dev libudev-dev pkg-config e2fsprogs xfsprogs util-linux mount fdisk kmod python3-venv)
 
+# local-up's split mode: a network namespace and veth pair (ip), certificates
+# made fresh per run (openssl); a minimal Debian may lack either.
+packages+=(iproute2 openssl)
+
 # Go 1.23 builds csi-sanity (hack/csi-sanity.sh); Debian 12 has it only in
 # bookworm-backports, which is enabled here unless some apt source has it.
 packages+=(golang-1.23-go)
