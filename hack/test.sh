@@ -3,11 +3,10 @@
 # the whole test suite (as root: the tests make real loop devices and mounts),
 # the offline checks of the Kubernetes manifests and Dockerfiles, the main job
 # (the whole stack on the emulator, volumes through their life; co-located and
-# split) in debug, the
-# official CSI conformance suite (csi-sanity) on that stack for each backend
-# (and in split mode for one),
-# and the benchmark on a few volumes in debug: proof that every section still
-# runs and cleans up, not a measurement (that is ./hack/bench.sh, release).
+# split) in debug, the official CSI conformance suite (csi-sanity) on that
+# stack for each backend (and in split mode for one), and the benchmark on a
+# few volumes in debug: proof that every section still runs and cleans up, not
+# a measurement (that is ./hack/bench.sh, release).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./hack/setup.sh
