@@ -8,6 +8,7 @@ use crate::latency::Row;
 use crate::memory::Memory;
 use crate::rpc::Level;
 use crate::scale::Round;
+use crate::split::Split;
 use crate::table::{Table, ms, num};
 
 /// One design target and whether this run met it.
@@ -78,6 +79,8 @@ pub struct Report {
     pub jsonrpc: Option<Vec<Level>>,
     /// Section 6 with the emulator's poller on (section 3's period).
     pub jsonrpc_poll: Option<Vec<Level>>,
+    /// Sections 3, 4 and 5 in split mode.
+    pub split: Split,
     pub targets: Vec<Target>,
     pub cleanup: Vec<String>,
 }
@@ -108,6 +111,7 @@ impl Report {
             memory: None,
             jsonrpc: None,
             jsonrpc_poll: None,
+            split: Split::default(),
             targets: Vec::new(),
             cleanup: Vec::new(),
         }
@@ -681,12 +685,13 @@ impl Report {
                 });
             }
         }
+        targets.extend(self.split_targets());
         targets
     }
 }
 
 /// One table row per concurrency round, then the SNAP calls by method.
-fn print_rounds(rounds: &[Round]) {
+pub fn print_rounds(rounds: &[Round]) {
     let mut table = Table::new(&[
         "concurrency",
         "wall s",
@@ -721,7 +726,7 @@ fn print_rounds(rounds: &[Round]) {
     }
     table.print();
     println!(
-        "   The node's SNAP calls during stage + publish, by method: calls per volume, mean ms per call"
+        "   SNAP calls of the DPU attach layer (the node's; the agent's in split mode) during stage + publish, by method:\n   calls per volume, mean ms per call"
     );
     let mut methods: Vec<&String> = rounds.iter().flat_map(|r| r.snap_methods.keys()).collect();
     methods.sort();
@@ -744,6 +749,6 @@ fn print_rounds(rounds: &[Round]) {
     }
     table.print();
     println!(
-        "   (node/SNAP/plugin ms per volume: stage + publish by the node's clock, and its SNAP and plugin calls' summed\n    time, means; teardown: unpublish + unstage at the same concurrency; create: every volume first, 8 at a time)"
+        "   (node/SNAP/plugin ms per volume: stage + publish by the node's clock, and the SNAP and plugin calls' summed\n    time (the agent's in split mode), means; teardown: unpublish + unstage at the same concurrency; create: every\n    volume first, 8 at a time)"
     );
 }
