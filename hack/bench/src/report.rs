@@ -5,7 +5,7 @@ use serde::Serialize;
 use crate::Args;
 use crate::floors::Floors;
 use crate::latency::Row;
-use crate::memory::Memory;
+use crate::memory::{Memory, Rss};
 use crate::rpc::Level;
 use crate::scale::Round;
 use crate::split::Split;
@@ -418,9 +418,8 @@ impl Report {
         };
         println!();
         println!("5. Memory (MiB; peak = VmHWM, now = VmRSS) and node restart");
-        let mut table = Table::new(&["process", "when", "peak", "now", "threads"]);
         let staged = format!("{} volumes staged", m.staged_volumes);
-        for (process, when, rss) in [
+        print_memory_table(&[
             ("node", "idle, after start", Some(m.node_idle)),
             ("proxy", "idle, after start", Some(m.proxy_idle)),
             ("node", staged.as_str(), Some(m.node_staged)),
@@ -435,18 +434,7 @@ impl Report {
                 "after teardown",
                 m.node_restarted_after_teardown,
             ),
-        ] {
-            if let Some(rss) = rss {
-                table.row(vec![
-                    process.to_string(),
-                    when.to_string(),
-                    format!("{:.1}", rss.peak_mib),
-                    format!("{:.1}", rss.now_mib),
-                    num(rss.threads),
-                ]);
-            }
-        }
-        table.print();
+        ]);
         if let Some(ready) = m.restart_ready_ms {
             println!(
                 "   node restart (SIGTERM, same command line) with {} volumes staged: process start to Probe ready in {} ms",
@@ -607,16 +595,7 @@ impl Report {
                 measured: format!("{:.1} MiB", m.node_staged.peak_mib),
                 met: m.node_staged.peak_mib < 20.0,
             });
-            if let Some(ready) = m.restart_ready_ms {
-                targets.push(Target {
-                    target: format!(
-                        "node ready <= 300 ms after a restart with {} staged",
-                        m.staged_volumes
-                    ),
-                    measured: format!("{} ms", ms(ready)),
-                    met: ready <= 300.0,
-                });
-            }
+            targets.extend(restart_target("node", m));
         }
         for l in self.jsonrpc.iter().flatten() {
             targets.push(Target {
@@ -688,6 +667,36 @@ impl Report {
         targets.extend(self.split_targets());
         targets
     }
+}
+
+/// The target on the restarted `node`'s time to ready, when `m` measured a restart.
+pub fn restart_target(node: &str, m: &Memory) -> Option<Target> {
+    let ready = m.restart_ready_ms?;
+    Some(Target {
+        target: format!(
+            "{node} ready <= 300 ms after a restart with {} staged",
+            m.staged_volumes
+        ),
+        measured: format!("{} ms", ms(ready)),
+        met: ready <= 300.0,
+    })
+}
+
+/// One row per (process, when, memory) measured.
+pub fn print_memory_table(rows: &[(&str, &str, Option<Rss>)]) {
+    let mut table = Table::new(&["process", "when", "peak", "now", "threads"]);
+    for (process, when, rss) in rows {
+        if let Some(rss) = rss {
+            table.row(vec![
+                process.to_string(),
+                when.to_string(),
+                format!("{:.1}", rss.peak_mib),
+                format!("{:.1}", rss.now_mib),
+                num(rss.threads),
+            ]);
+        }
+    }
+    table.print();
 }
 
 /// One table row per concurrency round, then the SNAP calls by method.

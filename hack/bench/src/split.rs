@@ -18,7 +18,7 @@ use serde::Serialize;
 use crate::latency::Row;
 use crate::memory::Memory;
 use crate::prom::{Outbound, scrape};
-use crate::report::{Report, Target, print_rounds};
+use crate::report::{Report, Target, print_memory_table, print_rounds, restart_target};
 use crate::scale::Round;
 use crate::stack::Stack;
 use crate::stats::Spread;
@@ -163,9 +163,8 @@ impl Report {
         };
         println!();
         println!("5 (split). Memory on the split twin (MiB; peak = VmHWM, now = VmRSS)");
-        let mut table = Table::new(&["process", "when", "peak", "now", "threads"]);
         let staged = format!("{} volumes attached", m.staged_volumes);
-        for (process, when, rss) in [
+        print_memory_table(&[
             ("DPU agent", "idle, after start", m.agent_idle),
             ("DPU agent", staged.as_str(), m.agent_staged),
             ("node (split)", "idle, after start", Some(m.node_idle)),
@@ -175,18 +174,7 @@ impl Report {
                 "ready, volumes staged",
                 m.node_restarted,
             ),
-        ] {
-            if let Some(rss) = rss {
-                table.row(vec![
-                    process.to_string(),
-                    when.to_string(),
-                    format!("{:.1}", rss.peak_mib),
-                    format!("{:.1}", rss.now_mib),
-                    num(rss.threads),
-                ]);
-            }
-        }
-        table.print();
+        ]);
         if let Some(ready) = m.restart_ready_ms {
             println!(
                 "   split node restart with {} volumes staged: process start to Probe ready (a new TLS connection to the agent,\n   the agent's probe of the plugin and SNAP) in {} ms",
@@ -306,16 +294,7 @@ impl Report {
                     met: agent.peak_mib < 20.0,
                 });
             }
-            if let Some(ready) = m.restart_ready_ms {
-                targets.push(Target {
-                    target: format!(
-                        "split node ready <= 300 ms after a restart with {} staged",
-                        m.staged_volumes
-                    ),
-                    measured: format!("{} ms", ms(ready)),
-                    met: ready <= 300.0,
-                });
-            }
+            targets.extend(restart_target("split node", m));
         }
         targets
     }
