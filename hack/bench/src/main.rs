@@ -85,6 +85,10 @@ pub struct Args {
     /// Size of each scale-section volume in MiB.
     #[arg(long, default_value_t = 64)]
     pub scale_size_mib: i64,
+    /// Rounds at each concurrency level on each scale stack (pooled; with
+    /// split twins each pair runs in turn: co-located, split, split, co-located).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..))]
+    pub scale_repeats: u32,
     /// Concurrency levels of the scale section, comma separated.
     #[arg(long, value_delimiter = ',', default_value = "1,8,64")]
     pub concurrency: Vec<usize>,

@@ -7,7 +7,7 @@ use crate::floors::Floors;
 use crate::latency::Row;
 use crate::memory::{Memory, Rss};
 use crate::rpc::Level;
-use crate::scale::Round;
+use crate::scale::{Round, pooled_rate};
 use crate::split::Split;
 use crate::table::{Table, ms, num};
 
@@ -49,6 +49,7 @@ pub struct Settings {
     pub poll_period_us: u64,
     pub poll_volumes: usize,
     pub scale_volumes: usize,
+    pub scale_repeats: u32,
     pub scale_size_mib: i64,
     pub count_period_us: u64,
     pub count_volumes: usize,
@@ -95,6 +96,7 @@ impl Report {
                 poll_period_us: args.poll_period_us,
                 poll_volumes: args.poll_volumes,
                 scale_volumes: args.scale_volumes,
+                scale_repeats: args.scale_repeats,
                 scale_size_mib: args.scale_size_mib,
                 count_period_us: args.count_period_us,
                 count_volumes: args.count_volumes,
@@ -565,12 +567,7 @@ impl Report {
         }
         for (rounds, how) in [(&self.scale, ""), (&self.scale_poll, ", poller on")] {
             let Some(rounds) = rounds else { continue };
-            let rate = |c: usize| {
-                rounds
-                    .iter()
-                    .find(|r| r.concurrency == c)
-                    .map(|r| r.volumes_per_s)
-            };
+            let rate = |c: usize| pooled_rate(rounds, c);
             if let (Some(one), Some(eight), Some(many)) = (rate(1), rate(8), rate(64)) {
                 targets.push(Target {
                     target: format!(

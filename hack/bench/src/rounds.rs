@@ -5,7 +5,9 @@
 //!
 //! Split mode is compared on a twin of the co-located stack, up at the same
 //! time: each round runs on one, then on the other, each going first in
-//! turn, so that background load falls on both alike; never both at once.
+//! turn (A B, B A at each level with the default two repeats), so that
+//! background load falls on both alike; never both at once. Repeated
+//! rounds pool: a level's throughput is all its volumes over all its time.
 
 use crate::csi::Clients;
 use crate::memory::{Memory, restart_node, rss};
@@ -76,13 +78,9 @@ async fn teardown_round(
     Ok(scale::summarise(concurrency, staged, teardown_wall))
 }
 
-/// Speed-ups over the round at concurrency 1, if there is one.
+/// Speed-ups over the rounds at concurrency 1, if there are any.
 fn speedups(rounds: &mut [Round]) {
-    if let Some(base) = rounds
-        .iter()
-        .find(|r| r.concurrency == 1)
-        .map(|r| r.volumes_per_s)
-    {
+    if let Some(base) = scale::pooled_rate(rounds, 1) {
         for round in rounds {
             round.speedup = Some(round.volumes_per_s / base);
         }
@@ -204,13 +202,20 @@ async fn run_sides(
     } else {
         "scale"
     };
+    // Each turn every side runs one round, the first side of a turn being
+    // the next one each time: with two sides and two repeats, A B then B A
+    // at every level.
+    let mut turn = 0;
     for (index, &concurrency) in levels.iter().enumerate() {
-        let last = index + 1 == levels.len();
-        for k in 0..sides.len() {
-            let side = (index + k) % sides.len();
-            sides[side]
-                .round(args, work, concurrency, prefix, measure && last)
-                .await?;
+        for repeat in 0..args.scale_repeats {
+            let last = index + 1 == levels.len() && repeat + 1 == args.scale_repeats;
+            for k in 0..sides.len() {
+                let side = (turn + k) % sides.len();
+                sides[side]
+                    .round(args, work, concurrency, prefix, measure && last)
+                    .await?;
+            }
+            turn += 1;
         }
     }
     for side in &mut sides {

@@ -227,3 +227,60 @@ pub fn method_means(before: &Page, after: &Page, volumes: usize) -> BTreeMap<Str
         })
         .collect()
 }
+
+/// Volumes per second over every round at `concurrency`: all their volumes
+/// over all their wall time, so that repeated rounds pool.
+pub fn pooled_rate(rounds: &[Round], concurrency: usize) -> Option<f64> {
+    let (volumes, wall) = rounds
+        .iter()
+        .filter(|r| r.concurrency == concurrency)
+        .fold((0, 0.0), |(volumes, wall), r| {
+            (volumes + r.volumes, wall + r.wall_s)
+        });
+    (volumes > 0 && wall > 0.0).then(|| volumes as f64 / wall)
+}
+
+/// The concurrency levels of `rounds`, each once, in the order first run.
+pub fn levels(rounds: &[Round]) -> Vec<usize> {
+    let mut levels: Vec<usize> = Vec::new();
+    for round in rounds {
+        if !levels.contains(&round.concurrency) {
+            levels.push(round.concurrency);
+        }
+    }
+    levels
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn round(concurrency: usize, volumes: usize, wall_s: f64) -> Round {
+        Round {
+            concurrency,
+            volumes,
+            create_wall_s: 0.0,
+            wall_s,
+            volumes_per_s: volumes as f64 / wall_s,
+            stage_publish: Summary::default(),
+            stage: Summary::default(),
+            publish: Summary::default(),
+            node_ms: 0.0,
+            node_snap_ms: 0.0,
+            node_plugin_ms: 0.0,
+            link_calls_per_volume: 0.0,
+            snap_methods: BTreeMap::new(),
+            teardown_wall_s: 0.0,
+            speedup: None,
+        }
+    }
+
+    #[test]
+    fn repeated_rounds_pool_by_level() {
+        let rounds = [round(8, 256, 2.0), round(1, 256, 8.0), round(8, 256, 4.0)];
+        assert_eq!(levels(&rounds), [8, 1]);
+        // 512 volumes in 6 s, not the mean of 128 and 64 volumes/s.
+        assert_eq!(pooled_rate(&rounds, 8), Some(512.0 / 6.0));
+        assert_eq!(pooled_rate(&rounds, 64), None);
+    }
+}
