@@ -48,6 +48,18 @@ struct Step {
     agent: Outbound,
 }
 
+impl Step {
+    /// The DPU attach layer's outbound calls: the node's co-located, the
+    /// agent's in split mode (the other is zero).
+    fn layer(&self) -> Outbound {
+        if self.agent.served_calls > 0.0 {
+            self.agent
+        } else {
+            self.node
+        }
+    }
+}
+
 /// One RPC kind over all volumes.
 #[derive(Debug, Clone, Serialize)]
 pub struct Row {
@@ -57,7 +69,9 @@ pub struct Row {
     /// period)` over the calls, each started right after a poll tick.
     pub dependent_round_trips: Option<f64>,
     pub dependent_round_trips_max: Option<f64>,
-    /// Means per call (node RPCs only; zero for the controller's).
+    /// Means per call (node RPCs only; zero for the controller's). The
+    /// node's SNAP and plugin calls are the DPU attach layer's: the node's
+    /// co-located, the agent's in split mode.
     pub node_snap_calls: f64,
     pub plugin_snap_calls: f64,
     pub node_plugin_calls: f64,
@@ -362,15 +376,15 @@ fn summarise(name: String, steps: &[Step], count_period: Option<Duration>) -> Ro
         dependent_round_trips_max: rounds
             .as_ref()
             .map(|r| r.iter().copied().fold(0.0, f64::max)),
-        node_snap_calls: of(|s| s.node.snap_calls),
+        node_snap_calls: of(|s| s.layer().snap_calls),
         plugin_snap_calls: of(|s| s.plugin.snap_calls),
-        node_plugin_calls: of(|s| s.node.plugin_calls),
+        node_plugin_calls: of(|s| s.layer().plugin_calls),
         max_snap_calls: steps
             .iter()
-            .map(|s| s.node.snap_calls + s.plugin.snap_calls)
+            .map(|s| s.layer().snap_calls + s.plugin.snap_calls)
             .fold(0.0, f64::max),
-        node_snap_wait_ms: of(|s| s.node.snap_seconds * 1e3),
-        node_plugin_wait_ms: of(|s| s.node.plugin_seconds * 1e3),
+        node_snap_wait_ms: of(|s| s.layer().snap_seconds * 1e3),
+        node_plugin_wait_ms: of(|s| s.layer().plugin_seconds * 1e3),
         node_host_wait_ms: of(|s| s.node.host_seconds * 1e3),
         node_served_ms: of(|s| s.node.served_seconds * 1e3),
         node_outside_calls: Summary::of_ms(

@@ -65,8 +65,10 @@ pub struct Args {
     /// The emulator's RPC poller period for the poller-on runs (µs).
     #[arg(long, default_value_t = 8000)]
     pub poll_period_us: u64,
-    /// Volumes of each kind for the poller-on latency run.
-    #[arg(long, default_value_t = 8)]
+    /// Volumes of each kind for the poller-on latency run (and its split
+    /// twin: a call starts at a random phase of the poller, so p50 needs
+    /// samples).
+    #[arg(long, default_value_t = 32)]
     pub poll_volumes: usize,
     /// The poller period for counting dependent SNAP round trips (µs): long,
     /// so that host work and the emulator's own work fit in one period.

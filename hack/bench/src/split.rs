@@ -106,6 +106,8 @@ impl Report {
             "split/co-located",
             "p99 co-located",
             "p99 split",
+            "SNAP calls co-located",
+            "split",
             "node->agent calls",
             "agent served",
         ]);
@@ -120,13 +122,15 @@ impl Report {
                 format!("{:.2}x", row.latency.p50_ms / base.latency.p50_ms),
                 ms(base.latency.p99_ms),
                 ms(row.latency.p99_ms),
+                num(base.node_snap_calls + base.plugin_snap_calls),
+                num(row.node_snap_calls + row.plugin_snap_calls),
                 range(row.link_calls.min, row.link_calls.max),
                 range(row.agent_calls.min, row.agent_calls.max),
             ]);
         }
         table.print();
         println!(
-            "   (node->agent calls: the node's snap_csi_outbound_requests_total{{target=\"dpu-agent\"}}, agent served: the agent's\n    snap_csi_grpc_requests_total, each read before and after every call; least-most per call)"
+            "   (SNAP calls: the attach layer's (node or agent) and the plugin's, mean per call; node->agent calls: the node's\n    snap_csi_outbound_requests_total{{target=\"dpu-agent\"}}, agent served: the agent's snap_csi_grpc_requests_total,\n    each read before and after every call; least-most per call)"
         );
         print_handshakes(self.split.poll_handshakes.as_ref());
     }
