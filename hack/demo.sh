@@ -7,19 +7,32 @@
 #   NodeUnpublish -> NodeUnstage -> DeleteVolume
 #
 # for AIO and NVMe-oF volumes, exposed as NVMe or virtio-blk, with ext4, xfs or
-# as raw block. It prints one row per volume with each step's time, then stops
-# the stack and checks that nothing is left: no loop device, no mount, no
-# directory. Run as root: ./hack/demo.sh [--profile release|debug]
-# (the test command runs it in debug, on the binaries the tests just built).
+# as raw block. It runs twice: co-located (the node drives the vendor plugin
+# and SNAP itself) and split (the node calls a DPU agent in its own network
+# namespace over mutual TLS, as on a BlueField host). Each time it prints one
+# row per volume with each step's time and the calls each metrics endpoint
+# counted; in split mode it also checks the agent's page: one Attach per
+# NodeStage, one Detach per NodeUnstage, one TLS handshake in all. Then it
+# stops the stack and checks that nothing is left: no loop device, mount,
+# directory, network namespace or veth. Run as root:
+#   ./hack/demo.sh [--profile release|debug] [--mode colocated|split]
+# (default: both modes; the test command runs it in debug, on the binaries the
+# tests just built).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 profile=release
-case "${1:-}" in
-  "") ;;
-  --profile) profile=${2:?--profile needs release or debug} ;;
-  *) echo "demo: unknown argument $1" >&2; exit 2 ;;
-esac
+modes=(colocated split)
+while (($#)); do
+  case $1 in
+    --profile) profile=${2:?--profile needs release or debug}; shift 2 ;;
+    --mode) modes=("${2:?--mode needs colocated or split}"); shift 2 ;;
+    *) echo "demo: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
 case $profile in release | debug) ;; *) echo "demo: --profile must be release or debug" >&2; exit 2 ;; esac
+for mode in "${modes[@]}"; do
+  case $mode in colocated | split) ;; *) echo "demo: --mode must be colocated or split" >&2; exit 2 ;; esac
+done
 ./hack/setup.sh
 flag=()
 [ "$profile" = release ] && flag=(--release)
@@ -28,11 +41,7 @@ cargo build "${flag[@]}" --locked --quiet -p snap-csi -p snap-emu -p snap-csi-sp
 # shellcheck source=hack/lib/local-up-client.sh
 . hack/lib/local-up-client.sh
 work=$(mktemp -d /tmp/snap-csi-demo.XXXXXX)
-stack=$work/stack
 trap 'local_up_stop; rm -rf "$work"' EXIT
-local_up_start "$work" --profile "$profile" --dir "$stack"
-
-./target/"$profile"/csi-player
 
 # scrape URL: the Prometheus page at http://HOST:PORT/metrics (bash's /dev/tcp: no curl needed).
 scrape() {
@@ -43,19 +52,66 @@ scrape() {
   cat <&3
   exec 3<&-
 }
-echo
-echo "metrics (calls served by method, from each endpoint during this run):"
-for page in "$NODE_METRICS" "$CONTROLLER_METRICS" "$PLUGIN_METRICS"; do
-  counted=$(scrape "$page" | grep '^snap_csi_grpc_requests_total' || true)
+
+# total PAGE REGEX: the sum of the samples on PAGE (text) whose line matches REGEX.
+total() { grep -E "$2" <<<"$1" | awk '{ sum += $NF } END { print sum + 0 }'; }
+
+# show PAGE-URL REGEX: the samples matching REGEX, indented; fails on none.
+show() {
+  local counted
+  counted=$(scrape "$1" | grep -E "$2" || true)
   if [ -z "$counted" ]; then
-    echo "FAIL: $page counted no calls" >&2
+    echo "FAIL: $1 counted no calls" >&2
     exit 1
   fi
-  echo "  $page"
+  echo "  $1"
   # shellcheck disable=SC2001
   sed 's/^/    /' <<<"$counted"
-done
+}
 
-local_up_stop
-local_up_assert_clean "$stack"
-echo "OK: the stack is stopped; no loop device, mount or directory is left"
+# split_checks: the agent served each node call that needs the DPU exactly
+# once, over one TLS connection.
+split_checks() {
+  local node agent stages unstages attaches detaches handshakes
+  node=$(scrape "$NODE_METRICS")
+  agent=$(scrape "$AGENT_METRICS")
+  stages=$(total "$node" '^snap_csi_grpc_requests_total\{method="Node/NodeStageVolume"')
+  unstages=$(total "$node" '^snap_csi_grpc_requests_total\{method="Node/NodeUnstageVolume"')
+  attaches=$(total "$agent" '^snap_csi_grpc_requests_total\{method="DpuAgent/Attach"')
+  detaches=$(total "$agent" '^snap_csi_grpc_requests_total\{method="DpuAgent/Detach"')
+  handshakes=$(total "$agent" '^snap_csi_tls_handshakes_total\{.*role="server"')
+  echo "  split mode: $stages NodeStage -> $attaches Attach, $unstages NodeUnstage -> $detaches Detach," \
+    "$handshakes TLS handshake(s) at the agent"
+  if ((stages == 0 || attaches != stages || detaches != unstages || handshakes != 1)); then
+    echo "FAIL: expected one agent call per NodeStage and NodeUnstage and one TLS handshake" >&2
+    exit 1
+  fi
+}
+
+for mode in "${modes[@]}"; do
+  run=$work/$mode
+  mkdir -p "$run"
+  started=$EPOCHREALTIME
+  echo
+  echo "== main job, $mode mode"
+  local_up_start "$run" --profile "$profile" --mode "$mode" --dir "$run/stack"
+  [ "$mode" = split ] && echo "  the node reaches the DPU agent at $DPU_AGENT_ENDPOINT (namespace $DPU_NETNS)"
+
+  ./target/"$profile"/csi-player
+
+  echo
+  echo "metrics, $mode mode (calls served by method, from each endpoint during this run):"
+  for page in "$NODE_METRICS" "$CONTROLLER_METRICS" "$PLUGIN_METRICS"; do
+    show "$page" '^snap_csi_grpc_requests_total'
+  done
+  if [ "$mode" = split ]; then
+    show "$AGENT_METRICS" '^snap_csi_(grpc_requests|tls_handshakes)_total'
+    split_checks
+  fi
+
+  local_up_stop
+  local_up_assert_clean "$run/stack"
+  took=$(awk -v from="$started" -v to="$EPOCHREALTIME" 'BEGIN { printf "%.1f", to - from }')
+  echo "OK ($mode mode, $took s from start to stopped): the stack is stopped; no loop device, mount," \
+    "directory, network namespace or veth is left"
+done

@@ -6,13 +6,34 @@
 #   snap-csi controller (proxy)           -> CSI     -> sample plugin's CSI controller
 #   snap-csi node (co-located DPU attach) -> plugins.v1 -> sample plugin; JSON-RPC -> SNAP emulator
 #
+# --mode split puts the DPU attach layer behind a link, as on a BlueField host:
+#
+#   snap-csi node --dpu-endpoint https://198.18.N.2:9830   (the host's network namespace)
+#     | mutual TLS over a veth pair: 198.18.N.1/30 (host) <-> 198.18.N.2/30 (namespace snapcsi-ID)
+#   snap-csi dpu-agent (in snapcsi-ID) -> plugins.v1 -> sample plugin; JSON-RPC -> SNAP emulator
+#
+# The agent runs in a network namespace of its own (`ip netns exec`), joined
+# to the host's by a veth pair on a /30 of the benchmarking range
+# 198.18.0.0/15 (RFC 2544): 198.18.N.0/30, one that no address or route
+# here touches, picked at random under a lock so that concurrent stacks
+# differ. The plugin and the SNAP emulator stay in the host's namespace: the
+# agent reaches them by UNIX socket (the filesystem is shared), as it does
+# beside them on a DPU.
+# A CA and two certificates are made fresh with openssl in the run's
+# directory: the agent's names the DPU (local-dpu, serverAuth), the node's
+# names the node (local-node, clientAuth).
+#
 # Prints CSI_CONTROLLER_ENDPOINT=, CSI_NODE_ENDPOINT=, KUBELET_DIR= (one per
 # line; then NODE_METRICS=, CONTROLLER_METRICS= and PLUGIN_METRICS=, the
-# Prometheus pages), then READY, and stays in the foreground. SIGINT or SIGTERM stops
-# everything and removes what it created.
+# Prometheus pages; in split mode also DPU_AGENT_ENDPOINT=, AGENT_METRICS=,
+# DPU_NETNS= (the agent's namespace, e.g. for nftables rules that break the
+# link: `ip netns exec NAME nft ...`) and DPU_VETH= (the host's end of the
+# pair)), then READY, and stays in the foreground. SIGINT or SIGTERM stops
+# everything and removes what it created, the namespace and veth pair included.
 #
-# Usage (as root): hack/local-up.sh [--backend aio|nvmf] [--dir DIR] [--profile release|debug] [--no-build]
-#   [--snap-poll-period-us N] [--snap-nvme-pfs N] [--snap-nvme-vfs-per-pf N] [--allow-node-restart]
+# Usage (as root): hack/local-up.sh [--mode colocated|split] [--backend aio|nvmf] [--dir DIR]
+#   [--profile release|debug] [--no-build] [--snap-poll-period-us N] [--snap-nvme-pfs N]
+#   [--snap-nvme-vfs-per-pf N] [--allow-node-restart]
 # The --snap-* options go to the DPU's SNAP emulator only (not the NVMe-oF
 # target): its RPC poller period (8000 reproduces real SPDK's ~8 ms per
 # sequential call) and how many NVMe functions it offers (default 1 PF with 16
@@ -23,6 +44,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
 
+mode=colocated
 backend=aio
 dir=
 profile=release
@@ -31,6 +53,7 @@ snap_args=()
 allow_node_restart=0
 while (($#)); do
   case $1 in
+    --mode) mode=$2; shift 2 ;;
     --backend) backend=$2; shift 2 ;;
     --dir) dir=$2; shift 2 ;;
     --profile) profile=$2; shift 2 ;;
@@ -39,10 +62,11 @@ while (($#)); do
     --snap-nvme-pfs) snap_args+=(--nvme-pfs "$2"); shift 2 ;;
     --snap-nvme-vfs-per-pf) snap_args+=(--nvme-vfs-per-pf "$2"); shift 2 ;;
     --allow-node-restart) allow_node_restart=1; shift ;;
-    -h | --help) sed -n '2,21p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,41p' "$0"; exit 0 ;;
     *) echo "local-up: unknown argument $1" >&2; exit 2 ;;
   esac
 done
+case $mode in colocated | split) ;; *) echo "local-up: --mode must be colocated or split" >&2; exit 2 ;; esac
 case $backend in aio | nvmf) ;; *) echo "local-up: --backend must be aio or nvmf" >&2; exit 2 ;; esac
 case $profile in release | debug) ;; *) echo "local-up: --profile must be release or debug" >&2; exit 2 ;; esac
 
@@ -64,6 +88,8 @@ kubelet=$dir/kubelet
 mkdir -p "$kubelet" "$dir/logs" "$dir/aio-pool"
 
 pids=()
+netns=
+veth=
 cleanup() {
   trap - INT TERM EXIT
   # Best effort from here on: one failed step must not skip the rest.
@@ -74,8 +100,12 @@ cleanup() {
     kill -TERM "${pids[i]}" 2>/dev/null || true
     wait "${pids[i]}" 2>/dev/null || true
   done
+  # Deleting the namespace deletes the veth end in it, and with it the pair;
+  # the host's end goes by name in case the pair never reached the namespace.
+  [ -n "$netns" ] && ip netns delete "$netns" 2>/dev/null
+  [ -n "$veth" ] && ip link delete "$veth" 2>/dev/null
   # Whatever a consumer left mounted under our kubelet directory.
-  grep -o " $kubelet[^ ]*" /proc/self/mountinfo | sort -r | while read -r m; do
+  grep -o " ${kubelet}[^ ]*" /proc/self/mountinfo | sort -r | while read -r m; do
     umount -l "$m"
   done
   rm -rf "$dir"
@@ -92,31 +122,45 @@ start() {
   pids+=($!)
 }
 
+# gave_up WHAT: the stack cannot come up; says why with the logs' tails.
+gave_up() {
+  echo "local-up: $1; logs in $dir/logs" >&2
+  tail -n 20 "$dir"/logs/*.log >&2 || true
+  exit 1
+}
+
 # wait_for_socket PATH: until something answers there (or the process died).
 wait_for_socket() {
   for _ in $(seq 1000); do
     [ -S "$1" ] && return 0
     sleep 0.01
   done
-  echo "local-up: nothing listens on $1; logs in $dir/logs" >&2
-  tail -n 20 "$dir"/logs/*.log >&2 || true
-  exit 1
+  gave_up "nothing listens on $1"
+}
+
+# wait_for_tcp HOST PORT: until something accepts connections there.
+wait_for_tcp() {
+  for _ in $(seq 1000); do
+    (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null && return 0
+    sleep 0.01
+  done
+  gave_up "nothing listens on $1:$2"
 }
 
 rpc() { "$bin/snap-csi" rpc -s "$1" "${@:2}" >/dev/null; }
 
-# The remote NVMe-oF target: a plain SPDK with a pool and an lvstore.
-start target "$bin/snap-emu" --no-snap --socket "$dir/target.sock" --state-dir "$dir/target"
-wait_for_socket "$dir/target.sock"
-truncate -s 8G "$dir/target-pool.img"
-rpc "$dir/target.sock" bdev_aio_create "{\"name\":\"pool0\",\"filename\":\"$dir/target-pool.img\",\"block_size\":4096}"
-rpc "$dir/target.sock" bdev_lvol_create_lvstore '{"bdev_name":"pool0","lvs_name":"lvs0"}'
-# free_port: a loopback TCP port nobody listens on now.
+# free_port: a loopback TCP port nobody listens on now and that this run has
+# not handed out yet. Below the kernel's ephemeral range (32768-60999 by
+# default), so no outgoing connection can take it between this check and
+# the bind (one did, while the bench restarted a node).
+picked_ports=" "
 free_port() {
   local port
   for _ in $(seq 100); do
-    port=$(shuf -i 20000-60000 -n 1)
+    port=$(shuf -i 20000-32000 -n 1)
+    [[ $picked_ports == *" $port "* ]] && continue
     if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+      picked_ports+="$port "
       echo "$port"
       return 0
     fi
@@ -124,6 +168,85 @@ free_port() {
   echo "local-up: no free port found" >&2
   exit 1
 }
+
+# Split mode's link: a namespace and a veth pair on a /30 of 198.18.0.0/15
+# that no address or route of this machine overlaps. The pick and the
+# creation happen under a lock, so that two stacks starting together take
+# different subnets; the lock is released before any process starts, so none
+# inherits it.
+link_up() {
+  local id n lock
+  id=$(od -An -N3 -tx1 /dev/urandom | tr -d ' \n')
+  netns=snapcsi-$id
+  # Interface names have at most 15 characters.
+  veth=snapcsi-${id}h
+  mkdir -p /run/lock
+  exec {lock}>/run/lock/snap-csi-local-up.lock
+  flock "$lock"
+  for n in $(shuf -i 0-255); do
+    subnet=198.18.$n
+    if [ -z "$(ip -4 -o addr show to "$subnet.0/30")" ] &&
+       [ -z "$(ip -4 route show root "$subnet.0/30")" ] &&
+       ! ip -4 route show match "$subnet.0/30" | grep -qv '^default '; then
+      break
+    fi
+    subnet=
+  done
+  if [ -z "$subnet" ]; then
+    exec {lock}>&-
+    echo "local-up: every /30 of 198.18.0.0/24..198.18.255.0/24 is in use here" >&2
+    exit 1
+  fi
+  ip netns add "$netns"
+  ip link add "$veth" type veth peer name "snapcsi-${id}d"
+  ip link set "snapcsi-${id}d" netns "$netns"
+  ip addr add "$subnet.1/30" dev "$veth"
+  ip link set "$veth" up
+  ip -n "$netns" addr add "$subnet.2/30" dev "snapcsi-${id}d"
+  ip -n "$netns" link set "snapcsi-${id}d" up
+  ip -n "$netns" link set lo up
+  exec {lock}>&-
+}
+
+# Split mode's certificates, fresh for this run: a CA (P-256), the agent's
+# certificate naming the DPU for serverAuth, the node's naming the node for
+# clientAuth. Keys are readable by root only.
+make_certificates() {
+  local tls=$dir/tls role name usage
+  mkdir -m 700 "$tls"
+  (
+    umask 077
+    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 7 \
+      -subj "/CN=local-up CA $netns" -keyout "$tls/ca.key" -out "$tls/ca.crt" \
+      -addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign,cRLSign
+    for role in agent:local-dpu:serverAuth node:local-node:clientAuth; do
+      IFS=: read -r role name usage <<<"$role"
+      openssl req -new -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes \
+        -subj "/CN=$name" -keyout "$tls/$role.key" -out "$tls/$role.csr"
+      openssl x509 -req -in "$tls/$role.csr" -CA "$tls/ca.crt" -CAkey "$tls/ca.key" \
+        -set_serial "0x$(od -An -N8 -tx1 /dev/urandom | tr -d ' \n')" -days 7 -out "$tls/$role.crt" \
+        -extfile <(printf '%s\n' "subjectAltName=DNS:$name" "extendedKeyUsage=$usage" \
+          basicConstraints=critical,CA:FALSE keyUsage=critical,digitalSignature)
+      rm "$tls/$role.csr"
+    done
+  ) 2>"$dir/logs/openssl.log" || gave_up "openssl could not make the certificates"
+}
+
+if [ "$mode" = split ]; then
+  link_up
+  make_certificates
+  # The agent's namespace is fresh and its own: the deployment's default
+  # ports are free there.
+  agent_listen=$subnet.2:9830
+  agent_metrics=$subnet.2:9831
+fi
+
+# The remote NVMe-oF target: a plain SPDK with a pool and an lvstore.
+start target "$bin/snap-emu" --no-snap --socket "$dir/target.sock" --state-dir "$dir/target"
+wait_for_socket "$dir/target.sock"
+truncate -s 8G "$dir/target-pool.img"
+rpc "$dir/target.sock" bdev_aio_create "{\"name\":\"pool0\",\"filename\":\"$dir/target-pool.img\",\"block_size\":4096}"
+rpc "$dir/target.sock" bdev_lvol_create_lvstore '{"bdev_name":"pool0","lvs_name":"lvs0"}'
 port=$(free_port)
 node_metrics=127.0.0.1:$(free_port)
 controller_metrics=127.0.0.1:$(free_port)
@@ -154,14 +277,37 @@ start controller "$bin/snap-csi" controller \
   --metrics-address "$controller_metrics"
 wait_for_socket "$dir/controller.sock"
 
+# How the node reaches the DPU attach layer.
+if [ "$mode" = split ]; then
+  start agent ip netns exec "$netns" "$bin/snap-csi" dpu-agent \
+    --listen "https://$agent_listen" \
+    --host-name local-node \
+    --tls-cert "$dir/tls/agent.crt" \
+    --tls-key "$dir/tls/agent.key" \
+    --tls-ca "$dir/tls/ca.crt" \
+    --plugin-socket "$dir/plugin.sock" \
+    --snap-socket-template "$dir/snap.sock" \
+    --metrics-address "$agent_metrics"
+  # From the host's namespace, across the link, as the node will.
+  wait_for_tcp "${agent_listen%:*}" "${agent_listen#*:}"
+  wait_for_tcp "${agent_metrics%:*}" "${agent_metrics#*:}"
+  dpu=(
+    --dpu-endpoint "https://$agent_listen"
+    --dpu-tls-cert "$dir/tls/node.crt"
+    --dpu-tls-key "$dir/tls/node.key"
+    --dpu-tls-ca "$dir/tls/ca.crt"
+  )
+else
+  dpu=(--plugin-socket "$dir/plugin.sock" --snap-socket-template "$dir/snap.sock")
+fi
+
 start node "$bin/snap-csi" node \
   --endpoint "$dir/node.sock" \
   --node-id local-node \
   --kubelet-dir "$kubelet" \
   --state-dir "$dir/node-state" \
   --sysfs-root "$dir/snap/sysfs" \
-  --plugin-socket "$dir/plugin.sock" \
-  --snap-socket-template "$dir/snap.sock" \
+  "${dpu[@]}" \
   --dpu-name local-dpu \
   --metrics-address "$node_metrics"
 wait_for_socket "$dir/node.sock"
@@ -172,6 +318,12 @@ echo "KUBELET_DIR=$kubelet"
 echo "NODE_METRICS=http://$node_metrics/metrics"
 echo "CONTROLLER_METRICS=http://$controller_metrics/metrics"
 echo "PLUGIN_METRICS=http://$plugin_metrics/metrics"
+if [ "$mode" = split ]; then
+  echo "DPU_AGENT_ENDPOINT=https://$agent_listen"
+  echo "AGENT_METRICS=http://$agent_metrics/metrics"
+  echo "DPU_NETNS=$netns"
+  echo "DPU_VETH=$veth"
+fi
 echo "READY"
 
 # Stay up until told to stop, or until a part dies (then stop the rest). With

@@ -6,7 +6,11 @@
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 
-packages=(protobuf-compiler libprotobuf-dev iproute2 nftables libudev-dev pkg-config e2fsprogs xfsprogs util-linux mount fdisk kmod python3-venv)
+packages=(protobuf-compiler libprotobuf-dev nftables libudev-dev pkg-config e2fsprogs xfsprogs util-linux mount fdisk kmod python3-venv)
+
+# local-up's split mode: a network namespace and veth pair (ip), certificates
+# made fresh per run (openssl); a minimal Debian may lack either.
+packages+=(iproute2 openssl)
 
 # Go 1.23 builds csi-sanity (hack/csi-sanity.sh); Debian 12 has it only in
 # bookworm-backports, which is enabled here unless some apt source has it.

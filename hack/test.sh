@@ -4,10 +4,11 @@
 # with a real SPDK built by hack/spdk/build.sh for the suites that need one)
 # and the DPU and node suites again in split mode,
 # the offline checks of the Kubernetes manifests and Dockerfiles, the main job
-# (the whole stack on the emulator, volumes through their life) in debug, the
-# official CSI conformance suite (csi-sanity) on that stack for each backend,
-# and the benchmark on a few volumes in debug: proof that every section still
-# runs and cleans up, not a measurement (that is ./hack/bench.sh, release).
+# (the whole stack on the emulator, volumes through their life; co-located and
+# split) in debug, the official CSI conformance suite (csi-sanity) on that
+# stack for each backend (and in split mode for one), and the benchmark on a
+# few volumes in debug: proof that every section still runs and cleans up, not
+# a measurement (that is ./hack/bench.sh, release).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./hack/setup.sh
@@ -29,6 +30,11 @@ SNAP_CSI_TEST_DPU=split cargo test --locked \
 # csi-sanity (built once from ../shared/third_party, then cached): fails on
 # any failed spec, and on any skip not explained by a capability we lack.
 ./hack/csi-sanity.sh --profile debug
+# csi-sanity again in split mode (the node reaching a DPU agent in its own
+# network namespace over mutual TLS), AIO only: the backend is the plugin's
+# concern, the same in both modes; the node's calls and the link are what
+# split mode changes, and one backend drives all of them.
+./hack/csi-sanity.sh --profile debug --no-build --backend aio -- --mode split
 cargo build --locked -p snap-csi -p snap-emu -p snap-csi-spdk-plugin -p snap-csi-bench
 ./target/debug/snap-csi-bench --profile debug --volumes 2 --poll-volumes 1 --count-volumes 1 \
   --floor-iterations 20 --scale-volumes 8 --concurrency 1,4 --rpc-seconds 0.2 --rpc-repeats 1

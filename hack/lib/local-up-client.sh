@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Starting hack/local-up.sh from another script and reading what it prints;
 # shared by hack/demo.sh and hack/csi-sanity.sh. Source it from a script whose
 # working directory is the repository root (both cd there first).
@@ -5,15 +6,21 @@
 #   local_up_start OUT_DIR [LOCAL-UP-ARGS...]   start the stack, wait for READY,
 #                                               export its endpoints
 #   local_up_stop                               stop it (idempotent; for traps)
-#   local_up_assert_clean STACK_DIR             no loop device, mount or directory left
+#   local_up_assert_clean STACK_DIR             no loop device, mount, directory,
+#                                               network namespace or veth left
 
 # local_up_start OUT_DIR ARGS...: runs `hack/local-up.sh --no-build ARGS...` in
 # the background with its output in OUT_DIR/local-up.{out,err}, waits (60 s at
 # most) for READY, then exports what it printed: CSI_CONTROLLER_ENDPOINT,
-# CSI_NODE_ENDPOINT, KUBELET_DIR, NODE_METRICS, CONTROLLER_METRICS, PLUGIN_METRICS.
+# CSI_NODE_ENDPOINT, KUBELET_DIR, NODE_METRICS, CONTROLLER_METRICS,
+# PLUGIN_METRICS, and in split mode DPU_AGENT_ENDPOINT, AGENT_METRICS,
+# DPU_NETNS and DPU_VETH (unset in co-located mode, also after a split run).
+LOCAL_UP_KEYS='CSI_CONTROLLER_ENDPOINT|CSI_NODE_ENDPOINT|KUBELET_DIR|NODE_METRICS|CONTROLLER_METRICS|PLUGIN_METRICS|DPU_AGENT_ENDPOINT|AGENT_METRICS|DPU_NETNS|DPU_VETH'
 local_up_start() {
   local out=$1
   shift
+  # shellcheck disable=SC2086 # the keys are words separated by |
+  unset ${LOCAL_UP_KEYS//|/ }
   # Made first, so that the wait below never looks before the stack has written.
   : >"$out/local-up.out"
   ./hack/local-up.sh --no-build "$@" >"$out/local-up.out" 2>"$out/local-up.err" &
@@ -33,7 +40,7 @@ local_up_start() {
   fi
   set -a
   # shellcheck disable=SC1090
-  . <(grep -E '^(CSI_CONTROLLER_ENDPOINT|CSI_NODE_ENDPOINT|KUBELET_DIR|NODE_METRICS|CONTROLLER_METRICS|PLUGIN_METRICS)=' "$out/local-up.out")
+  . <(grep -E "^($LOCAL_UP_KEYS)=" "$out/local-up.out")
   set +a
 }
 
@@ -47,14 +54,20 @@ local_up_stop() {
 }
 
 # local_up_assert_clean STACK_DIR: after local_up_stop, fails unless the stack
-# left no loop device, no mount and no directory behind.
+# left no loop device, no mount and no directory behind, nor (split mode) its
+# network namespace or veth pair.
 local_up_assert_clean() {
-  local stack=$1 left mounted
+  local stack=$1 left mounted link=
   left=$( (losetup -a | grep -F "$stack") || true)
   mounted=$( (grep -F "$stack" /proc/self/mountinfo) || true)
-  if [ -n "$left" ] || [ -n "$mounted" ] || [ -e "$stack" ]; then
+  if [ -n "${DPU_NETNS:-}" ]; then
+    link=$( (ip netns list | grep -wF "$DPU_NETNS") || true)
+    # The pair's two ends are named after the namespace.
+    link+=$( (ip -o link show | grep -F "$DPU_NETNS") || true)
+  fi
+  if [ -n "$left" ] || [ -n "$mounted" ] || [ -n "$link" ] || [ -e "$stack" ]; then
     echo "FAIL: left behind:" >&2
-    printf '%s\n' "$left" "$mounted" >&2
+    printf '%s\n' "$left" "$mounted" "$link" >&2
     ls "$stack" >&2 2>/dev/null || true
     return 1
   fi

@@ -18,6 +18,12 @@
 //! dependent round trips, as long as everything else the RPC does (host
 //! work, mkfs, the emulator's own work such as attaching a loop device)
 //! adds up to less than one period: hence a long period (50 ms) for counting.
+//!
+//! Stacks compared with each other (co-located against split) run side by
+//! side, each volume's life on one and then on the other, each going first
+//! in turn, so that background load falls on both alike. On a split stack
+//! the agent's page is read around every node RPC too: the calls that
+//! crossed the link.
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -30,7 +36,7 @@ use tokio::net::UnixStream;
 use crate::csi::{Clients, Kind, Volume};
 use crate::prom::{Outbound, scrape};
 use crate::stack::Stack;
-use crate::stats::{Summary, mean, percentile};
+use crate::stats::{Spread, Summary, mean, percentile};
 
 /// One timed RPC and the outbound calls made while it ran.
 #[derive(Debug, Clone, Copy)]
@@ -38,6 +44,20 @@ struct Step {
     latency: Duration,
     node: Outbound,
     plugin: Outbound,
+    /// The DPU agent's (split mode; zero otherwise).
+    agent: Outbound,
+}
+
+impl Step {
+    /// The DPU attach layer's outbound calls: the node's co-located, the
+    /// agent's in split mode (the other is zero).
+    fn layer(&self) -> Outbound {
+        if self.agent.served_calls > 0.0 {
+            self.agent
+        } else {
+            self.node
+        }
+    }
 }
 
 /// One RPC kind over all volumes.
@@ -49,7 +69,9 @@ pub struct Row {
     /// period)` over the calls, each started right after a poll tick.
     pub dependent_round_trips: Option<f64>,
     pub dependent_round_trips_max: Option<f64>,
-    /// Means per call (node RPCs only; zero for the controller's).
+    /// Means per call (node RPCs only; zero for the controller's). The
+    /// node's SNAP and plugin calls are the DPU attach layer's: the node's
+    /// co-located, the agent's in split mode.
     pub node_snap_calls: f64,
     pub plugin_snap_calls: f64,
     pub node_plugin_calls: f64,
@@ -65,6 +87,10 @@ pub struct Row {
     /// Per call: the node's own work, by its own measure: served time minus
     /// the time any SNAP call, plugin call or host work was in progress.
     pub node_outside_calls: Summary,
+    /// Split mode, per call: the node's calls to the DPU agent, and the
+    /// calls the agent served (both zero co-located).
+    pub link_calls: Spread,
+    pub agent_calls: Spread,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -143,16 +169,24 @@ impl Ticks {
 }
 
 impl Recorder<'_> {
-    async fn pages(&self) -> anyhow::Result<(Outbound, Outbound)> {
-        let (node, plugin) = tokio::try_join!(
+    /// The node's, the plugin's and (split mode) the agent's pages.
+    async fn pages(&self) -> anyhow::Result<[Outbound; 3]> {
+        let agent = async {
+            match &self.stack.split {
+                Some(link) => Ok(Outbound::of(&scrape(&link.metrics).await?)),
+                None => Ok(Outbound::default()),
+            }
+        };
+        let (node, plugin, agent) = tokio::try_join!(
             scrape(&self.stack.node_metrics),
-            scrape(&self.stack.plugin_metrics)
+            scrape(&self.stack.plugin_metrics),
+            agent
         )?;
-        Ok((Outbound::of(&node), Outbound::of(&plugin)))
+        Ok([Outbound::of(&node), Outbound::of(&plugin), agent])
     }
 
     async fn node(&mut self, row: &str, op: Op, volume: &Volume) -> anyhow::Result<()> {
-        let (node_before, plugin_before) = self.pages().await?;
+        let before = self.pages().await?;
         if let Some(ticks) = &mut self.ticks {
             ticks.next().await?;
         }
@@ -164,13 +198,14 @@ impl Recorder<'_> {
             Op::Unstage => self.clients.unstage(volume).await?,
         }
         let latency = started.elapsed();
-        let (node_after, plugin_after) = self.pages().await?;
+        let [node, plugin, agent] = self.pages().await?;
         self.steps.push((
             row.to_string(),
             Step {
                 latency,
-                node: node_after.since(&node_before),
-                plugin: plugin_after.since(&plugin_before),
+                node: node.since(&before[0]),
+                plugin: plugin.since(&before[1]),
+                agent: agent.since(&before[2]),
             },
         ));
         Ok(())
@@ -183,6 +218,7 @@ impl Recorder<'_> {
                 latency,
                 node: Outbound::default(),
                 plugin: Outbound::default(),
+                agent: Outbound::default(),
             },
         ));
     }
@@ -249,72 +285,119 @@ pub async fn run(
     prefix: &str,
     count_period: Option<Duration>,
 ) -> anyhow::Result<Vec<Row>> {
-    let ticks = match count_period {
-        Some(_) => Some(Ticks::connect(&stack.snap_socket()).await?),
-        None => None,
-    };
-    let mut recorder = Recorder {
-        stack,
-        clients: clients.clone(),
-        steps: Vec::new(),
-        ticks,
-    };
-    for i in 0..volumes {
-        recorder
-            .block(&format!("{prefix}-block-{i}"), size_mib)
-            .await?;
-        recorder
-            .filesystem(&format!("{prefix}-{fs}-{i}"), fs, size_mib)
-            .await?;
+    let mut rows = side_by_side(
+        &[(stack, clients)],
+        volumes,
+        fs,
+        size_mib,
+        prefix,
+        count_period,
+    )
+    .await?;
+    Ok(rows.remove(0))
+}
+
+/// [`run`] on several stacks at once, the volumes alternating between them;
+/// the rows of each stack, in the order given.
+pub async fn side_by_side(
+    stacks: &[(&Stack, &Clients)],
+    volumes: usize,
+    fs: &str,
+    size_mib: i64,
+    prefix: &str,
+    count_period: Option<Duration>,
+) -> anyhow::Result<Vec<Vec<Row>>> {
+    let mut recorders = Vec::new();
+    for (stack, clients) in stacks {
+        let ticks = match count_period {
+            Some(_) => Some(Ticks::connect(&stack.snap_socket()).await?),
+            None => None,
+        };
+        recorders.push(Recorder {
+            stack,
+            clients: (*clients).clone(),
+            steps: Vec::new(),
+            ticks,
+        });
     }
-    Ok(row_names(fs)
-        .into_iter()
-        .map(|name| {
-            let steps: Vec<Step> = recorder
-                .steps
-                .iter()
-                .filter(|(row, _)| *row == name)
-                .map(|(_, step)| *step)
-                .collect();
-            let of = |f: fn(&Step) -> f64| mean(&steps.iter().map(f).collect::<Vec<_>>());
-            let node_rpc = steps
-                .iter()
-                .any(|s| s.node.snap_calls + s.node.plugin_calls > 0.0)
-                || name.starts_with("Node");
-            let rounds: Option<Vec<f64>> = count_period.filter(|_| node_rpc).map(|p| {
-                steps
-                    .iter()
-                    .map(|s| (s.latency.as_secs_f64() / p.as_secs_f64()).floor())
-                    .collect()
-            });
-            Row {
-                latency: Summary::of(&steps.iter().map(|s| s.latency).collect::<Vec<_>>()),
-                dependent_round_trips: rounds.as_ref().map(|r| percentile_of(r, 0.5)),
-                dependent_round_trips_max: rounds
-                    .as_ref()
-                    .map(|r| r.iter().copied().fold(0.0, f64::max)),
-                node_snap_calls: of(|s| s.node.snap_calls),
-                plugin_snap_calls: of(|s| s.plugin.snap_calls),
-                node_plugin_calls: of(|s| s.node.plugin_calls),
-                max_snap_calls: steps
-                    .iter()
-                    .map(|s| s.node.snap_calls + s.plugin.snap_calls)
-                    .fold(0.0, f64::max),
-                node_snap_wait_ms: of(|s| s.node.snap_seconds * 1e3),
-                node_plugin_wait_ms: of(|s| s.node.plugin_seconds * 1e3),
-                node_host_wait_ms: of(|s| s.node.host_seconds * 1e3),
-                node_served_ms: of(|s| s.node.served_seconds * 1e3),
-                node_outside_calls: Summary::of_ms(
-                    &steps
-                        .iter()
-                        .filter(|s| s.node.served_seconds > 0.0)
-                        .map(|s| s.node.own_seconds * 1e3)
-                        .collect::<Vec<_>>(),
-                ),
-                rpc: name,
-            }
-        })
+    let n = recorders.len();
+    for i in 0..volumes {
+        for k in 0..n {
+            recorders[(i + k) % n]
+                .block(&format!("{prefix}-block-{i}"), size_mib)
+                .await?;
+        }
+        for k in 0..n {
+            recorders[(i + k) % n]
+                .filesystem(&format!("{prefix}-{fs}-{i}"), fs, size_mib)
+                .await?;
+        }
+    }
+    Ok(recorders
+        .iter()
+        .map(|recorder| recorder.rows(fs, count_period))
         .collect())
+}
+
+impl Recorder<'_> {
+    /// One row per RPC kind of what was recorded.
+    fn rows(&self, fs: &str, count_period: Option<Duration>) -> Vec<Row> {
+        row_names(fs)
+            .into_iter()
+            .map(|name| {
+                let steps: Vec<Step> = self
+                    .steps
+                    .iter()
+                    .filter(|(row, _)| *row == name)
+                    .map(|(_, step)| *step)
+                    .collect();
+                summarise(name, &steps, count_period)
+            })
+            .collect()
+    }
+}
+
+fn summarise(name: String, steps: &[Step], count_period: Option<Duration>) -> Row {
+    let values = |f: fn(&Step) -> f64| steps.iter().map(f).collect::<Vec<_>>();
+    let of = |f: fn(&Step) -> f64| mean(&values(f));
+    let node_rpc = steps
+        .iter()
+        .any(|s| s.node.snap_calls + s.node.plugin_calls > 0.0)
+        || name.starts_with("Node");
+    let rounds: Option<Vec<f64>> = count_period.filter(|_| node_rpc).map(|p| {
+        steps
+            .iter()
+            .map(|s| (s.latency.as_secs_f64() / p.as_secs_f64()).floor())
+            .collect()
+    });
+    Row {
+        latency: Summary::of(&steps.iter().map(|s| s.latency).collect::<Vec<_>>()),
+        dependent_round_trips: rounds.as_ref().map(|r| percentile_of(r, 0.5)),
+        dependent_round_trips_max: rounds
+            .as_ref()
+            .map(|r| r.iter().copied().fold(0.0, f64::max)),
+        node_snap_calls: of(|s| s.layer().snap_calls),
+        plugin_snap_calls: of(|s| s.plugin.snap_calls),
+        node_plugin_calls: of(|s| s.layer().plugin_calls),
+        max_snap_calls: steps
+            .iter()
+            .map(|s| s.layer().snap_calls + s.plugin.snap_calls)
+            .fold(0.0, f64::max),
+        node_snap_wait_ms: of(|s| s.layer().snap_seconds * 1e3),
+        node_plugin_wait_ms: of(|s| s.layer().plugin_seconds * 1e3),
+        node_host_wait_ms: of(|s| s.node.host_seconds * 1e3),
+        node_served_ms: of(|s| s.node.served_seconds * 1e3),
+        node_outside_calls: Summary::of_ms(
+            &steps
+                .iter()
+                .filter(|s| s.node.served_seconds > 0.0)
+                .map(|s| s.node.own_seconds * 1e3)
+                .collect::<Vec<_>>(),
+        ),
+        link_calls: Spread::of(&values(|s| s.node.link_calls)),
+        agent_calls: Spread::of(&values(|s| s.agent.served_calls)),
+        rpc: name,
+    }
 }
 
 fn percentile_of(values: &[f64], q: f64) -> f64 {

@@ -17,10 +17,13 @@
 //! Stacks, one after the other: a (default emulator) for 1, 2, 3 and 6; b
 //! (poller at 8 ms) for 3 and 6; b2 (poller at 50 ms) to count dependent
 //! round trips; c (an NVMe function for every scale volume) for 4 and 5; d
-//! (c with the poller at 8 ms) for 4 again. Each is stopped and checked for
-//! leftovers (loop devices, mounts, its directory) before the next starts;
-//! Ctrl-C or an error drops the running one, which stops it. Run as root:
-//! `./hack/bench.sh`.
+//! (c with the poller at 8 ms) for 4 again. b, c and d each have a split
+//! twin (`b-split`, ...: the node reaching a DPU agent over mutual TLS, see
+//! `split.rs`) up beside them, the work alternating between the two
+//! (`--no-split` leaves them out). Each is stopped and checked for
+//! leftovers (loop devices, mounts, its directory, a split stack's network
+//! namespace and veth) before the next starts; Ctrl-C or an error drops the
+//! running ones, which stops them. Run as root: `./hack/bench.sh`.
 
 mod csi;
 mod floors;
@@ -28,8 +31,10 @@ mod latency;
 mod memory;
 mod prom;
 mod report;
+mod rounds;
 mod rpc;
 mod scale;
+mod split;
 mod stack;
 mod stats;
 mod table;
@@ -60,8 +65,10 @@ pub struct Args {
     /// The emulator's RPC poller period for the poller-on runs (µs).
     #[arg(long, default_value_t = 8000)]
     pub poll_period_us: u64,
-    /// Volumes of each kind for the poller-on latency run.
-    #[arg(long, default_value_t = 8)]
+    /// Volumes of each kind for the poller-on latency run (and its split
+    /// twin: a call starts at a random phase of the poller, so p50 needs
+    /// samples).
+    #[arg(long, default_value_t = 32)]
     pub poll_volumes: usize,
     /// The poller period for counting dependent SNAP round trips (µs): long,
     /// so that host work and the emulator's own work fit in one period.
@@ -80,6 +87,10 @@ pub struct Args {
     /// Size of each scale-section volume in MiB.
     #[arg(long, default_value_t = 64)]
     pub scale_size_mib: i64,
+    /// Rounds at each concurrency level on each scale stack (pooled; with
+    /// split twins each pair runs in turn: co-located, split, split, co-located).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..))]
+    pub scale_repeats: u32,
     /// Concurrency levels of the scale section, comma separated.
     #[arg(long, value_delimiter = ',', default_value = "1,8,64")]
     pub concurrency: Vec<usize>,
@@ -92,6 +103,9 @@ pub struct Args {
     /// Skip section 4's second run, with the emulator's poller on.
     #[arg(long)]
     pub no_scale_poll: bool,
+    /// Skip the split-mode twins of the stacks of sections 3, 4 and 5.
+    #[arg(long)]
+    pub no_split: bool,
     /// Sections to run (1-6), comma separated.
     #[arg(long, value_delimiter = ',', default_value = "1,2,3,4,5,6")]
     pub sections: Vec<u8>,
@@ -144,11 +158,16 @@ async fn start(
 /// Stops `stack` and records what it left behind (an error if anything).
 fn stop(stack: Stack, report: &mut Report) -> anyhow::Result<()> {
     let name = stack.name.clone();
+    let what = if stack.split.is_some() {
+        "loop device, mount, directory, network namespace or veth"
+    } else {
+        "loop device, mount or directory"
+    };
     let left = stack.stop();
     if left.0.is_empty() {
-        report.cleanup.push(format!(
-            "stack {name}: stopped; no loop device, mount or directory left"
-        ));
+        report
+            .cleanup
+            .push(format!("stack {name}: stopped; no {what} left"));
         Ok(())
     } else {
         report.cleanup.extend(left.0.iter().cloned());
@@ -223,21 +242,7 @@ async fn run(args: &Args, work: &Work, report: &mut Report) -> anyhow::Result<()
         let stack = start(args, work, "b", &options).await?;
         let clients = csi::Clients::connect(&stack.controller, &stack.node).await?;
         if args.wants(3) {
-            eprintln!(
-                "bench: section 3: {} volumes of each kind with the poller at {} us",
-                args.poll_volumes, args.poll_period_us
-            );
-            let rows = latency::run(
-                &stack,
-                &clients,
-                args.poll_volumes,
-                &args.fs,
-                args.size_mib,
-                "poll",
-                None,
-            )
-            .await?;
-            report.poll = Some(rows);
+            poll_latency(args, work, report, &stack, &clients, &options).await?;
         }
         if args.wants(6) {
             // The comparison the SPDK reference makes: with the poller on,
@@ -281,180 +286,73 @@ async fn run(args: &Args, work: &Work, report: &mut Report) -> anyhow::Result<()
         .await?;
         report.counted = Some(rows);
         report.print_poll();
+        report.print_split_poll();
         report.save(args)?;
         drop(clients);
         stop(stack, report)?;
     }
     if args.wants(4) || args.wants(5) {
-        scale_and_memory(args, work, report).await?;
+        rounds::scale_and_memory(args, work, report).await?;
     }
     if args.wants(4) && !args.no_scale_poll {
-        scale_with_poller(args, work, report).await?;
+        rounds::scale_with_poller(args, work, report).await?;
     }
     Ok(())
 }
 
-/// A stack whose DPU emulator has an NVMe function for every scale volume
-/// (two PFs, with a few functions spare).
-fn scale_options(args: &Args, poll_period_us: u64) -> anyhow::Result<StackOptions> {
-    let pfs = 2u32;
-    let functions = u32::try_from(args.scale_volumes + 8)?;
-    let vfs = functions.div_ceil(pfs).saturating_sub(1).max(1);
-    Ok(StackOptions {
-        nvme_functions: Some((pfs, vfs)),
-        poll_period_us,
-    })
-}
-
-/// The first half of a scale round: every volume created, then staged and
-/// published at `concurrency`, timed, with the node's metrics around it.
-struct Staged {
-    volumes: Vec<csi::Volume>,
-    create_wall: std::time::Duration,
-    times: Vec<(std::time::Duration, std::time::Duration)>,
-    wall: std::time::Duration,
-    node: prom::Outbound,
-    methods: std::collections::BTreeMap<String, (f64, f64)>,
-}
-
-async fn stage_round(
+/// Section 3 with the poller on: stack b's rows and, unless `--no-split`,
+/// those of its split twin, the volumes alternating between the two; the
+/// twin's TLS handshakes over its whole life.
+async fn poll_latency(
     args: &Args,
+    work: &Work,
+    report: &mut Report,
     stack: &Stack,
     clients: &csi::Clients,
-    concurrency: usize,
-    prefix: &str,
-) -> anyhow::Result<Staged> {
-    let (volumes, create_wall) = scale::create(
-        clients,
-        &stack.kubelet,
-        &format!("{prefix}-c{concurrency}"),
-        args.scale_volumes,
-        args.scale_size_mib,
-    )
-    .await?;
-    let before = prom::scrape(&stack.node_metrics).await?;
-    let (times, wall) = scale::stage_publish(clients, &volumes, concurrency).await?;
-    let after = prom::scrape(&stack.node_metrics).await?;
-    Ok(Staged {
-        node: prom::Outbound::of(&after).since(&prom::Outbound::of(&before)),
-        methods: scale::method_means(&before, &after, volumes.len()),
-        volumes,
-        create_wall,
-        times,
-        wall,
-    })
-}
-
-/// The second half: unpublish and unstage at the same concurrency, delete.
-async fn teardown_round(
-    clients: &csi::Clients,
-    staged: Staged,
-    concurrency: usize,
-) -> anyhow::Result<scale::Round> {
-    let teardown_wall = scale::teardown(clients, &staged.volumes, concurrency).await?;
-    scale::delete(clients, &staged.volumes).await?;
-    Ok(scale::summarise(
-        concurrency,
-        staged.create_wall,
-        &staged.times,
-        staged.wall,
-        &staged.node,
-        teardown_wall,
-        staged.methods,
-    ))
-}
-
-/// Speed-ups over the round at concurrency 1, if there is one.
-fn speedups(rounds: &mut [scale::Round]) {
-    if let Some(base) = rounds
-        .iter()
-        .find(|r| r.concurrency == 1)
-        .map(|r| r.volumes_per_s)
-    {
-        for round in rounds {
-            round.speedup = Some(round.volumes_per_s / base);
-        }
-    }
-}
-
-/// Sections 4 and 5 on a stack with enough NVMe functions for every
-/// volume at once: idle memory first, then each concurrency round; in the
-/// last round, with every volume staged, the memory again and the node's
-/// restart.
-async fn scale_and_memory(args: &Args, work: &Work, report: &mut Report) -> anyhow::Result<()> {
-    let mut stack = start(args, work, "c", &scale_options(args, 0)?).await?;
-    let mut memory = memory::Memory::default();
-    if args.wants(5) {
-        memory.node_idle = memory::rss(memory::find("node", &stack.node_socket())?)?;
-        memory.proxy_idle = memory::rss(memory::find("controller", &stack.controller_socket())?)?;
-    }
-    let rounds: Vec<usize> = if args.wants(4) {
-        args.concurrency.clone()
-    } else {
-        vec![8]
-    };
-    let mut clients = csi::Clients::connect(&stack.controller, &stack.node).await?;
-    let mut results = Vec::new();
-    for (index, &concurrency) in rounds.iter().enumerate() {
-        eprintln!(
-            "bench: section 4: {} block volumes at concurrency {concurrency}",
-            args.scale_volumes
-        );
-        let staged = stage_round(args, &stack, &clients, concurrency, "scale").await?;
-        if args.wants(5) && index + 1 == rounds.len() {
-            memory.staged_volumes = staged.volumes.len();
-            memory.node_staged = memory::rss(memory::find("node", &stack.node_socket())?)?;
-            memory.proxy_staged =
-                memory::rss(memory::find("controller", &stack.controller_socket())?)?;
-            eprintln!(
-                "bench: section 5: restarting the node with {} volumes staged",
-                staged.volumes.len()
-            );
-            let (ready, pid) = memory::restart_node(&mut stack, work.dir.path()).await?;
-            memory.restart_ready_ms = Some(ready.as_secs_f64() * 1e3);
-            memory.node_restarted = Some(memory::rss(pid)?);
-            // The old connection went with the old process.
-            clients = csi::Clients::connect(&stack.controller, &stack.node).await?;
-            results.push(teardown_round(&clients, staged, concurrency).await?);
-            memory.node_restarted_after_teardown = Some(memory::rss(pid)?);
+    options: &StackOptions,
+) -> anyhow::Result<()> {
+    eprintln!(
+        "bench: section 3: {} volumes of each kind with the poller at {} us{}",
+        args.poll_volumes,
+        args.poll_period_us,
+        if args.no_split {
+            ""
         } else {
-            results.push(teardown_round(&clients, staged, concurrency).await?);
+            ", co-located and split side by side"
         }
+    );
+    let twin = if args.no_split {
+        None
+    } else {
+        let split = StackOptions {
+            split: true,
+            ..options.clone()
+        };
+        let twin = start(args, work, "b-split", &split).await?;
+        let clients = csi::Clients::connect(&twin.controller, &twin.node).await?;
+        Some((twin, clients))
+    };
+    let mut stacks = vec![(stack, clients)];
+    stacks.extend(twin.as_ref().map(|(stack, clients)| (stack, clients)));
+    let mut rows = latency::side_by_side(
+        &stacks,
+        args.poll_volumes,
+        &args.fs,
+        args.size_mib,
+        "poll",
+        None,
+    )
+    .await?
+    .into_iter();
+    report.poll = rows.next();
+    report.split.poll = rows.next();
+    if let Some((twin, clients)) = twin {
+        report.split.poll_handshakes =
+            Some(split::handshakes(&twin, "section 3, its whole life").await?);
+        drop(clients);
+        stop(twin, report)?;
     }
-    speedups(&mut results);
-    if args.wants(4) {
-        report.scale = Some(results);
-        report.print_scale();
-    }
-    if args.wants(5) {
-        report.memory = Some(memory);
-        report.print_memory();
-    }
-    report.save(args)?;
-    drop(clients);
-    stop(stack, report)
-}
-
-/// Section 4 again with the DPU emulator's poller on: what the rounds look
-/// like when SNAP answers as real SPDK does.
-async fn scale_with_poller(args: &Args, work: &Work, report: &mut Report) -> anyhow::Result<()> {
-    let stack = start(args, work, "d", &scale_options(args, args.poll_period_us)?).await?;
-    let clients = csi::Clients::connect(&stack.controller, &stack.node).await?;
-    let mut results = Vec::new();
-    for &concurrency in &args.concurrency {
-        eprintln!(
-            "bench: section 4: {} block volumes at concurrency {concurrency}, poller at {} us",
-            args.scale_volumes, args.poll_period_us
-        );
-        let staged = stage_round(args, &stack, &clients, concurrency, "scalepoll").await?;
-        results.push(teardown_round(&clients, staged, concurrency).await?);
-    }
-    speedups(&mut results);
-    report.scale_poll = Some(results);
-    report.print_scale_poll();
-    report.save(args)?;
-    drop(clients);
-    stop(stack, report)
+    Ok(())
 }
 
 /// Effective uid 0, from /proc (nix's `geteuid` needs a feature the rest of

@@ -1,13 +1,14 @@
-//! Section 5: the node's and the proxy's memory (peak RSS, VmHWM), and how
-//! long a restarted node takes to answer Probe ready with many volumes
-//! staged.
+//! Section 5: the node's and the proxy's memory (peak RSS, VmHWM), in split
+//! mode the DPU agent's, and how long a restarted node takes to answer
+//! Probe ready with many volumes staged.
 //!
-//! local-up runs the node and the proxy; the bench finds them by their
-//! command lines (the binary `snap-csi`, the subcommand, and `--endpoint`
-//! naming this stack's socket), so no other process can be mistaken for
-//! them. The restart replays the node's own command line.
+//! local-up runs the node, the proxy and the agent; the bench finds them by
+//! their command lines (the binary `snap-csi`, the subcommand, and
+//! `--endpoint` naming this stack's socket, or the agent's `--listen`
+//! naming its address), so no other process can be mistaken for them. The
+//! restart replays the node's own command line.
 
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::OsStringExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -33,14 +34,17 @@ pub struct Rss {
     pub threads: f64,
 }
 
-/// Everything section 5 reports.
+/// Everything section 5 reports, for one stack.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Memory {
     pub node_idle: Rss,
     pub proxy_idle: Rss,
+    /// Split mode: the DPU agent.
+    pub agent_idle: Option<Rss>,
     pub staged_volumes: usize,
     pub node_staged: Rss,
     pub proxy_staged: Rss,
+    pub agent_staged: Option<Rss>,
     /// Node process start to Probe ready, with `staged_volumes` staged.
     pub restart_ready_ms: Option<f64>,
     /// The replacement node right after it was ready, and after teardown.
@@ -59,9 +63,51 @@ fn cmdline(pid: i32) -> Option<Vec<OsString>> {
     )
 }
 
-/// The `snap-csi <subcommand>` process serving `socket`.
-pub fn find(subcommand: &str, socket: &Path) -> anyhow::Result<i32> {
-    let socket = socket.as_os_str();
+impl Memory {
+    /// The stack's processes right after start.
+    pub fn idle(stack: &Stack) -> anyhow::Result<Memory> {
+        let (node, proxy, agent) = processes(stack)?;
+        Ok(Memory {
+            node_idle: node,
+            proxy_idle: proxy,
+            agent_idle: agent,
+            ..Memory::default()
+        })
+    }
+
+    /// The stack's processes with `volumes` staged.
+    pub fn staged(&mut self, stack: &Stack, volumes: usize) -> anyhow::Result<()> {
+        let (node, proxy, agent) = processes(stack)?;
+        self.staged_volumes = volumes;
+        self.node_staged = node;
+        self.proxy_staged = proxy;
+        self.agent_staged = agent;
+        Ok(())
+    }
+}
+
+/// The memory of the stack's node, proxy and (split mode) agent.
+fn processes(stack: &Stack) -> anyhow::Result<(Rss, Rss, Option<Rss>)> {
+    let node = rss(find("node", "--endpoint", stack.node_socket().as_os_str())?)?;
+    let proxy = rss(find(
+        "controller",
+        "--endpoint",
+        stack.controller_socket().as_os_str(),
+    )?)?;
+    let agent = match &stack.split {
+        Some(link) => Some(rss(find(
+            "dpu-agent",
+            "--listen",
+            OsStr::new(&link.endpoint),
+        )?)?),
+        None => None,
+    };
+    Ok((node, proxy, agent))
+}
+
+/// The `snap-csi <subcommand>` process started with `flag value` (its
+/// socket, its listen address).
+fn find(subcommand: &str, flag: &str, value: &OsStr) -> anyhow::Result<i32> {
     let mut found = Vec::new();
     for entry in std::fs::read_dir("/proc")? {
         let Ok(pid) = entry?.file_name().to_string_lossy().parse::<i32>() else {
@@ -72,9 +118,7 @@ pub fn find(subcommand: &str, socket: &Path) -> anyhow::Result<i32> {
             .first()
             .and_then(|a| Path::new(a).file_name())
             .is_some_and(|name| name == "snap-csi");
-        let serves = args
-            .windows(2)
-            .any(|w| w[0] == "--endpoint" && w[1] == socket);
+        let serves = args.windows(2).any(|w| w[0] == flag && w[1] == value);
         if binary && args.get(1).is_some_and(|a| a == subcommand) && serves {
             found.push(pid);
         }
@@ -82,12 +126,12 @@ pub fn find(subcommand: &str, socket: &Path) -> anyhow::Result<i32> {
     match found[..] {
         [pid] => Ok(pid),
         [] => bail!(
-            "no snap-csi {subcommand} serves {}",
-            socket.to_string_lossy()
+            "no snap-csi {subcommand} runs with {flag} {}",
+            value.to_string_lossy()
         ),
         _ => bail!(
-            "several snap-csi {subcommand} processes serve {}: {found:?}",
-            socket.to_string_lossy()
+            "several snap-csi {subcommand} processes run with {flag} {}: {found:?}",
+            value.to_string_lossy()
         ),
     }
 }
@@ -131,7 +175,7 @@ fn exited(pid: i32) -> bool {
 /// from the new process's start to its first Probe answering ready.
 pub async fn restart_node(stack: &mut Stack, logs: &Path) -> anyhow::Result<(Duration, i32)> {
     let socket = stack.node_socket();
-    let pid = find("node", &socket)?;
+    let pid = find("node", "--endpoint", socket.as_os_str())?;
     let args = cmdline(pid).context("the node vanished")?;
     kill(Pid::from_raw(pid), Signal::SIGTERM)?;
     let stopping = Instant::now();
@@ -141,7 +185,7 @@ pub async fn restart_node(stack: &mut Stack, logs: &Path) -> anyhow::Result<(Dur
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    let log = std::fs::File::create(logs.join("node-restarted.log"))?;
+    let log = std::fs::File::create(logs.join(format!("node-restarted-{}.log", stack.name)))?;
     let started = Instant::now();
     let child = Command::new(&args[0])
         .args(&args[1..])

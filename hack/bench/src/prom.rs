@@ -1,6 +1,8 @@
 //! Scraping a Prometheus page and reading the outbound-call metrics the
 //! node and the plugin keep, so that the bench can say how many SNAP and
-//! plugin calls one node RPC made and how long they took.
+//! plugin calls one node RPC made and how long they took; in split mode
+//! also the node's calls to the DPU agent, the calls the agent served, and
+//! the TLS handshakes on the link.
 
 use anyhow::{Context, bail};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -155,6 +157,12 @@ pub struct Outbound {
     /// The part of it no outbound call or host work was in progress: the
     /// process's own work, as it measures it.
     pub own_seconds: f64,
+    /// Calls to the DPU agent (the node, split mode).
+    pub link_calls: f64,
+    /// gRPC calls served (the agent's: calls that crossed the link).
+    pub served_calls: f64,
+    /// TLS handshakes completed on the DPU link, either role.
+    pub handshakes: f64,
 }
 
 impl Outbound {
@@ -174,6 +182,9 @@ impl Outbound {
             host_seconds: seconds("host"),
             served_seconds: page.sum("snap_csi_grpc_request_duration_seconds_sum", &[]),
             own_seconds: page.sum("snap_csi_grpc_request_own_seconds_sum", &[]),
+            link_calls: calls("dpu-agent"),
+            served_calls: page.sum("snap_csi_grpc_requests_total", &[]),
+            handshakes: page.sum("snap_csi_tls_handshakes_total", &[("outcome", "ok")]),
         }
     }
 
@@ -187,6 +198,9 @@ impl Outbound {
             host_seconds: self.host_seconds - before.host_seconds,
             served_seconds: self.served_seconds - before.served_seconds,
             own_seconds: self.own_seconds - before.own_seconds,
+            link_calls: self.link_calls - before.link_calls,
+            served_calls: self.served_calls - before.served_calls,
+            handshakes: self.handshakes - before.handshakes,
         }
     }
 }
@@ -204,11 +218,18 @@ mod tests {
             "snap_csi_outbound_requests_total{target=\"plugin\",method=\"c\",outcome=\"ok\"} 2\n",
             "snap_csi_outbound_request_duration_seconds_sum{target=\"snap\",method=\"a\"} 0.5\n",
             "snap_csi_outbound_request_duration_seconds_bucket{le=\"0.1\",target=\"snap\",method=\"a\"} 1\n",
+            "snap_csi_outbound_requests_total{target=\"dpu-agent\",method=\"Attach\",outcome=\"ok\"} 5\n",
+            "snap_csi_grpc_requests_total{method=\"DpuAgent/Attach\",code=\"Ok\"} 7\n",
+            "snap_csi_tls_handshakes_total{role=\"client\",outcome=\"ok\"} 1\n",
+            "snap_csi_tls_handshakes_total{role=\"client\",outcome=\"refused\"} 2\n",
             "# EOF\n"
         ));
         let out = Outbound::of(&page);
         assert_eq!(out.snap_calls, 4.0);
         assert_eq!(out.plugin_calls, 2.0);
         assert_eq!(out.snap_seconds, 0.5);
+        assert_eq!(out.link_calls, 5.0);
+        assert_eq!(out.served_calls, 7.0);
+        assert_eq!(out.handshakes, 1.0);
     }
 }

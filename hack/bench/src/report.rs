@@ -5,9 +5,10 @@ use serde::Serialize;
 use crate::Args;
 use crate::floors::Floors;
 use crate::latency::Row;
-use crate::memory::Memory;
+use crate::memory::{Memory, Rss};
 use crate::rpc::Level;
-use crate::scale::Round;
+use crate::scale::{Round, pooled_rate};
+use crate::split::Split;
 use crate::table::{Table, ms, num};
 
 /// One design target and whether this run met it.
@@ -48,6 +49,7 @@ pub struct Settings {
     pub poll_period_us: u64,
     pub poll_volumes: usize,
     pub scale_volumes: usize,
+    pub scale_repeats: u32,
     pub scale_size_mib: i64,
     pub count_period_us: u64,
     pub count_volumes: usize,
@@ -78,6 +80,8 @@ pub struct Report {
     pub jsonrpc: Option<Vec<Level>>,
     /// Section 6 with the emulator's poller on (section 3's period).
     pub jsonrpc_poll: Option<Vec<Level>>,
+    /// Sections 3, 4 and 5 in split mode.
+    pub split: Split,
     pub targets: Vec<Target>,
     pub cleanup: Vec<String>,
 }
@@ -92,6 +96,7 @@ impl Report {
                 poll_period_us: args.poll_period_us,
                 poll_volumes: args.poll_volumes,
                 scale_volumes: args.scale_volumes,
+                scale_repeats: args.scale_repeats,
                 scale_size_mib: args.scale_size_mib,
                 count_period_us: args.count_period_us,
                 count_volumes: args.count_volumes,
@@ -108,6 +113,7 @@ impl Report {
             memory: None,
             jsonrpc: None,
             jsonrpc_poll: None,
+            split: Split::default(),
             targets: Vec::new(),
             cleanup: Vec::new(),
         }
@@ -414,9 +420,8 @@ impl Report {
         };
         println!();
         println!("5. Memory (MiB; peak = VmHWM, now = VmRSS) and node restart");
-        let mut table = Table::new(&["process", "when", "peak", "now", "threads"]);
         let staged = format!("{} volumes staged", m.staged_volumes);
-        for (process, when, rss) in [
+        print_memory_table(&[
             ("node", "idle, after start", Some(m.node_idle)),
             ("proxy", "idle, after start", Some(m.proxy_idle)),
             ("node", staged.as_str(), Some(m.node_staged)),
@@ -431,18 +436,7 @@ impl Report {
                 "after teardown",
                 m.node_restarted_after_teardown,
             ),
-        ] {
-            if let Some(rss) = rss {
-                table.row(vec![
-                    process.to_string(),
-                    when.to_string(),
-                    format!("{:.1}", rss.peak_mib),
-                    format!("{:.1}", rss.now_mib),
-                    num(rss.threads),
-                ]);
-            }
-        }
-        table.print();
+        ]);
         if let Some(ready) = m.restart_ready_ms {
             println!(
                 "   node restart (SIGTERM, same command line) with {} volumes staged: process start to Probe ready in {} ms",
@@ -573,12 +567,7 @@ impl Report {
         }
         for (rounds, how) in [(&self.scale, ""), (&self.scale_poll, ", poller on")] {
             let Some(rounds) = rounds else { continue };
-            let rate = |c: usize| {
-                rounds
-                    .iter()
-                    .find(|r| r.concurrency == c)
-                    .map(|r| r.volumes_per_s)
-            };
+            let rate = |c: usize| pooled_rate(rounds, c);
             if let (Some(one), Some(eight), Some(many)) = (rate(1), rate(8), rate(64)) {
                 targets.push(Target {
                     target: format!(
@@ -603,16 +592,7 @@ impl Report {
                 measured: format!("{:.1} MiB", m.node_staged.peak_mib),
                 met: m.node_staged.peak_mib < 20.0,
             });
-            if let Some(ready) = m.restart_ready_ms {
-                targets.push(Target {
-                    target: format!(
-                        "node ready <= 300 ms after a restart with {} staged",
-                        m.staged_volumes
-                    ),
-                    measured: format!("{} ms", ms(ready)),
-                    met: ready <= 300.0,
-                });
-            }
+            targets.extend(restart_target("node", m));
         }
         for l in self.jsonrpc.iter().flatten() {
             targets.push(Target {
@@ -681,12 +661,43 @@ impl Report {
                 });
             }
         }
+        targets.extend(self.split_targets());
         targets
     }
 }
 
+/// The target on the restarted `node`'s time to ready, when `m` measured a restart.
+pub fn restart_target(node: &str, m: &Memory) -> Option<Target> {
+    let ready = m.restart_ready_ms?;
+    Some(Target {
+        target: format!(
+            "{node} ready <= 300 ms after a restart with {} staged",
+            m.staged_volumes
+        ),
+        measured: format!("{} ms", ms(ready)),
+        met: ready <= 300.0,
+    })
+}
+
+/// One row per (process, when, memory) measured.
+pub fn print_memory_table(rows: &[(&str, &str, Option<Rss>)]) {
+    let mut table = Table::new(&["process", "when", "peak", "now", "threads"]);
+    for (process, when, rss) in rows {
+        if let Some(rss) = rss {
+            table.row(vec![
+                process.to_string(),
+                when.to_string(),
+                format!("{:.1}", rss.peak_mib),
+                format!("{:.1}", rss.now_mib),
+                num(rss.threads),
+            ]);
+        }
+    }
+    table.print();
+}
+
 /// One table row per concurrency round, then the SNAP calls by method.
-fn print_rounds(rounds: &[Round]) {
+pub fn print_rounds(rounds: &[Round]) {
     let mut table = Table::new(&[
         "concurrency",
         "wall s",
@@ -721,7 +732,7 @@ fn print_rounds(rounds: &[Round]) {
     }
     table.print();
     println!(
-        "   The node's SNAP calls during stage + publish, by method: calls per volume, mean ms per call"
+        "   SNAP calls of the DPU attach layer (the node's; the agent's in split mode) during stage + publish, by method:\n   calls per volume, mean ms per call"
     );
     let mut methods: Vec<&String> = rounds.iter().flat_map(|r| r.snap_methods.keys()).collect();
     methods.sort();
@@ -744,6 +755,6 @@ fn print_rounds(rounds: &[Round]) {
     }
     table.print();
     println!(
-        "   (node/SNAP/plugin ms per volume: stage + publish by the node's clock, and its SNAP and plugin calls' summed\n    time, means; teardown: unpublish + unstage at the same concurrency; create: every volume first, 8 at a time)"
+        "   (node/SNAP/plugin ms per volume: stage + publish by the node's clock, and the SNAP and plugin calls' summed\n    time (the agent's in split mode), means; teardown: unpublish + unstage at the same concurrency; create: every\n    volume first, 8 at a time)"
     );
 }

@@ -29,12 +29,16 @@ pub struct Round {
     pub stage_publish: Summary,
     pub stage: Summary,
     pub publish: Summary,
-    /// Per volume, means by the node's clock (stage + publish): the calls
-    /// served, and the node's SNAP and plugin calls' summed time in them.
+    /// Per volume, means (stage + publish): the calls served by the node's
+    /// clock, and the DPU attach layer's SNAP and plugin calls' summed time
+    /// (the node's co-located, the agent's in split mode).
     pub node_ms: f64,
     pub node_snap_ms: f64,
     pub node_plugin_ms: f64,
-    /// The node's SNAP calls by method: calls per volume, mean ms per call.
+    /// Split mode: the node's calls to the DPU agent per volume (stage +
+    /// publish; zero co-located).
+    pub link_calls_per_volume: f64,
+    /// The attach layer's SNAP calls by method: calls per volume, mean ms per call.
     pub snap_methods: BTreeMap<String, (f64, f64)>,
     /// Unpublish + unstage of every volume, at the same concurrency.
     pub teardown_wall_s: f64,
@@ -153,16 +157,32 @@ pub async fn delete(clients: &Clients, volumes: &[Volume]) -> anyhow::Result<()>
     Ok(())
 }
 
-/// The figures of one round from its timings.
-pub fn summarise(
-    concurrency: usize,
-    create_wall: Duration,
-    times: &[(Duration, Duration)],
-    wall: Duration,
-    node: &Outbound,
-    teardown_wall: Duration,
-    snap_methods: BTreeMap<String, (f64, f64)>,
-) -> Round {
+/// The first half of a round: every volume created, then staged and
+/// published, timed, with the node's metrics and the DPU attach layer's
+/// (the node's co-located, the agent's in split mode) around it.
+#[derive(Debug)]
+pub struct Staged {
+    pub volumes: Vec<Volume>,
+    pub create_wall: Duration,
+    /// (stage, publish) per volume.
+    pub times: Vec<(Duration, Duration)>,
+    pub wall: Duration,
+    pub node: Outbound,
+    pub layer: Outbound,
+    pub methods: BTreeMap<String, (f64, f64)>,
+}
+
+/// The figures of one round: its first half and the teardown's wall time.
+pub fn summarise(concurrency: usize, staged: Staged, teardown_wall: Duration) -> Round {
+    let Staged {
+        create_wall,
+        times,
+        wall,
+        node,
+        layer,
+        methods: snap_methods,
+        ..
+    } = staged;
     let per_volume = |seconds: f64| seconds * 1e3 / times.len().max(1) as f64;
     let both: Vec<Duration> = times.iter().map(|(s, p)| *s + *p).collect();
     let stages: Vec<Duration> = times.iter().map(|(s, _)| *s).collect();
@@ -177,8 +197,9 @@ pub fn summarise(
         stage: Summary::of(&stages),
         publish: Summary::of(&publishes),
         node_ms: per_volume(node.served_seconds),
-        node_snap_ms: per_volume(node.snap_seconds),
-        node_plugin_ms: per_volume(node.plugin_seconds),
+        node_snap_ms: per_volume(layer.snap_seconds),
+        node_plugin_ms: per_volume(layer.plugin_seconds),
+        link_calls_per_volume: node.link_calls / times.len().max(1) as f64,
         snap_methods,
         teardown_wall_s: teardown_wall.as_secs_f64(),
         speedup: None,
@@ -205,4 +226,61 @@ pub fn method_means(before: &Page, after: &Page, volumes: usize) -> BTreeMap<Str
             })
         })
         .collect()
+}
+
+/// Volumes per second over every round at `concurrency`: all their volumes
+/// over all their wall time, so that repeated rounds pool.
+pub fn pooled_rate(rounds: &[Round], concurrency: usize) -> Option<f64> {
+    let (volumes, wall) = rounds
+        .iter()
+        .filter(|r| r.concurrency == concurrency)
+        .fold((0, 0.0), |(volumes, wall), r| {
+            (volumes + r.volumes, wall + r.wall_s)
+        });
+    (volumes > 0 && wall > 0.0).then(|| volumes as f64 / wall)
+}
+
+/// The concurrency levels of `rounds`, each once, in the order first run.
+pub fn levels(rounds: &[Round]) -> Vec<usize> {
+    let mut levels: Vec<usize> = Vec::new();
+    for round in rounds {
+        if !levels.contains(&round.concurrency) {
+            levels.push(round.concurrency);
+        }
+    }
+    levels
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn round(concurrency: usize, volumes: usize, wall_s: f64) -> Round {
+        Round {
+            concurrency,
+            volumes,
+            create_wall_s: 0.0,
+            wall_s,
+            volumes_per_s: volumes as f64 / wall_s,
+            stage_publish: Summary::default(),
+            stage: Summary::default(),
+            publish: Summary::default(),
+            node_ms: 0.0,
+            node_snap_ms: 0.0,
+            node_plugin_ms: 0.0,
+            link_calls_per_volume: 0.0,
+            snap_methods: BTreeMap::new(),
+            teardown_wall_s: 0.0,
+            speedup: None,
+        }
+    }
+
+    #[test]
+    fn repeated_rounds_pool_by_level() {
+        let rounds = [round(8, 256, 2.0), round(1, 256, 8.0), round(8, 256, 4.0)];
+        assert_eq!(levels(&rounds), [8, 1]);
+        // 512 volumes in 6 s, not the mean of 128 and 64 volumes/s.
+        assert_eq!(pooled_rate(&rounds, 8), Some(512.0 / 6.0));
+        assert_eq!(pooled_rate(&rounds, 64), None);
+    }
 }

@@ -1,6 +1,8 @@
 //! One running copy of the whole stack: `hack/local-up.sh` as a child
 //! process, its endpoints parsed from what it prints, and everything it
-//! made removed again when it is stopped or dropped.
+//! made removed again when it is stopped or dropped. Co-located, or split:
+//! the node reaching a DPU agent in a network namespace of its own over
+//! mutual TLS (`--mode split`).
 //!
 //! std's `Child` (not tokio's) so that `Drop` can stop the stack on any path
 //! out of the bench, an error or Ctrl-C included: a leaked stack leaves loop
@@ -23,6 +25,8 @@ pub struct StackOptions {
     pub poll_period_us: u64,
     /// NVMe PFs and VFs per PF of the DPU emulator; `None` keeps its default.
     pub nvme_functions: Option<(u32, u32)>,
+    /// Split mode: the DPU attach layer behind a DPU agent.
+    pub split: bool,
 }
 
 /// A stack that `hack/local-up.sh` started and printed READY for.
@@ -36,6 +40,8 @@ pub struct Stack {
     pub node_metrics: String,
     pub controller_metrics: String,
     pub plugin_metrics: String,
+    /// Split mode only: the DPU agent's link, metrics and network namespace.
+    pub split: Option<SplitLink>,
     local_up: Option<Child>,
     /// Held so that local-up never writes into a closed pipe.
     _stdout: Option<ChildStdout>,
@@ -43,6 +49,16 @@ pub struct Stack {
     /// A node the bench started in place of local-up's (restart test); it is
     /// not local-up's child, so the bench stops it, before the stack.
     replacement_node: Option<Child>,
+}
+
+/// What local-up printed about a split stack's link.
+#[derive(Debug, Default)]
+pub struct SplitLink {
+    /// `https://ADDR:PORT`, as the node's `--dpu-endpoint` and the agent's `--listen`.
+    pub endpoint: String,
+    pub metrics: String,
+    /// The agent's network namespace; the veth pair's ends carry its name.
+    pub netns: String,
 }
 
 /// What stopping a stack found left behind (empty: nothing).
@@ -75,6 +91,9 @@ impl Stack {
                 options.poll_period_us.to_string(),
             ]);
         }
+        if options.split {
+            command.args(["--mode", "split"]);
+        }
         if let Some((pfs, vfs)) = options.nvme_functions {
             command.args([
                 "--snap-nvme-pfs".to_string(),
@@ -96,6 +115,7 @@ impl Stack {
             node_metrics: String::new(),
             controller_metrics: String::new(),
             plugin_metrics: String::new(),
+            split: None,
             local_up: Some(child),
             _stdout: None,
             stderr_path,
@@ -109,6 +129,7 @@ impl Stack {
             Err(_) => return Err(stack.explain(anyhow::anyhow!("no READY within 300 s"))),
         };
         stack._stdout = Some(stdout);
+        let mut link = SplitLink::default();
         for line in lines {
             let Some((key, value)) = line.split_once('=') else {
                 continue;
@@ -121,9 +142,21 @@ impl Stack {
                 "NODE_METRICS" => stack.node_metrics = value,
                 "CONTROLLER_METRICS" => stack.controller_metrics = value,
                 "PLUGIN_METRICS" => stack.plugin_metrics = value,
+                "DPU_AGENT_ENDPOINT" => link.endpoint = value,
+                "AGENT_METRICS" => link.metrics = value,
+                "DPU_NETNS" => link.netns = value,
                 _ => {}
             }
         }
+        let link_printed = [&link.endpoint, &link.metrics, &link.netns]
+            .iter()
+            .all(|v| !v.is_empty());
+        if options.split && !link_printed {
+            return Err(stack.explain(anyhow::anyhow!(
+                "local-up --mode split printed READY without the agent's endpoint, metrics and namespace"
+            )));
+        }
+        stack.split = options.split.then_some(link);
         if stack.node.is_empty() || stack.controller.is_empty() || stack.node_metrics.is_empty() {
             return Err(stack.explain(anyhow::anyhow!(
                 "local-up printed READY without all endpoints"
@@ -176,7 +209,8 @@ impl Stack {
     }
 
     /// Stops the stack and says what, if anything, it left behind: loop
-    /// devices on its files, mounts below its directory, the directory.
+    /// devices on its files, mounts below its directory, the directory, and
+    /// in split mode its network namespace and veth pair.
     pub fn stop(mut self) -> Leftovers {
         self.shutdown();
         let dir = self.dir.display().to_string();
@@ -201,6 +235,23 @@ impl Stack {
         }
         if self.dir.exists() {
             left.push(format!("directory: {dir}"));
+        }
+        if let Some(link) = &self.split {
+            // The pair's ends are named after the namespace.
+            for (what, command) in [
+                ("network namespace", &["netns", "list"][..]),
+                ("link", &["-o", "link", "show"][..]),
+            ] {
+                match Command::new("ip").args(command).output() {
+                    Ok(out) => left.extend(
+                        String::from_utf8_lossy(&out.stdout)
+                            .lines()
+                            .filter(|l| l.contains(&link.netns))
+                            .map(|l| format!("{what}: {l}")),
+                    ),
+                    Err(e) => left.push(format!("cannot run ip {}: {e}", command.join(" "))),
+                }
+            }
         }
         Leftovers(left)
     }

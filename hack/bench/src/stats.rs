@@ -43,6 +43,24 @@ impl Summary {
     }
 }
 
+/// The least, the mean and the most of a count taken once per call.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct Spread {
+    pub min: f64,
+    pub mean: f64,
+    pub max: f64,
+}
+
+impl Spread {
+    pub fn of(values: &[f64]) -> Spread {
+        Spread {
+            min: values.iter().copied().reduce(f64::min).unwrap_or(0.0),
+            mean: mean(values),
+            max: values.iter().copied().reduce(f64::max).unwrap_or(0.0),
+        }
+    }
+}
+
 /// Nearest-rank percentile of sorted values.
 pub fn percentile(sorted: &[f64], q: f64) -> f64 {
     if sorted.is_empty() {
@@ -75,5 +93,13 @@ mod tests {
             (s.p50_ms, s.p99_ms, s.min_ms, s.max_ms),
             (2.0, 3.0, 1.0, 3.0)
         );
+    }
+
+    #[test]
+    fn spread_of_counts() {
+        let s = Spread::of(&[1.0, 1.0, 2.0, 0.0]);
+        assert_eq!((s.min, s.mean, s.max), (0.0, 1.0, 2.0));
+        let none = Spread::of(&[]);
+        assert_eq!((none.min, none.mean, none.max), (0.0, 0.0, 0.0));
     }
 }
