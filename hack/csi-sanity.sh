@@ -7,7 +7,9 @@
 # csi-sanity is built once, offline, from the csi-test source with its
 # vendored Go modules (../shared/third_party/csi-test-v5.4.0.tar.gz; Go 1.23
 # from hack/setup.sh) into
-# ${SNAP_CSI_CACHE:-$HOME/.cache/snap-csi}/csi-sanity-<sha256 of the tarball>/.
+# ${SNAP_CSI_CACHE:-$HOME/.cache/snap-csi}/csi-sanity-<sha256 of the tarball
+# and of hack/csi-sanity-connect-race.patch, a fix of the suite's connection
+# race, the only change made to it>/.
 # With a network, `go install github.com/kubernetes-csi/csi-test/v5/cmd/csi-sanity@v5.4.0`
 # gives the same binary: pass it with --csi-sanity.
 #
@@ -75,7 +77,9 @@ if [ -z "$binary" ]; then
     exit 1
   fi
   cache_root=${SNAP_CSI_CACHE:-$HOME/.cache/snap-csi}
-  cache=$cache_root/csi-sanity-$(sha256sum "$tarball" | cut -d' ' -f1)
+  # The suite's one fix (its connection race, see the patch) is part of the key.
+  patch_file=$repo/hack/csi-sanity-connect-race.patch
+  cache=$cache_root/csi-sanity-$(cat "$tarball" "$patch_file" | sha256sum | cut -d' ' -f1)
   binary=$cache/csi-sanity
   if [ ! -x "$binary" ]; then
     go=/usr/lib/go-1.23/bin/go
@@ -86,6 +90,7 @@ if [ -z "$binary" ]; then
     started=$SECONDS
     tar -xzf "$tarball" -C "$scratch"
     src=$(dirname "$(find "$scratch" -maxdepth 2 -name go.mod | head -n 1)")
+    patch -s -p1 -d "$src" <"$patch_file"
     mkdir "$scratch/out"
     (cd "$src" && env GOFLAGS=-mod=vendor GOTOOLCHAIN=local GOPROXY=off GOENV=off CGO_ENABLED=0 \
       GOCACHE="$scratch/cache" GOPATH="$scratch/gopath" \

@@ -14,7 +14,7 @@ packages+=(iproute2 openssl)
 
 # Go 1.23 builds csi-sanity (hack/csi-sanity.sh); Debian 12 has it only in
 # bookworm-backports, which is enabled here unless some apt source has it.
-packages+=(golang-1.23-go)
+packages+=(golang-1.23-go patch)
 if ! grep -Eqs '^[^#]*bookworm-backports' /etc/apt/sources.list /etc/apt/sources.list.d/*.list \
   /etc/apt/sources.list.d/*.sources; then
   echo 'deb http://deb.debian.org/debian bookworm-backports main' >/etc/apt/sources.list.d/bookworm-backports.list
