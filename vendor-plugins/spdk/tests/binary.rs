@@ -8,6 +8,9 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
 use api::storage_plugin_service_client::StoragePluginServiceClient;
 use common::{Emulator, TIMEOUT, timed};
 use snap_csi::dpu::plugin::unix_channel;
@@ -28,12 +31,8 @@ async fn wait_for(sockets: &[&Path]) {
 /// Sends SIGTERM to `child` and checks that it exits cleanly in time
 /// (`stops` says what timed out otherwise); answers what it logged.
 async fn terminate(child: tokio::process::Child, stops: &str) -> String {
-    let killed = Command::new("kill")
-        .arg("-TERM")
-        .arg(child.id().expect("running").to_string())
-        .status()
-        .unwrap();
-    assert!(killed.success());
+    let pid = i32::try_from(child.id().expect("running")).unwrap();
+    kill(Pid::from_raw(pid), Signal::SIGTERM).unwrap();
     let output = tokio::time::timeout(TIMEOUT, child.wait_with_output())
         .await
         .expect(stops)
