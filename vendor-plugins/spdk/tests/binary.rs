@@ -18,10 +18,16 @@ use snap_csi::proto::nvidia::storage::plugins::v1 as api;
 
 const BINARY: &str = env!("CARGO_BIN_EXE_snap-csi-spdk-plugin");
 
-/// Waits up to 5 s for the binary to have bound every one of `sockets`.
+/// Waits up to 5 s for the binary to listen on every one of `sockets`: a
+/// connection accepted, not just the file there (a socket is bound before it
+/// listens, and a connect in between is refused).
 async fn wait_for(sockets: &[&Path]) {
     for _ in 0..500 {
-        if sockets.iter().all(|socket| socket.exists()) {
+        let mut listening = true;
+        for socket in sockets {
+            listening &= tokio::net::UnixStream::connect(socket).await.is_ok();
+        }
+        if listening {
             break;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
