@@ -96,6 +96,7 @@ mkdir -p "$dir"
 root=$(cd "$dir" && pwd)
 
 nsfile=$(mktemp /tmp/snap-csi-fresh-root-ns.XXXXXX)
+# shellcheck disable=SC2317 # run by the EXIT trap
 cleanup() {
   local status=$? pids=() names=() p namespace
   trap - EXIT INT TERM
@@ -120,6 +121,23 @@ cleanup() {
       kill -KILL "${pids[@]}" 2>/dev/null || true
       sleep 0.5
     fi
+  fi
+  # A loop device on a file in the root would outlive it. Found by device and
+  # inode: the path the kernel shows for it here is the dead namespace's.
+  local fs name majmin ino inodes=() loops=() found
+  fs=$(stat -c '%Hd:%Ld' "$root" 2>/dev/null || true)
+  while read -r name majmin ino; do
+    [ "$majmin" = "$fs" ] || continue
+    loops+=("$name:$ino")
+    inodes+=(-o -inum "$ino")
+  done < <(losetup --list --noheadings --output NAME,BACK-MAJ:MIN,BACK-INO 2>/dev/null)
+  if ((${#loops[@]})); then
+    found=$(find "$root" -xdev \( "${inodes[@]:1}" \) -printf '%i\n' 2>/dev/null || true)
+    for name in "${loops[@]}"; do
+      grep -qx "${name##*:}" <<<"$found" || continue
+      say "detaching ${name%:*}, left on a file in the root" >&2
+      losetup -d "${name%:*}" || true
+    done
   fi
   if awk -v r="$root" '$5 == r || index($5, r "/") == 1 { found = 1 } END { exit !found }' /proc/self/mountinfo; then
     say "mounts are left under $root; not removing it" >&2
@@ -179,22 +197,11 @@ say "root ready in $(human $((prepared - start)))"
 # mounts, then each command in the chroot, in the foreground so that Ctrl-C
 # reaches them as on a real machine. Prints "exit STATUS after DURATION" for
 # each. Usage: run_inside ROOT SHARED NSFILE COMMAND...
+# shellcheck disable=SC2317 # run through declare -f in the namespace
 run_inside() {
   local root=$1 shared=$2 cmd t0 status failed=0
   readlink /proc/self/ns/mnt >"$3"
   shift 3
-  # A loop device on a file in the root would outlive it (also after Ctrl-C).
-  detach_loops() {
-    local f loop
-    for f in /sys/block/loop*/loop/backing_file; do
-      [ -e "$f" ] && grep -q "^$root/" "$f" || continue
-      loop=${f#/sys/block/}
-      loop=${loop%%/*}
-      echo "fresh-root: detaching /dev/$loop, left on $(cat "$f")" >&2
-      losetup -d "/dev/$loop" || true
-    done
-  }
-  trap detach_loops EXIT
   mount --bind "$root" "$root"
   mount --make-shared "$root"
   mount -t proc proc "$root/proc"
@@ -220,5 +227,9 @@ status=0
 unshare --mount --propagation private -- bash -c "set -euo pipefail; $(declare -f human run_inside)
   run_inside \"\$@\"" fresh-root-inside "$root" "$shared" "$nsfile" "${commands[@]}" || status=$?
 say "total $(human $(($(date +%s) - start))) (root $(human $((prepared - start))), commands $(human $(($(date +%s) - prepared))))"
-((status == 0)) && say "OK: every command passed in a fresh Debian 12 root" || say "FAIL: a command failed (above)"
+if ((status == 0)); then
+  say "OK: every command passed in a fresh Debian 12 root"
+else
+  say "FAIL: a command failed (above)"
+fi
 exit "$status"
