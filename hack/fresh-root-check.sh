@@ -83,6 +83,7 @@ fi
 
 if ! command -v mmdebstrap >/dev/null; then
   say "installing mmdebstrap"
+  apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends mmdebstrap >/dev/null
 fi
 
