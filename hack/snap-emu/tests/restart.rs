@@ -9,6 +9,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{Client, losetup_all};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
 use serde_json::json;
 
 fn spawn(socket: &Path, state: &Path) -> Child {
@@ -102,12 +104,8 @@ async fn a_restart_cleans_up_after_a_killed_emulator() {
     );
     drop(c);
 
-    let status = Command::new("kill")
-        .arg("-TERM")
-        .arg(again.id().to_string())
-        .status()
-        .expect("kill -TERM");
-    assert!(status.success());
+    let pid = i32::try_from(again.id()).unwrap();
+    kill(Pid::from_raw(pid), Signal::SIGTERM).expect("SIGTERM");
     assert!(wait_exit(&mut again).success());
     assert!(!socket.exists(), "graceful shutdown removes the socket");
 }

@@ -8,6 +8,9 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
 use api::storage_plugin_service_client::StoragePluginServiceClient;
 use common::{Spdk, TIMEOUT, timed};
 use snap_csi::dpu::plugin::unix_channel;
@@ -15,10 +18,16 @@ use snap_csi::proto::nvidia::storage::plugins::v1 as api;
 
 const BINARY: &str = env!("CARGO_BIN_EXE_snap-csi-spdk-plugin");
 
-/// Waits up to 5 s for the binary to have bound every one of `sockets`.
+/// Waits up to 5 s for the binary to listen on every one of `sockets`: a
+/// connection accepted, not just the file there (a socket is bound before it
+/// listens, and a connect in between is refused).
 async fn wait_for(sockets: &[&Path]) {
     for _ in 0..500 {
-        if sockets.iter().all(|socket| socket.exists()) {
+        let mut listening = true;
+        for socket in sockets {
+            listening &= tokio::net::UnixStream::connect(socket).await.is_ok();
+        }
+        if listening {
             break;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -28,12 +37,8 @@ async fn wait_for(sockets: &[&Path]) {
 /// Sends SIGTERM to `child` and checks that it exits cleanly in time
 /// (`stops` says what timed out otherwise); answers what it logged.
 async fn terminate(child: tokio::process::Child, stops: &str) -> String {
-    let killed = Command::new("kill")
-        .arg("-TERM")
-        .arg(child.id().expect("running").to_string())
-        .status()
-        .unwrap();
-    assert!(killed.success());
+    let pid = i32::try_from(child.id().expect("running")).unwrap();
+    kill(Pid::from_raw(pid), Signal::SIGTERM).unwrap();
     let output = tokio::time::timeout(TIMEOUT, child.wait_with_output())
         .await
         .expect(stops)
@@ -62,9 +67,6 @@ async fn serves_until_sigterm_and_cleans_up() {
         .spawn()
         .unwrap();
     wait_for(&[&socket]).await;
-    let mode = std::fs::metadata(&socket).unwrap().permissions().mode();
-    assert_eq!(mode & 0o777, 0o600);
-
     let mut storage = StoragePluginServiceClient::new(unix_channel(socket.clone()));
     let provider = storage
         .get_snap_provider(timed(api::GetSnapProviderRequest {}, TIMEOUT))
@@ -73,6 +75,10 @@ async fn serves_until_sigterm_and_cleans_up() {
         .into_inner();
     assert_eq!(provider.provider_name, "acme");
     drop(storage);
+    // Checked once it serves: the socket is bound (with the umask's mode),
+    // then made private, so a look right after it appears can come too early.
+    let mode = std::fs::metadata(&socket).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600);
 
     let logs = terminate(child, "the plugin stops on SIGTERM").await;
     assert!(
