@@ -14,19 +14,43 @@ const MAX_DELAY: Duration = Duration::from_secs(1);
 /// Runs `op` until it succeeds, fails with an error `retryable` rejects, or
 /// the next attempt could not start before `deadline`; then returns the last
 /// error, so the caller reports what actually went wrong rather than a bare
-/// "deadline exceeded".
+/// "deadline exceeded". An attempt that ends only once the deadline has
+/// passed was cut short by it (on a busy machine, one started just in time
+/// may find its time gone), so the error of the attempt before it, when
+/// there was one, is the one that says why.
 pub(crate) async fn until_deadline<T, E, Fut>(
     deadline: Instant,
     retryable: impl FnMut(&E) -> bool,
-    op: impl FnMut() -> Fut,
+    mut op: impl FnMut() -> Fut,
 ) -> Result<T, E>
 where
+    E: Clone,
     Fut: Future<Output = Result<T, E>>,
 {
-    op.retry(backoff())
+    let in_time = std::sync::Mutex::new(None::<E>);
+    let attempt = || {
+        let attempt = op();
+        async {
+            let result = attempt.await;
+            if let Err(e) = &result
+                && Instant::now() < deadline
+            {
+                *in_time.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.clone());
+            }
+            result
+        }
+    };
+    let result = attempt
+        .retry(backoff())
         .when(retryable)
         .adjust(move |_, delay| delay.filter(|d| Instant::now() + *d < deadline))
-        .await
+        .await;
+    match result {
+        Err(cut) if Instant::now() >= deadline => {
+            Err(in_time.into_inner().unwrap_or_else(|p| p.into_inner()).unwrap_or(cut))
+        }
+        other => other,
+    }
 }
 
 fn backoff() -> ExponentialBuilder {
@@ -80,6 +104,40 @@ mod tests {
         .await;
         assert_eq!(result, Err("permanent"));
         assert_eq!(attempts.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn an_attempt_cut_short_by_the_deadline_does_not_hide_why_the_others_failed() {
+        let attempts = AtomicU32::new(0);
+        let deadline = Instant::now() + Duration::from_millis(200);
+        let result: Result<(), &str> = until_deadline(
+            deadline,
+            |_| true,
+            || async {
+                if attempts.fetch_add(1, Ordering::SeqCst) == 0 {
+                    Err("SNAP is down")
+                } else {
+                    // The next attempt finds its time gone.
+                    tokio::time::sleep_until(deadline).await;
+                    Err("deadline already passed")
+                }
+            },
+        )
+        .await;
+        assert_eq!(result, Err("SNAP is down"));
+        assert_eq!(attempts.load(Ordering::SeqCst), 2);
+
+        // With nothing before it, the cut attempt's error is all there is.
+        let result: Result<(), &str> = until_deadline(
+            Instant::now() + Duration::from_millis(50),
+            |_| true,
+            || async {
+                tokio::time::sleep(Duration::from_millis(60)).await;
+                Err("no answer in time")
+            },
+        )
+        .await;
+        assert_eq!(result, Err("no answer in time"));
     }
 
     #[tokio::test]

@@ -25,6 +25,7 @@ pub struct Forwarder<C> {
 }
 
 /// Why a call ended without a response.
+#[derive(Clone)]
 enum Failure {
     /// The vendor answered with this status.
     Answered(Status),
