@@ -46,9 +46,10 @@ where
         .adjust(move |_, delay| delay.filter(|d| Instant::now() + *d < deadline))
         .await;
     match result {
-        Err(cut) if Instant::now() >= deadline => {
-            Err(in_time.into_inner().unwrap_or_else(|p| p.into_inner()).unwrap_or(cut))
-        }
+        Err(cut) if Instant::now() >= deadline => Err(in_time
+            .into_inner()
+            .unwrap_or_else(|p| p.into_inner())
+            .unwrap_or(cut)),
         other => other,
     }
 }
