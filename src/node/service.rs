@@ -506,6 +506,7 @@ impl NodeService {
             .await
             .map_err(host_status)?
         {}
+        crate::failpoint::step("unpublish:unmount");
         remove_mount_point(&target).map_err(|e| io_status("removing the target path", e))?;
         Ok(Response::new(csi::NodeUnpublishVolumeResponse {}))
     }
