@@ -1530,7 +1530,10 @@ async fn an_id_or_name_past_csis_limit_is_refused_before_the_vendor_hears_of_it(
         (create, "name is 1048576 bytes; CSI limits it to 128"),
         (delete, "volume_id is 129 bytes; CSI limits it to 128"),
         (publish, "volume_id is 1048576 bytes; CSI limits it to 128"),
-        (snapshot, "snapshot_id is 1048576 bytes; CSI limits it to 128"),
+        (
+            snapshot,
+            "snapshot_id is 1048576 bytes; CSI limits it to 128",
+        ),
     ] {
         assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
         assert_eq!(status.message(), message);
@@ -1538,7 +1541,10 @@ async fn an_id_or_name_past_csis_limit_is_refused_before_the_vendor_hears_of_it(
     assert_eq!(vendor.call_count(), 0, "the vendor was called");
 
     // At the limit, the call goes through.
-    vendor.script("DeleteVolume", [Answer::reply(csi::DeleteVolumeResponse {})]);
+    vendor.script(
+        "DeleteVolume",
+        [Answer::reply(csi::DeleteVolumeResponse {})],
+    );
     controller
         .delete_volume(csi::DeleteVolumeRequest {
             volume_id: "v".repeat(128),

@@ -704,3 +704,35 @@ async fn hostile_requests_get_the_spec_code_and_change_nothing() {
     assert!(census.loop_devices.is_empty(), "{census:#?}");
     assert_eq!(census.snap["bdev_get_bdevs"], serde_json::json!([]));
 }
+
+/// The other side of the limit: an id of exactly 128 bytes, the most CSI
+/// allows, goes through a whole lifecycle and leaves nothing behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_id_at_csis_limit_goes_through_a_whole_lifecycle() {
+    let stack = NodeStack::start(EmulationSetting::Nvme).await;
+    let mut node = stack.client.clone();
+    let volume_id = format!("pvc-{}", "x".repeat(124));
+    assert_eq!(volume_id.len(), 128);
+    let backing = stack.backing_file("long.img", 64 << 20);
+    let staging = stack.path("plugins/csi/pv/long/globalmount");
+    let target = stack.path("pods/p1/volumes/long/mount");
+    let capability = mount_capability("ext4", Mode::SingleNodeWriter);
+    common::node::stage_and_publish(
+        &mut node,
+        &volume_id,
+        (&staging, &target),
+        capability,
+        &backing,
+        false,
+    )
+    .await;
+    std::fs::write(target.join("data"), b"long").unwrap();
+    common::node::unpublish(&mut node, &volume_id, &target).await;
+    common::node::unstage(&mut node, &volume_id, &staging).await;
+    let census = Census::take(&stack).await;
+    assert!(census.mounts.is_empty(), "{census:#?}");
+    assert!(census.loop_devices.is_empty(), "{census:#?}");
+    assert_eq!(census.snap["bdev_get_bdevs"], serde_json::json!([]));
+    let records = std::fs::read_dir(stack.config.state_dir.join("volumes")).unwrap();
+    assert_eq!(records.count(), 0, "records");
+}
