@@ -376,6 +376,20 @@ async fn hostile_requests_get_the_spec_code_and_change_nothing() {
             "fs_type is 1048576 bytes",
         ),
         (
+            "publish: 1 MiB of mount flags",
+            publish(&|r| {
+                r.volume_capability = capability_with(&|c| {
+                    if let Some(csi::volume_capability::AccessType::Mount(mount)) =
+                        &mut c.access_type
+                    {
+                        mount.mount_flags = vec!["o".repeat(MIB)];
+                    }
+                })
+            }),
+            InvalidArgument,
+            "mount_flags hold 1048576 bytes",
+        ),
+        (
             "stage: 1 MiB volume context",
             stage(&|r| r.volume_context.extend(huge_map())),
             InvalidArgument,
