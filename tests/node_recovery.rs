@@ -15,8 +15,8 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use common::node::{
-    NodeStack, block_capability, mount_capability, mounts_under, publish_request, read_volume,
-    stage_and_publish, stage_request, unpublish, unstage, write_volume,
+    NodeStack, block_capability, host_disks, mount_capability, mounts_under, publish_request,
+    read_volume, stage_and_publish, stage_request, unpublish, unstage, write_volume,
 };
 use snap_csi::dpu::names::VolumeNames;
 use snap_csi::node::config::EmulationSetting;
@@ -81,6 +81,11 @@ async fn reboot(emulation: EmulationSetting, capability: csi::VolumeCapability) 
     }
     let stage = stage_request("pvc-r", &staging, capability.clone(), &backing);
     let mut node = stack.client.clone();
+    if block {
+        // A read-only block volume: its data is written beforehand, and the
+        // device's read-only flag, which a reboot clears, must come back.
+        write_volume(&backing, b"written before the reboot");
+    }
     stage_and_publish(
         &mut node,
         "pvc-r",
@@ -90,7 +95,9 @@ async fn reboot(emulation: EmulationSetting, capability: csi::VolumeCapability) 
         false,
     )
     .await;
-    write_volume(&target, b"written before the reboot");
+    if !block {
+        write_volume(&target, b"written before the reboot");
+    }
 
     stack.reboot_host().await;
     assert!(mounts_under(&stack.kubelet).is_empty());
@@ -124,6 +131,18 @@ async fn reboot(emulation: EmulationSetting, capability: csi::VolumeCapability) 
             .expect("publish after the reboot restages from the record");
     }
     assert_eq!(read_volume(&target, 25), b"written before the reboot");
+    if block {
+        use std::io::Write;
+        let write = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&target)
+            .and_then(|mut device| {
+                device
+                    .write_all(&[1u8; 4096])
+                    .and_then(|()| device.sync_all())
+            });
+        assert!(write.is_err(), "the restaged device is read-only again");
+    }
     assert_eq!(
         mounts_under(&staging).len(),
         usize::from(!block),
@@ -150,7 +169,7 @@ async fn after_a_reboot_publish_restages_a_filesystem_volume_from_its_record() {
 async fn after_a_reboot_publish_restages_a_block_volume_from_its_record() {
     reboot(
         EmulationSetting::VirtioBlk,
-        block_capability(Mode::SingleNodeWriter),
+        block_capability(Mode::SingleNodeReaderOnly),
     )
     .await;
 }
@@ -175,12 +194,20 @@ async fn renamed(emulation: EmulationSetting) {
     )
     .await;
     write_volume(&pod_a, b"before the rename");
-    let before = host_disks(&stack);
+    let before = host_disks(&stack.emulator.sysfs_root);
 
     stack.emulator.rename_host_disks().await;
-    let after = host_disks(&stack);
+    let after = host_disks(&stack.emulator.sysfs_root);
     assert_eq!(after.len(), 1, "{after:?}");
-    assert_ne!(before, after, "the host names the disk anew");
+    assert_ne!(
+        before[0].name, after[0].name,
+        "the host names the disk anew"
+    );
+    assert_eq!(
+        (before[0].major, before[0].minor),
+        (after[0].major, after[0].minor),
+        "the same device"
+    );
 
     node.node_stage_volume(stage_request(
         "pvc-n",
@@ -206,33 +233,6 @@ async fn renamed(emulation: EmulationSetting) {
     }
     unstage(&mut node, "pvc-n", &staging).await;
     stack.assert_nothing_left(&backing).await;
-}
-
-/// The kernel names of the disks in the emulator's tree.
-fn host_disks(stack: &NodeStack) -> Vec<String> {
-    let devices = stack.emulator.sysfs_root.join("bus/pci/devices");
-    let mut names = Vec::new();
-    for function in std::fs::read_dir(devices).unwrap() {
-        let function = function.unwrap().path();
-        for entry in walk(&function) {
-            let name = entry.file_name().unwrap().to_string_lossy().into_owned();
-            if entry.join("dev").exists() {
-                names.push(name);
-            }
-        }
-    }
-    names
-}
-
-fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        if entry.file_type().is_ok_and(|t| t.is_dir()) {
-            found.push(entry.path());
-            found.extend(walk(&entry.path()));
-        }
-    }
-    found
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

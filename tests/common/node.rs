@@ -100,12 +100,24 @@ impl NodeStack {
 
     /// A host reboot as the node sees it: the node stops, every mount under
     /// the kubelet directory is gone, the records and SNAP's state remain,
-    /// and the host finds the disks again under new names (the emulator's
-    /// loop devices stay: what a reboot changes is how the host names them,
-    /// while their identity is SNAP's). Then the node starts.
+    /// and the host finds the disks again under new names, with the
+    /// read-only flag a new device starts with (off). The emulator's loop
+    /// devices stay: what a reboot changes is how the host names its disks
+    /// and their flags, while their identity and data are SNAP's. Then the
+    /// node starts.
     pub async fn reboot_host(&mut self) {
         self.stop_node();
         unmount_all_under(&self.kubelet);
+        let sysfs = snap_csi::host::Sysfs::new(&self.emulator.sysfs_root);
+        for disk in host_disks(&self.emulator.sysfs_root) {
+            let node = sysfs.device_node(disk.major, disk.minor).unwrap();
+            let status = std::process::Command::new("blockdev")
+                .arg("--setrw")
+                .arg(&node)
+                .status()
+                .unwrap();
+            assert!(status.success(), "blockdev --setrw {}", node.display());
+        }
         self.emulator.rename_host_disks().await;
         self.restart_node(|_| {}).await;
     }
@@ -378,4 +390,37 @@ pub fn read_volume(target: &Path, len: usize) -> Vec<u8> {
         device.read_exact(&mut data).unwrap();
         data
     }
+}
+
+/// A disk in the emulator's tree: its kernel name and device number.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostDisk {
+    pub name: String,
+    pub major: u32,
+    pub minor: u32,
+}
+
+/// Every disk in the emulator's tree at `sysfs_root` (a directory with a
+/// `dev` file below a PCI function).
+pub fn host_disks(sysfs_root: &Path) -> Vec<HostDisk> {
+    fn walk(dir: &Path, found: &mut Vec<HostDisk>) {
+        for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if !entry.file_type().is_ok_and(|t| t.is_dir()) {
+                continue;
+            }
+            if let Ok(dev) = std::fs::read_to_string(path.join("dev")) {
+                let (major, minor) = dev.trim().split_once(':').unwrap();
+                found.push(HostDisk {
+                    name: entry.file_name().to_string_lossy().into_owned(),
+                    major: major.parse().unwrap(),
+                    minor: minor.parse().unwrap(),
+                });
+            }
+            walk(&path, found);
+        }
+    }
+    let mut found = Vec::new();
+    walk(&sysfs_root.join("bus/pci/devices"), &mut found);
+    found
 }
