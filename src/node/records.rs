@@ -103,28 +103,34 @@ impl Records {
     }
 }
 
+/// A record as a stage of an ext4 volume writes it, for the node's tests.
+#[cfg(test)]
+pub(super) fn sample(id: &str) -> VolumeRecord {
+    VolumeRecord {
+        volume_id: id.into(),
+        staging_target_path: "/var/lib/kubelet/staging/x".into(),
+        device_name: Some("aio-x".into()),
+        locator: HostLocator::Nvme {
+            bdf: "26:00.1".into(),
+            nsid: 1,
+            uuid: Some("6a1f3c2e-5b6d-4e8f-9a0b-1c2d3e4f5a6b".into()),
+        },
+        external_attach: false,
+        staged_as: Some(StagedAs {
+            fs_type: Some("ext4".into()),
+            mount_flags: vec!["password=hunter2".into()],
+            access_mode: "SINGLE_NODE_WRITER".into(),
+        }),
+        volume_context: [("path".to_string(), "/img".to_string())].into(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn record(id: &str) -> VolumeRecord {
-        VolumeRecord {
-            volume_id: id.into(),
-            staging_target_path: "/var/lib/kubelet/staging/x".into(),
-            device_name: Some("aio-x".into()),
-            locator: HostLocator::Nvme {
-                bdf: "26:00.1".into(),
-                nsid: 1,
-                uuid: Some("6a1f3c2e-5b6d-4e8f-9a0b-1c2d3e4f5a6b".into()),
-            },
-            external_attach: false,
-            staged_as: Some(StagedAs {
-                fs_type: Some("ext4".into()),
-                mount_flags: vec!["password=hunter2".into()],
-                access_mode: "SINGLE_NODE_WRITER".into(),
-            }),
-            volume_context: [("path".to_string(), "/img".to_string())].into(),
-        }
+        sample(id)
     }
 
     #[test]

@@ -258,20 +258,8 @@ mod tests {
 
     fn record() -> VolumeRecord {
         VolumeRecord {
-            volume_id: "pvc-1".into(),
             staging_target_path: "/k/staging/pvc-1".into(),
-            device_name: None,
-            locator: HostLocator::VirtioBlk {
-                bdf: "36:00.1".into(),
-                serial: "pvc-1".into(),
-            },
-            external_attach: false,
-            staged_as: Some(StagedAs {
-                fs_type: Some("xfs".into()),
-                mount_flags: vec!["noatime".into()],
-                access_mode: "SINGLE_NODE_WRITER".into(),
-            }),
-            volume_context: [("path".to_string(), "/img".to_string())].into(),
+            ..super::super::records::sample("pvc-1")
         }
     }
 
@@ -299,7 +287,7 @@ mod tests {
             access_mode: same.access_mode.clone(),
         };
         let why = disagreement(&record, staging, &block, &pod_info).unwrap();
-        assert!(why.contains("xfs") && why.contains("block"), "{why}");
+        assert!(why.contains("ext4") && why.contains("block"), "{why}");
         let flags = StagedAs {
             mount_flags: vec!["secret-flag".into()],
             ..same.clone()
