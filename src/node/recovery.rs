@@ -8,7 +8,8 @@
 //!   capability and the volume context; otherwise it says why not
 //!   (FAILED_PRECONDITION) rather than guess. A block volume has no staging
 //!   mount to tell a reboot by, so its publish always checks the record and
-//!   redoes the host half (finding the device, its read-only flag).
+//!   redoes the host half (finding the device, its read-only flag); a
+//!   record an older node wrote, without the capability, does not stop it.
 //! - A device found again after a reconnect may have a new kernel name
 //!   (`nvme0n1` back as `nvme1n1`), or its function may carry another volume
 //!   now. The volume's device is only ever the one its identity names (NVMe:
@@ -226,7 +227,11 @@ fn disagreement(
         ));
     }
     let Some(staged) = &record.staged_as else {
-        return Some("its record, written by an older node, does not say how it was staged".into());
+        // A block volume staged by an older node published this way before
+        // it kept the capability: an upgrade must not refuse its next pod.
+        return requested.fs_type.as_ref().map(|_| {
+            "its record, written by an older node, does not say how it was staged".into()
+        });
     };
     let kind = |s: &StagedAs| match &s.fs_type {
         Some(fs) => format!("a {fs} filesystem, {}", s.access_mode),
@@ -305,5 +310,6 @@ mod tests {
             ..record.clone()
         };
         assert!(disagreement(&old, staging, &same, &pod_info).is_some());
+        assert_eq!(disagreement(&old, staging, &block, &pod_info), None);
     }
 }
