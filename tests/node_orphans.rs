@@ -11,6 +11,7 @@
 mod common;
 
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::loop_devices_of;
@@ -24,6 +25,48 @@ use snap_csi::proto::csi::v1::volume_capability::access_mode::Mode;
 use snap_csi::spdk::snap::NvmeSubsystemList;
 
 const SIZE: u64 = 64 << 20;
+
+/// Everything logged in this process (the node runs in it), as text.
+#[derive(Clone, Default)]
+struct Log(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Log {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Log {
+    fn capture() -> Log {
+        let log = Log::default();
+        let writer = log.clone();
+        tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .init();
+        log
+    }
+
+    /// The lines logged since `from` (a length of the log) that say `what`.
+    fn lines(&self, from: usize, what: &str) -> Vec<String> {
+        let text = self.0.lock().unwrap()[from..].to_vec();
+        String::from_utf8(text)
+            .unwrap()
+            .lines()
+            .filter(|l| l.contains(what))
+            .map(str::to_string)
+            .collect()
+    }
+
+    fn len(&self) -> usize {
+        self.0.lock().unwrap().len()
+    }
+}
 
 /// The node's `snap_csi_orphaned_volumes`.
 async fn orphaned(stack: &NodeStack) -> i64 {
@@ -56,6 +99,7 @@ async fn exposed(stack: &NodeStack, volume_ids: &[&str]) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn orphans_are_reported_and_unstaged_only_when_asked_and_never_a_published_volume() {
+    let log = Log::capture();
     let mut stack = NodeStack::start(EmulationSetting::Nvme).await;
     let mut node = stack.client.clone();
     let filesystem = mount_capability("ext4", Mode::SingleNodeWriter);
@@ -97,8 +141,19 @@ async fn orphans_are_reported_and_unstaged_only_when_asked_and_never_a_published
     let orphans = ["pvc-orphan-fs", "pvc-orphan-blk"];
 
     // Reported, and left as they are.
+    let start = log.len();
     stack.restart_node(|_| {}).await;
     assert_eq!(orphaned(&stack).await, 2);
+    let reported = log.lines(start, "nothing under the kubelet directory uses it");
+    assert_eq!(reported.len(), 2, "one line per orphan: {reported:#?}");
+    for id in orphans {
+        assert!(
+            reported
+                .iter()
+                .any(|l| l.contains(&format!("volume_id={id}"))),
+            "{id} not reported: {reported:#?}"
+        );
+    }
     assert_eq!(stack.records(), 4);
     assert_eq!(exposed(&stack, &all).await, all);
     assert_eq!(mounts_under(&staging("pvc-orphan-fs")).len(), 1);
