@@ -20,8 +20,9 @@ use tracing::Instrument;
 use super::command::HostOpError;
 use super::config::{EmulationSetting, NodeConfig};
 use super::error::{host_status, io_status};
-use super::format::{self, FsType};
+use super::format::FsType;
 use super::records::{Records, VolumeRecord};
+use super::recovery::staged_as;
 use super::{mount, mountinfo, paths, stats};
 use crate::csi_limits::{MAX_MAP_BYTES, required_id, within_map_limit, within_string_limit};
 pub(crate) use crate::deadline::call_deadline;
@@ -57,7 +58,7 @@ struct Inner {
 
 /// How a volume is used, from its capability.
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum Usage {
+pub(super) enum Usage {
     Block,
     Filesystem { fs: FsType, flags: Vec<String> },
 }
@@ -78,7 +79,7 @@ impl NodeService {
     }
 
     /// Publishes how many volumes are staged, from the records.
-    fn count_staged(&self) {
+    pub(super) fn count_staged(&self) {
         match self.inner.records.count() {
             Ok(count) => crate::metrics::set_volumes_staged(count),
             Err(e) => tracing::warn!("cannot count volume records: {e}"),
@@ -97,11 +98,15 @@ impl NodeService {
         &self.inner.records
     }
 
+    pub(super) fn sysfs(&self) -> &Sysfs {
+        &self.inner.sysfs
+    }
+
     fn deadline<T>(&self, request: &Request<T>) -> Instant {
         call_deadline(request, self.inner.config.call_timeout)
     }
 
-    fn hold(&self, volume_id: &str) -> Result<Held, Status> {
+    pub(super) fn hold(&self, volume_id: &str) -> Result<Held, Status> {
         self.inner.guard.try_hold(volume_id).ok_or_else(|| {
             Status::aborted(format!(
                 "an operation on volume {volume_id} is already in progress"
@@ -148,7 +153,7 @@ impl NodeService {
     }
 
     /// The host device at `locator`, if sysfs shows it now.
-    fn find_device(&self, locator: &HostLocator) -> Result<Option<BlockDevice>, Status> {
+    pub(super) fn find_device(&self, locator: &HostLocator) -> Result<Option<BlockDevice>, Status> {
         match locator {
             HostLocator::Nvme { bdf, nsid, uuid } => {
                 self.inner
@@ -161,7 +166,7 @@ impl NodeService {
     }
 
     /// Waits (polling, with the deadline) until sysfs shows the device.
-    async fn wait_for_device(
+    pub(super) async fn wait_for_device(
         &self,
         locator: &HostLocator,
         deadline: Instant,
@@ -193,7 +198,7 @@ impl NodeService {
     }
 
     /// Where the volume's device is now, from its record (`None` if unstaged).
-    fn recorded(&self, volume_id: &str) -> Result<Option<VolumeRecord>, Status> {
+    pub(super) fn recorded(&self, volume_id: &str) -> Result<Option<VolumeRecord>, Status> {
         self.inner
             .records
             .load(volume_id)
@@ -252,7 +257,7 @@ fn maps_within_limits(
     within_map_limit(secrets, "secrets")
 }
 
-fn access_mode(capability: &csi::VolumeCapability) -> Result<Mode, Status> {
+pub(super) fn access_mode(capability: &csi::VolumeCapability) -> Result<Mode, Status> {
     let mode = capability
         .access_mode
         .as_ref()
@@ -270,7 +275,7 @@ fn access_mode(capability: &csi::VolumeCapability) -> Result<Mode, Status> {
     }
 }
 
-fn is_read_only_mode(mode: Mode) -> bool {
+pub(super) fn is_read_only_mode(mode: Mode) -> bool {
     matches!(mode, Mode::SingleNodeReaderOnly | Mode::MultiNodeReaderOnly)
 }
 
@@ -375,6 +380,8 @@ impl NodeService {
             device_name,
             locator: locator.clone(),
             external_attach: external,
+            staged_as: Some(staged_as(&usage, access_mode(&capability)?)),
+            volume_context: req.volume_context.clone(),
         };
         if self.recorded(volume_id)?.as_ref() != Some(&record) {
             self.inner
@@ -384,51 +391,8 @@ impl NodeService {
         }
         crate::failpoint::step("stage:record");
         self.count_staged();
-        let device = self.wait_for_device(&locator, deadline).await?;
-        // A read-only mount does not stop writes through the device node (a
-        // block volume, or anything opening the device): the device flag
-        // does. Set both ways: the flag outlives the device's last user.
-        mount::set_block_device_read_only(&device.node, read_only, deadline)
-            .await
-            .map_err(host_status)?;
-
-        if let Usage::Filesystem { fs, flags } = &usage {
-            if let Some(existing) = mountinfo::at(&staging).map_err(host_status)? {
-                if (existing.major, existing.minor) == (device.major, device.minor) {
-                    return Ok(Response::new(csi::NodeStageVolumeResponse {}));
-                }
-                return Err(Status::already_exists(format!(
-                    "{} already has another device mounted ({}:{})",
-                    staging.display(),
-                    existing.major,
-                    existing.minor
-                )));
-            }
-            if read_only {
-                if let format::Probe::Blank = format::probe(&device.node, deadline)
-                    .await
-                    .map_err(host_status)?
-                {
-                    return Err(Status::failed_precondition(format!(
-                        "volume {volume_id} is blank and its access mode is read-only: nothing to mount"
-                    )));
-                }
-            } else {
-                let formatted = format::format_if_blank(&device.node, *fs, deadline)
-                    .await
-                    .map_err(host_status)?;
-                crate::failpoint::step("stage:format");
-                if !formatted && *fs == FsType::Ext4 {
-                    stats::grow_ext4_offline(&device.node, deadline)
-                        .await
-                        .map_err(host_status)?;
-                }
-            }
-            mount::mount_filesystem(&device.node, &staging, *fs, flags, read_only, deadline)
-                .await
-                .map_err(host_status)?;
-            crate::failpoint::step("stage:mount");
-        }
+        self.stage_on_host(volume_id, &staging, &locator, &usage, read_only, deadline)
+            .await?;
         Ok(Response::new(csi::NodeStageVolumeResponse {}))
     }
 
@@ -441,9 +405,19 @@ impl NodeService {
         let volume_id = required_id(&req.volume_id, "volume_id")?;
         let staging = self.confine("staging_target_path", &req.staging_target_path)?;
         let _held = self.hold(volume_id)?;
+        self.unstage_held(volume_id, &staging, deadline).await?;
+        Ok(Response::new(csi::NodeUnstageVolumeResponse {}))
+    }
 
+    /// NodeUnstageVolume's work, for a caller holding the volume.
+    pub(super) async fn unstage_held(
+        &self,
+        volume_id: &str,
+        staging: &Path,
+        deadline: Instant,
+    ) -> Result<(), Status> {
         // Stacked mounts (a stage retried after a crash) all go.
-        while mount::unmount(&staging, deadline)
+        while mount::unmount(staging, deadline)
             .await
             .map_err(host_status)?
         {}
@@ -471,7 +445,7 @@ impl NodeService {
             .remove(volume_id)
             .map_err(|e| io_status("removing the volume record", e))?;
         self.count_staged();
-        Ok(Response::new(csi::NodeUnstageVolumeResponse {}))
+        Ok(())
     }
 
     async fn node_publish_volume_inner(
@@ -496,23 +470,15 @@ impl NodeService {
         let read_only = req.readonly || is_read_only_mode(access_mode(&capability)?);
         let _held = self.hold(volume_id)?;
 
-        let source = match usage {
-            Usage::Filesystem { .. } => {
-                if !mountinfo::is_mount_point(&staging).map_err(host_status)? {
-                    return Err(Status::failed_precondition(format!(
-                        "volume {volume_id} is not staged at {}",
-                        staging.display()
-                    )));
-                }
-                staging
-            }
-            Usage::Block => {
-                let record = self.recorded(volume_id)?.ok_or_else(|| {
-                    Status::failed_precondition(format!("volume {volume_id} is not staged"))
-                })?;
-                self.wait_for_device(&record.locator, deadline).await?.node
-            }
-        };
+        let source = self
+            .staged_for_publish(
+                volume_id,
+                &staging,
+                (&capability, &usage),
+                &req.volume_context,
+                deadline,
+            )
+            .await?;
         // Already published here with the same source and setting: done;
         // anything else there is ALREADY_EXISTS (bind_mount looks once).
         mount::bind_mount(&source, &target, read_only).map_err(host_status)?;
