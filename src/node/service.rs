@@ -24,7 +24,7 @@ use super::records::{Records, VolumeRecord};
 use super::{mount, mountinfo, paths, stats};
 pub(crate) use crate::deadline::call_deadline;
 use crate::dpu::{AttachRequest, DpuAttach, DpuError, HostLocator, VolumeMode};
-use crate::guard::{Held, VolumeGuard};
+use crate::guard::{Busy, Held, VolumeGuard};
 use crate::host::{BlockDevice, Sysfs};
 use crate::proto::csi::v1 as csi;
 use crate::proto::csi::v1::volume_capability::access_mode::Mode;
@@ -99,12 +99,21 @@ impl NodeService {
         call_deadline(request, self.inner.config.call_timeout)
     }
 
+    /// Holds the whole volume: stage, unstage and expand.
     fn hold(&self, volume_id: &str) -> Result<Held, Status> {
-        self.inner.guard.try_hold(volume_id).ok_or_else(|| {
-            Status::aborted(format!(
-                "an operation on volume {volume_id} is already in progress"
-            ))
-        })
+        self.inner
+            .guard
+            .try_hold(volume_id)
+            .map_err(|busy| busy_status(volume_id, None, &busy))
+    }
+
+    /// Holds one target path of the volume: publish and unpublish, which run
+    /// together on different targets.
+    fn hold_target(&self, volume_id: &str, target: &Path) -> Result<Held, Status> {
+        self.inner
+            .guard
+            .try_hold_target(volume_id, target)
+            .map_err(|busy| busy_status(volume_id, Some(target), &busy))
     }
 
     fn confine(&self, what: &str, path: &str) -> Result<PathBuf, Status> {
@@ -229,6 +238,21 @@ impl NodeService {
             secrets: stage.secrets.clone(),
         })
     }
+}
+
+/// ABORTED, saying what runs: the CO retries later.
+fn busy_status(volume_id: &str, target: Option<&Path>, busy: &Busy) -> Status {
+    let running = match busy {
+        Busy::Whole => "a stage, unstage or expand".to_string(),
+        Busy::Targets(count) => format!("{count} publish or unpublish call(s)"),
+        Busy::SameTarget => format!(
+            "a publish or unpublish at {}",
+            target.unwrap_or(Path::new("")).display()
+        ),
+    };
+    Status::aborted(format!(
+        "{running} for volume {volume_id} is already in progress"
+    ))
 }
 
 fn require<'a>(value: &'a str, what: &str) -> Result<&'a str, Status> {
@@ -468,7 +492,7 @@ impl NodeService {
         let target = self.confine("target_path", &req.target_path)?;
         let staging = self.confine("staging_target_path", &req.staging_target_path)?;
         let read_only = req.readonly || is_read_only_mode(access_mode(&capability)?);
-        let _held = self.hold(volume_id)?;
+        let _held = self.hold_target(volume_id, &target)?;
 
         let source = match usage {
             Usage::Filesystem { .. } => {
@@ -501,7 +525,7 @@ impl NodeService {
         let req = request.into_inner();
         let volume_id = require(&req.volume_id, "volume_id")?;
         let target = self.confine("target_path", &req.target_path)?;
-        let _held = self.hold(volume_id)?;
+        let _held = self.hold_target(volume_id, &target)?;
         while mount::unmount(&target, deadline)
             .await
             .map_err(host_status)?
