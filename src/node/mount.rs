@@ -24,6 +24,7 @@ use tokio::time::Instant;
 
 use super::command::{self, HostOpError};
 use super::format::{self, FsType, Probe};
+use super::holders;
 use super::mountinfo::{self, MountEntry};
 use super::stats::block_device_number;
 
@@ -221,12 +222,20 @@ fn remount_read_only(target: &Path) -> Result<(), HostOpError> {
 /// stacked there (a retried mount that completed after its deadline leaves
 /// two). `Ok(false)`: nothing was mounted, including when `target` does not
 /// exist. Removes nothing: the target directory or file is the caller's.
+///
+/// A mount still in use (EBUSY, after a few short retries) is a
+/// `FailedPrecondition` naming the processes /proc shows holding it, and it
+/// stays mounted: never a lazy unmount (MNT_DETACH). A lazy unmount would
+/// report success while the filesystem lives on under its holders, and the
+/// unstage after it would take the device away from under a live
+/// filesystem: lost writes and a dirty filesystem on a volume kubelet
+/// believes cleanly unmounted. Refusing keeps every step after the unmount
+/// (device, SNAP, record) in place, so the retry after the holder left
+/// converges.
 pub async fn unmount(target: &Path, deadline: Instant) -> Result<bool, HostOpError> {
     /// Far more layers than any retry pattern makes; a bound so that a
     /// mount that keeps coming back cannot loop us forever.
     const MAX_LAYERS: usize = 64;
-    const BUSY: &str =
-        "target is busy: a process still uses files there, or something is mounted below it";
     let what = format!("unmount {}", target.display());
     let tgt = target.to_path_buf();
     let failed = {
@@ -238,7 +247,9 @@ pub async fn unmount(target: &Path, deadline: Instant) -> Result<bool, HostOpErr
         // A busy mount is often busy for an instant only: a probe (blkid,
         // udev) holding the device, or a child between fork and exec with an
         // inherited descriptor. Look again a few times before saying so.
-        let mut busy_pauses = [5, 10, 20, 40].into_iter().map(Duration::from_millis);
+        let mut busy_pauses = [5, 10, 20, 40, 80, 160]
+            .into_iter()
+            .map(Duration::from_millis);
         for _ in 0..MAX_LAYERS {
             if !mountinfo::is_mount_point(&tgt)? {
                 return Ok(unmounted);
@@ -250,7 +261,7 @@ pub async fn unmount(target: &Path, deadline: Instant) -> Result<bool, HostOpErr
                 Err(Errno::EINVAL | Errno::ENOENT) => return Ok(unmounted),
                 Err(Errno::EBUSY) => match busy_pauses.next() {
                     Some(pause) if Instant::now() + pause < deadline => std::thread::sleep(pause),
-                    _ => return Err(failed(BUSY.into())),
+                    _ => return Err(busy(&tgt)),
                 },
                 Err(errno) => return Err(failed(errno.desc().into())),
             }
@@ -258,6 +269,20 @@ pub async fn unmount(target: &Path, deadline: Instant) -> Result<bool, HostOpErr
         Err(failed(format!("still mounted after {MAX_LAYERS} unmounts")))
     })
     .await
+}
+
+/// The error for a mount that stays busy, naming what holds it.
+fn busy(target: &Path) -> HostOpError {
+    let found = holders::find(target);
+    let holders = if found.is_empty() {
+        "no process this node can see holds it (one in another PID namespace may)".to_string()
+    } else {
+        holders::describe(&found)
+    };
+    HostOpError::FailedPrecondition(format!(
+        "{} is busy: {holders}. It stays mounted; retry once they are gone",
+        target.display()
+    ))
 }
 
 /// Marks the block device `device` read-only (or writable again) for every
@@ -1104,7 +1129,10 @@ mod tests {
         assert!(bind_mount(&device, &target, false).unwrap());
         let held = fs::File::open(&target).unwrap();
         let err = unmount(&target, deadline()).await.unwrap_err();
-        assert!(err.to_string().contains("target is busy"), "{err}");
+        assert!(
+            matches!(&err, HostOpError::FailedPrecondition(m) if m.contains("is busy: pid ")),
+            "{err:?}"
+        );
         assert_eq!(scratch.mounts().len(), 1);
         drop(held);
         assert!(unmount(&target, deadline()).await.unwrap());
