@@ -77,13 +77,17 @@ pub async fn mount_filesystem(
     }
 
     let (dev, tgt) = (device.to_path_buf(), target.to_path_buf());
-    let (data, names) = (options.data_string(), options.data_names());
+    // The names of the CO's options only, for explaining a refusal: the
+    // kernel knows the ones we add.
+    let names = options.data_names();
+    let flags = options.flags;
+    let data = options.data_string_for(fs);
     let result = command::run_blocking("mount", &what, deadline, move || {
         Ok(nix::mount::mount(
             Some(dev.as_path()),
             tgt.as_path(),
             Some(fs.as_str()),
-            options.flags,
+            flags,
             data.as_deref(),
         ))
     })
@@ -582,6 +586,25 @@ impl MountOptions {
 
     fn data_string(&self) -> Option<String> {
         (!self.data.is_empty()).then(|| self.data.join(","))
+    }
+
+    /// The data string with what every mount of `fs` needs.
+    ///
+    /// xfs always gets `nouuid`. XFS refuses to mount a filesystem whose
+    /// UUID a mounted one already has, and every clone of a volume (a
+    /// snapshot restored, a volume cloned, a copy of the backing file) has
+    /// its source's UUID, so without it a pod cannot use a clone on a node
+    /// where the source is mounted. The option only skips that check: a
+    /// volume is identified by its device (found from SNAP's names and
+    /// sysfs), never by its filesystem UUID, and log recovery is unaffected.
+    /// Rewriting the clone's UUID instead (`xfs_admin -U generate`) would
+    /// change the user's data and needs a clean log, which a clone of a
+    /// mounted volume does not have. (The EBS and GCE PD drivers do the same.)
+    fn data_string_for(mut self, fs: FsType) -> Option<String> {
+        if fs == FsType::Xfs && !self.data.iter().any(|o| o == "nouuid") {
+            self.data.push("nouuid".into());
+        }
+        self.data_string()
     }
 
     /// The data options' names without their values, for messages.
