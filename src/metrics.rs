@@ -48,6 +48,11 @@ struct CallLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct VolumeLabels {
+    volume_id: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct MethodLabels {
     method: String,
 }
@@ -94,6 +99,7 @@ struct Metrics {
     dependency_ready: Family<DependencyLabels, Gauge>,
     dpu_drift: Family<DriftLabels, Gauge>,
     tls_handshakes: Family<HandshakeLabels, Counter>,
+    volume_condition_abnormal: Family<VolumeLabels, Gauge>,
 }
 
 /// 100 µs .. ~100 s: from a cached list to a slow mkfs.
@@ -118,6 +124,7 @@ fn metrics() -> &'static Metrics {
         let dependency_ready = Family::<DependencyLabels, Gauge>::default();
         let dpu_drift = Family::<DriftLabels, Gauge>::default();
         let tls_handshakes = Family::<HandshakeLabels, Counter>::default();
+        let volume_condition_abnormal = Family::<VolumeLabels, Gauge>::default();
         registry.register(
             "grpc_requests",
             "gRPC calls served, by method and status code",
@@ -163,6 +170,12 @@ fn metrics() -> &'static Metrics {
             "TLS handshakes on the DPU link, by role and outcome",
             tls_handshakes.clone(),
         );
+        registry.register(
+            "volume_condition_abnormal",
+            "1 when the last NodeGetVolumeStats found the volume abnormal (its filesystem shut \
+             down or read-only after errors, its device gone), else 0; by volume, while staged",
+            volume_condition_abnormal.clone(),
+        );
         Metrics {
             registry,
             grpc_requests,
@@ -174,6 +187,7 @@ fn metrics() -> &'static Metrics {
             dependency_ready,
             dpu_drift,
             tls_handshakes,
+            volume_condition_abnormal,
         }
     })
 }
@@ -260,6 +274,24 @@ pub fn set_dpu_drift(kind: &'static str, count: usize) {
         .dpu_drift
         .get_or_create(&DriftLabels { kind })
         .set(i64::try_from(count).unwrap_or(i64::MAX));
+}
+
+/// Records what NodeGetVolumeStats found of `volume_id`'s condition.
+pub fn set_volume_condition(volume_id: &str, abnormal: bool) {
+    metrics()
+        .volume_condition_abnormal
+        .get_or_create(&VolumeLabels {
+            volume_id: volume_id.into(),
+        })
+        .set(i64::from(abnormal));
+}
+
+/// Drops `volume_id`'s condition: unstaged, or about to be repaired (the
+/// next NodeGetVolumeStats says again what is true).
+pub fn forget_volume_condition(volume_id: &str) {
+    metrics().volume_condition_abnormal.remove(&VolumeLabels {
+        volume_id: volume_id.into(),
+    });
 }
 
 /// Records one TLS handshake on the DPU link.

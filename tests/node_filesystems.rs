@@ -12,9 +12,15 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Instant;
 
-use common::node::{NodeStack, mount_capability, mounts_under, stage_request, unstage};
+use common::node::{
+    NodeStack, mount_capability, mounts_under, publish_request, scrape, stage_and_publish,
+    stage_request, unpublish, unstage,
+};
 use snap_csi::node::config::EmulationSetting;
+use snap_csi::proto::csi::v1 as csi;
+use snap_csi::proto::csi::v1::node_client::NodeClient;
 use snap_csi::proto::csi::v1::volume_capability::access_mode::Mode;
+use tonic::transport::Channel;
 
 const GIB: u64 = 1 << 30;
 const TIB: u64 = 1 << 40;
@@ -169,4 +175,133 @@ async fn an_xfs_clone_mounts_beside_its_mounted_source() {
     unstage(&mut node, "pvc-clone", &clone_staging).await;
     unstage(&mut node, "pvc-source", &source_staging).await;
     assert!(mounts_under(&stack.kubelet).is_empty());
+}
+
+async fn condition(
+    node: &mut NodeClient<Channel>,
+    volume_id: &str,
+    path: &Path,
+) -> csi::VolumeCondition {
+    node.node_get_volume_stats(csi::NodeGetVolumeStatsRequest {
+        volume_id: volume_id.into(),
+        volume_path: path.display().to_string(),
+        staging_target_path: String::new(),
+    })
+    .await
+    .unwrap()
+    .into_inner()
+    .volume_condition
+    .unwrap()
+}
+
+/// The node's `snap_csi_volume_condition_abnormal` for `volume_id`, if any.
+async fn condition_metric(stack: &NodeStack, volume_id: &str) -> Option<String> {
+    let page = scrape(stack.config.metrics_address.unwrap()).await;
+    let prefix = format!("snap_csi_volume_condition_abnormal{{volume_id=\"{volume_id}\"}} ");
+    page.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .map(str::to_string)
+}
+
+/// A filesystem shuts down under a pod, for real: the shutdown ioctl, which
+/// XFS and ext4 share (XFS_IOC_GOINGDOWN and EXT4_IOC_SHUTDOWN are both
+/// `_IOR('X', 125, u32)`), issued by `xfs_io`, as an I/O error it cannot
+/// survive would. Stats say so and why, and so does the metric; a stage
+/// while it is published refuses, naming where; unpublished, the stage
+/// repairs it, and what was synced before is there.
+async fn shut_down(emulation: EmulationSetting, fs_type: &str) {
+    let stack = NodeStack::start(emulation).await;
+    let mut node = stack.client.clone();
+    let volume_id = format!("pvc-down-{fs_type}");
+    let backing = stack.backing_file("down.img", 512 << 20);
+    let staging = stack.path(&format!("staging/{volume_id}"));
+    fs::create_dir_all(&staging).unwrap();
+    let target = stack.path(&format!("pods/p/volumes/{volume_id}"));
+    let capability = mount_capability(fs_type, Mode::SingleNodeWriter);
+    stage_and_publish(
+        &mut node,
+        &volume_id,
+        (&staging, &target),
+        capability.clone(),
+        &backing,
+        false,
+    )
+    .await;
+    let file = target.join("synced");
+    fs::write(&file, b"before the shutdown").unwrap();
+    fs::File::open(&file).unwrap().sync_all().unwrap();
+    fs::File::open(&target).unwrap().sync_all().unwrap();
+    let healthy = condition(&mut node, &volume_id, &target).await;
+    assert!(!healthy.abnormal, "{healthy:?}");
+    assert_eq!(
+        condition_metric(&stack, &volume_id).await.as_deref(),
+        Some("0")
+    );
+
+    run(
+        "xfs_io",
+        &[
+            "-x".as_ref(),
+            "-c".as_ref(),
+            "shutdown".as_ref(),
+            target.as_os_str(),
+        ],
+    );
+    let write = fs::write(target.join("after"), b"x").unwrap_err();
+    assert_eq!(
+        write.raw_os_error(),
+        Some(nix::errno::Errno::EIO as i32),
+        "{write}"
+    );
+    for path in [&target, &staging] {
+        let sick = condition(&mut node, &volume_id, path).await;
+        assert!(sick.abnormal, "{sick:?}");
+        assert!(sick.message.contains("shut down"), "{sick:?}");
+    }
+    assert_eq!(
+        condition_metric(&stack, &volume_id).await.as_deref(),
+        Some("1")
+    );
+
+    let stage = stage_request(&volume_id, &staging, capability.clone(), &backing);
+    let refused = node.node_stage_volume(stage.clone()).await.unwrap_err();
+    assert_eq!(
+        refused.code(),
+        tonic::Code::FailedPrecondition,
+        "{refused:?}"
+    );
+    assert!(refused.message().contains("shut down"), "{refused:?}");
+    assert!(
+        refused.message().contains(&*target.to_string_lossy()),
+        "names where it is still published: {refused:?}"
+    );
+    unpublish(&mut node, &volume_id, &target).await;
+    node.node_stage_volume(stage).await.unwrap();
+    node.node_publish_volume(publish_request(
+        &volume_id, &staging, &target, capability, false,
+    ))
+    .await
+    .unwrap();
+    assert_eq!(fs::read(&file).unwrap(), b"before the shutdown");
+    fs::write(target.join("after"), b"writable again").unwrap();
+    let repaired = condition(&mut node, &volume_id, &target).await;
+    assert!(!repaired.abnormal, "{repaired:?}");
+    assert_eq!(
+        condition_metric(&stack, &volume_id).await.as_deref(),
+        Some("0")
+    );
+
+    unpublish(&mut node, &volume_id, &target).await;
+    unstage(&mut node, &volume_id, &staging).await;
+    assert_eq!(condition_metric(&stack, &volume_id).await, None, "unstaged");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ext4_shut_down_is_reported_and_repaired_at_the_next_stage() {
+    shut_down(EmulationSetting::Nvme, "ext4").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn xfs_shut_down_is_reported_and_repaired_at_the_next_stage() {
+    shut_down(EmulationSetting::VirtioBlk, "xfs").await;
 }

@@ -8,6 +8,7 @@
 //! step: what is true is read from the mount table, SNAP and sysfs; the only
 //! thing remembered is the small [`VolumeRecord`].
 
+use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -120,7 +121,7 @@ impl NodeService {
         if path.is_empty() {
             return Err(Status::invalid_argument(format!("{what} is required")));
         }
-        paths::confine(&self.inner.config.kubelet_dir, path)
+        confine_path(&self.inner.config.kubelet_dir, path)
             .map_err(|e| Status::invalid_argument(format!("{what}: {e}")))
     }
 
@@ -143,13 +144,17 @@ impl NodeService {
                 "volume {volume_id} is not at {volume_path:?}: {why}"
             ))
         };
-        let path = match paths::confine(&self.inner.config.kubelet_dir, volume_path) {
+        let path = match confine_path(&self.inner.config.kubelet_dir, volume_path) {
             Ok(path) => path,
             Err(HostOpError::InvalidArgument(why)) => return Err(not_there(why)),
             Err(e) => return Err(host_status(e)),
         };
-        if std::fs::symlink_metadata(&path).is_err() {
-            return Err(not_there("no such file or directory".into()));
+        // Only absence: a filesystem that shut down answers EIO even for its
+        // mount point, and that volume is there, in a bad state.
+        if let Err(e) = std::fs::symlink_metadata(&path)
+            && e.kind() == std::io::ErrorKind::NotFound
+        {
+            return Err(not_there(e.to_string()));
         }
         Ok((record, path))
     }
@@ -393,15 +398,20 @@ impl NodeService {
 
         if let Usage::Filesystem { fs, flags } = &usage {
             if let Some(existing) = mountinfo::at(&staging).map_err(host_status)? {
-                if (existing.major, existing.minor) == (device.major, device.minor) {
+                if (existing.major, existing.minor) != (device.major, device.minor) {
+                    return Err(Status::already_exists(format!(
+                        "{} already has another device mounted ({}:{})",
+                        staging.display(),
+                        existing.major,
+                        existing.minor
+                    )));
+                }
+                if self
+                    .keep_staged(volume_id, &staging, &existing, deadline)
+                    .await?
+                {
                     return Ok(Response::new(csi::NodeStageVolumeResponse {}));
                 }
-                return Err(Status::already_exists(format!(
-                    "{} already has another device mounted ({}:{})",
-                    staging.display(),
-                    existing.major,
-                    existing.minor
-                )));
             }
             if read_only {
                 if let format::Probe::Blank = format::probe(&device.node, deadline)
@@ -429,6 +439,49 @@ impl NodeService {
             crate::failpoint::step("stage:mount");
         }
         Ok(Response::new(csi::NodeStageVolumeResponse {}))
+    }
+
+    /// Whether the filesystem staged at `staging` (the mount `existing`)
+    /// still works, so that a repeated stage leaves it as it is. One that
+    /// failed (shut down, or read-only after errors) is unmounted, and the
+    /// stage then repairs it as it mounts it again: e2fsck -p for ext4, log
+    /// recovery for xfs (xfs_repair is not run unattended: it may throw
+    /// away what it cannot place, a decision for a human). Not while it is
+    /// published: the pods' bind mounts keep the broken filesystem alive, and
+    /// a repair needs it unmounted everywhere.
+    async fn keep_staged(
+        &self,
+        volume_id: &str,
+        staging: &Path,
+        existing: &mountinfo::MountEntry,
+        deadline: Instant,
+    ) -> Result<bool, Status> {
+        let Some(fault) = stats::filesystem_fault(staging, existing, deadline)
+            .await
+            .map_err(host_status)?
+        else {
+            return Ok(true);
+        };
+        let published: Vec<String> = mountinfo::read()
+            .map_err(host_status)?
+            .iter()
+            .filter(|m| (m.major, m.minor) == (existing.major, existing.minor))
+            .filter(|m| m.mount_point != staging)
+            .map(|m| m.mount_point.display().to_string())
+            .collect();
+        if !published.is_empty() {
+            return Err(Status::failed_precondition(format!(
+                "volume {volume_id} needs a repair: {fault}. It is still published at {}",
+                published.join(", ")
+            )));
+        }
+        tracing::warn!(%volume_id, "unmounting the staged filesystem to repair it: {fault}");
+        while mount::unmount(staging, deadline)
+            .await
+            .map_err(host_status)?
+        {}
+        crate::metrics::forget_volume_condition(volume_id);
+        Ok(false)
     }
 
     async fn node_unstage_volume_inner(
@@ -470,6 +523,7 @@ impl NodeService {
             .remove(volume_id)
             .map_err(|e| io_status("removing the volume record", e))?;
         self.count_staged();
+        crate::metrics::forget_volume_condition(volume_id);
         Ok(Response::new(csi::NodeUnstageVolumeResponse {}))
     }
 
@@ -538,54 +592,17 @@ impl NodeService {
         &self,
         request: Request<csi::NodeGetVolumeStatsRequest>,
     ) -> Result<Response<csi::NodeGetVolumeStatsResponse>, Status> {
+        let deadline = self.deadline(&request);
         let req = request.into_inner();
         let volume_id = require(&req.volume_id, "volume_id")?;
         require(&req.volume_path, "volume_path")?;
         let (_, path) = self.staged_at(volume_id, &req.volume_path)?;
-        let Some(entry) = mountinfo::at(&path).map_err(host_status)? else {
-            return Ok(Response::new(abnormal(format!(
-                "{} is not mounted: the volume is not published there",
-                path.display()
-            ))));
-        };
-        let response = if path.is_dir() {
-            let usage = stats::filesystem_usage(&path).map_err(host_status)?;
-            csi::NodeGetVolumeStatsResponse {
-                usage: vec![
-                    csi::VolumeUsage {
-                        available: usage.available_bytes,
-                        total: usage.total_bytes,
-                        used: usage.used_bytes,
-                        unit: csi::volume_usage::Unit::Bytes as i32,
-                    },
-                    csi::VolumeUsage {
-                        available: usage.free_inodes,
-                        total: usage.total_inodes,
-                        used: usage.used_inodes,
-                        unit: csi::volume_usage::Unit::Inodes as i32,
-                    },
-                ],
-                volume_condition: Some(healthy()),
-            }
-        } else {
-            match stats::block_device_size(&path) {
-                Ok(size) => csi::NodeGetVolumeStatsResponse {
-                    usage: vec![csi::VolumeUsage {
-                        available: 0,
-                        total: i64::try_from(size).unwrap_or(i64::MAX),
-                        used: 0,
-                        unit: csi::volume_usage::Unit::Bytes as i32,
-                    }],
-                    volume_condition: Some(healthy()),
-                },
-                Err(e) => abnormal(format!(
-                    "the block device {}:{} behind {} is gone: {e}",
-                    entry.major,
-                    entry.minor,
-                    path.display()
-                )),
-            }
-        };
+        let response = volume_stats(&path, deadline).await?;
+        let abnormal = response
+            .volume_condition
+            .as_ref()
+            .is_some_and(|c| c.abnormal);
+        crate::metrics::set_volume_condition(volume_id, abnormal);
         Ok(Response::new(response))
     }
 
@@ -755,6 +772,30 @@ impl csi::node_server::Node for NodeService {
     }
 }
 
+/// [`paths::confine`], which looks at each component of the path, except
+/// that the mount point of a filesystem that shut down (xfs answers EIO even
+/// to an lstat of it) is taken when its parent confines and the mount table
+/// shows a mount exactly there: the root of a mount is a directory or a
+/// device node, never a link. Unpublish, unstage and stats must reach it.
+fn confine_path(root: &Path, requested: &str) -> Result<PathBuf, HostOpError> {
+    let error = match paths::confine(root, requested) {
+        Err(error @ HostOpError::Failed { .. }) => error,
+        other => return other,
+    };
+    let requested = Path::new(requested);
+    let (Some(parent), Some(name)) = (requested.parent(), requested.file_name()) else {
+        return Err(error);
+    };
+    let Some(parent) = parent.to_str().and_then(|p| paths::confine(root, p).ok()) else {
+        return Err(error);
+    };
+    let path = parent.join(name);
+    match mountinfo::at(&path) {
+        Ok(Some(_)) => Ok(path),
+        _ => Err(error),
+    }
+}
+
 /// DPF's attachment from the publish context, if it carries one.
 fn dpf_locator(
     context: &std::collections::HashMap<String, String>,
@@ -788,6 +829,78 @@ fn remove_mount_point(target: &Path) -> std::io::Result<()> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(e),
     }
+}
+
+/// Usage and condition of the volume at `path`, a publish target or the
+/// staging path.
+async fn volume_stats(
+    path: &Path,
+    deadline: Instant,
+) -> Result<csi::NodeGetVolumeStatsResponse, Status> {
+    let Some(entry) = mountinfo::at(path).map_err(host_status)? else {
+        return Ok(abnormal(format!(
+            "{} is not mounted: the volume is not published there",
+            path.display()
+        )));
+    };
+    // A block volume's device node stays there when its device is gone; a
+    // broken filesystem's mount point may answer stat(2) with EIO.
+    let block = std::fs::metadata(path).is_ok_and(|m| m.file_type().is_block_device());
+    if block {
+        return Ok(match stats::block_device_size(path) {
+            Ok(size) => csi::NodeGetVolumeStatsResponse {
+                usage: vec![csi::VolumeUsage {
+                    available: 0,
+                    total: i64::try_from(size).unwrap_or(i64::MAX),
+                    used: 0,
+                    unit: csi::volume_usage::Unit::Bytes as i32,
+                }],
+                volume_condition: Some(healthy()),
+            },
+            Err(e) => abnormal(format!(
+                "the block device {}:{} behind {} is gone: {e}",
+                entry.major,
+                entry.minor,
+                path.display()
+            )),
+        });
+    }
+    let fault = stats::filesystem_fault(path, &entry, deadline)
+        .await
+        .map_err(host_status)?;
+    // statfs answers on a filesystem that shut down: usage stays reported.
+    let usage = match stats::filesystem_usage(path) {
+        Ok(usage) => usage,
+        Err(e) => {
+            return match fault {
+                Some(why) => Ok(abnormal(why)),
+                None => Err(host_status(e)),
+            };
+        }
+    };
+    Ok(csi::NodeGetVolumeStatsResponse {
+        usage: vec![
+            csi::VolumeUsage {
+                available: usage.available_bytes,
+                total: usage.total_bytes,
+                used: usage.used_bytes,
+                unit: csi::volume_usage::Unit::Bytes as i32,
+            },
+            csi::VolumeUsage {
+                available: usage.free_inodes,
+                total: usage.total_inodes,
+                used: usage.used_inodes,
+                unit: csi::volume_usage::Unit::Inodes as i32,
+            },
+        ],
+        volume_condition: Some(match fault {
+            Some(why) => csi::VolumeCondition {
+                abnormal: true,
+                message: format!("{why}; to repair it, unpublish it everywhere and stage it again"),
+            },
+            None => healthy(),
+        }),
+    })
 }
 
 fn healthy() -> csi::VolumeCondition {
