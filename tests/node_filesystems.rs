@@ -305,3 +305,63 @@ async fn ext4_shut_down_is_reported_and_repaired_at_the_next_stage() {
 async fn xfs_shut_down_is_reported_and_repaired_at_the_next_stage() {
     shut_down(EmulationSetting::VirtioBlk, "xfs").await;
 }
+
+/// ext4 mounted with `errors=remount-ro` meets an error (the kernel's own
+/// trigger, `/sys/fs/ext4/DEV/trigger_fs_error`, goes through the same
+/// ext4_error path a corrupted block does): the kernel makes it read-only,
+/// stats say so and count the error, and the next stage, unpublished,
+/// checks it (e2fsck -p, forced by the error flag) and mounts it writable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ext4_read_only_after_an_error_is_reported_and_repaired() {
+    let stack = NodeStack::start(EmulationSetting::Nvme).await;
+    let mut node = stack.client.clone();
+    let backing = stack.backing_file("errors.img", 128 << 20);
+    let staging = stack.path("staging/pvc-errors");
+    fs::create_dir_all(&staging).unwrap();
+    let target = stack.path("pods/p/volumes/pvc-errors");
+    let mut capability = mount_capability("ext4", Mode::SingleNodeWriter);
+    if let Some(csi::volume_capability::AccessType::Mount(mount)) = &mut capability.access_type {
+        mount.mount_flags.push("errors=remount-ro".into());
+    }
+    stage_and_publish(
+        &mut node,
+        "pvc-errors",
+        (&staging, &target),
+        capability.clone(),
+        &backing,
+        false,
+    )
+    .await;
+    let loops = common::loop_devices_of(&backing);
+    let device = loops[0]
+        .split(':')
+        .next()
+        .unwrap()
+        .trim_start_matches("/dev/");
+    fs::write(
+        format!("/sys/fs/ext4/{device}/trigger_fs_error"),
+        "scenario 10",
+    )
+    .unwrap();
+    let write = fs::write(target.join("after"), b"x").unwrap_err();
+    assert_eq!(
+        write.raw_os_error(),
+        Some(nix::errno::Errno::EROFS as i32),
+        "{write}"
+    );
+    let sick = condition(&mut node, "pvc-errors", &target).await;
+    assert!(sick.abnormal, "{sick:?}");
+    assert!(sick.message.contains("read-only after errors"), "{sick:?}");
+    assert_eq!(
+        condition_metric(&stack, "pvc-errors").await.as_deref(),
+        Some("1")
+    );
+
+    unpublish(&mut node, "pvc-errors", &target).await;
+    let stage = stage_request("pvc-errors", &staging, capability, &backing);
+    node.node_stage_volume(stage).await.unwrap();
+    fs::write(staging.join("after"), b"writable again").unwrap();
+    let repaired = condition(&mut node, "pvc-errors", &staging).await;
+    assert!(!repaired.abnormal, "e2fsck cleared the error: {repaired:?}");
+    unstage(&mut node, "pvc-errors", &staging).await;
+}

@@ -56,9 +56,9 @@ pub fn filesystem_usage(path: &Path) -> Result<Usage, HostOpError> {
 ///   still answers, so usage alone cannot tell. This is the only sign xfs
 ///   gives: its mount table line and sysfs stay as they were. On a healthy
 ///   filesystem with nothing to write it costs no I/O.
-/// - The mount table: the kernel makes the whole filesystem read-only (its
-///   superblock options say `ro`) while a mount of it was made read-write,
-///   which is ext4's `errors=remount-ro` at work.
+/// - The mount table: the kernel made the whole filesystem read-only (its
+///   superblock options say `ro`, or `emergency_ro`) while a mount of it was
+///   made read-write: ext4's `errors=remount-ro` at work.
 /// - ext4's own count of the errors it met (`/sys/fs/ext4/DEV/errors_count`):
 ///   with `errors=continue` the filesystem goes on, damaged. e2fsck clears it.
 ///
@@ -95,7 +95,11 @@ fn fault(path: &Path, entry: &MountEntry) -> Result<Option<String>, HostOpError>
         Err(err) if err.raw_os_error() == Some(Errno::EROFS as i32) => {}
         Err(err) => return Err(HostOpError::io(format!("fsync {}", path.display()), &err)),
     }
-    let forced_read_only = entry.super_options.iter().any(|o| o == "ro")
+    // Newer kernels (6.x) leave ext4's `rw` and add `emergency_ro`.
+    let forced_read_only = entry
+        .super_options
+        .iter()
+        .any(|o| o == "ro" || o == "emergency_ro")
         && mountinfo::read()?
             .iter()
             .any(|m| (m.major, m.minor) == (entry.major, entry.minor) && !m.is_read_only_mount());
