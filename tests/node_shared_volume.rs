@@ -256,7 +256,7 @@ async fn publishes_in_flight_together_exclude_a_stage_but_not_each_other() {
         }
         let refused = node.node_stage_volume(stage.clone()).await.unwrap_err();
         assert_eq!(refused.code(), tonic::Code::Aborted, "{refused:?}");
-        if refused.message().contains(&format!("{PODS} publish")) {
+        if refused.message().contains(&format!("{PODS} publishes")) {
             break;
         }
         tokio::time::sleep(std::time::Duration::from_millis(1)).await;

@@ -248,16 +248,15 @@ impl NodeService {
 /// ABORTED, saying what runs: the CO retries later.
 fn busy_status(volume_id: &str, target: Option<&Path>, busy: &Busy) -> Status {
     let running = match busy {
-        Busy::Whole => "a stage, unstage or expand".to_string(),
-        Busy::Targets(count) => format!("{count} publish or unpublish call(s)"),
+        Busy::Whole => "a stage, unstage or expand is".to_string(),
+        Busy::Targets(1) => "1 publish or unpublish is".to_string(),
+        Busy::Targets(count) => format!("{count} publishes or unpublishes are"),
         Busy::SameTarget => format!(
-            "a publish or unpublish at {}",
+            "a publish or unpublish at {} is",
             target.unwrap_or(Path::new("")).display()
         ),
     };
-    Status::aborted(format!(
-        "{running} for volume {volume_id} is already in progress"
-    ))
+    Status::aborted(format!("volume {volume_id} is busy: {running} in progress"))
 }
 
 fn require<'a>(value: &'a str, what: &str) -> Result<&'a str, Status> {
