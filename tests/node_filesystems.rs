@@ -231,6 +231,20 @@ async fn shut_down(emulation: EmulationSetting, fs_type: &str) {
     fs::write(&file, b"before the shutdown").unwrap();
     fs::File::open(&file).unwrap().sync_all().unwrap();
     fs::File::open(&target).unwrap().sync_all().unwrap();
+    use csi::node_service_capability::{Type, rpc};
+    let capabilities = node
+        .node_get_capabilities(csi::NodeGetCapabilitiesRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .capabilities;
+    assert!(
+        capabilities.iter().any(|c| matches!(
+            c.r#type,
+            Some(Type::Rpc(r)) if r.r#type == rpc::Type::VolumeCondition as i32
+        )),
+        "kubelet asks for the condition only of a node that offers it: {capabilities:?}"
+    );
     let healthy = condition(&mut node, &volume_id, &target).await;
     assert!(!healthy.abnormal, "{healthy:?}");
     assert_eq!(

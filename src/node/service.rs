@@ -872,7 +872,7 @@ async fn volume_stats(
         Ok(usage) => usage,
         Err(e) => {
             return match fault {
-                Some(why) => Ok(abnormal(why)),
+                Some(why) => Ok(abnormal(repair_hint(&why))),
                 None => Err(host_status(e)),
             };
         }
@@ -895,11 +895,16 @@ async fn volume_stats(
         volume_condition: Some(match fault {
             Some(why) => csi::VolumeCondition {
                 abnormal: true,
-                message: format!("{why}; to repair it, unpublish it everywhere and stage it again"),
+                message: repair_hint(&why),
             },
             None => healthy(),
         }),
     })
+}
+
+/// What a failed filesystem's condition says: why, and what repairs it.
+fn repair_hint(why: &str) -> String {
+    format!("{why}; to repair it, unpublish it everywhere and stage it again")
 }
 
 fn healthy() -> csi::VolumeCondition {
