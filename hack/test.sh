@@ -21,9 +21,12 @@ export SNAP_CSI_SPDK_TGT
 cargo test --workspace --locked
 # Split mode: the suites that reach the DPU again, now through a real DPU
 # agent over mutual TLS (tests/common/dpu.rs), so both modes behave alike.
-SNAP_CSI_TEST_DPU=split cargo test --locked \
+# node_crash: 100 of its seeded trials here (200 co-located above), which
+# crash every step once in every configuration (the first round of 83).
+SNAP_CSI_TEST_DPU=split SNAP_CSI_CRASH_TRIALS=100 cargo test --locked \
   -p snap-csi --test dpu_attach --test node_lifecycle --test csi_node_conformance \
-  --test node_metrics --test node_concurrency --test node_crash \
+  --test node_metrics --test node_concurrency --test node_crash --test node_recovery \
+  --test node_orphans \
   -p snap-csi-spdk-plugin --test node_attach --test csi_stack
 ./deploy/check.sh
 ./hack/demo.sh --profile debug

@@ -36,6 +36,8 @@ pub struct TestPlugin {
     /// One line per device call received (`"CreateDevice vol-1"`,
     /// `"DeleteDevice vol-1 aio-vol-1"`, `"GetDevice vol-1 "`, `"ListDevices"`).
     pub calls: Arc<Mutex<Vec<String>>>,
+    /// Holds CreateDevice and DeleteDevice while a test keeps it closed.
+    pub gate: Gate,
     stop: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<()>>,
 }
@@ -76,12 +78,47 @@ pub async fn start_with(
     capabilities: &[Capability],
 ) -> TestPlugin {
     let calls = Arc::new(Mutex::new(Vec::new()));
+    let gate = Gate::default();
     let plugin = Plugin {
         spdk: RpcClient::with_timeout(emulator_socket, Duration::from_secs(30)),
         calls: Arc::clone(&calls),
         capabilities: capabilities.to_vec(),
+        gate: gate.clone(),
     };
-    serve(dir.join("plugin.sock"), plugin, calls)
+    let mut running = serve(dir.join("plugin.sock"), plugin, calls);
+    running.gate = gate;
+    running
+}
+
+/// Lets a test act while a device call is surely inside the plugin: closed,
+/// it holds CreateDevice and DeleteDevice (after recording them) until it
+/// opens again; open, it costs a lock that is never contended.
+#[derive(Clone, Debug, Default)]
+pub struct Gate {
+    closed: Arc<tokio::sync::RwLock<()>>,
+    entered: Arc<tokio::sync::Notify>,
+}
+
+impl Gate {
+    /// Closes the gate until the returned guard is dropped.
+    pub async fn close(&self) -> tokio::sync::OwnedRwLockWriteGuard<()> {
+        Arc::clone(&self.closed).write_owned().await
+    }
+
+    /// Returns once a device call is held at the closed gate.
+    pub async fn entered(&self) {
+        self.entered.notified().await
+    }
+
+    /// Passes a device call: at once when open; when closed, says so and
+    /// waits for it to open (only then, so no stale notice is left behind).
+    async fn pass(&self) {
+        if self.closed.try_read().is_ok() {
+            return;
+        }
+        self.entered.notify_one();
+        drop(self.closed.read().await);
+    }
 }
 
 /// Serves `plugin` as both plugin services on `socket` (replacing a stale
@@ -108,6 +145,7 @@ where
     TestPlugin {
         socket,
         calls,
+        gate: Gate::default(),
         stop: Some(stop),
         task: Some(task),
     }
@@ -204,6 +242,7 @@ struct Plugin {
     spdk: RpcClient,
     calls: Arc<Mutex<Vec<String>>>,
     capabilities: Vec<Capability>,
+    gate: Gate,
 }
 
 impl Plugin {
@@ -266,6 +305,7 @@ impl StoragePluginService for Plugin {
     ) -> Result<Response<api::CreateDeviceResponse>, Status> {
         let request = request.into_inner();
         self.record(format!("CreateDevice {}", request.volume_id));
+        self.gate.pass().await;
         if request.volume_id.is_empty() {
             return Err(Status::invalid_argument("volume_id is required"));
         }
@@ -308,6 +348,7 @@ impl StoragePluginService for Plugin {
             "DeleteDevice {} {}",
             request.volume_id, request.device_name
         ));
+        self.gate.pass().await;
         let name = if request.device_name.is_empty() {
             device_name(&request.volume_id)
         } else {

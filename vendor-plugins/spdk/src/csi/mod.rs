@@ -162,7 +162,7 @@ impl CsiController {
 
     /// Claims `key` for this call; a second call on it gets ABORTED.
     fn hold(&self, key: String) -> Result<Held, Status> {
-        self.inner.busy.try_hold(&key).ok_or_else(|| {
+        self.inner.busy.try_hold(&key).map_err(|_| {
             Status::aborted(format!(
                 "an operation on {key} is already in progress; retry later"
             ))
