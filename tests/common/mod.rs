@@ -20,7 +20,9 @@ pub mod vendor_controller;
 
 // Each test crate uses some of them, as with `dead_code` above.
 #[allow(unused_imports)]
-pub use shared::{discovered, free_tcp_port, loop_devices_of, sparse_file, timed};
+pub use shared::{
+    assert_kept_deadline, discovered, free_tcp_port, loop_devices_of, sparse_file, timed,
+};
 
 use std::path::{Path, PathBuf};
 

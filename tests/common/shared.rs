@@ -48,6 +48,28 @@ pub fn timed<T>(message: T, timeout: Duration) -> tonic::Request<T> {
     request
 }
 
+/// How late past its deadline a call may end on a loaded machine and still
+/// count as having kept it: generous, so that no scheduling delay fails a
+/// test, and far below the 20 s and more a call that ignored its deadline
+/// would wait (the timeouts of every client and service in the tests).
+pub const DEADLINE_SLACK: Duration = Duration::from_secs(5);
+
+/// Asserts that a call started at `started` with `deadline` to keep ended by
+/// it, give or take [`DEADLINE_SLACK`]. The callers also check the answer's
+/// code and message: a call cut short by anything but its own deadline
+/// handling would give another one.
+pub fn assert_kept_deadline(
+    what: &str,
+    started: impl Into<std::time::Instant>,
+    deadline: Duration,
+) {
+    let took = started.into().elapsed();
+    assert!(
+        took < deadline + DEADLINE_SLACK,
+        "{what}: answered after {took:?}, its deadline was {deadline:?}"
+    );
+}
+
 /// How long the host may take to discover a disk after SNAP exposed it.
 pub const DISCOVERY_TIMEOUT: Duration = Duration::from_secs(30);
 
