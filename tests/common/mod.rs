@@ -21,7 +21,8 @@ pub mod vendor_controller;
 // Each test crate uses some of them, as with `dead_code` above.
 #[allow(unused_imports)]
 pub use shared::{
-    assert_kept_deadline, discovered, free_tcp_port, loop_devices_of, sparse_file, timed,
+    ROUND_TRIP_PERIOD, assert_kept_deadline, discovered, free_tcp_port, loop_devices_of,
+    round_trips, sparse_file, timed,
 };
 
 use std::path::{Path, PathBuf};
@@ -71,6 +72,12 @@ impl Emulator {
 
     pub fn client(&self) -> RpcClient {
         RpcClient::new(&self.socket)
+    }
+
+    /// The dependent round trips its poller has counted (see
+    /// `snap_emu::Rounds`; 0 without a poll period).
+    pub fn rounds(&self) -> u64 {
+        self.running.as_ref().map_or(0, snap_emu::InProcess::rounds)
     }
 
     /// Stops the emulator gracefully and checks that it shut down cleanly

@@ -70,6 +70,26 @@ pub fn assert_kept_deadline(
     );
 }
 
+/// The period of an emulator counting round trips
+/// (`snap_emu::Config::counting_round_trips`): requests a client sends
+/// together must reach it within one period to count as one round, so it is
+/// long next to any scheduling delay; each dependent round trip costs one to
+/// two periods.
+pub const ROUND_TRIP_PERIOD: Duration = Duration::from_millis(200);
+
+/// Runs `call` and returns its output and how many dependent SNAP/SPDK round
+/// trips it made, as the emulator's poller counted them (`rounds` reads its
+/// count): a request that waited for an earlier reply is one more, requests
+/// sent together are one.
+pub async fn round_trips<T>(
+    rounds: impl Fn() -> u64,
+    call: impl std::future::Future<Output = T>,
+) -> (T, u64) {
+    let before = rounds();
+    let out = call.await;
+    (out, rounds() - before)
+}
+
 /// How long the host may take to discover a disk after SNAP exposed it.
 pub const DISCOVERY_TIMEOUT: Duration = Duration::from_secs(30);
 
