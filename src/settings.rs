@@ -87,8 +87,8 @@ pub(crate) fn seconds_flag(
     given: Option<f64>,
 ) -> Result<(), ConfigError> {
     if let Some(secs) = given {
-        *setting = duration_from_secs(secs)
-            .map_err(|e| ConfigError::Message(format!("--{flag}: {e}")))?;
+        *setting =
+            duration_from_secs(secs).map_err(|e| ConfigError::Message(format!("--{flag}: {e}")))?;
     }
     Ok(())
 }
@@ -117,7 +117,15 @@ mod tests {
             duration_from_secs(31_536_000.0),
             Ok(Duration::from_secs(MAX_SECONDS))
         );
-        for bad in [f64::NAN, -1.0, -0.001, f64::INFINITY, f64::NEG_INFINITY, 1e19, 31_536_000.5] {
+        for bad in [
+            f64::NAN,
+            -1.0,
+            -0.001,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            1e19,
+            31_536_000.5,
+        ] {
             let error = duration_from_secs(bad).unwrap_err();
             assert!(error.contains("from 0 to 31536000"), "{bad}: {error}");
         }
@@ -131,8 +139,17 @@ mod tests {
     fn flags_and_files_refuse_a_huge_duration_by_name() {
         let mut setting = Duration::from_secs(1);
         let error = seconds_flag(&mut setting, "call-timeout", Some(1e19)).unwrap_err();
-        assert!(error.to_string().starts_with("--call-timeout: 10000000000000000000 is not"), "{error}");
-        assert_eq!(setting, Duration::from_secs(1), "a refused flag changes nothing");
+        assert!(
+            error
+                .to_string()
+                .starts_with("--call-timeout: 10000000000000000000 is not"),
+            "{error}"
+        );
+        assert_eq!(
+            setting,
+            Duration::from_secs(1),
+            "a refused flag changes nothing"
+        );
         #[derive(Debug, serde::Deserialize)]
         struct File {
             #[serde(with = "seconds")]

@@ -34,7 +34,13 @@ fn rpc_refuses_a_timeout_that_is_no_duration() {
         // `--timeout=` keeps a leading minus from reading as a flag.
         let timeout = format!("--timeout={bad}");
         assert_refused(
-            &["rpc", "--socket", "/nonexistent/spdk.sock", &timeout, "spdk_get_version"],
+            &[
+                "rpc",
+                "--socket",
+                "/nonexistent/spdk.sock",
+                &timeout,
+                "spdk_get_version",
+            ],
             "--timeout",
         );
     }

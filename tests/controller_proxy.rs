@@ -10,8 +10,8 @@ use std::future::Future;
 use std::path::Path;
 use std::time::Duration;
 
-use common::vendor_controller::{Answer, FakeVendor, Services};
 use common::shared::DEADLINE_SLACK;
+use common::vendor_controller::{Answer, FakeVendor, Services};
 use common::{free_tcp_port, timed};
 use snap_csi::controller::ControllerConfig;
 use snap_csi::proto::csi::v1 as csi;
@@ -1517,7 +1517,10 @@ async fn a_vendor_socket_path_with_a_space_is_served() {
     let mut child = common::shared::KillOnDrop(child);
     let channel = common::node::connect(&endpoint).await;
     ControllerClient::new(channel)
-        .list_volumes(timed(csi::ListVolumesRequest::default(), Duration::from_secs(5)))
+        .list_volumes(timed(
+            csi::ListVolumesRequest::default(),
+            Duration::from_secs(5),
+        ))
         .await
         .unwrap();
     assert_eq!(vendor.call_count(), 1);

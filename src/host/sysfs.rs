@@ -154,12 +154,10 @@ impl Sysfs {
             node: self.device_node(major, minor)?,
             major,
             minor,
-            size_bytes: sectors
-                .checked_mul(512)
-                .ok_or(HostError::SizeOverflow {
-                    path: size_path,
-                    sectors,
-                })?,
+            size_bytes: sectors.checked_mul(512).ok_or(HostError::SizeOverflow {
+                path: size_path,
+                sectors,
+            })?,
         }))
     }
 
@@ -379,7 +377,9 @@ mod tests {
     fn a_size_past_u64_bytes_is_an_error_not_a_wrapped_size() {
         let (major, minor) = any_block_device().expect("this machine has a block device");
         let root = tempfile::tempdir().unwrap();
-        let disk = root.path().join("bus/pci/devices/0000:36:00.1/virtio5/block/vdc");
+        let disk = root
+            .path()
+            .join("bus/pci/devices/0000:36:00.1/virtio5/block/vdc");
         write(&disk.join("serial"), "pvc-42\n");
         // 2^55 sectors of 512 bytes is 2^64 bytes: wraps to 0.
         write(&disk.join("size"), &format!("{}\n", 1u64 << 55));
@@ -392,6 +392,9 @@ mod tests {
             "{error:?}"
         );
         let message = error.to_string();
-        assert!(message.contains("vdc/size") && message.contains("2^64"), "{message}");
+        assert!(
+            message.contains("vdc/size") && message.contains("2^64"),
+            "{message}"
+        );
     }
 }

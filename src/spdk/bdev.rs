@@ -184,7 +184,10 @@ mod tests {
         let error = bdev(1 << 55, 512).size_bytes().unwrap_err();
         assert_eq!(
             error.to_string(),
-            format!("bdev Nvme0n1 reports {} blocks of 512 bytes: more than 2^64 bytes", 1u64 << 55)
+            format!(
+                "bdev Nvme0n1 reports {} blocks of 512 bytes: more than 2^64 bytes",
+                1u64 << 55
+            )
         );
         assert!(bdev(u64::MAX, 4096).size_bytes().is_err());
     }

@@ -217,7 +217,10 @@ mod tests {
         for bad in ["0", "31536001", "18446744073709551615"] {
             let args = Args::try_parse_from(["p", "--call-timeout", bad]).unwrap();
             let error = args.resolve().unwrap_err();
-            assert!(error.contains("--call-timeout must be from 1"), "{bad}: {error}");
+            assert!(
+                error.contains("--call-timeout must be from 1"),
+                "{bad}: {error}"
+            );
         }
         assert!(Args::try_parse_from(["p", "--log-format", "xml"]).is_err());
     }

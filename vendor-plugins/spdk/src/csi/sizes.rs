@@ -102,12 +102,14 @@ pub fn lvol_unit(cluster: u64) -> Result<u64, Status> {
         a
     };
     let cluster = cluster.max(1);
-    (MIB / gcd(MIB, cluster)).checked_mul(cluster).ok_or_else(|| {
-        Status::internal(format!(
-            "the target's lvstore reports clusters of {cluster} bytes: no whole number of \
+    (MIB / gcd(MIB, cluster))
+        .checked_mul(cluster)
+        .ok_or_else(|| {
+            Status::internal(format!(
+                "the target's lvstore reports clusters of {cluster} bytes: no whole number of \
              them is a whole number of MiB below 2^64 bytes"
-        ))
-    })
+            ))
+        })
 }
 
 /// A bdev's size as the target reports it; a size past 2^64 bytes is the
@@ -240,7 +242,9 @@ mod tests {
         let status = lvol_unit((1 << 63) + 1).unwrap_err();
         assert_eq!(status.code(), Code::Internal);
         assert!(
-            status.message().contains(&format!("clusters of {} bytes", (1u64 << 63) + 1)),
+            status
+                .message()
+                .contains(&format!("clusters of {} bytes", (1u64 << 63) + 1)),
             "{status:?}"
         );
         assert_eq!(lvol_unit(u64::MAX).unwrap_err().code(), Code::Internal);
