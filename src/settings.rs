@@ -105,6 +105,16 @@ pub(crate) mod seconds {
     }
 }
 
+/// A config file `name` holding `contents`, in a directory that lives as long
+/// as the returned handle.
+#[cfg(test)]
+pub(crate) fn test_file(name: &str, contents: &str) -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join(name);
+    std::fs::write(&file, contents).unwrap();
+    (dir, file)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -160,14 +170,4 @@ mod tests {
         let error = serde_json::from_str::<File>(r#"{"wait": 1e19}"#).unwrap_err();
         assert!(error.to_string().contains("from 0 to"), "{error}");
     }
-}
-
-/// A config file `name` holding `contents`, in a directory that lives as long
-/// as the returned handle.
-#[cfg(test)]
-pub(crate) fn test_file(name: &str, contents: &str) -> (tempfile::TempDir, std::path::PathBuf) {
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join(name);
-    std::fs::write(&file, contents).unwrap();
-    (dir, file)
 }
