@@ -1367,27 +1367,33 @@ async fn a_tcp_vendor_works_like_a_unix_one() {
     proxy.stop().await;
 }
 
+/// The `snap-csi controller` binary as an operator starts it, serving
+/// `endpoint` for the vendor at `vendor_endpoint`, logging to `log`.
+fn proxy_process(endpoint: &Path, vendor_endpoint: &str, log: &Path) -> std::process::Command {
+    use std::process::Stdio;
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_snap-csi"));
+    command
+        .arg("controller")
+        .arg("--endpoint")
+        .arg(endpoint)
+        .arg("--vendor-endpoint")
+        .arg(vendor_endpoint)
+        .env_remove("SNAP_CSI_CONFIG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(log).unwrap());
+    command
+}
+
 #[tokio::test]
 async fn secrets_and_parameters_never_reach_the_log_even_at_debug() {
-    use std::process::{Command, Stdio};
-
     let dir = tempfile::tempdir().unwrap();
     let vendor = FakeVendor::unix(dir.path(), Services::ALL).await;
     let endpoint = dir.path().join("csi.sock");
     let log_path = dir.path().join("controller.log");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_snap-csi"))
-        .arg("controller")
-        .arg("--endpoint")
-        .arg(&endpoint)
-        .arg("--vendor-endpoint")
-        .arg(&vendor.endpoint)
-        .arg("--call-timeout")
-        .arg("10")
+    let mut child = proxy_process(&endpoint, &vendor.endpoint, &log_path)
+        .args(["--call-timeout", "10"])
         .env("RUST_LOG", "debug")
-        .env_remove("SNAP_CSI_CONFIG")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log_path).unwrap())
         .spawn()
         .unwrap();
     let channel = common::node::connect(&endpoint).await;
@@ -1493,8 +1499,6 @@ async fn secrets_and_parameters_never_reach_the_log_even_at_debug() {
 /// as an operator starts it.
 #[tokio::test]
 async fn a_vendor_socket_path_with_a_space_is_served() {
-    use std::process::{Command, Stdio};
-
     let dir = tempfile::tempdir().unwrap();
     let spaced = dir.path().join("vendor dir");
     std::fs::create_dir(&spaced).unwrap();
@@ -1502,16 +1506,7 @@ async fn a_vendor_socket_path_with_a_space_is_served() {
     assert!(vendor.endpoint.contains(' '), "{}", vendor.endpoint);
     let endpoint = dir.path().join("csi.sock");
     let log_path = dir.path().join("controller.log");
-    let child = Command::new(env!("CARGO_BIN_EXE_snap-csi"))
-        .arg("controller")
-        .arg("--endpoint")
-        .arg(&endpoint)
-        .arg("--vendor-endpoint")
-        .arg(&vendor.endpoint)
-        .env_remove("SNAP_CSI_CONFIG")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log_path).unwrap())
+    let child = proxy_process(&endpoint, &vendor.endpoint, &log_path)
         .spawn()
         .unwrap();
     let mut child = common::shared::KillOnDrop(child);
