@@ -16,6 +16,9 @@
 //! - `snap_csi_dpu_drift`: at the node's start, volumes SNAP exposes without
 //!   a record here (`kind="unrecorded"`) and records SNAP no longer backs
 //!   (`kind="unattached"`).
+//! - `snap_csi_orphaned_volumes`: volumes staged here that nothing under the
+//!   kubelet directory used at the node's start (a NodeUnstage that never
+//!   came), less those `--unstage-orphans` has unstaged since.
 //! - `snap_csi_tls_handshakes`: TLS handshakes on the DPU link, by role
 //!   (`server`: the agent, `client`: the node) and outcome; one per
 //!   connection, not per call.
@@ -93,6 +96,7 @@ struct Metrics {
     volumes_staged: Gauge,
     dependency_ready: Family<DependencyLabels, Gauge>,
     dpu_drift: Family<DriftLabels, Gauge>,
+    orphaned_volumes: Gauge,
     tls_handshakes: Family<HandshakeLabels, Counter>,
 }
 
@@ -117,6 +121,7 @@ fn metrics() -> &'static Metrics {
         let volumes_staged = Gauge::default();
         let dependency_ready = Family::<DependencyLabels, Gauge>::default();
         let dpu_drift = Family::<DriftLabels, Gauge>::default();
+        let orphaned_volumes = Gauge::default();
         let tls_handshakes = Family::<HandshakeLabels, Counter>::default();
         registry.register(
             "grpc_requests",
@@ -159,6 +164,11 @@ fn metrics() -> &'static Metrics {
             dpu_drift.clone(),
         );
         registry.register(
+            "orphaned_volumes",
+            "Volumes staged here that nothing under the kubelet directory used at start, not yet unstaged",
+            orphaned_volumes.clone(),
+        );
+        registry.register(
             "tls_handshakes",
             "TLS handshakes on the DPU link, by role and outcome",
             tls_handshakes.clone(),
@@ -173,6 +183,7 @@ fn metrics() -> &'static Metrics {
             volumes_staged,
             dependency_ready,
             dpu_drift,
+            orphaned_volumes,
             tls_handshakes,
         }
     })
@@ -259,6 +270,13 @@ pub fn set_dpu_drift(kind: &'static str, count: usize) {
     metrics()
         .dpu_drift
         .get_or_create(&DriftLabels { kind })
+        .set(i64::try_from(count).unwrap_or(i64::MAX));
+}
+
+/// Sets how many staged volumes are orphaned (see the module doc).
+pub fn set_orphaned_volumes(count: usize) {
+    metrics()
+        .orphaned_volumes
         .set(i64::try_from(count).unwrap_or(i64::MAX));
 }
 

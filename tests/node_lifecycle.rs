@@ -9,13 +9,13 @@
 mod common;
 
 use std::fs;
-use std::io::{Read, Seek, SeekFrom, Write};
+use std::io::Write;
 use std::path::Path;
 
 use common::loop_devices_of;
 use common::node::{
-    NodeStack, block_capability, mount_capability, mounts_under, publish_request,
-    stage_and_publish, stage_request, unpublish, unstage,
+    NodeStack, block_capability, mount_capability, mounts_under, publish_request, read_volume,
+    stage_and_publish, stage_request, unpublish, unstage, write_volume,
 };
 use snap_csi::node::config::EmulationSetting;
 use snap_csi::proto::csi::v1 as csi;
@@ -25,56 +25,6 @@ use snap_csi::spdk::snap::{NvmeSubsystemList, VirtioBlkControllerList};
 
 /// Sparse, so cheap; big enough for xfs (mkfs.xfs wants at least 300 MB).
 const SIZE: u64 = 512 << 20;
-
-/// Writes `data` into a published volume: a file for filesystems, the device
-/// for block volumes (at an offset past anything mkfs would touch).
-fn write_volume(target: &Path, data: &[u8]) {
-    if target.is_dir() {
-        fs::write(target.join("data.bin"), data).unwrap();
-        let dir = fs::File::open(target).unwrap();
-        dir.sync_all().unwrap();
-    } else {
-        let mut device = fs::OpenOptions::new().write(true).open(target).unwrap();
-        device.seek(SeekFrom::Start(1 << 20)).unwrap();
-        device.write_all(data).unwrap();
-        device.sync_all().unwrap();
-    }
-}
-
-fn read_volume(target: &Path, len: usize) -> Vec<u8> {
-    if target.is_dir() {
-        fs::read(target.join("data.bin")).unwrap()
-    } else {
-        let mut device = fs::File::open(target).unwrap();
-        device.seek(SeekFrom::Start(1 << 20)).unwrap();
-        let mut data = vec![0; len];
-        device.read_exact(&mut data).unwrap();
-        data
-    }
-}
-
-/// Nothing of the volume is left on the DPU side or the host.
-async fn assert_nothing_left(stack: &NodeStack, backing: &Path) {
-    let snap = stack.emulator.client();
-    assert!(loop_devices_of(backing).is_empty(), "a loop device is left");
-    assert!(mounts_under(&stack.kubelet).is_empty(), "a mount is left");
-    let bdevs = snap.call(&BdevGetBdevs::default()).await.unwrap();
-    assert!(bdevs.is_empty(), "a bdev is left: {bdevs:?}");
-    let subsystems = snap.call(&NvmeSubsystemList {}).await.unwrap();
-    assert!(
-        subsystems.is_empty(),
-        "an NVMe subsystem is left: {subsystems:?}"
-    );
-    let controllers = snap.call(&VirtioBlkControllerList {}).await.unwrap();
-    assert!(
-        controllers.is_empty(),
-        "a virtio-blk controller is left: {controllers:?}"
-    );
-    let records = fs::read_dir(stack.config.state_dir.join("volumes"))
-        .map(|d| d.count())
-        .unwrap_or(0);
-    assert_eq!(records, 0, "a volume record is left");
-}
 
 /// A repeated stage created nothing twice: one bdev, one SNAP exposure, one
 /// loop device, and a mount at the staging path only for filesystems.
@@ -148,7 +98,7 @@ async fn lifecycle(emulation: EmulationSetting, capability: csi::VolumeCapabilit
         for _ in 0..2 {
             unstage(&mut node, "pvc-1", &staging).await;
         }
-        assert_nothing_left(&stack, &backing).await;
+        stack.assert_nothing_left(&backing).await;
     }
 }
 
@@ -218,7 +168,7 @@ async fn read_only_publish_refuses_writes() {
     assert_eq!(conflict.code(), tonic::Code::AlreadyExists, "{conflict}");
     unpublish(&mut node, "pvc-ro", &target).await;
     unstage(&mut node, "pvc-ro", &staging).await;
-    assert_nothing_left(&stack, &backing).await;
+    stack.assert_nothing_left(&backing).await;
 }
 
 /// EROFS, without a libc dependency for one constant.
@@ -302,7 +252,7 @@ async fn stats_report_usage_and_identity_and_info_answer() {
 
     unpublish(&mut node, "pvc-s", &target).await;
     unstage(&mut node, "pvc-s", &staging).await;
-    assert_nothing_left(&stack, &backing).await;
+    stack.assert_nothing_left(&backing).await;
 }
 
 /// The vendor side grows the bdev (the backing file grows and SPDK rescans);
@@ -406,7 +356,7 @@ async fn expand(emulation: EmulationSetting, fs_type: &str) {
 
     unpublish(&mut node, "pvc-e", &target).await;
     unstage(&mut node, "pvc-e", &staging).await;
-    assert_nothing_left(&stack, &backing).await;
+    stack.assert_nothing_left(&backing).await;
 }
 
 /// Unpublish, unstage, stage and publish again.
@@ -483,7 +433,7 @@ async fn read_only_block_volume_refuses_writes() {
     );
     unpublish(&mut node, "pvc-rob", &target).await;
     unstage(&mut node, "pvc-rob", &staging).await;
-    assert_nothing_left(&stack, &backing).await;
+    stack.assert_nothing_left(&backing).await;
 }
 
 /// Behind NVIDIA DPF the controller attaches the volume on the DPU and hands

@@ -3,7 +3,9 @@
 //! - `service`: the CSI Node RPCs; `identity`: the Identity RPCs.
 //! - `config`: settings (defaults, config file, env, flags).
 //! - `records`: the small per-volume record of what cannot be derived;
-//!   `reconcile`: what an earlier run left, against the records and the DPU.
+//!   `reconcile`: what an earlier run left, against the records and the DPU;
+//!   `recovery`: the host half of a stage, a publish's restage after a
+//!   reboot, and the check that a staging mount sits on the volume's device.
 //! - `error`: internal errors to CSI status codes, in one place.
 //! - host operations, split by concern: `command` (external tools with a
 //!   deadline), `paths` (confining CO-supplied paths), `format` (probe and
@@ -20,6 +22,7 @@ pub mod mountinfo;
 pub mod paths;
 mod reconcile;
 pub mod records;
+mod recovery;
 pub mod service;
 pub mod stats;
 
@@ -48,6 +51,10 @@ pub async fn serve(
 ) -> anyhow::Result<()> {
     let node = NodeService::new(config.clone(), Arc::clone(&dpu))?;
     let records = node.reconcile();
+    let orphans = node.find_orphans(&records);
+    if config.unstage_orphans {
+        tokio::spawn(node.clone().unstage_orphans(orphans));
+    }
     tokio::spawn(node.clone().compare_with_dpu(records));
     let identity = IdentityService::new(config.driver_name.clone(), dpu, PROBE_TIMEOUT);
     let listener = crate::server::bind(&config.endpoint)?;

@@ -8,6 +8,7 @@
 //! step: what is true is read from the mount table, SNAP and sysfs; the only
 //! thing remembered is the small [`VolumeRecord`].
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,9 +20,11 @@ use tracing::Instrument;
 use super::command::HostOpError;
 use super::config::{EmulationSetting, NodeConfig};
 use super::error::{host_status, io_status};
-use super::format::{self, FsType};
+use super::format::FsType;
 use super::records::{Records, VolumeRecord};
+use super::recovery::staged_as;
 use super::{mount, mountinfo, paths, stats};
+use crate::csi_limits::{MAX_MAP_BYTES, required_id, within_map_limit, within_string_limit};
 pub(crate) use crate::deadline::call_deadline;
 use crate::dpu::{AttachRequest, DpuAttach, DpuError, HostLocator, VolumeMode};
 use crate::guard::{Held, VolumeGuard};
@@ -55,7 +58,7 @@ struct Inner {
 
 /// How a volume is used, from its capability.
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum Usage {
+pub(super) enum Usage {
     Block,
     Filesystem { fs: FsType, flags: Vec<String> },
 }
@@ -76,7 +79,7 @@ impl NodeService {
     }
 
     /// Publishes how many volumes are staged, from the records.
-    fn count_staged(&self) {
+    pub(super) fn count_staged(&self) {
         match self.inner.records.count() {
             Ok(count) => crate::metrics::set_volumes_staged(count),
             Err(e) => tracing::warn!("cannot count volume records: {e}"),
@@ -95,11 +98,15 @@ impl NodeService {
         &self.inner.records
     }
 
+    pub(super) fn sysfs(&self) -> &Sysfs {
+        &self.inner.sysfs
+    }
+
     fn deadline<T>(&self, request: &Request<T>) -> Instant {
         call_deadline(request, self.inner.config.call_timeout)
     }
 
-    fn hold(&self, volume_id: &str) -> Result<Held, Status> {
+    pub(super) fn hold(&self, volume_id: &str) -> Result<Held, Status> {
         self.inner.guard.try_hold(volume_id).ok_or_else(|| {
             Status::aborted(format!(
                 "an operation on volume {volume_id} is already in progress"
@@ -146,7 +153,7 @@ impl NodeService {
     }
 
     /// The host device at `locator`, if sysfs shows it now.
-    fn find_device(&self, locator: &HostLocator) -> Result<Option<BlockDevice>, Status> {
+    pub(super) fn find_device(&self, locator: &HostLocator) -> Result<Option<BlockDevice>, Status> {
         match locator {
             HostLocator::Nvme { bdf, nsid, uuid } => {
                 self.inner
@@ -159,7 +166,7 @@ impl NodeService {
     }
 
     /// Waits (polling, with the deadline) until sysfs shows the device.
-    async fn wait_for_device(
+    pub(super) async fn wait_for_device(
         &self,
         locator: &HostLocator,
         deadline: Instant,
@@ -191,7 +198,7 @@ impl NodeService {
     }
 
     /// Where the volume's device is now, from its record (`None` if unstaged).
-    fn recorded(&self, volume_id: &str) -> Result<Option<VolumeRecord>, Status> {
+    pub(super) fn recorded(&self, volume_id: &str) -> Result<Option<VolumeRecord>, Status> {
         self.inner
             .records
             .load(volume_id)
@@ -239,21 +246,36 @@ fn require<'a>(value: &'a str, what: &str) -> Result<&'a str, Status> {
     }
 }
 
-fn access_mode(capability: &csi::VolumeCapability) -> Result<Mode, Status> {
+/// The contexts and secrets a stage or publish carries, within CSI's limit.
+fn maps_within_limits(
+    volume_context: &HashMap<String, String>,
+    publish_context: &HashMap<String, String>,
+    secrets: &HashMap<String, String>,
+) -> Result<(), Status> {
+    within_map_limit(volume_context, "volume_context")?;
+    within_map_limit(publish_context, "publish_context")?;
+    within_map_limit(secrets, "secrets")
+}
+
+pub(super) fn access_mode(capability: &csi::VolumeCapability) -> Result<Mode, Status> {
     let mode = capability
         .access_mode
         .as_ref()
         .ok_or_else(|| Status::invalid_argument("volume_capability.access_mode is required"))?
-        .mode();
-    match mode {
-        Mode::Unknown => Err(Status::invalid_argument(
+        .mode;
+    // prost reads a number it does not know as UNKNOWN; say which it was.
+    match Mode::try_from(mode) {
+        Ok(Mode::Unknown) => Err(Status::invalid_argument(
             "volume_capability.access_mode.mode is required",
         )),
-        mode => Ok(mode),
+        Ok(mode) => Ok(mode),
+        Err(_) => Err(Status::invalid_argument(format!(
+            "volume_capability.access_mode.mode {mode} is not an access mode of CSI v1.12"
+        ))),
     }
 }
 
-fn is_read_only_mode(mode: Mode) -> bool {
+pub(super) fn is_read_only_mode(mode: Mode) -> bool {
     matches!(mode, Mode::SingleNodeReaderOnly | Mode::MultiNodeReaderOnly)
 }
 
@@ -287,6 +309,13 @@ fn usage(
                     mode.as_str_name()
                 )));
             }
+            within_string_limit(fs_type, "fs_type")?;
+            let flags_size: usize = mount_flags.iter().map(String::len).sum();
+            if flags_size > MAX_MAP_BYTES {
+                return Err(Status::invalid_argument(format!(
+                    "mount_flags hold {flags_size} bytes; CSI limits them to {MAX_MAP_BYTES}"
+                )));
+            }
             let fs =
                 FsType::from_csi(fs_type).map_err(|e| Status::invalid_argument(e.to_string()))?;
             Usage::Filesystem {
@@ -311,7 +340,8 @@ impl NodeService {
     ) -> Result<Response<csi::NodeStageVolumeResponse>, Status> {
         let deadline = self.deadline(&request);
         let req = request.into_inner();
-        let volume_id = require(&req.volume_id, "volume_id")?;
+        let volume_id = required_id(&req.volume_id, "volume_id")?;
+        maps_within_limits(&req.volume_context, &req.publish_context, &req.secrets)?;
         let staging = self.confine("staging_target_path", &req.staging_target_path)?;
         let (capability, usage) = usage(req.volume_capability.as_ref())?;
         let read_only = is_read_only_mode(access_mode(&capability)?);
@@ -350,6 +380,8 @@ impl NodeService {
             device_name,
             locator: locator.clone(),
             external_attach: external,
+            staged_as: Some(staged_as(&usage, access_mode(&capability)?)),
+            volume_context: req.volume_context.clone(),
         };
         if self.recorded(volume_id)?.as_ref() != Some(&record) {
             self.inner
@@ -359,51 +391,8 @@ impl NodeService {
         }
         crate::failpoint::step("stage:record");
         self.count_staged();
-        let device = self.wait_for_device(&locator, deadline).await?;
-        // A read-only mount does not stop writes through the device node (a
-        // block volume, or anything opening the device): the device flag
-        // does. Set both ways: the flag outlives the device's last user.
-        mount::set_block_device_read_only(&device.node, read_only, deadline)
-            .await
-            .map_err(host_status)?;
-
-        if let Usage::Filesystem { fs, flags } = &usage {
-            if let Some(existing) = mountinfo::at(&staging).map_err(host_status)? {
-                if (existing.major, existing.minor) == (device.major, device.minor) {
-                    return Ok(Response::new(csi::NodeStageVolumeResponse {}));
-                }
-                return Err(Status::already_exists(format!(
-                    "{} already has another device mounted ({}:{})",
-                    staging.display(),
-                    existing.major,
-                    existing.minor
-                )));
-            }
-            if read_only {
-                if let format::Probe::Blank = format::probe(&device.node, deadline)
-                    .await
-                    .map_err(host_status)?
-                {
-                    return Err(Status::failed_precondition(format!(
-                        "volume {volume_id} is blank and its access mode is read-only: nothing to mount"
-                    )));
-                }
-            } else {
-                let formatted = format::format_if_blank(&device.node, *fs, deadline)
-                    .await
-                    .map_err(host_status)?;
-                crate::failpoint::step("stage:format");
-                if !formatted && *fs == FsType::Ext4 {
-                    stats::grow_ext4_offline(&device.node, deadline)
-                        .await
-                        .map_err(host_status)?;
-                }
-            }
-            mount::mount_filesystem(&device.node, &staging, *fs, flags, read_only, deadline)
-                .await
-                .map_err(host_status)?;
-            crate::failpoint::step("stage:mount");
-        }
+        self.stage_on_host(volume_id, &staging, &locator, &usage, read_only, deadline)
+            .await?;
         Ok(Response::new(csi::NodeStageVolumeResponse {}))
     }
 
@@ -413,12 +402,22 @@ impl NodeService {
     ) -> Result<Response<csi::NodeUnstageVolumeResponse>, Status> {
         let deadline = self.deadline(&request);
         let req = request.into_inner();
-        let volume_id = require(&req.volume_id, "volume_id")?;
+        let volume_id = required_id(&req.volume_id, "volume_id")?;
         let staging = self.confine("staging_target_path", &req.staging_target_path)?;
         let _held = self.hold(volume_id)?;
+        self.unstage_held(volume_id, &staging, deadline).await?;
+        Ok(Response::new(csi::NodeUnstageVolumeResponse {}))
+    }
 
+    /// NodeUnstageVolume's work, for a caller holding the volume.
+    pub(super) async fn unstage_held(
+        &self,
+        volume_id: &str,
+        staging: &Path,
+        deadline: Instant,
+    ) -> Result<(), Status> {
         // Stacked mounts (a stage retried after a crash) all go.
-        while mount::unmount(&staging, deadline)
+        while mount::unmount(staging, deadline)
             .await
             .map_err(host_status)?
         {}
@@ -446,7 +445,7 @@ impl NodeService {
             .remove(volume_id)
             .map_err(|e| io_status("removing the volume record", e))?;
         self.count_staged();
-        Ok(Response::new(csi::NodeUnstageVolumeResponse {}))
+        Ok(())
     }
 
     async fn node_publish_volume_inner(
@@ -457,7 +456,8 @@ impl NodeService {
         let req = request.into_inner();
         // The REQUIRED fields first (INVALID_ARGUMENT), then the staging
         // path that STAGE_UNSTAGE_VOLUME makes necessary (FAILED_PRECONDITION).
-        let volume_id = require(&req.volume_id, "volume_id")?;
+        let volume_id = required_id(&req.volume_id, "volume_id")?;
+        maps_within_limits(&req.volume_context, &req.publish_context, &req.secrets)?;
         require(&req.target_path, "target_path")?;
         let (capability, usage) = usage(req.volume_capability.as_ref())?;
         if req.staging_target_path.is_empty() {
@@ -470,23 +470,15 @@ impl NodeService {
         let read_only = req.readonly || is_read_only_mode(access_mode(&capability)?);
         let _held = self.hold(volume_id)?;
 
-        let source = match usage {
-            Usage::Filesystem { .. } => {
-                if !mountinfo::is_mount_point(&staging).map_err(host_status)? {
-                    return Err(Status::failed_precondition(format!(
-                        "volume {volume_id} is not staged at {}",
-                        staging.display()
-                    )));
-                }
-                staging
-            }
-            Usage::Block => {
-                let record = self.recorded(volume_id)?.ok_or_else(|| {
-                    Status::failed_precondition(format!("volume {volume_id} is not staged"))
-                })?;
-                self.wait_for_device(&record.locator, deadline).await?.node
-            }
-        };
+        let source = self
+            .staged_for_publish(
+                volume_id,
+                &staging,
+                (&capability, &usage),
+                &req.volume_context,
+                deadline,
+            )
+            .await?;
         // Already published here with the same source and setting: done;
         // anything else there is ALREADY_EXISTS (bind_mount looks once).
         mount::bind_mount(&source, &target, read_only).map_err(host_status)?;
@@ -499,13 +491,14 @@ impl NodeService {
     ) -> Result<Response<csi::NodeUnpublishVolumeResponse>, Status> {
         let deadline = self.deadline(&request);
         let req = request.into_inner();
-        let volume_id = require(&req.volume_id, "volume_id")?;
+        let volume_id = required_id(&req.volume_id, "volume_id")?;
         let target = self.confine("target_path", &req.target_path)?;
         let _held = self.hold(volume_id)?;
         while mount::unmount(&target, deadline)
             .await
             .map_err(host_status)?
         {}
+        crate::failpoint::step("unpublish:unmount");
         remove_mount_point(&target).map_err(|e| io_status("removing the target path", e))?;
         Ok(Response::new(csi::NodeUnpublishVolumeResponse {}))
     }
@@ -515,7 +508,7 @@ impl NodeService {
         request: Request<csi::NodeGetVolumeStatsRequest>,
     ) -> Result<Response<csi::NodeGetVolumeStatsResponse>, Status> {
         let req = request.into_inner();
-        let volume_id = require(&req.volume_id, "volume_id")?;
+        let volume_id = required_id(&req.volume_id, "volume_id")?;
         require(&req.volume_path, "volume_path")?;
         let (_, path) = self.staged_at(volume_id, &req.volume_path)?;
         let Some(entry) = mountinfo::at(&path).map_err(host_status)? else {
@@ -571,15 +564,20 @@ impl NodeService {
     ) -> Result<Response<csi::NodeExpandVolumeResponse>, Status> {
         let deadline = self.deadline(&request);
         let req = request.into_inner();
-        let volume_id = require(&req.volume_id, "volume_id")?;
+        let volume_id = required_id(&req.volume_id, "volume_id")?;
         require(&req.volume_path, "volume_path")?;
         let _held = self.hold(volume_id)?;
         let (record, path) = self.staged_at(volume_id, &req.volume_path)?;
         let device = self.wait_for_device(&record.locator, deadline).await?;
-        let required = req
-            .capacity_range
-            .as_ref()
-            .map_or(0, |r| u64::try_from(r.required_bytes).unwrap_or(0));
+        let required = match &req.capacity_range {
+            None => 0,
+            Some(range) => u64::try_from(range.required_bytes).map_err(|_| {
+                Status::invalid_argument(format!(
+                    "capacity_range.required_bytes {} is negative",
+                    range.required_bytes
+                ))
+            })?,
+        };
         if device.size_bytes < required {
             return Err(Status::failed_precondition(format!(
                 "the device is {} bytes, less than the {required} asked: expand the volume on the controller first",

@@ -26,11 +26,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use json_framing::JsonFramer;
 use tokio::net::UnixStream;
 use tokio::sync::mpsc;
 
 use crate::framing;
-use crate::server::{READ_CHUNK, answer};
+use crate::server::{READ_CHUNK, answer_framed};
 use crate::state::Shared;
 
 /// The highest round of a request the poller has read (see the module doc);
@@ -48,7 +49,7 @@ impl Rounds {
 struct Polled {
     stream: UnixStream,
     /// Bytes read and not yet a whole request.
-    unread: Vec<u8>,
+    framer: JsonFramer,
     /// Replies to the requests read at the last tick, for the next one.
     held: Vec<u8>,
     /// Replies the socket has not taken yet.
@@ -61,9 +62,10 @@ struct Polled {
 impl Polled {
     /// Reads whatever is available without waiting.
     fn read(&mut self, chunk: &mut [u8]) {
-        loop {
+        // Past the limit the framer refuses the stream anyway; stop reading there.
+        while self.framer.pending() <= framing::REQUEST_LIMITS.max_message_bytes {
             match self.stream.try_read(chunk) {
-                Ok(n) if n > 0 => self.unread.extend_from_slice(&chunk[..n]),
+                Ok(n) if n > 0 => self.framer.extend(&chunk[..n]),
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
                 // End of stream, or a broken one.
                 _ => {
@@ -112,7 +114,7 @@ pub(crate) async fn poll(
         while let Ok(stream) = incoming.try_recv() {
             connections.push(Polled {
                 stream,
-                unread: Vec::new(),
+                framer: JsonFramer::new(framing::REQUEST_LIMITS),
                 held: Vec::new(),
                 out: Vec::new(),
                 closing: false,
@@ -131,17 +133,14 @@ pub(crate) async fn poll(
         }
         let mut answered = false;
         for c in &mut connections {
-            let extracted = framing::extract(&mut c.unread);
-            for raw in &extracted.frames {
-                let reply = answer(&shared, raw).await;
-                if reply_on_next_tick {
-                    c.held.extend(reply);
-                } else {
-                    c.out.extend(reply);
-                }
-                answered = true;
+            let (replies, fatal) = answer_framed(&shared, &mut c.framer).await;
+            answered |= !replies.is_empty();
+            if reply_on_next_tick {
+                c.held.extend(replies);
+            } else {
+                c.out.extend(replies);
             }
-            c.closing |= extracted.fatal;
+            c.closing |= fatal;
         }
         if answered {
             rounds.0.store(round, Ordering::SeqCst);

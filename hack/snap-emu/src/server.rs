@@ -17,6 +17,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use json_framing::JsonFramer;
+use serde_json::value::RawValue;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{Mutex, mpsc};
@@ -271,27 +273,42 @@ pub(crate) async fn answer(shared: &Arc<Shared>, raw: &str) -> Vec<u8> {
     }
 }
 
+/// Answers every whole request `framer` holds, in order; `true` with them
+/// when the stream holds what SPDK cannot parse, and must be closed.
+pub(crate) async fn answer_framed(
+    shared: &Arc<Shared>,
+    framer: &mut JsonFramer,
+) -> (Vec<u8>, bool) {
+    let mut out = Vec::new();
+    loop {
+        match framer.next_decoded::<Box<RawValue>>() {
+            Ok(Some((raw, _))) => out.extend(answer(shared, raw.get()).await),
+            Ok(None) => return (out, false),
+            Err(error) => {
+                tracing::debug!(%error, "closing a connection that sent what SPDK cannot parse");
+                return (out, true);
+            }
+        }
+    }
+}
+
 /// Answers a connection's requests as they arrive.
 async fn serve_connection(shared: Arc<Shared>, mut stream: UnixStream) {
-    let mut buf = Vec::new();
+    let mut framer = JsonFramer::new(framing::REQUEST_LIMITS);
     let mut chunk = vec![0u8; READ_CHUNK];
     loop {
         let eof = match stream.read(&mut chunk).await {
             Ok(0) | Err(_) => true,
             Ok(n) => {
-                buf.extend_from_slice(&chunk[..n]);
+                framer.extend(&chunk[..n]);
                 false
             }
         };
-        let extracted = framing::extract(&mut buf);
-        let mut out = Vec::new();
-        for raw in &extracted.frames {
-            out.extend(answer(&shared, raw).await);
-        }
+        let (out, fatal) = answer_framed(&shared, &mut framer).await;
         if !out.is_empty() && stream.write_all(&out).await.is_err() {
             return;
         }
-        if extracted.fatal || eof {
+        if fatal || eof {
             // A parse error cannot be recovered from in a stream: close, as SPDK does.
             return;
         }
