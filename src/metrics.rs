@@ -51,6 +51,11 @@ struct CallLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct VolumeLabels {
+    volume_id: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct MethodLabels {
     method: String,
 }
@@ -98,6 +103,7 @@ struct Metrics {
     dpu_drift: Family<DriftLabels, Gauge>,
     orphaned_volumes: Gauge,
     tls_handshakes: Family<HandshakeLabels, Counter>,
+    volume_condition_abnormal: Family<VolumeLabels, Gauge>,
 }
 
 /// 100 µs .. ~100 s: from a cached list to a slow mkfs.
@@ -123,6 +129,7 @@ fn metrics() -> &'static Metrics {
         let dpu_drift = Family::<DriftLabels, Gauge>::default();
         let orphaned_volumes = Gauge::default();
         let tls_handshakes = Family::<HandshakeLabels, Counter>::default();
+        let volume_condition_abnormal = Family::<VolumeLabels, Gauge>::default();
         registry.register(
             "grpc_requests",
             "gRPC calls served, by method and status code",
@@ -173,6 +180,12 @@ fn metrics() -> &'static Metrics {
             "TLS handshakes on the DPU link, by role and outcome",
             tls_handshakes.clone(),
         );
+        registry.register(
+            "volume_condition_abnormal",
+            "1 when the last NodeGetVolumeStats found the volume abnormal (its filesystem shut \
+             down or read-only after errors, its device gone), else 0; by volume, while staged",
+            volume_condition_abnormal.clone(),
+        );
         Metrics {
             registry,
             grpc_requests,
@@ -185,6 +198,7 @@ fn metrics() -> &'static Metrics {
             dpu_drift,
             orphaned_volumes,
             tls_handshakes,
+            volume_condition_abnormal,
         }
     })
 }
@@ -278,6 +292,24 @@ pub fn set_orphaned_volumes(count: usize) {
     metrics()
         .orphaned_volumes
         .set(i64::try_from(count).unwrap_or(i64::MAX));
+}
+
+/// Records what NodeGetVolumeStats found of `volume_id`'s condition.
+pub fn set_volume_condition(volume_id: &str, abnormal: bool) {
+    metrics()
+        .volume_condition_abnormal
+        .get_or_create(&VolumeLabels {
+            volume_id: volume_id.into(),
+        })
+        .set(i64::from(abnormal));
+}
+
+/// Drops `volume_id`'s condition: unstaged, or about to be repaired (the
+/// next NodeGetVolumeStats says again what is true).
+pub fn forget_volume_condition(volume_id: &str) {
+    metrics().volume_condition_abnormal.remove(&VolumeLabels {
+        volume_id: volume_id.into(),
+    });
 }
 
 /// Records one TLS handshake on the DPU link.

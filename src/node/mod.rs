@@ -9,13 +9,14 @@
 //! - `error`: internal errors to CSI status codes, in one place.
 //! - host operations, split by concern: `command` (external tools with a
 //!   deadline), `paths` (confining CO-supplied paths), `format` (probe and
-//!   mkfs), `mount` (mounts and bind mounts), `mountinfo` (the mount table),
-//!   `stats` (usage and expansion).
+//!   mkfs), `mount` (mounts and bind mounts), `holders` (who keeps a mount
+//!   busy), `mountinfo` (the mount table), `stats` (usage and expansion).
 
 pub mod command;
 pub mod config;
 mod error;
 pub mod format;
+pub mod holders;
 pub mod identity;
 pub mod mount;
 pub mod mountinfo;

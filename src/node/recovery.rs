@@ -73,7 +73,12 @@ impl NodeService {
         };
         if let Some(existing) = mountinfo::at(staging).map_err(host_status)? {
             self.check_staging_mount(volume_id, staging, &existing, locator, Some(&device))?;
-            return Ok(device);
+            if self
+                .keep_staged(volume_id, staging, &existing, deadline)
+                .await?
+            {
+                return Ok(device);
+            }
         }
         if read_only {
             if let format::Probe::Blank = format::probe(&device.node, deadline)
@@ -100,6 +105,49 @@ impl NodeService {
             .map_err(host_status)?;
         crate::failpoint::step("stage:mount");
         Ok(device)
+    }
+
+    /// Whether the filesystem staged at `staging` (the mount `existing`)
+    /// still works, so that a repeated stage leaves it as it is. One that
+    /// failed (shut down, or read-only after errors) is unmounted, and the
+    /// stage then repairs it as it mounts it again: e2fsck -p for ext4, log
+    /// recovery for xfs (xfs_repair is not run unattended: it may throw
+    /// away what it cannot place, a decision for a human). Not while it is
+    /// published: the pods' bind mounts keep the broken filesystem alive, and
+    /// a repair needs it unmounted everywhere.
+    pub(super) async fn keep_staged(
+        &self,
+        volume_id: &str,
+        staging: &Path,
+        existing: &mountinfo::MountEntry,
+        deadline: Instant,
+    ) -> Result<bool, Status> {
+        let Some(fault) = stats::filesystem_fault(staging, existing, deadline)
+            .await
+            .map_err(host_status)?
+        else {
+            return Ok(true);
+        };
+        let published: Vec<String> = mountinfo::read()
+            .map_err(host_status)?
+            .iter()
+            .filter(|m| (m.major, m.minor) == (existing.major, existing.minor))
+            .filter(|m| m.mount_point != staging)
+            .map(|m| m.mount_point.display().to_string())
+            .collect();
+        if !published.is_empty() {
+            return Err(Status::failed_precondition(format!(
+                "volume {volume_id} needs a repair: {fault}. It is still published at {}",
+                published.join(", ")
+            )));
+        }
+        tracing::warn!(%volume_id, "unmounting the staged filesystem to repair it: {fault}");
+        while mount::unmount(staging, deadline)
+            .await
+            .map_err(host_status)?
+        {}
+        crate::metrics::forget_volume_condition(volume_id);
+        Ok(false)
     }
 
     /// What a publish binds onto its target: the staging mount (checked to
