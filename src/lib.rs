@@ -48,6 +48,6 @@ pub mod plugin_check;
 pub mod proto;
 pub(crate) mod retry;
 pub mod server;
-mod settings;
+pub mod settings;
 pub mod spdk;
 pub mod tls;

@@ -53,8 +53,8 @@ enum Command {
         )]
         socket: PathBuf,
         /// Seconds to wait for the reply.
-        #[arg(long, short = 't', default_value_t = 30.0)]
-        timeout: f64,
+        #[arg(long, short = 't', default_value = "30", value_parser = snap_csi::settings::parse_seconds)]
+        timeout: Duration,
         /// Method name, e.g. `bdev_get_bdevs`.
         method: String,
         /// Params as a JSON object, e.g. '{"name":"Malloc0"}'. Omit for none.
@@ -195,17 +195,13 @@ fn find_device(args: &FindDevice) -> ExitCode {
     }
 }
 
-async fn rpc(socket: PathBuf, timeout: f64, method: &str, params: Option<&str>) -> ExitCode {
+async fn rpc(socket: PathBuf, timeout: Duration, method: &str, params: Option<&str>) -> ExitCode {
     let params: Option<serde_json::Value> = match params.map(serde_json::from_str).transpose() {
         Ok(params) => params,
         Err(e) => {
             eprintln!("params are not valid JSON: {e}");
             return ExitCode::from(2);
         }
-    };
-    let Ok(timeout) = Duration::try_from_secs_f64(timeout) else {
-        eprintln!("timeout must be a non-negative number of seconds");
-        return ExitCode::from(2);
     };
     let client = RpcClient::new(socket);
     let deadline = tokio::time::Instant::now() + timeout;

@@ -245,13 +245,14 @@ pub struct PluginCheckArgs {
 impl PluginCheckArgs {
     pub fn resolve(&self) -> Result<Config, CheckError> {
         let socket = parse_endpoint(&self.endpoint)?;
-        let timeout = Duration::try_from_secs_f64(self.timeout)
+        let timeout = crate::settings::duration_from_secs(self.timeout)
             .ok()
             .filter(|t| !t.is_zero())
             .ok_or_else(|| {
                 CheckError::Usage(format!(
-                    "--timeout {} is not a positive number of seconds",
-                    self.timeout
+                    "--timeout {} is not a positive number of seconds up to {} (a year)",
+                    self.timeout,
+                    crate::settings::MAX_SECONDS
                 ))
             })?;
         let mut volume_context = HashMap::new();

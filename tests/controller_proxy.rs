@@ -10,6 +10,7 @@ use std::future::Future;
 use std::path::Path;
 use std::time::Duration;
 
+use common::shared::DEADLINE_SLACK;
 use common::vendor_controller::{Answer, FakeVendor, Services};
 use common::{free_tcp_port, timed};
 use snap_csi::controller::ControllerConfig;
@@ -22,7 +23,6 @@ use snap_csi::proto::volumegroup::controller_client::ControllerClient as VolumeG
 use tempfile::TempDir;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
-use tokio::time::Instant;
 use tonic::transport::Channel;
 use tonic::{Code, Status};
 
@@ -103,14 +103,16 @@ async fn proxied_vendor(dir: &Path) -> (FakeVendor, Proxy) {
     (vendor, proxy)
 }
 
-/// Waits for an answer the proxy must give within `limit`: a tonic client
-/// does not enforce its own deadline, so a hanging proxy would hang the test.
-async fn answered_within<T>(limit: Duration, call: impl Future<Output = T>) -> (T, Duration) {
-    let started = Instant::now();
-    let answer = tokio::time::timeout(limit + Duration::from_secs(5), call)
+/// Waits for an answer the proxy must give by the caller's deadline
+/// `limit`, give or take [`DEADLINE_SLACK`] for a loaded machine: a proxy
+/// that ignored the deadline would answer only at its own [`CALL_TIMEOUT`],
+/// later than that. (A tonic client does not enforce its own deadline, so
+/// without this a hanging proxy would hang the test.)
+async fn answered_within<T>(limit: Duration, call: impl Future<Output = T>) -> T {
+    const { assert!(CALL_TIMEOUT.as_secs() > 2 + DEADLINE_SLACK.as_secs()) };
+    tokio::time::timeout(limit + DEADLINE_SLACK, call)
         .await
-        .expect("the proxy answers");
-    (answer, started.elapsed())
+        .unwrap_or_else(|_| panic!("no answer within {limit:?} and {DEADLINE_SLACK:?} more"))
 }
 
 fn secrets() -> HashMap<String, String> {
@@ -263,7 +265,7 @@ async fn check_roundtrip<Req, Resp, Fut>(
     Fut: Future<Output = Result<tonic::Response<Resp>, Status>>,
 {
     vendor.script(method, [Answer::reply(response.clone())]);
-    let (answer, _) = answered_within(
+    let answer = answered_within(
         CALL_TIMEOUT,
         call(timed(request.clone(), Duration::from_secs(5))),
     )
@@ -983,7 +985,7 @@ async fn probe_is_ready_only_when_the_vendor_says_so() {
 
     for ready in [Some(true), Some(false), None] {
         vendor.script("Probe", [Answer::reply(csi::ProbeResponse { ready })]);
-        let (answer, _) = answered_within(Duration::from_secs(2), probe()).await;
+        let answer = answered_within(Duration::from_secs(2), probe()).await;
         assert_eq!(answer.unwrap().into_inner().ready, ready);
     }
 
@@ -994,18 +996,17 @@ async fn probe_is_ready_only_when_the_vendor_says_so() {
             "backend array offline",
         )],
     );
-    let (answer, _) = answered_within(Duration::from_secs(2), probe()).await;
+    let answer = answered_within(Duration::from_secs(2), probe()).await;
     let status = answer.unwrap_err();
     assert_eq!(status.code(), Code::FailedPrecondition);
     assert_eq!(status.message(), "backend array offline");
 
     let endpoint = vendor.endpoint.clone();
     drop(vendor);
-    let (answer, elapsed) = answered_within(Duration::from_secs(2), probe()).await;
+    let answer = answered_within(Duration::from_secs(2), probe()).await;
     let status = answer.unwrap_err();
     assert_eq!(status.code(), Code::Unavailable, "{status:?}");
     assert!(status.message().contains(&endpoint), "{status:?}");
-    assert!(elapsed < Duration::from_secs(2), "{elapsed:?}");
     proxy.stop().await;
 }
 
@@ -1038,7 +1039,7 @@ async fn the_vendors_errors_come_back_with_its_code_and_message_untried_again() 
         let before = vendor
             .received::<csi::CreateVolumeRequest>("CreateVolume")
             .len();
-        let (answer, _) = answered_within(
+        let answer = answered_within(
             CALL_TIMEOUT,
             proxy
                 .controller
@@ -1099,7 +1100,7 @@ async fn unavailable_is_retried_until_the_vendor_answers() {
             Answer::reply(response.clone()),
         ],
     );
-    let (answer, _) = answered_within(
+    let answer = answered_within(
         CALL_TIMEOUT,
         proxy
             .controller
@@ -1125,7 +1126,7 @@ async fn a_vendor_that_stays_unavailable_has_its_last_answer_returned_within_the
         (0..1000).map(|_| Answer::fail(Code::Unavailable, "array is rebooting")),
     );
     let deadline = Duration::from_millis(1500);
-    let (answer, elapsed) = answered_within(
+    let answer = answered_within(
         deadline,
         proxy.controller.clone().delete_volume(timed(
             csi::DeleteVolumeRequest {
@@ -1139,11 +1140,10 @@ async fn a_vendor_that_stays_unavailable_has_its_last_answer_returned_within_the
     let status = answer.unwrap_err();
     assert_eq!(status.code(), Code::Unavailable);
     assert_eq!(status.message(), "array is rebooting");
-    assert!(elapsed < deadline, "answered after {elapsed:?}");
     let attempts = vendor
         .received::<csi::DeleteVolumeRequest>("DeleteVolume")
         .len();
-    assert!(attempts >= 3, "only {attempts} attempts in {elapsed:?}");
+    assert!(attempts >= 2, "not retried: {attempts} attempt");
     proxy.stop().await;
 }
 
@@ -1151,7 +1151,7 @@ async fn a_vendor_that_stays_unavailable_has_its_last_answer_returned_within_the
 /// naming the endpoint, before the caller's deadline.
 async fn assert_unreachable(proxy: &Proxy, endpoint: &str) {
     let deadline = Duration::from_millis(1500);
-    let (answer, elapsed) = answered_within(
+    let answer = answered_within(
         deadline,
         proxy.controller.clone().create_volume(timed(
             csi::CreateVolumeRequest {
@@ -1169,7 +1169,6 @@ async fn assert_unreachable(proxy: &Proxy, endpoint: &str) {
         status.message().contains(endpoint),
         "the message names the vendor endpoint {endpoint}: {status:?}"
     );
-    assert!(elapsed < deadline, "answered after {elapsed:?}");
 }
 
 #[tokio::test]
@@ -1368,27 +1367,33 @@ async fn a_tcp_vendor_works_like_a_unix_one() {
     proxy.stop().await;
 }
 
+/// The `snap-csi controller` binary as an operator starts it, serving
+/// `endpoint` for the vendor at `vendor_endpoint`, logging to `log`.
+fn proxy_process(endpoint: &Path, vendor_endpoint: &str, log: &Path) -> std::process::Command {
+    use std::process::Stdio;
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_snap-csi"));
+    command
+        .arg("controller")
+        .arg("--endpoint")
+        .arg(endpoint)
+        .arg("--vendor-endpoint")
+        .arg(vendor_endpoint)
+        .env_remove("SNAP_CSI_CONFIG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(log).unwrap());
+    command
+}
+
 #[tokio::test]
 async fn secrets_and_parameters_never_reach_the_log_even_at_debug() {
-    use std::process::{Command, Stdio};
-
     let dir = tempfile::tempdir().unwrap();
     let vendor = FakeVendor::unix(dir.path(), Services::ALL).await;
     let endpoint = dir.path().join("csi.sock");
     let log_path = dir.path().join("controller.log");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_snap-csi"))
-        .arg("controller")
-        .arg("--endpoint")
-        .arg(&endpoint)
-        .arg("--vendor-endpoint")
-        .arg(&vendor.endpoint)
-        .arg("--call-timeout")
-        .arg("10")
+    let mut child = proxy_process(&endpoint, &vendor.endpoint, &log_path)
+        .args(["--call-timeout", "10"])
         .env("RUST_LOG", "debug")
-        .env_remove("SNAP_CSI_CONFIG")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log_path).unwrap())
         .spawn()
         .unwrap();
     let channel = common::node::connect(&endpoint).await;
@@ -1487,6 +1492,36 @@ async fn secrets_and_parameters_never_reach_the_log_even_at_debug() {
         !log.contains(PARAMETER),
         "a parameter reached the log:\n{log}"
     );
+}
+
+/// A vendor socket whose path has a space (no valid URI: a review feared the
+/// proxy would panic at start on it) is served like any other, by the binary
+/// as an operator starts it.
+#[tokio::test]
+async fn a_vendor_socket_path_with_a_space_is_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let spaced = dir.path().join("vendor dir");
+    std::fs::create_dir(&spaced).unwrap();
+    let vendor = FakeVendor::unix(&spaced, Services::ALL).await;
+    assert!(vendor.endpoint.contains(' '), "{}", vendor.endpoint);
+    let endpoint = dir.path().join("csi.sock");
+    let log_path = dir.path().join("controller.log");
+    let child = proxy_process(&endpoint, &vendor.endpoint, &log_path)
+        .spawn()
+        .unwrap();
+    let mut child = common::shared::KillOnDrop(child);
+    let channel = common::node::connect(&endpoint).await;
+    ControllerClient::new(channel)
+        .list_volumes(timed(
+            csi::ListVolumesRequest::default(),
+            Duration::from_secs(5),
+        ))
+        .await
+        .unwrap();
+    assert_eq!(vendor.call_count(), 1);
+    assert_eq!(child.0.try_wait().unwrap(), None, "the proxy still runs");
+    let log = std::fs::read_to_string(&log_path).unwrap();
+    assert!(!log.contains("panicked"), "{log}");
 }
 
 #[tokio::test]

@@ -16,7 +16,7 @@ use snap_csi::proto::csi::v1 as csi;
 use snap_csi::proto::csi::v1::identity_client::IdentityClient;
 use snap_csi::proto::csi::v1::volume_capability::access_mode::Mode;
 use snap_csi::spdk::bdev::BdevGetBdevs;
-use snap_csi::spdk::snap::NvmeSubsystemList;
+use snap_csi::spdk::snap::{EmulationFunctionList, NvmeSubsystemList};
 use tonic::Code;
 
 /// Nothing exists after a refused call: no bdev, no SNAP object, no mount, no record.
@@ -97,7 +97,19 @@ async fn identity_answers_as_the_spec_requires() {
         .unwrap()
         .into_inner();
     assert!(!info.node_id.is_empty(), "node_id is REQUIRED");
-    assert!(info.max_volumes_per_node >= 0);
+    // The limit is the DPU's emulated functions, PFs and VFs, as SNAP lists
+    // them: one volume each (0 would tell the CO there is no limit).
+    let functions: usize = stack
+        .emulator
+        .client()
+        .call(&EmulationFunctionList { all: true })
+        .await
+        .unwrap()
+        .iter()
+        .map(|pf| 1 + pf.vfs.len())
+        .sum();
+    assert!(functions > 0);
+    assert_eq!(usize::try_from(info.max_volumes_per_node), Ok(functions));
     let topology = info.accessible_topology.unwrap();
     assert_eq!(
         topology

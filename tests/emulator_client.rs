@@ -63,7 +63,7 @@ async fn sixty_four_tasks_share_one_client() {
             bdevs[0].name, name,
             "each reply reached the task that asked"
         );
-        assert_eq!(bdevs[0].size_bytes(), 2048 * 512);
+        assert_eq!(bdevs[0].size_bytes(), Ok(2048 * 512));
     }
     emulator.stop().await;
 }
@@ -264,7 +264,7 @@ async fn lvol_methods_round_trip() {
         .await
         .unwrap()[0];
     assert_eq!(by_alias.name, lvol);
-    assert_eq!(by_alias.size_bytes(), 16 << 20);
+    assert_eq!(by_alias.size_bytes(), Ok(16 << 20));
     assert!(
         client
             .call(&BdevLvolResize {
@@ -385,7 +385,7 @@ async fn nvmf_export_and_attach_between_two_emulators() {
         })
         .await
         .unwrap()[0];
-    assert_eq!(bdev.size_bytes(), 8 << 20);
+    assert_eq!(bdev.size_bytes(), Ok(8 << 20));
     let controllers = d
         .call(&BdevNvmeGetControllers {
             name: Some("nvmf-vol".into()),

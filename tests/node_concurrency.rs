@@ -94,6 +94,8 @@ struct Running {
     config: NodeConfig,
     dpu: Arc<GatedDpu>,
     stop: oneshot::Sender<()>,
+    /// Fires when the server has taken the stop signal in.
+    stop_seen: oneshot::Receiver<()>,
     server: tokio::task::JoinHandle<anyhow::Result<()>>,
     node: NodeClient<tonic::transport::Channel>,
     _agent: Option<Agent>,
@@ -110,14 +112,17 @@ impl Running {
             (dpu.clone(), None)
         };
         let (stop, stopped) = oneshot::channel::<()>();
+        let (seen, stop_seen) = oneshot::channel::<()>();
         let server = tokio::spawn(snap_csi::node::serve(config.clone(), attach, async move {
             let _ = stopped.await;
+            let _ = seen.send(());
         }));
         let node = NodeClient::new(connect(&config.endpoint).await);
         Running {
             config,
             dpu,
             stop,
+            stop_seen,
             server,
             node,
             _agent: agent,
@@ -151,6 +156,7 @@ async fn a_busy_volume_answers_aborted_while_other_volumes_proceed() {
         server,
         node,
         _agent,
+        ..
     } = Running::start(&host).await;
 
     let first = in_background(&node, stage(&config, "pvc-1"));
@@ -180,13 +186,17 @@ async fn a_busy_volume_answers_aborted_while_other_volumes_proceed() {
     server.await.unwrap().unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+/// On one thread, so that when the test runs again after the server took the
+/// stop signal in, the server's turn with it is over: a server that did not
+/// wait for the call in flight has finished by then, every time.
+#[tokio::test(flavor = "current_thread")]
 async fn shutdown_lets_the_call_in_flight_finish_and_removes_the_socket() {
     let host = FakeHost::new();
     let Running {
         config,
         dpu,
         stop,
+        stop_seen,
         server,
         node,
         _agent,
@@ -194,7 +204,7 @@ async fn shutdown_lets_the_call_in_flight_finish_and_removes_the_socket() {
     let in_flight = in_background(&node, stage(&config, "pvc-1"));
     dpu.started(1).await;
     let _ = stop.send(());
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    stop_seen.await.unwrap();
     assert!(
         !server.is_finished(),
         "the server waits for the call in flight"

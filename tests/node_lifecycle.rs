@@ -209,7 +209,22 @@ async fn stats_report_usage_and_identity_and_info_answer() {
         .find(|u| u.unit == csi::volume_usage::Unit::Bytes as i32)
         .unwrap();
     assert!(bytes.total > 0 && bytes.total <= SIZE as i64, "{bytes:?}");
-    assert!(bytes.available > 0 && bytes.used >= 0);
+    // What df shows for the mount: statvfs, in fragments.
+    let fs = nix::sys::statvfs::statvfs(&target).unwrap();
+    let bytes_of = |count: u64| i64::try_from(count * fs.fragment_size()).unwrap();
+    assert_eq!(
+        (bytes.total, bytes.available, bytes.used),
+        (
+            bytes_of(fs.blocks()),
+            bytes_of(fs.blocks_available()),
+            bytes_of(fs.blocks() - fs.blocks_free())
+        ),
+        "{bytes:?}"
+    );
+    assert!(
+        bytes.used > 0,
+        "a fresh filesystem's metadata takes room: {bytes:?}"
+    );
     assert!(
         stats
             .usage

@@ -125,6 +125,19 @@ mod tests {
         assert!(error.contains("applies only"), "{error}");
     }
 
+    /// A socket path is a path, not a URI: a space in it is kept, and the
+    /// link connects to it by path (`unix_channel_with`), so nothing later
+    /// can refuse or panic on what parsed here.
+    #[test]
+    fn a_unix_path_is_taken_as_written() {
+        assert_eq!(
+            LinkAddress::parse("unix:///run/snap csi/agent.sock", false, FLAG),
+            Ok(LinkAddress::Unix("/run/snap csi/agent.sock".into()))
+        );
+        let error = LinkAddress::parse("https://dpu 7:9830", false, FLAG).unwrap_err();
+        assert!(error.contains("expected"), "{error}");
+    }
+
     #[test]
     fn malformed_addresses_say_what_is_expected() {
         for bad in [

@@ -60,13 +60,12 @@ pub enum VendorEndpoint {
 impl VendorEndpoint {
     pub fn parse(endpoint: &str) -> Result<VendorEndpoint, String> {
         let expected = "expected unix:///absolute/path or http://host:port";
-        if let Some(path) = endpoint.strip_prefix("unix://") {
+        let parsed = if let Some(path) = endpoint.strip_prefix("unix://") {
             if !path.starts_with('/') {
                 return Err(format!("vendor endpoint {endpoint:?}: {expected}"));
             }
-            return Ok(VendorEndpoint::Unix(path.into()));
-        }
-        if let Some(authority) = endpoint.strip_prefix("http://") {
+            VendorEndpoint::Unix(path.into())
+        } else if let Some(authority) = endpoint.strip_prefix("http://") {
             let uri: tonic::transport::Uri = endpoint
                 .parse()
                 .map_err(|e| format!("vendor endpoint {endpoint:?}: {e}; {expected}"))?;
@@ -75,22 +74,32 @@ impl VendorEndpoint {
             if uri.port().is_none() || authority.contains('/') {
                 return Err(format!("vendor endpoint {endpoint:?}: {expected}"));
             }
-            return Ok(VendorEndpoint::Tcp(endpoint.to_string()));
+            VendorEndpoint::Tcp(endpoint.to_string())
+        } else {
+            return Err(format!("vendor endpoint {endpoint:?}: {expected}"));
+        };
+        // Whatever tonic would refuse when the proxy starts is refused here,
+        // with the setting named, so that `channel` cannot fail.
+        parsed
+            .endpoint()
+            .map_err(|e| format!("vendor endpoint {endpoint:?}: {e}; {expected}"))?;
+        Ok(parsed)
+    }
+
+    fn endpoint(&self) -> Result<Endpoint, tonic::transport::Error> {
+        match self {
+            VendorEndpoint::Unix(path) => {
+                Endpoint::from_shared(format!("unix://{}", path.display()))
+            }
+            VendorEndpoint::Tcp(uri) => Endpoint::from_shared(uri.clone()),
         }
-        Err(format!("vendor endpoint {endpoint:?}: {expected}"))
     }
 
     /// A channel that connects on first use and again after each break, so
     /// the proxy can start before the vendor and outlive its restarts.
     /// Must be called inside a Tokio runtime: the channel spawns its worker.
     pub fn channel(&self) -> Channel {
-        let endpoint = match self {
-            VendorEndpoint::Unix(path) => {
-                Endpoint::from_shared(format!("unix://{}", path.display()))
-            }
-            VendorEndpoint::Tcp(uri) => Endpoint::from_shared(uri.clone()),
-        };
-        endpoint
+        self.endpoint()
             .expect("VendorEndpoint::parse admits only endpoints tonic accepts")
             .connect_lazy()
     }
@@ -229,12 +238,32 @@ mod tests {
             "http://127.0.0.1",
             "http://127.0.0.1:5000/csi",
             "https://vendor:443",
+            "http://vendor host:5000",
         ] {
             let args = ControllerArgs {
                 vendor_endpoint: Some(bad.into()),
                 ..Default::default()
             };
             assert!(args.resolve().is_err(), "{bad}");
+        }
+    }
+
+    /// What parses makes a channel without a panic; a socket path may hold
+    /// anything a file name can (tonic takes a `unix://` path as it is, not
+    /// as a URI).
+    #[tokio::test]
+    async fn every_endpoint_that_parses_makes_a_channel() {
+        for endpoint in [
+            "unix:///run/vendor.sock",
+            "unix:///run/path with space/vendor.sock",
+            "unix:///run/100%/{vendor}.sock",
+            "http://127.0.0.1:5000",
+            "http://[::1]:5000",
+            "http://vendor.example:5000",
+        ] {
+            let parsed = VendorEndpoint::parse(endpoint).unwrap();
+            assert_eq!(parsed.to_string(), endpoint);
+            drop(parsed.channel());
         }
     }
 

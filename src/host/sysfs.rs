@@ -32,6 +32,10 @@ pub enum HostError {
     Parse { path: PathBuf, content: String },
     #[error("no device node for block device {major}:{minor}")]
     NoDeviceNode { major: u32, minor: u32 },
+    /// No kernel reports this: a corrupt or hostile tree must not wrap to a
+    /// small size that then passes our size checks.
+    #[error("{} says {sectors} sectors: more than 2^64 bytes", path.display())]
+    SizeOverflow { path: PathBuf, sectors: u64 },
 }
 
 /// A block device found on the host.
@@ -200,7 +204,10 @@ impl Sysfs {
             node: self.device_node(major, minor)?,
             major,
             minor,
-            size_bytes: sectors * 512,
+            size_bytes: sectors.checked_mul(512).ok_or(HostError::SizeOverflow {
+                path: size_path,
+                sectors,
+            })?,
         }))
     }
 
@@ -425,6 +432,31 @@ mod tests {
         assert_eq!(
             sysfs.describe_device(major, minor).unwrap().as_deref(),
             Some("vdb of function 0000:36:00.1, serial \"other\"")
+        );
+    }
+
+    #[test]
+    fn a_size_past_u64_bytes_is_an_error_not_a_wrapped_size() {
+        let (major, minor) = any_block_device().expect("this machine has a block device");
+        let root = tempfile::tempdir().unwrap();
+        let disk = root
+            .path()
+            .join("bus/pci/devices/0000:36:00.1/virtio5/block/vdc");
+        write(&disk.join("serial"), "pvc-42\n");
+        // 2^55 sectors of 512 bytes is 2^64 bytes: wraps to 0.
+        write(&disk.join("size"), &format!("{}\n", 1u64 << 55));
+        write(&disk.join("dev"), &format!("{major}:{minor}\n"));
+        let error = Sysfs::new(root.path())
+            .find_virtio_blk("36:00.1", "pvc-42")
+            .unwrap_err();
+        assert!(
+            matches!(&error, HostError::SizeOverflow { sectors, .. } if *sectors == 1 << 55),
+            "{error:?}"
+        );
+        let message = error.to_string();
+        assert!(
+            message.contains("vdc/size") && message.contains("2^64"),
+            "{message}"
         );
     }
 }

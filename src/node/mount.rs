@@ -278,7 +278,11 @@ pub async fn unmount(target: &Path, deadline: Instant) -> Result<bool, HostOpErr
                 // Someone else unmounted it between our look and our call.
                 Err(Errno::EINVAL | Errno::ENOENT) => return Ok(unmounted),
                 Err(Errno::EBUSY) => match busy_pauses.next() {
-                    Some(pause) if Instant::now() + pause < deadline => std::thread::sleep(pause),
+                    Some(pause) if Instant::now() + pause < deadline => {
+                        #[cfg(test)]
+                        tests::on_busy(&tgt);
+                        std::thread::sleep(pause);
+                    }
                     _ => return Err(busy(&tgt)),
                 },
                 Err(errno) => return Err(failed(errno.desc().into())),
@@ -1145,6 +1149,31 @@ mod tests {
         assert!(scratch.mounts().is_empty());
     }
 
+    type BusyHook = (PathBuf, Box<dyn FnOnce() + Send>);
+
+    /// What to do when an unmount of a target first meets EBUSY, before it
+    /// pauses: a test's seam to end a holder's hold at exactly that point.
+    static BUSY_HOOKS: std::sync::Mutex<Vec<BusyHook>> = std::sync::Mutex::new(Vec::new());
+
+    fn when_busy(target: &Path, hook: impl FnOnce() + Send + 'static) {
+        BUSY_HOOKS
+            .lock()
+            .unwrap()
+            .push((target.to_path_buf(), Box::new(hook)));
+    }
+
+    /// Called by [`unmount`] on EBUSY: runs the hook set for `target`, once.
+    pub(super) fn on_busy(target: &Path) {
+        let hook = {
+            let mut hooks = BUSY_HOOKS.lock().unwrap();
+            let found = hooks.iter().position(|(t, _)| t == target);
+            found.map(|i| hooks.swap_remove(i).1)
+        };
+        if let Some(hook) = hook {
+            hook();
+        }
+    }
+
     #[tokio::test]
     async fn an_instant_of_busy_is_waited_out_a_lasting_one_is_reported() {
         let mut scratch = Scratch::new();
@@ -1152,14 +1181,15 @@ mod tests {
         let target = scratch.path("volume");
         assert!(bind_mount(&device, &target, false).unwrap());
 
-        // Held for 15 ms, as a probe or a forking neighbour would.
+        // Held until the unmount has met EBUSY once, as a probe or a forking
+        // neighbour would hold it for an instant.
         let held = fs::File::open(&target).unwrap();
-        let release = std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(15));
-            drop(held);
-        });
+        when_busy(&target, move || drop(held));
         assert!(unmount(&target, deadline()).await.unwrap());
-        release.join().unwrap();
+        assert!(
+            !BUSY_HOOKS.lock().unwrap().iter().any(|(t, _)| *t == target),
+            "the unmount met the busy mount"
+        );
         assert!(scratch.mounts().is_empty());
 
         // Held throughout: reported, and the mount stays.

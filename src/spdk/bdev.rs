@@ -43,9 +43,27 @@ pub struct DriverSpecific {
 }
 
 impl Bdev {
-    pub fn size_bytes(&self) -> u64 {
-        self.num_blocks * u64::from(self.block_size)
+    /// The size SPDK reports, refused when it does not fit in 64 bits: a
+    /// wrapped product would pass for a small disk.
+    pub fn size_bytes(&self) -> Result<u64, SizeOverflow> {
+        self.num_blocks
+            .checked_mul(u64::from(self.block_size))
+            .ok_or_else(|| SizeOverflow {
+                name: self.name.clone(),
+                num_blocks: self.num_blocks,
+                block_size: self.block_size,
+            })
     }
+}
+
+/// A bdev whose blocks add up to more than 2^64 bytes: SPDK never answers
+/// that, so the peer is broken or not SPDK.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("bdev {name} reports {num_blocks} blocks of {block_size} bytes: more than 2^64 bytes")]
+pub struct SizeOverflow {
+    pub name: String,
+    pub num_blocks: u64,
+    pub block_size: u32,
 }
 
 /// `bdev_get_iostat`: I/O counters of one bdev or all.
@@ -143,3 +161,34 @@ pub struct BdevNullDelete {
     pub name: String,
 }
 method!(BdevNullDelete => "bdev_null_delete", bool);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bdev(num_blocks: u64, block_size: u32) -> Bdev {
+        serde_json::from_value(serde_json::json!({
+            "name": "Nvme0n1",
+            "product_name": "NVMe disk",
+            "num_blocks": num_blocks,
+            "block_size": block_size,
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_size_past_u64_bytes_is_refused_not_wrapped() {
+        assert_eq!(bdev(2048, 512).size_bytes(), Ok(1 << 20));
+        assert_eq!(bdev(u64::MAX, 1).size_bytes(), Ok(u64::MAX));
+        // 2^55 blocks of 512 bytes wraps to exactly 0.
+        let error = bdev(1 << 55, 512).size_bytes().unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            format!(
+                "bdev Nvme0n1 reports {} blocks of 512 bytes: more than 2^64 bytes",
+                1u64 << 55
+            )
+        );
+        assert!(bdev(u64::MAX, 4096).size_bytes().is_err());
+    }
+}

@@ -20,7 +20,10 @@ pub mod vendor_controller;
 
 // Each test crate uses some of them, as with `dead_code` above.
 #[allow(unused_imports)]
-pub use shared::{discovered, free_tcp_port, loop_devices_of, sparse_file, timed};
+pub use shared::{
+    ROUND_TRIP_PERIOD, assert_kept_deadline, discovered, free_tcp_port, loop_devices_of,
+    round_trips, sparse_file, timed,
+};
 
 use std::path::{Path, PathBuf};
 
@@ -69,6 +72,12 @@ impl Emulator {
 
     pub fn client(&self) -> RpcClient {
         RpcClient::new(&self.socket)
+    }
+
+    /// The dependent round trips its poller has counted (see
+    /// `snap_emu::Rounds`; 0 without a poll period).
+    pub fn rounds(&self) -> u64 {
+        self.running.as_ref().map_or(0, snap_emu::InProcess::rounds)
     }
 
     /// Has the host name every exposed controller's disks anew (the

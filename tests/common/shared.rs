@@ -48,6 +48,48 @@ pub fn timed<T>(message: T, timeout: Duration) -> tonic::Request<T> {
     request
 }
 
+/// How late past its deadline a call may end on a loaded machine and still
+/// count as having kept it: generous, so that no scheduling delay fails a
+/// test, and far below the 20 s and more a call that ignored its deadline
+/// would wait (the timeouts of every client and service in the tests).
+pub const DEADLINE_SLACK: Duration = Duration::from_secs(5);
+
+/// Asserts that a call started at `started` with `deadline` to keep ended by
+/// it, give or take [`DEADLINE_SLACK`]. The callers also check the answer's
+/// code and message: a call cut short by anything but its own deadline
+/// handling would give another one.
+pub fn assert_kept_deadline(
+    what: &str,
+    started: impl Into<std::time::Instant>,
+    deadline: Duration,
+) {
+    let took = started.into().elapsed();
+    assert!(
+        took < deadline + DEADLINE_SLACK,
+        "{what}: answered after {took:?}, its deadline was {deadline:?}"
+    );
+}
+
+/// The period of an emulator counting round trips
+/// (`snap_emu::Config::counting_round_trips`): requests a client sends
+/// together must reach it within one period to count as one round, so it is
+/// long next to any scheduling delay; each dependent round trip costs one to
+/// two periods.
+pub const ROUND_TRIP_PERIOD: Duration = Duration::from_millis(200);
+
+/// Runs `call` and returns its output and how many dependent SNAP/SPDK round
+/// trips it made, as the emulator's poller counted them (`rounds` reads its
+/// count): a request that waited for an earlier reply is one more, requests
+/// sent together are one.
+pub async fn round_trips<T>(
+    rounds: impl Fn() -> u64,
+    call: impl std::future::Future<Output = T>,
+) -> (T, u64) {
+    let before = rounds();
+    let out = call.await;
+    (out, rounds() - before)
+}
+
 /// How long the host may take to discover a disk after SNAP exposed it.
 pub const DISCOVERY_TIMEOUT: Duration = Duration::from_secs(30);
 

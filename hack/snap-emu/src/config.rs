@@ -39,6 +39,10 @@ pub struct Config {
     pub snap: bool,
     /// SPDK's RPC poller period; `None` answers at once.
     pub poll_period: Option<Duration>,
+    /// With a poll period: send each reply at the tick after the one that
+    /// read its request, as real SPDK does (which also makes the poller's
+    /// count of dependent round trips exact; see [`crate::Rounds`]).
+    pub reply_on_next_tick: bool,
     pub functions: FunctionLayout,
 }
 
@@ -56,6 +60,7 @@ impl Config {
             sysfs_root: None,
             snap: true,
             poll_period: None,
+            reply_on_next_tick: false,
             functions: FunctionLayout::default(),
         }
     }
@@ -76,6 +81,14 @@ impl Config {
         self
     }
 
+    /// A poller with `period` that sends each reply at the next tick and
+    /// counts dependent round trips exactly (see [`crate::Rounds`]).
+    pub fn counting_round_trips(mut self, period: Duration) -> Self {
+        self = self.with_poll_period(period);
+        self.reply_on_next_tick = true;
+        self
+    }
+
     pub fn with_functions(mut self, functions: FunctionLayout) -> Self {
         self.functions = functions;
         self
@@ -93,6 +106,9 @@ impl Config {
     }
 
     pub(crate) fn validate(&self) -> anyhow::Result<()> {
+        if self.reply_on_next_tick && self.poll_period.is_none() {
+            bail!("replies on the next tick need a poll period");
+        }
         let f = &self.functions;
         if f.nvme_vfs_per_pf > MAX_VFS_PER_PF || f.virtio_blk_vfs_per_pf > MAX_VFS_PER_PF {
             bail!("at most {MAX_VFS_PER_PF} VFs per PF fit on one PCI bus");

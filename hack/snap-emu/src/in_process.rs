@@ -11,7 +11,7 @@ use std::thread::JoinHandle;
 use anyhow::Context;
 use tokio::sync::oneshot;
 
-use crate::Config;
+use crate::{Config, Rounds};
 
 /// A running in-process emulator; stops when dropped.
 #[derive(Debug)]
@@ -20,6 +20,7 @@ pub struct InProcess {
     thread: Option<JoinHandle<anyhow::Result<()>>>,
     socket: PathBuf,
     sysfs_root: PathBuf,
+    rounds: Rounds,
 }
 
 impl InProcess {
@@ -28,7 +29,7 @@ impl InProcess {
         let socket = config.socket.clone();
         let sysfs_root = config.effective_sysfs_root();
         let (stop, stopped) = oneshot::channel::<()>();
-        let (bound, listening) = oneshot::channel::<anyhow::Result<()>>();
+        let (bound, listening) = oneshot::channel::<anyhow::Result<Rounds>>();
         let thread = std::thread::spawn(move || {
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
@@ -37,7 +38,7 @@ impl InProcess {
             runtime.block_on(async move {
                 match crate::bind(config).await {
                     Ok(server) => {
-                        let _ = bound.send(Ok(()));
+                        let _ = bound.send(Ok(server.rounds()));
                         server
                             .serve(async move {
                                 let _ = stopped.await;
@@ -56,9 +57,13 @@ impl InProcess {
             thread: Some(thread),
             socket,
             sysfs_root,
+            rounds: Rounds::default(),
         };
         match listening.await {
-            Ok(Ok(())) => Ok(running),
+            Ok(Ok(rounds)) => {
+                running.rounds = rounds;
+                Ok(running)
+            }
             Ok(Err(e)) => {
                 running.shutdown()?;
                 Err(e)
@@ -79,6 +84,12 @@ impl InProcess {
     /// The root of the sysfs-shaped tree the host side writes.
     pub fn sysfs_root(&self) -> &Path {
         &self.sysfs_root
+    }
+
+    /// The dependent round trips clients have made so far, counted by the
+    /// poller (0 without a poll period; see [`Rounds`]).
+    pub fn rounds(&self) -> u64 {
+        self.rounds.get()
     }
 
     /// Stops the emulator and waits until it has cleaned up.

@@ -10,7 +10,9 @@
 //!
 //! Module layout:
 //! - [`config`]: [`Config`] for in-process use and the binary's [`Cli`] flags.
-//! - `server`: socket setup, per-connection tasks, SPDK's poller, shutdown.
+//! - `server`: socket setup, per-connection tasks, shutdown; `poller`: SPDK's
+//!   RPC poller serving every connection, and the dependent round trips it
+//!   counts ([`Rounds`]).
 //! - `framing`: the byte-exact JSON-RPC framing and reply encoding.
 //! - `dispatch`: the method table, state checks and routing; `rpc`: errors
 //!   and parameter decoding with SPDK's conventions.
@@ -66,6 +68,7 @@ mod functions;
 mod lvol;
 mod nvmf;
 mod nvmf_tcp;
+mod poller;
 mod rpc;
 mod server;
 mod snap;
@@ -74,5 +77,6 @@ mod state;
 
 pub use config::{Cli, Config, FunctionLayout};
 pub use in_process::InProcess;
+pub use poller::Rounds;
 pub use rpc::RpcError;
 pub use server::{Server, bind, run};

@@ -1,5 +1,5 @@
-//! The UNIX-socket server: startup and shutdown, one task per connection, and
-//! the optional RPC poller.
+//! The UNIX-socket server: startup and shutdown, and one task per connection,
+//! or the optional RPC poller (`poller`) serving them all.
 //!
 //! With `poll_period` set the server behaves like SPDK's RPC poller: a
 //! connection's bytes are only read on a tick, and every request complete at
@@ -7,7 +7,7 @@
 //! about one period per call; 64 pipelined calls cost about one period in all.
 //! (Real SPDK also defers sending a reply to the next poll, which is why its
 //! default 4 ms period measures as ~8 ms per sequential call; use 8000 µs to
-//! reproduce that figure.)
+//! reproduce that figure, or `reply_on_next_tick` to defer as SPDK does.)
 
 use std::fs::File;
 use std::future::Future;
@@ -21,7 +21,7 @@ use json_framing::JsonFramer;
 use serde_json::value::RawValue;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
-use tokio::sync::{Mutex, watch};
+use tokio::sync::{Mutex, mpsc};
 use tokio::task::JoinSet;
 use uuid::Uuid;
 
@@ -33,11 +33,12 @@ use crate::framing::{self, Frame};
 use crate::functions::Functions;
 use crate::host::HostSide;
 use crate::nvmf::NvmfTarget;
+use crate::poller::{self, Rounds};
 use crate::rpc::RpcError;
 use crate::snap::Snap;
 use crate::state::{Emulator, Shared};
 
-const READ_CHUNK: usize = 64 * 1024;
+pub(crate) const READ_CHUNK: usize = 64 * 1024;
 
 /// An emulator whose socket is bound and whose host side is ready; nothing is
 /// served until [`Server::serve`].
@@ -47,6 +48,8 @@ pub struct Server {
     shared: Arc<Shared>,
     socket: PathBuf,
     poll_period: Option<Duration>,
+    reply_on_next_tick: bool,
+    rounds: Rounds,
     /// Held for the life of the server: one emulator per state directory.
     _lock: File,
 }
@@ -175,6 +178,8 @@ pub async fn bind(config: Config) -> anyhow::Result<Server> {
         shared,
         socket: config.socket,
         poll_period: config.poll_period,
+        reply_on_next_tick: config.reply_on_next_tick,
+        rounds: Rounds::default(),
         _lock: lock,
     })
 }
@@ -184,26 +189,27 @@ impl Server {
         &self.socket
     }
 
+    /// The dependent round trips clients made so far (counted with a poll
+    /// period only; see `poller`).
+    pub fn rounds(&self) -> Rounds {
+        self.rounds.clone()
+    }
+
     /// Serves until `shutdown` completes, then detaches every loop device,
     /// removes the backing files and the socket.
     pub async fn serve(self, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
-        let ticks = self.poll_period.map(|period| {
-            let (tx, rx) = watch::channel(0u64);
-            let task = tokio::spawn(async move {
-                let mut interval = tokio::time::interval(period);
-                interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-                let mut n = 0u64;
-                loop {
-                    interval.tick().await;
-                    n += 1;
-                    if tx.send(n).is_err() {
-                        return;
-                    }
-                }
-            });
-            (task, rx)
+        // With a poll period, one task serves every connection tick by tick.
+        let polled = self.poll_period.map(|period| {
+            let (to_poller, incoming) = mpsc::unbounded_channel();
+            let task = tokio::spawn(poller::poll(
+                self.shared.clone(),
+                period,
+                self.reply_on_next_tick,
+                self.rounds.clone(),
+                incoming,
+            ));
+            (task, to_poller)
         });
-        let tick_rx = ticks.as_ref().map(|(_, rx)| rx.clone());
 
         let mut conns = JoinSet::new();
         tokio::pin!(shutdown);
@@ -211,9 +217,14 @@ impl Server {
             tokio::select! {
                 _ = &mut shutdown => break,
                 accepted = self.listener.accept() => match accepted {
-                    Ok((stream, _)) => {
-                        conns.spawn(serve_connection(self.shared.clone(), stream, tick_rx.clone()));
-                    }
+                    Ok((stream, _)) => match &polled {
+                        Some((_, to_poller)) => {
+                            let _ = to_poller.send(stream);
+                        }
+                        None => {
+                            conns.spawn(serve_connection(self.shared.clone(), stream));
+                        }
+                    },
                     Err(e) => {
                         tracing::warn!("accept failed: {e}");
                         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -223,8 +234,9 @@ impl Server {
             }
         }
         conns.shutdown().await;
-        if let Some((task, _)) = ticks {
+        if let Some((task, _)) = polled {
             task.abort();
+            let _ = task.await;
         }
         let mut state = self.shared.state.clone().lock_owned().await;
         if tokio::task::spawn_blocking(move || state.shutdown())
@@ -245,7 +257,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
     bind(config).await?.serve(shutdown).await
 }
 
-async fn answer(shared: &Arc<Shared>, raw: &str) -> Vec<u8> {
+pub(crate) async fn answer(shared: &Arc<Shared>, raw: &str) -> Vec<u8> {
     match framing::parse_frame(raw) {
         Frame::Invalid { id } => framing::error_reply(id.as_deref(), &RpcError::invalid_request()),
         Frame::Call { id, method, params } => {
@@ -261,54 +273,38 @@ async fn answer(shared: &Arc<Shared>, raw: &str) -> Vec<u8> {
     }
 }
 
-/// Reads whatever is available without waiting; `true` on end of stream.
-fn drain(stream: &UnixStream, framer: &mut JsonFramer, chunk: &mut [u8]) -> std::io::Result<bool> {
-    // Past the limit the framer refuses the stream anyway; stop reading there.
-    while framer.pending() <= framing::REQUEST_LIMITS.max_message_bytes {
-        match stream.try_read(chunk) {
-            Ok(0) => return Ok(true),
-            Ok(n) => framer.extend(&chunk[..n]),
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(false),
-            Err(e) => return Err(e),
+/// Answers every whole request `framer` holds, in order; `true` with them
+/// when the stream holds what SPDK cannot parse, and must be closed.
+pub(crate) async fn answer_framed(
+    shared: &Arc<Shared>,
+    framer: &mut JsonFramer,
+) -> (Vec<u8>, bool) {
+    let mut out = Vec::new();
+    loop {
+        match framer.next_decoded::<Box<RawValue>>() {
+            Ok(Some((raw, _))) => out.extend(answer(shared, raw.get()).await),
+            Ok(None) => return (out, false),
+            Err(error) => {
+                tracing::debug!(%error, "closing a connection that sent what SPDK cannot parse");
+                return (out, true);
+            }
         }
     }
-    Ok(false)
 }
 
-async fn serve_connection(
-    shared: Arc<Shared>,
-    mut stream: UnixStream,
-    mut ticks: Option<watch::Receiver<u64>>,
-) {
+/// Answers a connection's requests as they arrive.
+async fn serve_connection(shared: Arc<Shared>, mut stream: UnixStream) {
     let mut framer = JsonFramer::new(framing::REQUEST_LIMITS);
     let mut chunk = vec![0u8; READ_CHUNK];
     loop {
-        let eof = match &mut ticks {
-            None => match stream.read(&mut chunk).await {
-                Ok(0) | Err(_) => true,
-                Ok(n) => {
-                    framer.extend(&chunk[..n]);
-                    false
-                }
-            },
-            Some(rx) => {
-                if rx.changed().await.is_err() {
-                    return;
-                }
-                drain(&stream, &mut framer, &mut chunk).unwrap_or(true)
+        let eof = match stream.read(&mut chunk).await {
+            Ok(0) | Err(_) => true,
+            Ok(n) => {
+                framer.extend(&chunk[..n]);
+                false
             }
         };
-        let mut out = Vec::new();
-        let fatal = loop {
-            match framer.next_decoded::<Box<RawValue>>() {
-                Ok(Some((raw, _))) => out.extend(answer(&shared, raw.get()).await),
-                Ok(None) => break false,
-                Err(error) => {
-                    tracing::debug!(%error, "closing a connection that sent what SPDK cannot parse");
-                    break true;
-                }
-            }
-        };
+        let (out, fatal) = answer_framed(&shared, &mut framer).await;
         if !out.is_empty() && stream.write_all(&out).await.is_err() {
             return;
         }

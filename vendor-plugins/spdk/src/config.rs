@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use snap_csi::dpu::plugin::{PROVIDER_PLACEHOLDER, snap_socket_path};
+use snap_csi::settings::MAX_SECONDS;
 
 use crate::backend::Kind;
 use crate::csi::{AioConfig, CsiConfig, NvmfConfig};
@@ -104,8 +105,10 @@ impl Args {
             snap_socket_path(PROVIDER_PLACEHOLDER, &self.snap_provider)
                 .map_err(|e| format!("--snap-provider: {e}"))?;
         }
-        if self.call_timeout == 0 {
-            return Err("--call-timeout must be at least 1 second".into());
+        if !(1..=MAX_SECONDS).contains(&self.call_timeout) {
+            return Err(format!(
+                "--call-timeout must be from 1 to {MAX_SECONDS} seconds (a year)"
+            ));
         }
         let call_timeout = Duration::from_secs(self.call_timeout);
         Ok(Config {
@@ -211,8 +214,14 @@ mod tests {
         assert_eq!(args.resolve().unwrap().service.snap_provider, "acme-snap");
         let args = Args::try_parse_from(["p", "--snap-provider", "../x"]).unwrap();
         assert!(args.resolve().unwrap_err().contains("--snap-provider"));
-        let args = Args::try_parse_from(["p", "--call-timeout", "0"]).unwrap();
-        assert!(args.resolve().is_err());
+        for bad in ["0", "31536001", "18446744073709551615"] {
+            let args = Args::try_parse_from(["p", "--call-timeout", bad]).unwrap();
+            let error = args.resolve().unwrap_err();
+            assert!(
+                error.contains("--call-timeout must be from 1"),
+                "{bad}: {error}"
+            );
+        }
         assert!(Args::try_parse_from(["p", "--log-format", "xml"]).is_err());
     }
 

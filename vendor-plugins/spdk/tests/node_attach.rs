@@ -6,12 +6,14 @@
 mod common;
 
 use std::collections::HashMap;
-use std::future::Future;
 use std::path::Path;
 use std::time::Duration;
 
 use common::dpu::TestDpu;
-use common::{Plugin, Spdk, aio_context, discovered, export, loop_devices_of, nvmf_context};
+use common::{
+    Plugin, ROUND_TRIP_PERIOD, Spdk, aio_context, discovered, export, loop_devices_of,
+    nvmf_context, round_trips,
+};
 use snap_csi::dpu::plugin::AccessMode;
 use snap_csi::dpu::{AttachRequest, Emulation, HostLocator, VolumeMode};
 use snap_csi::host::{BlockDevice, Sysfs};
@@ -139,53 +141,36 @@ async fn nvmf_volume_through_nvme() {
     assert!(snap.nvme_controllers().await.is_empty());
 }
 
-/// How many dependent SNAP round trips a call made: the emulator answers from
-/// a poller, so a request that waits for an earlier reply waits a period,
-/// while requests sent together are answered in the same one.
-async fn round_trips<T>(period: Duration, call: impl Future<Output = T>) -> (T, f64) {
-    let started = Instant::now();
-    let out = call.await;
-    (out, started.elapsed().as_secs_f64() / period.as_secs_f64())
-}
-
-fn assert_round_trips(what: &str, measured: f64, expected: u32) {
-    let expected = f64::from(expected);
-    assert!(
-        measured > expected - 1.0 && measured < expected + 0.75,
-        "{what}: took {measured:.2} poll periods, expected {expected} dependent round trips"
-    );
-}
-
 /// CreateDevice and DeleteDevice cost one SNAP round trip each, also when
 /// repeated, so the node's budgets hold with this plugin.
 #[tokio::test]
 async fn the_plugin_fits_the_nodes_round_trip_budget() {
-    let period = Duration::from_millis(400);
-    let snap = Spdk::start(|c| c.with_poll_period(period)).await;
+    let snap = Spdk::start(|c| c.counting_round_trips(ROUND_TRIP_PERIOD)).await;
+    let rounds = || snap.emulator().rounds();
     let plugin = Plugin::start(snap.socket()).await;
     let dpu = dpu(&plugin, &snap).await;
     assert!(dpu.attach.probe(deadline()).await.unwrap());
 
     let file = snap.file("pvc-rt.img");
     let request = request("pvc-rt", aio_context(&file), Emulation::Nvme);
-    let (first, rounds) = round_trips(period, dpu.attach.attach(&request, deadline())).await;
+    let (first, trips) = round_trips(rounds, dpu.attach.attach(&request, deadline())).await;
     let first = first.unwrap();
-    assert_round_trips("new NVMe attach", rounds, 5);
+    assert_eq!(trips, 5, "new NVMe attach");
     // A retry of a volume the node has a record of (NodeStage again).
     let retry = AttachRequest {
         attached_before: true,
         ..request.clone()
     };
-    let (again, rounds) = round_trips(period, dpu.attach.attach(&retry, deadline())).await;
+    let (again, trips) = round_trips(rounds, dpu.attach.attach(&retry, deadline())).await;
     assert_eq!(again.unwrap(), first);
-    assert_round_trips("repeated NVMe attach", rounds, 1);
-    let (detached, rounds) = round_trips(
-        period,
+    assert_eq!(trips, 1, "repeated NVMe attach");
+    let (detached, trips) = round_trips(
+        rounds,
         dpu.attach
             .detach("pvc-rt", Some(&first.device_name), deadline()),
     )
     .await;
     detached.unwrap();
-    assert_round_trips("NVMe detach", rounds, 4);
+    assert_eq!(trips, 4, "NVMe detach");
     assert!(snap.bdevs().await.is_empty());
 }

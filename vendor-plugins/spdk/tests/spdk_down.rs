@@ -5,7 +5,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{Plugin, Spdk, aio_context};
+use common::{Plugin, Spdk, TIMEOUT, aio_context, assert_kept_deadline};
 use tonic::Code;
 
 #[tokio::test]
@@ -25,7 +25,10 @@ async fn spdk_down_is_not_ready_and_unavailable() {
         .unwrap_err();
     assert_eq!(status.code(), Code::Unavailable, "{status:?}");
     assert!(status.message().contains("unreachable"), "{status:?}");
-    assert!(started.elapsed() < Duration::from_secs(2));
+    // No socket is no SNAP: said at once, not after retrying until the
+    // caller's deadline.
+    let took = started.elapsed();
+    assert!(took < TIMEOUT / 2, "answered after {took:?}");
     for status in [
         plugin.delete("vol", "").await.unwrap_err(),
         plugin.get("vol", "").await.unwrap_err(),
@@ -65,7 +68,7 @@ async fn spdk_hung_answers_within_the_deadline() {
         plugin.probe(Duration::from_secs(1)).await.unwrap(),
         Some(false)
     );
-    assert!(started.elapsed() < Duration::from_secs(1));
+    assert_kept_deadline("Probe", started, Duration::from_secs(1));
 
     let request = snap_csi::proto::nvidia::storage::plugins::v1::CreateDeviceRequest {
         volume_id: "vol".into(),
@@ -83,6 +86,6 @@ async fn spdk_hung_answers_within_the_deadline() {
         status.message().contains("bdev_aio_create"),
         "our own answer, not the transport's: {status:?}"
     );
-    assert!(started.elapsed() < Duration::from_secs(2));
+    assert_kept_deadline("CreateDevice", started, Duration::from_secs(2));
     held.abort();
 }

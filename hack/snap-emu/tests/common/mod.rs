@@ -25,6 +25,8 @@ pub struct Emu {
     pub socket: PathBuf,
     pub state_dir: PathBuf,
     pub sysfs_root: PathBuf,
+    /// The poller's count of dependent round trips.
+    pub rounds: snap_emu::Rounds,
     stop: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<anyhow::Result<()>>>,
 }
@@ -35,6 +37,7 @@ impl Emu {
         let sysfs_root = config.effective_sysfs_root();
         let server = snap_emu::bind(config).await.expect("emulator binds");
         let socket = server.socket().to_owned();
+        let rounds = server.rounds();
         let (tx, rx) = oneshot::channel::<()>();
         let task = tokio::spawn(server.serve(async {
             let _ = rx.await;
@@ -43,6 +46,7 @@ impl Emu {
             socket,
             state_dir,
             sysfs_root,
+            rounds,
             stop: Some(tx),
             task: Some(task),
         }

@@ -50,7 +50,7 @@ use uuid::Uuid;
 
 use super::errors::{self, is_absent, is_taken};
 use super::ids::{parse_snapshot_id, parse_volume_id};
-use super::sizes::{MIB, Room, lvol_unit};
+use super::sizes::{MIB, Room, bdev_bytes, lvol_unit};
 use super::store::{Found, Source, VolumeBackend};
 use crate::backend::{
     ADRFAM_KEY, BACKEND_KEY, Kind, NVMF, SUBNQN_KEY, TRADDR_KEY, TRSVCID_KEY, TRTYPE_KEY,
@@ -429,7 +429,7 @@ impl VolumeBackend for NvmfTarget {
         Ok(Room {
             total: store.total_data_clusters.saturating_mul(store.cluster_size),
             available: store.free_clusters.saturating_mul(store.cluster_size),
-            unit: lvol_unit(store.cluster_size),
+            unit: lvol_unit(store.cluster_size)?,
         })
     }
 
@@ -439,23 +439,25 @@ impl VolumeBackend for NvmfTarget {
             self.subsystem(volume_id, deadline),
         )
         .await?;
-        Ok(lvol.map(|bdev| Found {
-            size: bdev.size_bytes(),
-            complete: subsystem
-                .is_some_and(|s| Self::has_namespace(&s, &bdev) && self.has_listener(&s)),
-        }))
+        lvol.map(|bdev| {
+            Ok(Found {
+                size: bdev_bytes(&bdev)?,
+                complete: subsystem
+                    .is_some_and(|s| Self::has_namespace(&s, &bdev) && self.has_listener(&s)),
+            })
+        })
+        .transpose()
     }
 
     async fn volumes(&self, deadline: Instant) -> Result<Vec<(String, u64)>, Status> {
-        Ok(self
-            .lvols(deadline)
+        self.lvols(deadline)
             .await?
             .into_iter()
             .filter(|(name, bdev)| {
                 matches!(parse_volume_id(name), Some((Kind::Nvmf, _))) && !is_snapshot(bdev)
             })
-            .map(|(name, bdev)| (name, bdev.size_bytes()))
-            .collect())
+            .map(|(name, bdev)| Ok((name, bdev_bytes(&bdev)?)))
+            .collect::<Result<_, Status>>()
     }
 
     async fn create(
@@ -473,12 +475,12 @@ impl VolumeBackend for NvmfTarget {
             self.delete_lvol(&temp_snapshot(volume_id), deadline)
                 .await?;
         }
-        if bdev.size_bytes() < size {
+        if bdev_bytes(&bdev)? < size {
             self.expand(volume_id, size, deadline).await?;
             bdev = self.stand_alone(volume_id, deadline).await?;
         }
         self.export(volume_id, &bdev, deadline).await?;
-        Ok(bdev.size_bytes())
+        bdev_bytes(&bdev)
     }
 
     async fn delete(&self, volume_id: &str, deadline: Instant) -> Result<(), Status> {
@@ -544,15 +546,14 @@ impl VolumeBackend for NvmfTarget {
     }
 
     async fn snapshot_sizes(&self, deadline: Instant) -> Result<HashMap<String, u64>, Status> {
-        Ok(self
-            .lvols(deadline)
+        self.lvols(deadline)
             .await?
             .into_iter()
             .filter(|(name, bdev)| {
                 matches!(parse_snapshot_id(name), Some((Kind::Nvmf, _))) && is_snapshot(bdev)
             })
-            .map(|(name, bdev)| (name, bdev.size_bytes()))
-            .collect())
+            .map(|(name, bdev)| Ok((name, bdev_bytes(&bdev)?)))
+            .collect::<Result<_, Status>>()
     }
 
     async fn snapshot_size(
@@ -560,11 +561,11 @@ impl VolumeBackend for NvmfTarget {
         snapshot_id: &str,
         deadline: Instant,
     ) -> Result<Option<u64>, Status> {
-        Ok(self
-            .lvol(snapshot_id, deadline)
+        self.lvol(snapshot_id, deadline)
             .await?
             .filter(is_snapshot)
-            .map(|b| b.size_bytes()))
+            .map(|b| bdev_bytes(&b))
+            .transpose()
     }
 
     async fn delete_snapshot(&self, snapshot_id: &str, deadline: Instant) -> Result<(), Status> {

@@ -7,6 +7,7 @@
 //! `limit_bytes`. Without a range a volume gets 1 GiB, or its source's size.
 
 use snap_csi::proto::csi::v1 as csi;
+use snap_csi::spdk::bdev::Bdev;
 use tonic::Status;
 
 pub const MIB: u64 = 1 << 20;
@@ -90,8 +91,10 @@ pub fn round_up(bytes: u64, unit: u64) -> Option<u64> {
 }
 
 /// The smallest unit that is both a whole number of MiB and of `cluster`
-/// bytes: `bdev_lvol_create` takes MiB and allocates clusters.
-pub fn lvol_unit(cluster: u64) -> u64 {
+/// bytes: `bdev_lvol_create` takes MiB and allocates clusters. A cluster
+/// size the target reports with no such unit below 2^64 bytes is its error,
+/// not a unit that wrapped to something small.
+pub fn lvol_unit(cluster: u64) -> Result<u64, Status> {
     let gcd = |mut a: u64, mut b: u64| {
         while b != 0 {
             (a, b) = (b, a % b);
@@ -99,7 +102,21 @@ pub fn lvol_unit(cluster: u64) -> u64 {
         a
     };
     let cluster = cluster.max(1);
-    MIB / gcd(MIB, cluster) * cluster
+    (MIB / gcd(MIB, cluster))
+        .checked_mul(cluster)
+        .ok_or_else(|| {
+            Status::internal(format!(
+                "the target's lvstore reports clusters of {cluster} bytes: no whole number of \
+             them is a whole number of MiB below 2^64 bytes"
+            ))
+        })
+}
+
+/// A bdev's size as the target reports it; a size past 2^64 bytes is the
+/// target's error.
+pub fn bdev_bytes(bdev: &Bdev) -> Result<u64, Status> {
+    bdev.size_bytes()
+        .map_err(|e| Status::internal(format!("the target's answer: {e}")))
 }
 
 /// How much a backend can hold and has free, in bytes.
@@ -219,10 +236,33 @@ mod tests {
     }
 
     #[test]
+    fn a_peers_sizes_that_overflow_are_errors() {
+        // An odd cluster size needs 2^20 clusters per unit: 2^20 * (2^63 + 1)
+        // wraps to 2^20 without the check.
+        let status = lvol_unit((1 << 63) + 1).unwrap_err();
+        assert_eq!(status.code(), Code::Internal);
+        assert!(
+            status
+                .message()
+                .contains(&format!("clusters of {} bytes", (1u64 << 63) + 1)),
+            "{status:?}"
+        );
+        assert_eq!(lvol_unit(u64::MAX).unwrap_err().code(), Code::Internal);
+        let bdev: Bdev = serde_json::from_value(serde_json::json!({
+            "name": "lvs/pvc-x", "product_name": "Logical Volume",
+            "num_blocks": 1u64 << 55, "block_size": 512,
+        }))
+        .unwrap();
+        let status = bdev_bytes(&bdev).unwrap_err();
+        assert_eq!(status.code(), Code::Internal);
+        assert!(status.message().contains("lvs/pvc-x"), "{status:?}");
+    }
+
+    #[test]
     fn units_and_rooms() {
-        assert_eq!(lvol_unit(4 * MIB), 4 * MIB);
-        assert_eq!(lvol_unit(512 << 10), MIB);
-        assert_eq!(lvol_unit(3 * MIB), 3 * MIB);
+        assert_eq!(lvol_unit(4 * MIB).unwrap(), 4 * MIB);
+        assert_eq!(lvol_unit(512 << 10).unwrap(), MIB);
+        assert_eq!(lvol_unit(3 * MIB).unwrap(), 3 * MIB);
         let room = Room {
             total: 100,
             available: 10,

@@ -496,7 +496,7 @@ impl Csi {
             })
             .await
             .unwrap()[0];
-        bdev.size_bytes()
+        bdev.size_bytes().unwrap()
     }
 
     /// What the backends hold: pool files (snapshots and records included)

@@ -24,7 +24,10 @@ mod shared;
 
 // Each test crate uses some of them, as with `dead_code` above.
 #[allow(unused_imports)]
-pub use shared::{discovered, free_tcp_port, loop_devices_of, sparse_file, timed};
+pub use shared::{
+    ROUND_TRIP_PERIOD, assert_kept_deadline, discovered, free_tcp_port, loop_devices_of,
+    round_trips, sparse_file, timed,
+};
 
 use std::collections::HashMap;
 use std::future::Future;

@@ -128,7 +128,7 @@ pub async fn create_get_delete_are_idempotent(source: &Source) {
         })
         .await
         .unwrap()[0];
-    assert_eq!((bdev.block_size, bdev.size_bytes()), (512, SIZE));
+    assert_eq!((bdev.block_size, bdev.size_bytes()), (512, Ok(SIZE)));
 
     // By name, and by volume id alone.
     let found = plugin.get("vol-1", &device).await.unwrap();
@@ -327,7 +327,7 @@ pub async fn attach_is_idempotent_and_detach_leaves_nothing(source: &Source) {
         })
         .await
         .unwrap()[0];
-    assert_eq!(bdev.size_bytes(), SIZE);
+    assert_eq!(bdev.size_bytes(), Ok(SIZE));
 
     assert_eq!(
         plugin.get("pvc-nvmf-1", &device).await.unwrap().volume_mode,
