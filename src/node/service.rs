@@ -643,49 +643,54 @@ impl csi::node_server::Node for NodeService {
         &self,
         request: Request<csi::NodeStageVolumeRequest>,
     ) -> Result<Response<csi::NodeStageVolumeResponse>, Status> {
-        let span = tracing::info_span!("NodeStageVolume", volume_id = %request.get_ref().volume_id);
-        self.node_stage_volume_inner(request).instrument(span).await
+        let span = tracing::info_span!(
+            "NodeStageVolume",
+            volume_id = logged_id(&request.get_ref().volume_id)
+        );
+        traced(span, self.node_stage_volume_inner(request)).await
     }
 
     async fn node_unstage_volume(
         &self,
         request: Request<csi::NodeUnstageVolumeRequest>,
     ) -> Result<Response<csi::NodeUnstageVolumeResponse>, Status> {
-        let span =
-            tracing::info_span!("NodeUnstageVolume", volume_id = %request.get_ref().volume_id);
-        self.node_unstage_volume_inner(request)
-            .instrument(span)
-            .await
+        let span = tracing::info_span!(
+            "NodeUnstageVolume",
+            volume_id = logged_id(&request.get_ref().volume_id)
+        );
+        traced(span, self.node_unstage_volume_inner(request)).await
     }
 
     async fn node_publish_volume(
         &self,
         request: Request<csi::NodePublishVolumeRequest>,
     ) -> Result<Response<csi::NodePublishVolumeResponse>, Status> {
-        let span =
-            tracing::info_span!("NodePublishVolume", volume_id = %request.get_ref().volume_id);
-        self.node_publish_volume_inner(request)
-            .instrument(span)
-            .await
+        let span = tracing::info_span!(
+            "NodePublishVolume",
+            volume_id = logged_id(&request.get_ref().volume_id)
+        );
+        traced(span, self.node_publish_volume_inner(request)).await
     }
 
     async fn node_unpublish_volume(
         &self,
         request: Request<csi::NodeUnpublishVolumeRequest>,
     ) -> Result<Response<csi::NodeUnpublishVolumeResponse>, Status> {
-        let span =
-            tracing::info_span!("NodeUnpublishVolume", volume_id = %request.get_ref().volume_id);
-        self.node_unpublish_volume_inner(request)
-            .instrument(span)
-            .await
+        let span = tracing::info_span!(
+            "NodeUnpublishVolume",
+            volume_id = logged_id(&request.get_ref().volume_id)
+        );
+        traced(span, self.node_unpublish_volume_inner(request)).await
     }
 
     async fn node_get_volume_stats(
         &self,
         request: Request<csi::NodeGetVolumeStatsRequest>,
     ) -> Result<Response<csi::NodeGetVolumeStatsResponse>, Status> {
-        let span =
-            tracing::info_span!("NodeGetVolumeStats", volume_id = %request.get_ref().volume_id);
+        let span = tracing::info_span!(
+            "NodeGetVolumeStats",
+            volume_id = logged_id(&request.get_ref().volume_id)
+        );
         self.node_get_volume_stats_inner(request)
             .instrument(span)
             .await
@@ -695,11 +700,11 @@ impl csi::node_server::Node for NodeService {
         &self,
         request: Request<csi::NodeExpandVolumeRequest>,
     ) -> Result<Response<csi::NodeExpandVolumeResponse>, Status> {
-        let span =
-            tracing::info_span!("NodeExpandVolume", volume_id = %request.get_ref().volume_id);
-        self.node_expand_volume_inner(request)
-            .instrument(span)
-            .await
+        let span = tracing::info_span!(
+            "NodeExpandVolume",
+            volume_id = logged_id(&request.get_ref().volume_id)
+        );
+        traced(span, self.node_expand_volume_inner(request)).await
     }
 
     async fn node_get_capabilities(
@@ -719,6 +724,32 @@ impl csi::node_server::Node for NodeService {
         let span = tracing::debug_span!("NodeGetInfo");
         self.node_get_info_inner(request).instrument(span).await
     }
+}
+
+/// A volume id as logs show it: cut to CSI's limit, since an oversize id is
+/// refused, not worth a megabyte of log line.
+fn logged_id(volume_id: &str) -> &str {
+    let mut end = volume_id.len().min(crate::csi_limits::MAX_STRING_BYTES);
+    while !volume_id.is_char_boundary(end) {
+        end -= 1;
+    }
+    &volume_id[..end]
+}
+
+/// Runs an RPC's body in its span and logs a failure there, once: kubelet
+/// retries without a word, so without this line an operator could not see
+/// why a stage keeps failing. (Messages name objects, never secrets.)
+async fn traced<T>(
+    span: tracing::Span,
+    body: impl std::future::Future<Output = Result<T, Status>>,
+) -> Result<T, Status> {
+    let result = body.instrument(span.clone()).await;
+    if let Err(status) = &result {
+        span.in_scope(
+            || tracing::warn!(code = ?status.code(), "call failed: {}", status.message()),
+        );
+    }
+    result
 }
 
 /// [`paths::confine`], which looks at each component of the path, except
