@@ -1,6 +1,8 @@
 //! Playing external-provisioner (CreateVolume, DeleteVolume through the
 //! controller proxy) and kubelet (stage, publish, unpublish, unstage on the
-//! node) over real gRPC, the way `hack/player` does.
+//! node) over real gRPC, the way `hack/player` does. Every call carries
+//! kubelet's deadline; errors keep the `tonic::Status` (downcast it) so that a
+//! caller can tell a code worth retrying from a final one.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -17,8 +19,8 @@ use snap_csi::proto::csi::v1::volume_capability::{
 };
 use tonic::transport::{Channel, Endpoint};
 
-/// kubelet's own deadline is 2 minutes for stage; ours is the same, so a
-/// stuck call fails the bench instead of hanging it.
+/// kubelet's own deadline is 2 minutes for stage; ours is the same by
+/// default, so a stuck call fails the caller instead of hanging it.
 const DEADLINE: Duration = Duration::from_secs(120);
 
 pub async fn channel(endpoint: &str) -> anyhow::Result<Channel> {
@@ -29,9 +31,9 @@ pub async fn channel(endpoint: &str) -> anyhow::Result<Channel> {
         .with_context(|| format!("connecting to {endpoint}"))
 }
 
-fn request<T>(message: T) -> tonic::Request<T> {
+fn request<T>(message: T, deadline: Duration) -> tonic::Request<T> {
     let mut request = tonic::Request::new(message);
-    request.set_timeout(DEADLINE);
+    request.set_timeout(deadline);
     request
 }
 
@@ -77,6 +79,8 @@ pub struct Volume {
 pub struct Clients {
     pub controller: ControllerClient<Channel>,
     pub node: NodeClient<Channel>,
+    /// Each call's deadline (kubelet's two minutes unless changed).
+    pub deadline: Duration,
 }
 
 impl Clients {
@@ -84,6 +88,7 @@ impl Clients {
         Ok(Clients {
             controller: ControllerClient::new(channel(controller).await?),
             node: NodeClient::new(channel(node).await?),
+            deadline: DEADLINE,
         })
     }
 
@@ -95,6 +100,21 @@ impl Clients {
         kind: &Kind,
         size_mib: i64,
     ) -> anyhow::Result<Volume> {
+        self.create_on(kubelet, name, kind, size_mib, "aio", "nvme")
+            .await
+    }
+
+    /// CreateVolume on `backend` (`aio`, `nvmf`), exposed as `emulation`
+    /// (`nvme`, `virtio-blk`); makes kubelet's directories.
+    pub async fn create_on(
+        &mut self,
+        kubelet: &Path,
+        name: &str,
+        kind: &Kind,
+        size_mib: i64,
+        backend: &str,
+        emulation: &str,
+    ) -> anyhow::Result<Volume> {
         let response = self
             .controller
             .create_volume(request(csi::CreateVolumeRequest {
@@ -105,12 +125,12 @@ impl Clients {
                 }),
                 volume_capabilities: vec![kind.capability()],
                 parameters: [
-                    ("backend".to_string(), "aio".to_string()),
-                    ("snap-csi.io/emulation".to_string(), "nvme".to_string()),
+                    ("backend".to_string(), backend.to_string()),
+                    ("snap-csi.io/emulation".to_string(), emulation.to_string()),
                 ]
                 .into(),
                 ..Default::default()
-            }))
+            }, self.deadline))
             .await
             .with_context(|| format!("CreateVolume {name}"))?
             .into_inner()
@@ -142,7 +162,7 @@ impl Clients {
                 volume_capability: Some(volume.kind.capability()),
                 volume_context: volume.context.clone(),
                 ..Default::default()
-            }))
+            }, self.deadline))
             .await
             .with_context(|| format!("NodeStageVolume {}", volume.id))?;
         Ok(())
@@ -157,7 +177,7 @@ impl Clients {
                 volume_capability: Some(volume.kind.capability()),
                 volume_context: volume.context.clone(),
                 ..Default::default()
-            }))
+            }, self.deadline))
             .await
             .with_context(|| format!("NodePublishVolume {}", volume.id))?;
         Ok(())
@@ -168,7 +188,7 @@ impl Clients {
             .node_unpublish_volume(request(csi::NodeUnpublishVolumeRequest {
                 volume_id: volume.id.clone(),
                 target_path: volume.target.display().to_string(),
-            }))
+            }, self.deadline))
             .await
             .with_context(|| format!("NodeUnpublishVolume {}", volume.id))?;
         Ok(())
@@ -179,7 +199,7 @@ impl Clients {
             .node_unstage_volume(request(csi::NodeUnstageVolumeRequest {
                 volume_id: volume.id.clone(),
                 staging_target_path: volume.staging.display().to_string(),
-            }))
+            }, self.deadline))
             .await
             .with_context(|| format!("NodeUnstageVolume {}", volume.id))?;
         Ok(())
@@ -191,7 +211,7 @@ impl Clients {
             .delete_volume(request(csi::DeleteVolumeRequest {
                 volume_id: volume.id.clone(),
                 secrets: Default::default(),
-            }))
+            }, self.deadline))
             .await
             .with_context(|| format!("DeleteVolume {}", volume.id))?;
         // remove_dir, never remove_dir_all: should something still be
@@ -213,7 +233,7 @@ impl Clients {
 /// Probe: whether the plugin says it is ready.
 pub async fn probe(identity: &mut IdentityClient<Channel>) -> anyhow::Result<bool> {
     let answer = identity
-        .probe(request(csi::ProbeRequest {}))
+        .probe(request(csi::ProbeRequest {}, DEADLINE))
         .await?
         .into_inner();
     Ok(answer.ready.unwrap_or(false))
