@@ -12,7 +12,7 @@
 #     | mutual TLS over a veth pair: 198.18.N.1/30 (host) <-> 198.18.N.2/30 (namespace snapcsi-ID)
 #   snap-csi dpu-agent (in snapcsi-ID) -> plugins.v1 -> sample plugin; JSON-RPC -> SNAP emulator
 #
-# The agent runs in a network namespace of its own (`ip netns exec`), joined
+# The agent runs in a network namespace of its own (entered with nsenter), joined
 # to the host's by a veth pair on a /30 of the benchmarking range
 # 198.18.0.0/15 (RFC 2544): 198.18.N.0/30, one that no address or route
 # here touches, picked at random under a lock so that concurrent stacks
@@ -311,7 +311,13 @@ wait_for_socket "$dir/controller.sock"
 
 # How the node reaches the DPU attach layer.
 if [ "$mode" = split ]; then
-  start agent ip netns exec "$netns" "$bin/snap-csi" dpu-agent \
+  # nsenter --net, not `ip netns exec`: that also gives the agent a mount
+  # namespace of its own, a copy of the host's mounts when it starts. Where
+  # / is private (no propagation), a restarted agent's copy then holds the
+  # filesystem of every volume staged at that moment: the host's unstage
+  # cannot release the device, and an xfs volume restaged on its new device
+  # is refused as a duplicate UUID (found by hack/chaos.sh).
+  start agent nsenter --net="/run/netns/$netns" "$bin/snap-csi" dpu-agent \
     --listen "https://$agent_listen" \
     --host-name local-node \
     --tls-cert "$dir/tls/agent.crt" \

@@ -38,3 +38,7 @@ SNAP_CSI_TEST_DPU=split cargo test --locked \
 cargo build --locked -p snap-csi -p snap-emu -p snap-csi-spdk-plugin -p snap-csi-bench
 ./target/debug/snap-csi-bench --profile debug --volumes 2 --poll-volumes 1 --count-volumes 1 \
   --floor-iterations 20 --scale-volumes 8 --concurrency 1,4 --rpc-seconds 0.2 --rpc-repeats 1
+# The chaos soak for two minutes (README "Chaos soak"): random volume lives while the stack's
+# processes are killed, SNAP stalls and functions run out; fails on a leak, a data error or a call
+# that never converges. Its seed (printed first) replays the same script.
+./hack/chaos.sh --profile debug --duration 2m --round 30s

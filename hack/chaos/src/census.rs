@@ -6,7 +6,7 @@
 //! ListVolumes through the proxy) and its AIO files; the node's records;
 //! mounts, loop devices and kubelet directories below the stack.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -126,12 +126,17 @@ pub async fn census(stack: &Stack, clients: &Clients) -> anyhow::Result<Vec<Stri
         }
     }
 
-    for (what, dir) in [
-        ("vendor AIO file", stack.dir.join("aio-pool")),
-        ("node record", stack.dir.join("node-state/volumes")),
-    ] {
-        left.extend(entries(&dir)?.into_iter().map(|e| format!("{what}: {e}")));
-    }
+    // The pool's own directories (snapshots, their records) are no volume's.
+    left.extend(
+        files_below(&stack.dir.join("aio-pool"))?
+            .into_iter()
+            .map(|f| format!("vendor AIO file: {}", f.display())),
+    );
+    left.extend(
+        entries(&stack.dir.join("node-state/volumes"))?
+            .into_iter()
+            .map(|e| format!("node record: {e}")),
+    );
     left.extend(kubelet_leftovers(&stack.kubelet)?);
 
     let dir = stack.dir.display().to_string();
@@ -164,6 +169,20 @@ fn entries(dir: &Path) -> anyhow::Result<Vec<String>> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
         Err(e) => Err(e).with_context(|| format!("reading {}", dir.display())),
     }
+}
+
+/// Every file (not directory) below `dir`.
+fn files_below(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    let mut files = Vec::new();
+    for name in entries(dir)? {
+        let path = dir.join(name);
+        if path.is_dir() {
+            files.extend(files_below(&path)?);
+        } else {
+            files.push(path);
+        }
+    }
+    Ok(files)
 }
 
 /// Anything below the volumes' kubelet directories (the harness removes the

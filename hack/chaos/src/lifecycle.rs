@@ -57,10 +57,11 @@ where
                 return Ok(value);
             }
             Err(error) => {
-                let code = error
-                    .downcast_ref::<tonic::Status>()
-                    .map_or_else(|| "not a gRPC status".to_string(), |s| format!("{:?}", s.code()));
-                tally.attempt_failed(call, &code);
+                let (code, message) = match error.downcast_ref::<tonic::Status>() {
+                    Some(status) => (format!("{:?}", status.code()), status.message().to_string()),
+                    None => ("not a gRPC status".to_string(), format!("{error:#}")),
+                };
+                tally.attempt_failed(call, &code, &message);
                 if started.elapsed() + pause >= BUDGET {
                     return Err(error.context(format!(
                         "{call} {subject}: still failing after {:.0} s",

@@ -230,8 +230,13 @@ async fn one_round(
         after.data_errors - before.data_errors,
         after.stuck - before.stuck,
     );
-    for (what, count) in tally.take_detail() {
-        eprintln!("chaos: {name}:   {what}: {count}");
+    for (what, (count, first)) in tally.take_detail() {
+        let first = if first.is_empty() {
+            String::new()
+        } else {
+            format!(" (first: {})", first.chars().take(300).collect::<String>())
+        };
+        eprintln!("chaos: {name}:   {what}: {count}{first}");
     }
     Ok(())
 }

@@ -13,8 +13,9 @@ pub struct Tally {
     data_errors: AtomicU64,
     stuck: AtomicU64,
     leaks: AtomicU64,
-    /// Faults by kind, and failed attempts by call and code.
-    detail: Mutex<BTreeMap<String, u64>>,
+    /// Faults by kind, and failed attempts by call and code, each with the
+    /// first message seen.
+    detail: Mutex<BTreeMap<String, (u64, String)>>,
 }
 
 /// The totals, for the last line.
@@ -34,12 +35,12 @@ impl Tally {
 
     pub fn fault(&self, kind: &str) {
         self.faults.fetch_add(1, Ordering::Relaxed);
-        self.note(format!("fault {kind}"));
+        self.note(format!("fault {kind}"), "");
     }
 
     /// A failed attempt that will be retried.
-    pub fn attempt_failed(&self, call: &str, code: &str) {
-        self.note(format!("retried {call}: {code}"));
+    pub fn attempt_failed(&self, call: &str, code: &str, message: &str) {
+        self.note(format!("retried {call}: {code}"), message);
     }
 
     pub fn data_error(&self, what: String) {
@@ -57,13 +58,16 @@ impl Tally {
         eprintln!("chaos: LEAK: {what}");
     }
 
-    fn note(&self, key: String) {
+    fn note(&self, key: String, message: &str) {
         let mut detail = self.detail.lock().unwrap_or_else(|e| e.into_inner());
-        *detail.entry(key).or_default() += 1;
+        let entry = detail
+            .entry(key)
+            .or_insert_with(|| (0, message.to_string()));
+        entry.0 += 1;
     }
 
     /// The details noted so far, emptied (one round's worth at a time).
-    pub fn take_detail(&self) -> BTreeMap<String, u64> {
+    pub fn take_detail(&self) -> BTreeMap<String, (u64, String)> {
         std::mem::take(&mut *self.detail.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
