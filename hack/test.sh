@@ -8,7 +8,8 @@
 # split) in debug, the official CSI conformance suite (csi-sanity) on that
 # stack for each backend (and in split mode for one), and the benchmark on a
 # few volumes in debug: proof that every section still runs and cleans up, not
-# a measurement (that is ./hack/bench.sh, release).
+# a measurement (that is ./hack/bench.sh, release); and the chaos soak for two
+# minutes in debug.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./hack/setup.sh

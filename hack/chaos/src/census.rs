@@ -17,7 +17,7 @@ use snap_csi::spdk::bdev::BdevGetBdevs;
 use snap_csi::spdk::nvme::BdevNvmeGetControllers;
 use snap_csi::spdk::nvmf::NvmfGetSubsystems;
 use snap_csi::spdk::snap::{NvmeControllerList, NvmeSubsystemList, VirtioBlkControllerList};
-use snap_csi_harness::csi::{Clients, channel};
+use snap_csi_harness::csi::{Clients, channel, volume_parents};
 use snap_csi_harness::stack::Stack;
 
 /// The target's own pool, which local-up makes and no volume owns.
@@ -28,7 +28,10 @@ pub async fn census(stack: &Stack, clients: &Clients) -> anyhow::Result<Vec<Stri
     let mut left = Vec::new();
     let snap = RpcClient::with_timeout(stack.snap_socket(), Duration::from_secs(10));
     let named = |what: &str, names: Vec<String>| -> Vec<String> {
-        names.into_iter().map(|n| format!("SNAP {what}: {n}")).collect()
+        names
+            .into_iter()
+            .map(|n| format!("SNAP {what}: {n}"))
+            .collect()
     };
     left.extend(named(
         "bdev",
@@ -189,10 +192,7 @@ fn files_below(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
 /// directories it made; the target is the node's to remove).
 fn kubelet_leftovers(kubelet: &Path) -> anyhow::Result<Vec<String>> {
     let mut left = Vec::new();
-    for dir in [
-        kubelet.join("plugins/kubernetes.io/csi/csi.snap-csi.io/bench"),
-        kubelet.join("pods/bench/volumes"),
-    ] {
+    for dir in volume_parents(kubelet) {
         for name in entries(&dir)? {
             left.push(format!("kubelet directory: {}", dir.join(name).display()));
         }

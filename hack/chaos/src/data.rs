@@ -25,7 +25,10 @@ pub struct Pattern {
 pub enum Verdict {
     Intact,
     /// The bytes differ: how many, and the first that does.
-    Differs { bytes: usize, first: usize },
+    Differs {
+        bytes: usize,
+        first: usize,
+    },
 }
 
 impl Pattern {

@@ -117,8 +117,11 @@ impl Injector<'_> {
             .iter()
             .filter(|pf| pf.emulation_type == emulation)
             .flat_map(|pf| {
-                std::iter::once((pf.vuid.clone(), pf.ctrl_id.clone()))
-                    .chain(pf.vfs.iter().map(|vf| (vf.vuid.clone(), vf.ctrl_id.clone())))
+                std::iter::once((pf.vuid.clone(), pf.ctrl_id.clone())).chain(
+                    pf.vfs
+                        .iter()
+                        .map(|vf| (vf.vuid.clone(), vf.ctrl_id.clone())),
+                )
             })
             .filter(|(_, ctrl)| ctrl.is_none())
             .map(|(vuid, _)| vuid)
@@ -159,22 +162,25 @@ impl Injector<'_> {
                 taken.push(ctrl);
             }
         }
-        self.tally.fault(&format!("function pool full ({emulation:?})"));
+        self.tally
+            .fault(&format!("function pool full ({emulation:?})"));
         tokio::time::sleep(self.rng.millis(1000, 8000)).await;
         for ctrl in taken {
             let released = match emulation {
-                EmulationType::Nvme => snap
-                    .call(&NvmeControllerDestroy {
+                EmulationType::Nvme => {
+                    snap.call(&NvmeControllerDestroy {
                         ctrl_id: ctrl.clone(),
                         force: None,
                     })
-                    .await,
-                EmulationType::VirtioBlk => snap
-                    .call(&VirtioBlkControllerDestroy {
+                    .await
+                }
+                EmulationType::VirtioBlk => {
+                    snap.call(&VirtioBlkControllerDestroy {
                         ctrl: ctrl.clone(),
                         force: None,
                     })
-                    .await,
+                    .await
+                }
             };
             released.with_context(|| format!("giving back {ctrl}"))?;
         }

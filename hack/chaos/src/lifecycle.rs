@@ -43,7 +43,12 @@ pub struct Worker {
 
 /// Runs `call` until it succeeds or [`BUDGET`] has passed since the first
 /// attempt; counts the success as an operation, each failure under its code.
-pub async fn converge<T, F, Fut>(tally: &Tally, call: &str, subject: &str, mut attempt: F) -> anyhow::Result<T>
+pub async fn converge<T, F, Fut>(
+    tally: &Tally,
+    call: &str,
+    subject: &str,
+    mut attempt: F,
+) -> anyhow::Result<T>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = anyhow::Result<T>>,
@@ -96,7 +101,9 @@ impl Worker {
             ])
             .clone();
         let name = format!("chaos-w{}-{serial}", self.id);
-        let label = format!("{name} ({backend}, {emulation}, {})", kind_name(&kind));
+        let shape = format!("{backend}, {emulation}, {}", kind_name(&kind));
+        self.tally.volume(&shape);
+        let label = format!("{name} ({shape})");
         let created = converge(&self.tally, "CreateVolume", &label, || {
             let mut clients = self.clients.clone();
             let (kubelet, name, kind) = (self.kubelet.clone(), name.clone(), kind.clone());
@@ -141,7 +148,8 @@ impl Worker {
         self.write(volume, &pattern).await?;
         for restage in 1..=self.rng.range(1, 3) {
             if self.rng.chance(30) {
-                self.verify(volume, label, &pattern, "while published").await?;
+                self.verify(volume, label, &pattern, "while published")
+                    .await?;
             }
             let held = self.rng.chance(self.holder_percent);
             self.unpublish(volume, label, held).await?;

@@ -175,7 +175,15 @@ async fn one_round(
         supervise: true,
     };
     let stack_dir = std::env::temp_dir().join(format!("snap-csi-chaos-{seed}-{name}"));
-    let stack = Stack::start(&name, &args.local_up, &args.profile, stack_dir, logs, &options).await?;
+    let stack = Stack::start(
+        &name,
+        &args.local_up,
+        &args.profile,
+        stack_dir,
+        logs,
+        &options,
+    )
+    .await?;
     let mut clients = Clients::connect(&stack.controller, &stack.node).await?;
     clients.deadline = args.call_deadline;
     let stop = Arc::new(AtomicBool::new(false));
@@ -213,8 +221,21 @@ async fn one_round(
     let ((), (), finished) = tokio::join!(injector.run(), clock, finished);
     finished?;
 
-    // Quiet: no fault in flight, every volume deleted.
-    for leak in census::census(&stack, &clients).await? {
+    // Quiet: no fault in flight, every volume deleted. A process killed last
+    // may still be starting: the census is asked again until all answer.
+    let mut asked = 0;
+    let left = loop {
+        asked += 1;
+        match census::census(&stack, &clients).await {
+            Ok(left) => break left,
+            Err(error) if asked < 30 => {
+                eprintln!("chaos: {name}: census: {error:#}; asking again");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            Err(error) => return Err(error.context("the census")),
+        }
+    };
+    for leak in left {
         tally.leak(format!("{name}: {leak}"));
     }
     keep_logs(&stack, &logs.join(&name));

@@ -38,6 +38,11 @@ impl Tally {
         self.note(format!("fault {kind}"), "");
     }
 
+    /// A volume begun: its backend, emulation and kind (the round's coverage).
+    pub fn volume(&self, shape: &str) {
+        self.note(format!("volume {shape}"), "");
+    }
+
     /// A failed attempt that will be retried.
     pub fn attempt_failed(&self, call: &str, code: &str, message: &str) {
         self.note(format!("retried {call}: {code}"), message);

@@ -117,20 +117,23 @@ impl Clients {
     ) -> anyhow::Result<Volume> {
         let response = self
             .controller
-            .create_volume(request(csi::CreateVolumeRequest {
-                name: name.to_string(),
-                capacity_range: Some(csi::CapacityRange {
-                    required_bytes: size_mib << 20,
-                    limit_bytes: 0,
-                }),
-                volume_capabilities: vec![kind.capability()],
-                parameters: [
-                    ("backend".to_string(), backend.to_string()),
-                    ("snap-csi.io/emulation".to_string(), emulation.to_string()),
-                ]
-                .into(),
-                ..Default::default()
-            }, self.deadline))
+            .create_volume(request(
+                csi::CreateVolumeRequest {
+                    name: name.to_string(),
+                    capacity_range: Some(csi::CapacityRange {
+                        required_bytes: size_mib << 20,
+                        limit_bytes: 0,
+                    }),
+                    volume_capabilities: vec![kind.capability()],
+                    parameters: [
+                        ("backend".to_string(), backend.to_string()),
+                        ("snap-csi.io/emulation".to_string(), emulation.to_string()),
+                    ]
+                    .into(),
+                    ..Default::default()
+                },
+                self.deadline,
+            ))
             .await
             .with_context(|| format!("CreateVolume {name}"))?
             .into_inner()
@@ -138,11 +141,9 @@ impl Clients {
             .context("CreateVolume answered no volume")?;
         // kubelet creates the staging directory and the target's parent;
         // the driver creates the target itself.
-        let staging = kubelet
-            .join("plugins/kubernetes.io/csi/csi.snap-csi.io/bench")
-            .join(name)
-            .join("globalmount");
-        let target = kubelet.join("pods/bench/volumes").join(name).join("mount");
+        let [staging_parent, target_parent] = volume_parents(kubelet);
+        let staging = staging_parent.join(name).join("globalmount");
+        let target = target_parent.join(name).join("mount");
         std::fs::create_dir_all(&staging)?;
         std::fs::create_dir_all(target.parent().context("target has a parent")?)?;
         Ok(Volume {
@@ -156,13 +157,16 @@ impl Clients {
 
     pub async fn stage(&mut self, volume: &Volume) -> anyhow::Result<()> {
         self.node
-            .node_stage_volume(request(csi::NodeStageVolumeRequest {
-                volume_id: volume.id.clone(),
-                staging_target_path: volume.staging.display().to_string(),
-                volume_capability: Some(volume.kind.capability()),
-                volume_context: volume.context.clone(),
-                ..Default::default()
-            }, self.deadline))
+            .node_stage_volume(request(
+                csi::NodeStageVolumeRequest {
+                    volume_id: volume.id.clone(),
+                    staging_target_path: volume.staging.display().to_string(),
+                    volume_capability: Some(volume.kind.capability()),
+                    volume_context: volume.context.clone(),
+                    ..Default::default()
+                },
+                self.deadline,
+            ))
             .await
             .with_context(|| format!("NodeStageVolume {}", volume.id))?;
         Ok(())
@@ -170,14 +174,17 @@ impl Clients {
 
     pub async fn publish(&mut self, volume: &Volume) -> anyhow::Result<()> {
         self.node
-            .node_publish_volume(request(csi::NodePublishVolumeRequest {
-                volume_id: volume.id.clone(),
-                staging_target_path: volume.staging.display().to_string(),
-                target_path: volume.target.display().to_string(),
-                volume_capability: Some(volume.kind.capability()),
-                volume_context: volume.context.clone(),
-                ..Default::default()
-            }, self.deadline))
+            .node_publish_volume(request(
+                csi::NodePublishVolumeRequest {
+                    volume_id: volume.id.clone(),
+                    staging_target_path: volume.staging.display().to_string(),
+                    target_path: volume.target.display().to_string(),
+                    volume_capability: Some(volume.kind.capability()),
+                    volume_context: volume.context.clone(),
+                    ..Default::default()
+                },
+                self.deadline,
+            ))
             .await
             .with_context(|| format!("NodePublishVolume {}", volume.id))?;
         Ok(())
@@ -185,10 +192,13 @@ impl Clients {
 
     pub async fn unpublish(&mut self, volume: &Volume) -> anyhow::Result<()> {
         self.node
-            .node_unpublish_volume(request(csi::NodeUnpublishVolumeRequest {
-                volume_id: volume.id.clone(),
-                target_path: volume.target.display().to_string(),
-            }, self.deadline))
+            .node_unpublish_volume(request(
+                csi::NodeUnpublishVolumeRequest {
+                    volume_id: volume.id.clone(),
+                    target_path: volume.target.display().to_string(),
+                },
+                self.deadline,
+            ))
             .await
             .with_context(|| format!("NodeUnpublishVolume {}", volume.id))?;
         Ok(())
@@ -196,10 +206,13 @@ impl Clients {
 
     pub async fn unstage(&mut self, volume: &Volume) -> anyhow::Result<()> {
         self.node
-            .node_unstage_volume(request(csi::NodeUnstageVolumeRequest {
-                volume_id: volume.id.clone(),
-                staging_target_path: volume.staging.display().to_string(),
-            }, self.deadline))
+            .node_unstage_volume(request(
+                csi::NodeUnstageVolumeRequest {
+                    volume_id: volume.id.clone(),
+                    staging_target_path: volume.staging.display().to_string(),
+                },
+                self.deadline,
+            ))
             .await
             .with_context(|| format!("NodeUnstageVolume {}", volume.id))?;
         Ok(())
@@ -208,10 +221,13 @@ impl Clients {
     /// DeleteVolume, then kubelet's directories go.
     pub async fn delete(&mut self, volume: &Volume) -> anyhow::Result<()> {
         self.controller
-            .delete_volume(request(csi::DeleteVolumeRequest {
-                volume_id: volume.id.clone(),
-                secrets: Default::default(),
-            }, self.deadline))
+            .delete_volume(request(
+                csi::DeleteVolumeRequest {
+                    volume_id: volume.id.clone(),
+                    secrets: Default::default(),
+                },
+                self.deadline,
+            ))
             .await
             .with_context(|| format!("DeleteVolume {}", volume.id))?;
         // remove_dir, never remove_dir_all: should something still be
@@ -228,6 +244,15 @@ impl Clients {
         }
         Ok(())
     }
+}
+
+/// The directories below `kubelet` that hold one directory per volume (its
+/// staging directory's, its target's), as kubelet lays them out for a pod.
+pub fn volume_parents(kubelet: &Path) -> [PathBuf; 2] {
+    [
+        kubelet.join("plugins/kubernetes.io/csi/csi.snap-csi.io/harness"),
+        kubelet.join("pods/harness/volumes"),
+    ]
 }
 
 /// Probe: whether the plugin says it is ready.
