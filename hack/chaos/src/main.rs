@@ -24,7 +24,7 @@ mod tally;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::Parser;
@@ -45,7 +45,8 @@ struct Args {
     /// Seed of every random choice (default: from the clock; printed first).
     #[arg(long)]
     seed: Option<u64>,
-    /// How long to run: seconds, or with a unit (90s, 10m, 8h).
+    /// Time under chaos, summed over the rounds (starting and stopping each
+    /// stack comes on top): seconds, or with a unit (90s, 10m, 8h).
     #[arg(long, default_value = "10m", value_parser = parse_duration)]
     duration: Duration,
     /// How long one stack lives before the next configuration's (same units).
@@ -133,21 +134,31 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs(seconds))
 }
 
-/// Rounds shorter than this are not started: a stack takes seconds to come up.
-const SHORTEST_ROUND: Duration = Duration::from_secs(20);
-
+/// Rounds of `--round` until their time adds up to `--duration` (the last
+/// one shorter); starting and stopping stacks comes on top, so that a seed
+/// gives the same rounds however slow the machine.
 async fn run(args: &Args, seed: u64, logs: &Path, tally: &Arc<Tally>) -> anyhow::Result<()> {
     let configurations = Configuration::all(args)?;
-    let started = Instant::now();
-    for round in 0u64.. {
-        let left = args.duration.saturating_sub(started.elapsed());
-        if left < SHORTEST_ROUND && round > 0 {
-            return Ok(());
-        }
-        let length = left.min(args.round).max(SHORTEST_ROUND);
+    if args.round.is_zero() {
+        bail!("--round must be longer than 0 s");
+    }
+    let mut left = args.duration;
+    let mut round = 0u64;
+    while !left.is_zero() {
+        let length = left.min(args.round);
+        left -= length;
         let index = usize::try_from(round).unwrap_or(0) % configurations.len();
-        let configuration = &configurations[index];
-        one_round(args, seed, logs, tally, round, configuration, length).await?;
+        one_round(
+            args,
+            seed,
+            logs,
+            tally,
+            round,
+            &configurations[index],
+            length,
+        )
+        .await?;
+        round += 1;
     }
     Ok(())
 }
