@@ -14,7 +14,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use nix::sys::signal::{Signal, kill};
@@ -26,9 +26,13 @@ use snap_csi::spdk::snap::{
     VirtioBlkControllerDestroy,
 };
 use snap_csi_harness::stack::Stack;
+use tokio::net::UnixStream;
 
 use crate::rng::Rng;
 use crate::tally::Tally;
+
+/// How long a killed process's successor may take to answer.
+const RESTART_BUDGET: Duration = Duration::from_secs(60);
 
 /// The squatters' subsystem: no name of the node's (theirs derive from volume ids).
 const SQUAT_NQN: &str = "nqn.2026-11.io.snap-csi.chaos:squatter";
@@ -58,7 +62,7 @@ impl Injector<'_> {
             let result = match self.rng.range(0, 5) {
                 0..=2 => {
                     let victim = *self.rng.pick(&victims);
-                    self.kill(victim)
+                    self.kill(victim).await
                 }
                 3 => self.stall_snap().await,
                 _ => {
@@ -89,11 +93,43 @@ impl Injector<'_> {
         self.stop.load(Ordering::Relaxed)
     }
 
-    fn kill(&self, victim: &str) -> anyhow::Result<()> {
+    /// SIGKILL to `victim`, then waits until its successor answers on its
+    /// socket: a process that does not come back is a failure of its own.
+    async fn kill(&self, victim: &str) -> anyhow::Result<()> {
         let pid = self.stack.pid(victim)?;
         kill(pid, Signal::SIGKILL).with_context(|| format!("SIGKILL to {victim} ({pid})"))?;
         self.tally.fault(&format!("kill {victim}"));
-        Ok(())
+        let socket = match victim {
+            "node" => Some(self.stack.node_socket()),
+            "plugin" => Some(self.stack.plugin_socket()),
+            "controller" => Some(self.stack.controller_socket()),
+            "snap" => Some(self.stack.snap_socket()),
+            _ => None,
+        };
+        let started = Instant::now();
+        loop {
+            let successor = self.stack.pid(victim).ok().filter(|&p| p != pid);
+            let alive = successor.is_some_and(|p| kill(p, None).is_ok());
+            let answers = match &socket {
+                Some(path) => UnixStream::connect(path).await.is_ok(),
+                None => true,
+            };
+            if alive && answers {
+                return Ok(());
+            }
+            if started.elapsed() > RESTART_BUDGET {
+                let log = self.stack.dir.join("logs").join(format!("{victim}.log"));
+                let tail = std::fs::read_to_string(&log).unwrap_or_default();
+                let tail: Vec<&str> = tail.lines().rev().take(15).collect();
+                self.tally.stuck(format!(
+                    "{victim} did not come back within {RESTART_BUDGET:?} of its SIGKILL \
+                     (successor {successor:?}, alive {alive}, answering {answers}); its log ends:\n{}",
+                    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+                ));
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     async fn stall_snap(&mut self) -> anyhow::Result<()> {

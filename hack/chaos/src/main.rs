@@ -232,6 +232,7 @@ async fn one_round(
     let ((), (), finished) = tokio::join!(injector.run(), clock, finished);
     finished?;
 
+    keep_logs(&stack, &logs.join(&name));
     // Quiet: no fault in flight, every volume deleted. A process killed last
     // may still be starting: the census is asked again until all answer.
     let mut asked = 0;
@@ -249,7 +250,6 @@ async fn one_round(
     for leak in left {
         tally.leak(format!("{name}: {leak}"));
     }
-    keep_logs(&stack, &logs.join(&name));
     for leak in stack.stop().0 {
         tally.leak(format!("{name}: stopping the stack left {leak}"));
     }
@@ -273,7 +273,8 @@ async fn one_round(
     Ok(())
 }
 
-/// The stack's own logs (local-up removes them with its directory).
+/// The stack's own logs (local-up removes them with its directory), before
+/// the census, whose failure ends the run.
 fn keep_logs(stack: &Stack, to: &Path) {
     let from = stack.dir.join("logs");
     let Ok(read) = std::fs::read_dir(&from) else {
