@@ -12,7 +12,7 @@
 #     | mutual TLS over a veth pair: 198.18.N.1/30 (host) <-> 198.18.N.2/30 (namespace snapcsi-ID)
 #   snap-csi dpu-agent (in snapcsi-ID) -> plugins.v1 -> sample plugin; JSON-RPC -> SNAP emulator
 #
-# The agent runs in a network namespace of its own (`ip netns exec`), joined
+# The agent runs in a network namespace of its own (entered with nsenter), joined
 # to the host's by a veth pair on a /30 of the benchmarking range
 # 198.18.0.0/15 (RFC 2544): 198.18.N.0/30, one that no address or route
 # here touches, picked at random under a lock so that concurrent stacks
@@ -33,13 +33,17 @@
 #
 # Usage (as root): hack/local-up.sh [--mode colocated|split] [--backend aio|nvmf] [--dir DIR]
 #   [--profile release|debug] [--no-build] [--snap-poll-period-us N] [--snap-nvme-pfs N]
-#   [--snap-nvme-vfs-per-pf N] [--allow-node-restart]
+#   [--snap-nvme-vfs-per-pf N] [--allow-node-restart] [--supervise]
 # The --snap-* options go to the DPU's SNAP emulator only (not the NVMe-oF
 # target): its RPC poller period (8000 reproduces real SPDK's ~8 ms per
 # sequential call) and how many NVMe functions it offers (default 1 PF with 16
 # VFs). --allow-node-restart keeps the stack up when the node service exits,
 # so that a benchmark can restart it with the same flags (it then stops its
-# replacement itself).
+# replacement itself). --supervise restarts every process that exits (as
+# kubelet restarts a crashed container: same command line, a short pause) and
+# keeps the pid of each one running now in DIR/pids/NAME (NAME: target, snap,
+# plugin, controller, agent, node), so that a chaos run can kill any of them;
+# its log gains a line per restart.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
@@ -51,6 +55,7 @@ profile=release
 build=1
 snap_args=()
 allow_node_restart=0
+supervise=0
 while (($#)); do
   case $1 in
     --mode) mode=$2; shift 2 ;;
@@ -62,7 +67,8 @@ while (($#)); do
     --snap-nvme-pfs) snap_args+=(--nvme-pfs "$2"); shift 2 ;;
     --snap-nvme-vfs-per-pf) snap_args+=(--nvme-vfs-per-pf "$2"); shift 2 ;;
     --allow-node-restart) allow_node_restart=1; shift ;;
-    -h | --help) sed -n '2,41p' "$0"; exit 0 ;;
+    --supervise) supervise=1; shift ;;
+    -h | --help) sed -n '2,46p' "$0"; exit 0 ;;
     *) echo "local-up: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -114,12 +120,38 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-# start NAME COMMAND...: runs it in the background, logging to logs/NAME.log.
+# start NAME COMMAND...: runs it in the background, logging to logs/NAME.log
+# (with --supervise, under supervised).
 start() {
   local name=$1
   shift
-  "$@" >"$dir/logs/$name.log" 2>&1 &
+  if ((supervise)); then
+    supervised "$name" "$@" &
+  else
+    "$@" >"$dir/logs/$name.log" 2>&1 &
+  fi
   pids+=($!)
+}
+
+# supervised NAME COMMAND...: runs COMMAND again whenever it exits, its pid in
+# pids/NAME, until SIGTERM, which it passes on to COMMAND and waits for.
+supervised() {
+  local name=$1 child= stopping=0
+  shift
+  mkdir -p "$dir/pids"
+  trap 'stopping=1; [ -n "$child" ] && kill -TERM "$child" 2>/dev/null' TERM
+  while :; do
+    "$@" >>"$dir/logs/$name.log" 2>&1 &
+    child=$!
+    echo "$child" >"$dir/pids/$name.new"
+    mv "$dir/pids/$name.new" "$dir/pids/$name"
+    ((stopping)) && kill -TERM "$child" 2>/dev/null
+    # A trapped signal ends wait early: wait again until the child is gone.
+    while kill -0 "$child" 2>/dev/null; do wait "$child" || true; done
+    ((stopping)) && exit 0
+    echo "local-up: $name exited; restarting it" >>"$dir/logs/$name.log"
+    sleep 0.2
+  done
 }
 
 # gave_up WHAT: the stack cannot come up; says why with the logs' tails.
@@ -279,7 +311,13 @@ wait_for_socket "$dir/controller.sock"
 
 # How the node reaches the DPU attach layer.
 if [ "$mode" = split ]; then
-  start agent ip netns exec "$netns" "$bin/snap-csi" dpu-agent \
+  # nsenter --net, not `ip netns exec`: that also gives the agent a mount
+  # namespace of its own, a copy of the host's mounts when it starts. Where
+  # / is private (no propagation), a restarted agent's copy then holds the
+  # filesystem of every volume staged at that moment: the host's unstage
+  # cannot release the device, and an xfs volume restaged on its new device
+  # is refused as a duplicate UUID (found by hack/chaos.sh).
+  start agent nsenter --net="/run/netns/$netns" "$bin/snap-csi" dpu-agent \
     --listen "https://$agent_listen" \
     --host-name local-node \
     --tls-cert "$dir/tls/agent.crt" \

@@ -8,7 +8,8 @@
 # split) in debug, the official CSI conformance suite (csi-sanity) on that
 # stack for each backend (and in split mode for one), and the benchmark on a
 # few volumes in debug: proof that every section still runs and cleans up, not
-# a measurement (that is ./hack/bench.sh, release).
+# a measurement (that is ./hack/bench.sh, release); and the chaos soak for two
+# minutes in debug.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./hack/setup.sh
@@ -41,3 +42,7 @@ SNAP_CSI_TEST_DPU=split SNAP_CSI_CRASH_TRIALS=100 cargo test --locked \
 cargo build --locked -p snap-csi -p snap-emu -p snap-csi-spdk-plugin -p snap-csi-bench
 ./target/debug/snap-csi-bench --profile debug --volumes 2 --poll-volumes 1 --count-volumes 1 \
   --floor-iterations 20 --scale-volumes 8 --concurrency 1,4 --rpc-seconds 0.2 --rpc-repeats 1
+# The chaos soak for two minutes (README "Chaos soak"): random volume lives while the stack's
+# processes are killed, SNAP stalls and functions run out; fails on a leak, a data error or a call
+# that never converges. Its seed (printed first) replays the same script.
+./hack/chaos.sh --profile debug --duration 2m --round 30s

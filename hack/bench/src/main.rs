@@ -25,7 +25,6 @@
 //! namespace and veth) before the next starts; Ctrl-C or an error drops the
 //! running ones, which stops them. Run as root: `./hack/bench.sh`.
 
-mod csi;
 mod floors;
 mod latency;
 mod memory;
@@ -35,7 +34,6 @@ mod rounds;
 mod rpc;
 mod scale;
 mod split;
-mod stack;
 mod stats;
 mod table;
 
@@ -43,6 +41,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, bail};
 use clap::Parser;
+use snap_csi_harness::{csi, stack};
 
 use crate::report::Report;
 use crate::stack::{Stack, StackOptions};

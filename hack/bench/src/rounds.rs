@@ -28,6 +28,7 @@ fn scale_options(args: &Args, poll_period_us: u64, split: bool) -> anyhow::Resul
         nvme_functions: Some((pfs, vfs)),
         poll_period_us,
         split,
+        ..StackOptions::default()
     })
 }
 

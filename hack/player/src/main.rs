@@ -14,14 +14,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::Parser;
-use snap_csi::proto::csi::v1 as csi;
-use snap_csi::proto::csi::v1::controller_client::ControllerClient;
-use snap_csi::proto::csi::v1::node_client::NodeClient;
-use snap_csi::proto::csi::v1::volume_capability::access_mode::Mode;
-use snap_csi::proto::csi::v1::volume_capability::{
-    AccessMode, AccessType, BlockVolume, MountVolume,
-};
-use tonic::transport::{Channel, Endpoint};
+use snap_csi_harness::csi::{Clients, Kind};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -55,7 +48,7 @@ struct Args {
 struct Plan {
     backend: String,
     emulation: String,
-    kind: String,
+    kind: Kind,
 }
 
 impl Plan {
@@ -64,30 +57,22 @@ impl Plan {
         let [backend, emulation, kind] = parts[..] else {
             bail!("{spec:?}: expected backend:emulation:kind");
         };
-        if !matches!(kind, "ext4" | "xfs" | "block") {
-            bail!("{spec:?}: kind must be ext4, xfs or block");
-        }
+        let kind = match kind {
+            "block" => Kind::Block,
+            "ext4" | "xfs" => Kind::Filesystem(kind.into()),
+            _ => bail!("{spec:?}: kind must be ext4, xfs or block"),
+        };
         Ok(Plan {
             backend: backend.into(),
             emulation: emulation.into(),
-            kind: kind.into(),
+            kind,
         })
     }
 
-    fn capability(&self) -> csi::VolumeCapability {
-        let access_type = match self.kind.as_str() {
-            "block" => AccessType::Block(BlockVolume {}),
-            fs => AccessType::Mount(MountVolume {
-                fs_type: fs.into(),
-                mount_flags: vec!["noatime".into()],
-                volume_mount_group: String::new(),
-            }),
-        };
-        csi::VolumeCapability {
-            access_type: Some(access_type),
-            access_mode: Some(AccessMode {
-                mode: Mode::SingleNodeWriter as i32,
-            }),
+    fn kind_name(&self) -> &str {
+        match &self.kind {
+            Kind::Block => "block",
+            Kind::Filesystem(fs) => fs,
         }
     }
 }
@@ -102,14 +87,6 @@ const STEPS: [&str; 8] = [
     "unstage",
     "delete",
 ];
-
-async fn channel(endpoint: &str) -> anyhow::Result<Channel> {
-    Endpoint::try_from(endpoint.to_string())
-        .with_context(|| format!("endpoint {endpoint}"))?
-        .connect()
-        .await
-        .with_context(|| format!("connecting to {endpoint}"))
-}
 
 /// Runs `step`, recording its duration under `name`.
 async fn timed<T>(
@@ -162,115 +139,53 @@ fn read(target: &Path, block: bool, len: usize) -> anyhow::Result<Vec<u8>> {
 
 async fn lifecycle(
     args: &Args,
-    controller: &mut ControllerClient<Channel>,
-    node: &mut NodeClient<Channel>,
+    clients: &mut Clients,
     index: usize,
     plan: &Plan,
 ) -> anyhow::Result<Vec<Duration>> {
     let mut times = Vec::new();
     let name = format!(
         "player-{index}-{}-{}-{}",
-        plan.backend, plan.emulation, plan.kind
+        plan.backend,
+        plan.emulation,
+        plan.kind_name()
     );
-    let capability = plan.capability();
-    let block = plan.kind == "block";
-    let volume = timed(&mut times, "CreateVolume", async {
-        let response = controller
-            .create_volume(csi::CreateVolumeRequest {
-                name: name.clone(),
-                capacity_range: Some(csi::CapacityRange {
-                    required_bytes: args.size_mib << 20,
-                    limit_bytes: 0,
-                }),
-                volume_capabilities: vec![capability.clone()],
-                parameters: [
-                    ("backend".to_string(), plan.backend.clone()),
-                    ("snap-csi.io/emulation".to_string(), plan.emulation.clone()),
-                ]
-                .into(),
-                ..Default::default()
-            })
-            .await?;
-        response
-            .into_inner()
-            .volume
-            .context("CreateVolume answered no volume")
-    })
+    let block = plan.kind == Kind::Block;
+    let volume = timed(
+        &mut times,
+        "CreateVolume",
+        clients.create_on(
+            &args.kubelet_dir,
+            &name,
+            &plan.kind,
+            args.size_mib,
+            &plan.backend,
+            &plan.emulation,
+        ),
+    )
     .await?;
-    let volume_id = volume.volume_id.clone();
-    let staging = args
-        .kubelet_dir
-        .join("plugins/csi.snap-csi.io/staging")
-        .join(&name);
-    let target = args.kubelet_dir.join("pods/player/volumes").join(&name);
-    fs::create_dir_all(&staging)?;
-    fs::create_dir_all(target.parent().context("target has a parent")?)?;
-
-    timed(&mut times, "NodeStageVolume", async {
-        node.node_stage_volume(csi::NodeStageVolumeRequest {
-            volume_id: volume_id.clone(),
-            staging_target_path: staging.display().to_string(),
-            volume_capability: Some(capability.clone()),
-            volume_context: volume.volume_context.clone(),
-            ..Default::default()
-        })
-        .await?;
-        Ok(())
-    })
-    .await?;
-    timed(&mut times, "NodePublishVolume", async {
-        node.node_publish_volume(csi::NodePublishVolumeRequest {
-            volume_id: volume_id.clone(),
-            staging_target_path: staging.display().to_string(),
-            target_path: target.display().to_string(),
-            volume_capability: Some(capability.clone()),
-            volume_context: volume.volume_context.clone(),
-            ..Default::default()
-        })
-        .await?;
-        Ok(())
-    })
-    .await?;
+    timed(&mut times, "NodeStageVolume", clients.stage(&volume)).await?;
+    timed(&mut times, "NodePublishVolume", clients.publish(&volume)).await?;
     let data: Vec<u8> = (0..1u32 << 20)
         .map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8)
         .collect();
-    timed(&mut times, "write", async { write(&target, block, &data) }).await?;
+    let target = &volume.target;
+    timed(&mut times, "write", async { write(target, block, &data) }).await?;
     let back = timed(&mut times, "read", async {
-        read(&target, block, data.len())
+        read(target, block, data.len())
     })
     .await?;
     if back != data {
         bail!("{name}: the bytes read back differ from those written");
     }
-    timed(&mut times, "NodeUnpublishVolume", async {
-        node.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
-            volume_id: volume_id.clone(),
-            target_path: target.display().to_string(),
-        })
-        .await?;
-        Ok(())
-    })
+    timed(
+        &mut times,
+        "NodeUnpublishVolume",
+        clients.unpublish(&volume),
+    )
     .await?;
-    timed(&mut times, "NodeUnstageVolume", async {
-        node.node_unstage_volume(csi::NodeUnstageVolumeRequest {
-            volume_id: volume_id.clone(),
-            staging_target_path: staging.display().to_string(),
-        })
-        .await?;
-        Ok(())
-    })
-    .await?;
-    timed(&mut times, "DeleteVolume", async {
-        controller
-            .delete_volume(csi::DeleteVolumeRequest {
-                volume_id: volume_id.clone(),
-                secrets: Default::default(),
-            })
-            .await?;
-        Ok(())
-    })
-    .await?;
-    let _ = fs::remove_dir(&staging);
+    timed(&mut times, "NodeUnstageVolume", clients.unstage(&volume)).await?;
+    timed(&mut times, "DeleteVolume", clients.delete(&volume)).await?;
     Ok(times)
 }
 
@@ -282,8 +197,7 @@ async fn main() -> anyhow::Result<()> {
         .iter()
         .map(|spec| Plan::parse(spec))
         .collect::<anyhow::Result<Vec<_>>>()?;
-    let mut controller = ControllerClient::new(channel(&args.controller).await?);
-    let mut node = NodeClient::new(channel(&args.node).await?);
+    let mut clients = Clients::connect(&args.controller, &args.node).await?;
 
     print!("{:<6} {:<11} {:<6}", "backend", "emulation", "kind");
     for step in STEPS {
@@ -292,17 +206,21 @@ async fn main() -> anyhow::Result<()> {
     println!("  (ms)");
     let started = Instant::now();
     for (index, plan) in plans.iter().enumerate() {
-        let times = lifecycle(&args, &mut controller, &mut node, index, plan)
+        let times = lifecycle(&args, &mut clients, index, plan)
             .await
             .with_context(|| {
                 format!(
                     "volume {index} ({}:{}:{})",
-                    plan.backend, plan.emulation, plan.kind
+                    plan.backend,
+                    plan.emulation,
+                    plan.kind_name()
                 )
             })?;
         print!(
             "{:<7} {:<11} {:<6}",
-            plan.backend, plan.emulation, plan.kind
+            plan.backend,
+            plan.emulation,
+            plan.kind_name()
         );
         for time in times {
             print!(" {:>9.1}", time.as_secs_f64() * 1000.0);

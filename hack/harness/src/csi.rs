@@ -1,6 +1,8 @@
 //! Playing external-provisioner (CreateVolume, DeleteVolume through the
 //! controller proxy) and kubelet (stage, publish, unpublish, unstage on the
-//! node) over real gRPC, the way `hack/player` does.
+//! node) over real gRPC, the way `hack/player` does. Every call carries
+//! kubelet's deadline; errors keep the `tonic::Status` (downcast it) so that a
+//! caller can tell a code worth retrying from a final one.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -17,8 +19,8 @@ use snap_csi::proto::csi::v1::volume_capability::{
 };
 use tonic::transport::{Channel, Endpoint};
 
-/// kubelet's own deadline is 2 minutes for stage; ours is the same, so a
-/// stuck call fails the bench instead of hanging it.
+/// kubelet's own deadline is 2 minutes for stage; ours is the same by
+/// default, so a stuck call fails the caller instead of hanging it.
 const DEADLINE: Duration = Duration::from_secs(120);
 
 pub async fn channel(endpoint: &str) -> anyhow::Result<Channel> {
@@ -29,9 +31,9 @@ pub async fn channel(endpoint: &str) -> anyhow::Result<Channel> {
         .with_context(|| format!("connecting to {endpoint}"))
 }
 
-fn request<T>(message: T) -> tonic::Request<T> {
+fn request<T>(message: T, deadline: Duration) -> tonic::Request<T> {
     let mut request = tonic::Request::new(message);
-    request.set_timeout(DEADLINE);
+    request.set_timeout(deadline);
     request
 }
 
@@ -77,6 +79,8 @@ pub struct Volume {
 pub struct Clients {
     pub controller: ControllerClient<Channel>,
     pub node: NodeClient<Channel>,
+    /// Each call's deadline (kubelet's two minutes unless changed).
+    pub deadline: Duration,
 }
 
 impl Clients {
@@ -84,6 +88,7 @@ impl Clients {
         Ok(Clients {
             controller: ControllerClient::new(channel(controller).await?),
             node: NodeClient::new(channel(node).await?),
+            deadline: DEADLINE,
         })
     }
 
@@ -95,22 +100,40 @@ impl Clients {
         kind: &Kind,
         size_mib: i64,
     ) -> anyhow::Result<Volume> {
+        self.create_on(kubelet, name, kind, size_mib, "aio", "nvme")
+            .await
+    }
+
+    /// CreateVolume on `backend` (`aio`, `nvmf`), exposed as `emulation`
+    /// (`nvme`, `virtio-blk`); makes kubelet's directories.
+    pub async fn create_on(
+        &mut self,
+        kubelet: &Path,
+        name: &str,
+        kind: &Kind,
+        size_mib: i64,
+        backend: &str,
+        emulation: &str,
+    ) -> anyhow::Result<Volume> {
         let response = self
             .controller
-            .create_volume(request(csi::CreateVolumeRequest {
-                name: name.to_string(),
-                capacity_range: Some(csi::CapacityRange {
-                    required_bytes: size_mib << 20,
-                    limit_bytes: 0,
-                }),
-                volume_capabilities: vec![kind.capability()],
-                parameters: [
-                    ("backend".to_string(), "aio".to_string()),
-                    ("snap-csi.io/emulation".to_string(), "nvme".to_string()),
-                ]
-                .into(),
-                ..Default::default()
-            }))
+            .create_volume(request(
+                csi::CreateVolumeRequest {
+                    name: name.to_string(),
+                    capacity_range: Some(csi::CapacityRange {
+                        required_bytes: size_mib << 20,
+                        limit_bytes: 0,
+                    }),
+                    volume_capabilities: vec![kind.capability()],
+                    parameters: [
+                        ("backend".to_string(), backend.to_string()),
+                        ("snap-csi.io/emulation".to_string(), emulation.to_string()),
+                    ]
+                    .into(),
+                    ..Default::default()
+                },
+                self.deadline,
+            ))
             .await
             .with_context(|| format!("CreateVolume {name}"))?
             .into_inner()
@@ -118,11 +141,9 @@ impl Clients {
             .context("CreateVolume answered no volume")?;
         // kubelet creates the staging directory and the target's parent;
         // the driver creates the target itself.
-        let staging = kubelet
-            .join("plugins/kubernetes.io/csi/csi.snap-csi.io/bench")
-            .join(name)
-            .join("globalmount");
-        let target = kubelet.join("pods/bench/volumes").join(name).join("mount");
+        let [staging_parent, target_parent] = volume_parents(kubelet);
+        let staging = staging_parent.join(name).join("globalmount");
+        let target = target_parent.join(name).join("mount");
         std::fs::create_dir_all(&staging)?;
         std::fs::create_dir_all(target.parent().context("target has a parent")?)?;
         Ok(Volume {
@@ -136,13 +157,16 @@ impl Clients {
 
     pub async fn stage(&mut self, volume: &Volume) -> anyhow::Result<()> {
         self.node
-            .node_stage_volume(request(csi::NodeStageVolumeRequest {
-                volume_id: volume.id.clone(),
-                staging_target_path: volume.staging.display().to_string(),
-                volume_capability: Some(volume.kind.capability()),
-                volume_context: volume.context.clone(),
-                ..Default::default()
-            }))
+            .node_stage_volume(request(
+                csi::NodeStageVolumeRequest {
+                    volume_id: volume.id.clone(),
+                    staging_target_path: volume.staging.display().to_string(),
+                    volume_capability: Some(volume.kind.capability()),
+                    volume_context: volume.context.clone(),
+                    ..Default::default()
+                },
+                self.deadline,
+            ))
             .await
             .with_context(|| format!("NodeStageVolume {}", volume.id))?;
         Ok(())
@@ -150,14 +174,17 @@ impl Clients {
 
     pub async fn publish(&mut self, volume: &Volume) -> anyhow::Result<()> {
         self.node
-            .node_publish_volume(request(csi::NodePublishVolumeRequest {
-                volume_id: volume.id.clone(),
-                staging_target_path: volume.staging.display().to_string(),
-                target_path: volume.target.display().to_string(),
-                volume_capability: Some(volume.kind.capability()),
-                volume_context: volume.context.clone(),
-                ..Default::default()
-            }))
+            .node_publish_volume(request(
+                csi::NodePublishVolumeRequest {
+                    volume_id: volume.id.clone(),
+                    staging_target_path: volume.staging.display().to_string(),
+                    target_path: volume.target.display().to_string(),
+                    volume_capability: Some(volume.kind.capability()),
+                    volume_context: volume.context.clone(),
+                    ..Default::default()
+                },
+                self.deadline,
+            ))
             .await
             .with_context(|| format!("NodePublishVolume {}", volume.id))?;
         Ok(())
@@ -165,10 +192,13 @@ impl Clients {
 
     pub async fn unpublish(&mut self, volume: &Volume) -> anyhow::Result<()> {
         self.node
-            .node_unpublish_volume(request(csi::NodeUnpublishVolumeRequest {
-                volume_id: volume.id.clone(),
-                target_path: volume.target.display().to_string(),
-            }))
+            .node_unpublish_volume(request(
+                csi::NodeUnpublishVolumeRequest {
+                    volume_id: volume.id.clone(),
+                    target_path: volume.target.display().to_string(),
+                },
+                self.deadline,
+            ))
             .await
             .with_context(|| format!("NodeUnpublishVolume {}", volume.id))?;
         Ok(())
@@ -176,10 +206,13 @@ impl Clients {
 
     pub async fn unstage(&mut self, volume: &Volume) -> anyhow::Result<()> {
         self.node
-            .node_unstage_volume(request(csi::NodeUnstageVolumeRequest {
-                volume_id: volume.id.clone(),
-                staging_target_path: volume.staging.display().to_string(),
-            }))
+            .node_unstage_volume(request(
+                csi::NodeUnstageVolumeRequest {
+                    volume_id: volume.id.clone(),
+                    staging_target_path: volume.staging.display().to_string(),
+                },
+                self.deadline,
+            ))
             .await
             .with_context(|| format!("NodeUnstageVolume {}", volume.id))?;
         Ok(())
@@ -188,10 +221,13 @@ impl Clients {
     /// DeleteVolume, then kubelet's directories go.
     pub async fn delete(&mut self, volume: &Volume) -> anyhow::Result<()> {
         self.controller
-            .delete_volume(request(csi::DeleteVolumeRequest {
-                volume_id: volume.id.clone(),
-                secrets: Default::default(),
-            }))
+            .delete_volume(request(
+                csi::DeleteVolumeRequest {
+                    volume_id: volume.id.clone(),
+                    secrets: Default::default(),
+                },
+                self.deadline,
+            ))
             .await
             .with_context(|| format!("DeleteVolume {}", volume.id))?;
         // remove_dir, never remove_dir_all: should something still be
@@ -210,10 +246,19 @@ impl Clients {
     }
 }
 
+/// The directories below `kubelet` that hold one directory per volume (its
+/// staging directory's, its target's), as kubelet lays them out for a pod.
+pub fn volume_parents(kubelet: &Path) -> [PathBuf; 2] {
+    [
+        kubelet.join("plugins/kubernetes.io/csi/csi.snap-csi.io/harness"),
+        kubelet.join("pods/harness/volumes"),
+    ]
+}
+
 /// Probe: whether the plugin says it is ready.
 pub async fn probe(identity: &mut IdentityClient<Channel>) -> anyhow::Result<bool> {
     let answer = identity
-        .probe(request(csi::ProbeRequest {}))
+        .probe(request(csi::ProbeRequest {}, DEADLINE))
         .await?
         .into_inner();
     Ok(answer.ready.unwrap_or(false))

@@ -5,8 +5,8 @@
 //! mutual TLS (`--mode split`).
 //!
 //! std's `Child` (not tokio's) so that `Drop` can stop the stack on any path
-//! out of the bench, an error or Ctrl-C included: a leaked stack leaves loop
-//! devices and mounts behind.
+//! out of the program, an error or Ctrl-C included: a leaked stack leaves
+//! loop devices and mounts behind.
 
 use std::fs::File;
 use std::io::{BufRead, BufReader};
@@ -27,6 +27,9 @@ pub struct StackOptions {
     pub nvme_functions: Option<(u32, u32)>,
     /// Split mode: the DPU attach layer behind a DPU agent.
     pub split: bool,
+    /// local-up restarts every process that exits (`--supervise`), and says
+    /// which process runs now in `pids/NAME` ([`Stack::pid`]).
+    pub supervise: bool,
 }
 
 /// A stack that `hack/local-up.sh` started and printed READY for.
@@ -46,8 +49,9 @@ pub struct Stack {
     /// Held so that local-up never writes into a closed pipe.
     _stdout: Option<ChildStdout>,
     stderr_path: PathBuf,
-    /// A node the bench started in place of local-up's (restart test); it is
-    /// not local-up's child, so the bench stops it, before the stack.
+    /// A node the caller started in place of local-up's (the bench's restart
+    /// test); it is not local-up's child, so it is stopped here, before the
+    /// stack.
     replacement_node: Option<Child>,
 }
 
@@ -93,6 +97,9 @@ impl Stack {
         }
         if options.split {
             command.args(["--mode", "split"]);
+        }
+        if options.supervise {
+            command.arg("--supervise");
         }
         if let Some((pfs, vfs)) = options.nvme_functions {
             command.args([
@@ -170,6 +177,29 @@ impl Stack {
         self.dir.join("snap.sock")
     }
 
+    /// The NVMe-oF target emulator's JSON-RPC socket (local-up's layout).
+    pub fn target_socket(&self) -> PathBuf {
+        self.dir.join("target.sock")
+    }
+
+    /// The sample plugin's plugins.v1 socket (local-up's layout).
+    pub fn plugin_socket(&self) -> PathBuf {
+        self.dir.join("plugin.sock")
+    }
+
+    /// The process that runs as local-up's `name` (`node`, `plugin`, `snap`,
+    /// `agent`, ...) now; only with [`StackOptions::supervise`].
+    pub fn pid(&self, name: &str) -> anyhow::Result<Pid> {
+        let path = self.dir.join("pids").join(name);
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("reading {}", path.display()))?;
+        let pid = text
+            .trim()
+            .parse()
+            .with_context(|| format!("{}: not a pid: {text:?}", path.display()))?;
+        Ok(Pid::from_raw(pid))
+    }
+
     /// The node's CSI socket path.
     pub fn node_socket(&self) -> PathBuf {
         PathBuf::from(self.node.trim_start_matches("unix://"))
@@ -180,7 +210,7 @@ impl Stack {
         PathBuf::from(self.controller.trim_start_matches("unix://"))
     }
 
-    /// Takes over a node the bench started; it is stopped before the stack.
+    /// Takes over a node the caller started; it is stopped before the stack.
     pub fn adopt_node(&mut self, child: Child) {
         if let Some(mut old) = self.replacement_node.replace(child) {
             stop_child(&mut old, Duration::from_secs(60));
@@ -198,7 +228,7 @@ impl Stack {
         error.context(format!("stack {}: local-up said:\n{tail}", self.name))
     }
 
-    /// SIGTERM to the bench's own node, then to local-up, waiting for each.
+    /// SIGTERM to the caller's own node, then to local-up, waiting for each.
     fn shutdown(&mut self) {
         if let Some(mut node) = self.replacement_node.take() {
             stop_child(&mut node, Duration::from_secs(60));
@@ -279,7 +309,7 @@ fn read_until_ready(stdout: ChildStdout) -> anyhow::Result<(Vec<String>, ChildSt
     }
 }
 
-/// SIGTERM, then wait up to `grace`, then SIGKILL: the processes the bench
+/// SIGTERM, then wait up to `grace`, then SIGKILL: the processes a program
 /// started must not outlive it.
 pub fn stop_child(child: &mut Child, grace: Duration) {
     if let Ok(pid) = i32::try_from(child.id()) {
@@ -293,7 +323,7 @@ pub fn stop_child(child: &mut Child, grace: Duration) {
         }
     }
     eprintln!(
-        "bench: process {} did not stop within {grace:?}; killing it",
+        "process {} did not stop within {grace:?}; killing it",
         child.id()
     );
     let _ = child.kill();

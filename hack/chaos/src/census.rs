@@ -1,0 +1,201 @@
+//! The census at a quiet point (every volume deleted, no fault in flight):
+//! everything a volume's life makes must be gone. Each thing found is one
+//! leak: SNAP's bdevs, NVMe subsystems and controllers, virtio-blk
+//! controllers and NVMe-oF initiator controllers; the NVMe-oF target's lvols
+//! and subsystems; the plugin's devices; the vendor's volumes (CSI
+//! ListVolumes through the proxy) and its AIO files; the node's records;
+//! mounts, loop devices and kubelet directories below the stack.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::Context;
+use snap_csi::jsonrpc::RpcClient;
+use snap_csi::proto::csi::v1 as csi;
+use snap_csi::proto::nvidia::storage::plugins::v1 as plugins;
+use snap_csi::spdk::bdev::BdevGetBdevs;
+use snap_csi::spdk::nvme::BdevNvmeGetControllers;
+use snap_csi::spdk::nvmf::NvmfGetSubsystems;
+use snap_csi::spdk::snap::{NvmeControllerList, NvmeSubsystemList, VirtioBlkControllerList};
+use snap_csi_harness::csi::{Clients, channel, volume_parents};
+use snap_csi_harness::stack::Stack;
+
+/// The target's own pool, which local-up makes and no volume owns.
+const TARGET_POOL: &str = "pool0";
+
+/// Everything found left behind, one line each.
+pub async fn census(stack: &Stack, clients: &Clients) -> anyhow::Result<Vec<String>> {
+    let mut left = Vec::new();
+    let snap = RpcClient::with_timeout(stack.snap_socket(), Duration::from_secs(10));
+    let named = |what: &str, names: Vec<String>| -> Vec<String> {
+        names
+            .into_iter()
+            .map(|n| format!("SNAP {what}: {n}"))
+            .collect()
+    };
+    left.extend(named(
+        "bdev",
+        snap.call(&BdevGetBdevs::default())
+            .await
+            .context("SNAP bdev_get_bdevs")?
+            .into_iter()
+            .map(|b| b.name)
+            .collect(),
+    ));
+    for subsystem in snap
+        .call(&NvmeSubsystemList {})
+        .await
+        .context("SNAP nvme_subsystem_list")?
+    {
+        left.push(format!(
+            "SNAP NVMe subsystem: {} ({} namespaces)",
+            subsystem.nqn,
+            subsystem.namespaces.len()
+        ));
+    }
+    left.extend(named(
+        "NVMe controller",
+        snap.call(&NvmeControllerList {})
+            .await
+            .context("SNAP nvme_controller_list")?
+            .into_iter()
+            .map(|c| c.ctrl_id)
+            .collect(),
+    ));
+    left.extend(named(
+        "virtio-blk controller",
+        snap.call(&VirtioBlkControllerList {})
+            .await
+            .context("SNAP virtio_blk_controller_list")?
+            .into_iter()
+            .map(|c| c.ctrl_id)
+            .collect(),
+    ));
+    left.extend(named(
+        "NVMe-oF initiator controller",
+        snap.call(&BdevNvmeGetControllers { name: None })
+            .await
+            .context("SNAP bdev_nvme_get_controllers")?
+            .into_iter()
+            .map(|c| c.name)
+            .collect(),
+    ));
+
+    let target = RpcClient::with_timeout(stack.target_socket(), Duration::from_secs(10));
+    for bdev in target
+        .call(&BdevGetBdevs::default())
+        .await
+        .context("target bdev_get_bdevs")?
+    {
+        if bdev.name != TARGET_POOL {
+            left.push(format!("target bdev: {} {:?}", bdev.name, bdev.aliases));
+        }
+    }
+    for subsystem in target
+        .call(&NvmfGetSubsystems { nqn: None })
+        .await
+        .context("target nvmf_get_subsystems")?
+    {
+        if subsystem.subtype != "Discovery" {
+            left.push(format!("target subsystem: {}", subsystem.nqn));
+        }
+    }
+
+    let mut plugin = plugins::storage_plugin_service_client::StoragePluginServiceClient::new(
+        channel(&format!("unix://{}", stack.plugin_socket().display())).await?,
+    );
+    let devices = plugin
+        .list_devices(plugins::ListDevicesRequest::default())
+        .await
+        .context("the plugin's ListDevices")?
+        .into_inner();
+    for device in devices.entries {
+        left.push(format!(
+            "plugin device: {} (volume {})",
+            device.device_name, device.volume_id
+        ));
+    }
+
+    let volumes = clients
+        .controller
+        .clone()
+        .list_volumes(csi::ListVolumesRequest::default())
+        .await
+        .context("ListVolumes")?
+        .into_inner();
+    for entry in volumes.entries {
+        if let Some(volume) = entry.volume {
+            left.push(format!("vendor volume: {}", volume.volume_id));
+        }
+    }
+
+    // The pool's own directories (snapshots, their records) are no volume's.
+    left.extend(
+        files_below(&stack.dir.join("aio-pool"))?
+            .into_iter()
+            .map(|f| format!("vendor AIO file: {}", f.display())),
+    );
+    left.extend(
+        entries(&stack.dir.join("node-state/volumes"))?
+            .into_iter()
+            .map(|e| format!("node record: {e}")),
+    );
+    left.extend(kubelet_leftovers(&stack.kubelet)?);
+
+    let dir = stack.dir.display().to_string();
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").context("mountinfo")?;
+    left.extend(
+        mounts
+            .lines()
+            .filter(|l| l.contains(&dir))
+            .map(|l| format!("mount: {l}")),
+    );
+    let loops = std::process::Command::new("losetup")
+        .arg("-a")
+        .output()
+        .context("losetup -a")?;
+    left.extend(
+        String::from_utf8_lossy(&loops.stdout)
+            .lines()
+            .filter(|l| l.contains(&dir))
+            .map(|l| format!("loop device: {l}")),
+    );
+    Ok(left)
+}
+
+/// Names in `dir` (none when it does not exist).
+fn entries(dir: &Path) -> anyhow::Result<Vec<String>> {
+    match std::fs::read_dir(dir) {
+        Ok(read) => read
+            .map(|e| Ok(e?.file_name().to_string_lossy().into_owned()))
+            .collect(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(e) => Err(e).with_context(|| format!("reading {}", dir.display())),
+    }
+}
+
+/// Every file (not directory) below `dir`.
+fn files_below(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    let mut files = Vec::new();
+    for name in entries(dir)? {
+        let path = dir.join(name);
+        if path.is_dir() {
+            files.extend(files_below(&path)?);
+        } else {
+            files.push(path);
+        }
+    }
+    Ok(files)
+}
+
+/// Anything below the volumes' kubelet directories (the harness removes the
+/// directories it made; the target is the node's to remove).
+fn kubelet_leftovers(kubelet: &Path) -> anyhow::Result<Vec<String>> {
+    let mut left = Vec::new();
+    for dir in volume_parents(kubelet) {
+        for name in entries(&dir)? {
+            left.push(format!("kubelet directory: {}", dir.join(name).display()));
+        }
+    }
+    Ok(left)
+}

@@ -1,0 +1,348 @@
+//! `snap-csi-chaos`, the chaos soak (`hack/chaos.sh`): the whole stack
+//! (`hack/local-up.sh --supervise`, which restarts whatever dies) in round
+//! after round, each round on a fresh stack of the next configuration
+//! (co-located and split, SNAP answering at once and at real SPDK's 8 ms
+//! poller period). In a round, `--volumes` workers drive random lives on
+//! volumes of every backend (AIO, NVMe-oF), emulation (NVMe, virtio-blk) and
+//! kind (block, ext4, xfs) at once (`lifecycle`), each carrying a known
+//! pattern read back after every restage (`data`), while faults strike at
+//! random (`faults`; EBUSY holders are the workers'). At the end of a round
+//! the faults stop, the workers finish their volumes, and a census
+//! (`census`) counts whatever is left; so does stopping the stack.
+//!
+//! Prints last `chaos: N operations, F faults, L leaks, D data errors`, and
+//! exits non-zero when L or D is not zero, when a call did not converge, or
+//! when the stack itself failed. `--seed` repeats every random choice.
+
+mod census;
+mod data;
+mod faults;
+mod lifecycle;
+mod rng;
+mod tally;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::Parser;
+use snap_csi_harness::csi::Clients;
+use snap_csi_harness::stack::{Stack, StackOptions};
+
+use crate::faults::Injector;
+use crate::lifecycle::Worker;
+use crate::rng::Rng;
+use crate::tally::Tally;
+
+#[derive(Debug, Parser)]
+#[command(
+    version,
+    about = "Random volume lives on the whole stack while its parts are killed, stalled and starved; then a census of leaks"
+)]
+struct Args {
+    /// Seed of every random choice (default: from the clock; printed first).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Time under chaos, summed over the rounds (starting and stopping each
+    /// stack comes on top): seconds, or with a unit (90s, 10m, 8h).
+    #[arg(long, default_value = "10m", value_parser = parse_duration)]
+    duration: Duration,
+    /// How long one stack lives before the next configuration's (same units).
+    #[arg(long, default_value = "5m", value_parser = parse_duration)]
+    round: Duration,
+    /// Volumes in flight at once.
+    #[arg(long, default_value_t = 6)]
+    volumes: usize,
+    /// Mean pause between two faults (same units).
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    fault_interval: Duration,
+    /// Percent of unpublishes that meet a process holding the mount.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(0..=100))]
+    holder_percent: u64,
+    /// Each call's deadline (kubelet's is 2 minutes; shorter finds hangs sooner).
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    call_deadline: Duration,
+    /// Modes to cycle through, comma separated (colocated, split).
+    #[arg(long, value_delimiter = ',', default_value = "colocated,split")]
+    modes: Vec<String>,
+    /// SNAP's RPC poller periods to cycle through (µs; 0 answers at once,
+    /// 8000 is real SPDK's pace).
+    #[arg(long, value_delimiter = ',', default_value = "0,8000")]
+    poll_periods_us: Vec<u64>,
+    /// The stack launcher.
+    #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../local-up.sh"))]
+    local_up: PathBuf,
+    /// The cargo profile whose binaries local-up runs (built beforehand).
+    #[arg(long, default_value = "release")]
+    profile: String,
+    /// Where each round's stack logs are copied (default: a new directory in /tmp).
+    #[arg(long)]
+    logs: Option<PathBuf>,
+}
+
+/// A stack's shape: the mode and SNAP's pace.
+#[derive(Debug, Clone)]
+struct Configuration {
+    split: bool,
+    poll_period_us: u64,
+}
+
+impl Configuration {
+    fn all(args: &Args) -> anyhow::Result<Vec<Configuration>> {
+        let mut all = Vec::new();
+        for &poll_period_us in &args.poll_periods_us {
+            for mode in &args.modes {
+                let split = match mode.as_str() {
+                    "colocated" => false,
+                    "split" => true,
+                    other => bail!("--modes: {other:?} is neither colocated nor split"),
+                };
+                all.push(Configuration {
+                    split,
+                    poll_period_us,
+                });
+            }
+        }
+        if all.is_empty() {
+            bail!("--modes and --poll-periods-us leave no configuration");
+        }
+        Ok(all)
+    }
+
+    fn name(&self) -> String {
+        let mode = if self.split { "split" } else { "colocated" };
+        format!("{mode}, SNAP poller {} us", self.poll_period_us)
+    }
+}
+
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    let (number, unit) = match text.find(|c: char| !c.is_ascii_digit()) {
+        Some(at) => text.split_at(at),
+        None => (text, "s"),
+    };
+    let number: u64 = number
+        .parse()
+        .map_err(|_| format!("{text:?}: expected a whole number and s, m or h"))?;
+    let seconds = match unit {
+        "s" => number,
+        "m" => number.saturating_mul(60),
+        "h" => number.saturating_mul(3600),
+        _ => return Err(format!("{text:?}: the unit must be s, m or h")),
+    };
+    Ok(Duration::from_secs(seconds))
+}
+
+/// Rounds of `--round` until their time adds up to `--duration` (the last
+/// one shorter); starting and stopping stacks comes on top, so that a seed
+/// gives the same rounds however slow the machine.
+async fn run(args: &Args, seed: u64, logs: &Path, tally: &Arc<Tally>) -> anyhow::Result<()> {
+    let configurations = Configuration::all(args)?;
+    if args.round.is_zero() {
+        bail!("--round must be longer than 0 s");
+    }
+    let mut left = args.duration;
+    let mut round = 0u64;
+    while !left.is_zero() {
+        let length = left.min(args.round);
+        left -= length;
+        let index = usize::try_from(round).unwrap_or(0) % configurations.len();
+        one_round(
+            args,
+            seed,
+            logs,
+            tally,
+            round,
+            &configurations[index],
+            length,
+        )
+        .await?;
+        round += 1;
+    }
+    Ok(())
+}
+
+async fn one_round(
+    args: &Args,
+    seed: u64,
+    logs: &Path,
+    tally: &Arc<Tally>,
+    round: u64,
+    configuration: &Configuration,
+    length: Duration,
+) -> anyhow::Result<()> {
+    let name = format!("round{round}");
+    eprintln!(
+        "chaos: {name}: {} for {} s",
+        configuration.name(),
+        length.as_secs()
+    );
+    let before = tally.totals();
+    let options = StackOptions {
+        poll_period_us: configuration.poll_period_us,
+        nvme_functions: None,
+        split: configuration.split,
+        supervise: true,
+    };
+    let stack_dir = std::env::temp_dir().join(format!("snap-csi-chaos-{seed}-{name}"));
+    let stack = Stack::start(
+        &name,
+        &args.local_up,
+        &args.profile,
+        stack_dir,
+        logs,
+        &options,
+    )
+    .await?;
+    let mut clients = Clients::connect(&stack.controller, &stack.node).await?;
+    clients.deadline = args.call_deadline;
+    let stop = Arc::new(AtomicBool::new(false));
+    let workers: Vec<_> = (0..args.volumes)
+        .map(|id| {
+            let worker = Worker {
+                id,
+                clients: clients.clone(),
+                kubelet: stack.kubelet.clone(),
+                tally: tally.clone(),
+                stop: stop.clone(),
+                rng: Rng::fork(seed, round * 1000 + 1 + id as u64),
+                holder_percent: args.holder_percent,
+            };
+            tokio::spawn(worker.run())
+        })
+        .collect();
+    let injector = Injector {
+        stack: &stack,
+        tally: tally.clone(),
+        stop: stop.clone(),
+        rng: Rng::fork(seed, round * 1000),
+        interval: args.fault_interval,
+    };
+    let clock = async {
+        tokio::time::sleep(length).await;
+        stop.store(true, Ordering::Relaxed);
+    };
+    let finished = async {
+        for worker in workers {
+            worker.await.context("a worker panicked")?;
+        }
+        anyhow::Ok(())
+    };
+    let ((), (), finished) = tokio::join!(injector.run(), clock, finished);
+    finished?;
+
+    keep_logs(&stack, &logs.join(&name));
+    // Quiet: no fault in flight, every volume deleted. A process killed last
+    // may still be starting: the census is asked again until all answer.
+    let mut asked = 0;
+    let left = loop {
+        asked += 1;
+        match census::census(&stack, &clients).await {
+            Ok(left) => break left,
+            Err(error) if asked < 30 => {
+                eprintln!("chaos: {name}: census: {error:#}; asking again");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            Err(error) => return Err(error.context("the census")),
+        }
+    };
+    for leak in left {
+        tally.leak(format!("{name}: {leak}"));
+    }
+    for leak in stack.stop().0 {
+        tally.leak(format!("{name}: stopping the stack left {leak}"));
+    }
+    let after = tally.totals();
+    eprintln!(
+        "chaos: {name}: {} operations, {} faults, {} leaks, {} data errors, {} calls that did not converge",
+        after.operations - before.operations,
+        after.faults - before.faults,
+        after.leaks - before.leaks,
+        after.data_errors - before.data_errors,
+        after.stuck - before.stuck,
+    );
+    for (what, (count, first)) in tally.take_detail() {
+        let first = if first.is_empty() {
+            String::new()
+        } else {
+            format!(" (first: {})", first.chars().take(300).collect::<String>())
+        };
+        eprintln!("chaos: {name}:   {what}: {count}{first}");
+    }
+    Ok(())
+}
+
+/// The stack's own logs (local-up removes them with its directory), before
+/// the census, whose failure ends the run.
+fn keep_logs(stack: &Stack, to: &Path) {
+    let from = stack.dir.join("logs");
+    let Ok(read) = std::fs::read_dir(&from) else {
+        return;
+    };
+    if std::fs::create_dir_all(to).is_err() {
+        return;
+    }
+    for entry in read.flatten() {
+        let _ = std::fs::copy(entry.path(), to.join(entry.file_name()));
+    }
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let seed = args.seed.unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_secs())
+    });
+    let logs = args
+        .logs
+        .clone()
+        .unwrap_or_else(|| std::env::temp_dir().join(format!("snap-csi-chaos-{seed}-logs")));
+    std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
+    eprintln!(
+        "chaos: seed {seed}, {} s, {} volumes at once, logs in {}",
+        args.duration.as_secs(),
+        args.volumes,
+        logs.display()
+    );
+    let tally = Arc::new(Tally::default());
+    // Ctrl-C or SIGTERM drops the run, and with it the stack (its Drop stops
+    // local-up, which removes what it made).
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let outcome = tokio::select! {
+        outcome = run(&args, seed, &logs, &tally) => outcome,
+        _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
+        _ = term.recv() => Err(anyhow::anyhow!("terminated")),
+    };
+    let totals = tally.totals();
+    if let Err(error) = &outcome {
+        eprintln!("chaos: the run stopped: {error:#}");
+    }
+    if totals.stuck > 0 {
+        eprintln!("chaos: {} calls did not converge", totals.stuck);
+    }
+    println!(
+        "chaos: {} operations, {} faults, {} leaks, {} data errors",
+        totals.operations, totals.faults, totals.leaks, totals.data_errors
+    );
+    let failed = outcome.is_err() || totals.stuck > 0 || totals.leaks > 0 || totals.data_errors > 0;
+    std::process::exit(i32::from(failed));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_duration;
+    use std::time::Duration;
+
+    #[test]
+    fn durations_take_seconds_minutes_and_hours() {
+        assert_eq!(parse_duration("90"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("90s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("10m"), Ok(Duration::from_secs(600)));
+        assert_eq!(parse_duration("8h"), Ok(Duration::from_secs(28_800)));
+        assert!(parse_duration("1.5h").is_err());
+        assert!(parse_duration("h").is_err());
+    }
+}

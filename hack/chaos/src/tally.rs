@@ -1,0 +1,88 @@
+//! What the run counts: operations that converged, faults injected, data that
+//! came back wrong, calls that never converged, and leaks found by the census;
+//! with the codes the stack answered on the way, for the round's summary.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+#[derive(Debug, Default)]
+pub struct Tally {
+    operations: AtomicU64,
+    faults: AtomicU64,
+    data_errors: AtomicU64,
+    stuck: AtomicU64,
+    leaks: AtomicU64,
+    /// Faults by kind, and failed attempts by call and code, each with the
+    /// first message seen.
+    detail: Mutex<BTreeMap<String, (u64, String)>>,
+}
+
+/// The totals, for the last line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Totals {
+    pub operations: u64,
+    pub faults: u64,
+    pub leaks: u64,
+    pub data_errors: u64,
+    pub stuck: u64,
+}
+
+impl Tally {
+    pub fn operation(&self) {
+        self.operations.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn fault(&self, kind: &str) {
+        self.faults.fetch_add(1, Ordering::Relaxed);
+        self.note(format!("fault {kind}"), "");
+    }
+
+    /// A volume begun: its backend, emulation and kind (the round's coverage).
+    pub fn volume(&self, shape: &str) {
+        self.note(format!("volume {shape}"), "");
+    }
+
+    /// A failed attempt that will be retried.
+    pub fn attempt_failed(&self, call: &str, code: &str, message: &str) {
+        self.note(format!("retried {call}: {code}"), message);
+    }
+
+    pub fn data_error(&self, what: String) {
+        self.data_errors.fetch_add(1, Ordering::Relaxed);
+        eprintln!("chaos: DATA ERROR: {what}");
+    }
+
+    pub fn stuck(&self, what: String) {
+        self.stuck.fetch_add(1, Ordering::Relaxed);
+        eprintln!("chaos: DID NOT CONVERGE: {what}");
+    }
+
+    pub fn leak(&self, what: String) {
+        self.leaks.fetch_add(1, Ordering::Relaxed);
+        eprintln!("chaos: LEAK: {what}");
+    }
+
+    fn note(&self, key: String, message: &str) {
+        let mut detail = self.detail.lock().unwrap_or_else(|e| e.into_inner());
+        let entry = detail
+            .entry(key)
+            .or_insert_with(|| (0, message.to_string()));
+        entry.0 += 1;
+    }
+
+    /// The details noted so far, emptied (one round's worth at a time).
+    pub fn take_detail(&self) -> BTreeMap<String, (u64, String)> {
+        std::mem::take(&mut *self.detail.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    pub fn totals(&self) -> Totals {
+        Totals {
+            operations: self.operations.load(Ordering::Relaxed),
+            faults: self.faults.load(Ordering::Relaxed),
+            leaks: self.leaks.load(Ordering::Relaxed),
+            data_errors: self.data_errors.load(Ordering::Relaxed),
+            stuck: self.stuck.load(Ordering::Relaxed),
+        }
+    }
+}
