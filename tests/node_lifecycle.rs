@@ -12,16 +12,15 @@ use std::fs;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::Path;
 
-use common::loop_devices_of;
 use common::node::{
-    NodeStack, block_capability, mount_capability, mounts_under, publish_request,
-    stage_and_publish, stage_request, unpublish, unstage,
+    NodeStack, assert_attached_once, assert_nothing_left, block_capability, mount_capability,
+    publish_request, stage_and_publish, stage_request, unpublish, unstage,
 };
 use snap_csi::node::config::EmulationSetting;
 use snap_csi::proto::csi::v1 as csi;
 use snap_csi::proto::csi::v1::volume_capability::access_mode::Mode;
 use snap_csi::spdk::bdev::BdevGetBdevs;
-use snap_csi::spdk::snap::{NvmeSubsystemList, VirtioBlkControllerList};
+use snap_csi::spdk::snap::NvmeSubsystemList;
 
 /// Sparse, so cheap; big enough for xfs (mkfs.xfs wants at least 300 MB).
 const SIZE: u64 = 512 << 20;
@@ -51,46 +50,6 @@ fn read_volume(target: &Path, len: usize) -> Vec<u8> {
         device.read_exact(&mut data).unwrap();
         data
     }
-}
-
-/// Nothing of the volume is left on the DPU side or the host.
-async fn assert_nothing_left(stack: &NodeStack, backing: &Path) {
-    let snap = stack.emulator.client();
-    assert!(loop_devices_of(backing).is_empty(), "a loop device is left");
-    assert!(mounts_under(&stack.kubelet).is_empty(), "a mount is left");
-    let bdevs = snap.call(&BdevGetBdevs::default()).await.unwrap();
-    assert!(bdevs.is_empty(), "a bdev is left: {bdevs:?}");
-    let subsystems = snap.call(&NvmeSubsystemList {}).await.unwrap();
-    assert!(
-        subsystems.is_empty(),
-        "an NVMe subsystem is left: {subsystems:?}"
-    );
-    let controllers = snap.call(&VirtioBlkControllerList {}).await.unwrap();
-    assert!(
-        controllers.is_empty(),
-        "a virtio-blk controller is left: {controllers:?}"
-    );
-    let records = fs::read_dir(stack.config.state_dir.join("volumes"))
-        .map(|d| d.count())
-        .unwrap_or(0);
-    assert_eq!(records, 0, "a volume record is left");
-}
-
-/// A repeated stage created nothing twice: one bdev, one SNAP exposure, one
-/// loop device, and a mount at the staging path only for filesystems.
-async fn assert_attached_once(stack: &NodeStack, backing: &Path, staging: &Path, block: bool) {
-    let snap = stack.emulator.client();
-    assert_eq!(snap.call(&BdevGetBdevs::default()).await.unwrap().len(), 1);
-    let subsystems = snap.call(&NvmeSubsystemList {}).await.unwrap();
-    let controllers = snap.call(&VirtioBlkControllerList {}).await.unwrap();
-    let nvme_controllers: usize = subsystems.iter().map(|s| s.controllers.len()).sum();
-    assert_eq!(
-        nvme_controllers + controllers.len(),
-        1,
-        "{subsystems:?} {controllers:?}"
-    );
-    assert_eq!(loop_devices_of(backing).len(), 1);
-    assert_eq!(mounts_under(staging).len(), usize::from(!block));
 }
 
 async fn lifecycle(emulation: EmulationSetting, capability: csi::VolumeCapability) {

@@ -13,6 +13,7 @@
 //!
 //! Request contexts may carry sensitive values: nothing here logs a request.
 
+use std::error::Error as _;
 use std::path::{Path, PathBuf};
 
 use hyper_util::rt::TokioIo;
@@ -365,7 +366,7 @@ impl PluginClient {
         F: Fn(Clients, tonic::Request<Req>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<Resp>, Status>>,
     {
-        let transient = |s: &Status| is_transient(s.code());
+        let transient = |s: &Status| unreached(s);
         call_retried("plugin", rpc, deadline, &message, transient, |request| {
             let clients = Clients {
                 identity: self.identity.clone(),
@@ -377,9 +378,15 @@ impl PluginClient {
     }
 
     fn error(&self, rpc: &str, status: Status) -> DpuError {
+        let socket = self.socket.display();
+        if status.source().is_some() {
+            return DpuError::Unavailable(format!(
+                "vendor plugin at {socket}: {rpc}: no gRPC answer (is a plugin listening there?): {}",
+                status.message()
+            ));
+        }
         let message = format!(
-            "vendor plugin at {}: {rpc}: {}: {}",
-            self.socket.display(),
+            "vendor plugin at {socket}: {rpc}: {}: {}",
             status.code().description(),
             status.message()
         );
@@ -393,8 +400,13 @@ struct Clients {
     storage: StoragePluginServiceClient<Channel>,
 }
 
-fn is_transient(code: Code) -> bool {
-    matches!(code, Code::Unavailable | Code::DeadlineExceeded)
+/// The plugin was not reached or did not answer: UNAVAILABLE or
+/// DEADLINE_EXCEEDED, or a status tonic made from a transport error (it
+/// carries that error as its source; a status the plugin sent has none),
+/// such as a peer that does not speak HTTP/2, whose code (INTERNAL for an
+/// h2 protocol error) says nothing about the plugin.
+fn unreached(status: &Status) -> bool {
+    matches!(status.code(), Code::Unavailable | Code::DeadlineExceeded) || status.source().is_some()
 }
 
 /// One unary call to `target`, retried with backoff inside `deadline` while

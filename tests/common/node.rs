@@ -5,14 +5,20 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use snap_csi::dpu::DpuAttach;
+use snap_csi::dpu::colocated::Colocated;
+use snap_csi::dpu::remote::RemoteDpu;
 use snap_csi::node::NodeConfig;
 use snap_csi::node::config::EmulationSetting;
 use snap_csi::proto::csi::v1 as csi;
 use snap_csi::proto::csi::v1::node_client::NodeClient;
 use snap_csi::proto::csi::v1::volume_capability::access_mode::Mode;
+use snap_csi::spdk::bdev::BdevGetBdevs;
+use snap_csi::spdk::snap::{NvmeSubsystemList, VirtioBlkControllerList};
 use snap_csi::proto::csi::v1::volume_capability::{
     AccessMode, AccessType, BlockVolume, MountVolume,
 };
@@ -20,6 +26,7 @@ use tokio::sync::oneshot;
 use tonic::transport::Channel;
 
 use super::Emulator;
+use super::loop_devices_of;
 use super::dpu::{Agent, DPU_NAME, HOST_NAME};
 use super::plugin::TestPlugin;
 use super::shared::free_local_address;
@@ -36,8 +43,24 @@ pub struct NodeStack {
     pub emulator: Emulator,
 }
 
+/// What a test changes in its node stack.
+#[derive(Default)]
+pub struct Tweaks {
+    /// The node's `device_wait` (10 s otherwise).
+    pub device_wait: Option<Duration>,
+    /// Wraps the node's DPU attach layer (the co-located one, or the link to
+    /// the agent in split mode); the node is then served with it.
+    pub wrap_dpu: Option<WrapDpu>,
+}
+
+pub type WrapDpu = Box<dyn FnOnce(Arc<dyn DpuAttach>) -> Arc<dyn DpuAttach> + Send>;
+
 impl NodeStack {
     pub async fn start(emulation: EmulationSetting) -> NodeStack {
+        NodeStack::start_with(emulation, Tweaks::default()).await
+    }
+
+    pub async fn start_with(emulation: EmulationSetting, tweaks: Tweaks) -> NodeStack {
         let emulator = Emulator::start().await;
         let root = emulator.root().to_path_buf();
         let plugin = super::plugin::start(&emulator.socket, &root).await;
@@ -64,20 +87,37 @@ impl NodeStack {
             dpu_tls: agent
                 .as_ref()
                 .map_or_else(Default::default, |a| a.node_tls.clone()),
-            device_wait: Duration::from_secs(10),
+            device_wait: tweaks.device_wait.unwrap_or(Duration::from_secs(10)),
             call_timeout: Duration::from_secs(60),
             metrics_address: Some(free_local_address()),
         };
         let (stop, stopped) = oneshot::channel::<()>();
         let node_config = config.clone();
+        let link = agent
+            .as_ref()
+            .map(|a| (a.address.clone(), a.node_tls.clone()));
         let thread = std::thread::spawn(move || {
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
                 .enable_all()
                 .build()?;
-            runtime.block_on(snap_csi::node::run(node_config, async move {
+            let stopped = async move {
                 let _ = stopped.await;
-            }))
+            };
+            runtime.block_on(async move {
+                let Some(wrap) = tweaks.wrap_dpu else {
+                    return snap_csi::node::run(node_config, stopped).await;
+                };
+                // Made on the node's runtime, which its connections need.
+                let dpu: Arc<dyn DpuAttach> = match link {
+                    Some((address, tls)) => Arc::new(RemoteDpu::new(address, DPU_NAME, &tls)?),
+                    None => Arc::new(Colocated::new(
+                        node_config.plugin_socket.clone(),
+                        node_config.snap_socket_template.clone(),
+                    )),
+                };
+                snap_csi::node::serve(node_config, wrap(dpu), stopped).await
+            })
         });
         let client = NodeClient::new(connect(&config.endpoint).await);
         NodeStack {
@@ -97,6 +137,13 @@ impl NodeStack {
         if let Some(plugin) = self.plugin.take() {
             plugin.stop().await;
         }
+    }
+
+    /// Starts the vendor plugin again on its socket (after [`Self::stop_plugin`]).
+    pub async fn restart_plugin(&mut self) {
+        assert!(self.plugin.is_none(), "the plugin is still running");
+        self.plugin =
+            Some(super::plugin::start(&self.emulator.socket, self.emulator.root()).await);
     }
 
     /// A path under the kubelet directory whose parent exists, as kubelet
@@ -217,6 +264,51 @@ pub fn mounts_under(root: &Path) -> Vec<String> {
         .filter(|mount_point| mount_point.starts_with(&root))
         .map(str::to_string)
         .collect()
+}
+
+/// Nothing of the volume is left on the DPU side or the host.
+pub async fn assert_nothing_left(stack: &NodeStack, backing: &Path) {
+    let snap = stack.emulator.client();
+    assert!(loop_devices_of(backing).is_empty(), "a loop device is left");
+    assert!(mounts_under(&stack.kubelet).is_empty(), "a mount is left");
+    let bdevs = snap.call(&BdevGetBdevs::default()).await.unwrap();
+    assert!(bdevs.is_empty(), "a bdev is left: {bdevs:?}");
+    let subsystems = snap.call(&NvmeSubsystemList {}).await.unwrap();
+    assert!(
+        subsystems.is_empty(),
+        "an NVMe subsystem is left: {subsystems:?}"
+    );
+    let controllers = snap.call(&VirtioBlkControllerList {}).await.unwrap();
+    assert!(
+        controllers.is_empty(),
+        "a virtio-blk controller is left: {controllers:?}"
+    );
+    let records = std::fs::read_dir(stack.config.state_dir.join("volumes"))
+        .map(|d| d.count())
+        .unwrap_or(0);
+    assert_eq!(records, 0, "a volume record is left");
+}
+
+/// A repeated stage created nothing twice: one bdev, one SNAP exposure, one
+/// loop device, and a mount at the staging path only for filesystems.
+pub async fn assert_attached_once(stack: &NodeStack, backing: &Path, staging: &Path, block: bool) {
+    assert_exposed_once(stack).await;
+    assert_eq!(loop_devices_of(backing).len(), 1);
+    assert_eq!(mounts_under(staging).len(), usize::from(!block));
+}
+
+/// SNAP holds one bdev and exposes it once (one NVMe or virtio-blk controller).
+pub async fn assert_exposed_once(stack: &NodeStack) {
+    let snap = stack.emulator.client();
+    assert_eq!(snap.call(&BdevGetBdevs::default()).await.unwrap().len(), 1);
+    let subsystems = snap.call(&NvmeSubsystemList {}).await.unwrap();
+    let controllers = snap.call(&VirtioBlkControllerList {}).await.unwrap();
+    let nvme_controllers: usize = subsystems.iter().map(|s| s.controllers.len()).sum();
+    assert_eq!(
+        nvme_controllers + controllers.len(),
+        1,
+        "{subsystems:?} {controllers:?}"
+    );
 }
 
 /// NodeStageVolume, then NodePublishVolume at `target`; both must succeed.

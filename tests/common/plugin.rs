@@ -15,7 +15,7 @@ use snap_csi::jsonrpc::{RpcClient, RpcError};
 use snap_csi::proto::nvidia::storage::plugins::v1 as api;
 use snap_csi::spdk::bdev::{BdevAioCreate, BdevAioDelete, BdevGetBdevs};
 use tokio::net::UnixListener;
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::{Request, Response, Status};
@@ -36,6 +36,8 @@ pub struct TestPlugin {
     /// One line per device call received (`"CreateDevice vol-1"`,
     /// `"DeleteDevice vol-1 aio-vol-1"`, `"GetDevice vol-1 "`, `"ListDevices"`).
     pub calls: Arc<Mutex<Vec<String>>>,
+    /// Holds every RPC unanswered while `true` (see [`TestPlugin::stall`]).
+    stalled: Option<watch::Sender<bool>>,
     stop: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<()>>,
 }
@@ -76,12 +78,16 @@ pub async fn start_with(
     capabilities: &[Capability],
 ) -> TestPlugin {
     let calls = Arc::new(Mutex::new(Vec::new()));
+    let (stalled, gate) = watch::channel(false);
     let plugin = Plugin {
         spdk: RpcClient::with_timeout(emulator_socket, Duration::from_secs(30)),
         calls: Arc::clone(&calls),
         capabilities: capabilities.to_vec(),
+        gate,
     };
-    serve(dir.join("plugin.sock"), plugin, calls)
+    let mut running = serve(dir.join("plugin.sock"), plugin, calls);
+    running.stalled = Some(stalled);
+    running
 }
 
 /// Serves `plugin` as both plugin services on `socket` (replacing a stale
@@ -108,6 +114,7 @@ where
     TestPlugin {
         socket,
         calls,
+        stalled: None,
         stop: Some(stop),
         task: Some(task),
     }
@@ -177,6 +184,16 @@ impl TestPlugin {
         }
     }
 
+    /// While `on`, every RPC waits unanswered (a plugin stuck behind a slow
+    /// backend: callers see their deadline pass); the waiting ones are
+    /// answered once it is switched off.
+    pub fn stall(&self, on: bool) {
+        self.stalled
+            .as_ref()
+            .expect("only the test plugin stalls")
+            .send_replace(on);
+    }
+
     /// The device calls received so far.
     pub fn calls(&self) -> Vec<String> {
         self.calls.lock().unwrap().clone()
@@ -204,11 +221,17 @@ struct Plugin {
     spdk: RpcClient,
     calls: Arc<Mutex<Vec<String>>>,
     capabilities: Vec<Capability>,
+    gate: watch::Receiver<bool>,
 }
 
 impl Plugin {
     fn record(&self, call: String) {
         self.calls.lock().unwrap().push(call);
+    }
+
+    /// Waits while the test stalls the plugin.
+    async fn pass(&self) {
+        let _ = self.gate.clone().wait_for(|stalled| !stalled).await;
     }
 }
 
@@ -227,6 +250,7 @@ impl IdentityService for Plugin {
         &self,
         _: Request<api::GetPluginInfoRequest>,
     ) -> Result<Response<api::GetPluginInfoResponse>, Status> {
+        self.pass().await;
         Ok(Response::new(api::GetPluginInfoResponse {
             name: PLUGIN_NAME.into(),
             vendor_version: "0.1.0".into(),
@@ -238,6 +262,7 @@ impl IdentityService for Plugin {
         &self,
         _: Request<api::ProbeRequest>,
     ) -> Result<Response<api::ProbeResponse>, Status> {
+        self.pass().await;
         Ok(Response::new(api::ProbeResponse { ready: Some(true) }))
     }
 }
@@ -248,6 +273,7 @@ impl StoragePluginService for Plugin {
         &self,
         _: Request<api::StoragePluginGetCapabilitiesRequest>,
     ) -> Result<Response<api::StoragePluginGetCapabilitiesResponse>, Status> {
+        self.pass().await;
         Ok(Response::new(capabilities_response(&self.capabilities)))
     }
 
@@ -255,6 +281,7 @@ impl StoragePluginService for Plugin {
         &self,
         _: Request<api::GetSnapProviderRequest>,
     ) -> Result<Response<api::GetSnapProviderResponse>, Status> {
+        self.pass().await;
         Ok(Response::new(api::GetSnapProviderResponse {
             provider_name: String::new(),
         }))
@@ -264,6 +291,7 @@ impl StoragePluginService for Plugin {
         &self,
         request: Request<api::CreateDeviceRequest>,
     ) -> Result<Response<api::CreateDeviceResponse>, Status> {
+        self.pass().await;
         let request = request.into_inner();
         self.record(format!("CreateDevice {}", request.volume_id));
         if request.volume_id.is_empty() {
@@ -303,6 +331,7 @@ impl StoragePluginService for Plugin {
         &self,
         request: Request<api::DeleteDeviceRequest>,
     ) -> Result<Response<api::DeleteDeviceResponse>, Status> {
+        self.pass().await;
         let request = request.into_inner();
         self.record(format!(
             "DeleteDevice {} {}",
@@ -325,6 +354,7 @@ impl StoragePluginService for Plugin {
         &self,
         request: Request<api::GetDeviceRequest>,
     ) -> Result<Response<api::GetDeviceResponse>, Status> {
+        self.pass().await;
         let request = request.into_inner();
         self.record(format!(
             "GetDevice {} {}",
@@ -353,6 +383,7 @@ impl StoragePluginService for Plugin {
         &self,
         request: Request<api::ListDevicesRequest>,
     ) -> Result<Response<api::ListDevicesResponse>, Status> {
+        self.pass().await;
         self.record("ListDevices".to_string());
         let bdevs = self
             .spdk

@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use anyhow::bail;
 
+use crate::faults::Faults;
+
 /// How many emulated PCI functions the DPU offers the host.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FunctionLayout {
@@ -40,6 +42,8 @@ pub struct Config {
     /// SPDK's RPC poller period; `None` answers at once.
     pub poll_period: Option<Duration>,
     pub functions: FunctionLayout,
+    /// Faults a test switches on while the emulator runs; none by default.
+    pub faults: Faults,
 }
 
 /// PCI bus numbers start at 0x26 and each PF owns one bus (function 0 is the PF,
@@ -57,6 +61,7 @@ impl Config {
             snap: true,
             poll_period: None,
             functions: FunctionLayout::default(),
+            faults: Faults::default(),
         }
     }
 
@@ -78,6 +83,12 @@ impl Config {
 
     pub fn with_functions(mut self, functions: FunctionLayout) -> Self {
         self.functions = functions;
+        self
+    }
+
+    /// Shares `faults` with the test that holds the other handle.
+    pub fn with_faults(mut self, faults: Faults) -> Self {
+        self.faults = faults;
         self
     }
 

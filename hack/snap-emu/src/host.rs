@@ -65,6 +65,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, anyhow, bail};
 
+use crate::faults::Faults;
 use loopdev::LoopState;
 use records::{DiskRecord, Records};
 
@@ -104,6 +105,10 @@ pub struct HostSide {
     records: Records,
     functions: Arc<FunctionLocks>,
     jobs: Arc<Jobs>,
+    faults: Faults,
+    /// Attaches of disks the host missed (see [`Faults::miss_discovery`]),
+    /// by record key, until a rescan or their detach.
+    missed: Mutex<HashMap<String, MissedDisk>>,
     /// Held (flock) for our lifetime; the kernel drops it when the process dies.
     _lock: File,
     tmp_seq: AtomicU64,
@@ -176,6 +181,8 @@ impl HostSide {
             records,
             functions: Arc::default(),
             jobs: Arc::default(),
+            faults: Faults::default(),
+            missed: Mutex::default(),
             _lock: lock,
             tmp_seq: AtomicU64::new(0),
         };
@@ -187,6 +194,12 @@ impl HostSide {
             )
         })?;
         Ok(host)
+    }
+
+    /// The host side with the faults a test switches on.
+    pub fn with_faults(mut self, faults: Faults) -> Self {
+        self.faults = faults;
+        self
     }
 
     /// Creates `bus/pci/devices/0000:<bdf>` (with `vendor`, `device`, `class`).
@@ -322,7 +335,10 @@ impl HostSide {
         let host = Arc::clone(self);
         let job = move || {
             let guard = ticket.wait();
-            if let Err(e) = host.attach_locked(&id, &attrs, &backing) {
+            if host.faults.misses(&attrs.identity()) {
+                tracing::info!(disk = %host.disk_dir(&id).display(), "the host missed this disk (fault)");
+                host.missed_disks().insert(id.key(), MissedDisk { id, attrs, backing });
+            } else if let Err(e) = host.attach_locked(&id, &attrs, &backing) {
                 tracing::warn!(
                     "host discovery of {} failed: {e:#}",
                     host.disk_dir(&id).display()
@@ -339,6 +355,43 @@ impl HostSide {
             .spawn(job)
             .with_context(|| format!("starting the attach of {}", disk.sysfs_dir.display()))?;
         Ok(disk)
+    }
+
+    /// Attaches the missed disks with `identity` (see [`Faults::rescan`]),
+    /// each in its function's line, unless its detach comes first.
+    pub(crate) fn rescan(self: &Arc<Self>, identity: &str) {
+        let found: Vec<(String, String)> = self
+            .missed_disks()
+            .iter()
+            .filter(|(_, m)| m.attrs.identity() == identity)
+            .map(|(key, m)| (key.clone(), m.id.bdf().to_owned()))
+            .collect();
+        for (key, bdf) in found {
+            let ticket = self.functions.reserve(&bdf);
+            let running = self.jobs.start();
+            let host = Arc::clone(self);
+            let job = move || {
+                let guard = ticket.wait();
+                // Taken under the function's lock, which a detach holds while
+                // it forgets a missed disk: one or the other has it.
+                let missed = host.missed_disks().remove(&key);
+                if let Some(m) = missed
+                    && let Err(e) = host.attach_locked(&m.id, &m.attrs, &m.backing)
+                {
+                    tracing::warn!("rescan of {} failed: {e:#}", host.disk_dir(&m.id).display());
+                }
+                drop(guard);
+                drop(host);
+                drop(running);
+            };
+            if let Err(e) = thread::Builder::new().name(format!("rescan-{bdf}")).spawn(job) {
+                tracing::error!("cannot start a rescan of {bdf}: {e}");
+            }
+        }
+    }
+
+    fn missed_disks(&self) -> std::sync::MutexGuard<'_, HashMap<String, MissedDisk>> {
+        self.missed.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The loop device of a queued disk, once its attach has made one.
@@ -408,6 +461,7 @@ impl HostSide {
     /// loop device.
     fn detach_locked(&self, id: &DiskId, expected: Option<&str>) -> anyhow::Result<()> {
         let key = id.key();
+        self.missed_disks().remove(&key);
         if let Some(record) = self.records.load(&key)? {
             if let (Some(expected), Some(have)) = (expected, &record.loop_device)
                 && have != expected
@@ -1050,6 +1104,24 @@ fn key_bdf(key: &str) -> Option<&str> {
 enum DiskAttrs {
     Nvme { nsid: u32, uuid: String },
     VirtioBlk { serial: Vec<u8> },
+}
+
+impl DiskAttrs {
+    /// What names the disk's volume to a reader: the namespace UUID or the serial.
+    fn identity(&self) -> String {
+        match self {
+            DiskAttrs::Nvme { uuid, .. } => uuid.clone(),
+            DiskAttrs::VirtioBlk { serial } => String::from_utf8_lossy(serial).into_owned(),
+        }
+    }
+}
+
+/// An attach the host missed, kept for a rescan.
+#[derive(Debug)]
+struct MissedDisk {
+    id: DiskId,
+    attrs: DiskAttrs,
+    backing: Backing,
 }
 
 /// A validated backing byte range.

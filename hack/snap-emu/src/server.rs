@@ -27,6 +27,7 @@ use crate::bdev::{Bdevs, files_dir};
 use crate::bdev_nvme::NvmeInitiator;
 use crate::config::Config;
 use crate::dispatch::dispatch;
+use crate::faults::{Admit, Faults};
 use crate::framing::{self, Frame};
 use crate::functions::Functions;
 use crate::host::HostSide;
@@ -45,6 +46,7 @@ pub struct Server {
     shared: Arc<Shared>,
     socket: PathBuf,
     poll_period: Option<Duration>,
+    faults: Faults,
     /// Held for the life of the server: one emulator per state directory.
     _lock: File,
 }
@@ -98,11 +100,16 @@ pub async fn bind(config: Config) -> anyhow::Result<Server> {
     let host = if config.snap {
         let sysfs = config.effective_sysfs_root();
         let host_dir = state_dir.join("host");
-        let host = tokio::task::spawn_blocking(move || HostSide::open(&sysfs, &host_dir))
-            .await
-            .context("opening the host side")?
-            .context("opening the host side")?;
-        Some(Arc::new(host))
+        let faults = config.faults.clone();
+        let host = tokio::task::spawn_blocking(move || {
+            HostSide::open(&sysfs, &host_dir).map(|h| h.with_faults(faults))
+        })
+        .await
+        .context("opening the host side")?
+        .context("opening the host side")?;
+        let host = Arc::new(host);
+        config.faults.register_host(&host);
+        Some(host)
     } else {
         // A plain target needs no host side, but a SNAP run on this state
         // directory may have died with loop devices attached.
@@ -173,6 +180,7 @@ pub async fn bind(config: Config) -> anyhow::Result<Server> {
         shared,
         socket: config.socket,
         poll_period: config.poll_period,
+        faults: config.faults,
         _lock: lock,
     })
 }
@@ -205,18 +213,43 @@ impl Server {
 
         let mut conns = JoinSet::new();
         tokio::pin!(shutdown);
+        // `None` while down for a live update (see `faults`).
+        let mut listener = Some(self.listener);
         loop {
+            let Some(accepting) = &listener else {
+                tokio::select! {
+                    _ = &mut shutdown => break,
+                    _ = self.faults.update_ended() => {}
+                }
+                listener = Some(
+                    UnixListener::bind(&self.socket)
+                        .with_context(|| format!("binding {} again", self.socket.display()))?,
+                );
+                tracing::info!(socket = %self.socket.display(), "live update done: listening again");
+                self.faults.set_down(false);
+                continue;
+            };
             tokio::select! {
                 _ = &mut shutdown => break,
-                accepted = self.listener.accept() => match accepted {
+                accepted = accepting.accept() => match accepted {
                     Ok((stream, _)) => {
-                        conns.spawn(serve_connection(self.shared.clone(), stream, tick_rx.clone()));
+                        let faults = self.faults.clone();
+                        conns.spawn(serve_connection(self.shared.clone(), stream, tick_rx.clone(), faults));
                     }
                     Err(e) => {
                         tracing::warn!("accept failed: {e}");
                         tokio::time::sleep(Duration::from_millis(50)).await;
                     }
                 },
+                _ = self.faults.update_begun() => {
+                    // The old process goes away: its connections close with
+                    // their calls unanswered, and its socket with it.
+                    conns.shutdown().await;
+                    listener = None;
+                    remove_own_socket(&self.socket);
+                    tracing::info!(socket = %self.socket.display(), "live update: down, state kept");
+                    self.faults.set_down(true);
+                }
                 Some(_) = conns.join_next(), if !conns.is_empty() => {}
             }
         }
@@ -231,7 +264,7 @@ impl Server {
         {
             tracing::error!("shutdown of the emulator state failed");
         }
-        drop(self.listener);
+        drop(listener);
         remove_own_socket(&self.socket);
         tracing::info!("snap-emu stopped");
         Ok(())
@@ -275,6 +308,7 @@ async fn serve_connection(
     shared: Arc<Shared>,
     mut stream: UnixStream,
     mut ticks: Option<watch::Receiver<u64>>,
+    faults: Faults,
 ) {
     let mut buf = Vec::new();
     let mut chunk = vec![0u8; READ_CHUNK];
@@ -297,7 +331,13 @@ async fn serve_connection(
         let extracted = framing::extract(&mut buf);
         let mut out = Vec::new();
         for raw in &extracted.frames {
-            out.extend(answer(&shared, raw).await);
+            match faults.admit().await {
+                Admit::Answer => out.extend(answer(&shared, raw).await),
+                Admit::Garbage => {
+                    let _ = stream.write_all(crate::faults::GARBAGE).await;
+                    return;
+                }
+            }
         }
         if !out.is_empty() && stream.write_all(&out).await.is_err() {
             return;
