@@ -49,7 +49,10 @@ enum Fault {
 
 impl Fault {
     fn snap(self) -> bool {
-        matches!(self, Fault::SnapDown | Fault::SnapStuck | Fault::SnapGarbage)
+        matches!(
+            self,
+            Fault::SnapDown | Fault::SnapStuck | Fault::SnapGarbage
+        )
     }
 }
 
@@ -67,7 +70,9 @@ impl GarbageSocket {
         let task = tokio::spawn(async move {
             use tokio::io::AsyncWriteExt;
             while let Ok((mut stream, _)) = listener.accept().await {
-                let _ = stream.write_all(b"\x00\xffnot-http2-not-grpc\r\n\r\n").await;
+                let _ = stream
+                    .write_all(b"\x00\xffnot-http2-not-grpc\r\n\r\n")
+                    .await;
             }
         });
         GarbageSocket {
@@ -125,7 +130,10 @@ impl Scene {
     /// What a message about the fault must name: the dependency and where it is.
     fn named(&self, fault: Fault) -> (String, String) {
         if fault.snap() {
-            ("SNAP".into(), self.stack.emulator.socket.display().to_string())
+            (
+                "SNAP".into(),
+                self.stack.emulator.socket.display().to_string(),
+            )
         } else {
             (
                 "vendor plugin".into(),
@@ -164,7 +172,8 @@ fn assert_dependency_failure<T: std::fmt::Debug>(
         "{what}: {status:?}"
     );
     assert!(
-        status.message().contains(dependency.as_str()) && status.message().contains(socket.as_str()),
+        status.message().contains(dependency.as_str())
+            && status.message().contains(socket.as_str()),
         "{what}: the message names neither {dependency} nor {socket}: {status:?}"
     );
     assert!(
@@ -221,17 +230,14 @@ async fn survives(fault: Fault) {
         volume_id: "pvc-old".into(),
         staging_target_path: old_staging.display().to_string(),
     };
-    let (result, took) = timed_call(
-        node.node_unstage_volume(timed(unstage_request.clone(), KUBELET_TIMEOUT)),
-    )
-    .await;
+    let (result, took) =
+        timed_call(node.node_unstage_volume(timed(unstage_request.clone(), KUBELET_TIMEOUT))).await;
     assert_dependency_failure("NodeUnstageVolume", result, took, &named);
     if fault.snap() {
         // The plugin's description is kept, so only SNAP's listing is asked.
-        let (result, took) = timed_call(
-            node.node_get_info(timed(csi::NodeGetInfoRequest {}, KUBELET_TIMEOUT)),
-        )
-        .await;
+        let (result, took) =
+            timed_call(node.node_get_info(timed(csi::NodeGetInfoRequest {}, KUBELET_TIMEOUT)))
+                .await;
         assert_dependency_failure("NodeGetInfo", result, took, &named);
     }
     assert!(!scene.ready().await, "Probe says not ready under {fault:?}");
@@ -333,10 +339,8 @@ async fn a_disk_the_host_never_sees_fails_the_stage_in_time_and_the_retry_conver
             let stage = stage_request(volume_id, &staging, capability.clone(), &backing);
             faults.miss_discovery(&identity);
             for attempt in 0..2 {
-                let (result, took) = timed_call(
-                    node.node_stage_volume(timed(stage.clone(), 5 * DEVICE_WAIT)),
-                )
-                .await;
+                let (result, took) =
+                    timed_call(node.node_stage_volume(timed(stage.clone(), 5 * DEVICE_WAIT))).await;
                 let status = result.expect_err("no disk, no stage");
                 assert!(
                     matches!(status.code(), Code::DeadlineExceeded | Code::Unavailable),

@@ -42,7 +42,9 @@ async fn kubelet(stack: &NodeStack) -> NodeClient<Channel> {
 /// A stage sent by a kubelet that is about to die: the call runs on its own
 /// connection, which [`Dying::restart`] drops with the call in flight.
 struct Dying {
-    call: tokio::task::JoinHandle<Result<tonic::Response<csi::NodeStageVolumeResponse>, tonic::Status>>,
+    call: tokio::task::JoinHandle<
+        Result<tonic::Response<csi::NodeStageVolumeResponse>, tonic::Status>,
+    >,
 }
 
 impl Dying {
@@ -117,7 +119,10 @@ impl Volume {
         .await
         .unwrap_or_else(|e| panic!("publish {}: {e:?}", self.id));
         std::fs::write(self.target.join("proof"), self.id.as_bytes()).unwrap();
-        assert_eq!(std::fs::read(self.target.join("proof")).unwrap(), self.id.as_bytes());
+        assert_eq!(
+            std::fs::read(self.target.join("proof")).unwrap(),
+            self.id.as_bytes()
+        );
         assert_eq!(mounts_under(&self.target).len(), 1, "one bind mount");
         unpublish(&mut node, &self.id, &self.target).await;
         unstage(&mut node, &self.id, &self.staging).await;

@@ -14,7 +14,7 @@ use std::path::Path;
 
 use common::node::{
     NodeStack, assert_attached_once, assert_nothing_left, block_capability, mount_capability,
-    publish_request, stage_and_publish, stage_request, unpublish, unstage,
+    mounts_under, publish_request, stage_and_publish, stage_request, unpublish, unstage,
 };
 use snap_csi::node::config::EmulationSetting;
 use snap_csi::proto::csi::v1 as csi;

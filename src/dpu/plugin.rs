@@ -381,7 +381,7 @@ impl PluginClient {
         let socket = self.socket.display();
         if status.source().is_some() {
             return DpuError::Unavailable(format!(
-                "vendor plugin at {socket}: {rpc}: no gRPC answer (is a plugin listening there?): {}",
+                "vendor plugin at {socket}: {rpc}: no gRPC answer: {}",
                 status.message()
             ));
         }

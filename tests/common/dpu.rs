@@ -214,12 +214,18 @@ impl GatedDpu {
 
     /// Waits until at least `count` attaches have reached the gate.
     pub async fn started(&self, count: usize) {
-        until("attaches started", || self.attaches.load(Ordering::SeqCst) >= count).await;
+        until("attaches started", || {
+            self.attaches.load(Ordering::SeqCst) >= count
+        })
+        .await;
     }
 
     /// Waits until at least `count` attaches were dropped at the gate.
     pub async fn cancelled(&self, count: usize) {
-        until("attaches cancelled", || self.cancelled.load(Ordering::SeqCst) >= count).await;
+        until("attaches cancelled", || {
+            self.cancelled.load(Ordering::SeqCst) >= count
+        })
+        .await;
     }
 }
 
@@ -245,7 +251,11 @@ impl Drop for AtGate<'_> {
 
 #[async_trait::async_trait]
 impl DpuAttach for GatedDpu {
-    async fn attach(&self, request: &AttachRequest, deadline: Instant) -> Result<Attachment, DpuError> {
+    async fn attach(
+        &self,
+        request: &AttachRequest,
+        deadline: Instant,
+    ) -> Result<Attachment, DpuError> {
         let attached = match &self.inner {
             Some(inner) => inner.attach(request, deadline).await?,
             None => Attachment {
@@ -264,7 +274,12 @@ impl DpuAttach for GatedDpu {
         Ok(attached)
     }
 
-    async fn detach(&self, volume_id: &str, device_name: Option<&str>, deadline: Instant) -> Result<(), DpuError> {
+    async fn detach(
+        &self,
+        volume_id: &str,
+        device_name: Option<&str>,
+        deadline: Instant,
+    ) -> Result<(), DpuError> {
         match &self.inner {
             Some(inner) => inner.detach(volume_id, device_name, deadline).await,
             None => Ok(()),

@@ -17,17 +17,17 @@ use snap_csi::node::config::EmulationSetting;
 use snap_csi::proto::csi::v1 as csi;
 use snap_csi::proto::csi::v1::node_client::NodeClient;
 use snap_csi::proto::csi::v1::volume_capability::access_mode::Mode;
-use snap_csi::spdk::bdev::BdevGetBdevs;
-use snap_csi::spdk::snap::{NvmeSubsystemList, VirtioBlkControllerList};
 use snap_csi::proto::csi::v1::volume_capability::{
     AccessMode, AccessType, BlockVolume, MountVolume,
 };
+use snap_csi::spdk::bdev::BdevGetBdevs;
+use snap_csi::spdk::snap::{NvmeSubsystemList, VirtioBlkControllerList};
 use tokio::sync::oneshot;
 use tonic::transport::Channel;
 
 use super::Emulator;
-use super::loop_devices_of;
 use super::dpu::{Agent, DPU_NAME, HOST_NAME};
+use super::loop_devices_of;
 use super::plugin::TestPlugin;
 use super::shared::free_local_address;
 
@@ -142,8 +142,7 @@ impl NodeStack {
     /// Starts the vendor plugin again on its socket (after [`Self::stop_plugin`]).
     pub async fn restart_plugin(&mut self) {
         assert!(self.plugin.is_none(), "the plugin is still running");
-        self.plugin =
-            Some(super::plugin::start(&self.emulator.socket, self.emulator.root()).await);
+        self.plugin = Some(super::plugin::start(&self.emulator.socket, self.emulator.root()).await);
     }
 
     /// A path under the kubelet directory whose parent exists, as kubelet

@@ -337,7 +337,8 @@ impl HostSide {
             let guard = ticket.wait();
             if host.faults.misses(&attrs.identity()) {
                 tracing::info!(disk = %host.disk_dir(&id).display(), "the host missed this disk (fault)");
-                host.missed_disks().insert(id.key(), MissedDisk { id, attrs, backing });
+                host.missed_disks()
+                    .insert(id.key(), MissedDisk { id, attrs, backing });
             } else if let Err(e) = host.attach_locked(&id, &attrs, &backing) {
                 tracing::warn!(
                     "host discovery of {} failed: {e:#}",
@@ -384,7 +385,10 @@ impl HostSide {
                 drop(host);
                 drop(running);
             };
-            if let Err(e) = thread::Builder::new().name(format!("rescan-{bdf}")).spawn(job) {
+            if let Err(e) = thread::Builder::new()
+                .name(format!("rescan-{bdf}"))
+                .spawn(job)
+            {
                 tracing::error!("cannot start a rescan of {bdf}: {e}");
             }
         }
