@@ -274,34 +274,23 @@ async fn survives(fault: Fault) {
     assert_nothing_left(&scene.stack, &new_backing).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_vendor_plugin_down() {
-    survives(Fault::PluginDown).await;
+/// One test per fault, each on a stack of its own.
+macro_rules! faults {
+    ($($test:ident: $fault:ident,)*) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $test() {
+            survives(Fault::$fault).await;
+        }
+    )*};
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_vendor_plugin_stuck() {
-    survives(Fault::PluginStuck).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_vendor_plugin_answering_garbage() {
-    survives(Fault::PluginGarbage).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn snap_down() {
-    survives(Fault::SnapDown).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn snap_stuck() {
-    survives(Fault::SnapStuck).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn snap_answering_garbage() {
-    survives(Fault::SnapGarbage).await;
+faults! {
+    the_vendor_plugin_down: PluginDown,
+    the_vendor_plugin_stuck: PluginStuck,
+    the_vendor_plugin_answering_garbage: PluginGarbage,
+    snap_down: SnapDown,
+    snap_stuck: SnapStuck,
+    snap_answering_garbage: SnapGarbage,
 }
 
 /// How long the node waits for a disk in the missing-disk test (its
