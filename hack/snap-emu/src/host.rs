@@ -49,6 +49,7 @@
 
 mod loop_ioctl;
 mod loopdev;
+mod missed;
 mod records;
 #[cfg(test)]
 mod tests;
@@ -67,6 +68,7 @@ use anyhow::{Context, anyhow, bail};
 
 use crate::faults::Faults;
 use loopdev::LoopState;
+use missed::MissedDisk;
 use records::{DiskRecord, Records};
 
 /// Where a bdev's bytes live: a byte range of a regular file or block device.
@@ -356,46 +358,6 @@ impl HostSide {
             .spawn(job)
             .with_context(|| format!("starting the attach of {}", disk.sysfs_dir.display()))?;
         Ok(disk)
-    }
-
-    /// Attaches the missed disks with `identity` (see [`Faults::rescan`]),
-    /// each in its function's line, unless its detach comes first.
-    pub(crate) fn rescan(self: &Arc<Self>, identity: &str) {
-        let found: Vec<(String, String)> = self
-            .missed_disks()
-            .iter()
-            .filter(|(_, m)| m.attrs.identity() == identity)
-            .map(|(key, m)| (key.clone(), m.id.bdf().to_owned()))
-            .collect();
-        for (key, bdf) in found {
-            let ticket = self.functions.reserve(&bdf);
-            let running = self.jobs.start();
-            let host = Arc::clone(self);
-            let job = move || {
-                let guard = ticket.wait();
-                // Taken under the function's lock, which a detach holds while
-                // it forgets a missed disk: one or the other has it.
-                let missed = host.missed_disks().remove(&key);
-                if let Some(m) = missed
-                    && let Err(e) = host.attach_locked(&m.id, &m.attrs, &m.backing)
-                {
-                    tracing::warn!("rescan of {} failed: {e:#}", host.disk_dir(&m.id).display());
-                }
-                drop(guard);
-                drop(host);
-                drop(running);
-            };
-            if let Err(e) = thread::Builder::new()
-                .name(format!("rescan-{bdf}"))
-                .spawn(job)
-            {
-                tracing::error!("cannot start a rescan of {bdf}: {e}");
-            }
-        }
-    }
-
-    fn missed_disks(&self) -> std::sync::MutexGuard<'_, HashMap<String, MissedDisk>> {
-        self.missed.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The loop device of a queued disk, once its attach has made one.
@@ -1108,24 +1070,6 @@ fn key_bdf(key: &str) -> Option<&str> {
 enum DiskAttrs {
     Nvme { nsid: u32, uuid: String },
     VirtioBlk { serial: Vec<u8> },
-}
-
-impl DiskAttrs {
-    /// What names the disk's volume to a reader: the namespace UUID or the serial.
-    fn identity(&self) -> String {
-        match self {
-            DiskAttrs::Nvme { uuid, .. } => uuid.clone(),
-            DiskAttrs::VirtioBlk { serial } => String::from_utf8_lossy(serial).into_owned(),
-        }
-    }
-}
-
-/// An attach the host missed, kept for a rescan.
-#[derive(Debug)]
-struct MissedDisk {
-    id: DiskId,
-    attrs: DiskAttrs,
-    backing: Backing,
 }
 
 /// A validated backing byte range.
