@@ -222,3 +222,57 @@ impl Drop for HeldRequest<'_> {
         self.0.inner.state.send_modify(|s| s.held -= 1);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answered(admit: Admit) -> bool {
+        matches!(admit, Admit::Answer)
+    }
+
+    #[tokio::test]
+    async fn held_requests_wait_for_the_release_and_a_cancelled_one_stops_counting() {
+        let faults = Faults::default();
+        faults.hold_after(2);
+        assert!(answered(faults.admit().await));
+        assert!(answered(faults.admit().await));
+        let first = tokio::spawn({
+            let faults = faults.clone();
+            async move { answered(faults.admit().await) }
+        });
+        let cancelled = tokio::spawn({
+            let faults = faults.clone();
+            async move { answered(faults.admit().await) }
+        });
+        faults.until_held(2).await;
+        cancelled.abort();
+        assert!(cancelled.await.unwrap_err().is_cancelled());
+        assert_eq!(faults.held(), 1, "an abandoned request is not held");
+        faults.release();
+        assert!(first.await.unwrap());
+        assert_eq!(faults.held(), 0);
+        assert!(answered(faults.admit().await), "released for good");
+    }
+
+    #[tokio::test]
+    async fn garbage_wins_over_holding_and_ends_when_switched_off() {
+        let faults = Faults::default();
+        faults.hold();
+        faults.garble(true);
+        assert!(!answered(faults.admit().await));
+        faults.garble(false);
+        faults.release();
+        assert!(answered(faults.admit().await));
+    }
+
+    #[test]
+    fn a_missed_identity_is_found_again_by_a_rescan() {
+        let faults = Faults::default();
+        faults.miss_discovery("serial-1");
+        assert!(faults.misses("serial-1"));
+        assert!(!faults.misses("serial-2"));
+        faults.rescan("serial-1");
+        assert!(!faults.misses("serial-1"));
+    }
+}
