@@ -13,7 +13,6 @@
 //!
 //! Request contexts may carry sensitive values: nothing here logs a request.
 
-use std::error::Error as _;
 use std::path::{Path, PathBuf};
 
 use hyper_util::rt::TokioIo;
@@ -379,7 +378,7 @@ impl PluginClient {
 
     fn error(&self, rpc: &str, status: Status) -> DpuError {
         let socket = self.socket.display();
-        if status.source().is_some() {
+        if super::unanswered(&status) {
             return DpuError::Unavailable(format!(
                 "vendor plugin at {socket}: {rpc}: no gRPC answer: {}",
                 status.message()
@@ -401,12 +400,11 @@ struct Clients {
 }
 
 /// The plugin was not reached or did not answer: UNAVAILABLE or
-/// DEADLINE_EXCEEDED, or a status tonic made from a transport error (it
-/// carries that error as its source; a status the plugin sent has none),
-/// such as a peer that does not speak HTTP/2, whose code (INTERNAL for an
-/// h2 protocol error) says nothing about the plugin.
+/// DEADLINE_EXCEEDED, or a transport error (such as a peer that does not
+/// speak HTTP/2, whose code, INTERNAL for an h2 protocol error, says nothing
+/// about the plugin).
 fn unreached(status: &Status) -> bool {
-    matches!(status.code(), Code::Unavailable | Code::DeadlineExceeded) || status.source().is_some()
+    matches!(status.code(), Code::Unavailable | Code::DeadlineExceeded) || super::unanswered(status)
 }
 
 /// One unary call to `target`, retried with backoff inside `deadline` while
