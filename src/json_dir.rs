@@ -12,6 +12,15 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+use uuid::Uuid;
+
+/// Hex doubles a key, and a file name holds 255 bytes with `.json`: past
+/// 125 bytes (CSI's ids go to 128) a key is named by a digest instead. Keys
+/// that fit keep the hex names records have always had.
+const MAX_HEX_KEY_BYTES: usize = (255 - ".json".len()) / 2;
+/// Hex never holds a `-`, so digest names cannot meet hex ones.
+const LONG_KEY_PREFIX: &str = "k-";
+const LONG_KEYS: Uuid = Uuid::from_u128(0x5f0c_2b1e_8d4a_4c7e_9a61_2f3b_7d90_e418);
 
 /// One directory of records.
 #[derive(Debug, Clone)]
@@ -32,7 +41,14 @@ impl JsonDir {
     }
 
     fn path(&self, key: &str) -> PathBuf {
-        let name: String = key.bytes().map(|b| format!("{b:02x}")).collect();
+        let name: String = if key.len() <= MAX_HEX_KEY_BYTES {
+            key.bytes().map(|b| format!("{b:02x}")).collect()
+        } else {
+            format!(
+                "{LONG_KEY_PREFIX}{}",
+                Uuid::new_v5(&LONG_KEYS, key.as_bytes())
+            )
+        };
         self.dir.join(format!("{name}.json"))
     }
 
@@ -118,16 +134,30 @@ mod tests {
     fn records_round_trip_under_awkward_keys_and_survive_a_crashed_write() {
         let dir = tempfile::tempdir().unwrap();
         let records = JsonDir::open(dir.path().join("r")).unwrap();
-        for key in ["g-1", "a/b/../c", "ünïcode key"] {
+        let longest_hex = "h".repeat(MAX_HEX_KEY_BYTES);
+        let longest_csi_id = "i".repeat(128);
+        let huge = "j".repeat(1 << 20);
+        for key in [
+            "g-1",
+            "a/b/../c",
+            "ünïcode key",
+            &longest_hex,
+            &longest_csi_id,
+            &huge,
+        ] {
             assert_eq!(records.load::<String>(key).unwrap(), None);
             records.store(key, &key.to_string()).unwrap();
             assert_eq!(records.load::<String>(key).unwrap().as_deref(), Some(key));
         }
         std::fs::write(records.dir().join("00.tmp"), b"{half").unwrap();
-        assert_eq!(records.all::<String>().unwrap().len(), 3);
+        assert_eq!(records.all::<String>().unwrap().len(), 6);
         assert!(!records.dir().join("00.tmp").exists());
-        records.remove("a/b/../c").unwrap();
-        records.remove("a/b/../c").unwrap();
-        assert_eq!(records.all::<String>().unwrap().len(), 2);
+        for key in ["a/b/../c", &longest_csi_id] {
+            records.remove(key).unwrap();
+            records.remove(key).unwrap();
+        }
+        assert_eq!(records.all::<String>().unwrap().len(), 4);
+        // The hex names of records written before long keys existed still load.
+        assert!(records.dir().join("672d31.json").exists());
     }
 }

@@ -34,6 +34,7 @@ pub const DRIVER_NAME: &str = "csi.snap-csi.io";
 
 pub mod agent;
 pub mod controller;
+pub mod csi_limits;
 pub mod deadline;
 pub mod dpu;
 pub mod failpoint;

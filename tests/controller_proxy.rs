@@ -1488,3 +1488,69 @@ async fn secrets_and_parameters_never_reach_the_log_even_at_debug() {
         "a parameter reached the log:\n{log}"
     );
 }
+
+#[tokio::test]
+async fn an_id_or_name_past_csis_limit_is_refused_before_the_vendor_hears_of_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (vendor, proxy) = proxied_vendor(dir.path()).await;
+    let huge = "v".repeat(1 << 20);
+    let mut controller = proxy.controller.clone();
+    let create = controller
+        .create_volume(csi::CreateVolumeRequest {
+            name: huge.clone(),
+            volume_capabilities: vec![mount_capability()],
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    let delete = controller
+        .delete_volume(csi::DeleteVolumeRequest {
+            volume_id: "v".repeat(129),
+            secrets: secrets(),
+        })
+        .await
+        .unwrap_err();
+    let publish = controller
+        .controller_publish_volume(csi::ControllerPublishVolumeRequest {
+            volume_id: huge.clone(),
+            node_id: "node-1".into(),
+            volume_capability: Some(mount_capability()),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    let snapshot = controller
+        .delete_snapshot(csi::DeleteSnapshotRequest {
+            snapshot_id: huge,
+            secrets: secrets(),
+        })
+        .await
+        .unwrap_err();
+    for (status, message) in [
+        (create, "name is 1048576 bytes; CSI limits it to 128"),
+        (delete, "volume_id is 129 bytes; CSI limits it to 128"),
+        (publish, "volume_id is 1048576 bytes; CSI limits it to 128"),
+        (
+            snapshot,
+            "snapshot_id is 1048576 bytes; CSI limits it to 128",
+        ),
+    ] {
+        assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+        assert_eq!(status.message(), message);
+    }
+    assert_eq!(vendor.call_count(), 0, "the vendor was called");
+
+    // At the limit, the call goes through.
+    vendor.script(
+        "DeleteVolume",
+        [Answer::reply(csi::DeleteVolumeResponse {})],
+    );
+    controller
+        .delete_volume(csi::DeleteVolumeRequest {
+            volume_id: "v".repeat(128),
+            secrets: secrets(),
+        })
+        .await
+        .unwrap();
+    proxy.stop().await;
+}

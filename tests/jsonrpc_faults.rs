@@ -225,3 +225,124 @@ async fn nothing_listening_is_a_connect_error() {
     assert!(error.is_transient());
     assert!(error.to_string().contains("absent.sock"), "{error}");
 }
+
+/// Reads requests until `n` ids have arrived (they may share a read).
+async fn read_request_ids(stream: &mut UnixStream, n: usize) -> Vec<serde_json::Value> {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let ids: Vec<_> = serde_json::Deserializer::from_slice(&buf)
+            .into_iter::<serde_json::Value>()
+            .filter_map(Result::ok)
+            .map(|v| v["id"].clone())
+            .collect();
+        if ids.len() >= n {
+            return ids;
+        }
+        let read = stream.read(&mut chunk).await.unwrap();
+        assert_ne!(read, 0, "the client hung up early");
+        buf.extend_from_slice(&chunk[..read]);
+    }
+}
+
+#[tokio::test]
+async fn a_reply_past_the_size_or_depth_limit_breaks_the_connection_for_every_call_in_flight() {
+    // A reply that never ends (64 MiB of one string, then more) and one
+    // nested past the limit; each on its own connection, with two calls in
+    // flight on it.
+    enum Hostile {
+        EndlessString,
+        Deep,
+    }
+    for (hostile, reason) in [
+        (Hostile::Deep, "nests deeper than the limit of 64 levels"),
+        (
+            Hostile::EndlessString,
+            "larger than the limit of 67108864 bytes",
+        ),
+    ] {
+        let server = serve(move |n, mut stream| {
+            let deep = matches!(hostile, Hostile::Deep);
+            Box::pin(async move {
+                if n > 0 {
+                    return answer_forever(stream).await;
+                }
+                let ids = read_request_ids(&mut stream, 2).await;
+                let head = format!(r#"{{"jsonrpc":"2.0","id":{},"result":"#, ids[0]);
+                if deep {
+                    let reply = head + &"[".repeat(100) + &"]".repeat(100) + "}\n";
+                    stream.write_all(reply.as_bytes()).await.unwrap();
+                    tokio::time::sleep(Duration::from_secs(3600)).await;
+                } else {
+                    stream.write_all((head + "\"").as_bytes()).await.unwrap();
+                    // Until the client hangs up.
+                    let chunk = vec![b'a'; 64 * 1024];
+                    while stream.write_all(&chunk).await.is_ok() {}
+                }
+            })
+        });
+        let client = RpcClient::new(&server.socket);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let (a, b) = tokio::join!(
+            client.call_until(&SpdkGetVersion {}, deadline),
+            client.call_until(&SpdkGetVersion {}, deadline)
+        );
+        for error in [a.unwrap_err(), b.unwrap_err()] {
+            assert!(matches!(error, RpcError::Disconnected { .. }), "{error:?}");
+            assert!(error.to_string().contains(reason), "{error}");
+            assert!(error.is_transient(), "{error}");
+        }
+        let version = client.call(&SpdkGetVersion {}).await.unwrap();
+        assert_eq!(version.version, "SPDK v24.09");
+        assert_eq!(server.connections.load(Ordering::SeqCst), 2);
+    }
+}
+
+#[tokio::test]
+async fn numbers_out_of_range_fail_only_their_own_call() {
+    // What serde_json makes of numbers no Rust type holds, in a typed result
+    // (`num_blocks: u64`) and an untyped one (`snap-csi rpc`).
+    const NUM_BLOCKS: &[&str] = &["1e400", "18446744073709551616", "-1", "1.5", "8"];
+    let server = serve(|_, mut stream| {
+        Box::pin(async move {
+            for num_blocks in NUM_BLOCKS.iter().cycle() {
+                let Some(id) = read_request_id(&mut stream).await else {
+                    return;
+                };
+                let reply = format!(
+                    r#"{{"jsonrpc":"2.0","id":{id},"result":[{{"name":"b","product_name":"p","block_size":512,"num_blocks":{num_blocks}}}]}}"#
+                ) + "\n";
+                if stream.write_all(reply.as_bytes()).await.is_err() {
+                    return;
+                }
+            }
+        })
+    });
+    let client = RpcClient::new(&server.socket);
+    let get = snap_csi::spdk::bdev::BdevGetBdevs::default();
+    for (num_blocks, reason) in [
+        ("1e400", "number out of range"),
+        ("2^64", "invalid type: floating point"),
+        ("-1", "invalid value: integer `-1`, expected u64"),
+        ("1.5", "invalid type: floating point `1.5`, expected u64"),
+    ] {
+        let error = client.call(&get).await.unwrap_err();
+        assert!(
+            matches!(error, RpcError::InvalidReply { ref method, .. } if method == "bdev_get_bdevs"),
+            "{num_blocks}: {error:?}"
+        );
+        assert!(error.to_string().contains(reason), "{num_blocks}: {error}");
+    }
+    assert_eq!(client.call(&get).await.unwrap()[0].num_blocks, 8);
+
+    let deadline = || Instant::now() + Duration::from_secs(5);
+    let raw =
+        |answer: Result<serde_json::Value, RpcError>| answer.map(|v| v[0]["num_blocks"].clone());
+    let error = raw(client.call_raw("bdev_get_bdevs", None, deadline()).await).unwrap_err();
+    assert!(error.to_string().contains("number out of range"), "{error}");
+    // Untyped, an integer past u64 becomes the nearest float, as serde_json
+    // reads any JSON number it cannot hold as an integer.
+    let rounded = raw(client.call_raw("bdev_get_bdevs", None, deadline()).await).unwrap();
+    assert_eq!(rounded.as_f64(), Some(18446744073709551616.0));
+    assert_eq!(server.connections.load(Ordering::SeqCst), 1);
+}

@@ -1,10 +1,15 @@
-//! Crash safety: the node process is killed with SIGKILL right after each step
-//! of stage and of unstage (a crash point armed through the environment),
-//! restarted, and the call retried. It must converge, and after unstage
-//! nothing may be left: no bdev, namespace, controller, loop device, mount or
-//! record. In a split-mode run (`common::dpu`) the DPU steps (attach and
-//! detach) run in a `snap-csi dpu-agent` process reached over mutual TLS, and
-//! it is the agent that is killed after each of them.
+//! Crash safety: the node process is killed with SIGKILL right after a step of
+//! stage, publish, unpublish or unstage (a crash point armed through the
+//! environment), restarted, and the call retried as kubelet would. It must
+//! converge: after the retried publish exactly one of everything exists (bdev,
+//! subsystem or controller, loop device, mounts), and after unstage nothing is
+//! left: no bdev, namespace, controller, loop device, mount, target path or
+//! record. The trials cover every step in both emulations and all three volume
+//! kinds (block, ext4, xfs), in a seeded random order with random read-only
+//! publishes (`SNAP_CSI_CRASH_SEED` replays a run, `SNAP_CSI_CRASH_TRIALS`
+//! sets how many; 200 by default). In a split-mode run (`common::dpu`) the DPU
+//! steps (attach and detach) run in a `snap-csi dpu-agent` process reached
+//! over mutual TLS, and it is the agent that is killed after each of them.
 
 mod common;
 
@@ -13,7 +18,9 @@ use std::process::{Child, Command};
 use std::time::Duration;
 
 use common::dpu::{DPU_NAME, HOST_NAME};
-use common::node::{connect, mount_capability, mounts_under, stage_request};
+use common::node::{
+    block_capability, connect, mount_capability, mounts_under, publish_request, stage_request,
+};
 use common::pki::{Pki, Role};
 use common::{Emulator, loop_devices_of, timed};
 use snap_csi::proto::csi::v1 as csi;
@@ -21,27 +28,6 @@ use snap_csi::proto::csi::v1::node_client::NodeClient;
 use snap_csi::proto::csi::v1::volume_capability::access_mode::Mode;
 use snap_csi::spdk::bdev::BdevGetBdevs;
 use snap_csi::spdk::snap::{NvmeSubsystemList, VirtioBlkControllerList};
-
-/// The stage steps with a crash point, in order.
-const STAGE_POINTS: &[&str] = &[
-    "attach:create-device",
-    "attach:nvme-subsystem",
-    "attach:nvme-namespace-controller",
-    "attach:nvme-attach",
-    "attach:nvme-resume",
-    "stage:attach",
-    "stage:record",
-    "stage:format",
-    "stage:mount",
-];
-
-/// The unstage steps with a crash point, in order.
-const UNSTAGE_POINTS: &[&str] = &[
-    "unstage:unmount",
-    "detach:unexpose",
-    "detach:delete-device",
-    "unstage:detach",
-];
 
 /// A crashing call gets this long; a dead DPU agent ends it with UNAVAILABLE.
 const CRASHING_CALL: Duration = Duration::from_secs(5);
@@ -108,7 +94,7 @@ impl Stack {
     /// Starts the processes of the stack: `snap-csi node`, and in split mode
     /// `snap-csi dpu-agent` first; the one that runs `crash_after` kills
     /// itself after that step. The agent comes first in the list.
-    fn processes(&self, crash_after: Option<&str>) -> Vec<Child> {
+    fn processes(&self, crash_after: Option<&str>, emulation: &str) -> Vec<Child> {
         let in_agent = crash_after.is_some_and(|p| self.in_agent(p));
         let mut started = Vec::new();
         if let Some((agent_args, _)) = &self.link {
@@ -131,7 +117,7 @@ impl Stack {
             .arg("--snap-socket-template")
             .arg(&self.emulator.socket)
             .arg("--emulation")
-            .arg("nvme");
+            .arg(emulation);
         if let Some((_, node_args)) = &self.link {
             node.args(node_args);
         }
@@ -170,56 +156,32 @@ impl Stack {
         NodeClient::new(connect(&self.endpoint).await)
     }
 
-    /// Runs `call` on a stack armed to crash after `point`: the call fails,
-    /// the process that reached the point is gone, the others are stopped.
-    async fn crash<F, Fut, T>(&self, point: &str, call: F)
-    where
-        F: FnOnce(NodeClient<tonic::transport::Channel>) -> Fut,
-        Fut: std::future::Future<Output = Result<T, tonic::Status>>,
-    {
-        let mut processes = self.processes(Some(point));
-        let result = call(self.client().await).await;
-        assert!(
-            result.is_err(),
-            "the stack should have crashed after {point}"
-        );
-        // The agent, when it is the one, is first; the node is last.
-        let crashed = if self.in_agent(point) {
-            0
-        } else {
-            processes.len() - 1
-        };
-        reap(processes.remove(crashed));
-        stop_all(processes);
-    }
-
-    async fn assert_nothing_left(&self, backing: &Path) {
+    /// What the DPU side and the host hold: bdevs, NVMe subsystems, virtio-blk
+    /// controllers, loop devices over `backing`, mounts under kubelet's
+    /// directory, and the node's records.
+    async fn census(&self, backing: &Path) -> Census {
         let snap = self.emulator.client();
-        assert!(loop_devices_of(backing).is_empty(), "a loop device is left");
-        assert!(mounts_under(&self.kubelet).is_empty(), "a mount is left");
-        assert!(
-            snap.call(&BdevGetBdevs::default())
-                .await
-                .unwrap()
-                .is_empty(),
-            "a bdev is left"
-        );
-        assert!(
-            snap.call(&NvmeSubsystemList {}).await.unwrap().is_empty(),
-            "a subsystem is left"
-        );
-        assert!(
-            snap.call(&VirtioBlkControllerList {})
-                .await
-                .unwrap()
-                .is_empty(),
-            "a controller is left"
-        );
-        let records = std::fs::read_dir(self.state.join("volumes"))
-            .map(|d| d.count())
-            .unwrap_or(0);
-        assert_eq!(records, 0, "a record is left");
+        Census {
+            bdevs: snap.call(&BdevGetBdevs::default()).await.unwrap().len(),
+            subsystems: snap.call(&NvmeSubsystemList {}).await.unwrap().len(),
+            controllers: snap.call(&VirtioBlkControllerList {}).await.unwrap().len(),
+            loop_devices: loop_devices_of(backing).len(),
+            mounts: mounts_under(&self.kubelet).len(),
+            records: std::fs::read_dir(self.state.join("volumes"))
+                .map(|d| d.count())
+                .unwrap_or(0),
+        }
     }
+}
+
+#[derive(Debug, PartialEq)]
+struct Census {
+    bdevs: usize,
+    subsystems: usize,
+    controllers: usize,
+    loop_devices: usize,
+    mounts: usize,
+    records: usize,
 }
 
 /// Waits for a process that was told to crash to be gone.
@@ -247,75 +209,317 @@ fn stop_all(processes: Vec<Child>) {
     }
 }
 
-fn unstage(volume_id: &str, staging: &Path) -> csi::NodeUnstageVolumeRequest {
-    csi::NodeUnstageVolumeRequest {
-        volume_id: volume_id.into(),
-        staging_target_path: staging.display().to_string(),
+/// Sparse, so cheap; big enough for xfs (mkfs.xfs wants at least 300 MB).
+const SIZE: u64 = 512 << 20;
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Kind {
+    Block,
+    Ext4,
+    Xfs,
+}
+
+/// kubelet's calls, in the order of a volume's life on a node.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Call {
+    Stage,
+    Publish,
+    Unpublish,
+    Unstage,
+}
+
+const CALLS: [Call; 4] = [Call::Stage, Call::Publish, Call::Unpublish, Call::Unstage];
+
+/// Every crash point a volume's life passes, with the call that passes it.
+fn points(emulation: &str, kind: Kind) -> Vec<(Call, &'static str)> {
+    let expose: &[&str] = match emulation {
+        "nvme" => &[
+            "attach:nvme-subsystem",
+            "attach:nvme-namespace-controller",
+            "attach:nvme-attach",
+            "attach:nvme-resume",
+        ],
+        _ => &["attach:virtio-controller"],
+    };
+    let format: &[&str] = match kind {
+        Kind::Block => &[],
+        Kind::Ext4 | Kind::Xfs => &["stage:format", "stage:mount"],
+    };
+    let stage = ["attach:create-device"]
+        .iter()
+        .chain(expose)
+        .chain(&["stage:attach", "stage:record"])
+        .chain(format)
+        .map(|point| (Call::Stage, *point));
+    let rest = [
+        (Call::Publish, "publish:target"),
+        (Call::Publish, "publish:bind"),
+        (Call::Unpublish, "unpublish:unmount"),
+        (Call::Unstage, "unstage:unmount"),
+        (Call::Unstage, "detach:unexpose"),
+        (Call::Unstage, "detach:delete-device"),
+        (Call::Unstage, "unstage:detach"),
+    ];
+    stage.chain(rest).collect()
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Trial {
+    emulation: &'static str,
+    kind: Kind,
+    call: Call,
+    point: &'static str,
+    read_only: bool,
+}
+
+/// splitmix64: a reproducible order from a printed seed, without a crate.
+struct Random(u64);
+
+impl Random {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_crash_after_any_stage_or_unstage_step_converges_on_retry() {
-    let stack = Stack::start().await;
-    let backing = stack.emulator.root().join("vol.img");
-    common::sparse_file(&backing, 64 << 20);
-    let staging = stack.kubelet.join("staging/pvc-c");
-    std::fs::create_dir_all(&staging).unwrap();
-    let capability = mount_capability("ext4", Mode::SingleNodeWriter);
+/// `count` trials: rounds of every (emulation, kind, point), each round
+/// shuffled, so every point is crashed in every configuration once per round.
+fn trials(count: usize, random: &mut Random) -> Vec<Trial> {
+    let mut every = Vec::new();
+    for emulation in ["nvme", "virtio-blk"] {
+        for kind in [Kind::Block, Kind::Ext4, Kind::Xfs] {
+            for (call, point) in points(emulation, kind) {
+                every.push(Trial {
+                    emulation,
+                    kind,
+                    call,
+                    point,
+                    read_only: false,
+                });
+            }
+        }
+    }
+    let mut trials = Vec::with_capacity(count + every.len());
+    while trials.len() < count {
+        let mut round = every.clone();
+        for i in (1..round.len()).rev() {
+            round.swap(i, random.below(i + 1));
+        }
+        for trial in &mut round {
+            trial.read_only = random.below(2) == 1;
+        }
+        trials.extend(round);
+    }
+    trials.truncate(count);
+    trials
+}
 
-    let stage = || {
-        timed(
-            stage_request("pvc-c", &staging, capability.clone(), &backing),
-            CRASHING_CALL,
-        )
-    };
-    for point in STAGE_POINTS {
-        stack
-            .crash(point, |mut node| async move {
-                node.node_stage_volume(stage()).await
-            })
-            .await;
+fn env_number(name: &str) -> Option<u64> {
+    let value = std::env::var(name).ok()?;
+    Some(
+        value
+            .parse()
+            .unwrap_or_else(|_| panic!("{name}={value} is not a number")),
+    )
+}
 
-        let processes = stack.processes(None);
-        let mut client = stack.client().await;
-        client
-            .node_stage_volume(stage())
-            .await
-            .unwrap_or_else(|e| panic!("stage retried after a crash at {point}: {e}"));
-        client
-            .node_unstage_volume(unstage("pvc-c", &staging))
-            .await
-            .unwrap_or_else(|e| panic!("unstage after a crash at {point}: {e}"));
-        stop_all(processes);
-        stack.assert_nothing_left(&backing).await;
+/// The files and paths of one trial's volume, as kubelet lays them out.
+struct Volume {
+    id: String,
+    backing: PathBuf,
+    staging: PathBuf,
+    target: PathBuf,
+    capability: csi::VolumeCapability,
+    read_only: bool,
+}
+
+impl Volume {
+    fn new(stack: &Stack, n: usize, trial: &Trial) -> Volume {
+        let id = format!("pvc-{n}");
+        let backing = stack.emulator.root().join(format!("{id}.img"));
+        common::sparse_file(&backing, SIZE);
+        let staging = stack.kubelet.join("plugins/staging").join(&id);
+        let pod = stack.kubelet.join("pods").join(&id);
+        std::fs::create_dir_all(&staging).unwrap();
+        std::fs::create_dir_all(&pod).unwrap();
+        let capability = match trial.kind {
+            Kind::Block => block_capability(Mode::SingleNodeWriter),
+            Kind::Ext4 => mount_capability("ext4", Mode::SingleNodeWriter),
+            Kind::Xfs => mount_capability("xfs", Mode::SingleNodeWriter),
+        };
+        Volume {
+            id,
+            backing,
+            staging,
+            target: pod.join("volume"),
+            capability,
+            read_only: trial.read_only,
+        }
     }
 
-    for point in UNSTAGE_POINTS {
-        let processes = stack.processes(None);
-        stack
-            .client()
-            .await
-            .node_stage_volume(stage())
-            .await
-            .unwrap();
-        stop_all(processes);
+    /// Makes `call` for this volume, cut off after `timeout`.
+    async fn call(
+        &self,
+        node: &mut NodeClient<tonic::transport::Channel>,
+        call: Call,
+        timeout: Duration,
+    ) -> Result<(), tonic::Status> {
+        let (id, staging) = (self.id.as_str(), self.staging.as_path());
+        match call {
+            Call::Stage => node
+                .node_stage_volume(timed(
+                    stage_request(id, staging, self.capability.clone(), &self.backing),
+                    timeout,
+                ))
+                .await
+                .map(drop),
+            Call::Publish => node
+                .node_publish_volume(timed(
+                    publish_request(
+                        id,
+                        staging,
+                        &self.target,
+                        self.capability.clone(),
+                        self.read_only,
+                    ),
+                    timeout,
+                ))
+                .await
+                .map(drop),
+            Call::Unpublish => node
+                .node_unpublish_volume(timed(
+                    csi::NodeUnpublishVolumeRequest {
+                        volume_id: id.into(),
+                        target_path: self.target.display().to_string(),
+                    },
+                    timeout,
+                ))
+                .await
+                .map(drop),
+            Call::Unstage => node
+                .node_unstage_volume(timed(
+                    csi::NodeUnstageVolumeRequest {
+                        volume_id: id.into(),
+                        staging_target_path: staging.display().to_string(),
+                    },
+                    timeout,
+                ))
+                .await
+                .map(drop),
+        }
+    }
+}
 
-        let request = timed(unstage("pvc-c", &staging), CRASHING_CALL);
-        stack
-            .crash(point, |mut node| async move {
-                node.node_unstage_volume(request).await
-            })
-            .await;
+/// A call made after the restart gets this long: far more than it needs.
+const RETRIED_CALL: Duration = Duration::from_secs(60);
 
-        let processes = stack.processes(None);
-        stack
-            .client()
+/// One trial: the volume's life on a stack armed to crash at the trial's
+/// point, then, after a restart, the failed call again and the rest of the
+/// life, checking the census after the publish and at the end.
+async fn run(stack: &Stack, n: usize, trial: &Trial) {
+    let volume = Volume::new(stack, n, trial);
+    let mut processes = stack.processes(Some(trial.point), trial.emulation);
+    let mut node = stack.client().await;
+    let mut failed = None;
+    for call in CALLS {
+        if let Err(status) = volume.call(&mut node, call, CRASHING_CALL).await {
+            failed = Some((call, status));
+            break;
+        }
+    }
+    let (call, status) =
+        failed.unwrap_or_else(|| panic!("{trial:?}: the crash point was not reached"));
+    assert_eq!(
+        call, trial.call,
+        "{trial:?}: {call:?} failed instead: {status}"
+    );
+    // The agent, when it is the one, is first; the node is last.
+    let crashed = if stack.in_agent(trial.point) {
+        0
+    } else {
+        processes.len() - 1
+    };
+    reap(processes.remove(crashed));
+    stop_all(processes);
+
+    let attached = Census {
+        bdevs: 1,
+        subsystems: usize::from(trial.emulation == "nvme"),
+        controllers: usize::from(trial.emulation == "virtio-blk"),
+        loop_devices: 1,
+        mounts: if trial.kind == Kind::Block { 1 } else { 2 },
+        records: 1,
+    };
+    let processes = stack.processes(None, trial.emulation);
+    let mut node = stack.client().await;
+    for call in CALLS.into_iter().skip_while(|call| *call != trial.call) {
+        volume
+            .call(&mut node, call, RETRIED_CALL)
             .await
-            .node_unstage_volume(unstage("pvc-c", &staging))
-            .await
-            .unwrap_or_else(|e| panic!("unstage retried after a crash at {point}: {e}"));
-        stop_all(processes);
-        stack.assert_nothing_left(&backing).await;
+            .unwrap_or_else(|e| panic!("{trial:?}: {call:?} after the restart: {e}"));
+        if call == Call::Publish {
+            assert_eq!(
+                stack.census(&volume.backing).await,
+                attached,
+                "{trial:?}: published once"
+            );
+            assert_eq!(
+                read_only_mount(&volume.target),
+                trial.read_only,
+                "{trial:?}: the target's read-only setting"
+            );
+        }
+    }
+    stop_all(processes);
+    let nothing = Census {
+        bdevs: 0,
+        subsystems: 0,
+        controllers: 0,
+        loop_devices: 0,
+        mounts: 0,
+        records: 0,
+    };
+    assert_eq!(
+        stack.census(&volume.backing).await,
+        nothing,
+        "{trial:?}: after unstage"
+    );
+    assert!(
+        !volume.target.exists(),
+        "{trial:?}: the target path is left"
+    );
+    std::fs::remove_file(&volume.backing).unwrap();
+}
+
+/// Whether the mount at `path` is read-only, as the kernel says.
+fn read_only_mount(path: &Path) -> bool {
+    nix::sys::statvfs::statvfs(path)
+        .unwrap()
+        .flags()
+        .contains(nix::sys::statvfs::FsFlags::ST_RDONLY)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_after_any_step_converges_on_retry_without_leaks_or_duplicates() {
+    let seed = env_number("SNAP_CSI_CRASH_SEED").unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64
+    });
+    let count = env_number("SNAP_CSI_CRASH_TRIALS").unwrap_or(200) as usize;
+    // Printed first: the test's output shows it when a trial fails.
+    println!("crash trials: {count}, seed {seed} (SNAP_CSI_CRASH_SEED={seed} replays them)");
+    let stack = Stack::start().await;
+    for (n, trial) in trials(count, &mut Random(seed)).iter().enumerate() {
+        run(&stack, n, trial).await;
     }
 
     let log = std::fs::read_to_string(stack.emulator.root().join("stack.log")).unwrap();
@@ -333,7 +537,9 @@ async fn a_crash_after_any_stage_or_unstage_step_converges_on_retry() {
         lines
             .iter()
             .any(|line| line["span"]["name"] == "NodeStageVolume"
-                && line["span"]["volume_id"] == "pvc-c"),
+                && line["span"]["volume_id"]
+                    .as_str()
+                    .is_some_and(|id| id.starts_with("pvc-"))),
         "no log line inside a NodeStageVolume span naming the volume"
     );
 }

@@ -81,7 +81,8 @@ impl<C: Clone> Forwarder<C> {
     /// attempt, the last attempt decides: the vendor's answer is returned as
     /// is; no answer becomes UNAVAILABLE naming the endpoint and the reason.
     ///
-    /// Only the method, the request's subject (a volume or snapshot name or
+    /// A subject longer than CSI's string limit is INVALID_ARGUMENT without
+    /// a call. Only the method, the request's subject (a volume or snapshot name or
     /// id, see [`Subject`]), the outcome and the latency are logged: requests
     /// carry secrets, and parameters that may be sensitive.
     pub async fn forward<Req, Resp, F, Fut>(
@@ -99,6 +100,11 @@ impl<C: Clone> Forwarder<C> {
         let deadline = call_deadline(&request, self.call_timeout);
         let message = request.into_inner();
         let subject = message.subject();
+        // An id or name past CSI's limit was made by no conforming CO or SP:
+        // refused here, it neither reaches the vendor nor fills our log.
+        if let Some((field, value)) = subject {
+            crate::csi_limits::within_string_limit(value, field)?;
+        }
         let mut attempts = 0u32;
         let attempt = || {
             attempts += 1;

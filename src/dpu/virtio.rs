@@ -108,6 +108,7 @@ pub(crate) async fn expose(
                 )
                 .await?;
             tracing::info!(%serial, %ctrl_id, %bdf, bdev = %device, "created virtio-blk controller");
+            crate::failpoint::step("attach:virtio-controller");
             bdf
         }
     };

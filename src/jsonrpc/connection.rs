@@ -21,8 +21,8 @@ use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::{Notify, oneshot};
 use tokio::task::AbortHandle;
 
-use super::framing::{FramingError, JsonFramer};
 use super::{RpcError, wire};
+use json_framing::{FramingError, JsonFramer};
 
 /// Why the connection can no longer carry calls.
 #[derive(Debug, thiserror::Error)]
@@ -33,7 +33,7 @@ enum Failure {
     Closed,
     #[error("server closed the connection in the middle of a reply ({0} bytes received)")]
     Truncated(usize),
-    #[error(transparent)]
+    #[error("unreadable reply stream from the server: {0}")]
     Framing(#[from] FramingError),
     #[error("{0}")]
     Protocol(String),

@@ -3,7 +3,7 @@
 //! One connection carries many calls in flight from many tasks
 //! ([`connection`]): requests queued while the previous write was going out
 //! leave together in one write, and replies, which may come in any order and
-//! any chunking (SPDK guarantees no delimiter, [`framing`]), are matched to
+//! any chunking (SPDK guarantees no delimiter, [`JsonFramer`]), are matched to
 //! their callers by id. The envelopes are a few serde structs ([`wire`]).
 //!
 //! Every call has a deadline; a call that passes it is forgotten, and a late
@@ -17,7 +17,6 @@
 
 mod connection;
 mod error;
-mod framing;
 #[cfg(test)]
 mod test_server;
 mod wire;
@@ -34,7 +33,7 @@ use tokio::time::Instant;
 
 use connection::Connection;
 pub use error::{RpcError, code};
-pub use framing::{FramingError, JsonFramer};
+pub use json_framing::{FramingError, JsonFramer};
 
 /// A JSON-RPC method with typed params (the implementing type) and result.
 pub trait Method: Serialize + Sync {

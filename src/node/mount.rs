@@ -170,6 +170,18 @@ pub fn bind_mount(source: &Path, target: &Path, read_only: bool) -> Result<bool,
                 .map_err(|err| HostOpError::io(format!("stat {}", tgt.display()), &err))?;
             Ok((meta.dev(), meta.ino()) == (source_meta.dev(), source_meta.ino()))
         };
+        // A read-write bind of this very source where read-only is asked is
+        // this publish's own, cut short between the bind and its remount (the
+        // kernel takes two calls): finish it. Making a mount read-only never
+        // grants access, so this cannot widen what a pod holds.
+        if read_only
+            && let Some(mount) = mountinfo::at(tgt)?
+            && !mount.is_read_only()
+            && ours(&mount)?
+        {
+            remount_read_only(tgt)?;
+            return Ok(true);
+        }
         if already_mounted(tgt, read_only, ours)? {
             return Ok(false);
         }
@@ -178,6 +190,7 @@ pub fn bind_mount(source: &Path, target: &Path, read_only: bool) -> Result<bool,
         } else {
             ensure_file(tgt)?;
         }
+        crate::failpoint::step("publish:target");
         nix::mount::mount(Some(src), tgt, None::<&str>, MsFlags::MS_BIND, None::<&str>).map_err(
             |errno| {
                 HostOpError::errno(
@@ -186,6 +199,7 @@ pub fn bind_mount(source: &Path, target: &Path, read_only: bool) -> Result<bool,
                 )
             },
         )?;
+        crate::failpoint::step("publish:bind");
         if read_only && let Err(err) = remount_read_only(tgt) {
             // A writable bind where read-only was asked must not stay.
             let _ = nix::mount::umount2(tgt, MntFlags::UMOUNT_NOFOLLOW);

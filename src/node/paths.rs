@@ -27,11 +27,16 @@ pub fn confine(root: &Path, requested: &str) -> Result<PathBuf, HostOpError> {
     if requested.is_empty() {
         return Err(HostOpError::InvalidArgument("path is empty".into()));
     }
+    // Before anything that quotes it: a message must not carry a huge path.
+    if requested.len() >= PATH_MAX {
+        return Err(HostOpError::InvalidArgument(format!(
+            "path is {} bytes, longer than {}",
+            requested.len(),
+            PATH_MAX - 1
+        )));
+    }
     if requested.contains('\0') {
         return Err(invalid("contains a NUL byte"));
-    }
-    if requested.len() >= PATH_MAX {
-        return Err(invalid(&format!("is longer than {} bytes", PATH_MAX - 1)));
     }
     if !requested.starts_with('/') {
         return Err(invalid("is not absolute"));

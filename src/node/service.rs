@@ -8,6 +8,7 @@
 //! step: what is true is read from the mount table, SNAP and sysfs; the only
 //! thing remembered is the small [`VolumeRecord`].
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,6 +23,7 @@ use super::error::{host_status, io_status};
 use super::format::{self, FsType};
 use super::records::{Records, VolumeRecord};
 use super::{mount, mountinfo, paths, stats};
+use crate::csi_limits::{MAX_MAP_BYTES, required_id, within_map_limit, within_string_limit};
 pub(crate) use crate::deadline::call_deadline;
 use crate::dpu::{AttachRequest, DpuAttach, DpuError, HostLocator, VolumeMode};
 use crate::guard::{Held, VolumeGuard};
@@ -239,17 +241,32 @@ fn require<'a>(value: &'a str, what: &str) -> Result<&'a str, Status> {
     }
 }
 
+/// The contexts and secrets a stage or publish carries, within CSI's limit.
+fn maps_within_limits(
+    volume_context: &HashMap<String, String>,
+    publish_context: &HashMap<String, String>,
+    secrets: &HashMap<String, String>,
+) -> Result<(), Status> {
+    within_map_limit(volume_context, "volume_context")?;
+    within_map_limit(publish_context, "publish_context")?;
+    within_map_limit(secrets, "secrets")
+}
+
 fn access_mode(capability: &csi::VolumeCapability) -> Result<Mode, Status> {
     let mode = capability
         .access_mode
         .as_ref()
         .ok_or_else(|| Status::invalid_argument("volume_capability.access_mode is required"))?
-        .mode();
-    match mode {
-        Mode::Unknown => Err(Status::invalid_argument(
+        .mode;
+    // prost reads a number it does not know as UNKNOWN; say which it was.
+    match Mode::try_from(mode) {
+        Ok(Mode::Unknown) => Err(Status::invalid_argument(
             "volume_capability.access_mode.mode is required",
         )),
-        mode => Ok(mode),
+        Ok(mode) => Ok(mode),
+        Err(_) => Err(Status::invalid_argument(format!(
+            "volume_capability.access_mode.mode {mode} is not an access mode of CSI v1.12"
+        ))),
     }
 }
 
@@ -287,6 +304,13 @@ fn usage(
                     mode.as_str_name()
                 )));
             }
+            within_string_limit(fs_type, "fs_type")?;
+            let flags_size: usize = mount_flags.iter().map(String::len).sum();
+            if flags_size > MAX_MAP_BYTES {
+                return Err(Status::invalid_argument(format!(
+                    "mount_flags hold {flags_size} bytes; CSI limits them to {MAX_MAP_BYTES}"
+                )));
+            }
             let fs =
                 FsType::from_csi(fs_type).map_err(|e| Status::invalid_argument(e.to_string()))?;
             Usage::Filesystem {
@@ -311,7 +335,8 @@ impl NodeService {
     ) -> Result<Response<csi::NodeStageVolumeResponse>, Status> {
         let deadline = self.deadline(&request);
         let req = request.into_inner();
-        let volume_id = require(&req.volume_id, "volume_id")?;
+        let volume_id = required_id(&req.volume_id, "volume_id")?;
+        maps_within_limits(&req.volume_context, &req.publish_context, &req.secrets)?;
         let staging = self.confine("staging_target_path", &req.staging_target_path)?;
         let (capability, usage) = usage(req.volume_capability.as_ref())?;
         let read_only = is_read_only_mode(access_mode(&capability)?);
@@ -413,7 +438,7 @@ impl NodeService {
     ) -> Result<Response<csi::NodeUnstageVolumeResponse>, Status> {
         let deadline = self.deadline(&request);
         let req = request.into_inner();
-        let volume_id = require(&req.volume_id, "volume_id")?;
+        let volume_id = required_id(&req.volume_id, "volume_id")?;
         let staging = self.confine("staging_target_path", &req.staging_target_path)?;
         let _held = self.hold(volume_id)?;
 
@@ -457,7 +482,8 @@ impl NodeService {
         let req = request.into_inner();
         // The REQUIRED fields first (INVALID_ARGUMENT), then the staging
         // path that STAGE_UNSTAGE_VOLUME makes necessary (FAILED_PRECONDITION).
-        let volume_id = require(&req.volume_id, "volume_id")?;
+        let volume_id = required_id(&req.volume_id, "volume_id")?;
+        maps_within_limits(&req.volume_context, &req.publish_context, &req.secrets)?;
         require(&req.target_path, "target_path")?;
         let (capability, usage) = usage(req.volume_capability.as_ref())?;
         if req.staging_target_path.is_empty() {
@@ -499,13 +525,14 @@ impl NodeService {
     ) -> Result<Response<csi::NodeUnpublishVolumeResponse>, Status> {
         let deadline = self.deadline(&request);
         let req = request.into_inner();
-        let volume_id = require(&req.volume_id, "volume_id")?;
+        let volume_id = required_id(&req.volume_id, "volume_id")?;
         let target = self.confine("target_path", &req.target_path)?;
         let _held = self.hold(volume_id)?;
         while mount::unmount(&target, deadline)
             .await
             .map_err(host_status)?
         {}
+        crate::failpoint::step("unpublish:unmount");
         remove_mount_point(&target).map_err(|e| io_status("removing the target path", e))?;
         Ok(Response::new(csi::NodeUnpublishVolumeResponse {}))
     }
@@ -515,7 +542,7 @@ impl NodeService {
         request: Request<csi::NodeGetVolumeStatsRequest>,
     ) -> Result<Response<csi::NodeGetVolumeStatsResponse>, Status> {
         let req = request.into_inner();
-        let volume_id = require(&req.volume_id, "volume_id")?;
+        let volume_id = required_id(&req.volume_id, "volume_id")?;
         require(&req.volume_path, "volume_path")?;
         let (_, path) = self.staged_at(volume_id, &req.volume_path)?;
         let Some(entry) = mountinfo::at(&path).map_err(host_status)? else {
@@ -571,15 +598,20 @@ impl NodeService {
     ) -> Result<Response<csi::NodeExpandVolumeResponse>, Status> {
         let deadline = self.deadline(&request);
         let req = request.into_inner();
-        let volume_id = require(&req.volume_id, "volume_id")?;
+        let volume_id = required_id(&req.volume_id, "volume_id")?;
         require(&req.volume_path, "volume_path")?;
         let _held = self.hold(volume_id)?;
         let (record, path) = self.staged_at(volume_id, &req.volume_path)?;
         let device = self.wait_for_device(&record.locator, deadline).await?;
-        let required = req
-            .capacity_range
-            .as_ref()
-            .map_or(0, |r| u64::try_from(r.required_bytes).unwrap_or(0));
+        let required = match &req.capacity_range {
+            None => 0,
+            Some(range) => u64::try_from(range.required_bytes).map_err(|_| {
+                Status::invalid_argument(format!(
+                    "capacity_range.required_bytes {} is negative",
+                    range.required_bytes
+                ))
+            })?,
+        };
         if device.size_bytes < required {
             return Err(Status::failed_precondition(format!(
                 "the device is {} bytes, less than the {required} asked: expand the volume on the controller first",

@@ -1,10 +1,11 @@
 //! SPDK's JSON-RPC framing, byte for byte (see `spdk-v24.09-wire.txt`).
 //!
 //! Requests are JSON values written back to back with no delimiter, so the
-//! reader is a streaming decoder over the bytes received so far: complete
-//! values are taken off the front, an incomplete tail waits for more bytes,
-//! and anything that can never become JSON ends the connection without a
-//! reply (SPDK cannot resynchronise a stream either).
+//! reader is the same streaming framer our client uses (`json-framing`, the
+//! one crate of ours the emulator links): complete values are taken off the
+//! front, an incomplete tail waits for more bytes, and anything that can never
+//! become JSON ends the connection without a reply (SPDK cannot resynchronise
+//! a stream either).
 //!
 //! Replies are compact JSON followed by `\n`, with two quirks of v24.09 kept on
 //! purpose because clients must survive them: a *result* for a request without
@@ -13,6 +14,7 @@
 
 use std::io;
 
+use json_framing::Limits;
 use serde::{Deserialize, Deserializer};
 use serde_json::Value;
 use serde_json::value::RawValue;
@@ -21,48 +23,11 @@ use crate::rpc::RpcError;
 
 /// SPDK gives up on a connection whose unparsed input outgrows its buffer; we
 /// do the same, with a limit far above any real request, so that no client can
-/// make us buffer (and re-parse) without bound.
-pub(crate) const MAX_PENDING_BYTES: usize = 4 << 20;
-
-/// Complete JSON values taken off the front of a receive buffer.
-#[derive(Debug, Default)]
-pub(crate) struct Extracted {
-    pub frames: Vec<String>,
-    /// The rest of the buffer can never parse: answer what came before, then close.
-    pub fatal: bool,
-}
-
-/// Removes every complete JSON value from the front of `buf`.
-pub(crate) fn extract(buf: &mut Vec<u8>) -> Extracted {
-    let mut out = Extracted::default();
-    let mut consumed = 0;
-    {
-        let mut stream = serde_json::Deserializer::from_slice(buf).into_iter::<&RawValue>();
-        loop {
-            match stream.next() {
-                Some(Ok(raw)) => {
-                    out.frames.push(raw.get().to_owned());
-                    consumed = stream.byte_offset();
-                }
-                Some(Err(e)) if e.is_eof() => break,
-                Some(Err(_)) => {
-                    out.fatal = true;
-                    break;
-                }
-                None => {
-                    // Only whitespace is left.
-                    consumed = buf.len();
-                    break;
-                }
-            }
-        }
-    }
-    buf.drain(..consumed);
-    if buf.len() > MAX_PENDING_BYTES {
-        out.fatal = true;
-    }
-    out
-}
+/// make us buffer without bound.
+pub(crate) const REQUEST_LIMITS: Limits = Limits {
+    max_message_bytes: 4 << 20,
+    ..Limits::SPDK_REPLIES
+};
 
 /// One request as SPDK's `parse_single_request` sees it.
 #[derive(Debug, Clone, PartialEq)]
@@ -242,24 +207,6 @@ impl serde_json::ser::Formatter for SpdkFormatter {
 mod tests {
     use super::*;
     use serde_json::json;
-
-    #[test]
-    fn extract_handles_concatenation_split_and_garbage() {
-        let mut buf = br#"{"a":1}  {"b":2}{"c""#.to_vec();
-        let x = extract(&mut buf);
-        assert_eq!(x.frames, vec![r#"{"a":1}"#, r#"{"b":2}"#]);
-        assert!(!x.fatal);
-        assert_eq!(buf, br#"{"c""#);
-        buf.extend_from_slice(b":3}\n");
-        let x = extract(&mut buf);
-        assert_eq!(x.frames, vec![r#"{"c":3}"#]);
-        assert!(buf.is_empty());
-
-        let mut buf = b"hello world\n".to_vec();
-        assert!(extract(&mut buf).fatal);
-        let mut buf = br#"{"jsonrpc":"2.0","method":}"#.to_vec();
-        assert!(extract(&mut buf).fatal);
-    }
 
     #[test]
     fn frames_follow_spdk_rules() {

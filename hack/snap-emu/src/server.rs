@@ -17,6 +17,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use json_framing::JsonFramer;
+use serde_json::value::RawValue;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{Mutex, watch};
@@ -293,15 +295,17 @@ async fn answer(shared: &Arc<Shared>, raw: &str) -> Vec<u8> {
 }
 
 /// Reads whatever is available without waiting; `true` on end of stream.
-fn drain(stream: &UnixStream, buf: &mut Vec<u8>, chunk: &mut [u8]) -> std::io::Result<bool> {
-    loop {
+fn drain(stream: &UnixStream, framer: &mut JsonFramer, chunk: &mut [u8]) -> std::io::Result<bool> {
+    // Past the limit the framer refuses the stream anyway; stop reading there.
+    while framer.pending() <= framing::REQUEST_LIMITS.max_message_bytes {
         match stream.try_read(chunk) {
             Ok(0) => return Ok(true),
-            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            Ok(n) => framer.extend(&chunk[..n]),
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(false),
             Err(e) => return Err(e),
         }
     }
+    Ok(false)
 }
 
 async fn serve_connection(
@@ -310,14 +314,14 @@ async fn serve_connection(
     mut ticks: Option<watch::Receiver<u64>>,
     faults: Faults,
 ) {
-    let mut buf = Vec::new();
+    let mut framer = JsonFramer::new(framing::REQUEST_LIMITS);
     let mut chunk = vec![0u8; READ_CHUNK];
     loop {
         let eof = match &mut ticks {
             None => match stream.read(&mut chunk).await {
                 Ok(0) | Err(_) => true,
                 Ok(n) => {
-                    buf.extend_from_slice(&chunk[..n]);
+                    framer.extend(&chunk[..n]);
                     false
                 }
             },
@@ -325,24 +329,30 @@ async fn serve_connection(
                 if rx.changed().await.is_err() {
                     return;
                 }
-                drain(&stream, &mut buf, &mut chunk).unwrap_or(true)
+                drain(&stream, &mut framer, &mut chunk).unwrap_or(true)
             }
         };
-        let extracted = framing::extract(&mut buf);
         let mut out = Vec::new();
-        for raw in &extracted.frames {
-            match faults.admit().await {
-                Admit::Answer => out.extend(answer(&shared, raw).await),
-                Admit::Garbage => {
-                    let _ = stream.write_all(crate::faults::GARBAGE).await;
-                    return;
+        let fatal = loop {
+            match framer.next_decoded::<Box<RawValue>>() {
+                Ok(Some((raw, _))) => match faults.admit().await {
+                    Admit::Answer => out.extend(answer(&shared, raw.get()).await),
+                    Admit::Garbage => {
+                        let _ = stream.write_all(crate::faults::GARBAGE).await;
+                        return;
+                    }
+                },
+                Ok(None) => break false,
+                Err(error) => {
+                    tracing::debug!(%error, "closing a connection that sent what SPDK cannot parse");
+                    break true;
                 }
             }
-        }
+        };
         if !out.is_empty() && stream.write_all(&out).await.is_err() {
             return;
         }
-        if extracted.fatal || eof {
+        if fatal || eof {
             // A parse error cannot be recovered from in a stream: close, as SPDK does.
             return;
         }

@@ -155,3 +155,40 @@ async fn malloc0_reports_one_uuid_as_alias_and_uuid() {
     assert_eq!(by_uuid[0]["name"], "Malloc0");
     emu.stop().await;
 }
+
+/// Requests no client means to send: one that never ends (past the 4 MiB
+/// limit) and one nested past the depth limit. The request before them is
+/// answered, then the connection closes without a reply, as SPDK closes a
+/// stream it cannot parse; the server serves the next connection as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endless_or_too_deep_request_closes_only_its_connection() {
+    let dir = tempfile::tempdir().unwrap();
+    let emu = Emu::start(Config::for_test(dir.path()).without_snap()).await;
+    let version = br#"{"jsonrpc":"2.0","method":"spdk_get_version","id":1}"#;
+    let endless: &[&[u8]] = &[version, br#"{"jsonrpc":"2.0","method":"x","params":{"s":""#];
+    let deep = [&version[..], &[b'['; 100][..]].concat();
+    for (name, hostile, endless) in [("endless", endless.concat(), true), ("deep", deep, false)] {
+        let mut stream = UnixStream::connect(&emu.socket).await.unwrap();
+        stream.write_all(&hostile).await.unwrap();
+        if endless {
+            // Past the limit, until the server hangs up.
+            let chunk = vec![b'a'; 64 * 1024];
+            let mut sent = 0usize;
+            while stream.write_all(&chunk).await.is_ok() {
+                sent += chunk.len();
+                assert!(sent < 64 << 20, "{name}: still reading after {sent} bytes");
+            }
+        }
+        let (got, closed) = read_reply(&mut stream, usize::MAX, Duration::from_secs(10)).await;
+        let got = String::from_utf8_lossy(&got);
+        assert!(closed, "{name}: the connection stayed open");
+        assert_eq!(got.matches("\"id\":1,").count(), 1, "{name}: {got}");
+        assert!(
+            got.ends_with("}\n"),
+            "{name}: more than the one reply: {got}"
+        );
+    }
+    let mut c = emu.client().await;
+    c.ok("spdk_get_version", json!(null)).await;
+    emu.stop().await;
+}
