@@ -1,4 +1,5 @@
-//! One operation per volume at a time.
+//! One operation per volume at a time, except publishes and unpublishes,
+//! which run together as long as each has a target path of its own.
 //!
 //! CSI lets the CO send a second call for a volume while the first is still
 //! running (a retry after its own timeout). Running both would race on the
@@ -9,14 +10,24 @@
 //! retry of one the link lost, and it converges fastest right after the
 //! first. Different volumes never wait for each other: the lock only guards
 //! a set of names, never any I/O.
+//!
+//! Stage, unstage and expand change what every publish of the volume stands
+//! on (the device, the staging mount, the filesystem's size), so they hold
+//! the whole volume. A publish or unpublish changes one target path only
+//! ([`VolumeGuard::try_hold_target`]): with several pods of one volume on a
+//! node, kubelet sends theirs together, and when all but one were refused,
+//! deleting 7 pods took 6.7 s against 2.6 s for one (kubelet backs off
+//! after ABORTED). So those share the volume with each other, but not a
+//! target path, and never with a stage, an unstage or an expand.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-/// The set of volumes with an operation in flight.
+/// The volumes with an operation in flight.
 #[derive(Debug, Clone, Default)]
 pub struct VolumeGuard {
     shared: Arc<Shared>,
@@ -24,36 +35,81 @@ pub struct VolumeGuard {
 
 #[derive(Debug, Default)]
 struct Shared {
-    busy: Mutex<HashSet<String>>,
-    /// Woken whenever a volume is freed.
+    busy: Mutex<HashMap<String, Holders>>,
+    /// Woken whenever a hold ends.
     freed: Notify,
 }
 
-/// Held while an operation on one volume runs; frees the volume when dropped.
+/// Who holds a busy volume.
+#[derive(Debug)]
+enum Holders {
+    /// A stage, unstage or expand.
+    Whole,
+    /// Publishes and unpublishes, by target path (never empty).
+    Targets(HashSet<PathBuf>),
+}
+
+/// Why a hold was refused: what is in flight on the volume.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Busy {
+    /// A stage, unstage or expand holds the whole volume.
+    Whole,
+    /// This many publishes or unpublishes (on other target paths, or, for a
+    /// whole-volume hold, on any).
+    Targets(usize),
+    /// A publish or unpublish holds this very target path.
+    SameTarget,
+}
+
+/// Held while an operation runs; ends the hold when dropped.
 #[derive(Debug)]
 pub struct Held {
     shared: Arc<Shared>,
     volume_id: String,
+    target: Option<PathBuf>,
 }
 
 impl VolumeGuard {
-    /// Claims `volume_id`, or `None` if another operation holds it.
-    pub fn try_hold(&self, volume_id: &str) -> Option<Held> {
-        let mut busy = self.shared.busy.lock().unwrap_or_else(|e| e.into_inner());
-        busy.insert(volume_id.to_string()).then(|| Held {
-            shared: Arc::clone(&self.shared),
-            volume_id: volume_id.to_string(),
-        })
+    /// Claims the whole of `volume_id`, or says what holds it.
+    pub fn try_hold(&self, volume_id: &str) -> Result<Held, Busy> {
+        let mut busy = self.shared.lock();
+        match busy.get(volume_id) {
+            Some(Holders::Whole) => return Err(Busy::Whole),
+            Some(Holders::Targets(targets)) => return Err(Busy::Targets(targets.len())),
+            None => {}
+        }
+        busy.insert(volume_id.to_string(), Holders::Whole);
+        Ok(self.held(volume_id, None))
     }
 
-    /// Claims `volume_id`, waiting for the operation that holds it to end;
-    /// `None` if it still runs at `deadline`.
+    /// Claims `target` of `volume_id`, sharing the volume with holds on its
+    /// other target paths; refused while the whole volume or this target is
+    /// held.
+    pub fn try_hold_target(&self, volume_id: &str, target: &Path) -> Result<Held, Busy> {
+        let mut busy = self.shared.lock();
+        match busy.get_mut(volume_id) {
+            Some(Holders::Whole) => return Err(Busy::Whole),
+            Some(Holders::Targets(targets)) => {
+                if !targets.insert(target.to_path_buf()) {
+                    return Err(Busy::SameTarget);
+                }
+            }
+            None => {
+                let targets = HashSet::from([target.to_path_buf()]);
+                busy.insert(volume_id.to_string(), Holders::Targets(targets));
+            }
+        }
+        Ok(self.held(volume_id, Some(target)))
+    }
+
+    /// Claims the whole of `volume_id`, waiting for the operations that hold
+    /// it to end; `None` if one still runs at `deadline`.
     pub async fn hold_until(&self, volume_id: &str, deadline: Instant) -> Option<Held> {
         loop {
             // Registered before looking, so a free between the look and the
             // wait still wakes us.
             let freed = self.shared.freed.notified();
-            if let Some(held) = self.try_hold(volume_id) {
+            if let Ok(held) = self.try_hold(volume_id) {
                 return Some(held);
             }
             if tokio::time::timeout_at(deadline, freed).await.is_err() {
@@ -61,12 +117,37 @@ impl VolumeGuard {
             }
         }
     }
+
+    fn held(&self, volume_id: &str, target: Option<&Path>) -> Held {
+        Held {
+            shared: Arc::clone(&self.shared),
+            volume_id: volume_id.to_string(),
+            target: target.map(Path::to_path_buf),
+        }
+    }
+}
+
+impl Shared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Holders>> {
+        // The map stays consistent whatever panicked while holding it: every
+        // change to it is one insert or remove.
+        self.busy.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 impl Drop for Held {
     fn drop(&mut self) {
-        let mut busy = self.shared.busy.lock().unwrap_or_else(|e| e.into_inner());
-        busy.remove(&self.volume_id);
+        let mut busy = self.shared.lock();
+        let now_free = match (busy.get_mut(&self.volume_id), &self.target) {
+            (Some(Holders::Targets(targets)), Some(target)) => {
+                targets.remove(target);
+                targets.is_empty()
+            }
+            _ => true,
+        };
+        if now_free {
+            busy.remove(&self.volume_id);
+        }
         drop(busy);
         self.shared.freed.notify_waiters();
     }
@@ -82,11 +163,37 @@ mod tests {
     fn a_second_hold_on_the_same_volume_fails_until_the_first_is_dropped() {
         let guard = VolumeGuard::default();
         let first = guard.try_hold("pvc-1").unwrap();
-        assert!(guard.try_hold("pvc-1").is_none());
+        assert_eq!(guard.try_hold("pvc-1").err(), Some(Busy::Whole));
         let other = guard.try_hold("pvc-2");
-        assert!(other.is_some(), "other volumes do not wait");
+        assert!(other.is_ok(), "other volumes do not wait");
         drop(first);
-        assert!(guard.try_hold("pvc-1").is_some());
+        assert!(guard.try_hold("pvc-1").is_ok());
+    }
+
+    #[test]
+    fn targets_share_a_volume_but_not_a_path_and_never_with_a_whole_hold() {
+        let guard = VolumeGuard::default();
+        let (a, b) = (Path::new("/k/pods/a"), Path::new("/k/pods/b"));
+        let on_a = guard.try_hold_target("pvc-1", a).unwrap();
+        let on_b = guard.try_hold_target("pvc-1", b).unwrap();
+        assert_eq!(
+            guard.try_hold_target("pvc-1", a).err(),
+            Some(Busy::SameTarget)
+        );
+        assert_eq!(guard.try_hold("pvc-1").err(), Some(Busy::Targets(2)));
+        assert!(
+            guard.try_hold_target("pvc-2", a).is_ok(),
+            "the same path of another volume is another key"
+        );
+
+        drop(on_a);
+        assert_eq!(guard.try_hold("pvc-1").err(), Some(Busy::Targets(1)));
+        let again = guard.try_hold_target("pvc-1", a).unwrap();
+        drop((again, on_b));
+        let whole = guard.try_hold("pvc-1").unwrap();
+        assert_eq!(guard.try_hold_target("pvc-1", a).err(), Some(Busy::Whole));
+        drop(whole);
+        assert!(guard.try_hold_target("pvc-1", a).is_ok());
     }
 
     #[tokio::test]
@@ -108,8 +215,27 @@ mod tests {
         drop(first);
         assert!(waiter.await.unwrap(), "the waiter got the freed volume");
         assert!(
-            guard.try_hold("pvc-1").is_some(),
+            guard.try_hold("pvc-1").is_ok(),
             "and freed it when it ended"
         );
+    }
+
+    #[tokio::test]
+    async fn a_waiting_hold_waits_for_the_last_target_to_end() {
+        let guard = VolumeGuard::default();
+        let a = guard.try_hold_target("pvc-1", Path::new("/a")).unwrap();
+        let b = guard.try_hold_target("pvc-1", Path::new("/b")).unwrap();
+        let waiter = {
+            let guard = guard.clone();
+            tokio::spawn(async move {
+                let deadline = Instant::now() + Duration::from_secs(5);
+                guard.hold_until("pvc-1", deadline).await.is_some()
+            })
+        };
+        drop(a);
+        // Still one target held: the waiter cannot have the volume yet.
+        assert_eq!(guard.try_hold("pvc-1").err(), Some(Busy::Targets(1)));
+        drop(b);
+        assert!(waiter.await.unwrap());
     }
 }

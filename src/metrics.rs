@@ -16,6 +16,9 @@
 //! - `snap_csi_dpu_drift`: at the node's start, volumes SNAP exposes without
 //!   a record here (`kind="unrecorded"`) and records SNAP no longer backs
 //!   (`kind="unattached"`).
+//! - `snap_csi_orphaned_volumes`: volumes staged here that nothing under the
+//!   kubelet directory used at the node's start (a NodeUnstage that never
+//!   came), less those `--unstage-orphans` has unstaged since.
 //! - `snap_csi_tls_handshakes`: TLS handshakes on the DPU link, by role
 //!   (`server`: the agent, `client`: the node) and outcome; one per
 //!   connection, not per call.
@@ -45,6 +48,11 @@ use tokio::net::TcpListener;
 struct CallLabels {
     method: String,
     code: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct VolumeLabels {
+    volume_id: String,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -93,7 +101,9 @@ struct Metrics {
     volumes_staged: Gauge,
     dependency_ready: Family<DependencyLabels, Gauge>,
     dpu_drift: Family<DriftLabels, Gauge>,
+    orphaned_volumes: Gauge,
     tls_handshakes: Family<HandshakeLabels, Counter>,
+    volume_condition_abnormal: Family<VolumeLabels, Gauge>,
 }
 
 /// 100 µs .. ~100 s: from a cached list to a slow mkfs.
@@ -117,7 +127,9 @@ fn metrics() -> &'static Metrics {
         let volumes_staged = Gauge::default();
         let dependency_ready = Family::<DependencyLabels, Gauge>::default();
         let dpu_drift = Family::<DriftLabels, Gauge>::default();
+        let orphaned_volumes = Gauge::default();
         let tls_handshakes = Family::<HandshakeLabels, Counter>::default();
+        let volume_condition_abnormal = Family::<VolumeLabels, Gauge>::default();
         registry.register(
             "grpc_requests",
             "gRPC calls served, by method and status code",
@@ -159,9 +171,20 @@ fn metrics() -> &'static Metrics {
             dpu_drift.clone(),
         );
         registry.register(
+            "orphaned_volumes",
+            "Volumes staged here that nothing under the kubelet directory used at start, not yet unstaged",
+            orphaned_volumes.clone(),
+        );
+        registry.register(
             "tls_handshakes",
             "TLS handshakes on the DPU link, by role and outcome",
             tls_handshakes.clone(),
+        );
+        registry.register(
+            "volume_condition_abnormal",
+            "1 when the last NodeGetVolumeStats found the volume abnormal (its filesystem shut \
+             down or read-only after errors, its device gone), else 0; by volume, while staged",
+            volume_condition_abnormal.clone(),
         );
         Metrics {
             registry,
@@ -173,7 +196,9 @@ fn metrics() -> &'static Metrics {
             volumes_staged,
             dependency_ready,
             dpu_drift,
+            orphaned_volumes,
             tls_handshakes,
+            volume_condition_abnormal,
         }
     })
 }
@@ -260,6 +285,31 @@ pub fn set_dpu_drift(kind: &'static str, count: usize) {
         .dpu_drift
         .get_or_create(&DriftLabels { kind })
         .set(i64::try_from(count).unwrap_or(i64::MAX));
+}
+
+/// Sets how many staged volumes are orphaned (see the module doc).
+pub fn set_orphaned_volumes(count: usize) {
+    metrics()
+        .orphaned_volumes
+        .set(i64::try_from(count).unwrap_or(i64::MAX));
+}
+
+/// Records what NodeGetVolumeStats found of `volume_id`'s condition.
+pub fn set_volume_condition(volume_id: &str, abnormal: bool) {
+    metrics()
+        .volume_condition_abnormal
+        .get_or_create(&VolumeLabels {
+            volume_id: volume_id.into(),
+        })
+        .set(i64::from(abnormal));
+}
+
+/// Drops `volume_id`'s condition: unstaged, or about to be repaired (the
+/// next NodeGetVolumeStats says again what is true).
+pub fn forget_volume_condition(volume_id: &str) {
+    metrics().volume_condition_abnormal.remove(&VolumeLabels {
+        volume_id: volume_id.into(),
+    });
 }
 
 /// Records one TLS handshake on the DPU link.

@@ -17,8 +17,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::node::{
-    NodeStack, assert_nothing_left, connect, mount_capability, stage_and_publish, stage_request,
-    unpublish, unstage,
+    NodeStack, connect, mount_capability, stage_and_publish, stage_request, unpublish, unstage,
 };
 use common::timed;
 use snap_csi::node::config::EmulationSetting;
@@ -270,8 +269,8 @@ async fn survives(fault: Fault) {
     .await;
     unpublish(&mut node, "pvc-new", &new_target).await;
     unstage(&mut node, "pvc-new", &new_staging).await;
-    assert_nothing_left(&scene.stack, &old_backing).await;
-    assert_nothing_left(&scene.stack, &new_backing).await;
+    scene.stack.assert_nothing_left(&old_backing).await;
+    scene.stack.assert_nothing_left(&new_backing).await;
 }
 
 /// One test per fault, each on a stack of its own.
@@ -353,10 +352,10 @@ async fn a_disk_the_host_never_sees_fails_the_stage_in_time_and_the_retry_conver
             }
             if unstaged_missing {
                 unstage(&mut node, volume_id, &staging).await;
-                assert_nothing_left(&stack, &backing).await;
+                stack.assert_nothing_left(&backing).await;
                 // A rescan after the unstage finds nothing to show.
                 faults.rescan(&identity);
-                assert_nothing_left(&stack, &backing).await;
+                stack.assert_nothing_left(&backing).await;
                 continue;
             }
             faults.rescan(&identity);
@@ -376,7 +375,7 @@ async fn a_disk_the_host_never_sees_fails_the_stage_in_time_and_the_retry_conver
             .await;
             unpublish(&mut node, volume_id, &target).await;
             unstage(&mut node, volume_id, &staging).await;
-            assert_nothing_left(&stack, &backing).await;
+            stack.assert_nothing_left(&backing).await;
         }
     }
 }

@@ -16,8 +16,8 @@ use std::time::Duration;
 
 use common::dpu::GatedDpu;
 use common::node::{
-    NodeStack, Tweaks, assert_attached_once, assert_nothing_left, connect, mount_capability,
-    mounts_under, publish_request, stage_request, unpublish, unstage,
+    NodeStack, Tweaks, assert_attached_once, connect, mount_capability, mounts_under,
+    publish_request, stage_request, unpublish, unstage,
 };
 use snap_csi::dpu::DpuAttach;
 use snap_csi::dpu::names::VolumeNames;
@@ -126,7 +126,7 @@ impl Volume {
         assert_eq!(mounts_under(&self.target).len(), 1, "one bind mount");
         unpublish(&mut node, &self.id, &self.target).await;
         unstage(&mut node, &self.id, &self.staging).await;
-        assert_nothing_left(stack, &self.backing).await;
+        stack.assert_nothing_left(&self.backing).await;
     }
 }
 

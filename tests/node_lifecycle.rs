@@ -9,12 +9,13 @@
 mod common;
 
 use std::fs;
-use std::io::{Read, Seek, SeekFrom, Write};
+use std::io::Write;
 use std::path::Path;
 
 use common::node::{
-    NodeStack, assert_attached_once, assert_nothing_left, block_capability, mount_capability,
-    mounts_under, publish_request, stage_and_publish, stage_request, unpublish, unstage,
+    NodeStack, assert_attached_once, block_capability, mount_capability, mounts_under,
+    publish_request, read_volume, stage_and_publish, stage_request, unpublish, unstage,
+    write_volume,
 };
 use snap_csi::node::config::EmulationSetting;
 use snap_csi::proto::csi::v1 as csi;
@@ -24,33 +25,6 @@ use snap_csi::spdk::snap::NvmeSubsystemList;
 
 /// Sparse, so cheap; big enough for xfs (mkfs.xfs wants at least 300 MB).
 const SIZE: u64 = 512 << 20;
-
-/// Writes `data` into a published volume: a file for filesystems, the device
-/// for block volumes (at an offset past anything mkfs would touch).
-fn write_volume(target: &Path, data: &[u8]) {
-    if target.is_dir() {
-        fs::write(target.join("data.bin"), data).unwrap();
-        let dir = fs::File::open(target).unwrap();
-        dir.sync_all().unwrap();
-    } else {
-        let mut device = fs::OpenOptions::new().write(true).open(target).unwrap();
-        device.seek(SeekFrom::Start(1 << 20)).unwrap();
-        device.write_all(data).unwrap();
-        device.sync_all().unwrap();
-    }
-}
-
-fn read_volume(target: &Path, len: usize) -> Vec<u8> {
-    if target.is_dir() {
-        fs::read(target.join("data.bin")).unwrap()
-    } else {
-        let mut device = fs::File::open(target).unwrap();
-        device.seek(SeekFrom::Start(1 << 20)).unwrap();
-        let mut data = vec![0; len];
-        device.read_exact(&mut data).unwrap();
-        data
-    }
-}
 
 async fn lifecycle(emulation: EmulationSetting, capability: csi::VolumeCapability) {
     let stack = NodeStack::start(emulation).await;
@@ -107,7 +81,7 @@ async fn lifecycle(emulation: EmulationSetting, capability: csi::VolumeCapabilit
         for _ in 0..2 {
             unstage(&mut node, "pvc-1", &staging).await;
         }
-        assert_nothing_left(&stack, &backing).await;
+        stack.assert_nothing_left(&backing).await;
     }
 }
 
@@ -177,7 +151,7 @@ async fn read_only_publish_refuses_writes() {
     assert_eq!(conflict.code(), tonic::Code::AlreadyExists, "{conflict}");
     unpublish(&mut node, "pvc-ro", &target).await;
     unstage(&mut node, "pvc-ro", &staging).await;
-    assert_nothing_left(&stack, &backing).await;
+    stack.assert_nothing_left(&backing).await;
 }
 
 /// EROFS, without a libc dependency for one constant.
@@ -246,7 +220,7 @@ async fn stats_report_usage_and_identity_and_info_answer() {
 
     unpublish(&mut node, "pvc-s", &target).await;
     unstage(&mut node, "pvc-s", &staging).await;
-    assert_nothing_left(&stack, &backing).await;
+    stack.assert_nothing_left(&backing).await;
 }
 
 /// The vendor side grows the bdev (the backing file grows and SPDK rescans);
@@ -350,7 +324,7 @@ async fn expand(emulation: EmulationSetting, fs_type: &str) {
 
     unpublish(&mut node, "pvc-e", &target).await;
     unstage(&mut node, "pvc-e", &staging).await;
-    assert_nothing_left(&stack, &backing).await;
+    stack.assert_nothing_left(&backing).await;
 }
 
 /// Unpublish, unstage, stage and publish again.
@@ -427,7 +401,7 @@ async fn read_only_block_volume_refuses_writes() {
     );
     unpublish(&mut node, "pvc-rob", &target).await;
     unstage(&mut node, "pvc-rob", &staging).await;
-    assert_nothing_left(&stack, &backing).await;
+    stack.assert_nothing_left(&backing).await;
 }
 
 /// Behind NVIDIA DPF the controller attaches the volume on the DPU and hands

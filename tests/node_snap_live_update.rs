@@ -32,8 +32,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use common::node::{
-    NodeStack, assert_nothing_left, block_capability, connect, mount_capability, mounts_under,
-    publish_request, stage_request, unpublish, unstage,
+    NodeStack, block_capability, connect, mount_capability, mounts_under, publish_request,
+    stage_request, unpublish, unstage,
 };
 use common::timed;
 use snap_csi::node::config::EmulationSetting;
@@ -318,6 +318,6 @@ async fn a_snap_live_update_keeps_every_volume_and_the_calls_around_it_converge(
     unpublish(&mut node, late.id, &late.target).await;
     unstage(&mut node, late.id, &late.staging).await;
     for volume in volumes.iter().chain([&late]) {
-        assert_nothing_left(&stack, &volume.backing).await;
+        stack.assert_nothing_left(&volume.backing).await;
     }
 }

@@ -82,28 +82,83 @@ impl Sysfs {
         nsid: u32,
         uuid: Option<&str>,
     ) -> Result<Option<BlockDevice>, HostError> {
-        let nvme_dir = self.function_dir(bdf).join("nvme");
-        for controller in subdirs(&nvme_dir)? {
+        for (namespace, disk) in self.nvme_namespaces(&self.function_dir(bdf))? {
+            if read_trimmed(&namespace.join("nsid"))?.parse::<u32>().ok() != Some(nsid) {
+                continue;
+            }
+            if let Some(expected) = uuid {
+                let found = read_trimmed(&namespace.join("uuid"))?;
+                if !found.eq_ignore_ascii_case(expected) {
+                    continue;
+                }
+            }
+            return self.block_device(&disk);
+        }
+        Ok(None)
+    }
+
+    /// The NVMe namespaces under a function, each with the directory of its
+    /// disk (the multipath head's, when the namespace is a path).
+    fn nvme_namespaces(&self, function: &Path) -> Result<Vec<(PathBuf, PathBuf)>, HostError> {
+        let mut found = Vec::new();
+        for controller in subdirs(&function.join("nvme"))? {
             let controller_name = file_name(&controller);
             for namespace in subdirs(&controller)? {
                 let name = file_name(&namespace);
                 if !is_namespace_of(&controller_name, &name) {
                     continue;
                 }
-                if read_trimmed(&namespace.join("nsid"))?.parse::<u32>().ok() != Some(nsid) {
-                    continue;
-                }
-                if let Some(expected) = uuid {
-                    let found = read_trimmed(&namespace.join("uuid"))?;
-                    if !found.eq_ignore_ascii_case(expected) {
-                        continue;
-                    }
-                }
                 let disk = match multipath_head(&name) {
                     Some(head) => self.root.join("block").join(head),
                     None => namespace.clone(),
                 };
-                return self.block_device(&disk);
+                found.push((namespace, disk));
+            }
+        }
+        Ok(found)
+    }
+
+    /// The virtio-blk disks under a function.
+    fn virtio_disks(function: &Path) -> Result<Vec<PathBuf>, HostError> {
+        let mut found = Vec::new();
+        for virtio in subdirs(function)? {
+            if file_name(&virtio).starts_with("virtio") {
+                found.extend(subdirs(&virtio.join("block"))?);
+            }
+        }
+        Ok(found)
+    }
+
+    /// Which emulated function's disk has the device number `major:minor`
+    /// now, described by its kernel name, function and identity (for a
+    /// message saying what a mount sits on); `None` if no function shows it.
+    pub fn describe_device(&self, major: u32, minor: u32) -> Result<Option<String>, HostError> {
+        let is_it = |disk: &Path| -> Result<bool, HostError> {
+            let dev = read_optional(&disk.join("dev"))?;
+            Ok(dev.is_some_and(|dev| dev.trim() == format!("{major}:{minor}")))
+        };
+        for function in subdirs(&self.root.join("bus/pci/devices"))? {
+            let bdf = file_name(&function);
+            for (namespace, disk) in self.nvme_namespaces(&function)? {
+                if is_it(&disk)? {
+                    let nsid = read_trimmed(&namespace.join("nsid"))?;
+                    let uuid = read_optional(&namespace.join("uuid"))?.unwrap_or_default();
+                    return Ok(Some(format!(
+                        "{} of function {bdf}, NSID {nsid}, UUID {}",
+                        file_name(&disk),
+                        uuid.trim()
+                    )));
+                }
+            }
+            for disk in Self::virtio_disks(&function)? {
+                if is_it(&disk)? {
+                    let serial = read_optional(&disk.join("serial"))?.unwrap_or_default();
+                    return Ok(Some(format!(
+                        "{} of function {bdf}, serial {:?}",
+                        file_name(&disk),
+                        serial.trim()
+                    )));
+                }
             }
         }
         Ok(None)
@@ -115,15 +170,10 @@ impl Sysfs {
         bdf: &str,
         serial: &str,
     ) -> Result<Option<BlockDevice>, HostError> {
-        for virtio in subdirs(&self.function_dir(bdf))? {
-            if !file_name(&virtio).starts_with("virtio") {
-                continue;
-            }
-            for disk in subdirs(&virtio.join("block"))? {
-                match read_optional(&disk.join("serial"))? {
-                    Some(found) if found.trim() == serial => return self.block_device(&disk),
-                    _ => continue,
-                }
+        for disk in Self::virtio_disks(&self.function_dir(bdf))? {
+            match read_optional(&disk.join("serial"))? {
+                Some(found) if found.trim() == serial => return self.block_device(&disk),
+                _ => continue,
             }
         }
         Ok(None)
@@ -340,6 +390,14 @@ mod tests {
             "size 0 is not ready"
         );
         assert_eq!(sysfs.find_nvme_namespace("26:00.3", 7, None).unwrap(), None);
+        assert_eq!(
+            sysfs.describe_device(major, minor).unwrap().as_deref(),
+            Some(
+                "nvme3n1 of function 0000:26:00.2, NSID 7, UUID 0b0a0c3e-0000-4000-8000-000000000001"
+            ),
+            "the first disk with that number, named with its identity"
+        );
+        assert_eq!(sysfs.describe_device(major, minor + 1000).unwrap(), None);
     }
 
     #[test]
@@ -364,5 +422,9 @@ mod tests {
         assert_eq!(found.name, "vdc");
         assert_eq!(found.size_bytes, 16 * 512);
         assert_eq!(sysfs.find_virtio_blk("36:00.1", "pvc-43").unwrap(), None);
+        assert_eq!(
+            sysfs.describe_device(major, minor).unwrap().as_deref(),
+            Some("vdb of function 0000:36:00.1, serial \"other\"")
+        );
     }
 }

@@ -57,6 +57,9 @@ pub struct NodeConfig {
     pub call_timeout: Duration,
     /// Where to serve Prometheus metrics (`/metrics`); none when unset.
     pub metrics_address: Option<std::net::SocketAddr>,
+    /// At start, unstage the volumes staged here that nothing under the
+    /// kubelet directory uses (NodeUnstage never came); off: only report them.
+    pub unstage_orphans: bool,
 }
 
 /// `nvme` or `virtio-blk` in files, flags and volume contexts.
@@ -105,6 +108,7 @@ impl Default for NodeConfig {
             device_wait: Duration::from_secs(30),
             call_timeout: Duration::from_secs(120),
             metrics_address: None,
+            unstage_orphans: false,
         }
     }
 }
@@ -190,6 +194,9 @@ pub struct NodeArgs {
     /// Serve Prometheus metrics on this address (e.g. 0.0.0.0:9810).
     #[arg(long, env = "SNAP_CSI_METRICS_ADDRESS")]
     pub metrics_address: Option<std::net::SocketAddr>,
+    /// At start, unstage staged volumes nothing under the kubelet directory uses (default: only report them).
+    #[arg(long, env = "SNAP_CSI_UNSTAGE_ORPHANS")]
+    pub unstage_orphans: bool,
 }
 
 impl NodeArgs {
@@ -213,6 +220,7 @@ impl NodeArgs {
         );
         flags_over!(self => resolved.dpu_tls, [dpu_tls_cert => cert, dpu_tls_key => key, dpu_tls_ca => ca]);
         resolved.dpu_insecure_plaintext |= self.dpu_insecure_plaintext;
+        resolved.unstage_orphans |= self.unstage_orphans;
         if resolved.dpu_name.is_empty() {
             resolved.dpu_name = resolved.node_id.clone();
         }

@@ -3,23 +3,27 @@
 //! - `service`: the CSI Node RPCs; `identity`: the Identity RPCs.
 //! - `config`: settings (defaults, config file, env, flags).
 //! - `records`: the small per-volume record of what cannot be derived;
-//!   `reconcile`: what an earlier run left, against the records and the DPU.
+//!   `reconcile`: what an earlier run left, against the records and the DPU;
+//!   `recovery`: the host half of a stage, a publish's restage after a
+//!   reboot, and the check that a staging mount sits on the volume's device.
 //! - `error`: internal errors to CSI status codes, in one place.
 //! - host operations, split by concern: `command` (external tools with a
 //!   deadline), `paths` (confining CO-supplied paths), `format` (probe and
-//!   mkfs), `mount` (mounts and bind mounts), `mountinfo` (the mount table),
-//!   `stats` (usage and expansion).
+//!   mkfs), `mount` (mounts and bind mounts), `holders` (who keeps a mount
+//!   busy), `mountinfo` (the mount table), `stats` (usage and expansion).
 
 pub mod command;
 pub mod config;
 mod error;
 pub mod format;
+pub mod holders;
 pub mod identity;
 pub mod mount;
 pub mod mountinfo;
 pub mod paths;
 mod reconcile;
 pub mod records;
+mod recovery;
 pub mod service;
 pub mod stats;
 
@@ -48,6 +52,10 @@ pub async fn serve(
 ) -> anyhow::Result<()> {
     let node = NodeService::new(config.clone(), Arc::clone(&dpu))?;
     let records = node.reconcile();
+    let orphans = node.find_orphans(&records);
+    if config.unstage_orphans {
+        tokio::spawn(node.clone().unstage_orphans(orphans));
+    }
     tokio::spawn(node.clone().compare_with_dpu(records));
     let identity = IdentityService::new(config.driver_name.clone(), dpu, PROBE_TIMEOUT);
     let listener = crate::server::bind(&config.endpoint)?;
@@ -60,11 +68,18 @@ pub async fn serve(
     Ok(())
 }
 
-/// [`serve`] with the DPU attach layer the configuration names: the DPU
-/// agent when `dpu_endpoint` is set (split mode), else the co-located one
-/// over the vendor plugin's and SNAP's sockets on this host.
+/// [`serve`] with the DPU attach layer the configuration names ([`dpu_layer`]).
 pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
-    let dpu: Arc<dyn DpuAttach> = match config.dpu_link().map_err(anyhow::Error::msg)? {
+    let dpu = dpu_layer(&config)?;
+    serve(config, dpu, shutdown).await
+}
+
+/// The DPU attach layer the configuration names: the DPU agent when
+/// `dpu_endpoint` is set (split mode), else the co-located one over the
+/// vendor plugin's and SNAP's sockets on this host. Must be called inside
+/// the runtime that serves: the layer's connections run there.
+pub fn dpu_layer(config: &NodeConfig) -> anyhow::Result<Arc<dyn DpuAttach>> {
+    Ok(match config.dpu_link().map_err(anyhow::Error::msg)? {
         Some(address) => {
             tracing::info!(agent = %address, dpu = %config.dpu_name, "split mode: the DPU attach layer is the DPU agent");
             Arc::new(RemoteDpu::new(address, &config.dpu_name, &config.dpu_tls)?)
@@ -73,6 +88,5 @@ pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> anyh
             config.plugin_socket.clone(),
             config.snap_socket_template.clone(),
         )),
-    };
-    serve(config, dpu, shutdown).await
+    })
 }

@@ -24,6 +24,7 @@ use tokio::time::Instant;
 
 use super::command::{self, HostOpError};
 use super::format::{self, FsType, Probe};
+use super::holders;
 use super::mountinfo::{self, MountEntry};
 use super::stats::block_device_number;
 
@@ -76,13 +77,17 @@ pub async fn mount_filesystem(
     }
 
     let (dev, tgt) = (device.to_path_buf(), target.to_path_buf());
-    let (data, names) = (options.data_string(), options.data_names());
+    // The names of the CO's options only, for explaining a refusal: the
+    // kernel knows the ones we add.
+    let names = options.data_names();
+    let flags = options.flags;
+    let data = options.data_string_for(fs);
     let result = command::run_blocking("mount", &what, deadline, move || {
         Ok(nix::mount::mount(
             Some(dev.as_path()),
             tgt.as_path(),
             Some(fs.as_str()),
-            options.flags,
+            flags,
             data.as_deref(),
         ))
     })
@@ -235,12 +240,20 @@ fn remount_read_only(target: &Path) -> Result<(), HostOpError> {
 /// stacked there (a retried mount that completed after its deadline leaves
 /// two). `Ok(false)`: nothing was mounted, including when `target` does not
 /// exist. Removes nothing: the target directory or file is the caller's.
+///
+/// A mount still in use (EBUSY, after a few short retries) is a
+/// `FailedPrecondition` naming the processes /proc shows holding it, and it
+/// stays mounted: never a lazy unmount (MNT_DETACH). A lazy unmount would
+/// report success while the filesystem lives on under its holders, and the
+/// unstage after it would take the device away from under a live
+/// filesystem: lost writes and a dirty filesystem on a volume kubelet
+/// believes cleanly unmounted. Refusing keeps every step after the unmount
+/// (device, SNAP, record) in place, so the retry after the holder left
+/// converges.
 pub async fn unmount(target: &Path, deadline: Instant) -> Result<bool, HostOpError> {
     /// Far more layers than any retry pattern makes; a bound so that a
     /// mount that keeps coming back cannot loop us forever.
     const MAX_LAYERS: usize = 64;
-    const BUSY: &str =
-        "target is busy: a process still uses files there, or something is mounted below it";
     let what = format!("unmount {}", target.display());
     let tgt = target.to_path_buf();
     let failed = {
@@ -252,7 +265,9 @@ pub async fn unmount(target: &Path, deadline: Instant) -> Result<bool, HostOpErr
         // A busy mount is often busy for an instant only: a probe (blkid,
         // udev) holding the device, or a child between fork and exec with an
         // inherited descriptor. Look again a few times before saying so.
-        let mut busy_pauses = [5, 10, 20, 40].into_iter().map(Duration::from_millis);
+        let mut busy_pauses = [5, 10, 20, 40, 80, 160]
+            .into_iter()
+            .map(Duration::from_millis);
         for _ in 0..MAX_LAYERS {
             if !mountinfo::is_mount_point(&tgt)? {
                 return Ok(unmounted);
@@ -264,7 +279,7 @@ pub async fn unmount(target: &Path, deadline: Instant) -> Result<bool, HostOpErr
                 Err(Errno::EINVAL | Errno::ENOENT) => return Ok(unmounted),
                 Err(Errno::EBUSY) => match busy_pauses.next() {
                     Some(pause) if Instant::now() + pause < deadline => std::thread::sleep(pause),
-                    _ => return Err(failed(BUSY.into())),
+                    _ => return Err(busy(&tgt)),
                 },
                 Err(errno) => return Err(failed(errno.desc().into())),
             }
@@ -272,6 +287,20 @@ pub async fn unmount(target: &Path, deadline: Instant) -> Result<bool, HostOpErr
         Err(failed(format!("still mounted after {MAX_LAYERS} unmounts")))
     })
     .await
+}
+
+/// The error for a mount that stays busy, naming what holds it.
+fn busy(target: &Path) -> HostOpError {
+    let found = holders::find(target);
+    let holders = if found.is_empty() {
+        "no process this node can see holds it (one in another PID namespace may)".to_string()
+    } else {
+        holders::describe(&found)
+    };
+    HostOpError::FailedPrecondition(format!(
+        "{} is busy: {holders}. It stays mounted; retry once they are gone",
+        target.display()
+    ))
 }
 
 /// Marks the block device `device` read-only (or writable again) for every
@@ -571,6 +600,25 @@ impl MountOptions {
 
     fn data_string(&self) -> Option<String> {
         (!self.data.is_empty()).then(|| self.data.join(","))
+    }
+
+    /// The data string with what every mount of `fs` needs.
+    ///
+    /// xfs always gets `nouuid`. XFS refuses to mount a filesystem whose
+    /// UUID a mounted one already has, and every clone of a volume (a
+    /// snapshot restored, a volume cloned, a copy of the backing file) has
+    /// its source's UUID, so without it a pod cannot use a clone on a node
+    /// where the source is mounted. The option only skips that check: a
+    /// volume is identified by its device (found from SNAP's names and
+    /// sysfs), never by its filesystem UUID, and log recovery is unaffected.
+    /// Rewriting the clone's UUID instead (`xfs_admin -U generate`) would
+    /// change the user's data and needs a clean log, which a clone of a
+    /// mounted volume does not have. (The EBS and GCE PD drivers do the same.)
+    fn data_string_for(mut self, fs: FsType) -> Option<String> {
+        if fs == FsType::Xfs && !self.data.iter().any(|o| o == "nouuid") {
+            self.data.push("nouuid".into());
+        }
+        self.data_string()
     }
 
     /// The data options' names without their values, for messages.
@@ -1118,7 +1166,10 @@ mod tests {
         assert!(bind_mount(&device, &target, false).unwrap());
         let held = fs::File::open(&target).unwrap();
         let err = unmount(&target, deadline()).await.unwrap_err();
-        assert!(err.to_string().contains("target is busy"), "{err}");
+        assert!(
+            matches!(&err, HostOpError::FailedPrecondition(m) if m.contains("is busy: pid ")),
+            "{err:?}"
+        );
         assert_eq!(scratch.mounts().len(), 1);
         drop(held);
         assert!(unmount(&target, deadline()).await.unwrap());

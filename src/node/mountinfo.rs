@@ -49,7 +49,12 @@ impl MountEntry {
     /// Writes are refused through this mount: it is read-only itself, or its
     /// whole filesystem is (e.g. ext4 after `errors=remount-ro` struck).
     pub fn is_read_only(&self) -> bool {
-        self.options.iter().any(|o| o == "ro") || self.super_options.iter().any(|o| o == "ro")
+        self.is_read_only_mount() || self.super_options.iter().any(|o| o == "ro")
+    }
+
+    /// The mount itself was made read-only (whatever its filesystem is now).
+    pub fn is_read_only_mount(&self) -> bool {
+        self.options.iter().any(|o| o == "ro")
     }
 }
 

@@ -1,17 +1,34 @@
-//! What an earlier run left, reported at start. Nothing is undone here:
-//! kubelet retries stage or unstage for every volume it still cares about,
-//! and those converge; these reports tell an operator what no retry will
-//! touch.
+//! What an earlier run left, reported at start. Nothing is undone here
+//! unless the operator asks: kubelet retries stage or unstage for every
+//! volume it still cares about, and those converge; these reports tell an
+//! operator what no retry will touch.
 //!
-//! First the records (what this node staged); then, once the DPU answers
-//! (in the background: the node serves kubelet meanwhile), the records
-//! against the volumes SNAP exposes under our names.
+//! First the records (what this node staged); then the orphans among them;
+//! then, once the DPU answers (in the background: the node serves kubelet
+//! meanwhile), the records against the volumes SNAP exposes under our names.
+//!
+//! An orphan is a staged volume whose NodeUnstage never came (its pod was
+//! force-deleted, the node was out of service): a recorded volume that no
+//! mount under the kubelet directory uses, other than its own staging
+//! mount. A filesystem volume is used by any such mount of its filesystem
+//! (the device number of its staging mount, or of its device); a block
+//! volume by any such bind mount of its device node (kubelet's publish
+//! paths for block volumes are not under `pods/`, so the rule takes the
+//! whole kubelet directory). A volume staged and not yet published fits the
+//! rule too, which is why `--unstage-orphans` is off by default: it is for a
+//! node whose pods are gone (out of service, drained); the report is for
+//! every node. A block volume whose device the host does not show cannot be
+//! told apart from a used one and is left out.
 
 use std::collections::HashSet;
+use std::path::Path;
 use std::time::Duration;
 
 use tokio::time::Instant;
+use tonic::Status;
 
+use super::error::host_status;
+use super::mountinfo::{self, MountEntry};
 use super::records::VolumeRecord;
 use super::service::NodeService;
 use crate::dpu::names::VolumeNames;
@@ -49,6 +66,111 @@ impl NodeService {
         tracing::info!(staged = staged.len(), "reconciled volume records");
         crate::metrics::set_volumes_staged(staged.len());
         staged
+    }
+
+    /// The volumes of `records` that nothing under the kubelet directory
+    /// uses (see the module doc), each reported with a log line and counted
+    /// in `snap_csi_orphaned_volumes`.
+    pub fn find_orphans(&self, records: &[VolumeRecord]) -> Vec<VolumeRecord> {
+        let table = match mountinfo::read() {
+            Ok(table) => table,
+            Err(e) => {
+                tracing::warn!("cannot read the mount table to look for orphaned volumes: {e}");
+                return Vec::new();
+            }
+        };
+        let mut orphans = Vec::new();
+        for record in records {
+            match self.in_use(record, &table) {
+                Ok(true) => {}
+                Ok(false) => {
+                    tracing::warn!(volume_id = %record.volume_id, staging = %record.staging_target_path.display(), "volume staged here, but nothing under the kubelet directory uses it (its NodeUnstage never came?); --unstage-orphans unstages such volumes at start");
+                    orphans.push(record.clone());
+                }
+                Err(e) => {
+                    tracing::warn!(volume_id = %record.volume_id, "cannot tell whether the volume is in use: {e}");
+                }
+            }
+        }
+        crate::metrics::set_orphaned_volumes(orphans.len());
+        orphans
+    }
+
+    /// Whether a mount under the kubelet directory other than the staging
+    /// mount uses the recorded volume; a block volume whose device is not
+    /// on the host counts as used, since nothing tells.
+    fn in_use(&self, record: &VolumeRecord, table: &[MountEntry]) -> Result<bool, Status> {
+        let staging = &record.staging_target_path;
+        let device = self.find_device(&record.locator)?;
+        let staging_mount = mountinfo::at(staging).map_err(host_status)?;
+        let block = record
+            .staged_as
+            .as_ref()
+            .is_some_and(|s| s.fs_type.is_none());
+        if block && device.is_none() {
+            return Ok(true);
+        }
+        let filesystems: Vec<(u32, u32)> = staging_mount
+            .as_ref()
+            .into_iter()
+            .map(|m| (m.major, m.minor))
+            .chain(device.iter().map(|d| (d.major, d.minor)))
+            .collect();
+        // A bind mount of a device node shows the node's path in /dev as
+        // its root, on the filesystem that holds /dev.
+        let node_in_dev = device.as_ref().and_then(|d| {
+            d.node
+                .strip_prefix("/dev")
+                .ok()
+                .map(|n| Path::new("/").join(n))
+        });
+        // The table shows resolved paths: a kubelet directory reached
+        // through a link must not make every volume look unused.
+        let kubelet_dir = &self.config().kubelet_dir;
+        let kubelet_dir =
+            std::fs::canonicalize(kubelet_dir).unwrap_or_else(|_| kubelet_dir.clone());
+        let staging = staging_mount.map_or_else(|| staging.clone(), |m| m.mount_point);
+        Ok(table.iter().any(|m| {
+            let under_kubelet = m.mount_point.starts_with(&kubelet_dir) && m.mount_point != staging;
+            let of_filesystem = !block && filesystems.contains(&(m.major, m.minor));
+            let of_node = block
+                && matches!(m.fs_type.as_str(), "devtmpfs" | "tmpfs")
+                && node_in_dev.as_deref() == Some(m.root.as_path());
+            under_kubelet && (of_filesystem || of_node)
+        }))
+    }
+
+    /// Unstages the orphans (`--unstage-orphans`), each after checking again,
+    /// while holding it, that nothing has started using it since; one that
+    /// kubelet is busy with, or that fails, is logged and left.
+    pub async fn unstage_orphans(self, orphans: Vec<VolumeRecord>) {
+        let mut left = orphans.len();
+        for record in orphans {
+            let volume_id = &record.volume_id;
+            let unstaged = async {
+                let _held = self.hold(volume_id)?;
+                let table = mountinfo::read().map_err(host_status)?;
+                if self.in_use(&record, &table)? {
+                    return Ok(false);
+                }
+                let deadline = Instant::now() + self.config().call_timeout;
+                self.unstage_held(volume_id, &record.staging_target_path, deadline)
+                    .await
+                    .map(|()| true)
+            };
+            match unstaged.await {
+                Ok(true) => {
+                    tracing::info!(%volume_id, staging = %record.staging_target_path.display(), "unstaged an orphaned volume");
+                    left -= 1;
+                }
+                Ok(false) => {
+                    tracing::info!(%volume_id, "an orphaned volume is in use again; left staged");
+                    left -= 1;
+                }
+                Err(e) => tracing::warn!(%volume_id, "cannot unstage an orphaned volume: {e}"),
+            }
+            crate::metrics::set_orphaned_volumes(left);
+        }
     }
 
     /// Compares `records` with what SNAP exposes, as soon as the DPU
@@ -134,6 +256,8 @@ mod tests {
                 uuid: None,
             },
             external_attach,
+            staged_as: None,
+            volume_context: Default::default(),
         }
     }
 

@@ -4,10 +4,14 @@
 //! That is the plugin's device name (DeleteDevice needs it after SNAP's
 //! objects are gone), where the host finds the device, and whether the
 //! attachment was ours or handed to us by DPF's controller-side attach (then
-//! unstage must not detach it). Records are written atomically (temp file,
+//! unstage must not detach it). It also keeps what the stage was asked for
+//! (how the volume is used, its volume context), so that a publish after a
+//! reboot, which kubelet sends without a stage, can stage the volume again
+//! from the record when the record and the request agree. Records are written atomically (temp file,
 //! fsync, rename, fsync of the directory) so a crash leaves the old record or
 //! the new one, never half of one.
 
+use std::collections::HashMap;
 use std::io;
 use std::path::PathBuf;
 
@@ -26,6 +30,37 @@ pub struct VolumeRecord {
     pub locator: HostLocator,
     /// True when the publish context carried DPF's attachment: not ours to undo.
     pub external_attach: bool,
+    /// How the stage used the volume; `None` in a record of an older node,
+    /// which then cannot be staged again from its record.
+    #[serde(default)]
+    pub staged_as: Option<StagedAs>,
+    /// The stage's volume context (no secrets: those are never kept).
+    #[serde(default)]
+    pub volume_context: HashMap<String, String>,
+}
+
+/// The volume capability a stage was given, as the record keeps it.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StagedAs {
+    /// The filesystem (`ext4`, `xfs`); `None` for a block volume.
+    pub fs_type: Option<String>,
+    pub mount_flags: Vec<String>,
+    /// The CSI access mode's name (`SINGLE_NODE_WRITER`, ...).
+    pub access_mode: String,
+}
+
+/// Mount flags are not printed, as for the CSI messages that carry them.
+impl std::fmt::Debug for StagedAs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StagedAs")
+            .field("fs_type", &self.fs_type)
+            .field(
+                "mount_flags",
+                &format_args!("<{} flags>", self.mount_flags.len()),
+            )
+            .field("access_mode", &self.access_mode)
+            .finish()
+    }
 }
 
 /// A directory of records, one file per volume (named by the hex of the
@@ -68,22 +103,52 @@ impl Records {
     }
 }
 
+/// A record as a stage of an ext4 volume writes it, for the node's tests.
+#[cfg(test)]
+pub(super) fn sample(id: &str) -> VolumeRecord {
+    VolumeRecord {
+        volume_id: id.into(),
+        staging_target_path: "/var/lib/kubelet/staging/x".into(),
+        device_name: Some("aio-x".into()),
+        locator: HostLocator::Nvme {
+            bdf: "26:00.1".into(),
+            nsid: 1,
+            uuid: Some("6a1f3c2e-5b6d-4e8f-9a0b-1c2d3e4f5a6b".into()),
+        },
+        external_attach: false,
+        staged_as: Some(StagedAs {
+            fs_type: Some("ext4".into()),
+            mount_flags: vec!["password=hunter2".into()],
+            access_mode: "SINGLE_NODE_WRITER".into(),
+        }),
+        volume_context: [("path".to_string(), "/img".to_string())].into(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn record(id: &str) -> VolumeRecord {
-        VolumeRecord {
-            volume_id: id.into(),
-            staging_target_path: "/var/lib/kubelet/staging/x".into(),
-            device_name: Some("aio-x".into()),
-            locator: HostLocator::Nvme {
-                bdf: "26:00.1".into(),
-                nsid: 1,
-                uuid: Some("6a1f3c2e-5b6d-4e8f-9a0b-1c2d3e4f5a6b".into()),
-            },
-            external_attach: false,
-        }
+        sample(id)
+    }
+
+    #[test]
+    fn a_record_of_an_older_node_loads_without_what_it_did_not_keep() {
+        let dir = tempfile::tempdir().unwrap();
+        let records = Records::open(dir.path()).unwrap();
+        let mut old = serde_json::to_value(record("old")).unwrap();
+        let fields = old.as_object_mut().unwrap();
+        fields.remove("staged_as");
+        fields.remove("volume_context");
+        JsonDir::open(dir.path())
+            .unwrap()
+            .store("old", &old)
+            .unwrap();
+        let loaded = records.load("old").unwrap().unwrap();
+        assert_eq!(loaded.staged_as, None);
+        assert!(loaded.volume_context.is_empty());
+        assert!(!format!("{:?}", record("x")).contains("hunter2"));
     }
 
     #[test]

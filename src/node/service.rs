@@ -9,6 +9,7 @@
 //! thing remembered is the small [`VolumeRecord`].
 
 use std::collections::HashMap;
+use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,13 +21,14 @@ use tracing::Instrument;
 use super::command::HostOpError;
 use super::config::{EmulationSetting, NodeConfig};
 use super::error::{host_status, io_status};
-use super::format::{self, FsType};
+use super::format::FsType;
 use super::records::{Records, VolumeRecord};
+use super::recovery::staged_as;
 use super::{mount, mountinfo, paths, stats};
 use crate::csi_limits::{MAX_MAP_BYTES, required_id, within_map_limit, within_string_limit};
 pub(crate) use crate::deadline::call_deadline;
 use crate::dpu::{AttachRequest, DpuAttach, DpuError, HostLocator, VolumeMode};
-use crate::guard::{Held, VolumeGuard};
+use crate::guard::{Busy, Held, VolumeGuard};
 use crate::host::{BlockDevice, Sysfs};
 use crate::proto::csi::v1 as csi;
 use crate::proto::csi::v1::volume_capability::access_mode::Mode;
@@ -57,7 +59,7 @@ struct Inner {
 
 /// How a volume is used, from its capability.
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum Usage {
+pub(super) enum Usage {
     Block,
     Filesystem { fs: FsType, flags: Vec<String> },
 }
@@ -78,7 +80,7 @@ impl NodeService {
     }
 
     /// Publishes how many volumes are staged, from the records.
-    fn count_staged(&self) {
+    pub(super) fn count_staged(&self) {
         match self.inner.records.count() {
             Ok(count) => crate::metrics::set_volumes_staged(count),
             Err(e) => tracing::warn!("cannot count volume records: {e}"),
@@ -97,23 +99,36 @@ impl NodeService {
         &self.inner.records
     }
 
+    pub(super) fn sysfs(&self) -> &Sysfs {
+        &self.inner.sysfs
+    }
+
     fn deadline<T>(&self, request: &Request<T>) -> Instant {
         call_deadline(request, self.inner.config.call_timeout)
     }
 
-    fn hold(&self, volume_id: &str) -> Result<Held, Status> {
-        self.inner.guard.try_hold(volume_id).ok_or_else(|| {
-            Status::aborted(format!(
-                "an operation on volume {volume_id} is already in progress"
-            ))
-        })
+    /// Holds the whole volume: stage, unstage and expand.
+    pub(super) fn hold(&self, volume_id: &str) -> Result<Held, Status> {
+        self.inner
+            .guard
+            .try_hold(volume_id)
+            .map_err(|busy| busy_status(volume_id, None, &busy))
+    }
+
+    /// Holds one target path of the volume: publish and unpublish, which run
+    /// together on different targets.
+    fn hold_target(&self, volume_id: &str, target: &Path) -> Result<Held, Status> {
+        self.inner
+            .guard
+            .try_hold_target(volume_id, target)
+            .map_err(|busy| busy_status(volume_id, Some(target), &busy))
     }
 
     fn confine(&self, what: &str, path: &str) -> Result<PathBuf, Status> {
         if path.is_empty() {
             return Err(Status::invalid_argument(format!("{what} is required")));
         }
-        paths::confine(&self.inner.config.kubelet_dir, path)
+        confine_path(&self.inner.config.kubelet_dir, path)
             .map_err(|e| Status::invalid_argument(format!("{what}: {e}")))
     }
 
@@ -136,19 +151,23 @@ impl NodeService {
                 "volume {volume_id} is not at {volume_path:?}: {why}"
             ))
         };
-        let path = match paths::confine(&self.inner.config.kubelet_dir, volume_path) {
+        let path = match confine_path(&self.inner.config.kubelet_dir, volume_path) {
             Ok(path) => path,
             Err(HostOpError::InvalidArgument(why)) => return Err(not_there(why)),
             Err(e) => return Err(host_status(e)),
         };
-        if std::fs::symlink_metadata(&path).is_err() {
-            return Err(not_there("no such file or directory".into()));
+        // Only absence: a filesystem that shut down answers EIO even for its
+        // mount point, and that volume is there, in a bad state.
+        if let Err(e) = std::fs::symlink_metadata(&path)
+            && e.kind() == std::io::ErrorKind::NotFound
+        {
+            return Err(not_there(e.to_string()));
         }
         Ok((record, path))
     }
 
     /// The host device at `locator`, if sysfs shows it now.
-    fn find_device(&self, locator: &HostLocator) -> Result<Option<BlockDevice>, Status> {
+    pub(super) fn find_device(&self, locator: &HostLocator) -> Result<Option<BlockDevice>, Status> {
         match locator {
             HostLocator::Nvme { bdf, nsid, uuid } => {
                 self.inner
@@ -161,7 +180,7 @@ impl NodeService {
     }
 
     /// Waits (polling, with the deadline) until sysfs shows the device.
-    async fn wait_for_device(
+    pub(super) async fn wait_for_device(
         &self,
         locator: &HostLocator,
         deadline: Instant,
@@ -193,7 +212,7 @@ impl NodeService {
     }
 
     /// Where the volume's device is now, from its record (`None` if unstaged).
-    fn recorded(&self, volume_id: &str) -> Result<Option<VolumeRecord>, Status> {
+    pub(super) fn recorded(&self, volume_id: &str) -> Result<Option<VolumeRecord>, Status> {
         self.inner
             .records
             .load(volume_id)
@@ -233,6 +252,20 @@ impl NodeService {
     }
 }
 
+/// ABORTED, saying what runs: the CO retries later.
+fn busy_status(volume_id: &str, target: Option<&Path>, busy: &Busy) -> Status {
+    let running = match busy {
+        Busy::Whole => "a stage, unstage or expand is".to_string(),
+        Busy::Targets(1) => "1 publish or unpublish is".to_string(),
+        Busy::Targets(count) => format!("{count} publishes or unpublishes are"),
+        Busy::SameTarget => format!(
+            "a publish or unpublish at {} is",
+            target.unwrap_or(Path::new("")).display()
+        ),
+    };
+    Status::aborted(format!("volume {volume_id} is busy: {running} in progress"))
+}
+
 fn require<'a>(value: &'a str, what: &str) -> Result<&'a str, Status> {
     if value.is_empty() {
         Err(Status::invalid_argument(format!("{what} is required")))
@@ -252,7 +285,7 @@ fn maps_within_limits(
     within_map_limit(secrets, "secrets")
 }
 
-fn access_mode(capability: &csi::VolumeCapability) -> Result<Mode, Status> {
+pub(super) fn access_mode(capability: &csi::VolumeCapability) -> Result<Mode, Status> {
     let mode = capability
         .access_mode
         .as_ref()
@@ -270,7 +303,7 @@ fn access_mode(capability: &csi::VolumeCapability) -> Result<Mode, Status> {
     }
 }
 
-fn is_read_only_mode(mode: Mode) -> bool {
+pub(super) fn is_read_only_mode(mode: Mode) -> bool {
     matches!(mode, Mode::SingleNodeReaderOnly | Mode::MultiNodeReaderOnly)
 }
 
@@ -375,6 +408,8 @@ impl NodeService {
             device_name,
             locator: locator.clone(),
             external_attach: external,
+            staged_as: Some(staged_as(&usage, access_mode(&capability)?)),
+            volume_context: req.volume_context.clone(),
         };
         if self.recorded(volume_id)?.as_ref() != Some(&record) {
             self.inner
@@ -384,51 +419,8 @@ impl NodeService {
         }
         crate::failpoint::step("stage:record");
         self.count_staged();
-        let device = self.wait_for_device(&locator, deadline).await?;
-        // A read-only mount does not stop writes through the device node (a
-        // block volume, or anything opening the device): the device flag
-        // does. Set both ways: the flag outlives the device's last user.
-        mount::set_block_device_read_only(&device.node, read_only, deadline)
-            .await
-            .map_err(host_status)?;
-
-        if let Usage::Filesystem { fs, flags } = &usage {
-            if let Some(existing) = mountinfo::at(&staging).map_err(host_status)? {
-                if (existing.major, existing.minor) == (device.major, device.minor) {
-                    return Ok(Response::new(csi::NodeStageVolumeResponse {}));
-                }
-                return Err(Status::already_exists(format!(
-                    "{} already has another device mounted ({}:{})",
-                    staging.display(),
-                    existing.major,
-                    existing.minor
-                )));
-            }
-            if read_only {
-                if let format::Probe::Blank = format::probe(&device.node, deadline)
-                    .await
-                    .map_err(host_status)?
-                {
-                    return Err(Status::failed_precondition(format!(
-                        "volume {volume_id} is blank and its access mode is read-only: nothing to mount"
-                    )));
-                }
-            } else {
-                let formatted = format::format_if_blank(&device.node, *fs, deadline)
-                    .await
-                    .map_err(host_status)?;
-                crate::failpoint::step("stage:format");
-                if !formatted && *fs == FsType::Ext4 {
-                    stats::grow_ext4_offline(&device.node, deadline)
-                        .await
-                        .map_err(host_status)?;
-                }
-            }
-            mount::mount_filesystem(&device.node, &staging, *fs, flags, read_only, deadline)
-                .await
-                .map_err(host_status)?;
-            crate::failpoint::step("stage:mount");
-        }
+        self.stage_on_host(volume_id, &staging, &locator, &usage, read_only, deadline)
+            .await?;
         Ok(Response::new(csi::NodeStageVolumeResponse {}))
     }
 
@@ -441,9 +433,19 @@ impl NodeService {
         let volume_id = required_id(&req.volume_id, "volume_id")?;
         let staging = self.confine("staging_target_path", &req.staging_target_path)?;
         let _held = self.hold(volume_id)?;
+        self.unstage_held(volume_id, &staging, deadline).await?;
+        Ok(Response::new(csi::NodeUnstageVolumeResponse {}))
+    }
 
+    /// NodeUnstageVolume's work, for a caller holding the volume.
+    pub(super) async fn unstage_held(
+        &self,
+        volume_id: &str,
+        staging: &Path,
+        deadline: Instant,
+    ) -> Result<(), Status> {
         // Stacked mounts (a stage retried after a crash) all go.
-        while mount::unmount(&staging, deadline)
+        while mount::unmount(staging, deadline)
             .await
             .map_err(host_status)?
         {}
@@ -471,7 +473,8 @@ impl NodeService {
             .remove(volume_id)
             .map_err(|e| io_status("removing the volume record", e))?;
         self.count_staged();
-        Ok(Response::new(csi::NodeUnstageVolumeResponse {}))
+        crate::metrics::forget_volume_condition(volume_id);
+        Ok(())
     }
 
     async fn node_publish_volume_inner(
@@ -494,25 +497,17 @@ impl NodeService {
         let target = self.confine("target_path", &req.target_path)?;
         let staging = self.confine("staging_target_path", &req.staging_target_path)?;
         let read_only = req.readonly || is_read_only_mode(access_mode(&capability)?);
-        let _held = self.hold(volume_id)?;
+        let _held = self.hold_target(volume_id, &target)?;
 
-        let source = match usage {
-            Usage::Filesystem { .. } => {
-                if !mountinfo::is_mount_point(&staging).map_err(host_status)? {
-                    return Err(Status::failed_precondition(format!(
-                        "volume {volume_id} is not staged at {}",
-                        staging.display()
-                    )));
-                }
-                staging
-            }
-            Usage::Block => {
-                let record = self.recorded(volume_id)?.ok_or_else(|| {
-                    Status::failed_precondition(format!("volume {volume_id} is not staged"))
-                })?;
-                self.wait_for_device(&record.locator, deadline).await?.node
-            }
-        };
+        let source = self
+            .staged_for_publish(
+                volume_id,
+                &staging,
+                (&capability, &usage),
+                &req.volume_context,
+                deadline,
+            )
+            .await?;
         // Already published here with the same source and setting: done;
         // anything else there is ALREADY_EXISTS (bind_mount looks once).
         mount::bind_mount(&source, &target, read_only).map_err(host_status)?;
@@ -527,7 +522,7 @@ impl NodeService {
         let req = request.into_inner();
         let volume_id = required_id(&req.volume_id, "volume_id")?;
         let target = self.confine("target_path", &req.target_path)?;
-        let _held = self.hold(volume_id)?;
+        let _held = self.hold_target(volume_id, &target)?;
         while mount::unmount(&target, deadline)
             .await
             .map_err(host_status)?
@@ -541,54 +536,17 @@ impl NodeService {
         &self,
         request: Request<csi::NodeGetVolumeStatsRequest>,
     ) -> Result<Response<csi::NodeGetVolumeStatsResponse>, Status> {
+        let deadline = self.deadline(&request);
         let req = request.into_inner();
         let volume_id = required_id(&req.volume_id, "volume_id")?;
         require(&req.volume_path, "volume_path")?;
         let (_, path) = self.staged_at(volume_id, &req.volume_path)?;
-        let Some(entry) = mountinfo::at(&path).map_err(host_status)? else {
-            return Ok(Response::new(abnormal(format!(
-                "{} is not mounted: the volume is not published there",
-                path.display()
-            ))));
-        };
-        let response = if path.is_dir() {
-            let usage = stats::filesystem_usage(&path).map_err(host_status)?;
-            csi::NodeGetVolumeStatsResponse {
-                usage: vec![
-                    csi::VolumeUsage {
-                        available: usage.available_bytes,
-                        total: usage.total_bytes,
-                        used: usage.used_bytes,
-                        unit: csi::volume_usage::Unit::Bytes as i32,
-                    },
-                    csi::VolumeUsage {
-                        available: usage.free_inodes,
-                        total: usage.total_inodes,
-                        used: usage.used_inodes,
-                        unit: csi::volume_usage::Unit::Inodes as i32,
-                    },
-                ],
-                volume_condition: Some(healthy()),
-            }
-        } else {
-            match stats::block_device_size(&path) {
-                Ok(size) => csi::NodeGetVolumeStatsResponse {
-                    usage: vec![csi::VolumeUsage {
-                        available: 0,
-                        total: i64::try_from(size).unwrap_or(i64::MAX),
-                        used: 0,
-                        unit: csi::volume_usage::Unit::Bytes as i32,
-                    }],
-                    volume_condition: Some(healthy()),
-                },
-                Err(e) => abnormal(format!(
-                    "the block device {}:{} behind {} is gone: {e}",
-                    entry.major,
-                    entry.minor,
-                    path.display()
-                )),
-            }
-        };
+        let response = volume_stats(&path, deadline).await?;
+        let abnormal = response
+            .volume_condition
+            .as_ref()
+            .is_some_and(|c| c.abnormal);
+        crate::metrics::set_volume_condition(volume_id, abnormal);
         Ok(Response::new(response))
     }
 
@@ -763,6 +721,30 @@ impl csi::node_server::Node for NodeService {
     }
 }
 
+/// [`paths::confine`], which looks at each component of the path, except
+/// that the mount point of a filesystem that shut down (xfs answers EIO even
+/// to an lstat of it) is taken when its parent confines and the mount table
+/// shows a mount exactly there: the root of a mount is a directory or a
+/// device node, never a link. Unpublish, unstage and stats must reach it.
+fn confine_path(root: &Path, requested: &str) -> Result<PathBuf, HostOpError> {
+    let error = match paths::confine(root, requested) {
+        Err(error @ HostOpError::Failed { .. }) => error,
+        other => return other,
+    };
+    let requested = Path::new(requested);
+    let (Some(parent), Some(name)) = (requested.parent(), requested.file_name()) else {
+        return Err(error);
+    };
+    let Some(parent) = parent.to_str().and_then(|p| paths::confine(root, p).ok()) else {
+        return Err(error);
+    };
+    let path = parent.join(name);
+    match mountinfo::at(&path) {
+        Ok(Some(_)) => Ok(path),
+        _ => Err(error),
+    }
+}
+
 /// DPF's attachment from the publish context, if it carries one.
 fn dpf_locator(
     context: &std::collections::HashMap<String, String>,
@@ -796,6 +778,83 @@ fn remove_mount_point(target: &Path) -> std::io::Result<()> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(e),
     }
+}
+
+/// Usage and condition of the volume at `path`, a publish target or the
+/// staging path.
+async fn volume_stats(
+    path: &Path,
+    deadline: Instant,
+) -> Result<csi::NodeGetVolumeStatsResponse, Status> {
+    let Some(entry) = mountinfo::at(path).map_err(host_status)? else {
+        return Ok(abnormal(format!(
+            "{} is not mounted: the volume is not published there",
+            path.display()
+        )));
+    };
+    // A block volume's device node stays there when its device is gone; a
+    // broken filesystem's mount point may answer stat(2) with EIO.
+    let block = std::fs::metadata(path).is_ok_and(|m| m.file_type().is_block_device());
+    if block {
+        return Ok(match stats::block_device_size(path) {
+            Ok(size) => csi::NodeGetVolumeStatsResponse {
+                usage: vec![csi::VolumeUsage {
+                    available: 0,
+                    total: i64::try_from(size).unwrap_or(i64::MAX),
+                    used: 0,
+                    unit: csi::volume_usage::Unit::Bytes as i32,
+                }],
+                volume_condition: Some(healthy()),
+            },
+            Err(e) => abnormal(format!(
+                "the block device {}:{} behind {} is gone: {e}",
+                entry.major,
+                entry.minor,
+                path.display()
+            )),
+        });
+    }
+    let fault = stats::filesystem_fault(path, &entry, deadline)
+        .await
+        .map_err(host_status)?;
+    // statfs answers on a filesystem that shut down: usage stays reported.
+    let usage = match stats::filesystem_usage(path) {
+        Ok(usage) => usage,
+        Err(e) => {
+            return match fault {
+                Some(why) => Ok(abnormal(repair_hint(&why))),
+                None => Err(host_status(e)),
+            };
+        }
+    };
+    Ok(csi::NodeGetVolumeStatsResponse {
+        usage: vec![
+            csi::VolumeUsage {
+                available: usage.available_bytes,
+                total: usage.total_bytes,
+                used: usage.used_bytes,
+                unit: csi::volume_usage::Unit::Bytes as i32,
+            },
+            csi::VolumeUsage {
+                available: usage.free_inodes,
+                total: usage.total_inodes,
+                used: usage.used_inodes,
+                unit: csi::volume_usage::Unit::Inodes as i32,
+            },
+        ],
+        volume_condition: Some(match fault {
+            Some(why) => csi::VolumeCondition {
+                abnormal: true,
+                message: repair_hint(&why),
+            },
+            None => healthy(),
+        }),
+    })
+}
+
+/// What a failed filesystem's condition says: why, and what repairs it.
+fn repair_hint(why: &str) -> String {
+    format!("{why}; to repair it, unpublish it everywhere and stage it again")
 }
 
 fn healthy() -> csi::VolumeCondition {

@@ -75,6 +75,36 @@ impl Emulator {
         RpcClient::new(&self.socket)
     }
 
+    /// Has the host name every exposed controller's disks anew (the
+    /// emulator-only `*_controller_emu_rename`): the same devices and
+    /// identities under new kernel names, as after a reconnect or a reboot.
+    pub async fn rename_host_disks(&self) {
+        use snap_csi::spdk::snap::{NvmeControllerList, VirtioBlkControllerList};
+        let snap = self.client();
+        let nvme = snap.call(&NvmeControllerList {}).await.unwrap();
+        let virtio = snap.call(&VirtioBlkControllerList {}).await.unwrap();
+        let renames = nvme
+            .into_iter()
+            .map(|c| {
+                (
+                    "nvme_controller_emu_rename",
+                    serde_json::json!({"ctrl_id": c.ctrl_id}),
+                )
+            })
+            .chain(virtio.into_iter().filter(|c| c.bdev.is_some()).map(|c| {
+                (
+                    "virtio_blk_controller_emu_rename",
+                    serde_json::json!({"ctrl": c.ctrl_id}),
+                )
+            }));
+        for (method, params) in renames {
+            let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+            snap.call_raw(method, Some(&params), deadline)
+                .await
+                .unwrap_or_else(|e| panic!("{method} {params}: {e}"));
+        }
+    }
+
     /// Stops the emulator gracefully and checks that it shut down cleanly
     /// (dropping it stops it too, reporting a failure on stderr).
     pub async fn stop(mut self) {

@@ -10,8 +10,6 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use snap_csi::dpu::DpuAttach;
-use snap_csi::dpu::colocated::Colocated;
-use snap_csi::dpu::remote::RemoteDpu;
 use snap_csi::node::NodeConfig;
 use snap_csi::node::config::EmulationSetting;
 use snap_csi::proto::csi::v1 as csi;
@@ -25,11 +23,10 @@ use snap_csi::spdk::snap::{NvmeSubsystemList, VirtioBlkControllerList};
 use tokio::sync::oneshot;
 use tonic::transport::Channel;
 
-use super::Emulator;
 use super::dpu::{Agent, DPU_NAME, HOST_NAME};
-use super::loop_devices_of;
 use super::plugin::TestPlugin;
 use super::shared::free_local_address;
+use super::{Emulator, loop_devices_of};
 
 pub struct NodeStack {
     stop: Option<oneshot::Sender<()>>,
@@ -90,35 +87,9 @@ impl NodeStack {
             device_wait: tweaks.device_wait.unwrap_or(Duration::from_secs(10)),
             call_timeout: Duration::from_secs(60),
             metrics_address: Some(free_local_address()),
+            unstage_orphans: false,
         };
-        let (stop, stopped) = oneshot::channel::<()>();
-        let node_config = config.clone();
-        let link = agent
-            .as_ref()
-            .map(|a| (a.address.clone(), a.node_tls.clone()));
-        let thread = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()?;
-            let stopped = async move {
-                let _ = stopped.await;
-            };
-            runtime.block_on(async move {
-                let Some(wrap) = tweaks.wrap_dpu else {
-                    return snap_csi::node::run(node_config, stopped).await;
-                };
-                // Made on the node's runtime, which its connections need.
-                let dpu: Arc<dyn DpuAttach> = match link {
-                    Some((address, tls)) => Arc::new(RemoteDpu::new(address, DPU_NAME, &tls)?),
-                    None => Arc::new(Colocated::new(
-                        node_config.plugin_socket.clone(),
-                        node_config.snap_socket_template.clone(),
-                    )),
-                };
-                snap_csi::node::serve(node_config, wrap(dpu), stopped).await
-            })
-        });
+        let (stop, thread) = spawn_node(config.clone(), tweaks.wrap_dpu);
         let client = NodeClient::new(connect(&config.endpoint).await);
         NodeStack {
             stop: Some(stop),
@@ -130,6 +101,83 @@ impl NodeStack {
             plugin: Some(plugin),
             emulator,
         }
+    }
+
+    /// Stops the node service gracefully and starts it again with the same
+    /// configuration changed by `change` (on a fresh metrics port, as a
+    /// restarted pod may not get its old one), as kubelet's DaemonSet would.
+    pub async fn restart_node(&mut self, change: impl FnOnce(&mut NodeConfig)) {
+        self.stop_node();
+        change(&mut self.config);
+        self.config.metrics_address = Some(free_local_address());
+        let (stop, thread) = spawn_node(self.config.clone(), None);
+        (self.stop, self.thread) = (Some(stop), Some(thread));
+        self.client = NodeClient::new(connect(&self.config.endpoint).await);
+    }
+
+    /// A host reboot as the node sees it: the node stops, every mount under
+    /// the kubelet directory is gone, the records and SNAP's state remain,
+    /// and the host finds the disks again under new names, with the
+    /// read-only flag a new device starts with (off). The emulator's loop
+    /// devices stay: what a reboot changes is how the host names its disks
+    /// and their flags, while their identity and data are SNAP's. Then the
+    /// node starts.
+    pub async fn reboot_host(&mut self) {
+        self.stop_node();
+        unmount_all_under(&self.kubelet);
+        let sysfs = snap_csi::host::Sysfs::new(&self.emulator.sysfs_root);
+        for disk in host_disks(&self.emulator.sysfs_root) {
+            let node = sysfs.device_node(disk.major, disk.minor).unwrap();
+            let status = std::process::Command::new("blockdev")
+                .arg("--setrw")
+                .arg(&node)
+                .status()
+                .unwrap();
+            assert!(status.success(), "blockdev --setrw {}", node.display());
+        }
+        self.emulator.rename_host_disks().await;
+        self.restart_node(|_| {}).await;
+    }
+
+    fn stop_node(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            match thread.join() {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => eprintln!("node service: {e:#}"),
+                Err(_) => eprintln!("node service thread panicked"),
+            }
+        }
+    }
+
+    /// Nothing of the volume on `backing` is left on the DPU side or the
+    /// host, and no volume has a record: the census after an unstage.
+    pub async fn assert_nothing_left(&self, backing: &Path) {
+        let snap = self.emulator.client();
+        assert!(loop_devices_of(backing).is_empty(), "a loop device is left");
+        assert!(mounts_under(&self.kubelet).is_empty(), "a mount is left");
+        let bdevs = snap.call(&BdevGetBdevs::default()).await.unwrap();
+        assert!(bdevs.is_empty(), "a bdev is left: {bdevs:?}");
+        let subsystems = snap.call(&NvmeSubsystemList {}).await.unwrap();
+        assert!(
+            subsystems.is_empty(),
+            "an NVMe subsystem is left: {subsystems:?}"
+        );
+        let controllers = snap.call(&VirtioBlkControllerList {}).await.unwrap();
+        assert!(
+            controllers.is_empty(),
+            "a virtio-blk controller is left: {controllers:?}"
+        );
+        assert_eq!(self.records(), 0, "a volume record is left");
+    }
+
+    /// How many volume records the node holds.
+    pub fn records(&self) -> usize {
+        std::fs::read_dir(self.config.state_dir.join("volumes"))
+            .map(|d| d.count())
+            .unwrap_or(0)
     }
 
     /// Stops the vendor plugin (as if its pod died); the rest keeps running.
@@ -164,22 +212,46 @@ impl NodeStack {
 impl Drop for NodeStack {
     fn drop(&mut self) {
         // A failed test may leave mounts, which would keep loop devices busy
-        // after the emulator stops: take them down first, deepest first.
-        let mut leftovers = mounts_under(&self.kubelet);
-        leftovers.sort_by_key(|m| std::cmp::Reverse(m.len()));
-        for mount_point in leftovers {
-            let _ = nix::mount::umount2(mount_point.as_str(), nix::mount::MntFlags::MNT_DETACH);
-        }
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(thread) = self.thread.take() {
-            match thread.join() {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => eprintln!("node service: {e:#}"),
-                Err(_) => eprintln!("node service thread panicked"),
-            }
-        }
+        // after the emulator stops: take them down first.
+        unmount_all_under(&self.kubelet);
+        self.stop_node();
+    }
+}
+
+/// The node service on a thread and runtime of its own, until the sender is
+/// used or dropped.
+fn spawn_node(
+    config: NodeConfig,
+    wrap: Option<WrapDpu>,
+) -> (oneshot::Sender<()>, JoinHandle<anyhow::Result<()>>) {
+    let (stop, stopped) = oneshot::channel::<()>();
+    let thread = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()?;
+        let stopped = async move {
+            let _ = stopped.await;
+        };
+        runtime.block_on(async move {
+            // Made on the node's runtime, which its connections need.
+            let dpu = snap_csi::node::dpu_layer(&config)?;
+            let dpu = match wrap {
+                Some(wrap) => wrap(dpu),
+                None => dpu,
+            };
+            snap_csi::node::serve(config, dpu, stopped).await
+        })
+    });
+    (stop, thread)
+}
+
+/// Detaches every mount under `root`, deepest first.
+pub fn unmount_all_under(root: &Path) {
+    let mut mounts = mounts_under(root);
+    mounts.sort_by_key(|m| std::cmp::Reverse(m.len()));
+    for mount_point in mounts {
+        let _ = nix::mount::umount2(mount_point.as_str(), nix::mount::MntFlags::MNT_DETACH);
     }
 }
 
@@ -265,29 +337,6 @@ pub fn mounts_under(root: &Path) -> Vec<String> {
         .collect()
 }
 
-/// Nothing of the volume is left on the DPU side or the host.
-pub async fn assert_nothing_left(stack: &NodeStack, backing: &Path) {
-    let snap = stack.emulator.client();
-    assert!(loop_devices_of(backing).is_empty(), "a loop device is left");
-    assert!(mounts_under(&stack.kubelet).is_empty(), "a mount is left");
-    let bdevs = snap.call(&BdevGetBdevs::default()).await.unwrap();
-    assert!(bdevs.is_empty(), "a bdev is left: {bdevs:?}");
-    let subsystems = snap.call(&NvmeSubsystemList {}).await.unwrap();
-    assert!(
-        subsystems.is_empty(),
-        "an NVMe subsystem is left: {subsystems:?}"
-    );
-    let controllers = snap.call(&VirtioBlkControllerList {}).await.unwrap();
-    assert!(
-        controllers.is_empty(),
-        "a virtio-blk controller is left: {controllers:?}"
-    );
-    let records = std::fs::read_dir(stack.config.state_dir.join("volumes"))
-        .map(|d| d.count())
-        .unwrap_or(0);
-    assert_eq!(records, 0, "a volume record is left");
-}
-
 /// A repeated stage created nothing twice: one bdev, one SNAP exposure, one
 /// loop device, and a mount at the staging path only for filesystems.
 pub async fn assert_attached_once(stack: &NodeStack, backing: &Path, staging: &Path, block: bool) {
@@ -365,4 +414,70 @@ pub async fn scrape(address: std::net::SocketAddr) -> String {
     let mut page = String::new();
     stream.read_to_string(&mut page).await.unwrap();
     page
+}
+
+/// Writes `data` into a published volume: a file for filesystems, the device
+/// for block volumes (at an offset past anything mkfs would touch).
+pub fn write_volume(target: &Path, data: &[u8]) {
+    use std::io::{Seek, SeekFrom, Write};
+    if target.is_dir() {
+        std::fs::write(target.join("data.bin"), data).unwrap();
+        let dir = std::fs::File::open(target).unwrap();
+        dir.sync_all().unwrap();
+    } else {
+        let mut device = std::fs::OpenOptions::new()
+            .write(true)
+            .open(target)
+            .unwrap();
+        device.seek(SeekFrom::Start(1 << 20)).unwrap();
+        device.write_all(data).unwrap();
+        device.sync_all().unwrap();
+    }
+}
+
+/// Reads back what [`write_volume`] wrote.
+pub fn read_volume(target: &Path, len: usize) -> Vec<u8> {
+    use std::io::{Read, Seek, SeekFrom};
+    if target.is_dir() {
+        std::fs::read(target.join("data.bin")).unwrap()
+    } else {
+        let mut device = std::fs::File::open(target).unwrap();
+        device.seek(SeekFrom::Start(1 << 20)).unwrap();
+        let mut data = vec![0; len];
+        device.read_exact(&mut data).unwrap();
+        data
+    }
+}
+
+/// A disk in the emulator's tree: its kernel name and device number.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostDisk {
+    pub name: String,
+    pub major: u32,
+    pub minor: u32,
+}
+
+/// Every disk in the emulator's tree at `sysfs_root` (a directory with a
+/// `dev` file below a PCI function).
+pub fn host_disks(sysfs_root: &Path) -> Vec<HostDisk> {
+    fn walk(dir: &Path, found: &mut Vec<HostDisk>) {
+        for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if !entry.file_type().is_ok_and(|t| t.is_dir()) {
+                continue;
+            }
+            if let Ok(dev) = std::fs::read_to_string(path.join("dev")) {
+                let (major, minor) = dev.trim().split_once(':').unwrap();
+                found.push(HostDisk {
+                    name: entry.file_name().to_string_lossy().into_owned(),
+                    major: major.parse().unwrap(),
+                    minor: minor.parse().unwrap(),
+                });
+            }
+            walk(&path, found);
+        }
+    }
+    let mut found = Vec::new();
+    walk(&sysfs_root.join("bus/pci/devices"), &mut found);
+    found
 }

@@ -68,7 +68,9 @@ Use --wait-for-rpc command line parameter and then issue this RPC before the fra
 const BDEV_WAIT_STEP: Duration = Duration::from_millis(10);
 
 fn is_known(shared: &Shared, method: &str) -> bool {
-    SPDK_METHODS.contains(&method) || (shared.snap_enabled && api::METHODS.contains(&method))
+    SPDK_METHODS.contains(&method)
+        || (shared.snap_enabled
+            && (api::METHODS.contains(&method) || api::EMU_METHODS.contains(&method)))
 }
 
 /// SNAP's listings, serialised straight from the state (see `snap_api`).
@@ -244,6 +246,8 @@ impl Emulator {
             api::VIRTIO_BLK_CONTROLLER_HOTUNPLUG => self.virtio_blk_controller_hotunplug(params),
             api::VIRTIO_BLK_CONTROLLER_SUSPEND => self.virtio_blk_controller_suspend(params),
             api::VIRTIO_BLK_CONTROLLER_RESUME => self.virtio_blk_controller_resume(params),
+            api::NVME_CONTROLLER_EMU_RENAME => self.nvme_controller_emu_rename(params),
+            api::VIRTIO_BLK_CONTROLLER_EMU_RENAME => self.virtio_blk_controller_emu_rename(params),
             _ => Err(RpcError::method_not_found()),
         }
     }
@@ -268,7 +272,7 @@ mod tests {
     fn every_snap_method_is_routed() {
         // A name in the table without a handler would answer "Method not found".
         let src = include_str!("dispatch.rs");
-        for m in api::METHODS {
+        for m in api::METHODS.iter().chain(api::EMU_METHODS) {
             let constant = api_const_name(m);
             assert!(
                 src.contains(&format!("api::{constant} =>")),

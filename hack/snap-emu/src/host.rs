@@ -423,6 +423,79 @@ impl HostSide {
         self.detach_locked(&id, None).with_context(what)
     }
 
+    /// Emulator-only: the NVMe namespace disk takes the controller instance
+    /// `ctrl` (`nvme<ctrl>n<ns>`, the same `ns`), keeping its loop device, as
+    /// a host names a controller anew after a reconnect (see [`Self::rename_queued`]).
+    pub fn rename_nvme_queued(&self, disk: &DiskRef, ctrl: u32) -> anyhow::Result<DiskRef> {
+        let from = self.disk_id(&disk.sysfs_dir)?;
+        let DiskId::Nvme { bdf, ns, .. } = &from else {
+            bail!("{} is not an NVMe namespace", disk.sysfs_dir.display());
+        };
+        let to = DiskId::Nvme {
+            bdf: bdf.clone(),
+            ctrl,
+            ns: *ns,
+        };
+        self.rename_queued(&from, &to)
+    }
+
+    /// Emulator-only: the virtio-blk disk becomes `virtio<virtio>/block/<name>`,
+    /// keeping its loop device (see [`Self::rename_queued`]).
+    pub fn rename_virtio_blk_queued(
+        &self,
+        disk: &DiskRef,
+        virtio: u32,
+        name: &str,
+    ) -> anyhow::Result<DiskRef> {
+        validate_disk_name(name)?;
+        let from = self.disk_id(&disk.sysfs_dir)?;
+        let DiskId::VirtioBlk { bdf, .. } = &from else {
+            bail!("{} is not a virtio-blk disk", disk.sysfs_dir.display());
+        };
+        let to = DiskId::VirtioBlk {
+            bdf: bdf.clone(),
+            virtio,
+            disk: name.to_owned(),
+        };
+        self.rename_queued(&from, &to)
+    }
+
+    /// Moves an attached disk to another name under its function: the same
+    /// loop device (so a filesystem mounted from it stays mounted) and the
+    /// same identity (NSID and UUID, or serial), a new kernel name. Real
+    /// hosts rename this way after a reconnect when the old name is still
+    /// held; the node must find the disk by its identity, never its name.
+    fn rename_queued(&self, from: &DiskId, to: &DiskId) -> anyhow::Result<DiskRef> {
+        let (old_dir, new_dir) = (self.disk_dir(from), self.disk_dir(to));
+        let what = || format!("renaming {} to {}", old_dir.display(), new_dir.display());
+        let _guard = self.functions.lock(from.bdf());
+        let record = match self.records.load(&from.key()).with_context(what)? {
+            Some(record) if live_state(&record).with_context(what)?.is_some() => record,
+            _ => return Err(anyhow!("not on the host")).with_context(what),
+        };
+        if self.records.load(&to.key()).with_context(what)?.is_some() || new_dir.exists() {
+            return Err(anyhow!("the new name is taken")).with_context(what);
+        }
+        // The new record first: after a crash in between, two records name
+        // one loop device, and releasing the second finds it gone.
+        let moved = DiskRecord {
+            sysfs_dir: new_dir.clone(),
+            ..record
+        };
+        self.records.store(&to.key(), &moved).with_context(what)?;
+        (|| -> anyhow::Result<()> {
+            if let Some(parent) = new_dir.parent() {
+                fs::create_dir_all(parent)?;
+            }
+            fs::rename(&old_dir, &new_dir)?;
+            self.remove_disk_dirs(from)?;
+            self.records.remove(&from.key())
+        })()
+        .with_context(what)?;
+        tracing::info!(from = %old_dir.display(), to = %new_dir.display(), "renamed");
+        Ok(DiskRef { sysfs_dir: new_dir })
+    }
+
     /// Detaches the disk at `id`; with `expected`, only if that is still its
     /// loop device.
     fn detach_locked(&self, id: &DiskId, expected: Option<&str>) -> anyhow::Result<()> {

@@ -1042,6 +1042,58 @@ impl Emulator {
         self.hotunplug_ctrl(CtrlRef::Nvme(ci))
     }
 
+    /// Emulator-only (`*_controller_emu_rename`): the host names the
+    /// controller's disks anew, as after a reconnect while their old names
+    /// are still held: NVMe takes the lowest controller instance not in use
+    /// (`nvme0n1` back as `nvme1n1`), virtio-blk the lowest free index and
+    /// letter (`vda` as `vdb`). The devices and their identity stay, and
+    /// SNAP's own state does not change. -19 when nothing is on the host.
+    fn emu_rename_ctrl(&mut self, c: CtrlRef) -> RpcResult {
+        let (Some(host), Some(snap)) = (self.host.as_ref(), self.snap.as_mut()) else {
+            return Err(RpcError::errno(ENODEV));
+        };
+        let failed = |e: anyhow::Error| host_error("rename a disk", &e);
+        match c {
+            CtrlRef::Nvme(ci) => {
+                let instance = lowest_free(snap.nvme_ctrls.iter().filter_map(|c| c.instance));
+                let ctrl = &mut snap.nvme_ctrls[ci];
+                if ctrl.disks.is_empty() {
+                    return Err(RpcError::errno(ENODEV));
+                }
+                for (_, disk) in &mut ctrl.disks {
+                    *disk = host.rename_nvme_queued(disk, instance).map_err(failed)?;
+                }
+                ctrl.instance = Some(instance);
+            }
+            CtrlRef::VirtioBlk(ci) => {
+                let shown = || snap.virtio_ctrls.iter().filter_map(|c| c.disk.as_ref());
+                let index = lowest_free(shown().map(|d| d.index));
+                let letter = lowest_free(shown().map(|d| d.letter));
+                let d = snap.virtio_ctrls[ci]
+                    .disk
+                    .as_mut()
+                    .ok_or(RpcError::errno(ENODEV))?;
+                d.disk = host
+                    .rename_virtio_blk_queued(&d.disk, index, &virtio_disk_name(letter))
+                    .map_err(failed)?;
+                (d.index, d.letter) = (index, letter);
+            }
+        }
+        Ok(json!(true))
+    }
+
+    pub(crate) fn nvme_controller_emu_rename(&mut self, params: Option<Value>) -> RpcResult {
+        let p: api::NvmeControllerHotplugParams = decode(params, OnDecodeError::DecodeFailed)?;
+        let ci = self.snap()?.nvme_ctrl(&p.ctrl_id)?;
+        self.emu_rename_ctrl(CtrlRef::Nvme(ci))
+    }
+
+    pub(crate) fn virtio_blk_controller_emu_rename(&mut self, params: Option<Value>) -> RpcResult {
+        let p: api::VirtioBlkHotplugParams = decode(params, OnDecodeError::DecodeFailed)?;
+        let ci = self.snap()?.virtio_ctrl(&p.ctrl)?;
+        self.emu_rename_ctrl(CtrlRef::VirtioBlk(ci))
+    }
+
     fn function_create(&mut self, params: Option<Value>, e: Emulation) -> RpcResult {
         let _: api::FunctionCreateParams = decode_opt(params, OnDecodeError::DecodeFailed)?;
         let snap = self.snap_mut()?;

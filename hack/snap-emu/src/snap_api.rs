@@ -40,6 +40,15 @@ pub(crate) const VIRTIO_BLK_CONTROLLER_HOTUNPLUG: &str = "virtio_blk_controller_
 pub(crate) const VIRTIO_BLK_CONTROLLER_SUSPEND: &str = "virtio_blk_controller_suspend";
 pub(crate) const VIRTIO_BLK_CONTROLLER_RESUME: &str = "virtio_blk_controller_resume";
 
+/// Emulator-only test knobs, in the controller families they act on; no
+/// SNAP has them and `rpc_get_methods` does not list them. They do what a
+/// real host does on its own: here, name a controller's disks anew after a
+/// reconnect (same devices, same identity).
+pub(crate) const NVME_CONTROLLER_EMU_RENAME: &str = "nvme_controller_emu_rename";
+pub(crate) const VIRTIO_BLK_CONTROLLER_EMU_RENAME: &str = "virtio_blk_controller_emu_rename";
+pub(crate) const EMU_METHODS: &[&str] =
+    &[NVME_CONTROLLER_EMU_RENAME, VIRTIO_BLK_CONTROLLER_EMU_RENAME];
+
 /// All SNAP methods, for `rpc_get_methods` and dispatch.
 pub(crate) const METHODS: &[&str] = &[
     EMULATION_FUNCTION_LIST,

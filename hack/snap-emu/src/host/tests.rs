@@ -858,3 +858,35 @@ fn a_function_line_is_first_come_first_served() {
     assert_eq!(*order.lock().unwrap(), [0, 1, 2, 3, 4]);
     assert!(locks.lines.lock().unwrap().is_empty());
 }
+
+#[test]
+fn a_renamed_disk_keeps_its_device_and_identity_and_detaches_cleanly() {
+    let fx = Fixture::new();
+    let file = fx.file("r.img", 4 * MIB);
+    let host = Arc::new(fx.open_with(BDF, FunctionKind::Nvme));
+    let disk = host
+        .attach_nvme_namespace_in_background(BDF, 0, 1, 7, UUID, backing(&file, 0, 4 * MIB))
+        .unwrap();
+    let renamed = host.rename_nvme_queued(&disk, 1).unwrap();
+    assert_eq!(
+        renamed.sysfs_dir,
+        fx.devices().join("0000:26:00.1/nvme/nvme1/nvme1n1")
+    );
+    assert!(!fx.devices().join("0000:26:00.1/nvme/nvme0").exists());
+    assert_eq!(read(&renamed.sysfs_dir.join("nsid")), "7\n");
+    assert_eq!(
+        read(&renamed.sysfs_dir.join("uuid")),
+        format!("{}\n", UUID.to_ascii_lowercase())
+    );
+    let device = host.loop_device_of(&renamed).expect("the same loop device");
+    assert_eq!(loops_over(&file), [device.to_str().unwrap()]);
+    assert!(host.loop_device_of(&disk).is_none(), "the old name is gone");
+    assert!(
+        host.rename_nvme_queued(&disk, 2).is_err(),
+        "nothing is at the old name"
+    );
+    host.detach_queued(&renamed).unwrap();
+    assert!(loops_over(&file).is_empty());
+    assert!(host.records.list().unwrap().is_empty());
+    assert!(!fx.devices().join("0000:26:00.1/nvme").exists());
+}
