@@ -12,36 +12,19 @@ use std::fs;
 use std::io::Write;
 use std::path::Path;
 
-use common::loop_devices_of;
 use common::node::{
-    NodeStack, block_capability, mount_capability, mounts_under, publish_request, read_volume,
-    stage_and_publish, stage_request, unpublish, unstage, write_volume,
+    NodeStack, assert_attached_once, block_capability, mount_capability, mounts_under,
+    publish_request, read_volume, stage_and_publish, stage_request, unpublish, unstage,
+    write_volume,
 };
 use snap_csi::node::config::EmulationSetting;
 use snap_csi::proto::csi::v1 as csi;
 use snap_csi::proto::csi::v1::volume_capability::access_mode::Mode;
 use snap_csi::spdk::bdev::BdevGetBdevs;
-use snap_csi::spdk::snap::{NvmeSubsystemList, VirtioBlkControllerList};
+use snap_csi::spdk::snap::NvmeSubsystemList;
 
 /// Sparse, so cheap; big enough for xfs (mkfs.xfs wants at least 300 MB).
 const SIZE: u64 = 512 << 20;
-
-/// A repeated stage created nothing twice: one bdev, one SNAP exposure, one
-/// loop device, and a mount at the staging path only for filesystems.
-async fn assert_attached_once(stack: &NodeStack, backing: &Path, staging: &Path, block: bool) {
-    let snap = stack.emulator.client();
-    assert_eq!(snap.call(&BdevGetBdevs::default()).await.unwrap().len(), 1);
-    let subsystems = snap.call(&NvmeSubsystemList {}).await.unwrap();
-    let controllers = snap.call(&VirtioBlkControllerList {}).await.unwrap();
-    let nvme_controllers: usize = subsystems.iter().map(|s| s.controllers.len()).sum();
-    assert_eq!(
-        nvme_controllers + controllers.len(),
-        1,
-        "{subsystems:?} {controllers:?}"
-    );
-    assert_eq!(loop_devices_of(backing).len(), 1);
-    assert_eq!(mounts_under(staging).len(), usize::from(!block));
-}
 
 async fn lifecycle(emulation: EmulationSetting, capability: csi::VolumeCapability) {
     let stack = NodeStack::start(emulation).await;

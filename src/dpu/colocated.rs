@@ -81,7 +81,7 @@ impl Colocated {
                 };
                 let (device, known, functions) =
                     tokio::join!(create, known, snap.list_functions(deadline));
-                let device = device?;
+                let device = created(device, &functions)?;
                 crate::failpoint::step("attach:create-device");
                 let locator =
                     nvme::expose(snap, &names, &device, known?, functions?, deadline).await?;
@@ -93,7 +93,7 @@ impl Colocated {
                     virtio::find(snap, &names.serial, deadline),
                     snap.list_functions(deadline)
                 );
-                let device = device?;
+                let device = created(device, &functions)?;
                 crate::failpoint::step("attach:create-device");
                 let locator =
                     virtio::expose(snap, &names, &device, found?, functions?, deadline).await?;
@@ -231,6 +231,23 @@ impl Colocated {
         )
         .await?;
         Ok(())
+    }
+}
+
+/// The plugin's CreateDevice, which ran beside SNAP's listing: when both
+/// found their peer unreachable, the error names both, since a plugin waits
+/// for SNAP too (a SNAP that is down or stuck first shows as a plugin that
+/// does not answer), and the operator reading kubelet's event must learn
+/// which one to fix.
+fn created<T>(
+    device: Result<String, DpuError>,
+    snap: &Result<T, DpuError>,
+) -> Result<String, DpuError> {
+    match (device, snap) {
+        (Err(DpuError::Unavailable(plugin)), Err(DpuError::Unavailable(snap))) => {
+            Err(DpuError::Unavailable(format!("{plugin}; {snap}")))
+        }
+        (device, _) => device,
     }
 }
 

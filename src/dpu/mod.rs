@@ -198,6 +198,13 @@ impl From<DpuError> for tonic::Status {
     }
 }
 
+/// Whether tonic made `status` from a transport error (a connection refused,
+/// reset or timed out, a peer that does not speak HTTP/2): the peer did not
+/// answer. A status a peer sent carries no source.
+pub(crate) fn unanswered(status: &tonic::Status) -> bool {
+    std::error::Error::source(status).is_some()
+}
+
 /// The seam between the node service and whatever attaches volumes on the DPU.
 #[async_trait::async_trait]
 pub trait DpuAttach: Send + Sync + std::fmt::Debug {

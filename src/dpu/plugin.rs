@@ -365,7 +365,7 @@ impl PluginClient {
         F: Fn(Clients, tonic::Request<Req>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<Resp>, Status>>,
     {
-        let transient = |s: &Status| is_transient(s.code());
+        let transient = |s: &Status| unreached(s);
         call_retried("plugin", rpc, deadline, &message, transient, |request| {
             let clients = Clients {
                 identity: self.identity.clone(),
@@ -377,9 +377,15 @@ impl PluginClient {
     }
 
     fn error(&self, rpc: &str, status: Status) -> DpuError {
+        let socket = self.socket.display();
+        if super::unanswered(&status) {
+            return DpuError::Unavailable(format!(
+                "vendor plugin at {socket}: {rpc}: no gRPC answer: {}",
+                status.message()
+            ));
+        }
         let message = format!(
-            "vendor plugin at {}: {rpc}: {}: {}",
-            self.socket.display(),
+            "vendor plugin at {socket}: {rpc}: {}: {}",
             status.code().description(),
             status.message()
         );
@@ -393,8 +399,12 @@ struct Clients {
     storage: StoragePluginServiceClient<Channel>,
 }
 
-fn is_transient(code: Code) -> bool {
-    matches!(code, Code::Unavailable | Code::DeadlineExceeded)
+/// The plugin was not reached or did not answer: UNAVAILABLE or
+/// DEADLINE_EXCEEDED, or a transport error (such as a peer that does not
+/// speak HTTP/2, whose code, INTERNAL for an h2 protocol error, says nothing
+/// about the plugin).
+fn unreached(status: &Status) -> bool {
+    matches!(status.code(), Code::Unavailable | Code::DeadlineExceeded) || super::unanswered(status)
 }
 
 /// One unary call to `target`, retried with backoff inside `deadline` while

@@ -173,8 +173,7 @@ impl RemoteDpu {
     /// Classifies a failed call; one the agent did not answer marks the link
     /// down, logged when the reason is new.
     fn error(&self, rpc: &str, status: Status) -> DpuError {
-        let answered =
-            std::error::Error::source(&status).is_none() && status.code() != Code::DeadlineExceeded;
+        let answered = !super::unanswered(&status) && status.code() != Code::DeadlineExceeded;
         if answered {
             self.link_answers();
             return DpuError::from_code(
@@ -202,7 +201,7 @@ impl RemoteDpu {
 /// refused is not lost but final: a certificate does not become acceptable
 /// within a call, and knocking again would only repeat the refusal.
 fn lost(status: &Status) -> bool {
-    std::error::Error::source(status).is_some() && !refused_by_tls(status)
+    super::unanswered(status) && !refused_by_tls(status)
 }
 
 /// tokio-rustls reports every TLS failure (a certificate refused here, an

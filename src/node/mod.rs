@@ -68,11 +68,18 @@ pub async fn serve(
     Ok(())
 }
 
-/// [`serve`] with the DPU attach layer the configuration names: the DPU
-/// agent when `dpu_endpoint` is set (split mode), else the co-located one
-/// over the vendor plugin's and SNAP's sockets on this host.
+/// [`serve`] with the DPU attach layer the configuration names ([`dpu_layer`]).
 pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
-    let dpu: Arc<dyn DpuAttach> = match config.dpu_link().map_err(anyhow::Error::msg)? {
+    let dpu = dpu_layer(&config)?;
+    serve(config, dpu, shutdown).await
+}
+
+/// The DPU attach layer the configuration names: the DPU agent when
+/// `dpu_endpoint` is set (split mode), else the co-located one over the
+/// vendor plugin's and SNAP's sockets on this host. Must be called inside
+/// the runtime that serves: the layer's connections run there.
+pub fn dpu_layer(config: &NodeConfig) -> anyhow::Result<Arc<dyn DpuAttach>> {
+    Ok(match config.dpu_link().map_err(anyhow::Error::msg)? {
         Some(address) => {
             tracing::info!(agent = %address, dpu = %config.dpu_name, "split mode: the DPU attach layer is the DPU agent");
             Arc::new(RemoteDpu::new(address, &config.dpu_name, &config.dpu_tls)?)
@@ -81,6 +88,5 @@ pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> anyh
             config.plugin_socket.clone(),
             config.snap_socket_template.clone(),
         )),
-    };
-    serve(config, dpu, shutdown).await
+    })
 }

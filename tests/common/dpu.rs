@@ -173,64 +173,131 @@ pub fn test_config(dir: &Path) -> (AgentConfig, TlsFiles, Pki) {
 }
 
 /// An attach layer whose attaches wait until the test lets them go, one
-/// permit each, so a test can hold a call in the middle.
+/// permit each, so a test can hold a call in the middle: on its own it
+/// answers `locator` for every volume; around another layer
+/// ([`GatedDpu::around`]) it waits after that layer's attach returned, so the
+/// DPU holds everything while the caller has not heard back.
 #[derive(Debug)]
 pub struct GatedDpu {
     pub gate: Semaphore,
-    /// Attaches started so far.
+    /// Attaches that reached the gate so far.
     pub attaches: AtomicUsize,
+    /// Attaches dropped at the gate: their caller went away.
+    pub cancelled: AtomicUsize,
     pub locator: HostLocator,
+    inner: Option<Arc<dyn DpuAttach>>,
 }
 
 impl GatedDpu {
     pub fn new(locator: HostLocator) -> Arc<GatedDpu> {
+        GatedDpu::build(locator, None)
+    }
+
+    /// Gates the attaches of `inner`, after it attached; the rest passes through.
+    pub fn around(inner: Arc<dyn DpuAttach>) -> Arc<GatedDpu> {
+        let unused = HostLocator::VirtioBlk {
+            bdf: String::new(),
+            serial: String::new(),
+        };
+        GatedDpu::build(unused, Some(inner))
+    }
+
+    fn build(locator: HostLocator, inner: Option<Arc<dyn DpuAttach>>) -> Arc<GatedDpu> {
         Arc::new(GatedDpu {
             gate: Semaphore::new(0),
             attaches: AtomicUsize::new(0),
+            cancelled: AtomicUsize::new(0),
             locator,
+            inner,
         })
     }
 
-    /// Waits until at least `count` attaches have started.
+    /// Waits until at least `count` attaches have reached the gate.
     pub async fn started(&self, count: usize) {
-        for _ in 0..500 {
-            if self.attaches.load(Ordering::SeqCst) >= count {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
+        until("attaches started", || {
+            self.attaches.load(Ordering::SeqCst) >= count
+        })
+        .await;
+    }
+
+    /// Waits until at least `count` attaches were dropped at the gate.
+    pub async fn cancelled(&self, count: usize) {
+        until("attaches cancelled", || {
+            self.cancelled.load(Ordering::SeqCst) >= count
+        })
+        .await;
+    }
+}
+
+/// Polls `done` (a counter a server task moves) for up to 5 s.
+async fn until(what: &str, done: impl Fn() -> bool) {
+    for _ in 0..500 {
+        if done() {
+            return;
         }
-        panic!(
-            "only {} attaches started",
-            self.attaches.load(Ordering::SeqCst)
-        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("{what}: not within 5 s");
+}
+
+/// Counts an attach as cancelled if dropped before it passed the gate.
+struct AtGate<'a>(&'a AtomicUsize);
+
+impl Drop for AtGate<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
     }
 }
 
 #[async_trait::async_trait]
 impl DpuAttach for GatedDpu {
-    async fn attach(&self, _: &AttachRequest, _: Instant) -> Result<Attachment, DpuError> {
+    async fn attach(
+        &self,
+        request: &AttachRequest,
+        deadline: Instant,
+    ) -> Result<Attachment, DpuError> {
+        let attached = match &self.inner {
+            Some(inner) => inner.attach(request, deadline).await?,
+            None => Attachment {
+                device_name: "gated".into(),
+                locator: self.locator.clone(),
+            },
+        };
         self.attaches.fetch_add(1, Ordering::SeqCst);
+        let at_gate = AtGate(&self.cancelled);
         self.gate
             .acquire()
             .await
             .map_err(|e| DpuError::Internal(e.to_string()))?
             .forget();
-        Ok(Attachment {
-            device_name: "gated".into(),
-            locator: self.locator.clone(),
-        })
+        std::mem::forget(at_gate);
+        Ok(attached)
     }
 
-    async fn detach(&self, _: &str, _: Option<&str>, _: Instant) -> Result<(), DpuError> {
-        Ok(())
+    async fn detach(
+        &self,
+        volume_id: &str,
+        device_name: Option<&str>,
+        deadline: Instant,
+    ) -> Result<(), DpuError> {
+        match &self.inner {
+            Some(inner) => inner.detach(volume_id, device_name, deadline).await,
+            None => Ok(()),
+        }
     }
 
-    async fn probe(&self, _: Instant) -> Result<bool, DpuError> {
-        Ok(true)
+    async fn probe(&self, deadline: Instant) -> Result<bool, DpuError> {
+        match &self.inner {
+            Some(inner) => inner.probe(deadline).await,
+            None => Ok(true),
+        }
     }
 
-    async fn inventory(&self, _: Instant) -> Result<Inventory, DpuError> {
-        Ok(Inventory::default())
+    async fn inventory(&self, deadline: Instant) -> Result<Inventory, DpuError> {
+        match &self.inner {
+            Some(inner) => inner.inventory(deadline).await,
+            None => Ok(Inventory::default()),
+        }
     }
 }
 

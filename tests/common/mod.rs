@@ -34,6 +34,8 @@ pub struct Emulator {
     root: PathBuf,
     pub socket: PathBuf,
     pub sysfs_root: PathBuf,
+    /// Faults the test switches on while it runs (`snap_emu::faults`).
+    pub faults: snap_emu::Faults,
     // Declared last: removed only after the emulator has stopped.
     _owned: Option<tempfile::TempDir>,
 }
@@ -55,8 +57,10 @@ impl Emulator {
 
     /// An emulator with a given configuration; `root` is where tests put files.
     pub async fn start_with(config: snap_emu::Config, root: &Path) -> Emulator {
+        let faults = config.faults.clone();
         let running = snap_emu::InProcess::start(config).await.unwrap();
         Emulator {
+            faults,
             socket: running.socket().to_path_buf(),
             sysfs_root: running.sysfs_root().to_path_buf(),
             running: Some(running),

@@ -5,9 +5,11 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use snap_csi::dpu::DpuAttach;
 use snap_csi::node::NodeConfig;
 use snap_csi::node::config::EmulationSetting;
 use snap_csi::proto::csi::v1 as csi;
@@ -16,11 +18,10 @@ use snap_csi::proto::csi::v1::volume_capability::access_mode::Mode;
 use snap_csi::proto::csi::v1::volume_capability::{
     AccessMode, AccessType, BlockVolume, MountVolume,
 };
-use tokio::sync::oneshot;
-use tonic::transport::Channel;
-
 use snap_csi::spdk::bdev::BdevGetBdevs;
 use snap_csi::spdk::snap::{NvmeSubsystemList, VirtioBlkControllerList};
+use tokio::sync::oneshot;
+use tonic::transport::Channel;
 
 use super::dpu::{Agent, DPU_NAME, HOST_NAME};
 use super::plugin::TestPlugin;
@@ -39,8 +40,24 @@ pub struct NodeStack {
     pub emulator: Emulator,
 }
 
+/// What a test changes in its node stack.
+#[derive(Default)]
+pub struct Tweaks {
+    /// The node's `device_wait` (10 s otherwise).
+    pub device_wait: Option<Duration>,
+    /// Wraps the node's DPU attach layer (the co-located one, or the link to
+    /// the agent in split mode); the node is then served with it.
+    pub wrap_dpu: Option<WrapDpu>,
+}
+
+pub type WrapDpu = Box<dyn FnOnce(Arc<dyn DpuAttach>) -> Arc<dyn DpuAttach> + Send>;
+
 impl NodeStack {
     pub async fn start(emulation: EmulationSetting) -> NodeStack {
+        NodeStack::start_with(emulation, Tweaks::default()).await
+    }
+
+    pub async fn start_with(emulation: EmulationSetting, tweaks: Tweaks) -> NodeStack {
         let emulator = Emulator::start().await;
         let root = emulator.root().to_path_buf();
         let plugin = super::plugin::start(&emulator.socket, &root).await;
@@ -67,12 +84,12 @@ impl NodeStack {
             dpu_tls: agent
                 .as_ref()
                 .map_or_else(Default::default, |a| a.node_tls.clone()),
-            device_wait: Duration::from_secs(10),
+            device_wait: tweaks.device_wait.unwrap_or(Duration::from_secs(10)),
             call_timeout: Duration::from_secs(60),
             metrics_address: Some(free_local_address()),
             unstage_orphans: false,
         };
-        let (stop, thread) = spawn_node(config.clone());
+        let (stop, thread) = spawn_node(config.clone(), tweaks.wrap_dpu);
         let client = NodeClient::new(connect(&config.endpoint).await);
         NodeStack {
             stop: Some(stop),
@@ -93,7 +110,7 @@ impl NodeStack {
         self.stop_node();
         change(&mut self.config);
         self.config.metrics_address = Some(free_local_address());
-        let (stop, thread) = spawn_node(self.config.clone());
+        let (stop, thread) = spawn_node(self.config.clone(), None);
         (self.stop, self.thread) = (Some(stop), Some(thread));
         self.client = NodeClient::new(connect(&self.config.endpoint).await);
     }
@@ -170,6 +187,12 @@ impl NodeStack {
         }
     }
 
+    /// Starts the vendor plugin again on its socket (after [`Self::stop_plugin`]).
+    pub async fn restart_plugin(&mut self) {
+        assert!(self.plugin.is_none(), "the plugin is still running");
+        self.plugin = Some(super::plugin::start(&self.emulator.socket, self.emulator.root()).await);
+    }
+
     /// A path under the kubelet directory whose parent exists, as kubelet
     /// guarantees for staging and target paths.
     pub fn path(&self, name: &str) -> PathBuf {
@@ -197,16 +220,28 @@ impl Drop for NodeStack {
 
 /// The node service on a thread and runtime of its own, until the sender is
 /// used or dropped.
-fn spawn_node(config: NodeConfig) -> (oneshot::Sender<()>, JoinHandle<anyhow::Result<()>>) {
+fn spawn_node(
+    config: NodeConfig,
+    wrap: Option<WrapDpu>,
+) -> (oneshot::Sender<()>, JoinHandle<anyhow::Result<()>>) {
     let (stop, stopped) = oneshot::channel::<()>();
     let thread = std::thread::spawn(move || {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
             .build()?;
-        runtime.block_on(snap_csi::node::run(config, async move {
+        let stopped = async move {
             let _ = stopped.await;
-        }))
+        };
+        runtime.block_on(async move {
+            // Made on the node's runtime, which its connections need.
+            let dpu = snap_csi::node::dpu_layer(&config)?;
+            let dpu = match wrap {
+                Some(wrap) => wrap(dpu),
+                None => dpu,
+            };
+            snap_csi::node::serve(config, dpu, stopped).await
+        })
     });
     (stop, thread)
 }
@@ -300,6 +335,28 @@ pub fn mounts_under(root: &Path) -> Vec<String> {
         .filter(|mount_point| mount_point.starts_with(&root))
         .map(str::to_string)
         .collect()
+}
+
+/// A repeated stage created nothing twice: one bdev, one SNAP exposure, one
+/// loop device, and a mount at the staging path only for filesystems.
+pub async fn assert_attached_once(stack: &NodeStack, backing: &Path, staging: &Path, block: bool) {
+    assert_exposed_once(stack).await;
+    assert_eq!(loop_devices_of(backing).len(), 1);
+    assert_eq!(mounts_under(staging).len(), usize::from(!block));
+}
+
+/// SNAP holds one bdev and exposes it once (one NVMe or virtio-blk controller).
+pub async fn assert_exposed_once(stack: &NodeStack) {
+    let snap = stack.emulator.client();
+    assert_eq!(snap.call(&BdevGetBdevs::default()).await.unwrap().len(), 1);
+    let subsystems = snap.call(&NvmeSubsystemList {}).await.unwrap();
+    let controllers = snap.call(&VirtioBlkControllerList {}).await.unwrap();
+    let nvme_controllers: usize = subsystems.iter().map(|s| s.controllers.len()).sum();
+    assert_eq!(
+        nvme_controllers + controllers.len(),
+        1,
+        "{subsystems:?} {controllers:?}"
+    );
 }
 
 /// NodeStageVolume, then NodePublishVolume at `target`; both must succeed.

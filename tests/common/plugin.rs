@@ -15,7 +15,7 @@ use snap_csi::jsonrpc::{RpcClient, RpcError};
 use snap_csi::proto::nvidia::storage::plugins::v1 as api;
 use snap_csi::spdk::bdev::{BdevAioCreate, BdevAioDelete, BdevGetBdevs};
 use tokio::net::UnixListener;
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::{Request, Response, Status};
@@ -38,6 +38,8 @@ pub struct TestPlugin {
     pub calls: Arc<Mutex<Vec<String>>>,
     /// Holds CreateDevice and DeleteDevice while a test keeps it closed.
     pub gate: Gate,
+    /// Holds every RPC unanswered while `true` (see [`TestPlugin::stall`]).
+    stalled: Option<watch::Sender<bool>>,
     stop: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<()>>,
 }
@@ -79,14 +81,17 @@ pub async fn start_with(
 ) -> TestPlugin {
     let calls = Arc::new(Mutex::new(Vec::new()));
     let gate = Gate::default();
+    let (stalled, stall) = watch::channel(false);
     let plugin = Plugin {
         spdk: RpcClient::with_timeout(emulator_socket, Duration::from_secs(30)),
         calls: Arc::clone(&calls),
         capabilities: capabilities.to_vec(),
         gate: gate.clone(),
+        stall,
     };
     let mut running = serve(dir.join("plugin.sock"), plugin, calls);
     running.gate = gate;
+    running.stalled = Some(stalled);
     running
 }
 
@@ -146,6 +151,7 @@ where
         socket,
         calls,
         gate: Gate::default(),
+        stalled: None,
         stop: Some(stop),
         task: Some(task),
     }
@@ -215,6 +221,16 @@ impl TestPlugin {
         }
     }
 
+    /// While `on`, every RPC waits unanswered (a plugin stuck behind a slow
+    /// backend: callers see their deadline pass); the waiting ones are
+    /// answered once it is switched off.
+    pub fn stall(&self, on: bool) {
+        self.stalled
+            .as_ref()
+            .expect("only the test plugin stalls")
+            .send_replace(on);
+    }
+
     /// The device calls received so far.
     pub fn calls(&self) -> Vec<String> {
         self.calls.lock().unwrap().clone()
@@ -243,11 +259,17 @@ struct Plugin {
     calls: Arc<Mutex<Vec<String>>>,
     capabilities: Vec<Capability>,
     gate: Gate,
+    stall: watch::Receiver<bool>,
 }
 
 impl Plugin {
     fn record(&self, call: String) {
         self.calls.lock().unwrap().push(call);
+    }
+
+    /// Waits while the test stalls the plugin.
+    async fn pass(&self) {
+        let _ = self.stall.clone().wait_for(|stalled| !stalled).await;
     }
 }
 
@@ -266,6 +288,7 @@ impl IdentityService for Plugin {
         &self,
         _: Request<api::GetPluginInfoRequest>,
     ) -> Result<Response<api::GetPluginInfoResponse>, Status> {
+        self.pass().await;
         Ok(Response::new(api::GetPluginInfoResponse {
             name: PLUGIN_NAME.into(),
             vendor_version: "0.1.0".into(),
@@ -277,6 +300,7 @@ impl IdentityService for Plugin {
         &self,
         _: Request<api::ProbeRequest>,
     ) -> Result<Response<api::ProbeResponse>, Status> {
+        self.pass().await;
         Ok(Response::new(api::ProbeResponse { ready: Some(true) }))
     }
 }
@@ -287,6 +311,7 @@ impl StoragePluginService for Plugin {
         &self,
         _: Request<api::StoragePluginGetCapabilitiesRequest>,
     ) -> Result<Response<api::StoragePluginGetCapabilitiesResponse>, Status> {
+        self.pass().await;
         Ok(Response::new(capabilities_response(&self.capabilities)))
     }
 
@@ -294,6 +319,7 @@ impl StoragePluginService for Plugin {
         &self,
         _: Request<api::GetSnapProviderRequest>,
     ) -> Result<Response<api::GetSnapProviderResponse>, Status> {
+        self.pass().await;
         Ok(Response::new(api::GetSnapProviderResponse {
             provider_name: String::new(),
         }))
@@ -303,6 +329,7 @@ impl StoragePluginService for Plugin {
         &self,
         request: Request<api::CreateDeviceRequest>,
     ) -> Result<Response<api::CreateDeviceResponse>, Status> {
+        self.pass().await;
         let request = request.into_inner();
         self.record(format!("CreateDevice {}", request.volume_id));
         self.gate.pass().await;
@@ -343,6 +370,7 @@ impl StoragePluginService for Plugin {
         &self,
         request: Request<api::DeleteDeviceRequest>,
     ) -> Result<Response<api::DeleteDeviceResponse>, Status> {
+        self.pass().await;
         let request = request.into_inner();
         self.record(format!(
             "DeleteDevice {} {}",
@@ -366,6 +394,7 @@ impl StoragePluginService for Plugin {
         &self,
         request: Request<api::GetDeviceRequest>,
     ) -> Result<Response<api::GetDeviceResponse>, Status> {
+        self.pass().await;
         let request = request.into_inner();
         self.record(format!(
             "GetDevice {} {}",
@@ -394,6 +423,7 @@ impl StoragePluginService for Plugin {
         &self,
         request: Request<api::ListDevicesRequest>,
     ) -> Result<Response<api::ListDevicesResponse>, Status> {
+        self.pass().await;
         self.record("ListDevices".to_string());
         let bdevs = self
             .spdk

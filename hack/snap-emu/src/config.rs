@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use anyhow::bail;
 
+use crate::faults::Faults;
+
 /// How many emulated PCI functions the DPU offers the host.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FunctionLayout {
@@ -44,6 +46,8 @@ pub struct Config {
     /// count of dependent round trips exact; see [`crate::Rounds`]).
     pub reply_on_next_tick: bool,
     pub functions: FunctionLayout,
+    /// Faults a test switches on while the emulator runs; none by default.
+    pub faults: Faults,
 }
 
 /// PCI bus numbers start at 0x26 and each PF owns one bus (function 0 is the PF,
@@ -62,6 +66,7 @@ impl Config {
             poll_period: None,
             reply_on_next_tick: false,
             functions: FunctionLayout::default(),
+            faults: Faults::default(),
         }
     }
 
@@ -91,6 +96,12 @@ impl Config {
 
     pub fn with_functions(mut self, functions: FunctionLayout) -> Self {
         self.functions = functions;
+        self
+    }
+
+    /// Shares `faults` with the test that holds the other handle.
+    pub fn with_faults(mut self, faults: Faults) -> Self {
+        self.faults = faults;
         self
     }
 

@@ -49,6 +49,7 @@
 
 mod loop_ioctl;
 mod loopdev;
+mod missed;
 mod records;
 #[cfg(test)]
 mod tests;
@@ -65,7 +66,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, anyhow, bail};
 
+use crate::faults::Faults;
 use loopdev::LoopState;
+use missed::MissedDisk;
 use records::{DiskRecord, Records};
 
 /// Where a bdev's bytes live: a byte range of a regular file or block device.
@@ -104,6 +107,10 @@ pub struct HostSide {
     records: Records,
     functions: Arc<FunctionLocks>,
     jobs: Arc<Jobs>,
+    faults: Faults,
+    /// Attaches of disks the host missed (see [`Faults::miss_discovery`]),
+    /// by record key, until a rescan or their detach.
+    missed: Mutex<HashMap<String, MissedDisk>>,
     /// Held (flock) for our lifetime; the kernel drops it when the process dies.
     _lock: File,
     tmp_seq: AtomicU64,
@@ -176,6 +183,8 @@ impl HostSide {
             records,
             functions: Arc::default(),
             jobs: Arc::default(),
+            faults: Faults::default(),
+            missed: Mutex::default(),
             _lock: lock,
             tmp_seq: AtomicU64::new(0),
         };
@@ -187,6 +196,12 @@ impl HostSide {
             )
         })?;
         Ok(host)
+    }
+
+    /// The host side with the faults a test switches on.
+    pub fn with_faults(mut self, faults: Faults) -> Self {
+        self.faults = faults;
+        self
     }
 
     /// Creates `bus/pci/devices/0000:<bdf>` (with `vendor`, `device`, `class`).
@@ -322,7 +337,11 @@ impl HostSide {
         let host = Arc::clone(self);
         let job = move || {
             let guard = ticket.wait();
-            if let Err(e) = host.attach_locked(&id, &attrs, &backing) {
+            if host.faults.misses(&attrs.identity()) {
+                tracing::info!(disk = %host.disk_dir(&id).display(), "the host missed this disk (fault)");
+                host.missed_disks()
+                    .insert(id.key(), MissedDisk { id, attrs, backing });
+            } else if let Err(e) = host.attach_locked(&id, &attrs, &backing) {
                 tracing::warn!(
                     "host discovery of {} failed: {e:#}",
                     host.disk_dir(&id).display()
@@ -481,6 +500,7 @@ impl HostSide {
     /// loop device.
     fn detach_locked(&self, id: &DiskId, expected: Option<&str>) -> anyhow::Result<()> {
         let key = id.key();
+        self.missed_disks().remove(&key);
         if let Some(record) = self.records.load(&key)? {
             if let (Some(expected), Some(have)) = (expected, &record.loop_device)
                 && have != expected

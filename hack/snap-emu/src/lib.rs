@@ -23,6 +23,8 @@
 //! - `snap` (SNAP emulation logic), `snap_api` (every SNAP JSON name),
 //!   `functions` (emulated PCI functions and their addresses).
 //! - [`host`]: loop devices and the sysfs tree (the host's view).
+//! - [`faults`]: failures a test switches on (SNAP holding its answers,
+//!   answering garbage, a live update, the host missing a disk).
 //! - [`in_process`]: an emulator on its own thread inside a test of another crate.
 //!
 //! In a test: `let server = snap_emu::bind(Config::for_test(dir)).await?;`
@@ -57,6 +59,7 @@
 //!   emulator more useful.
 
 pub mod config;
+pub mod faults;
 pub mod host;
 pub mod in_process;
 
@@ -76,6 +79,7 @@ mod snap_api;
 mod state;
 
 pub use config::{Cli, Config, FunctionLayout};
+pub use faults::Faults;
 pub use in_process::InProcess;
 pub use poller::Rounds;
 pub use rpc::RpcError;

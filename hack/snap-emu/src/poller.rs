@@ -30,6 +30,7 @@ use json_framing::JsonFramer;
 use tokio::net::UnixStream;
 use tokio::sync::mpsc;
 
+use crate::faults::Faults;
 use crate::framing;
 use crate::server::{READ_CHUNK, answer_framed};
 use crate::state::Shared;
@@ -101,6 +102,7 @@ pub(crate) async fn poll(
     period: Duration,
     reply_on_next_tick: bool,
     rounds: Rounds,
+    faults: Faults,
     mut incoming: mpsc::UnboundedReceiver<UnixStream>,
 ) {
     let mut interval = tokio::time::interval(period);
@@ -133,7 +135,7 @@ pub(crate) async fn poll(
         }
         let mut answered = false;
         for c in &mut connections {
-            let (replies, fatal) = answer_framed(&shared, &mut c.framer).await;
+            let (replies, fatal) = answer_framed(&shared, &faults, &mut c.framer).await;
             answered |= !replies.is_empty();
             if reply_on_next_tick {
                 c.held.extend(replies);

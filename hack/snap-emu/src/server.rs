@@ -29,6 +29,7 @@ use crate::bdev::{Bdevs, files_dir};
 use crate::bdev_nvme::NvmeInitiator;
 use crate::config::Config;
 use crate::dispatch::dispatch;
+use crate::faults::{Admit, Faults};
 use crate::framing::{self, Frame};
 use crate::functions::Functions;
 use crate::host::HostSide;
@@ -50,6 +51,7 @@ pub struct Server {
     poll_period: Option<Duration>,
     reply_on_next_tick: bool,
     rounds: Rounds,
+    faults: Faults,
     /// Held for the life of the server: one emulator per state directory.
     _lock: File,
 }
@@ -103,11 +105,16 @@ pub async fn bind(config: Config) -> anyhow::Result<Server> {
     let host = if config.snap {
         let sysfs = config.effective_sysfs_root();
         let host_dir = state_dir.join("host");
-        let host = tokio::task::spawn_blocking(move || HostSide::open(&sysfs, &host_dir))
-            .await
-            .context("opening the host side")?
-            .context("opening the host side")?;
-        Some(Arc::new(host))
+        let faults = config.faults.clone();
+        let host = tokio::task::spawn_blocking(move || {
+            HostSide::open(&sysfs, &host_dir).map(|h| h.with_faults(faults))
+        })
+        .await
+        .context("opening the host side")?
+        .context("opening the host side")?;
+        let host = Arc::new(host);
+        config.faults.register_host(&host);
+        Some(host)
     } else {
         // A plain target needs no host side, but a SNAP run on this state
         // directory may have died with loop devices attached.
@@ -180,6 +187,7 @@ pub async fn bind(config: Config) -> anyhow::Result<Server> {
         poll_period: config.poll_period,
         reply_on_next_tick: config.reply_on_next_tick,
         rounds: Rounds::default(),
+        faults: config.faults,
         _lock: lock,
     })
 }
@@ -199,30 +207,50 @@ impl Server {
     /// removes the backing files and the socket.
     pub async fn serve(self, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
         // With a poll period, one task serves every connection tick by tick.
-        let polled = self.poll_period.map(|period| {
-            let (to_poller, incoming) = mpsc::unbounded_channel();
-            let task = tokio::spawn(poller::poll(
-                self.shared.clone(),
-                period,
-                self.reply_on_next_tick,
-                self.rounds.clone(),
-                incoming,
-            ));
-            (task, to_poller)
-        });
+        let start_poller = || {
+            self.poll_period.map(|period| {
+                let (to_poller, incoming) = mpsc::unbounded_channel();
+                let task = tokio::spawn(poller::poll(
+                    self.shared.clone(),
+                    period,
+                    self.reply_on_next_tick,
+                    self.rounds.clone(),
+                    self.faults.clone(),
+                    incoming,
+                ));
+                (task, to_poller)
+            })
+        };
+        let mut polled = start_poller();
 
         let mut conns = JoinSet::new();
         tokio::pin!(shutdown);
+        // `None` while down for a live update (see `faults`).
+        let mut listener = Some(self.listener);
         loop {
+            let Some(accepting) = &listener else {
+                tokio::select! {
+                    _ = &mut shutdown => break,
+                    _ = self.faults.update_ended() => {}
+                }
+                listener = Some(
+                    UnixListener::bind(&self.socket)
+                        .with_context(|| format!("binding {} again", self.socket.display()))?,
+                );
+                tracing::info!(socket = %self.socket.display(), "live update done: listening again");
+                self.faults.set_down(false);
+                continue;
+            };
             tokio::select! {
                 _ = &mut shutdown => break,
-                accepted = self.listener.accept() => match accepted {
+                accepted = accepting.accept() => match accepted {
                     Ok((stream, _)) => match &polled {
                         Some((_, to_poller)) => {
                             let _ = to_poller.send(stream);
                         }
                         None => {
-                            conns.spawn(serve_connection(self.shared.clone(), stream));
+                            let faults = self.faults.clone();
+                            conns.spawn(serve_connection(self.shared.clone(), stream, faults));
                         }
                     },
                     Err(e) => {
@@ -230,6 +258,20 @@ impl Server {
                         tokio::time::sleep(Duration::from_millis(50)).await;
                     }
                 },
+                _ = self.faults.update_begun() => {
+                    // The old process goes away: its connections close with
+                    // their calls unanswered, and its socket with it.
+                    conns.shutdown().await;
+                    if let Some((task, _)) = polled.take() {
+                        task.abort();
+                        let _ = task.await;
+                    }
+                    polled = start_poller();
+                    listener = None;
+                    remove_own_socket(&self.socket);
+                    tracing::info!(socket = %self.socket.display(), "live update: down, state kept");
+                    self.faults.set_down(true);
+                }
                 Some(_) = conns.join_next(), if !conns.is_empty() => {}
             }
         }
@@ -245,7 +287,7 @@ impl Server {
         {
             tracing::error!("shutdown of the emulator state failed");
         }
-        drop(self.listener);
+        drop(listener);
         remove_own_socket(&self.socket);
         tracing::info!("snap-emu stopped");
         Ok(())
@@ -273,16 +315,24 @@ pub(crate) async fn answer(shared: &Arc<Shared>, raw: &str) -> Vec<u8> {
     }
 }
 
-/// Answers every whole request `framer` holds, in order; `true` with them
-/// when the stream holds what SPDK cannot parse, and must be closed.
+/// Answers every whole request `framer` holds, in order, as `faults` admit
+/// them; `true` with them when the stream holds what SPDK cannot parse, or
+/// a fault garbled it, and must be closed.
 pub(crate) async fn answer_framed(
     shared: &Arc<Shared>,
+    faults: &Faults,
     framer: &mut JsonFramer,
 ) -> (Vec<u8>, bool) {
     let mut out = Vec::new();
     loop {
         match framer.next_decoded::<Box<RawValue>>() {
-            Ok(Some((raw, _))) => out.extend(answer(shared, raw.get()).await),
+            Ok(Some((raw, _))) => match faults.admit().await {
+                Admit::Answer => out.extend(answer(shared, raw.get()).await),
+                Admit::Garbage => {
+                    out.extend_from_slice(crate::faults::GARBAGE);
+                    return (out, true);
+                }
+            },
             Ok(None) => return (out, false),
             Err(error) => {
                 tracing::debug!(%error, "closing a connection that sent what SPDK cannot parse");
@@ -293,7 +343,7 @@ pub(crate) async fn answer_framed(
 }
 
 /// Answers a connection's requests as they arrive.
-async fn serve_connection(shared: Arc<Shared>, mut stream: UnixStream) {
+async fn serve_connection(shared: Arc<Shared>, mut stream: UnixStream, faults: Faults) {
     let mut framer = JsonFramer::new(framing::REQUEST_LIMITS);
     let mut chunk = vec![0u8; READ_CHUNK];
     loop {
@@ -304,7 +354,7 @@ async fn serve_connection(shared: Arc<Shared>, mut stream: UnixStream) {
                 false
             }
         };
-        let (out, fatal) = answer_framed(&shared, &mut framer).await;
+        let (out, fatal) = answer_framed(&shared, &faults, &mut framer).await;
         if !out.is_empty() && stream.write_all(&out).await.is_err() {
             return;
         }
