@@ -161,7 +161,7 @@ impl NodeService {
         if let Err(e) = std::fs::symlink_metadata(&path)
             && e.kind() == std::io::ErrorKind::NotFound
         {
-            return Err(not_there(e.to_string()));
+            return Err(not_there("no such file or directory".into()));
         }
         Ok((record, path))
     }
