@@ -58,7 +58,7 @@ pub async fn mount_filesystem(
     let mounted_elsewhere = command::run_blocking("mount-prepare", &what, deadline, move || {
         let number = block_device_number(&dev)?;
         let ours = |m: &MountEntry| Ok((m.major, m.minor) == number && m.root == Path::new("/"));
-        if already_mounted(&tgt, read_only, ours)? {
+        if already_mounted(&tgt, mountinfo::at(&tgt)?, read_only, ours)? {
             return Ok(None);
         }
         ensure_directory(&tgt)?;
@@ -179,15 +179,16 @@ pub fn bind_mount(source: &Path, target: &Path, read_only: bool) -> Result<bool,
         // this publish's own, cut short between the bind and its remount (the
         // kernel takes two calls): finish it. Making a mount read-only never
         // grants access, so this cannot widen what a pod holds.
+        let existing = mountinfo::at(tgt)?;
         if read_only
-            && let Some(mount) = mountinfo::at(tgt)?
+            && let Some(mount) = &existing
             && !mount.is_read_only()
-            && ours(&mount)?
+            && ours(mount)?
         {
             remount_read_only(tgt)?;
             return Ok(true);
         }
-        if already_mounted(tgt, read_only, ours)? {
+        if already_mounted(tgt, existing, read_only, ours)? {
             return Ok(false);
         }
         if source_meta.is_dir() {
@@ -346,14 +347,16 @@ fn kernel_read_only(major: u32, minor: u32) -> Option<bool> {
     }
 }
 
-/// Whether what `ours` recognises is already mounted at `target` with the
-/// wanted read-only setting; an error when something else is there.
+/// Whether what `ours` recognises is already mounted at `target` (whose
+/// mount table entry is `existing`) with the wanted read-only setting; an
+/// error when something else is there.
 fn already_mounted(
     target: &Path,
+    existing: Option<MountEntry>,
     read_only: bool,
     ours: impl Fn(&MountEntry) -> Result<bool, HostOpError>,
 ) -> Result<bool, HostOpError> {
-    let Some(mount) = mountinfo::at(target)? else {
+    let Some(mount) = existing else {
         return Ok(false);
     };
     let word = |ro: bool| if ro { "read-only" } else { "read-write" };
