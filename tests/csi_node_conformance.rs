@@ -75,6 +75,7 @@ async fn identity_answers_as_the_spec_requires() {
         services,
         [
             Service::ControllerService as i32,
+            Service::GroupControllerService as i32,
             Service::VolumeAccessibilityConstraints as i32
         ]
     );

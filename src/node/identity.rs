@@ -48,10 +48,12 @@ impl csi::identity_server::Identity for IdentityService {
         use csi::plugin_capability::service::Type;
         // CSI asks every instance of a plugin for the capabilities of the
         // whole, whatever it serves itself: the controller proxy always runs
-        // beside the nodes (CONTROLLER_SERVICE), and volumes are reachable
-        // only from nodes whose DPU serves them.
+        // beside the nodes and serves the Controller and GroupController
+        // (what each offers is the vendor's, in its own GetCapabilities),
+        // and volumes are reachable only from nodes whose DPU serves them.
         let capabilities = [
             Type::ControllerService,
+            Type::GroupControllerService,
             Type::VolumeAccessibilityConstraints,
         ]
         .into_iter()

@@ -59,6 +59,29 @@ pub struct NvmfSubsystemRemoveNs {
 }
 method!(NvmfSubsystemRemoveNs => "nvmf_subsystem_remove_ns", bool);
 
+/// `nvmf_subsystem_pause`: the library's `spdk_nvmf_subsystem_pause` as an
+/// RPC, which upstream SPDK v24.09 lacks (-32601 there; hack/spdk's patch adds
+/// it). Answers once the I/O in flight to the namespace has drained; new I/O
+/// and connects queue in the target until resume. Pausing a paused subsystem
+/// succeeds; an unknown NQN answers -32602 "Invalid parameters". `nsid`
+/// absent pauses every namespace (0 would pause none of them, only admin
+/// commands).
+#[derive(Debug, Clone, Serialize)]
+pub struct NvmfSubsystemPause {
+    pub nqn: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nsid: Option<u32>,
+}
+method!(NvmfSubsystemPause => "nvmf_subsystem_pause", bool);
+
+/// `nvmf_subsystem_resume`: the queued I/O runs. Resuming an active
+/// subsystem succeeds; an unknown NQN answers -32602.
+#[derive(Debug, Clone, Serialize)]
+pub struct NvmfSubsystemResume {
+    pub nqn: String,
+}
+method!(NvmfSubsystemResume => "nvmf_subsystem_resume", bool);
+
 /// `nvmf_subsystem_add_listener`: a repeat answers -32602.
 #[derive(Debug, Clone, Serialize)]
 pub struct NvmfSubsystemAddListener {

@@ -13,7 +13,7 @@
 //! against real SPDK v24.09 and against `snap-emu`.
 //!
 //! With `--csi-socket`, the same binary also serves the CSI controller for
-//! these backends ([`csi`]: Identity, Controller, VolumeGroup), which makes
+//! these backends ([`csi`]: Identity, Controller, GroupController, VolumeGroup), which makes
 //! the volumes whose contexts the plugin service reads.
 //!
 //! Layout: [`service`] (the RPCs), [`backend`] (the volume context),
@@ -34,6 +34,7 @@ use std::path::PathBuf;
 
 use snap_csi::jsonrpc::RpcClient;
 use snap_csi::proto::csi::v1::controller_server::ControllerServer;
+use snap_csi::proto::csi::v1::group_controller_server::GroupControllerServer;
 use snap_csi::proto::csi::v1::identity_server::IdentityServer;
 use snap_csi::proto::nvidia::storage::plugins::v1::identity_service_server::IdentityServiceServer;
 use snap_csi::proto::nvidia::storage::plugins::v1::storage_plugin_service_server::StoragePluginServiceServer;
@@ -59,6 +60,8 @@ struct Endpoint {
     router: snap_csi::server::MeteredRouter,
     listener: UnixListener,
     socket: PathBuf,
+    /// The CSI controller, which resumes what a crash left paused once it serves.
+    recover: Option<csi::CsiController>,
 }
 
 impl Endpoint {
@@ -67,6 +70,9 @@ impl Endpoint {
         metrics: Option<tokio::net::TcpListener>,
         shutdown: impl Future<Output = ()>,
     ) -> Result<(), ServeError> {
+        if let Some(controller) = self.recover {
+            tokio::spawn(async move { controller.recover_at_start().await });
+        }
         snap_csi::server::serve(self.router, self.listener, &self.socket, metrics, shutdown).await
     }
 }
@@ -93,6 +99,7 @@ pub fn bind(config: &Config) -> Result<Listening, ServeError> {
             router,
             listener,
             socket: config.plugin_socket.clone(),
+            recover: None,
         },
         csi,
         metrics_address: config.metrics_address,
@@ -109,7 +116,8 @@ fn bind_csi(config: &csi::CsiConfig) -> Result<Endpoint, ServeError> {
     let router = snap_csi::server::builder()
         .add_service(IdentityServer::new(controller.clone()))
         .add_service(ControllerServer::new(controller.clone()))
-        .add_service(VolumeGroupServer::new(controller));
+        .add_service(GroupControllerServer::new(controller.clone()))
+        .add_service(VolumeGroupServer::new(controller.clone()));
     tracing::info!(
         socket = %config.socket.display(),
         aio_pool = ?config.aio.as_ref().map(|a| &a.pool_dir),
@@ -121,6 +129,7 @@ fn bind_csi(config: &csi::CsiConfig) -> Result<Endpoint, ServeError> {
         router,
         listener,
         socket: config.socket.clone(),
+        recover: Some(controller),
     })
 }
 

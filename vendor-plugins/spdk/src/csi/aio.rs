@@ -11,6 +11,18 @@
 //! reflink would be cheaper where the filesystem has it; a plain copy works
 //! everywhere and keeps volumes independent of their sources.
 //!
+//! Group snapshots copy the members one after another, inside the
+//! controller's one-group-snapshot-at-a-time lock, as fast as the copies go.
+//! That is the best this backend has: the writer of these files is SPDK's
+//! `bdev_aio` inside SNAP on the DPU, which the controller does not reach
+//! (no socket to SNAP, and `bdev_aio` has no pause), and a file has no
+//! freeze the controller could hold while it copies. What it gives: the
+//! group is write-order consistent exactly when its members are not written
+//! during the call (the workload stopped, or quiesced by the application,
+//! as for any AIO snapshot, which copies a file over time); with writes in
+//! flight neither a single AIO snapshot nor a group is crash-consistent.
+//! The NVMe-oF backend pauses its members and is consistent under writes.
+//!
 //! Capacity: with `--aio-pool-capacity` the pool holds that many bytes of
 //! volumes and snapshots (their full sizes, written or not), within the
 //! filesystem's free space; without it, the filesystem's free space is the
@@ -361,6 +373,18 @@ impl VolumeBackend for AioPool {
 
     fn snapshot_records(&self) -> &JsonDir {
         &self.records
+    }
+
+    async fn group_snapshot(
+        &self,
+        _group_snapshot_id: &str,
+        members: &[(String, String)],
+        deadline: Instant,
+    ) -> Result<(), Status> {
+        for (volume_id, snapshot_id) in members {
+            self.snapshot(volume_id, snapshot_id, deadline).await?;
+        }
+        Ok(())
     }
 
     async fn probe(&self, _deadline: Instant) -> Result<(), String> {

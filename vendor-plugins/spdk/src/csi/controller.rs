@@ -21,7 +21,7 @@ use tonic::{Request, Response, Status};
 
 use super::errors;
 use super::ids::{check_name, parse_snapshot_id, parse_volume_id, slug, snapshot_id, volume_id};
-use super::params::{Params, check_capabilities, is_block};
+use super::params::{Params, check_capabilities, is_block, only_co_metadata};
 use super::sizes::Wanted;
 use super::store::{Found, SnapshotRecord, Source, VolumeBackend};
 use super::{CsiController, max_entries};
@@ -55,9 +55,6 @@ pub fn capabilities(advertise_get_snapshot: bool) -> Vec<Capability> {
     capabilities
 }
 
-/// Snapshot parameters may only be the CO's metadata.
-const CO_PREFIX: &str = "csi.storage.k8s.io/";
-
 pub(super) fn volume_key(slug: &str) -> String {
     format!("volume {slug}")
 }
@@ -66,7 +63,7 @@ fn snapshot_key(slug: &str) -> String {
     format!("snapshot {slug}")
 }
 
-fn other(kind: Kind) -> Kind {
+pub(super) fn other(kind: Kind) -> Kind {
     match kind {
         Kind::Aio => Kind::Nvmf,
         Kind::Nvmf => Kind::Aio,
@@ -77,7 +74,7 @@ fn bytes(size: u64) -> i64 {
     i64::try_from(size).unwrap_or(i64::MAX)
 }
 
-fn snapshot_message(record: &SnapshotRecord, size: u64) -> csi::Snapshot {
+pub(super) fn snapshot_message(record: &SnapshotRecord, size: u64) -> csi::Snapshot {
     csi::Snapshot {
         size_bytes: bytes(size),
         snapshot_id: record.snapshot_id.clone(),
@@ -87,7 +84,7 @@ fn snapshot_message(record: &SnapshotRecord, size: u64) -> csi::Snapshot {
             nanos: record.created_nanos,
         }),
         ready_to_use: true,
-        group_snapshot_id: String::new(),
+        group_snapshot_id: record.group_snapshot_id.clone(),
     }
 }
 
@@ -520,11 +517,7 @@ impl csi::controller_server::Controller for CsiController {
             return Err(Status::invalid_argument("source_volume_id is required"));
         }
         check_name("name", &req.name).map_err(Status::invalid_argument)?;
-        if let Some(key) = req.parameters.keys().find(|k| !k.starts_with(CO_PREFIX)) {
-            return Err(Status::invalid_argument(format!(
-                "unknown snapshot parameter {key:?}; snapshots take none but the CO's {CO_PREFIX}* keys"
-            )));
-        }
+        only_co_metadata("snapshot", &req.parameters)?;
         let source = &req.source_volume_id;
         let not_found = || Status::not_found(format!("source volume {source} does not exist"));
         let (kind, _) = parse_volume_id(source).ok_or_else(not_found)?;
@@ -569,6 +562,7 @@ impl csi::controller_server::Controller for CsiController {
             source_volume_id: source.clone(),
             created_seconds: i64::try_from(now.as_secs()).unwrap_or(i64::MAX),
             created_nanos: i32::try_from(now.subsec_nanos()).unwrap_or(0),
+            group_snapshot_id: String::new(),
         };
         // The record first: data without a record could not say its source.
         backend
@@ -602,6 +596,16 @@ impl csi::controller_server::Controller for CsiController {
         };
         let backend = self.backend_of(kind, &format!("snapshot {}", req.snapshot_id))?;
         let _held = self.hold(snapshot_key(slug))?;
+        let record: Option<SnapshotRecord> = backend
+            .snapshot_records()
+            .load(&req.snapshot_id)
+            .map_err(|e| errors::record("reading the snapshot record", &e))?;
+        if let Some(group) = record.map(|r| r.group_snapshot_id).filter(|g| !g.is_empty()) {
+            return Err(Status::failed_precondition(format!(
+                "snapshot {} belongs to group snapshot {group}: delete the group snapshot",
+                req.snapshot_id
+            )));
+        }
         backend
             .delete_snapshot(&req.snapshot_id, deadline)
             .await

@@ -52,6 +52,11 @@ impl csi::identity_server::Identity for CsiController {
                 })),
             },
             csi::PluginCapability {
+                r#type: Some(Type::Service(Service {
+                    r#type: service::Type::GroupControllerService as i32,
+                })),
+            },
+            csi::PluginCapability {
                 r#type: Some(Type::VolumeExpansion(VolumeExpansion {
                     r#type: volume_expansion::Type::Offline as i32,
                 })),

@@ -5,6 +5,10 @@
 //! - volume: `<backend>-<slug>` (`aio-pvc-0b9a...`, `nvmf-pvc-0b9a...`)
 //! - snapshot: `snap-<backend>-<slug>`
 //! - volume group: `group-<slug>`
+//! - group snapshot: `gsnap-<backend>-<slug>`; each member's snapshot is a
+//!   snapshot id (`snap-<backend>-...`) whose slug is hashed from the group
+//!   snapshot's name and the member's volume id in a namespace of its own, so
+//!   no CreateSnapshot name can take it.
 //!
 //! `<slug>` is the name itself when it is 1 to [`MAX_PLAIN`] bytes of
 //! `[A-Za-z0-9-]` (Kubernetes' `pvc-<uuid>` and `snapshot-<uuid>` names are),
@@ -33,6 +37,9 @@ const MAX_NAME_BYTES: usize = 128;
 const SLUG_NAMESPACE: Uuid = Uuid::from_u128(0x3e0c_52b1_8a7d_4f6e_9d21_6b5f_0c44_a7e9);
 const SNAPSHOT_PREFIX: &str = "snap-";
 const GROUP_PREFIX: &str = "group-";
+const GROUP_SNAPSHOT_PREFIX: &str = "gsnap-";
+/// The namespace of member snapshot digests (random, never change).
+const MEMBER_NAMESPACE: Uuid = Uuid::from_u128(0x9b1f_3c6e_02d4_4a8b_b7e5_5d90_6f21_c3a8);
 
 /// A CSI name is 1 to 128 bytes without control characters (the spec bans
 /// U+0000-U+0008, U+000B, U+000C, U+000E-U+001F and U+007F-U+009F).
@@ -112,6 +119,32 @@ pub fn parse_snapshot_id(id: &str) -> Option<(Kind, &str)> {
     parse_volume_id(id.strip_prefix(SNAPSHOT_PREFIX)?)
 }
 
+/// The id of the group snapshot named `name` on `kind`.
+pub fn group_snapshot_id(kind: Kind, name: &str) -> String {
+    format!("{GROUP_SNAPSHOT_PREFIX}{}", volume_id(kind, name))
+}
+
+/// The backend and slug of a group snapshot id we could have issued.
+pub fn parse_group_snapshot_id(id: &str) -> Option<(Kind, &str)> {
+    parse_volume_id(id.strip_prefix(GROUP_SNAPSHOT_PREFIX)?)
+}
+
+/// The snapshot id of `volume_id`'s member of the group snapshot named
+/// `group_name`: the group's readable prefix, then a digest of both.
+pub fn member_snapshot_id(kind: Kind, group_name: &str, volume_id: &str) -> String {
+    let readable: String = slug(group_name)
+        .bytes()
+        .take_while(|&b| b != b'_')
+        .take(HASHED_PREFIX)
+        .map(char::from)
+        .collect();
+    let digest = Uuid::new_v5(
+        &MEMBER_NAMESPACE,
+        format!("{group_name}\0{volume_id}").as_bytes(),
+    );
+    format!("{SNAPSHOT_PREFIX}{}-{readable}_{}", kind.as_str(), digest.simple())
+}
+
 /// The id of the volume group named `name`.
 pub fn group_id(name: &str) -> String {
     format!("{GROUP_PREFIX}{}", slug(name))
@@ -136,6 +169,11 @@ mod tests {
             "snap-nvmf-snapshot-1"
         );
         assert_eq!(group_id("g1"), "group-g1");
+        assert_eq!(group_snapshot_id(Kind::Nvmf, "gs1"), "gsnap-nvmf-gs1");
+        assert_eq!(
+            member_snapshot_id(Kind::Aio, "gs1", "aio-pvc-1"),
+            "snap-aio-gs1_40c4d0bb2e5a5d3e9d0f4b5c1a7e9f21"
+        );
         // Pinned: volumes made by an earlier build are found only by these.
         assert_eq!(
             volume_id(Kind::Aio, "my volume/1"),
@@ -175,6 +213,21 @@ mod tests {
                 assert_eq!(parse_volume_id(&snap), None, "{snap}");
             }
             assert!(is_group_id(&group_id(name)));
+            for kind in Kind::ALL {
+                let group = group_snapshot_id(kind, name);
+                assert!(group.len() <= 63, "{group}");
+                assert_eq!(parse_group_snapshot_id(&group), Some((kind, slug(name).as_str())));
+                assert_eq!(parse_snapshot_id(&group), None);
+                let member = member_snapshot_id(kind, name, &volume_id(kind, "pvc-1"));
+                assert!(member.len() <= 62, "{member}");
+                assert_eq!(parse_snapshot_id(&member).map(|(k, _)| k), Some(kind));
+                // No CreateSnapshot name gives a member's id.
+                assert_ne!(member, snapshot_id(kind, &member));
+                assert_ne!(
+                    member,
+                    member_snapshot_id(kind, name, &volume_id(kind, "pvc-2"))
+                );
+            }
         }
     }
 

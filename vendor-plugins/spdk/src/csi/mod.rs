@@ -15,13 +15,14 @@
 //! ([`crate::backend`]).
 //!
 //! Layout: [`controller`] (the CSI Controller RPCs), [`identity`],
-//! [`volume_group`], [`store`] (what a backend offers: [`aio`], [`nvmf`]),
+//! [`volume_group`], [`group_snapshot`] (GroupController), [`store`] (what a backend offers: [`aio`], [`nvmf`]),
 //! [`params`] (parameters and capabilities), [`sizes`] (capacity ranges),
 //! [`errors`] (failures to CSI codes, in one place).
 
 pub mod aio;
 pub mod controller;
 pub mod errors;
+pub mod group_snapshot;
 pub mod identity;
 pub mod ids;
 pub mod nvmf;
@@ -51,7 +52,8 @@ use store::VolumeBackend;
 pub struct CsiConfig {
     /// Where CSI is served.
     pub socket: PathBuf,
-    /// Volume group records and the NVMe-oF backend's snapshot records.
+    /// Volume group and group snapshot records, the NVMe-oF backend's
+    /// snapshot records and pause intents.
     pub state_dir: PathBuf,
     pub aio: Option<AioConfig>,
     pub nvmf: Option<NvmfConfig>,
@@ -99,6 +101,9 @@ struct Inner {
     groups: JsonDir,
     /// Group membership changes one at a time: a volume joins one group only.
     group_changes: tokio::sync::Mutex<()>,
+    group_snapshots: JsonDir,
+    /// Group snapshot operations one at a time (see [`group_snapshot`]).
+    group_snapshot_turn: tokio::sync::Mutex<()>,
 }
 
 impl CsiController {
@@ -114,6 +119,7 @@ impl CsiController {
         if let Some(nvmf) = &config.nvmf {
             let rpc = RpcClient::with_timeout(&nvmf.target_socket, config.call_timeout);
             let records = JsonDir::open(config.state_dir.join("nvmf-snapshots"))?;
+            let intents = JsonDir::open(config.state_dir.join("nvmf-paused"))?;
             backends.insert(
                 Kind::Nvmf,
                 Box::new(nvmf::NvmfTarget::new(
@@ -121,6 +127,7 @@ impl CsiController {
                     nvmf.lvstore.clone(),
                     nvmf.listen,
                     records,
+                    intents,
                 )),
             );
         }
@@ -133,6 +140,8 @@ impl CsiController {
                 busy: VolumeGuard::default(),
                 groups: JsonDir::open(config.state_dir.join("volume-groups"))?,
                 group_changes: tokio::sync::Mutex::new(()),
+                group_snapshots: JsonDir::open(config.state_dir.join("group-snapshots"))?,
+                group_snapshot_turn: tokio::sync::Mutex::new(()),
             }),
         })
     }

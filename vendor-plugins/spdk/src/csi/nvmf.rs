@@ -26,11 +26,32 @@
 //! A volume whose lvol exists but whose subsystem is not fully set up is an
 //! interrupted CreateVolume: [`NvmfTarget::find`] says it is not complete and
 //! the next CreateVolume carries on from where it stopped.
+//!
+//! Group snapshots are write-order consistent: every member's subsystem is
+//! paused (`nvmf_subsystem_pause` answers once the I/O in flight has drained;
+//! new I/O waits in the target), each lvol is snapshotted, and every
+//! subsystem is resumed. A write the host saw complete is in its snapshot,
+//! and no write issued after it completed (the only writes that can depend
+//! on it) can reach any member before the resume. Upstream SPDK v24.09 has
+//! no such RPC (hack/spdk's patch adds the library's pause and resume as
+//! RPCs); a target without it fails the call with FAILED_PRECONDITION,
+//! nothing paused. Resume is certain: an intent record naming the
+//! subsystems is written (fsynced) before the first pause and removed after
+//! the last resume, every path out of the call resumes under a deadline of
+//! its own (the caller's may be spent), and a record left by a crash is
+//! resumed by [`VolumeBackend::recover`] at start-up and before the next
+//! group operation. SPDK's own RPCs that pause internally
+//! (`nvmf_subsystem_get_controllers`, `_add_ns`, ...) resume on their way
+//! out, which would end our pause early: nothing here calls them, and an
+//! operator should not while a group snapshot runs.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
 
-use futures::future::try_join;
+use std::time::Duration;
+
+use futures::future::{join_all, try_join};
+use serde::{Deserialize, Serialize};
 use snap_csi::json_dir::JsonDir;
 use snap_csi::jsonrpc::{RpcClient, code};
 use snap_csi::spdk::app::SpdkGetVersion;
@@ -42,7 +63,7 @@ use snap_csi::spdk::lvol::{
 use snap_csi::spdk::nvmf::{
     ListenAddress, NvmfCreateSubsystem, NvmfCreateTransport, NvmfDeleteSubsystem,
     NvmfGetSubsystems, NvmfNamespaceParams, NvmfSubsystem, NvmfSubsystemAddListener,
-    NvmfSubsystemAddNs,
+    NvmfSubsystemAddNs, NvmfSubsystemPause, NvmfSubsystemResume,
 };
 use tokio::time::Instant;
 use tonic::Status;
@@ -68,6 +89,17 @@ const TARGET_NAMESPACE: Uuid = Uuid::from_u128(0x3def4779_5dcd_4f17_95fb_4bfb8de
 const TEMP_SNAPSHOT_PREFIX: &str = "tmp-";
 /// Decoupling climbs one snapshot per call; no volume has this many.
 const MAX_DECOUPLES: usize = 256;
+/// Resuming paused subsystems gets this long from when it starts, whatever
+/// is left of the caller's deadline: hosts' I/O waits until it is done.
+pub const RESUME_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Subsystems a group snapshot may have paused, recorded before the first
+/// pause and removed after the last resume.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PauseIntent {
+    pub group_snapshot_id: String,
+    pub nqns: Vec<String>,
+}
 
 /// A remote SPDK target with an lvstore.
 #[derive(Debug)]
@@ -76,6 +108,7 @@ pub struct NvmfTarget {
     lvstore: String,
     listen: SocketAddr,
     records: JsonDir,
+    intents: JsonDir,
 }
 
 pub fn nqn(volume_id: &str) -> String {
@@ -101,14 +134,80 @@ fn size_in_mib(size: u64) -> u64 {
 
 impl NvmfTarget {
     /// The target at `rpc` (nothing is contacted yet); snapshot records go in
-    /// `records`.
-    pub fn new(rpc: RpcClient, lvstore: String, listen: SocketAddr, records: JsonDir) -> Self {
+    /// `records`, group snapshots' pause intents in `intents`.
+    pub fn new(
+        rpc: RpcClient,
+        lvstore: String,
+        listen: SocketAddr,
+        records: JsonDir,
+        intents: JsonDir,
+    ) -> Self {
         NvmfTarget {
             rpc,
             lvstore,
             listen,
             records,
+            intents,
         }
+    }
+
+    /// Pauses namespace 1 of `volume_id`'s subsystem.
+    async fn pause(&self, volume_id: &str, deadline: Instant) -> Result<(), Status> {
+        let pause = NvmfSubsystemPause {
+            nqn: nqn(volume_id),
+            nsid: Some(NSID),
+        };
+        match self.rpc.call_until(&pause, deadline).await {
+            Ok(_) => Ok(()),
+            Err(e) if e.code() == Some(code::INVALID_PARAMS) => Err(Status::not_found(format!(
+                "volume {volume_id} has no subsystem {} to pause",
+                pause.nqn
+            ))),
+            Err(e) if e.code() == Some(code::METHOD_NOT_FOUND) => {
+                Err(Status::failed_precondition(format!(
+                    "the NVMe-oF target cannot pause subsystems, so it cannot snapshot volumes \
+                     together: it lacks nvmf_subsystem_pause (upstream SPDK v24.09 has no such \
+                     RPC; hack/spdk's patch adds it) ({e})"
+                )))
+            }
+            Err(e) => Err(errors::spdk(&format!("pausing {}", pause.nqn), &e)),
+        }
+    }
+
+    /// Resumes every subsystem of `nqns` under [`RESUME_TIMEOUT`]; one gone
+    /// is resumed already. Tries them all, then reports the first failure.
+    async fn resume_all(&self, nqns: &[String]) -> Result<(), Status> {
+        let deadline = Instant::now() + RESUME_TIMEOUT;
+        let results = join_all(nqns.iter().map(|nqn| async move {
+            let resume = NvmfSubsystemResume { nqn: nqn.clone() };
+            match self.rpc.call_until(&resume, deadline).await {
+                Ok(_) => Ok(()),
+                Err(e) if e.code() == Some(code::INVALID_PARAMS) => Ok(()),
+                Err(e) => {
+                    tracing::error!(%nqn, "resuming a paused subsystem failed: {e}");
+                    Err(errors::spdk(&format!("resuming {nqn}"), &e))
+                }
+            }
+        }))
+        .await;
+        results.into_iter().collect()
+    }
+
+    /// Pauses every member, snapshots each, resumes them all whatever happened.
+    async fn paused_snapshots(
+        &self,
+        members: &[(String, String)],
+        deadline: Instant,
+    ) -> Result<(), Status> {
+        let paused = join_all(members.iter().map(|(v, _)| self.pause(v, deadline))).await;
+        paused.into_iter().collect::<Result<(), Status>>()?;
+        let cut = join_all(
+            members
+                .iter()
+                .map(|(v, s)| VolumeBackend::snapshot(self, v, s, deadline)),
+        )
+        .await;
+        cut.into_iter().collect()
     }
 
     fn alias(&self, lvol: &str) -> String {
@@ -574,6 +673,52 @@ impl VolumeBackend for NvmfTarget {
 
     fn snapshot_records(&self) -> &JsonDir {
         &self.records
+    }
+
+    async fn group_snapshot(
+        &self,
+        group_snapshot_id: &str,
+        members: &[(String, String)],
+        deadline: Instant,
+    ) -> Result<(), Status> {
+        let nqns: Vec<String> = members.iter().map(|(v, _)| nqn(v)).collect();
+        let key = group_snapshot_id;
+        let intent = PauseIntent {
+            group_snapshot_id: key.to_string(),
+            nqns: nqns.clone(),
+        };
+        self.intents
+            .store(key, &intent)
+            .map_err(|e| errors::record("writing the pause intent", &e))?;
+        let result = self.paused_snapshots(members, deadline).await;
+        let resumed = self.resume_all(&nqns).await;
+        if resumed.is_ok() {
+            self.intents
+                .remove(key)
+                .map_err(|e| errors::record("removing the pause intent", &e))?;
+        }
+        result.and(resumed)
+    }
+
+    async fn recover(&self) -> Result<(), Status> {
+        let intents = self
+            .intents
+            .all::<PauseIntent>()
+            .map_err(|e| errors::record("reading pause intents", &e))?;
+        for intent in intents {
+            let intent = intent.map_err(|(path, e)| {
+                errors::record(&format!("reading pause intent {}", path.display()), &e)
+            })?;
+            self.resume_all(&intent.nqns).await?;
+            self.intents
+                .remove(&intent.group_snapshot_id)
+                .map_err(|e| errors::record("removing the pause intent", &e))?;
+            tracing::warn!(
+                subsystems = ?intent.nqns,
+                "resumed the subsystems an interrupted group snapshot had paused"
+            );
+        }
+        Ok(())
     }
 
     async fn probe(&self, deadline: Instant) -> Result<(), String> {

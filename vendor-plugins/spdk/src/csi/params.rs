@@ -31,6 +31,20 @@ pub const BACKEND_PARAM: &str = "backend";
 const CO_PREFIX: &str = "csi.storage.k8s.io/";
 const EMULATIONS: [&str; 2] = ["nvme", "virtio-blk"];
 
+/// Refuses every parameter but the CO's metadata: snapshots, volume groups
+/// and group snapshots take none of their own.
+pub fn only_co_metadata(
+    what: &str,
+    parameters: &HashMap<String, String>,
+) -> Result<(), tonic::Status> {
+    match parameters.keys().find(|k| !k.starts_with(CO_PREFIX)) {
+        Some(key) => Err(tonic::Status::invalid_argument(format!(
+            "unknown {what} parameter {key:?}; {what}s take none but the CO's {CO_PREFIX}* keys"
+        ))),
+        None => Ok(()),
+    }
+}
+
 /// Parsed CreateVolume parameters.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Params {

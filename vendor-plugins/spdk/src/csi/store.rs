@@ -91,6 +91,25 @@ pub trait VolumeBackend: Send + Sync + Debug {
 
     async fn delete_snapshot(&self, snapshot_id: &str, deadline: Instant) -> Result<(), Status>;
 
+    /// Cuts every `(volume id, snapshot id)` of `members` (group snapshot
+    /// `group_snapshot_id`) at one point of the
+    /// stream of writes to them, as far as the backend can (each backend's
+    /// module says how far); members whose snapshot exists are cut again
+    /// with the rest only after the caller deleted them.
+    async fn group_snapshot(
+        &self,
+        group_snapshot_id: &str,
+        members: &[(String, String)],
+        deadline: Instant,
+    ) -> Result<(), Status>;
+
+    /// Undoes what a group snapshot interrupted by a crash left in force
+    /// (NVMe-oF: subsystems left paused). Called at start-up and before
+    /// every group snapshot operation, never during one.
+    async fn recover(&self) -> Result<(), Status> {
+        Ok(())
+    }
+
     /// Where this backend's snapshot records are.
     fn snapshot_records(&self) -> &JsonDir;
 
@@ -107,4 +126,8 @@ pub struct SnapshotRecord {
     pub source_volume_id: String,
     pub created_seconds: i64,
     pub created_nanos: i32,
+    /// The group snapshot it belongs to, if any: such a snapshot is deleted
+    /// only with its group.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub group_snapshot_id: String,
 }

@@ -17,11 +17,9 @@ use tonic::{Request, Response, Status};
 
 use super::controller::volume_key;
 use super::ids::{check_name, group_id, is_group_id, parse_volume_id};
+use super::params::only_co_metadata;
 use super::{CsiController, errors, max_entries};
 use crate::paging::{page_by, parse_token_of};
-
-/// Group parameters may only be the CO's metadata.
-const CO_PREFIX: &str = "csi.storage.k8s.io/";
 
 /// One group.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -100,11 +98,7 @@ impl vg::controller_server::Controller for CsiController {
         let deadline = self.deadline(&request);
         let req = request.into_inner();
         check_name("name", &req.name).map_err(Status::invalid_argument)?;
-        if let Some(key) = req.parameters.keys().find(|k| !k.starts_with(CO_PREFIX)) {
-            return Err(Status::invalid_argument(format!(
-                "unknown volume group parameter {key:?}; groups take none but the CO's {CO_PREFIX}* keys"
-            )));
-        }
+        only_co_metadata("volume group", &req.parameters)?;
         let id = group_id(&req.name);
         let _held = self.hold(group_key(&id))?;
         let _changes = self.inner.group_changes.lock().await;
