@@ -2,6 +2,19 @@
 //! and listeners, with SPDK's error replies (most failures are `-32602
 //! "Invalid parameters"`, a duplicate subsystem is `-32603 "Unable to create
 //! subsystem <nqn>"`). Listeners really listen; see [`crate::nvmf_tcp`].
+//!
+//! `nvmf_subsystem_pause` and `nvmf_subsystem_resume` answer as those of the
+//! patched `spdk_tgt` the tests build (hack/spdk: upstream v24.09 has only
+//! the library calls): pausing a paused subsystem and resuming an active one
+//! succeed (the library's state change to the state it is in), an unknown
+//! NQN is -32602 "Invalid parameters", an unknown target -32603, and
+//! parameters are decoded strictly. What this does not prove: the
+//! emulator's target has no I/O path (an initiator reads and writes the
+//! backing file itself, see [`crate::nvmf_tcp`]), so there is nothing to
+//! hold or drain and the pause is not modelled at all: I/O and connects go
+//! on while "paused", where SPDK queues them until resume. That writes wait
+//! while paused, and that a group snapshot is consistent because of it, is
+//! shown against the real target (the sample plugin's real-SPDK tests).
 
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -215,6 +228,15 @@ struct NqnParams {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[allow(dead_code)] // nsid: accepted; there is no I/O here to pause (see the module doc).
+struct PauseParams {
+    nqn: String,
+    nsid: Option<u32>,
+    tgt_name: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 #[allow(dead_code)] // ptpl_file, anagrpid, visibility: accepted, not modelled.
 struct NamespaceParams {
     bdev_name: String,
@@ -391,6 +413,19 @@ impl Emulator {
             connections: vec![],
             next_cntlid: min,
         });
+        Ok(json!(true))
+    }
+
+    pub(crate) fn nvmf_subsystem_pause(&mut self, params: Option<Value>) -> RpcResult {
+        let p: PauseParams = decode(params, OnDecodeError::InvalidParams)?;
+        self.nvmf.named_subsystem(&p.tgt_name, &p.nqn)?;
+        Ok(json!(true))
+    }
+
+    /// Decoded as the pause is (SPDK's resume shares its decoders).
+    pub(crate) fn nvmf_subsystem_resume(&mut self, params: Option<Value>) -> RpcResult {
+        let p: PauseParams = decode(params, OnDecodeError::InvalidParams)?;
+        self.nvmf.named_subsystem(&p.tgt_name, &p.nqn)?;
         Ok(json!(true))
     }
 
