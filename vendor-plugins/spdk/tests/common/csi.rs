@@ -26,6 +26,7 @@ use tonic::{Code, Status};
 use super::nvme_io::Remote;
 use super::{Source, Spdk, TIMEOUT, every_page, free_tcp_port, sparse_file, timed};
 use csi::controller_client::ControllerClient;
+use csi::group_controller_client::GroupControllerClient;
 use csi::identity_client::IdentityClient;
 use csi::volume_capability::access_mode::Mode;
 use csi::volume_capability::{AccessMode, AccessType, BlockVolume, MountVolume};
@@ -164,6 +165,7 @@ pub struct Csi {
     pub identity: IdentityClient<Channel>,
     pub controller: ControllerClient<Channel>,
     pub groups: GroupClient<Channel>,
+    pub group_snapshots: GroupControllerClient<Channel>,
     pub pool: PathBuf,
     pub state: PathBuf,
     pub target: Option<Target>,
@@ -245,6 +247,7 @@ impl Csi {
         Csi {
             identity: IdentityClient::new(channel.clone()),
             controller: ControllerClient::new(channel.clone()),
+            group_snapshots: GroupControllerClient::new(channel.clone()),
             groups: GroupClient::new(channel),
             socket,
             pool,
@@ -273,6 +276,7 @@ impl Csi {
         let channel = unix_channel(self.socket.clone());
         self.identity = IdentityClient::new(channel.clone());
         self.controller = ControllerClient::new(channel.clone());
+        self.group_snapshots = GroupControllerClient::new(channel.clone());
         self.groups = GroupClient::new(channel);
     }
 

@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub mod csi;
+pub mod group_snapshots;
 pub mod nvme_io;
 pub mod plugin_scenarios;
 pub mod proxy;

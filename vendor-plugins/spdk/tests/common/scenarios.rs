@@ -9,6 +9,7 @@ use snap_csi::proto::volumegroup as vg;
 use tonic::Code;
 
 use super::csi::*;
+pub use super::group_snapshots::group_snapshots_restore_and_go_together;
 use super::{TIMEOUT, timed};
 use csi::volume_capability::AccessType;
 use csi::volume_capability::access_mode::Mode;
@@ -40,6 +41,7 @@ macro_rules! scenario_tests {
             snapshots_keep_their_data,
             volumes_clone_volumes,
             volume_groups_hold_and_delete_their_volumes,
+            group_snapshots_restore_and_go_together,
         );
     };
     (@dropped $controller:expr, $backend:expr, $($scenario:ident,)+) => {
