@@ -10,6 +10,7 @@ mod common;
 
 use common::csi::{Backends, Csi, MIB, block, capability, mount, volume};
 use common::csi_v1_11::{assert_decodes, unknown_enum_values};
+use common::group_snapshots::member_ids;
 use common::proxy::Proxy;
 use common::{TIMEOUT, timed};
 use snap_csi::proto::csi::v1 as csi;
@@ -18,6 +19,8 @@ use tonic::transport::Channel;
 
 use csi::controller_client::ControllerClient;
 use csi::controller_service_capability::rpc::Type as Capability;
+use csi::group_controller_client::GroupControllerClient;
+use csi::group_controller_service_capability::rpc::Type as GroupCapability;
 use csi::identity_client::IdentityClient;
 use csi::volume_capability::access_mode::Mode;
 
@@ -100,16 +103,72 @@ async fn every_reply_decodes_for_a_csi_v1_11_sidecar_directly_and_through_the_pr
 
     let proxy = Proxy::start(&csi).await;
     assert_every_reply_decodes(&proxy.identity, &proxy.controller, &created.volume_id).await;
-    // The sample has no GroupController: nothing to decode, and the CO is told so.
-    let group = proxy
+    // The GroupController: its capability is one v1.11 knows, passed as it
+    // is, and a group snapshot made through the proxy is the sample's.
+    let group_capabilities = async |client: &GroupControllerClient<Channel>| {
+        client
+            .clone()
+            .group_controller_get_capabilities(timed(
+                csi::GroupControllerGetCapabilitiesRequest {},
+                TIMEOUT,
+            ))
+            .await
+            .unwrap()
+            .into_inner()
+    };
+    let direct = group_capabilities(&csi.group_snapshots).await;
+    assert_decodes("csi.v1.GroupControllerGetCapabilitiesResponse", &direct);
+    assert_eq!(group_capabilities(&proxy.group).await, direct);
+    assert_eq!(
+        direct.capabilities[0].r#type,
+        Some(csi::group_controller_service_capability::Type::Rpc(
+            csi::group_controller_service_capability::Rpc {
+                r#type: GroupCapability::CreateDeleteGetVolumeGroupSnapshot as i32
+            }
+        ))
+    );
+    let made = proxy
         .group
         .clone()
-        .group_controller_get_capabilities(timed(
-            csi::GroupControllerGetCapabilitiesRequest {},
+        .create_volume_group_snapshot(timed(
+            csi::CreateVolumeGroupSnapshotRequest {
+                name: "gs-v1-11".into(),
+                source_volume_ids: vec![created.volume_id.clone()],
+                ..Default::default()
+            },
             TIMEOUT,
         ))
-        .await;
-    assert_eq!(group.unwrap_err().code(), Code::Unimplemented);
+        .await
+        .unwrap()
+        .into_inner()
+        .group_snapshot
+        .unwrap();
+    assert_decodes("csi.v1.VolumeGroupSnapshot", &made);
+    let got = csi
+        .get_group_snapshot(&made.group_snapshot_id, &member_ids(&made))
+        .await
+        .unwrap();
+    assert_eq!(got, made);
+    proxy
+        .group
+        .clone()
+        .delete_volume_group_snapshot(timed(
+            csi::DeleteVolumeGroupSnapshotRequest {
+                group_snapshot_id: made.group_snapshot_id.clone(),
+                snapshot_ids: member_ids(&made).iter().map(|s| s.to_string()).collect(),
+                ..Default::default()
+            },
+            TIMEOUT,
+        ))
+        .await
+        .unwrap();
+    assert_eq!(
+        csi.get_group_snapshot(&made.group_snapshot_id, &[])
+            .await
+            .unwrap_err()
+            .code(),
+        Code::NotFound
+    );
     proxy.stop().await;
     csi.delete(&created.volume_id).await.unwrap();
 }

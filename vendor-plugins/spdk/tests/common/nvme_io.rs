@@ -37,35 +37,27 @@ pub struct Remote<'a> {
 impl Remote<'_> {
     /// `len` bytes at `offset`.
     pub async fn read(&self, offset: u64, len: usize) -> Vec<u8> {
-        self.attached(async |block_size| {
-            let (first, blocks) = span(offset, len, block_size);
-            let data = self.transfer(READ, first, blocks, None, block_size).await;
-            let start = (offset - first * block_size) as usize;
-            data[start..start + len].to_vec()
-        })
-        .await
+        let session = self.attach(CONTROLLER).await;
+        let data = session.read(offset, len).await;
+        session.detach().await;
+        data
     }
 
     /// `bytes` at `offset` (the blocks around them read first and kept).
     pub async fn write(&self, offset: u64, bytes: &[u8]) {
-        self.attached(async |block_size| {
-            let (first, blocks) = span(offset, bytes.len(), block_size);
-            let mut data = self.transfer(READ, first, blocks, None, block_size).await;
-            let start = (offset - first * block_size) as usize;
-            data[start..start + bytes.len()].copy_from_slice(bytes);
-            self.transfer(WRITE, first, blocks, Some(&data), block_size)
-                .await;
-        })
-        .await
+        let session = self.attach(CONTROLLER).await;
+        session.write(offset, bytes).await;
+        session.detach().await;
     }
 
-    /// Runs `io` with the subsystem attached (given the block size), then
-    /// detaches, so each call is a fresh connection as a new host's would be.
-    async fn attached<T>(&self, io: impl AsyncFnOnce(u64) -> T) -> T {
+    /// Attaches the subsystem as controller `name` for many transfers until
+    /// [`Session::detach`]. [`Remote::read`] and [`Remote::write`] attach
+    /// for one, so each is a fresh connection as a new host's would be.
+    pub async fn attach(&self, name: &str) -> Session<'_> {
         let bdevs = self
             .initiator
             .call(&BdevNvmeAttachController {
-                name: CONTROLLER.into(),
+                name: name.into(),
                 trtype: "tcp".into(),
                 traddr: self.traddr.into(),
                 adrfam: Some("ipv4".into()),
@@ -83,27 +75,50 @@ impl Remote<'_> {
             })
             .await
             .unwrap()[0];
-        let result = io(u64::from(bdev.block_size)).await;
+        Session {
+            initiator: &self.initiator,
+            name: name.to_string(),
+            block_size: u64::from(bdev.block_size),
+        }
+    }
+}
+
+/// An attached subsystem's namespace 1.
+pub struct Session<'a> {
+    initiator: &'a RpcClient,
+    name: String,
+    block_size: u64,
+}
+
+impl Session<'_> {
+    /// `len` bytes at `offset`.
+    pub async fn read(&self, offset: u64, len: usize) -> Vec<u8> {
+        let (first, blocks) = span(offset, len, self.block_size);
+        let data = self.transfer(READ, first, blocks, None).await;
+        let start = (offset - first * self.block_size) as usize;
+        data[start..start + len].to_vec()
+    }
+
+    /// `bytes` at `offset` (the blocks around them read first and kept).
+    pub async fn write(&self, offset: u64, bytes: &[u8]) {
+        let (first, blocks) = span(offset, bytes.len(), self.block_size);
+        let mut data = self.transfer(READ, first, blocks, None).await;
+        let start = (offset - first * self.block_size) as usize;
+        data[start..start + bytes.len()].copy_from_slice(bytes);
+        self.transfer(WRITE, first, blocks, Some(&data)).await;
+    }
+
+    pub async fn detach(self) {
         self.initiator
-            .call(&BdevNvmeDetachController {
-                name: CONTROLLER.into(),
-            })
+            .call(&BdevNvmeDetachController { name: self.name })
             .await
             .unwrap();
-        result
     }
 
     /// One NVMe I/O command on namespace 1; returns what a read read.
-    async fn transfer(
-        &self,
-        opcode: u8,
-        first: u64,
-        blocks: u32,
-        data: Option<&[u8]>,
-        block_size: u64,
-    ) -> Vec<u8> {
+    async fn transfer(&self, opcode: u8, first: u64, blocks: u32, data: Option<&[u8]>) -> Vec<u8> {
         let mut params = json!({
-            "name": CONTROLLER,
+            "name": self.name,
             "cmd_type": "io",
             "cmdbuf": BASE64.encode(command(opcode, first, blocks)),
             "timeout_ms": TIMEOUT.as_millis() as u64,
@@ -117,7 +132,7 @@ impl Remote<'_> {
             }
             None => {
                 params["data_direction"] = json!("c2h");
-                params["data_len"] = json!(u64::from(blocks) * block_size);
+                params["data_len"] = json!(u64::from(blocks) * self.block_size);
             }
         }
         let reply = self

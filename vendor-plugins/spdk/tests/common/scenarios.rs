@@ -9,6 +9,8 @@ use snap_csi::proto::volumegroup as vg;
 use tonic::Code;
 
 use super::csi::*;
+// Used by `scenario_tests!` in the crates that expand it.
+#[allow(unused_imports)]
 pub use super::group_snapshots::group_snapshots_restore_and_go_together;
 use super::{TIMEOUT, timed};
 use csi::volume_capability::AccessType;
