@@ -17,7 +17,8 @@
 # failed spec and on any skipped spec, except those csi-sanity skips because
 # we do not offer a capability (each such reason is listed in
 # NOT_OFFERED below and counted on one line), and the one spec
-# csi-test itself marks pending.
+# csi-test itself marks pending. The GroupController specs must all run and
+# pass (group snapshots are offered on both backends).
 #
 # Usage (as root): hack/csi-sanity.sh [--profile release|debug] [--no-build]
 #   [--backend aio|nvmf]... [--csi-sanity BINARY] [--tarball CSI-TEST.tar.gz]
@@ -59,7 +60,6 @@ declare -A NOT_OFFERED=(
   ["ControllerModifyVolume not supported"]="no MODIFY_VOLUME (not offered yet)"
   ["Modify volume not supported"]="no MODIFY_VOLUME (not offered yet)"
   ["Modify Volume not supported"]="no MODIFY_VOLUME (not offered yet)"
-  ["GroupControllerService not supported"]="no GROUP_CONTROLLER_SERVICE (not offered yet)"
 )
 
 ./hack/setup.sh
@@ -120,6 +120,7 @@ report, name = sys.argv[1], sys.argv[2]
 allowed = dict(line.split("\t", 1) for line in os.environ["REASONS"].splitlines() if line)
 counts = collections.Counter()
 why_skipped = collections.Counter()
+group = collections.Counter()
 unexplained = []
 for suite in json.load(open(report)):
     for spec in suite.get("SpecReports") or []:
@@ -127,6 +128,8 @@ for suite in json.load(open(report)):
             continue
         state = spec["State"]
         counts[state] += 1
+        if any("GroupController" in t for t in spec.get("ContainerHierarchyTexts") or []):
+            group[state] += 1
         if state == "skipped":
             message = (spec.get("Failure") or {}).get("Message", "")
             if message in allowed:
@@ -141,7 +144,10 @@ print(f"{name}: skipped because a capability is not offered: "
       + ("; ".join(f"{n} for {why}" for why, n in sorted(why_skipped.items())) or "none"))
 for line in unexplained:
     print(f"{name}: SKIPPED WITHOUT A REASON WE ACCEPT: {line}")
-sys.exit(1 if failed or unexplained or not counts["passed"] else 0)
+group_ok = group["passed"] > 0 and group["passed"] == sum(group.values())
+print(f"{name}: GroupController specs: {group['passed']} passed of {sum(group.values())}"
+      + ("" if group_ok else " (ALL MUST RUN AND PASS)"))
+sys.exit(1 if failed or unexplained or not counts["passed"] or not group_ok else 0)
 PY
 }
 

@@ -3,7 +3,9 @@
 
 use std::collections::HashMap;
 
+use snap_csi::json_dir::JsonDir;
 use snap_csi::proto::csi::v1 as csi;
+use snap_csi_spdk_plugin::csi::nvmf::PauseIntent;
 use tonic::{Code, Status};
 
 use super::csi::*;
@@ -66,6 +68,25 @@ impl Csi {
             .delete_volume_group_snapshot(timed(request, TIMEOUT))
             .await?;
         Ok(())
+    }
+}
+
+impl Csi {
+    /// How many records the controller's state directory holds under `dir`.
+    pub fn state_records(&self, dir: &str) -> usize {
+        JsonDir::open(self.state.join(dir)).unwrap().count().unwrap()
+    }
+
+    /// The pause intent a controller writes before pausing `nqns`.
+    pub fn store_pause_intent(&self, group_snapshot_id: &str, nqns: &[&str]) {
+        let intent = PauseIntent {
+            group_snapshot_id: group_snapshot_id.into(),
+            nqns: nqns.iter().map(|n| n.to_string()).collect(),
+        };
+        JsonDir::open(self.state.join("nvmf-paused"))
+            .unwrap()
+            .store(group_snapshot_id, &intent)
+            .unwrap();
     }
 }
 
