@@ -107,7 +107,10 @@ async fn group_snapshots_under_a_writer_are_write_order_consistent() {
         groups
     };
     let (writes, groups) = tokio::join!(writer, snapshots);
-    assert!(writes > SNAPSHOTS as u64 * WRITES_BETWEEN, "{writes} writes");
+    assert!(
+        writes > SNAPSHOTS as u64 * WRITES_BETWEEN,
+        "{writes} writes"
+    );
 
     let mut pairs = vec![];
     for (n, group) in groups.iter().enumerate() {

@@ -600,7 +600,10 @@ impl csi::controller_server::Controller for CsiController {
             .snapshot_records()
             .load(&req.snapshot_id)
             .map_err(|e| errors::record("reading the snapshot record", &e))?;
-        if let Some(group) = record.map(|r| r.group_snapshot_id).filter(|g| !g.is_empty()) {
+        if let Some(group) = record
+            .map(|r| r.group_snapshot_id)
+            .filter(|g| !g.is_empty())
+        {
             return Err(Status::failed_precondition(format!(
                 "snapshot {} belongs to group snapshot {group}: delete the group snapshot",
                 req.snapshot_id

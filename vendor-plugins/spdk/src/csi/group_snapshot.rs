@@ -89,7 +89,11 @@ impl GroupSnapshotRecord {
     }
 
     fn snapshot_ids(&self) -> Vec<&str> {
-        let mut ids: Vec<&str> = self.members.iter().map(|m| m.snapshot_id.as_str()).collect();
+        let mut ids: Vec<&str> = self
+            .members
+            .iter()
+            .map(|m| m.snapshot_id.as_str())
+            .collect();
         ids.sort_unstable();
         ids
     }
@@ -345,7 +349,11 @@ impl csi::group_controller_server::GroupController for CsiController {
         let parameters: BTreeMap<String, String> = req.parameters.into_iter().collect();
         let existing = self.group_snapshot_record(&id)?;
         if let Some(existing) = &existing {
-            let theirs: Vec<&str> = existing.members.iter().map(|m| m.volume_id.as_str()).collect();
+            let theirs: Vec<&str> = existing
+                .members
+                .iter()
+                .map(|m| m.volume_id.as_str())
+                .collect();
             if theirs != volumes || existing.parameters != parameters {
                 return Err(Status::already_exists(format!(
                     "group snapshot {id} (name {:?}) exists of volumes {theirs:?} with its own \
@@ -353,7 +361,9 @@ impl csi::group_controller_server::GroupController for CsiController {
                     req.name
                 )));
             }
-            let message = self.group_snapshot_message(backend, existing, deadline).await?;
+            let message = self
+                .group_snapshot_message(backend, existing, deadline)
+                .await?;
             if message.ready_to_use {
                 return Ok(Response::new(csi::CreateVolumeGroupSnapshotResponse {
                     group_snapshot: Some(message),
@@ -391,7 +401,9 @@ impl csi::group_controller_server::GroupController for CsiController {
                 tracing::warn!(group_snapshot_id = %id, "CreateVolumeGroupSnapshot: {}", s.message())
             })?;
         tracing::info!(group_snapshot_id = %id, members = record.members.len(), "group snapshot created");
-        let message = self.group_snapshot_message(backend, &record, deadline).await?;
+        let message = self
+            .group_snapshot_message(backend, &record, deadline)
+            .await?;
         if !message.ready_to_use {
             return Err(Status::aborted(format!(
                 "a member of group snapshot {id} vanished as it was made"
@@ -419,7 +431,8 @@ impl csi::group_controller_server::GroupController for CsiController {
             return Ok(Response::new(csi::DeleteVolumeGroupSnapshotResponse {}));
         };
         check_members(&record, &req.snapshot_ids)?;
-        let backend = self.backend_of(kind, &format!("group snapshot {}", req.group_snapshot_id))?;
+        let backend =
+            self.backend_of(kind, &format!("group snapshot {}", req.group_snapshot_id))?;
         self.remove_group_snapshot(backend, &record, deadline)
             .await
             .inspect_err(|s| {
@@ -453,7 +466,10 @@ impl csi::group_controller_server::GroupController for CsiController {
             .ok_or_else(not_found)?;
         check_members(&record, &req.snapshot_ids)?;
         Ok(Response::new(csi::GetVolumeGroupSnapshotResponse {
-            group_snapshot: Some(self.group_snapshot_message(backend, &record, deadline).await?),
+            group_snapshot: Some(
+                self.group_snapshot_message(backend, &record, deadline)
+                    .await?,
+            ),
         }))
     }
 }

@@ -142,7 +142,11 @@ pub fn member_snapshot_id(kind: Kind, group_name: &str, volume_id: &str) -> Stri
         &MEMBER_NAMESPACE,
         format!("{group_name}\0{volume_id}").as_bytes(),
     );
-    format!("{SNAPSHOT_PREFIX}{}-{readable}_{}", kind.as_str(), digest.simple())
+    format!(
+        "{SNAPSHOT_PREFIX}{}-{readable}_{}",
+        kind.as_str(),
+        digest.simple()
+    )
 }
 
 /// The id of the volume group named `name`.
@@ -216,7 +220,10 @@ mod tests {
             for kind in Kind::ALL {
                 let group = group_snapshot_id(kind, name);
                 assert!(group.len() <= 63, "{group}");
-                assert_eq!(parse_group_snapshot_id(&group), Some((kind, slug(name).as_str())));
+                assert_eq!(
+                    parse_group_snapshot_id(&group),
+                    Some((kind, slug(name).as_str()))
+                );
                 assert_eq!(parse_snapshot_id(&group), None);
                 let member = member_snapshot_id(kind, name, &volume_id(kind, "pvc-1"));
                 assert!(member.len() <= 62, "{member}");

@@ -64,7 +64,8 @@ impl Csi {
             snapshot_ids: snapshot_ids.iter().map(|s| s.to_string()).collect(),
             secrets: HashMap::new(),
         };
-        self.group_snapshots.clone()
+        self.group_snapshots
+            .clone()
             .delete_volume_group_snapshot(timed(request, TIMEOUT))
             .await?;
         Ok(())
@@ -74,7 +75,10 @@ impl Csi {
 impl Csi {
     /// How many records the controller's state directory holds under `dir`.
     pub fn state_records(&self, dir: &str) -> usize {
-        JsonDir::open(self.state.join(dir)).unwrap().count().unwrap()
+        JsonDir::open(self.state.join(dir))
+            .unwrap()
+            .count()
+            .unwrap()
     }
 
     /// The pause intent a controller writes before pausing `nqns`.
@@ -176,9 +180,27 @@ pub async fn group_snapshots_restore_and_go_together(csi: &Csi, backend: &str) {
     );
     // Bad requests, each its code, nothing made.
     for (name, volumes, parameters, code, what) in [
-        ("", vec![a_id], HashMap::new(), Code::InvalidArgument, "no name"),
-        ("gs-x", vec![], HashMap::new(), Code::InvalidArgument, "no volumes"),
-        ("gs-x", vec![a_id, a_id], HashMap::new(), Code::InvalidArgument, "a volume twice"),
+        (
+            "",
+            vec![a_id],
+            HashMap::new(),
+            Code::InvalidArgument,
+            "no name",
+        ),
+        (
+            "gs-x",
+            vec![],
+            HashMap::new(),
+            Code::InvalidArgument,
+            "no volumes",
+        ),
+        (
+            "gs-x",
+            vec![a_id, a_id],
+            HashMap::new(),
+            Code::InvalidArgument,
+            "a volume twice",
+        ),
         (
             "gs-x",
             vec![a_id],
@@ -186,7 +208,13 @@ pub async fn group_snapshots_restore_and_go_together(csi: &Csi, backend: &str) {
             Code::InvalidArgument,
             "an unknown parameter",
         ),
-        ("gs-x", vec![a_id, "pvc-foreign"], HashMap::new(), Code::NotFound, "a foreign id"),
+        (
+            "gs-x",
+            vec![a_id, "pvc-foreign"],
+            HashMap::new(),
+            Code::NotFound,
+            "a foreign id",
+        ),
         (
             "gs-x",
             vec![a_id, &format!("{backend}-nope")],
@@ -196,7 +224,14 @@ pub async fn group_snapshots_restore_and_go_together(csi: &Csi, backend: &str) {
         ),
         (
             "gs-x",
-            vec![a_id, if backend == "aio" { "nvmf-pvc-1" } else { "aio-pvc-1" }],
+            vec![
+                a_id,
+                if backend == "aio" {
+                    "nvmf-pvc-1"
+                } else {
+                    "aio-pvc-1"
+                },
+            ],
             HashMap::new(),
             Code::FailedPrecondition,
             "volumes on two backends",
@@ -209,7 +244,8 @@ pub async fn group_snapshots_restore_and_go_together(csi: &Csi, backend: &str) {
         );
     }
     assert_code(
-        csi.get_group_snapshot(&format!("gsnap-{backend}-gs-x"), &[]).await,
+        csi.get_group_snapshot(&format!("gsnap-{backend}-gs-x"), &[])
+            .await,
         Code::NotFound,
         "nothing was made by a refused request",
     );
@@ -247,7 +283,10 @@ pub async fn group_snapshots_restore_and_go_together(csi: &Csi, backend: &str) {
         Code::FailedPrecondition,
         "a member deleted alone",
     );
-    assert!(status.message().contains(&group.group_snapshot_id), "{status:?}");
+    assert!(
+        status.message().contains(&group.group_snapshot_id),
+        "{status:?}"
+    );
 
     // Get and Delete check the members they are told of.
     assert_eq!(
@@ -256,17 +295,15 @@ pub async fn group_snapshots_restore_and_go_together(csi: &Csi, backend: &str) {
             .unwrap(),
         group
     );
-    for (ids, what) in [
-        (&members[..1], "a member missing"),
-        (&[][..], "no members"),
-    ] {
+    for (ids, what) in [(&members[..1], "a member missing"), (&[][..], "no members")] {
         assert_code(
             csi.get_group_snapshot(&group.group_snapshot_id, ids).await,
             Code::InvalidArgument,
             what,
         );
         assert_code(
-            csi.delete_group_snapshot(&group.group_snapshot_id, ids).await,
+            csi.delete_group_snapshot(&group.group_snapshot_id, ids)
+                .await,
             Code::InvalidArgument,
             what,
         );
