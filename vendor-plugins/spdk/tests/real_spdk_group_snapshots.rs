@@ -8,9 +8,9 @@
 mod common;
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use futures::future::join_all;
 use common::Source;
 use common::csi::{Backends, Csi, MIB, from_snapshot, volume};
 use common::nvme_io::Remote;
@@ -20,10 +20,13 @@ use tokio::sync::watch;
 use tonic::Code;
 
 const BACKEND: &str = "nvmf";
-/// Group snapshots taken while the writer runs.
-const SNAPSHOTS: usize = 6;
-/// Writes (to both volumes) between one snapshot and the next, at least.
-const WRITES_BETWEEN: u64 = 3;
+/// Group snapshots taken while the writers run.
+const SNAPSHOTS: usize = 8;
+/// Writers, each alternating between the volumes on a block of its own.
+const STREAMS: u64 = 16;
+/// Writes (to both volumes) per writer between one snapshot and the next,
+/// on average, at least.
+const WRITES_BETWEEN: u64 = 2;
 
 async fn controller() -> Option<Csi> {
     let source = Source::real()?;
@@ -50,12 +53,14 @@ fn counter(bytes: &[u8]) -> u64 {
     u64::from_le_bytes(bytes[..8].try_into().unwrap())
 }
 
-/// A writer alternates between two volumes, each write waiting for the one
+/// Writers alternate between two volumes, each write waiting for the one
 /// before (A gets i, then B gets i, then A gets i + 1, ...), while group
 /// snapshots of both are taken; restored, every pair (a, b) must be a state
 /// the volumes were in at one instant: a == b or a == b + 1. b > a would be
 /// a write on B whose earlier write on A is missing; a > b + 1 a write on A
-/// whose earlier one on B is.
+/// whose earlier one on B is. [`STREAMS`] such writers run at once, each on
+/// a block of its own, so that a snapshot cut at the wrong moment is caught
+/// by one of them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn group_snapshots_under_a_writer_are_write_order_consistent() {
     let Some(csi) = controller().await else {
@@ -70,28 +75,26 @@ async fn group_snapshots_under_a_writer_are_write_order_consistent() {
         .await
         .unwrap();
     let (remote_a, remote_b) = (remote(&csi, &a), remote(&csi, &b));
+    let (wa, wb) = (remote_a.attach("wa").await, remote_b.attach("wb").await);
+    let block = wa.block_size();
     let (written, mut progress) = watch::channel(0u64);
-    let stop = Arc::new(AtomicBool::new(false));
-    let writer = {
-        let stop = stop.clone();
-        async move {
-            let (wa, wb) = (remote_a.attach("wa").await, remote_b.attach("wb").await);
-            let mut i = 0u64;
-            while !stop.load(Ordering::Relaxed) {
-                i += 1;
-                wa.write(0, &i.to_le_bytes()).await;
-                wb.write(0, &i.to_le_bytes()).await;
-                written.send_replace(i);
-            }
-            wa.detach().await;
-            wb.detach().await;
-            i
+    let stop = AtomicBool::new(false);
+    let stream = async |k: u64| {
+        let mut i = 0u64;
+        let mut data = vec![0u8; block as usize];
+        while !stop.load(Ordering::Relaxed) {
+            i += 1;
+            data[..8].copy_from_slice(&i.to_le_bytes());
+            wa.write_blocks(k, &data).await;
+            wb.write_blocks(k, &data).await;
+            written.send_modify(|n| *n += 1);
         }
+        i
     };
     let snapshots = async {
         let mut groups = vec![];
         for n in 0..SNAPSHOTS {
-            let floor = *progress.borrow_and_update() + WRITES_BETWEEN;
+            let floor = *progress.borrow_and_update() + WRITES_BETWEEN * STREAMS;
             progress.wait_for(|&i| i >= floor).await.unwrap();
             groups.push(
                 csi.create_group_snapshot(
@@ -106,11 +109,9 @@ async fn group_snapshots_under_a_writer_are_write_order_consistent() {
         stop.store(true, Ordering::Relaxed);
         groups
     };
-    let (writes, groups) = tokio::join!(writer, snapshots);
-    assert!(
-        writes > SNAPSHOTS as u64 * WRITES_BETWEEN,
-        "{writes} writes"
-    );
+    let (writes, groups) = tokio::join!(join_all((0..STREAMS).map(stream)), snapshots);
+    wa.detach().await;
+    wb.detach().await;
 
     let mut pairs = vec![];
     for (n, group) in groups.iter().enumerate() {
@@ -132,19 +133,28 @@ async fn group_snapshots_under_a_writer_are_write_order_consistent() {
                 ))
                 .await
                 .unwrap();
-            values.push(counter(&csi.read(&restored, 0, 8).await));
+            let bytes = csi.read(&restored, 0, (STREAMS * block) as usize).await;
+            values.push(
+                bytes
+                    .chunks(block as usize)
+                    .map(counter)
+                    .collect::<Vec<_>>(),
+            );
             csi.delete(&restored.volume_id).await.unwrap();
         }
-        pairs.push((values[0], values[1]));
+        pairs.push(values[0].iter().copied().zip(values[1].iter().copied()).collect::<Vec<_>>());
     }
-    for &(a, b) in &pairs {
-        assert!(
-            a == b || a == b + 1,
-            "group snapshot pairs (A, B) {pairs:?}: ({a}, {b}) is no state the volumes were in"
-        );
+    for (n, snapshot) in pairs.iter().enumerate() {
+        for (k, &(a, b)) in snapshot.iter().enumerate() {
+            assert!(
+                a == b || a == b + 1,
+                "group snapshot {n}, writer {k}: (A, B) = ({a}, {b}) is no state the volumes \
+                 were in; every pair: {pairs:?}"
+            );
+            // The writers were running through every snapshot.
+            assert!(a > 0 && a <= writes[k as usize], "{pairs:?}");
+        }
     }
-    // The writer was running through every snapshot, not before or after.
-    assert!(pairs.iter().all(|&(a, _)| a > 0 && a < writes), "{pairs:?}");
     for group in &groups {
         let ids: Vec<&str> = group
             .snapshots

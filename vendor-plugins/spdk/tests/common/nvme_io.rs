@@ -108,6 +108,17 @@ impl Session<'_> {
         self.transfer(WRITE, first, blocks, Some(&data)).await;
     }
 
+    /// Whole blocks at block `first`, nothing read first.
+    pub async fn write_blocks(&self, first: u64, data: &[u8]) {
+        assert_eq!(data.len() as u64 % self.block_size, 0, "whole blocks");
+        let blocks = (data.len() as u64 / self.block_size) as u32;
+        self.transfer(WRITE, first, blocks, Some(data)).await;
+    }
+
+    pub fn block_size(&self) -> u64 {
+        self.block_size
+    }
+
     pub async fn detach(self) {
         self.initiator
             .call(&BdevNvmeDetachController { name: self.name })
