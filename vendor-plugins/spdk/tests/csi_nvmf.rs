@@ -108,3 +108,47 @@ async fn interrupted_creates_are_finished_or_cleaned_up() {
     }
     assert!(csi.leftovers().await.is_empty());
 }
+
+/// A pause intent left by a controller that died between pause and resume
+/// is resumed and dropped by the next one before any group snapshot
+/// operation of its own (the real target's pause is proven in
+/// `real_spdk_group_snapshots.rs`; the emulator holds no I/O).
+#[tokio::test]
+async fn a_pause_intent_left_by_a_crash_is_resumed_and_dropped() {
+    use common::csi::{MIB, volume};
+    use std::collections::HashMap;
+
+    let mut csi = controller().await;
+    let a = csi
+        .create(volume("pvc-intent", BACKEND, 8 * MIB, 0))
+        .await
+        .unwrap();
+    csi.store_pause_intent(
+        "gsnap-nvmf-crashed",
+        &[
+            &a.volume_context["subnqn"],
+            "nqn.2024-01.io.snap-csi:nvmf-gone",
+        ],
+    );
+    csi.restart().await;
+    // Waits for the start-up's recovery, then finds nothing left to resume.
+    csi.delete_group_snapshot("gsnap-nvmf-none", &[])
+        .await
+        .unwrap();
+    assert_eq!(csi.state_records("nvmf-paused"), 0);
+    // A group snapshot writes its own intent and drops it when done.
+    let group = csi
+        .create_group_snapshot("gs-intent", &[&a.volume_id], HashMap::new())
+        .await
+        .unwrap();
+    assert_eq!(csi.state_records("nvmf-paused"), 0);
+    let ids: Vec<&str> = group
+        .snapshots
+        .iter()
+        .map(|s| s.snapshot_id.as_str())
+        .collect();
+    csi.delete_group_snapshot(&group.group_snapshot_id, &ids)
+        .await
+        .unwrap();
+    csi.delete(&a.volume_id).await.unwrap();
+}

@@ -10,10 +10,10 @@ mod common;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use futures::future::join_all;
 use common::Source;
 use common::csi::{Backends, Csi, MIB, from_snapshot, volume};
 use common::nvme_io::Remote;
+use futures::future::join_all;
 use snap_csi::proto::csi::v1 as csi;
 use snap_csi::spdk::nvmf::{NvmfDeleteSubsystem, NvmfSubsystemPause};
 use tokio::sync::watch;
@@ -142,7 +142,13 @@ async fn group_snapshots_under_a_writer_are_write_order_consistent() {
             );
             csi.delete(&restored.volume_id).await.unwrap();
         }
-        pairs.push(values[0].iter().copied().zip(values[1].iter().copied()).collect::<Vec<_>>());
+        pairs.push(
+            values[0]
+                .iter()
+                .copied()
+                .zip(values[1].iter().copied())
+                .collect::<Vec<_>>(),
+        );
     }
     for (n, snapshot) in pairs.iter().enumerate() {
         for (k, &(a, b)) in snapshot.iter().enumerate() {
