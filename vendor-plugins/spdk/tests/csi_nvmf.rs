@@ -152,3 +152,71 @@ async fn a_pause_intent_left_by_a_crash_is_resumed_and_dropped() {
         .unwrap();
     csi.delete(&a.volume_id).await.unwrap();
 }
+
+/// A group snapshot whose members are not all there (a cut interrupted by a
+/// crash) is not ready, and the retried CreateVolumeGroupSnapshot cuts every
+/// member again in one window rather than completing it member by member.
+#[tokio::test]
+async fn an_interrupted_group_snapshot_is_cut_again_whole() {
+    use common::csi::{LVSTORE, MIB, from_snapshot, volume};
+    use snap_csi::spdk::lvol::BdevLvolDelete;
+    use std::collections::HashMap;
+
+    let csi = controller().await;
+    let a = csi
+        .create(volume("pvc-cut-a", BACKEND, 8 * MIB, 0))
+        .await
+        .unwrap();
+    let b = csi
+        .create(volume("pvc-cut-b", BACKEND, 8 * MIB, 0))
+        .await
+        .unwrap();
+    let volumes = [a.volume_id.as_str(), b.volume_id.as_str()];
+    csi.write(&a, MIB, b"old").await;
+    let first = csi
+        .create_group_snapshot("gs-cut", &volumes, HashMap::new())
+        .await
+        .unwrap();
+    let lost = &first.snapshots[1].snapshot_id;
+    csi.target()
+        .spdk
+        .client()
+        .call(&BdevLvolDelete {
+            name: format!("{LVSTORE}/{lost}"),
+        })
+        .await
+        .unwrap();
+    let ids: Vec<&str> = first
+        .snapshots
+        .iter()
+        .map(|s| s.snapshot_id.as_str())
+        .collect();
+    let half = csi
+        .get_group_snapshot(&first.group_snapshot_id, &ids)
+        .await
+        .unwrap();
+    assert!(!half.ready_to_use);
+    assert!(half.snapshots[0].ready_to_use && !half.snapshots[1].ready_to_use);
+    csi.write(&a, MIB, b"new").await;
+    let again = csi
+        .create_group_snapshot("gs-cut", &volumes, HashMap::new())
+        .await
+        .unwrap();
+    assert!(again.ready_to_use);
+    assert_eq!(again.group_snapshot_id, first.group_snapshot_id);
+    // Both members are new: the one that survived was cut again with the other.
+    assert_ne!(again.creation_time, first.creation_time);
+    assert!(
+        again
+            .snapshots
+            .iter()
+            .all(|s| s.creation_time == again.creation_time)
+    );
+    csi.delete_group_snapshot(&again.group_snapshot_id, &ids)
+        .await
+        .unwrap();
+    for v in volumes {
+        csi.delete(v).await.unwrap();
+    }
+    assert!(csi.target().objects().await.is_empty());
+}
