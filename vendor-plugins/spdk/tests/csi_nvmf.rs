@@ -212,6 +212,21 @@ async fn an_interrupted_group_snapshot_is_cut_again_whole() {
             .iter()
             .all(|s| s.creation_time == again.creation_time)
     );
+    // And holds what A held at the retry, not at the first cut.
+    let a_member = again
+        .snapshots
+        .iter()
+        .find(|s| s.source_volume_id == a.volume_id)
+        .unwrap();
+    let restored = csi
+        .create(from_snapshot(
+            volume("pvc-cut-r", BACKEND, 0, 0),
+            &a_member.snapshot_id,
+        ))
+        .await
+        .unwrap();
+    assert_eq!(csi.read(&restored, MIB, 3).await, b"new");
+    csi.delete(&restored.volume_id).await.unwrap();
     csi.delete_group_snapshot(&again.group_snapshot_id, &ids)
         .await
         .unwrap();
