@@ -142,14 +142,7 @@ async fn a_pause_intent_left_by_a_crash_is_resumed_and_dropped() {
         .await
         .unwrap();
     assert_eq!(csi.state_records("nvmf-paused"), 0);
-    let ids: Vec<&str> = group
-        .snapshots
-        .iter()
-        .map(|s| s.snapshot_id.as_str())
-        .collect();
-    csi.delete_group_snapshot(&group.group_snapshot_id, &ids)
-        .await
-        .unwrap();
+    csi.delete_whole_group_snapshot(&group).await;
     csi.delete(&a.volume_id).await.unwrap();
 }
 
@@ -159,6 +152,7 @@ async fn a_pause_intent_left_by_a_crash_is_resumed_and_dropped() {
 #[tokio::test]
 async fn an_interrupted_group_snapshot_is_cut_again_whole() {
     use common::csi::{LVSTORE, MIB, from_snapshot, volume};
+    use common::group_snapshots::member_of;
     use snap_csi::spdk::lvol::BdevLvolDelete;
     use std::collections::HashMap;
 
@@ -213,23 +207,16 @@ async fn an_interrupted_group_snapshot_is_cut_again_whole() {
             .all(|s| s.creation_time == again.creation_time)
     );
     // And holds what A held at the retry, not at the first cut.
-    let a_member = again
-        .snapshots
-        .iter()
-        .find(|s| s.source_volume_id == a.volume_id)
-        .unwrap();
     let restored = csi
         .create(from_snapshot(
             volume("pvc-cut-r", BACKEND, 0, 0),
-            &a_member.snapshot_id,
+            &member_of(&again, &a.volume_id),
         ))
         .await
         .unwrap();
     assert_eq!(csi.read(&restored, MIB, 3).await, b"new");
     csi.delete(&restored.volume_id).await.unwrap();
-    csi.delete_group_snapshot(&again.group_snapshot_id, &ids)
-        .await
-        .unwrap();
+    csi.delete_whole_group_snapshot(&again).await;
     for v in volumes {
         csi.delete(v).await.unwrap();
     }

@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use common::Source;
 use common::csi::{Backends, Csi, MIB, from_snapshot, volume};
+use common::group_snapshots::member_of;
 use common::nvme_io::Remote;
 use futures::future::join_all;
 use snap_csi::proto::csi::v1 as csi;
@@ -115,15 +116,7 @@ async fn group_snapshots_under_a_writer_are_write_order_consistent() {
 
     let mut pairs = vec![];
     for (n, group) in groups.iter().enumerate() {
-        let of = |v: &str| {
-            group
-                .snapshots
-                .iter()
-                .find(|s| s.source_volume_id == v)
-                .unwrap()
-                .snapshot_id
-                .clone()
-        };
+        let of = |v: &str| member_of(group, v);
         let mut values = vec![];
         for (source, tag) in [(&a, "a"), (&b, "b")] {
             let restored = csi
@@ -158,18 +151,11 @@ async fn group_snapshots_under_a_writer_are_write_order_consistent() {
                  were in; every pair: {pairs:?}"
             );
             // The writers were running through every snapshot.
-            assert!(a > 0 && a <= writes[k as usize], "{pairs:?}");
+            assert!(a > 0 && a <= writes[k], "{pairs:?}");
         }
     }
     for group in &groups {
-        let ids: Vec<&str> = group
-            .snapshots
-            .iter()
-            .map(|s| s.snapshot_id.as_str())
-            .collect();
-        csi.delete_group_snapshot(&group.group_snapshot_id, &ids)
-            .await
-            .unwrap();
+        csi.delete_whole_group_snapshot(group).await;
     }
     csi.delete(&a.volume_id).await.unwrap();
     csi.delete(&b.volume_id).await.unwrap();

@@ -94,6 +94,26 @@ impl Csi {
     }
 }
 
+impl Csi {
+    /// Deletes a group snapshot, naming its members.
+    pub async fn delete_whole_group_snapshot(&self, group: &csi::VolumeGroupSnapshot) {
+        self.delete_group_snapshot(&group.group_snapshot_id, &member_ids(group))
+            .await
+            .unwrap();
+    }
+}
+
+/// The snapshot id of `volume_id`'s member of a group snapshot.
+pub fn member_of(group: &csi::VolumeGroupSnapshot, volume_id: &str) -> String {
+    group
+        .snapshots
+        .iter()
+        .find(|s| s.source_volume_id == volume_id)
+        .unwrap_or_else(|| panic!("no member of {volume_id} in {group:?}"))
+        .snapshot_id
+        .clone()
+}
+
 /// The member snapshot ids of a group snapshot, sorted.
 pub fn member_ids(group: &csi::VolumeGroupSnapshot) -> Vec<&str> {
     let mut ids: Vec<&str> = group
@@ -143,15 +163,7 @@ pub async fn group_snapshots_restore_and_go_together(csi: &Csi, backend: &str) {
         .collect();
     sources.sort_unstable();
     assert_eq!(sources, [a_id, b_id]);
-    let of = |volume: &str| {
-        group
-            .snapshots
-            .iter()
-            .find(|s| s.source_volume_id == volume)
-            .unwrap()
-            .snapshot_id
-            .clone()
-    };
+    let of = |volume: &str| member_of(&group, volume);
     let members = member_ids(&group);
 
     // Idempotent by name, whatever the order; other volumes or parameters
