@@ -45,7 +45,23 @@ async fn identity_says_what_it_serves_and_probe_follows_the_backends() {
         .await
         .unwrap()
         .into_inner();
-    assert_eq!(plugin.capabilities.len(), 2, "{plugin:?}");
+    use csi::plugin_capability::{Type, service};
+    let services: Vec<i32> = plugin
+        .capabilities
+        .iter()
+        .filter_map(|c| match &c.r#type {
+            Some(Type::Service(s)) => Some(s.r#type),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        services,
+        [
+            service::Type::ControllerService as i32,
+            service::Type::GroupControllerService as i32
+        ]
+    );
+    assert_eq!(plugin.capabilities.len(), 3, "{plugin:?}");
     let controller = csi
         .controller
         .clone()
