@@ -48,3 +48,78 @@ async fn interrupted_creates_leave_only_temporary_files() {
     assert!(!temp.exists());
     assert!(csi.leftovers().await.is_empty());
 }
+
+/// The AIO backend cannot pause its writer (SNAP's bdev_aio), so a group
+/// snapshot taken while a member is written fails, copies removed, rather
+/// than answer copies of different instants; with the writes stopped it is
+/// made. The writer stands in for SNAP, writing the volume's file.
+#[tokio::test]
+async fn a_group_snapshot_of_volumes_being_written_fails_and_leaves_nothing() {
+    use common::csi::{MIB, write_at};
+    use std::collections::HashMap;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+    let csi = controller().await;
+    let a = csi
+        .create(common::csi::volume("pvc-busy-a", BACKEND, 64 * MIB, 0))
+        .await
+        .unwrap();
+    let b = csi
+        .create(common::csi::volume("pvc-busy-b", BACKEND, 64 * MIB, 0))
+        .await
+        .unwrap();
+    let volumes = [a.volume_id.as_str(), b.volume_id.as_str()];
+    let stop = Arc::new(AtomicBool::new(false));
+    let written = Arc::new(AtomicU64::new(0));
+    let writer = {
+        let (stop, written) = (stop.clone(), written.clone());
+        let path = std::path::PathBuf::from(&a.volume_context["path"]);
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                let n = written.fetch_add(1, Ordering::Relaxed);
+                write_at(&path, (n % 64) * MIB, &n.to_le_bytes());
+            }
+        })
+    };
+    // Writes land in every attempt's window only if the writer is scheduled
+    // then: a few attempts, each one made while it keeps writing.
+    let mut refused = None;
+    for attempt in 0..5 {
+        let floor = written.load(Ordering::Relaxed) + 2;
+        while written.load(Ordering::Relaxed) < floor {
+            tokio::task::yield_now().await;
+        }
+        match csi
+            .create_group_snapshot(&format!("gs-busy-{attempt}"), &volumes, HashMap::new())
+            .await
+        {
+            Err(status) => {
+                refused = Some(status);
+                break;
+            }
+            Ok(group) => csi.delete_whole_group_snapshot(&group).await,
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    writer.join().unwrap();
+    let status = refused.expect("a group snapshot copied while a member was written");
+    assert_eq!(status.code(), tonic::Code::FailedPrecondition, "{status:?}");
+    assert!(status.message().contains(&a.volume_id), "{status:?}");
+    assert!(
+        csi.list_snapshots_all(Default::default()).await.is_empty(),
+        "the refused group's copies are removed"
+    );
+    assert_eq!(csi.state_records("group-snapshots"), 0);
+
+    let quiet = csi
+        .create_group_snapshot("gs-quiet", &volumes, HashMap::new())
+        .await
+        .unwrap();
+    assert!(quiet.ready_to_use);
+    csi.delete_whole_group_snapshot(&quiet).await;
+    for v in volumes {
+        csi.delete(v).await.unwrap();
+    }
+    assert!(csi.leftovers().await.is_empty());
+}

@@ -19,8 +19,14 @@
 //! freeze the controller could hold while it copies. What it gives: the
 //! group is write-order consistent exactly when its members are not written
 //! during the call (the workload stopped, or quiesced by the application,
-//! as for any AIO snapshot, which copies a file over time); with writes in
-//! flight neither a single AIO snapshot nor a group is crash-consistent.
+//! as for any AIO snapshot, which copies a file over time). Writes during
+//! the call are looked for, not prevented: each member's size and
+//! modification time are read before the first copy and after the last,
+//! and a change fails the call (FAILED_PRECONDITION, the copies removed),
+//! since CSI asks a group snapshot to be consistent or fail. The look is
+//! as fine as the filesystem's timestamps (a clock tick, milliseconds): a
+//! write landing in the same tick as one just before the first look can go
+//! unseen, so an application that needs the guarantee quiesces its writes.
 //! The NVMe-oF backend pauses its members and is consistent under writes.
 //!
 //! Capacity: with `--aio-pool-capacity` the pool holds that many bytes of
@@ -32,6 +38,7 @@ use std::collections::HashMap;
 use std::fs::{self, File};
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
+use std::time::SystemTime;
 
 use snap_csi::json_dir::JsonDir;
 use tokio::time::Instant;
@@ -82,6 +89,28 @@ impl AioPool {
             Source::Snapshot(id) => self.snapshot_path(id),
             Source::Volume(id) => self.volume_path(id),
         }
+    }
+}
+
+impl AioPool {
+    /// Size and modification time of every member's file: a write changes
+    /// the time (at the filesystem's timestamp granularity).
+    async fn stamps(
+        &self,
+        members: &[(String, String)],
+    ) -> Result<Vec<(u64, Option<SystemTime>)>, Status> {
+        let paths: Vec<PathBuf> = members.iter().map(|(v, _)| self.volume_path(v)).collect();
+        blocking(move || {
+            paths
+                .iter()
+                .map(|path| {
+                    let meta =
+                        fs::metadata(path).map_err(|e| errors::io("looking at", path, &e))?;
+                    Ok((meta.len(), meta.modified().ok()))
+                })
+                .collect()
+        })
+        .await
     }
 }
 
@@ -381,8 +410,21 @@ impl VolumeBackend for AioPool {
         members: &[(String, String)],
         deadline: Instant,
     ) -> Result<(), Status> {
+        let before = self.stamps(members).await?;
         for (volume_id, snapshot_id) in members {
             self.snapshot(volume_id, snapshot_id, deadline).await?;
+        }
+        let after = self.stamps(members).await?;
+        if let Some(((volume_id, _), _)) = members
+            .iter()
+            .zip(before.iter().zip(&after))
+            .find(|(_, (b, a))| b != a)
+        {
+            return Err(Status::failed_precondition(format!(
+                "volume {volume_id} was written while the group was copied, so the copies \
+                 are not of one instant: AIO group snapshots need their volumes' writes \
+                 stopped (the controller cannot pause SNAP's bdev_aio)"
+            )));
         }
         Ok(())
     }
