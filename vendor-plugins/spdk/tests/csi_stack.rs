@@ -45,23 +45,22 @@ async fn identity_says_what_it_serves_and_probe_follows_the_backends() {
         .await
         .unwrap()
         .into_inner();
-    use csi::plugin_capability::{Type, service};
-    let services: Vec<i32> = plugin
-        .capabilities
-        .iter()
-        .filter_map(|c| match &c.r#type {
-            Some(Type::Service(s)) => Some(s.r#type),
-            _ => None,
-        })
-        .collect();
+    use csi::plugin_capability::{Service, Type, VolumeExpansion, service, volume_expansion};
+    let service = |t: service::Type| csi::PluginCapability {
+        r#type: Some(Type::Service(Service { r#type: t as i32 })),
+    };
     assert_eq!(
-        services,
+        plugin.capabilities,
         [
-            service::Type::ControllerService as i32,
-            service::Type::GroupControllerService as i32
+            service(service::Type::ControllerService),
+            service(service::Type::GroupControllerService),
+            csi::PluginCapability {
+                r#type: Some(Type::VolumeExpansion(VolumeExpansion {
+                    r#type: volume_expansion::Type::Offline as i32
+                })),
+            },
         ]
     );
-    assert_eq!(plugin.capabilities.len(), 3, "{plugin:?}");
     let controller = csi
         .controller
         .clone()
