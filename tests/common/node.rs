@@ -10,6 +10,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use snap_csi::dpu::DpuAttach;
+use snap_csi::dpu::names::pool_index;
 use snap_csi::node::NodeConfig;
 use snap_csi::node::config::{EmulationSetting, PlacementSetting};
 use snap_csi::proto::csi::v1 as csi;
@@ -167,10 +168,13 @@ impl NodeStack {
         assert!(mounts_under(&self.kubelet).is_empty(), "a mount is left");
         let bdevs = snap.call(&BdevGetBdevs::default()).await.unwrap();
         assert!(bdevs.is_empty(), "a bdev is left: {bdevs:?}");
+        // Pools of packed volumes stay, empty, with their controllers.
         let subsystems = snap.call(&NvmeSubsystemList {}).await.unwrap();
         assert!(
-            subsystems.is_empty(),
-            "an NVMe subsystem is left: {subsystems:?}"
+            subsystems
+                .iter()
+                .all(|s| pool_index(&s.nqn).is_some() && s.namespaces.is_empty()),
+            "an NVMe subsystem or namespace is left: {subsystems:?}"
         );
         let controllers = snap.call(&VirtioBlkControllerList {}).await.unwrap();
         assert!(
