@@ -401,3 +401,44 @@ async fn packed_virtio_blk_is_an_invalid_argument_and_changes_nothing() {
     assert!(subsystems(&stack).await.is_empty());
     stack.assert_gone("vol-bad-packed").await;
 }
+
+/// A volume stays where its first stage placed it: a retry under another
+/// placement (the node's default changed meanwhile) continues it there.
+#[tokio::test]
+async fn a_retry_under_another_placement_keeps_the_volume_where_it_is() {
+    let stack = Stack::start().await;
+    let dedicated = stack.attach("vol-was-dedicated", Emulation::Nvme).await;
+    let retried = snap_csi::dpu::AttachRequest {
+        attached_before: true,
+        ..stack.packed_request("vol-was-dedicated", 8)
+    };
+    let again = stack.dpu.attach(&retried, deadline()).await.unwrap();
+    assert_eq!(again, dedicated);
+    assert!(namespaces_of(&stack, "vol-was-dedicated").await.len() == 1);
+
+    let packed = attach_packed(&stack, "vol-was-packed", 8).await;
+    let retried = snap_csi::dpu::AttachRequest {
+        attached_before: true,
+        ..stack.request("vol-was-packed", Emulation::Nvme)
+    };
+    let again = stack.dpu.attach(&retried, deadline()).await.unwrap();
+    assert_eq!(again, packed);
+    assert_eq!(
+        namespaces_of(&stack, "vol-was-packed").await,
+        [(pool_nqn(0), 1)]
+    );
+    let names: Vec<String> = subsystems(&stack)
+        .await
+        .into_iter()
+        .map(|s| s.nqn)
+        .collect();
+    assert_eq!(
+        names,
+        [VolumeNames::new("vol-was-dedicated").nqn, pool_nqn(0)],
+        "no subsystem of its own for the packed volume"
+    );
+    for id in ["vol-was-dedicated", "vol-was-packed"] {
+        stack.dpu.detach(id, None, deadline()).await.unwrap();
+        stack.assert_gone(id).await;
+    }
+}

@@ -100,15 +100,6 @@ pub(crate) async fn list(
     })
 }
 
-/// The subsystem named `nqn`, if SNAP has it.
-pub(crate) async fn find(
-    snap: &SnapEndpoint,
-    nqn: &str,
-    deadline: Instant,
-) -> Result<Option<Subsystem>, DpuError> {
-    Ok(list(snap, deadline).await?.find(nqn))
-}
-
 /// What an attach knows of the volume's subsystem when it starts.
 #[derive(Debug)]
 pub(crate) enum Known {
@@ -276,7 +267,7 @@ async fn create_subsystem(
         }
         Err(e) if e.code() == Some(code::EEXIST) => {
             tracing::debug!(%nqn, "NVMe subsystem exists already: reading what it holds");
-            find(snap, nqn, deadline).await
+            Ok(list(snap, deadline).await?.find(nqn))
         }
         Err(e) => Err(snap.error(&format!("creating subsystem {nqn}"), e)),
     }

@@ -50,6 +50,11 @@ use crate::spdk::snap::{
     NvmeSubsystemCreate, NvmeSubsystemNamespace,
 };
 
+/// Namespaces per pool controller when the caller does not say (the node's
+/// `--namespaces-per-controller` default): also what a stage uses that only
+/// continues a volume placed packed by an earlier one.
+pub const DEFAULT_NAMESPACES_PER_CONTROLLER: u32 = 32;
+
 /// A listing that keeps changing under a stage (other processes placing
 /// namespaces) is read again at most this often before the stage gives up
 /// with Unavailable, which its caller retries within the deadline.
@@ -522,6 +527,11 @@ impl Drop for Built<'_> {
             .unwrap_or_else(|e| e.into_inner())
             .remove(&self.k);
     }
+}
+
+/// Whether the volume has a namespace in a pool.
+pub(crate) fn holds(listing: &SubsystemListing, names: &VolumeNames) -> bool {
+    !namespaces_of(listing, &names.namespace_uuid).is_empty()
 }
 
 /// The bdevs of the volume's packed namespaces, read before they go.
