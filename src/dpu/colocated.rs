@@ -70,6 +70,9 @@ impl Colocated {
         request: &AttachRequest,
         deadline: Instant,
     ) -> Result<Attachment, DpuError> {
+        // Listings shared with other volumes' calls must be asked for after
+        // this: then they show whatever an earlier call for this volume did.
+        let began = Instant::now();
         let snap = self.snap(deadline).await?;
         let names = VolumeNames::new(&request.volume_id);
         let create = self.plugin.create_device(request, deadline);
@@ -79,7 +82,7 @@ impl Colocated {
                 let read = request.attached_before || placement != Placement::Dedicated;
                 let listing = async {
                     match read {
-                        true => nvme::list(snap, deadline).await.map(Some),
+                        true => snap.list_subsystems(began, deadline).await.map(Some),
                         false => Ok(None),
                     }
                 };
@@ -165,12 +168,13 @@ impl Colocated {
         device_name: Option<&str>,
         deadline: Instant,
     ) -> Result<(), DpuError> {
+        let began = Instant::now();
         let snap = self.snap(deadline).await?;
         let names = VolumeNames::new(volume_id);
         // The caller does not say how the volume was exposed: look for every
         // way (its own subsystem, a namespace in a pool, a virtio-blk controller).
         let (listing, controllers) = tokio::join!(
-            nvme::list(snap, deadline),
+            snap.list_subsystems(began, deadline),
             virtio::find(snap, &names.serial, deadline)
         );
         let (listing, controllers) = (listing?, controllers?);
