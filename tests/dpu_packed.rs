@@ -12,7 +12,7 @@ mod common;
 use std::collections::{HashMap, HashSet};
 
 use common::attach::{Stack, deadline, nvme_bdf};
-use common::{loop_devices_of, round_trips};
+use common::loop_devices_of;
 use snap_csi::dpu::names::{VolumeNames, pool_nqn};
 use snap_csi::dpu::{Attachment, DpuError, Emulation, HostLocator};
 use snap_csi::spdk::bdev::BdevAioCreate;
@@ -360,32 +360,17 @@ async fn a_packed_attach_costs_three_dependent_round_trips() {
         c.counting_round_trips(common::ROUND_TRIP_PERIOD)
     })
     .await;
-    let rounds = || stack.emulator.rounds();
     assert!(stack.dpu.probe(deadline()).await.unwrap());
-
-    // The first builds the pool: subsystem and controller on top.
-    let request = stack.packed_request("vol-rt-pool", 32);
-    let (first, trips) = round_trips(rounds, stack.dpu.attach(&request, deadline())).await;
-    first.unwrap();
-    assert_eq!(trips, 5, "packed attach that builds the pool");
-
-    let request = stack.packed_request("vol-rt-packed", 32);
-    let (second, trips) = round_trips(rounds, stack.dpu.attach(&request, deadline())).await;
-    let second = second.unwrap();
-    assert_eq!(trips, 3, "packed attach on a live pool");
-    let (again, trips) = round_trips(rounds, stack.dpu.attach(&request, deadline())).await;
-    assert_eq!(again.unwrap(), second);
-    assert_eq!(trips, 1, "repeated packed attach");
-    let (detached, trips) = round_trips(
-        rounds,
-        stack
-            .dpu
-            .detach("vol-rt-packed", Some(&second.device_name), deadline()),
-    )
-    .await;
-    detached.unwrap();
-    assert_eq!(trips, 4, "packed detach");
-    stack.assert_gone("vol-rt-packed").await;
+    // [new, retried, detach]; the first builds the pool (subsystem and
+    // controller on top), the next finds it live.
+    let builds = stack.packed_request("vol-rt-pool", 32);
+    assert_eq!(stack.round_trips_of_a_life(&builds).await, [5, 1, 4]);
+    let packed = stack.packed_request("vol-rt-packed", 32);
+    assert_eq!(
+        stack.round_trips_of_a_life(&packed).await,
+        [3, 1, 4],
+        "a packed stage on a live pool: CreateDevice with the listings, the namespace, the attach"
+    );
 }
 
 #[tokio::test]

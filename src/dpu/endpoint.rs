@@ -260,31 +260,40 @@ async fn list_functions(
     rpc: RpcClient,
     deadline: Instant,
 ) -> Result<Arc<FunctionListing>, DpuError> {
-    let asked_at = Instant::now();
-    let functions = rpc
-        .call_until(&EmulationFunctionList { all: true }, deadline)
-        .await
-        .map_err(|e| classify(rpc.socket(), "listing emulated functions", e))?;
+    let list = EmulationFunctionList { all: true };
+    let (functions, asked_at) = listed(&rpc, &list, "listing emulated functions", deadline).await?;
     Ok(Arc::new(FunctionListing {
         functions,
         asked_at,
     }))
 }
 
-/// One `nvme_subsystem_list`, owning what it needs (see [`list_functions`]).
+/// One `nvme_subsystem_list`, the same way.
 async fn list_subsystems(
     rpc: RpcClient,
     deadline: Instant,
 ) -> Result<Arc<SubsystemListing>, DpuError> {
-    let asked_at = Instant::now();
-    let subsystems = rpc
-        .call_until(&NvmeSubsystemList {}, deadline)
-        .await
-        .map_err(|e| classify(rpc.socket(), "listing NVMe subsystems", e))?;
+    let list = NvmeSubsystemList {};
+    let (subsystems, asked_at) = listed(&rpc, &list, "listing NVMe subsystems", deadline).await?;
     Ok(Arc::new(SubsystemListing {
         subsystems,
         asked_at,
     }))
+}
+
+/// A listing's answer and when it was asked for (no later than sent).
+async fn listed<M: Method>(
+    rpc: &RpcClient,
+    list: &M,
+    what: &str,
+    deadline: Instant,
+) -> Result<(M::Output, Instant), DpuError> {
+    let asked_at = Instant::now();
+    let answer = rpc
+        .call_until(list, deadline)
+        .await
+        .map_err(|e| classify(rpc.socket(), what, e))?;
+    Ok((answer, asked_at))
 }
 
 pub(crate) fn kind_name(kind: EmulationType) -> &'static str {

@@ -26,7 +26,7 @@ use tokio::time::Instant;
 
 use super::dpu::{Agent, TestDpu};
 use super::plugin::{self, TestPlugin};
-use super::{Emulator, loop_devices_of, sparse_file};
+use super::{Emulator, loop_devices_of, round_trips, sparse_file};
 
 pub const SIZE: u64 = 16 << 20;
 
@@ -137,6 +137,30 @@ impl Stack {
             },
             ..self.request(volume_id, Emulation::Nvme)
         }
+    }
+
+    /// The dependent SNAP round trips (as the emulator counts them with
+    /// `counting_round_trips`) of a volume's life: [attach, the same attach
+    /// retried by a caller that knows it attached, detach]. The retry gives
+    /// the same attachment and the detach leaves nothing.
+    pub async fn round_trips_of_a_life(&self, request: &AttachRequest) -> [u64; 3] {
+        let rounds = || self.emulator.rounds();
+        let (first, attach) = round_trips(rounds, self.dpu.attach(request, deadline())).await;
+        let first = first.unwrap();
+        let retry = AttachRequest {
+            attached_before: true,
+            ..request.clone()
+        };
+        let (again, retried) = round_trips(rounds, self.dpu.attach(&retry, deadline())).await;
+        assert_eq!(again.unwrap(), first);
+        let volume_id = &request.volume_id;
+        let detach = self
+            .dpu
+            .detach(volume_id, Some(&first.device_name), deadline());
+        let (detached, detach) = round_trips(rounds, detach).await;
+        detached.unwrap();
+        self.assert_gone(volume_id).await;
+        [attach, retried, detach]
     }
 
     pub async fn attach(&self, volume_id: &str, emulation: Emulation) -> Attachment {
