@@ -15,7 +15,7 @@ use common::dpu::TestDpu;
 use common::plugin;
 use common::{assert_kept_deadline, loop_devices_of, round_trips};
 use snap_csi::dpu::names::{NSID, VolumeNames};
-use snap_csi::dpu::{AttachRequest, Attachment, DpuError, Emulation, HostLocator};
+use snap_csi::dpu::{AttachRequest, DpuError, Emulation, HostLocator};
 use snap_csi::proto::nvidia::storage::plugins::v1::storage_plugin_service_capability::rpc::Type as Capability;
 use snap_csi::spdk::bdev::BdevAioCreate;
 use snap_csi::spdk::snap::{
@@ -252,9 +252,7 @@ async fn sixteen_concurrent_attaches_get_sixteen_functions() {
         .iter()
         .map(|id| stack.request(id, Emulation::Nvme))
         .collect();
-    let attached =
-        futures::future::join_all(requests.iter().map(|r| stack.dpu.attach(r, deadline()))).await;
-    let attachments: Vec<Attachment> = attached.into_iter().map(Result::unwrap).collect();
+    let attachments = stack.attach_all_at_once(&requests).await;
     let bdfs: HashSet<&str> = attachments.iter().map(|a| nvme_bdf(&a.locator)).collect();
     assert_eq!(bdfs.len(), 16, "{bdfs:?}");
     for attachment in &attachments {
@@ -265,15 +263,7 @@ async fn sixteen_concurrent_attaches_get_sixteen_functions() {
         16
     );
 
-    let detached =
-        futures::future::join_all(ids.iter().map(|id| stack.dpu.detach(id, None, deadline())))
-            .await;
-    for result in detached {
-        result.unwrap();
-    }
-    for id in &ids {
-        stack.assert_gone(id).await;
-    }
+    stack.detach_all_at_once(&ids).await;
 }
 
 #[tokio::test]

@@ -205,9 +205,7 @@ async fn concurrent_packed_attaches_take_distinct_slots_and_build_each_pool_once
     let stack = Stack::start().await;
     let ids: Vec<String> = (0..40).map(|i| format!("vol-burst-{i}")).collect();
     let requests: Vec<_> = ids.iter().map(|id| stack.packed_request(id, 16)).collect();
-    let attached =
-        futures::future::join_all(requests.iter().map(|r| stack.dpu.attach(r, deadline()))).await;
-    let attachments: Vec<Attachment> = attached.into_iter().map(Result::unwrap).collect();
+    let attachments = stack.attach_all_at_once(&requests).await;
     let slots: HashSet<(&str, u32)> = attachments
         .iter()
         .map(|a| (nvme_bdf(&a.locator), nsid_of(&a.locator)))
@@ -228,15 +226,7 @@ async fn concurrent_packed_attaches_take_distinct_slots_and_build_each_pool_once
         stack.discovered(&a.locator).await;
         assert_eq!(loop_devices_of(&stack.backing(id)).len(), 1, "{id}");
     }
-    let detached =
-        futures::future::join_all(ids.iter().map(|id| stack.dpu.detach(id, None, deadline())))
-            .await;
-    for result in detached {
-        result.unwrap();
-    }
-    for id in &ids {
-        stack.assert_gone(id).await;
-    }
+    stack.detach_all_at_once(&ids).await;
     assert!(
         subsystems(&stack)
             .await

@@ -163,6 +163,27 @@ impl Stack {
         [attach, retried, detach]
     }
 
+    /// Attaches every request at once; each must succeed.
+    pub async fn attach_all_at_once(&self, requests: &[AttachRequest]) -> Vec<Attachment> {
+        let attached =
+            futures::future::join_all(requests.iter().map(|r| self.dpu.attach(r, deadline())))
+                .await;
+        attached.into_iter().map(Result::unwrap).collect()
+    }
+
+    /// Detaches every volume at once; afterwards nothing of any is left.
+    pub async fn detach_all_at_once(&self, ids: &[String]) {
+        let detached =
+            futures::future::join_all(ids.iter().map(|id| self.dpu.detach(id, None, deadline())))
+                .await;
+        for result in detached {
+            result.unwrap();
+        }
+        for id in ids {
+            self.assert_gone(id).await;
+        }
+    }
+
     pub async fn attach(&self, volume_id: &str, emulation: Emulation) -> Attachment {
         let request = self.request(volume_id, emulation);
         self.dpu.attach(&request, deadline()).await.unwrap()
