@@ -226,7 +226,37 @@ async fn concurrent_packed_attaches_take_distinct_slots_and_build_each_pool_once
         stack.discovered(&a.locator).await;
         assert_eq!(loop_devices_of(&stack.backing(id)).len(), 1, "{id}");
     }
-    stack.detach_all_at_once(&ids).await;
+
+    // Half leave while as many new ones come: the new take slots (freed or
+    // not) no one else holds, in the pools there are.
+    let (leaving, staying) = ids.split_at(20);
+    let newcomers: Vec<String> = (0..20).map(|i| format!("vol-next-{i}")).collect();
+    let requests: Vec<_> = newcomers
+        .iter()
+        .map(|id| stack.packed_request(id, 16))
+        .collect();
+    let (arrived, ()) = tokio::join!(
+        stack.attach_all_at_once(&requests),
+        stack.detach_all_at_once(leaving)
+    );
+    let mut slots: Vec<(&str, u32)> = attachments[20..]
+        .iter()
+        .chain(&arrived)
+        .map(|a| (nvme_bdf(&a.locator), nsid_of(&a.locator)))
+        .collect();
+    slots.sort_unstable();
+    slots.dedup();
+    assert_eq!(slots.len(), 40, "every volume has its own slot");
+    for (id, a) in newcomers.iter().zip(&arrived) {
+        assert_eq!(namespaces_of(&stack, id).await.len(), 1, "{id}");
+        stack.discovered(&a.locator).await;
+    }
+    let pools = subsystems(&stack).await;
+    assert!(pools.len() <= 4, "{pools:?}");
+    assert!(pools.iter().all(|p| p.controllers.len() == 1));
+
+    stack.detach_all_at_once(staying).await;
+    stack.detach_all_at_once(&newcomers).await;
     assert!(
         subsystems(&stack)
             .await
