@@ -27,7 +27,6 @@ use crate::spdk::snap::{
     EmulationType, NvmeController, NvmeControllerAttachNs, NvmeControllerCreate,
     NvmeControllerDestroy, NvmeControllerDetachNs, NvmeControllerResume, NvmeNamespaceCreate,
     NvmeNamespaceDestroy, NvmeSubsystem, NvmeSubsystemCreate, NvmeSubsystemDestroy,
-    NvmeSubsystemList,
 };
 
 /// The only `bdev_type` of a namespace backed by an SPDK bdev.
@@ -45,33 +44,43 @@ impl Subsystem {
         self.listed.namespaces.iter().map(|n| n.bdev.as_str())
     }
 
-    /// Whether the host may use the controller. Only a state known to mean
-    /// "running" counts: resuming a running controller is harmless, leaving a
-    /// suspended one suspended is not.
     fn is_running(&self, ctrl_id: &str) -> bool {
         self.listed
             .controllers
             .iter()
             .find(|c| c.ctrl_id == ctrl_id)
-            .and_then(|c| c.state.as_deref())
-            .is_some_and(|s| s.eq_ignore_ascii_case("STARTED") || s.eq_ignore_ascii_case("RUNNING"))
+            .is_some_and(is_running)
     }
 }
 
-/// The subsystem named `nqn`, if SNAP has it.
-pub(crate) async fn find(
-    snap: &SnapEndpoint,
-    nqn: &str,
-    deadline: Instant,
-) -> Result<Option<Subsystem>, DpuError> {
-    let listed = snap
-        .call(&NvmeSubsystemList {}, deadline)
-        .await
-        .map_err(|e| snap.error("listing NVMe subsystems", e))?;
-    Ok(listed
-        .into_iter()
-        .find(|s| s.nqn == nqn)
-        .map(|listed| Subsystem { listed }))
+/// Whether the host may use the controller. Only a state known to mean
+/// "running" counts: resuming a running controller is harmless, leaving a
+/// suspended one suspended is not.
+pub(crate) fn is_running(controller: &NvmeController) -> bool {
+    controller
+        .state
+        .as_deref()
+        .is_some_and(|s| s.eq_ignore_ascii_case("STARTED") || s.eq_ignore_ascii_case("RUNNING"))
+}
+
+/// One `nvme_subsystem_list` answer and when it was asked for.
+#[derive(Debug)]
+pub(crate) struct SubsystemListing {
+    pub subsystems: Vec<NvmeSubsystem>,
+    /// Sent no earlier than this: it reflects every create answered before.
+    pub asked_at: Instant,
+}
+
+impl SubsystemListing {
+    /// The subsystem named `nqn`, if listed.
+    pub fn find(&self, nqn: &str) -> Option<Subsystem> {
+        self.subsystems
+            .iter()
+            .find(|s| s.nqn == nqn)
+            .map(|listed| Subsystem {
+                listed: listed.clone(),
+            })
+    }
 }
 
 /// What an attach knows of the volume's subsystem when it starts.
@@ -130,13 +139,7 @@ pub(crate) async fn expose(
         if namespace.is_some() {
             return Ok(());
         }
-        let create = NvmeNamespaceCreate {
-            bdev_type: BDEV_TYPE_SPDK.to_string(),
-            nqn: nqn.clone(),
-            nsid: NSID,
-            uuid: names.namespace_uuid.clone(),
-            bdev_name: device.to_string(),
-        };
+        let create = namespace_create(nqn, NSID, names, device);
         let what = format!("creating namespace {NSID} of {nqn} on bdev {device}");
         snap.call_tolerating(&what, &create, &[code::EEXIST], deadline)
             .await?;
@@ -206,6 +209,23 @@ pub(crate) async fn expose(
     })
 }
 
+/// The namespace `nsid` of subsystem `nqn` on the plugin's `device`, under
+/// the volume's UUID (which finds it again, in whichever subsystem it is).
+pub(crate) fn namespace_create(
+    nqn: &str,
+    nsid: u32,
+    names: &VolumeNames,
+    device: &str,
+) -> NvmeNamespaceCreate {
+    NvmeNamespaceCreate {
+        bdev_type: BDEV_TYPE_SPDK.to_string(),
+        nqn: nqn.to_string(),
+        nsid,
+        uuid: names.namespace_uuid.clone(),
+        bdev_name: device.to_string(),
+    }
+}
+
 /// Creates the volume's subsystem. `None`: created, so it is empty; if SNAP
 /// says it exists already, what it holds, from a listing.
 async fn create_subsystem(
@@ -230,7 +250,10 @@ async fn create_subsystem(
         }
         Err(e) if e.code() == Some(code::EEXIST) => {
             tracing::debug!(%nqn, "NVMe subsystem exists already: reading what it holds");
-            find(snap, nqn, deadline).await
+            Ok(snap
+                .list_subsystems(Instant::now(), deadline)
+                .await?
+                .find(nqn))
         }
         Err(e) => Err(snap.error(&format!("creating subsystem {nqn}"), e)),
     }
