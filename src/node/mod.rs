@@ -6,6 +6,8 @@
 //!   `reconcile`: what an earlier run left, against the records and the DPU;
 //!   `recovery`: the host half of a stage, a publish's restage after a
 //!   reboot, and the check that a staging mount sits on the volume's device.
+//! - `context`: the volume and publish context keys the node reads;
+//!   `volume_stats`: NodeGetVolumeStats' usage and condition.
 //! - `error`: internal errors to CSI status codes, in one place.
 //! - host operations, split by concern: `command` (external tools with a
 //!   deadline), `paths` (confining CO-supplied paths), `format` (probe and
@@ -15,6 +17,7 @@
 mod capacity;
 pub mod command;
 pub mod config;
+mod context;
 mod error;
 pub mod format;
 pub mod holders;
@@ -27,6 +30,7 @@ pub mod records;
 mod recovery;
 pub mod service;
 pub mod stats;
+mod volume_stats;
 
 pub use config::{NodeArgs, NodeConfig};
 pub use identity::IdentityService;

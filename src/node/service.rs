@@ -9,7 +9,6 @@
 //! thing remembered is the small [`VolumeRecord`].
 
 use std::collections::HashMap;
-use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,7 +18,7 @@ use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
 use super::command::HostOpError;
-use super::config::{EmulationSetting, NodeConfig, PlacementSetting};
+use super::config::NodeConfig;
 use super::error::{host_status, io_status};
 use super::format::FsType;
 use super::records::{Records, VolumeRecord};
@@ -34,15 +33,9 @@ use crate::proto::csi::v1 as csi;
 use crate::proto::csi::v1::volume_capability::access_mode::Mode;
 use crate::proto::csi::v1::volume_capability::{AccessType, MountVolume};
 
-/// Volume context key choosing the emulation (`nvme` or `virtio-blk`).
-pub const EMULATION_KEY: &str = "snap-csi.io/emulation";
-/// Volume context key choosing the placement (`dedicated` or `packed`).
-pub const PLACEMENT_KEY: &str = "snap-csi.io/placement";
-/// DPF's controller-side attach hands the node the function and namespace.
-pub const DPF_PCI_ADDRESS_KEY: &str = "nv-pciDeviceAddress";
-pub const DPF_NVME_NSID_KEY: &str = "nv-nvmeNsID";
-/// The topology key naming the DPU that serves this node.
-pub const TOPOLOGY_KEY: &str = "topology.snap-csi.io/dpu";
+pub use super::context::{
+    DPF_NVME_NSID_KEY, DPF_PCI_ADDRESS_KEY, EMULATION_KEY, PLACEMENT_KEY, TOPOLOGY_KEY,
+};
 
 /// The node service; cheap to clone into each call.
 #[derive(Debug, Clone)]
@@ -228,30 +221,9 @@ impl NodeService {
         usage: &Usage,
         attached_before: bool,
     ) -> Result<AttachRequest, Status> {
-        let emulation = match stage.volume_context.get(EMULATION_KEY) {
-            Some(value) => EmulationSetting::parse(value).ok_or_else(|| {
-                Status::invalid_argument(format!(
-                    "{EMULATION_KEY} must be nvme or virtio-blk, not {value:?}"
-                ))
-            })?,
-            None => self.inner.config.emulation,
-        };
-        let placement = match stage.volume_context.get(PLACEMENT_KEY) {
-            Some(value) => PlacementSetting::parse(value).ok_or_else(|| {
-                Status::invalid_argument(format!(
-                    "{PLACEMENT_KEY} must be dedicated or packed, not {value:?}"
-                ))
-            })?,
-            // The node's default is for NVMe volumes; virtio-blk has only one.
-            None if emulation == EmulationSetting::VirtioBlk => PlacementSetting::Dedicated,
-            None => self.inner.config.placement,
-        };
-        if placement == PlacementSetting::Packed && emulation == EmulationSetting::VirtioBlk {
-            return Err(Status::invalid_argument(format!(
-                "{PLACEMENT_KEY} packed needs NVMe: a virtio-blk function carries one disk \
-                 (set {EMULATION_KEY}: nvme, or {PLACEMENT_KEY}: dedicated)"
-            )));
-        }
+        let config = &self.inner.config;
+        let (emulation, placement) =
+            super::context::emulation_and_placement(&stage.volume_context, config)?;
         let mode = access_mode(capability)?;
         Ok(AttachRequest {
             volume_id: stage.volume_id.clone(),
@@ -395,7 +367,9 @@ impl NodeService {
         let _held = self.hold(volume_id)?;
 
         let (device_name, locator, external) =
-            match dpf_locator(&req.publish_context).map_err(Status::invalid_argument)? {
+            match super::context::dpf_locator(&req.publish_context)
+                .map_err(Status::invalid_argument)?
+            {
                 Some(locator) => (None, locator, true),
                 None => {
                     let staged_before = self.recorded(volume_id)?.is_some();
@@ -560,7 +534,7 @@ impl NodeService {
         let volume_id = required_id(&req.volume_id, "volume_id")?;
         require(&req.volume_path, "volume_path")?;
         let (_, path) = self.staged_at(volume_id, &req.volume_path)?;
-        let response = volume_stats(&path, deadline).await?;
+        let response = super::volume_stats::volume_stats(&path, deadline).await?;
         let abnormal = response
             .volume_condition
             .as_ref()
@@ -803,26 +777,6 @@ fn confine_path(root: &Path, requested: &str) -> Result<PathBuf, HostOpError> {
     }
 }
 
-/// DPF's attachment from the publish context, if it carries one.
-fn dpf_locator(
-    context: &std::collections::HashMap<String, String>,
-) -> Result<Option<HostLocator>, String> {
-    let Some(bdf) = context.get(DPF_PCI_ADDRESS_KEY) else {
-        return Ok(None);
-    };
-    let nsid = context
-        .get(DPF_NVME_NSID_KEY)
-        .ok_or_else(|| format!("{DPF_PCI_ADDRESS_KEY} given without {DPF_NVME_NSID_KEY}"))?;
-    let nsid = nsid
-        .parse()
-        .map_err(|_| format!("{DPF_NVME_NSID_KEY} {nsid:?} is not a namespace id"))?;
-    Ok(Some(HostLocator::Nvme {
-        bdf: bdf.clone(),
-        nsid,
-        uuid: None,
-    }))
-}
-
 /// Removes an empty mount point (a directory for filesystems, a file for
 /// block volumes) once nothing is mounted on it; an absent one is fine.
 fn remove_mount_point(target: &Path) -> std::io::Result<()> {
@@ -835,125 +789,5 @@ fn remove_mount_point(target: &Path) -> std::io::Result<()> {
         Ok(_) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(e),
-    }
-}
-
-/// Usage and condition of the volume at `path`, a publish target or the
-/// staging path.
-async fn volume_stats(
-    path: &Path,
-    deadline: Instant,
-) -> Result<csi::NodeGetVolumeStatsResponse, Status> {
-    let Some(entry) = mountinfo::at(path).map_err(host_status)? else {
-        return Ok(abnormal(format!(
-            "{} is not mounted: the volume is not published there",
-            path.display()
-        )));
-    };
-    // A block volume's device node stays there when its device is gone; a
-    // broken filesystem's mount point may answer stat(2) with EIO.
-    let block = std::fs::metadata(path).is_ok_and(|m| m.file_type().is_block_device());
-    if block {
-        return Ok(match stats::block_device_size(path) {
-            Ok(size) => csi::NodeGetVolumeStatsResponse {
-                usage: vec![csi::VolumeUsage {
-                    available: 0,
-                    total: i64::try_from(size).unwrap_or(i64::MAX),
-                    used: 0,
-                    unit: csi::volume_usage::Unit::Bytes as i32,
-                }],
-                volume_condition: Some(healthy()),
-            },
-            Err(e) => abnormal(format!(
-                "the block device {}:{} behind {} is gone: {e}",
-                entry.major,
-                entry.minor,
-                path.display()
-            )),
-        });
-    }
-    let fault = stats::filesystem_fault(path, &entry, deadline)
-        .await
-        .map_err(host_status)?;
-    // statfs answers on a filesystem that shut down: usage stays reported.
-    let usage = match stats::filesystem_usage(path) {
-        Ok(usage) => usage,
-        Err(e) => {
-            return match fault {
-                Some(why) => Ok(abnormal(repair_hint(&why))),
-                None => Err(host_status(e)),
-            };
-        }
-    };
-    Ok(csi::NodeGetVolumeStatsResponse {
-        usage: vec![
-            csi::VolumeUsage {
-                available: usage.available_bytes,
-                total: usage.total_bytes,
-                used: usage.used_bytes,
-                unit: csi::volume_usage::Unit::Bytes as i32,
-            },
-            csi::VolumeUsage {
-                available: usage.free_inodes,
-                total: usage.total_inodes,
-                used: usage.used_inodes,
-                unit: csi::volume_usage::Unit::Inodes as i32,
-            },
-        ],
-        volume_condition: Some(match fault {
-            Some(why) => csi::VolumeCondition {
-                abnormal: true,
-                message: repair_hint(&why),
-            },
-            None => healthy(),
-        }),
-    })
-}
-
-/// What a failed filesystem's condition says: why, and what repairs it.
-fn repair_hint(why: &str) -> String {
-    format!("{why}; to repair it, unpublish it everywhere and stage it again")
-}
-
-fn healthy() -> csi::VolumeCondition {
-    csi::VolumeCondition {
-        abnormal: false,
-        message: "volume is mounted and its device is present".into(),
-    }
-}
-
-fn abnormal(message: String) -> csi::NodeGetVolumeStatsResponse {
-    csi::NodeGetVolumeStatsResponse {
-        usage: Vec::new(),
-        volume_condition: Some(csi::VolumeCondition {
-            abnormal: true,
-            message,
-        }),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn dpf_context_gives_a_locator_or_a_clear_error() {
-        let mut context = std::collections::HashMap::new();
-        assert_eq!(dpf_locator(&context), Ok(None));
-        context.insert(DPF_PCI_ADDRESS_KEY.to_string(), "26:00.3".to_string());
-        assert!(
-            dpf_locator(&context)
-                .unwrap_err()
-                .contains(DPF_NVME_NSID_KEY)
-        );
-        context.insert(DPF_NVME_NSID_KEY.to_string(), "2".to_string());
-        assert_eq!(
-            dpf_locator(&context),
-            Ok(Some(HostLocator::Nvme {
-                bdf: "26:00.3".into(),
-                nsid: 2,
-                uuid: None
-            }))
-        );
     }
 }

@@ -1,0 +1,98 @@
+//! What the CO's volume and publish contexts say to the node: the keys a
+//! StorageClass sets (the emulation and placement), and DPF's attachment handed over by its controller.
+
+use std::collections::HashMap;
+
+use tonic::Status;
+
+use super::config::{EmulationSetting, NodeConfig, PlacementSetting};
+use crate::dpu::HostLocator;
+
+/// Volume context key choosing the emulation (`nvme` or `virtio-blk`).
+pub const EMULATION_KEY: &str = "snap-csi.io/emulation";
+/// Volume context key choosing the placement (`dedicated` or `packed`).
+pub const PLACEMENT_KEY: &str = "snap-csi.io/placement";
+/// DPF's controller-side attach hands the node the function and namespace.
+pub const DPF_PCI_ADDRESS_KEY: &str = "nv-pciDeviceAddress";
+pub const DPF_NVME_NSID_KEY: &str = "nv-nvmeNsID";
+/// The topology key naming the DPU that serves this node.
+pub const TOPOLOGY_KEY: &str = "topology.snap-csi.io/dpu";
+
+/// The emulation and placement a stage asks for, or the node's defaults;
+/// INVALID_ARGUMENT for a value or a combination SNAP cannot serve.
+pub(super) fn emulation_and_placement(
+    volume_context: &HashMap<String, String>,
+    config: &NodeConfig,
+) -> Result<(EmulationSetting, PlacementSetting), Status> {
+    let emulation = match volume_context.get(EMULATION_KEY) {
+        Some(value) => EmulationSetting::parse(value).ok_or_else(|| {
+            Status::invalid_argument(format!(
+                "{EMULATION_KEY} must be nvme or virtio-blk, not {value:?}"
+            ))
+        })?,
+        None => config.emulation,
+    };
+    let placement = match volume_context.get(PLACEMENT_KEY) {
+        Some(value) => PlacementSetting::parse(value).ok_or_else(|| {
+            Status::invalid_argument(format!(
+                "{PLACEMENT_KEY} must be dedicated or packed, not {value:?}"
+            ))
+        })?,
+        // The node's default is for NVMe volumes; virtio-blk has only one.
+        None if emulation == EmulationSetting::VirtioBlk => PlacementSetting::Dedicated,
+        None => config.placement,
+    };
+    if placement == PlacementSetting::Packed && emulation == EmulationSetting::VirtioBlk {
+        return Err(Status::invalid_argument(format!(
+            "{PLACEMENT_KEY} packed needs NVMe: a virtio-blk function carries one disk \
+             (set {EMULATION_KEY}: nvme, or {PLACEMENT_KEY}: dedicated)"
+        )));
+    }
+    Ok((emulation, placement))
+}
+
+/// DPF's attachment from the publish context, if it carries one.
+pub(super) fn dpf_locator(
+    context: &HashMap<String, String>,
+) -> Result<Option<HostLocator>, String> {
+    let Some(bdf) = context.get(DPF_PCI_ADDRESS_KEY) else {
+        return Ok(None);
+    };
+    let nsid = context
+        .get(DPF_NVME_NSID_KEY)
+        .ok_or_else(|| format!("{DPF_PCI_ADDRESS_KEY} given without {DPF_NVME_NSID_KEY}"))?;
+    let nsid = nsid
+        .parse()
+        .map_err(|_| format!("{DPF_NVME_NSID_KEY} {nsid:?} is not a namespace id"))?;
+    Ok(Some(HostLocator::Nvme {
+        bdf: bdf.clone(),
+        nsid,
+        uuid: None,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dpf_context_gives_a_locator_or_a_clear_error() {
+        let mut context = HashMap::new();
+        assert_eq!(dpf_locator(&context), Ok(None));
+        context.insert(DPF_PCI_ADDRESS_KEY.to_string(), "26:00.3".to_string());
+        assert!(
+            dpf_locator(&context)
+                .unwrap_err()
+                .contains(DPF_NVME_NSID_KEY)
+        );
+        context.insert(DPF_NVME_NSID_KEY.to_string(), "2".to_string());
+        assert_eq!(
+            dpf_locator(&context),
+            Ok(Some(HostLocator::Nvme {
+                bdf: "26:00.3".into(),
+                nsid: 2,
+                uuid: None
+            }))
+        );
+    }
+}

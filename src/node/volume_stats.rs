@@ -1,0 +1,106 @@
+//! NodeGetVolumeStats' answer: usage in bytes and inodes, and the volume's
+//! condition, from what [`super::stats`] reads of the mount.
+
+use std::os::unix::fs::FileTypeExt;
+use std::path::Path;
+
+use tokio::time::Instant;
+use tonic::Status;
+
+use super::error::host_status;
+use super::{mountinfo, stats};
+use crate::proto::csi::v1 as csi;
+
+/// Usage and condition of the volume at `path`, a publish target or the
+/// staging path.
+pub(super) async fn volume_stats(
+    path: &Path,
+    deadline: Instant,
+) -> Result<csi::NodeGetVolumeStatsResponse, Status> {
+    let Some(entry) = mountinfo::at(path).map_err(host_status)? else {
+        return Ok(abnormal(format!(
+            "{} is not mounted: the volume is not published there",
+            path.display()
+        )));
+    };
+    // A block volume's device node stays there when its device is gone; a
+    // broken filesystem's mount point may answer stat(2) with EIO.
+    let block = std::fs::metadata(path).is_ok_and(|m| m.file_type().is_block_device());
+    if block {
+        return Ok(match stats::block_device_size(path) {
+            Ok(size) => csi::NodeGetVolumeStatsResponse {
+                usage: vec![csi::VolumeUsage {
+                    available: 0,
+                    total: i64::try_from(size).unwrap_or(i64::MAX),
+                    used: 0,
+                    unit: csi::volume_usage::Unit::Bytes as i32,
+                }],
+                volume_condition: Some(healthy()),
+            },
+            Err(e) => abnormal(format!(
+                "the block device {}:{} behind {} is gone: {e}",
+                entry.major,
+                entry.minor,
+                path.display()
+            )),
+        });
+    }
+    let fault = stats::filesystem_fault(path, &entry, deadline)
+        .await
+        .map_err(host_status)?;
+    // statfs answers on a filesystem that shut down: usage stays reported.
+    let usage = match stats::filesystem_usage(path) {
+        Ok(usage) => usage,
+        Err(e) => {
+            return match fault {
+                Some(why) => Ok(abnormal(repair_hint(&why))),
+                None => Err(host_status(e)),
+            };
+        }
+    };
+    Ok(csi::NodeGetVolumeStatsResponse {
+        usage: vec![
+            csi::VolumeUsage {
+                available: usage.available_bytes,
+                total: usage.total_bytes,
+                used: usage.used_bytes,
+                unit: csi::volume_usage::Unit::Bytes as i32,
+            },
+            csi::VolumeUsage {
+                available: usage.free_inodes,
+                total: usage.total_inodes,
+                used: usage.used_inodes,
+                unit: csi::volume_usage::Unit::Inodes as i32,
+            },
+        ],
+        volume_condition: Some(match fault {
+            Some(why) => csi::VolumeCondition {
+                abnormal: true,
+                message: repair_hint(&why),
+            },
+            None => healthy(),
+        }),
+    })
+}
+
+/// What a failed filesystem's condition says: why, and what repairs it.
+fn repair_hint(why: &str) -> String {
+    format!("{why}; to repair it, unpublish it everywhere and stage it again")
+}
+
+fn healthy() -> csi::VolumeCondition {
+    csi::VolumeCondition {
+        abnormal: false,
+        message: "volume is mounted and its device is present".into(),
+    }
+}
+
+fn abnormal(message: String) -> csi::NodeGetVolumeStatsResponse {
+    csi::NodeGetVolumeStatsResponse {
+        usage: Vec::new(),
+        volume_condition: Some(csi::VolumeCondition {
+            abnormal: true,
+            message,
+        }),
+    }
+}
