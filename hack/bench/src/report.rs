@@ -6,6 +6,7 @@ use crate::Args;
 use crate::floors::Floors;
 use crate::latency::Row;
 use crate::memory::{Memory, Rss};
+use crate::packed::Density;
 use crate::rpc::Level;
 use crate::scale::{Round, pooled_rate};
 use crate::split::Split;
@@ -82,6 +83,8 @@ pub struct Report {
     pub jsonrpc_poll: Option<Vec<Level>>,
     /// Sections 3, 4 and 5 in split mode.
     pub split: Split,
+    /// Section 7.
+    pub density: Option<Density>,
     pub targets: Vec<Target>,
     pub cleanup: Vec<String>,
 }
@@ -114,6 +117,7 @@ impl Report {
             jsonrpc: None,
             jsonrpc_poll: None,
             split: Split::default(),
+            density: None,
             targets: Vec::new(),
             cleanup: Vec::new(),
         }
@@ -662,6 +666,7 @@ impl Report {
             }
         }
         targets.extend(self.split_targets());
+        targets.extend(self.density_targets());
         targets
     }
 }

@@ -11,7 +11,7 @@ use serde::Serialize;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
-use crate::csi::{Clients, Kind, Volume};
+use crate::csi::{Clients, Kind, Volume, parameters};
 use crate::prom::{Outbound, Page, snap_methods};
 use crate::stats::Summary;
 
@@ -52,7 +52,7 @@ const CREATE_CONCURRENCY: usize = 8;
 
 /// Runs `work` for each item in its own task, at most `concurrency` at a
 /// time; returns what each returned, in item order, and the wall time.
-async fn each<I, T, F, Fut>(
+pub async fn each<I, T, F, Fut>(
     items: Vec<I>,
     concurrency: usize,
     clients: &Clients,
@@ -84,20 +84,23 @@ where
     Ok((results.into_iter().map(|(_, r)| r).collect(), wall))
 }
 
-/// Creates `count` block volumes.
+/// Creates `count` block volumes (AIO, NVMe) with `placement` (none: the
+/// node's default).
 pub async fn create(
     clients: &Clients,
     kubelet: &std::path::Path,
     prefix: &str,
     count: usize,
     size_mib: i64,
+    placement: Option<&str>,
 ) -> anyhow::Result<(Vec<Volume>, Duration)> {
     let names: Vec<String> = (0..count).map(|i| format!("{prefix}-{i}")).collect();
+    let parameters = parameters("aio", "nvme", placement);
     each(names, CREATE_CONCURRENCY, clients, |mut clients, name| {
-        let kubelet = kubelet.to_path_buf();
+        let (kubelet, parameters) = (kubelet.to_path_buf(), parameters.clone());
         async move {
             clients
-                .create(&kubelet, &name, &Kind::Block, size_mib)
+                .create_with(&kubelet, &name, &Kind::Block, size_mib, parameters)
                 .await
         }
     })

@@ -30,6 +30,9 @@ pub struct StackOptions {
     /// local-up restarts every process that exits (`--supervise`), and says
     /// which process runs now in `pids/NAME` ([`Stack::pid`]).
     pub supervise: bool,
+    /// Environment for local-up and so for every process of the stack: the
+    /// node's settings that local-up has no option for (`SNAP_CSI_*`).
+    pub env: Vec<(String, String)>,
 }
 
 /// A stack that `hack/local-up.sh` started and printed READY for.
@@ -88,7 +91,8 @@ impl Stack {
             .arg(&dir)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(stderr);
+            .stderr(stderr)
+            .envs(options.env.iter().map(|(k, v)| (k, v)));
         if options.poll_period_us > 0 {
             command.args([
                 "--snap-poll-period-us".to_string(),

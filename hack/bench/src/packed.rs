@@ -1,0 +1,350 @@
+//! Section 7: density with the packed placement policy. One stack whose DPU
+//! emulator has NVMe functions enough for `--packed-volumes` block volumes
+//! at the node's `--namespaces-per-controller` (set through the node's
+//! environment, `SNAP_CSI_NAMESPACES_PER_CONTROLLER`); at each concurrency
+//! level every volume is created with the StorageClass parameter
+//! `snap-csi.io/placement`, then staged (stage only: density is what is
+//! measured, and a publish is a bind mount), each in its own task behind a
+//! semaphore; with all of them staged the node's peak RSS (VmHWM) and how
+//! SNAP holds them (controllers, subsystems, namespaces: a packed run that
+//! gave each volume a controller of its own would show here); then every
+//! one is unstaged at the same concurrency and deleted. The SNAP round trips
+//! of a single stage are counted apart, by the emulator's own counter
+//! (`trips.rs`).
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use anyhow::bail;
+use serde::Serialize;
+use snap_csi::jsonrpc::RpcClient;
+use snap_csi::spdk::snap::{NvmeControllerList, NvmeSubsystemList};
+
+use crate::csi::{Clients, Volume};
+use crate::memory::{self, Rss};
+use crate::prom::scrape;
+use crate::report::Report;
+use crate::report::Target;
+use crate::scale::{self, method_means};
+use crate::stack::{Stack, StackOptions};
+use crate::stats::Summary;
+use crate::table::{Table, ms, num};
+use crate::{Args, Work, start, stop};
+
+/// One concurrency level: every volume staged, then unstaged.
+#[derive(Debug, Clone, Serialize)]
+pub struct DensityRound {
+    pub concurrency: usize,
+    pub volumes: usize,
+    /// Creating every volume first (not part of the figures).
+    pub create_wall_s: f64,
+    pub stage_wall_s: f64,
+    pub stage_per_s: f64,
+    pub stage: Summary,
+    pub unstage_wall_s: f64,
+    pub unstage_per_s: f64,
+    pub unstage: Summary,
+    /// The node with every volume staged (VmHWM: its peak so far).
+    pub node_staged: Rss,
+    /// SNAP with every volume staged.
+    pub held: Held,
+    /// The DPU attach layer's SNAP calls during the stages, by method:
+    /// calls per volume, mean ms per call.
+    pub stage_methods: BTreeMap<String, (f64, f64)>,
+}
+
+/// How SNAP holds the staged volumes.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct Held {
+    pub controllers: usize,
+    pub subsystems: usize,
+    pub namespaces: usize,
+}
+
+/// Everything section 7 reports.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Density {
+    pub placement: String,
+    pub volumes: usize,
+    pub namespaces_per_controller: u32,
+    /// NVMe functions the emulator offered.
+    pub functions: u32,
+    pub node_idle: Rss,
+    pub rounds: Vec<DensityRound>,
+    /// The node after the last round's unstage (VmHWM: its peak overall).
+    pub node_after: Rss,
+    /// The round trips of one stage, counted by the emulator.
+    pub trips: Option<crate::trips::Trips>,
+}
+
+/// PFs and VFs per PF for at least `functions` NVMe functions (two PFs, as
+/// a BlueField exposes them).
+pub fn nvme_layout(functions: u32) -> (u32, u32) {
+    let pfs = 2u32;
+    (pfs, functions.div_ceil(pfs).saturating_sub(1).max(1))
+}
+
+/// The functions the density run needs: one pool controller per
+/// `namespaces_per_controller` volumes packed, one per volume dedicated;
+/// and a few spare, as a node would have.
+fn functions_needed(args: &Args) -> anyhow::Result<u32> {
+    let volumes = u32::try_from(args.packed_volumes)?;
+    let controllers = match args.packed_placement.as_str() {
+        "packed" => volumes.div_ceil(args.packed_namespaces_per_controller.max(1)),
+        _ => volumes,
+    };
+    Ok(controllers + 2)
+}
+
+/// SNAP's controllers, subsystems and attached namespaces now.
+async fn held(stack: &Stack) -> anyhow::Result<Held> {
+    let snap = RpcClient::with_timeout(stack.snap_socket(), Duration::from_secs(30));
+    let controllers = snap.call(&NvmeControllerList {}).await?.len();
+    let subsystems = snap.call(&NvmeSubsystemList {}).await?;
+    Ok(Held {
+        controllers,
+        subsystems: subsystems.len(),
+        namespaces: subsystems.iter().map(|s| s.namespaces.len()).sum(),
+    })
+}
+
+/// Stages (or unstages) every volume, at most `concurrency` at a time;
+/// each call's time and the wall time.
+async fn each_call(
+    clients: &Clients,
+    volumes: &[Volume],
+    concurrency: usize,
+    unstage: bool,
+) -> anyhow::Result<(Vec<Duration>, Duration)> {
+    scale::each(
+        volumes.to_vec(),
+        concurrency,
+        clients,
+        move |mut clients, volume| async move {
+            let started = Instant::now();
+            if unstage {
+                clients.unstage(&volume).await?;
+            } else {
+                clients.stage(&volume).await?;
+            }
+            Ok(started.elapsed())
+        },
+    )
+    .await
+}
+
+async fn round(
+    args: &Args,
+    stack: &Stack,
+    clients: &Clients,
+    concurrency: usize,
+) -> anyhow::Result<DensityRound> {
+    eprintln!(
+        "bench: section 7: {} block volumes, placement {}, at concurrency {concurrency}",
+        args.packed_volumes, args.packed_placement
+    );
+    let (volumes, create_wall) = scale::create(
+        clients,
+        &stack.kubelet,
+        &format!("dense-c{concurrency}"),
+        args.packed_volumes,
+        args.scale_size_mib,
+        Some(&args.packed_placement),
+    )
+    .await?;
+    let before = scrape(&stack.node_metrics).await?;
+    let (stages, stage_wall) = each_call(clients, &volumes, concurrency, false).await?;
+    let after = scrape(&stack.node_metrics).await?;
+    let node_staged = memory::node(stack)?;
+    let held = held(stack).await?;
+    // Every staged volume is one namespace, whatever the placement: the
+    // figures are of what was asked for, or of nothing.
+    if held.namespaces != volumes.len() {
+        bail!(
+            "SNAP holds {} namespaces with {} volumes staged",
+            held.namespaces,
+            volumes.len()
+        );
+    }
+    let (unstages, unstage_wall) = each_call(clients, &volumes, concurrency, true).await?;
+    scale::delete(clients, &volumes).await?;
+    let rate = |wall: Duration| volumes.len() as f64 / wall.as_secs_f64();
+    Ok(DensityRound {
+        concurrency,
+        volumes: volumes.len(),
+        create_wall_s: create_wall.as_secs_f64(),
+        stage_wall_s: stage_wall.as_secs_f64(),
+        stage_per_s: rate(stage_wall),
+        stage: Summary::of(&stages),
+        unstage_wall_s: unstage_wall.as_secs_f64(),
+        unstage_per_s: rate(unstage_wall),
+        unstage: Summary::of(&unstages),
+        node_staged,
+        held,
+        stage_methods: method_means(&before, &after, volumes.len()),
+    })
+}
+
+/// Section 7: the density rounds on their own stack, then the round trips.
+pub async fn run(args: &Args, work: &Work, report: &mut Report) -> anyhow::Result<()> {
+    let functions = functions_needed(args)?;
+    let options = StackOptions {
+        nvme_functions: Some(nvme_layout(functions)),
+        env: vec![(
+            "SNAP_CSI_NAMESPACES_PER_CONTROLLER".to_string(),
+            args.packed_namespaces_per_controller.to_string(),
+        )],
+        ..StackOptions::default()
+    };
+    let stack = start(args, work, "p", &options).await?;
+    let clients = Clients::connect(&stack.controller, &stack.node).await?;
+    let mut density = Density {
+        placement: args.packed_placement.clone(),
+        volumes: args.packed_volumes,
+        namespaces_per_controller: args.packed_namespaces_per_controller,
+        functions,
+        node_idle: memory::node(&stack)?,
+        ..Density::default()
+    };
+    for &concurrency in &args.packed_concurrency {
+        density
+            .rounds
+            .push(round(args, &stack, &clients, concurrency).await?);
+        report.density = Some(density.clone());
+        report.save(args)?;
+    }
+    density.node_after = memory::node(&stack)?;
+    drop(clients);
+    stop(stack, report)?;
+    eprintln!("bench: section 7: counting the SNAP round trips of one stage");
+    density.trips = Some(crate::trips::count(args, work.dir.path()).await?);
+    report.density = Some(density);
+    report.print_density();
+    report.save(args)
+}
+
+/// The node's peak RSS allowed with the section's volumes staged (issue 13:
+/// 1024 packed volumes).
+const RSS_TARGET_MIB: f64 = 32.0;
+
+impl Report {
+    /// Section 7.
+    pub fn print_density(&self) {
+        let Some(d) = &self.density else {
+            return;
+        };
+        println!();
+        println!(
+            "7. Density: {} block volumes ({} MiB, NVMe, placement {}, {} namespaces per controller, {} NVMe functions)\n   staged on one node, each in its own task, at most N at a time; then unstaged",
+            d.volumes,
+            self.settings.scale_size_mib,
+            d.placement,
+            d.namespaces_per_controller,
+            d.functions
+        );
+        let mut table = Table::new(&[
+            "concurrency",
+            "stage volumes/s",
+            "stage p50 ms",
+            "p99 ms",
+            "unstage volumes/s",
+            "unstage p50 ms",
+            "p99 ms",
+            "node peak MiB",
+            "controllers",
+            "subsystems",
+            "namespaces",
+            "create wall s",
+        ]);
+        for r in &d.rounds {
+            table.row(vec![
+                r.concurrency.to_string(),
+                format!("{:.1}", r.stage_per_s),
+                ms(r.stage.p50_ms),
+                ms(r.stage.p99_ms),
+                format!("{:.1}", r.unstage_per_s),
+                ms(r.unstage.p50_ms),
+                ms(r.unstage.p99_ms),
+                format!("{:.1}", r.node_staged.peak_mib),
+                r.held.controllers.to_string(),
+                r.held.subsystems.to_string(),
+                r.held.namespaces.to_string(),
+                format!("{:.2}", r.create_wall_s),
+            ]);
+        }
+        table.print();
+        println!(
+            "   node: {:.1} MiB peak idle, {:.1} MiB peak after every round ({} threads now); SNAP counts with every volume staged",
+            d.node_idle.peak_mib, d.node_after.peak_mib, d.node_after.threads
+        );
+        let mut methods: Vec<&String> = d
+            .rounds
+            .iter()
+            .flat_map(|r| r.stage_methods.keys())
+            .collect();
+        methods.sort();
+        methods.dedup();
+        let mut headers = vec!["SNAP calls during the stages".to_string()];
+        headers.extend(d.rounds.iter().map(|r| format!("c={}", r.concurrency)));
+        let mut table = Table::new(&headers.iter().map(String::as_str).collect::<Vec<_>>());
+        for method in methods {
+            let mut row = vec![method.clone()];
+            for r in &d.rounds {
+                row.push(
+                    r.stage_methods
+                        .get(method)
+                        .map_or(String::new(), |(calls, mean)| {
+                            format!("{} x {}", num(*calls), ms(*mean))
+                        }),
+                );
+            }
+            table.row(row);
+        }
+        table.print();
+        println!("   (calls per volume x mean ms per call)");
+        if let Some(t) = &d.trips {
+            println!(
+                "   SNAP round trips of one volume, counted by the emulator's poller ({} us, replies on the next tick):",
+                t.period_us
+            );
+            let mut table = Table::new(&["placement", "stage (attach)", "unstage (detach)"]);
+            for (placement, attach, detach) in t.rows() {
+                table.row(vec![placement, list(attach), list(detach)]);
+            }
+            table.print();
+        }
+    }
+
+    /// Section 7's targets.
+    pub fn density_targets(&self) -> Vec<Target> {
+        let mut targets = Vec::new();
+        let Some(d) = &self.density else {
+            return targets;
+        };
+        if let Some(peak) = d
+            .rounds
+            .iter()
+            .map(|r| r.node_staged.peak_mib)
+            .reduce(f64::max)
+        {
+            targets.push(Target {
+                target: format!(
+                    "node peak RSS < {RSS_TARGET_MIB} MiB with {} {} volumes staged",
+                    d.volumes, d.placement
+                ),
+                measured: format!("{peak:.1} MiB"),
+                met: peak < RSS_TARGET_MIB,
+            });
+        }
+        targets
+    }
+}
+
+/// Counts as `5, 5, 5`.
+fn list(counts: &[u64]) -> String {
+    counts
+        .iter()
+        .map(u64::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
