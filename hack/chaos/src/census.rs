@@ -34,8 +34,9 @@ pub struct Found {
     pub kept: Vec<String>,
 }
 
-/// Everything found left behind.
-pub async fn census(stack: &Stack, clients: &Clients) -> anyhow::Result<Found> {
+/// Everything found left behind; `max_pools` is the most pool subsystems
+/// the round's packed volumes can have needed at once.
+pub async fn census(stack: &Stack, clients: &Clients, max_pools: usize) -> anyhow::Result<Found> {
     let mut left = Vec::new();
     let snap = RpcClient::with_timeout(stack.snap_socket(), Duration::from_secs(10));
     let named = |what: &str, names: Vec<String>| -> Vec<String> {
@@ -61,7 +62,7 @@ pub async fn census(stack: &Stack, clients: &Clients) -> anyhow::Result<Found> {
         .call(&NvmeControllerList {})
         .await
         .context("SNAP nvme_controller_list")?;
-    let nvme = judge_nvme(&subsystems, &controllers);
+    let nvme = judge_nvme(&subsystems, &controllers, max_pools);
     left.extend(nvme.leaks);
     let kept = nvme.kept;
     left.extend(named(
@@ -172,9 +173,24 @@ const POOL_NQN_PREFIX: &str = "nqn.2022-10.io.snap-csi:pool-";
 /// dedicated volume's subsystem and controller are leaks. A pool subsystem
 /// and its controllers are kept on purpose (the next packed volume attaches
 /// to the live controller: no function taken, no hot-plug), but every
-/// namespace still on one is a leak: its volume is gone.
-fn judge_nvme(subsystems: &[NvmeSubsystem], controllers: &[NvmeController]) -> Found {
+/// namespace still on one is a leak (its volume is gone), and so is every
+/// pool beyond `max_pools`: a new pool is built only when every pool is
+/// full, so no more can be needed than the most packed volumes at once fill.
+fn judge_nvme(
+    subsystems: &[NvmeSubsystem],
+    controllers: &[NvmeController],
+    max_pools: usize,
+) -> Found {
     let mut found = Found::default();
+    let pools = subsystems
+        .iter()
+        .filter(|s| s.nqn.starts_with(POOL_NQN_PREFIX))
+        .count();
+    if pools > max_pools {
+        found.leaks.push(format!(
+            "SNAP has {pools} pool subsystems; the volumes at once needed at most {max_pools}"
+        ));
+    }
     let pool =
         |nqn: &str| nqn.starts_with(POOL_NQN_PREFIX) && subsystems.iter().any(|s| s.nqn == nqn);
     for subsystem in subsystems {
@@ -292,13 +308,18 @@ mod tests {
 
     #[test]
     fn an_empty_pool_is_kept_and_a_namespace_on_it_is_a_leak() {
-        let empty = judge_nvme(&[subsystem(POOL, &[])], &[controller("NvmeEmu0pf0", POOL)]);
+        let empty = judge_nvme(
+            &[subsystem(POOL, &[])],
+            &[controller("NvmeEmu0pf0", POOL)],
+            1,
+        );
         assert!(empty.leaks.is_empty(), "{:?}", empty.leaks);
         assert_eq!(empty.kept.len(), 2, "{:?}", empty.kept);
 
         let left = judge_nvme(
             &[subsystem(POOL, &["pvc-gone"])],
             &[controller("NvmeEmu0pf0", POOL)],
+            1,
         );
         assert_eq!(left.leaks.len(), 1, "{:?}", left.leaks);
         assert!(left.leaks[0].contains("pvc-gone"), "{:?}", left.leaks);
@@ -307,11 +328,27 @@ mod tests {
     #[test]
     fn a_dedicated_volumes_subsystem_and_controller_are_leaks() {
         let nqn = "nqn.2022-10.io.snap-csi:pvc-gone";
-        let found = judge_nvme(&[subsystem(nqn, &[])], &[controller("NvmeEmu0pf1", nqn)]);
+        let found = judge_nvme(&[subsystem(nqn, &[])], &[controller("NvmeEmu0pf1", nqn)], 1);
         assert_eq!(found.leaks.len(), 2, "{:?}", found.leaks);
         assert!(found.kept.is_empty(), "{:?}", found.kept);
         // A controller on a pool subsystem that is gone is no pool's.
-        let orphan = judge_nvme(&[], &[controller("NvmeEmu0pf2", POOL)]);
+        let orphan = judge_nvme(&[], &[controller("NvmeEmu0pf2", POOL)], 1);
         assert_eq!(orphan.leaks.len(), 1, "{:?}", orphan.leaks);
+    }
+
+    #[test]
+    fn pools_beyond_what_the_volumes_needed_are_a_leak() {
+        let pools = [
+            subsystem(POOL, &[]),
+            subsystem("nqn.2022-10.io.snap-csi:pool-1", &[]),
+        ];
+        assert!(judge_nvme(&pools, &[], 2).leaks.is_empty());
+        let found = judge_nvme(&pools, &[], 1);
+        assert_eq!(found.leaks.len(), 1, "{:?}", found.leaks);
+        assert!(
+            found.leaks[0].contains("2 pool subsystems"),
+            "{:?}",
+            found.leaks
+        );
     }
 }

@@ -244,10 +244,14 @@ async fn one_round(
     keep_logs(&stack, &logs.join(&name));
     // Quiet: no fault in flight, every volume deleted. A process killed last
     // may still be starting: the census is asked again until all answer.
+    // Each worker has one volume at a time.
+    let max_pools = args
+        .volumes
+        .div_ceil(usize::try_from(args.namespaces_per_controller)?);
     let mut asked = 0;
     let found = loop {
         asked += 1;
-        match census::census(&stack, &clients).await {
+        match census::census(&stack, &clients, max_pools).await {
             Ok(found) => break found,
             Err(error) if asked < 30 => {
                 eprintln!("chaos: {name}: census: {error:#}; asking again");
