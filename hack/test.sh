@@ -25,7 +25,7 @@ cargo test --workspace --locked
 # node_crash: 100 of its seeded trials here (200 co-located above), which
 # crash every step once in every configuration (the first round of 83).
 SNAP_CSI_TEST_DPU=split SNAP_CSI_CRASH_TRIALS=100 cargo test --locked \
-  -p snap-csi --test dpu_attach --test node_lifecycle --test csi_node_conformance \
+  -p snap-csi --test dpu_attach --test dpu_packed --test node_lifecycle --test csi_node_conformance \
   --test node_metrics --test node_concurrency --test node_crash --test node_recovery \
   --test node_orphans --test node_dependency_faults --test node_kubelet_restart \
   --test node_snap_live_update \

@@ -35,7 +35,8 @@ enum LogFormat {
 enum Command {
     /// Serve the CSI Identity and Node services (DPU attach co-located, or
     /// through the DPU agent with --dpu-endpoint).
-    Node(snap_csi::node::NodeArgs),
+    // Boxed: the node has the most flags by far, and parsing holds them once.
+    Node(Box<snap_csi::node::NodeArgs>),
     /// Serve the DPU attach layer to one host over mutual TLS (on the DPU,
     /// beside SNAP and the vendor plugin: split mode).
     DpuAgent(snap_csi::agent::AgentArgs),

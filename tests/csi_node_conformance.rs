@@ -16,7 +16,7 @@ use snap_csi::proto::csi::v1 as csi;
 use snap_csi::proto::csi::v1::identity_client::IdentityClient;
 use snap_csi::proto::csi::v1::volume_capability::access_mode::Mode;
 use snap_csi::spdk::bdev::BdevGetBdevs;
-use snap_csi::spdk::snap::{EmulationFunctionList, NvmeSubsystemList};
+use snap_csi::spdk::snap::{EmulationFunctionList, EmulationType, NvmeSubsystemList};
 use tonic::Code;
 
 /// Nothing exists after a refused call: no bdev, no SNAP object, no mount, no record.
@@ -97,8 +97,9 @@ async fn identity_answers_as_the_spec_requires() {
         .unwrap()
         .into_inner();
     assert!(!info.node_id.is_empty(), "node_id is REQUIRED");
-    // The limit is the DPU's emulated functions, PFs and VFs, as SNAP lists
-    // them: one volume each (0 would tell the CO there is no limit).
+    // The limit is the DPU's emulated functions of the default emulation
+    // (NVMe), PFs and VFs, as SNAP lists them: one volume each under the
+    // default placement (0 would tell the CO there is no limit).
     let functions: usize = stack
         .emulator
         .client()
@@ -106,6 +107,7 @@ async fn identity_answers_as_the_spec_requires() {
         .await
         .unwrap()
         .iter()
+        .filter(|pf| pf.emulation_type == EmulationType::Nvme)
         .map(|pf| 1 + pf.vfs.len())
         .sum();
     assert!(functions > 0);

@@ -7,187 +7,23 @@
 
 mod common;
 
-use std::collections::{HashMap, HashSet};
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::collections::HashSet;
 use std::time::Duration;
 
-use common::dpu::{Agent, TestDpu};
-use common::plugin::{self, TestPlugin};
-use common::{Emulator, assert_kept_deadline, loop_devices_of, round_trips, sparse_file};
+use common::attach::{SIZE, Stack, deadline, function_count, functions, nvme_bdf};
+use common::dpu::TestDpu;
+use common::plugin;
+use common::{assert_kept_deadline, loop_devices_of, round_trips};
 use snap_csi::dpu::names::{NSID, VolumeNames};
-use snap_csi::dpu::plugin::AccessMode;
-use snap_csi::dpu::{
-    AttachRequest, Attachment, DpuAttach, DpuError, Emulation, HostLocator, VolumeMode,
-};
-use snap_csi::host::Sysfs;
-use snap_csi::jsonrpc::RpcClient;
+use snap_csi::dpu::{AttachRequest, Attachment, DpuError, Emulation, HostLocator};
 use snap_csi::proto::nvidia::storage::plugins::v1::storage_plugin_service_capability::rpc::Type as Capability;
-use snap_csi::spdk::bdev::{BdevAioCreate, BdevGetBdevs};
+use snap_csi::spdk::bdev::BdevAioCreate;
 use snap_csi::spdk::snap::{
-    EmulationFunction, EmulationFunctionList, EmulationType, NvmeControllerAttachNs,
-    NvmeControllerCreate, NvmeControllerList, NvmeNamespaceCreate, NvmeSubsystemCreate,
-    NvmeSubsystemList, VirtioBlkControllerList,
+    EmulationType, NvmeControllerAttachNs, NvmeControllerCreate, NvmeControllerList,
+    NvmeNamespaceCreate, NvmeSubsystemCreate, NvmeSubsystemList, VirtioBlkControllerList,
 };
-use snap_emu::{Config, FunctionLayout};
+use snap_emu::FunctionLayout;
 use tokio::time::Instant;
-
-const SIZE: u64 = 16 << 20;
-
-struct Stack {
-    dpu: Arc<dyn DpuAttach>,
-    agent: Option<Agent>,
-    emulator: Emulator,
-    plugin: TestPlugin,
-    snap: RpcClient,
-    sysfs: Sysfs,
-}
-
-impl Stack {
-    async fn start() -> Stack {
-        let emulator = Emulator::start().await;
-        Stack::on(emulator).await
-    }
-
-    async fn start_with(dir: &Path, config: impl FnOnce(Config) -> Config) -> Stack {
-        let emulator = Emulator::start_with(config(Config::for_test(dir)), dir).await;
-        Stack::on(emulator).await
-    }
-
-    async fn on(emulator: Emulator) -> Stack {
-        Stack::on_with(emulator, &plugin::CAPABILITIES).await
-    }
-
-    async fn with_capabilities(capabilities: &[Capability]) -> Stack {
-        Stack::on_with(Emulator::start().await, capabilities).await
-    }
-
-    async fn on_with(emulator: Emulator, capabilities: &[Capability]) -> Stack {
-        let plugin = plugin::start_with(&emulator.socket, emulator.root(), capabilities).await;
-        // The template names the emulator's socket outright, as tests must.
-        let TestDpu { attach, agent } = TestDpu::start(
-            &plugin.socket,
-            &emulator.socket.display().to_string(),
-            emulator.root(),
-        )
-        .await;
-        Stack {
-            snap: emulator.client(),
-            sysfs: Sysfs::new(&emulator.sysfs_root),
-            emulator,
-            plugin,
-            dpu: attach,
-            agent,
-        }
-    }
-
-    /// Another attach layer (with its own agent in a split-mode run) over
-    /// `plugin_socket` and the SNAP at `snap_template`.
-    async fn layer(&self, plugin_socket: &Path, snap_template: &Path) -> TestDpu {
-        let dir = self.emulator.root().join("another");
-        TestDpu::start(plugin_socket, &snap_template.display().to_string(), &dir).await
-    }
-
-    /// A request for a fresh backing file named after the volume.
-    fn request(&self, volume_id: &str, emulation: Emulation) -> AttachRequest {
-        let backing = self.backing(volume_id);
-        if !backing.exists() {
-            sparse_file(&backing, SIZE);
-        }
-        AttachRequest {
-            volume_id: volume_id.to_string(),
-            access_modes: vec![AccessMode::Rwo],
-            volume_mode: VolumeMode::Filesystem,
-            publish_context: HashMap::new(),
-            volume_context: [(plugin::PATH_KEY.to_string(), backing.display().to_string())].into(),
-            storage_parameters: HashMap::new(),
-            emulation,
-            attached_before: false,
-            secrets: HashMap::new(),
-        }
-    }
-
-    fn backing(&self, volume_id: &str) -> PathBuf {
-        self.emulator.root().join(format!("{volume_id}.img"))
-    }
-
-    /// The host's block device for a locator, if it sees one.
-    fn host_device(&self, locator: &HostLocator) -> Option<snap_csi::host::BlockDevice> {
-        match locator {
-            HostLocator::Nvme { bdf, nsid, uuid } => self
-                .sysfs
-                .find_nvme_namespace(bdf, *nsid, uuid.as_deref())
-                .unwrap(),
-            HostLocator::VirtioBlk { bdf, serial } => {
-                self.sysfs.find_virtio_blk(bdf, serial).unwrap()
-            }
-        }
-    }
-
-    /// Waits for the host to discover the disk, as the node does.
-    async fn discovered(&self, locator: &HostLocator) -> snap_csi::host::BlockDevice {
-        common::discovered(&format!("the host seeing {locator:?}"), || {
-            self.host_device(locator)
-        })
-        .await
-    }
-
-    async fn attach(&self, volume_id: &str, emulation: Emulation) -> Attachment {
-        let request = self.request(volume_id, emulation);
-        self.dpu.attach(&request, deadline()).await.unwrap()
-    }
-
-    /// Asserts SNAP, the bdevs and the host hold nothing of the volume.
-    async fn assert_gone(&self, volume_id: &str) {
-        let names = VolumeNames::new(volume_id);
-        let subsystems = self.snap.call(&NvmeSubsystemList {}).await.unwrap();
-        assert!(
-            subsystems.iter().all(|s| s.nqn != names.nqn),
-            "subsystem of {volume_id} left: {subsystems:?}"
-        );
-        let virtio = self.snap.call(&VirtioBlkControllerList {}).await.unwrap();
-        assert!(
-            virtio
-                .iter()
-                .all(|c| c.vblk_id.as_deref() != Some(&names.serial)),
-            "virtio-blk controller of {volume_id} left: {virtio:?}"
-        );
-        let bdevs = self.snap.call(&BdevGetBdevs::default()).await.unwrap();
-        let device = plugin::device_name(volume_id);
-        assert!(bdevs.iter().all(|b| b.name != device), "bdev {device} left");
-        assert!(
-            loop_devices_of(&self.backing(volume_id)).is_empty(),
-            "loop device of {volume_id} left"
-        );
-    }
-}
-
-fn deadline() -> Instant {
-    Instant::now() + Duration::from_secs(30)
-}
-
-async fn functions(snap: &RpcClient) -> Vec<EmulationFunction> {
-    snap.call(&EmulationFunctionList { all: true })
-        .await
-        .unwrap()
-}
-
-async fn function_count(stack: &Stack) -> usize {
-    stack
-        .dpu
-        .inventory(deadline())
-        .await
-        .unwrap()
-        .functions
-        .len()
-}
-
-fn nvme_bdf(locator: &HostLocator) -> &str {
-    match locator {
-        HostLocator::Nvme { bdf, .. } => bdf,
-        other => panic!("not NVMe: {other:?}"),
-    }
-}
 
 #[tokio::test]
 async fn nvme_attach_is_seen_by_the_host_repeats_identically_and_detaches_without_a_trace() {

@@ -17,7 +17,9 @@ use common::pki::{Pki, Role, rotate};
 use common::shared::KillOnDrop;
 use snap_csi::agent::AgentConfig;
 use snap_csi::dpu::remote::RemoteDpu;
-use snap_csi::dpu::{AttachRequest, DpuAttach, DpuError, Emulation, HostLocator, VolumeMode};
+use snap_csi::dpu::{
+    AttachRequest, DpuAttach, DpuError, Emulation, HostLocator, Placement, VolumeMode,
+};
 use snap_csi::tls::TlsFiles;
 use tokio::time::Instant;
 
@@ -37,6 +39,7 @@ fn request(volume_id: &str) -> AttachRequest {
         volume_context: Default::default(),
         storage_parameters: Default::default(),
         emulation: Emulation::VirtioBlk,
+        placement: Placement::Dedicated,
         attached_before: false,
         secrets: Default::default(),
     }

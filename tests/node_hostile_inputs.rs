@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 
 use common::node::{NodeStack, mount_capability, publish_request, stage_request};
 use snap_csi::node::config::EmulationSetting;
+use snap_csi::node::service::{EMULATION_KEY, PLACEMENT_KEY};
 use snap_csi::proto::csi::v1 as csi;
 use snap_csi::proto::csi::v1::node_client::NodeClient;
 use snap_csi::proto::csi::v1::volume_capability::AccessMode;
@@ -388,6 +389,26 @@ async fn hostile_requests_get_the_spec_code_and_change_nothing() {
             }),
             InvalidArgument,
             "mount_flags hold 1048576 bytes",
+        ),
+        (
+            "stage: a placement we do not have",
+            stage(&|r| {
+                r.volume_context
+                    .insert(PLACEMENT_KEY.into(), "sparse".into());
+            }),
+            InvalidArgument,
+            "snap-csi.io/placement must be dedicated or packed, not \"sparse\"",
+        ),
+        (
+            "stage: packed virtio-blk",
+            stage(&|r| {
+                r.volume_context.extend([
+                    (PLACEMENT_KEY.to_string(), "packed".to_string()),
+                    (EMULATION_KEY.to_string(), "virtio-blk".to_string()),
+                ]);
+            }),
+            InvalidArgument,
+            "packed needs NVMe: a virtio-blk function carries one disk",
         ),
         (
             "stage: 1 MiB volume context",

@@ -12,22 +12,29 @@ use std::fs;
 use std::io::Write;
 use std::path::Path;
 
+use common::loop_devices_of;
 use common::node::{
-    NodeStack, assert_attached_once, block_capability, mount_capability, mounts_under,
+    NodeStack, Tweaks, assert_attached_once, block_capability, mount_capability, mounts_under,
     publish_request, read_volume, stage_and_publish, stage_request, unpublish, unstage,
     write_volume,
 };
-use snap_csi::node::config::EmulationSetting;
+use snap_csi::node::config::{EmulationSetting, PlacementSetting};
+use snap_csi::node::service::PLACEMENT_KEY;
 use snap_csi::proto::csi::v1 as csi;
+use snap_csi::proto::csi::v1::node_client::NodeClient;
 use snap_csi::proto::csi::v1::volume_capability::access_mode::Mode;
 use snap_csi::spdk::bdev::BdevGetBdevs;
 use snap_csi::spdk::snap::NvmeSubsystemList;
+use tonic::transport::Channel;
 
 /// Sparse, so cheap; big enough for xfs (mkfs.xfs wants at least 300 MB).
 const SIZE: u64 = 512 << 20;
 
 async fn lifecycle(emulation: EmulationSetting, capability: csi::VolumeCapability) {
-    let stack = NodeStack::start(emulation).await;
+    lifecycle_on(NodeStack::start(emulation).await, capability).await;
+}
+
+async fn lifecycle_on(stack: NodeStack, capability: csi::VolumeCapability) {
     let mut node = stack.client.clone();
     let backing = stack.backing_file("vol.img", SIZE);
     let staging = stack.path("plugins/staging/pvc-1");
@@ -119,6 +126,150 @@ async fn block_over_virtio_blk() {
         block_capability(Mode::MultiNodeMultiWriter),
     )
     .await;
+}
+
+fn packed() -> Tweaks {
+    Tweaks {
+        placement: Some(PlacementSetting::Packed),
+        namespaces_per_controller: Some(4),
+        ..Tweaks::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ext4_packed_over_nvme() {
+    let stack = NodeStack::start_with(EmulationSetting::Nvme, packed()).await;
+    lifecycle_on(stack, mount_capability("ext4", Mode::SingleNodeWriter)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn block_packed_over_nvme() {
+    let stack = NodeStack::start_with(EmulationSetting::Nvme, packed()).await;
+    lifecycle_on(stack, block_capability(Mode::SingleNodeWriter)).await;
+}
+
+/// Volumes asked to be packed by their context (the node's default is
+/// dedicated) share one pool controller; staged together, each keeps its
+/// own data when another is unstaged and when it is restaged itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn packed_volumes_share_a_controller_and_keep_their_data_when_one_leaves() {
+    let stack = NodeStack::start(EmulationSetting::Nvme).await;
+    let capability = mount_capability("ext4", Mode::SingleNodeWriter);
+    let ids: Vec<String> = (0..5).map(|i| format!("pvc-p{i}")).collect();
+    let volume = |id: &str| {
+        let backing = stack.backing_file(&format!("{id}.img"), 64 << 20);
+        let staging = stack.path(&format!("staging/{id}"));
+        fs::create_dir_all(&staging).unwrap();
+        let mut stage = stage_request(id, &staging, capability.clone(), &backing);
+        stage
+            .volume_context
+            .insert(PLACEMENT_KEY.into(), "packed".into());
+        let target = stack.path(&format!("pods/{id}/volumes/{id}"));
+        (stage, staging, target, backing)
+    };
+    let volumes: Vec<_> = ids.iter().map(|id| volume(id)).collect();
+    // Staged all at once, as kubelet does for a pod with many volumes.
+    let staged = futures::future::join_all(volumes.iter().map(|(stage, ..)| {
+        let mut node = stack.client.clone();
+        let stage = stage.clone();
+        async move { node.node_stage_volume(stage).await }
+    }))
+    .await;
+    for (id, result) in ids.iter().zip(staged) {
+        result.unwrap_or_else(|e| panic!("stage {id}: {e}"));
+    }
+    let mut node = stack.client.clone();
+    for (id, (_, staging, target, _)) in ids.iter().zip(&volumes) {
+        node.node_publish_volume(publish_request(
+            id,
+            staging,
+            target,
+            capability.clone(),
+            false,
+        ))
+        .await
+        .unwrap();
+        write_volume(target, id.as_bytes());
+    }
+    let subsystems = stack
+        .emulator
+        .client()
+        .call(&NvmeSubsystemList {})
+        .await
+        .unwrap();
+    assert_eq!(subsystems.len(), 1, "one pool: {subsystems:?}");
+    assert_eq!(subsystems[0].controllers.len(), 1);
+    assert_eq!(subsystems[0].namespaces.len(), 5);
+
+    // The second leaves; the others keep their disks and data.
+    let (_, staging, target, backing) = &volumes[1];
+    unpublish(&mut node, &ids[1], target).await;
+    unstage(&mut node, &ids[1], staging).await;
+    assert!(loop_devices_of(backing).is_empty());
+    for (i, (id, (_, _, target, _))) in ids.iter().zip(&volumes).enumerate() {
+        if i != 1 {
+            assert_eq!(read_volume(target, id.len()), id.as_bytes(), "{id}");
+        }
+    }
+    // The third goes and comes back: same data, a slot in the same pool.
+    let (stage, staging, target, _) = &volumes[2];
+    unpublish(&mut node, &ids[2], target).await;
+    unstage(&mut node, &ids[2], staging).await;
+    node.node_stage_volume(stage.clone()).await.unwrap();
+    node.node_publish_volume(publish_request(
+        &ids[2],
+        staging,
+        target,
+        capability.clone(),
+        false,
+    ))
+    .await
+    .unwrap();
+    assert_eq!(read_volume(target, ids[2].len()), ids[2].as_bytes());
+    let subsystems = stack
+        .emulator
+        .client()
+        .call(&NvmeSubsystemList {})
+        .await
+        .unwrap();
+    assert_eq!((subsystems.len(), subsystems[0].namespaces.len()), (1, 4));
+
+    for (i, (id, (_, staging, target, _))) in ids.iter().zip(&volumes).enumerate() {
+        if i != 1 {
+            unpublish(&mut node, id, target).await;
+            unstage(&mut node, id, staging).await;
+        }
+    }
+    for (_, _, _, backing) in &volumes {
+        stack.assert_nothing_left(backing).await;
+    }
+}
+
+/// NodeGetInfo's limit follows the default placement: NVMe functions times
+/// the namespaces a pool carries; `--max-volumes-per-node` overrides it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_info_counts_the_default_placement_or_the_operator_setting() {
+    let mut stack = NodeStack::start_with(EmulationSetting::Nvme, packed()).await;
+    let info = |mut node: NodeClient<Channel>| async move {
+        node.node_get_info(csi::NodeGetInfoRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .max_volumes_per_node
+    };
+    assert_eq!(info(stack.client.clone()).await, 17 * 4);
+    stack
+        .restart_node(|c| c.emulation = EmulationSetting::VirtioBlk)
+        .await;
+    assert_eq!(
+        info(stack.client.clone()).await,
+        17,
+        "virtio-blk volumes are never packed"
+    );
+    stack
+        .restart_node(|c| c.max_volumes_per_node = Some(1000))
+        .await;
+    assert_eq!(info(stack.client.clone()).await, 1000);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -223,8 +374,8 @@ async fn stats_report_usage_and_identity_and_info_answer() {
         .into_inner();
     assert_eq!(info.node_id, "node-1");
     assert_eq!(
-        info.max_volumes_per_node, 34,
-        "1 NVMe PF + 16 VFs, 1 virtio-blk PF + 16 VFs"
+        info.max_volumes_per_node, 17,
+        "1 NVMe PF + 16 VFs: the default emulation's, not the 16 + 1 virtio-blk ones too"
     );
     let capabilities = node
         .node_get_capabilities(csi::NodeGetCapabilitiesRequest {})

@@ -26,8 +26,8 @@ use super::endpoint::SnapEndpoint;
 use super::names::VolumeNames;
 use super::plugin::PluginClient;
 use super::{
-    AttachRequest, Attachment, DpuAttach, DpuError, Emulation, Inventory, inventory, nvme, retry,
-    virtio,
+    AttachRequest, Attachment, DpuAttach, DpuError, Emulation, Inventory, Placement, inventory,
+    nvme, packed, retry, virtio,
 };
 use crate::proto::nvidia::storage::plugins::v1::storage_plugin_service_capability::rpc::Type as Capability;
 use crate::spdk::app::SpdkGetVersion;
@@ -38,6 +38,8 @@ pub struct Colocated {
     plugin: PluginClient,
     /// The SNAP the plugin names; fixed once the plugin has described itself.
     snap: OnceLock<SnapEndpoint>,
+    /// Namespace slots and pools being placed by packed stages here.
+    packing: packed::Packing,
 }
 
 impl Colocated {
@@ -48,6 +50,7 @@ impl Colocated {
         Colocated {
             plugin: PluginClient::new(plugin_socket, snap_socket_template),
             snap: OnceLock::new(),
+            packing: packed::Packing::default(),
         }
     }
 
@@ -68,8 +71,34 @@ impl Colocated {
         let snap = self.snap(deadline).await?;
         let names = VolumeNames::new(&request.volume_id);
         let create = self.plugin.create_device(request, deadline);
-        let (device_name, locator) = match request.emulation {
-            Emulation::Nvme => {
+        let (device_name, locator) = match (request.emulation, request.placement) {
+            (
+                Emulation::Nvme,
+                Placement::Packed {
+                    namespaces_per_controller,
+                },
+            ) => {
+                let (device, listing, functions) = tokio::join!(
+                    create,
+                    nvme::list(snap, deadline),
+                    snap.list_functions(deadline)
+                );
+                let device = created(device, &functions)?;
+                crate::failpoint::step("attach:create-device");
+                let locator = packed::expose(
+                    snap,
+                    &self.packing,
+                    &names,
+                    &device,
+                    namespaces_per_controller,
+                    listing?,
+                    functions?,
+                    deadline,
+                )
+                .await?;
+                (device, locator)
+            }
+            (Emulation::Nvme, Placement::Dedicated) => {
                 let known = async {
                     if request.attached_before {
                         nvme::find(snap, &names.nqn, deadline)
@@ -87,7 +116,7 @@ impl Colocated {
                     nvme::expose(snap, &names, &device, known?, functions?, deadline).await?;
                 (device, locator)
             }
-            Emulation::VirtioBlk => {
+            (Emulation::VirtioBlk, _) => {
                 let (device, found, functions) = tokio::join!(
                     create,
                     virtio::find(snap, &names.serial, deadline),
@@ -115,12 +144,14 @@ impl Colocated {
     ) -> Result<(), DpuError> {
         let snap = self.snap(deadline).await?;
         let names = VolumeNames::new(volume_id);
-        // The caller does not say how the volume was exposed: look for both.
-        let (subsystem, controllers) = tokio::join!(
-            nvme::find(snap, &names.nqn, deadline),
+        // The caller does not say how the volume was exposed: look for every
+        // way (its own subsystem, a namespace in a pool, a virtio-blk controller).
+        let (listing, controllers) = tokio::join!(
+            nvme::list(snap, deadline),
             virtio::find(snap, &names.serial, deadline)
         );
-        let (subsystem, controllers) = (subsystem?, controllers?);
+        let (listing, controllers) = (listing?, controllers?);
+        let subsystem = listing.find(&names.nqn);
 
         // Read before SNAP lets go of them: the bdevs SNAP served are the
         // plugin's devices even when the caller lost the name.
@@ -128,6 +159,7 @@ impl Colocated {
         let seen = subsystem
             .iter()
             .flat_map(|s| s.bdevs())
+            .chain(packed::bdevs(&listing, &names))
             .chain(controllers.iter().filter_map(virtio::bdev_of));
         for bdev in seen {
             if !devices.iter().any(|d| d == bdev) {
@@ -135,16 +167,18 @@ impl Colocated {
             }
         }
 
-        let (nvme_released, virtio_released) = tokio::join!(
+        let (nvme_released, packed_released, virtio_released) = tokio::join!(
             async {
                 match &subsystem {
                     Some(s) => nvme::release(snap, s, deadline).await,
                     None => Ok(()),
                 }
             },
+            packed::release(snap, &listing, &names, deadline),
             virtio::release(snap, &controllers, deadline)
         );
         nvme_released?;
+        packed_released?;
         virtio_released?;
         crate::failpoint::step("detach:unexpose");
 
@@ -266,6 +300,11 @@ impl DpuAttach for Colocated {
     ) -> Result<Attachment, DpuError> {
         if request.volume_id.is_empty() {
             return Err(DpuError::InvalidArgument("the volume id is empty".into()));
+        }
+        if request.emulation == Emulation::VirtioBlk && request.placement != Placement::Dedicated {
+            return Err(DpuError::InvalidArgument(
+                "a virtio-blk function carries one disk: the packed placement is NVMe only".into(),
+            ));
         }
         retry::until_deadline(deadline, retryable, || self.attach_once(request, deadline)).await
     }

@@ -145,19 +145,19 @@ impl SnapEndpoint {
                 fresh = true;
                 continue;
             };
-            match create(claim.pci_bdf.clone()).await {
+            match create(claim.detail.clone()).await {
                 Ok(created) => {
-                    let bdf = claim.pci_bdf.clone();
+                    let bdf = claim.detail.clone();
                     claim.taken();
                     return Ok((created.ctrl_id, bdf));
                 }
                 Err(e) if matches!(e.code(), Some(code::EBUSY | code::EEXIST)) => {
                     tracing::info!(
                         socket = %self.socket().display(),
-                        function = %claim.pci_bdf,
+                        function = %claim.detail,
                         "{what}: function taken meanwhile, choosing another"
                     );
-                    tried.insert(claim.vuid.clone());
+                    tried.insert(claim.key.clone());
                     claim.taken();
                     listing = self.list_functions_fresh(deadline).await?;
                     fresh = true;

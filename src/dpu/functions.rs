@@ -14,6 +14,7 @@
 //! parallel: one SNAP round trip each instead of a queue of them.
 
 use std::collections::{HashMap, HashSet};
+use std::hash::Hash;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -88,82 +89,116 @@ impl FunctionListing {
 
 #[derive(Debug, Clone, Copy)]
 enum Hold {
-    /// A create call on the function is in flight.
+    /// A create call on the object is in flight.
     Creating,
-    /// The function got a controller (or SNAP said it has one) at this time.
+    /// The object was made (or SNAP said it exists) at this time.
     Taken(Instant),
 }
 
-/// The functions of one emulation type this process has just claimed.
-#[derive(Debug, Default)]
-pub(crate) struct FunctionPool {
-    holds: Mutex<HashMap<String, Hold>>,
+/// Objects this process has just claimed for a create call, keyed by `K`:
+/// the hint layered on a SNAP listing that keeps concurrent attaches that
+/// read the same listing from picking the same free slot. Used for
+/// emulated functions ([`FunctionPool`]) and for the namespace slots of
+/// pool subsystems (`packed`).
+#[derive(Debug)]
+pub(crate) struct Claims<K> {
+    holds: Mutex<HashMap<K, Hold>>,
 }
 
-impl FunctionPool {
-    /// Claims the first function of `kind` that `listing` shows free, that no
-    /// other attach here has claimed since, and that is not in `skip`.
-    pub fn claim(
+impl<K> Default for Claims<K> {
+    fn default() -> Self {
+        Claims {
+            holds: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
+impl<K: Eq + Hash + Clone> Claims<K> {
+    /// Claims the first of `candidates` (free in a listing asked for at
+    /// `asked_at`) that no other caller here has claimed since; the detail
+    /// travels with the claim.
+    pub fn claim_first<T>(
         &self,
-        listing: &FunctionListing,
-        kind: EmulationType,
-        skip: &HashSet<String>,
-    ) -> Option<Claim<'_>> {
+        asked_at: Instant,
+        candidates: impl IntoIterator<Item = (K, T)>,
+    ) -> Option<Claim<'_, K, T>> {
         let mut holds = self.lock();
         let now = Instant::now();
         holds.retain(|_, hold| match hold {
             Hold::Creating => true,
             Hold::Taken(at) => now.duration_since(*at) < CLAIM_MEMORY,
         });
-        let function = listing.free(kind).find(|f| {
-            !skip.contains(&f.vuid)
-                && match holds.get(&f.vuid) {
-                    None => true,
-                    Some(Hold::Creating) => false,
-                    // The listing already reflects a controller made before it was asked for.
-                    Some(Hold::Taken(at)) => *at < listing.asked_at,
-                }
-        })?;
-        holds.insert(function.vuid.clone(), Hold::Creating);
+        let (key, detail) = candidates
+            .into_iter()
+            .find(|(key, _)| match holds.get(key) {
+                None => true,
+                Some(Hold::Creating) => false,
+                // The listing already reflects an object made before it was asked for.
+                Some(Hold::Taken(at)) => *at < asked_at,
+            })?;
+        holds.insert(key.clone(), Hold::Creating);
         Some(Claim {
-            pool: self,
-            vuid: function.vuid,
-            pci_bdf: function.pci_bdf,
+            claims: self,
+            key,
+            detail,
             settled: false,
         })
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Hold>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<K, Hold>> {
         // A panic while holding the map leaves it consistent (single inserts).
         self.holds.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
-/// A function picked for one create call. Dropped without [`Claim::taken`]
-/// (the create failed and left the function free), it is released.
+/// The functions of one emulation type this process has just claimed, by vuid.
+pub(crate) type FunctionPool = Claims<String>;
+
+impl FunctionPool {
+    /// Claims the first function of `kind` that `listing` shows free, that no
+    /// other attach here has claimed since, and that is not in `skip`; the
+    /// claim's detail is the function's BDF.
+    pub fn claim(
+        &self,
+        listing: &FunctionListing,
+        kind: EmulationType,
+        skip: &HashSet<String>,
+    ) -> Option<Claim<'_, String, String>> {
+        self.claim_first(
+            listing.asked_at,
+            listing
+                .free(kind)
+                .filter(|f| !skip.contains(&f.vuid))
+                .map(|f| (f.vuid, f.pci_bdf)),
+        )
+    }
+}
+
+/// An object picked for one create call. Dropped without [`Claim::taken`]
+/// (the create failed and made nothing), it is released.
 #[derive(Debug)]
-pub(crate) struct Claim<'a> {
-    pool: &'a FunctionPool,
-    pub vuid: String,
-    pub pci_bdf: String,
+pub(crate) struct Claim<'a, K: Eq + Hash + Clone, T> {
+    claims: &'a Claims<K>,
+    pub key: K,
+    pub detail: T,
     settled: bool,
 }
 
-impl Claim<'_> {
-    /// The function carries a controller now, or may (an unanswered create),
-    /// or SNAP said it is busy: listings asked before now may be stale.
+impl<K: Eq + Hash + Clone, T> Claim<'_, K, T> {
+    /// The object exists now, or may (an unanswered create), or SNAP said it
+    /// does: listings asked before now may be stale.
     pub fn taken(mut self) {
-        self.pool
+        self.claims
             .lock()
-            .insert(self.vuid.clone(), Hold::Taken(Instant::now()));
+            .insert(self.key.clone(), Hold::Taken(Instant::now()));
         self.settled = true;
     }
 }
 
-impl Drop for Claim<'_> {
+impl<K: Eq + Hash + Clone, T> Drop for Claim<'_, K, T> {
     fn drop(&mut self) {
         if !self.settled {
-            self.pool.lock().remove(&self.vuid);
+            self.claims.lock().remove(&self.key);
         }
     }
 }
@@ -216,7 +251,7 @@ mod tests {
         let b = pool.claim(&listing, EmulationType::Nvme, &none).unwrap();
         let c = pool.claim(&listing, EmulationType::Nvme, &none).unwrap();
         assert_eq!(
-            [&a.pci_bdf, &b.pci_bdf, &c.pci_bdf],
+            [&a.detail, &b.detail, &c.detail],
             ["26:00.0", "26:00.2", "26:00.3"]
         );
         assert!(pool.claim(&listing, EmulationType::Nvme, &none).is_none());
@@ -234,11 +269,11 @@ mod tests {
         let a = pool.claim(&old, EmulationType::Nvme, &none).unwrap();
         drop(a);
         let a = pool.claim(&old, EmulationType::Nvme, &none).unwrap();
-        assert_eq!(a.pci_bdf, "26:00.0");
+        assert_eq!(a.detail, "26:00.0");
         a.taken();
         let b = pool.claim(&old, EmulationType::Nvme, &none).unwrap();
         assert_eq!(
-            b.pci_bdf, "26:00.1",
+            b.detail, "26:00.1",
             "the old listing cannot show the new controller"
         );
         b.taken();
@@ -248,7 +283,7 @@ mod tests {
         assert_eq!(
             pool.claim(&fresh, EmulationType::Nvme, &none)
                 .unwrap()
-                .pci_bdf,
+                .detail,
             "26:00.0"
         );
     }

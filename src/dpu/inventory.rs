@@ -1,6 +1,7 @@
 //! The [`Inventory`]: SNAP's three listings (functions, NVMe subsystems,
-//! virtio-blk controllers) joined into what each function carries and which
-//! of our volumes SNAP exposes. Read together, in one round trip.
+//! virtio-blk controllers) joined into what each function carries, which of
+//! our volumes SNAP exposes (a packed one by its namespace UUID, in whichever
+//! pool it is) and the pools. Read together, in one round trip.
 
 use std::collections::HashMap;
 
@@ -9,7 +10,7 @@ use tokio::time::Instant;
 use super::endpoint::SnapEndpoint;
 use super::functions::FunctionListing;
 use super::names::{is_our_nqn, is_our_serial};
-use super::{DpuError, Emulation, ExposedVolume, FunctionUse, Inventory, virtio};
+use super::{DpuError, Emulation, ExposedVolume, FunctionUse, Inventory, PoolUse, packed, virtio};
 use crate::spdk::snap::{
     EmulationType, NvmeSubsystem, NvmeSubsystemList, VirtioBlkController, VirtioBlkControllerList,
 };
@@ -32,9 +33,21 @@ fn join(
 ) -> Inventory {
     // Controller id -> the key of our volume it serves.
     let mut ours: HashMap<(EmulationType, &str), &str> = HashMap::new();
-    for subsystem in subsystems.iter().filter(|s| is_our_nqn(&s.nqn)) {
+    // Controller id -> the pool it serves.
+    let mut pool_of: HashMap<&str, &str> = HashMap::new();
+    for subsystem in subsystems {
+        let into = if is_our_nqn(&subsystem.nqn) {
+            &mut ours
+        } else if packed::pool_capacity(subsystem).is_some() {
+            for controller in &subsystem.controllers {
+                pool_of.insert(controller.ctrl_id.as_str(), &subsystem.nqn);
+            }
+            continue;
+        } else {
+            continue;
+        };
         for controller in &subsystem.controllers {
-            ours.insert(
+            into.insert(
                 (EmulationType::Nvme, controller.ctrl_id.as_str()),
                 &subsystem.nqn,
             );
@@ -58,10 +71,46 @@ fn join(
                 .as_deref()
                 .and_then(|c| ours.get(&(f.emulation_type, c)))
                 .map(|key| key.to_string()),
+            pool: f
+                .ctrl_id
+                .as_deref()
+                .filter(|_| f.emulation_type == EmulationType::Nvme)
+                .and_then(|c| pool_of.get(c))
+                .map(|nqn| nqn.to_string()),
             bdf: f.pci_bdf,
             controller: f.ctrl_id,
         })
         .collect();
+    let first_bdf = |s: &NvmeSubsystem| {
+        s.controllers
+            .first()
+            .and_then(|c| listing.bdf_of(EmulationType::Nvme, &c.ctrl_id, c.vhca_id))
+    };
+    let pooled: Vec<(&NvmeSubsystem, u32)> = subsystems
+        .iter()
+        .filter_map(|s| Some((s, packed::pool_capacity(s)?)))
+        .collect();
+    let pools = pooled
+        .iter()
+        .map(|(s, capacity)| PoolUse {
+            nqn: s.nqn.clone(),
+            namespaces: u32::try_from(s.namespaces.len()).unwrap_or(u32::MAX),
+            capacity: *capacity,
+            bdf: first_bdf(s),
+        })
+        .collect();
+    // A packed volume is the namespace carrying its UUID; namespaces
+    // without one are not ours.
+    let packed_volumes = pooled.iter().flat_map(|(s, _)| {
+        s.namespaces.iter().filter_map(|n| {
+            Some(ExposedVolume {
+                key: n.uuid.clone()?.to_ascii_lowercase(),
+                emulation: Emulation::Nvme,
+                device_names: vec![n.bdev.clone()],
+                bdf: first_bdf(s),
+            })
+        })
+    });
 
     let nvme = subsystems
         .iter()
@@ -70,10 +119,7 @@ fn join(
             key: s.nqn.clone(),
             emulation: Emulation::Nvme,
             device_names: s.namespaces.iter().map(|n| n.bdev.clone()).collect(),
-            bdf: s
-                .controllers
-                .first()
-                .and_then(|c| listing.bdf_of(EmulationType::Nvme, &c.ctrl_id, c.vhca_id)),
+            bdf: first_bdf(s),
         });
     let virtio_blk = controllers.iter().filter_map(|c| {
         let serial = c.vblk_id.as_deref().filter(|s| is_our_serial(s))?;
@@ -89,7 +135,8 @@ fn join(
     });
     Inventory {
         functions,
-        volumes: nvme.chain(virtio_blk).collect(),
+        volumes: nvme.chain(packed_volumes).chain(virtio_blk).collect(),
+        pools,
     }
 }
 

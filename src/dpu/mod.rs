@@ -24,6 +24,7 @@ mod functions;
 mod inventory;
 pub mod names;
 mod nvme;
+mod packed;
 pub mod plugin;
 pub mod remote;
 mod virtio;
@@ -51,6 +52,17 @@ pub enum VolumeMode {
     Filesystem,
 }
 
+/// How an NVMe volume is placed on SNAP's emulated functions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placement {
+    /// Its own subsystem and controller on a function of its own (hot-plugged
+    /// into the host per volume): the strongest isolation.
+    Dedicated,
+    /// One namespace on a pool controller that already runs on the host,
+    /// shared with other packed volumes; a pool carries at most this many.
+    Packed { namespaces_per_controller: u32 },
+}
+
 /// Everything the DPU side needs to attach a volume.
 #[derive(Clone, PartialEq, Eq)]
 pub struct AttachRequest {
@@ -62,6 +74,8 @@ pub struct AttachRequest {
     pub volume_context: HashMap<String, String>,
     pub storage_parameters: HashMap<String, String>,
     pub emulation: Emulation,
+    /// NVMe only; virtio-blk volumes are always dedicated.
+    pub placement: Placement,
     /// The caller attached this volume before (it is retrying a stage): SNAP
     /// most likely has everything, so the attach reads SNAP's state first.
     /// Otherwise it creates first and reads only what SNAP says exists. Only
@@ -82,6 +96,7 @@ impl std::fmt::Debug for AttachRequest {
             .field("volume_context", &self.volume_context)
             .field("storage_parameters", &self.storage_parameters)
             .field("emulation", &self.emulation)
+            .field("placement", &self.placement)
             .field("attached_before", &self.attached_before)
             .field("secrets", &crate::proto::Redacted(self.secrets.len()))
             .finish()
@@ -113,12 +128,27 @@ pub struct Attachment {
     pub locator: HostLocator,
 }
 
-/// What SNAP on the DPU holds: every emulated function with its use, and
-/// every volume exposed under our names (also half-made ones).
+/// What SNAP on the DPU holds: every emulated function with its use, every
+/// volume exposed under our names (also half-made ones), and the pools that
+/// carry packed volumes.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Inventory {
     pub functions: Vec<FunctionUse>,
     pub volumes: Vec<ExposedVolume>,
+    pub pools: Vec<PoolUse>,
+}
+
+/// A pool subsystem of packed volumes, as SNAP lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolUse {
+    /// `nqn.2022-10.io.snap-csi:pool-<k>`.
+    pub nqn: String,
+    /// Namespaces it carries now.
+    pub namespaces: u32,
+    /// Namespaces SNAP lets it carry (the lower of its `nn` and `mnan`).
+    pub capacity: u32,
+    /// Host PCI address of its controller's function, once it has one.
+    pub bdf: Option<String>,
 }
 
 /// One emulated PF or VF.
@@ -131,12 +161,16 @@ pub struct FunctionUse {
     pub controller: Option<String>,
     /// The [`ExposedVolume::key`] of the controller's volume, when it is ours.
     pub volume_key: Option<String>,
+    /// The pool subsystem's NQN, when the controller is a pool's (in use by
+    /// packed volumes, or kept warm for the next ones).
+    pub pool: Option<String>,
 }
 
 /// A volume SNAP exposes under the names derived from its id.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExposedVolume {
-    /// Subsystem NQN (NVMe) or serial (virtio-blk), from [`names::VolumeNames`].
+    /// Subsystem NQN (dedicated NVMe), namespace UUID (packed NVMe) or
+    /// serial (virtio-blk), from [`names::VolumeNames`].
     pub key: String,
     pub emulation: Emulation,
     /// The bdevs SNAP serves for it.

@@ -13,8 +13,13 @@ use uuid::Uuid;
 /// The fixed namespace of all snap-csi name derivations (random, never change).
 const PROJECT_NAMESPACE: Uuid = Uuid::from_u128(0x618430f4_1fd8_4a47_a838_47e3354acd37);
 
-/// Every volume gets its own subsystem with one namespace, as DPF does.
+/// A dedicated volume gets its own subsystem with one namespace, as DPF does.
 pub const NSID: u32 = 1;
+
+/// Prefix of the pool subsystems that carry packed volumes, one namespace
+/// each (`pool-<k>`, k = 0, 1, ...). A packed volume is found by its
+/// namespace UUID, in whichever pool it is.
+pub const POOL_NQN_PREFIX: &str = "nqn.2022-10.io.snap-csi:pool-";
 
 /// Prefix of the subsystem NQNs we own; `nqn.<yyyy-mm>.<reversed domain>:`
 /// is the NVMe-defined form, the domain is the project's.
@@ -56,6 +61,18 @@ pub fn is_our_nqn(nqn: &str) -> bool {
     nqn.starts_with(NQN_PREFIX)
 }
 
+/// The NQN of pool `k`.
+pub fn pool_nqn(k: u32) -> String {
+    format!("{POOL_NQN_PREFIX}{k}")
+}
+
+/// `k` of a pool NQN; `None` for any other subsystem.
+pub fn pool_index(nqn: &str) -> Option<u32> {
+    let k = nqn.strip_prefix(POOL_NQN_PREFIX)?;
+    // Only the canonical spelling: "pool-01" is not pool 1.
+    k.parse().ok().filter(|n: &u32| n.to_string() == k)
+}
+
 /// Whether a virtio-blk serial is one this project derived from a volume id.
 pub fn is_our_serial(serial: &str) -> bool {
     serial.len() == SERIAL_MAX
@@ -89,6 +106,16 @@ mod tests {
         assert!(is_our_nqn(&a.nqn) && is_our_serial(&a.serial));
         assert!(!is_our_nqn("nqn.2016-06.io.spdk:cnode1"));
         assert!(!is_our_serial("sc-not-hex-at-all-xx") && !is_our_serial("sc-0"));
+    }
+
+    #[test]
+    fn pool_names_round_trip_and_are_not_volume_names() {
+        assert_eq!(pool_nqn(0), "nqn.2022-10.io.snap-csi:pool-0");
+        assert_eq!(pool_index(&pool_nqn(17)), Some(17));
+        assert_eq!(pool_index("nqn.2022-10.io.snap-csi:pool-01"), None);
+        assert_eq!(pool_index("nqn.2022-10.io.snap-csi:pool-"), None);
+        assert_eq!(pool_index(&VolumeNames::new("v").nqn), None);
+        assert!(!is_our_nqn(&pool_nqn(0)));
     }
 
     #[test]

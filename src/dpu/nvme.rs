@@ -45,17 +45,59 @@ impl Subsystem {
         self.listed.namespaces.iter().map(|n| n.bdev.as_str())
     }
 
-    /// Whether the host may use the controller. Only a state known to mean
-    /// "running" counts: resuming a running controller is harmless, leaving a
-    /// suspended one suspended is not.
     fn is_running(&self, ctrl_id: &str) -> bool {
         self.listed
             .controllers
             .iter()
             .find(|c| c.ctrl_id == ctrl_id)
-            .and_then(|c| c.state.as_deref())
-            .is_some_and(|s| s.eq_ignore_ascii_case("STARTED") || s.eq_ignore_ascii_case("RUNNING"))
+            .is_some_and(is_running)
     }
+}
+
+/// Whether the host may use the controller. Only a state known to mean
+/// "running" counts: resuming a running controller is harmless, leaving a
+/// suspended one suspended is not.
+pub(crate) fn is_running(controller: &NvmeController) -> bool {
+    controller
+        .state
+        .as_deref()
+        .is_some_and(|s| s.eq_ignore_ascii_case("STARTED") || s.eq_ignore_ascii_case("RUNNING"))
+}
+
+/// One `nvme_subsystem_list` answer and when it was asked for.
+#[derive(Debug)]
+pub(crate) struct SubsystemListing {
+    pub subsystems: Vec<NvmeSubsystem>,
+    /// Sent no earlier than this: it reflects every create answered before.
+    pub asked_at: Instant,
+}
+
+impl SubsystemListing {
+    /// The subsystem named `nqn`, if listed.
+    pub fn find(&self, nqn: &str) -> Option<Subsystem> {
+        self.subsystems
+            .iter()
+            .find(|s| s.nqn == nqn)
+            .map(|listed| Subsystem {
+                listed: listed.clone(),
+            })
+    }
+}
+
+/// Every NVMe subsystem SNAP has.
+pub(crate) async fn list(
+    snap: &SnapEndpoint,
+    deadline: Instant,
+) -> Result<SubsystemListing, DpuError> {
+    let asked_at = Instant::now();
+    let subsystems = snap
+        .call(&NvmeSubsystemList {}, deadline)
+        .await
+        .map_err(|e| snap.error("listing NVMe subsystems", e))?;
+    Ok(SubsystemListing {
+        subsystems,
+        asked_at,
+    })
 }
 
 /// The subsystem named `nqn`, if SNAP has it.
@@ -64,14 +106,7 @@ pub(crate) async fn find(
     nqn: &str,
     deadline: Instant,
 ) -> Result<Option<Subsystem>, DpuError> {
-    let listed = snap
-        .call(&NvmeSubsystemList {}, deadline)
-        .await
-        .map_err(|e| snap.error("listing NVMe subsystems", e))?;
-    Ok(listed
-        .into_iter()
-        .find(|s| s.nqn == nqn)
-        .map(|listed| Subsystem { listed }))
+    Ok(list(snap, deadline).await?.find(nqn))
 }
 
 /// What an attach knows of the volume's subsystem when it starts.
@@ -130,13 +165,7 @@ pub(crate) async fn expose(
         if namespace.is_some() {
             return Ok(());
         }
-        let create = NvmeNamespaceCreate {
-            bdev_type: BDEV_TYPE_SPDK.to_string(),
-            nqn: nqn.clone(),
-            nsid: NSID,
-            uuid: names.namespace_uuid.clone(),
-            bdev_name: device.to_string(),
-        };
+        let create = namespace_create(nqn, NSID, names, device);
         let what = format!("creating namespace {NSID} of {nqn} on bdev {device}");
         snap.call_tolerating(&what, &create, &[code::EEXIST], deadline)
             .await?;
@@ -204,6 +233,23 @@ pub(crate) async fn expose(
                 .unwrap_or_else(|| names.namespace_uuid.clone()),
         ),
     })
+}
+
+/// The namespace `nsid` of subsystem `nqn` on the plugin's `device`, under
+/// the volume's UUID (which finds it again, in whichever subsystem it is).
+pub(crate) fn namespace_create(
+    nqn: &str,
+    nsid: u32,
+    names: &VolumeNames,
+    device: &str,
+) -> NvmeNamespaceCreate {
+    NvmeNamespaceCreate {
+        bdev_type: BDEV_TYPE_SPDK.to_string(),
+        nqn: nqn.to_string(),
+        nsid,
+        uuid: names.namespace_uuid.clone(),
+        bdev_name: device.to_string(),
+    }
 }
 
 /// Creates the volume's subsystem. `None`: created, so it is empty; if SNAP

@@ -6,7 +6,7 @@
 
 use super::{
     AttachRequest, Attachment, DpuError, Emulation, ExposedVolume, FunctionUse, HostLocator,
-    Inventory, VolumeMode,
+    Inventory, Placement, PoolUse, VolumeMode,
 };
 use crate::proto::nvidia::storage::plugins::v1::AccessMode;
 use crate::proto::snapcsi::dpu::v1 as api;
@@ -43,7 +43,30 @@ impl From<&AttachRequest> for api::AttachRequest {
             emulation: api::Emulation::from(request.emulation) as i32,
             attached_before: request.attached_before,
             secrets: request.secrets.clone(),
+            placement: match request.placement {
+                Placement::Dedicated => api::Placement::Dedicated,
+                Placement::Packed { .. } => api::Placement::Packed,
+            } as i32,
+            namespaces_per_controller: match request.placement {
+                Placement::Dedicated => 0,
+                Placement::Packed {
+                    namespaces_per_controller,
+                } => namespaces_per_controller,
+            },
         }
+    }
+}
+
+fn placement(value: i32, namespaces_per_controller: u32) -> Result<Placement, String> {
+    match api::Placement::try_from(value) {
+        Ok(api::Placement::Unspecified | api::Placement::Dedicated) => Ok(Placement::Dedicated),
+        Ok(api::Placement::Packed) if namespaces_per_controller > 0 => Ok(Placement::Packed {
+            namespaces_per_controller,
+        }),
+        Ok(api::Placement::Packed) => {
+            Err("the packed placement needs namespaces_per_controller of at least 1".into())
+        }
+        Err(_) => Err(format!("placement {value} is not dedicated or packed")),
     }
 }
 
@@ -77,6 +100,8 @@ impl TryFrom<api::AttachRequest> for AttachRequest {
             volume_context: request.volume_context,
             storage_parameters: request.storage_parameters,
             emulation: emulation(request.emulation).map_err(DpuError::InvalidArgument)?,
+            placement: placement(request.placement, request.namespaces_per_controller)
+                .map_err(DpuError::InvalidArgument)?,
             attached_before: request.attached_before,
             secrets: request.secrets,
         })
@@ -142,6 +167,7 @@ impl From<Inventory> for api::GetInventoryResponse {
                     bdf: f.bdf,
                     controller: f.controller.unwrap_or_default(),
                     volume_key: f.volume_key.unwrap_or_default(),
+                    pool: f.pool.unwrap_or_default(),
                 })
                 .collect(),
             volumes: inventory
@@ -152,6 +178,16 @@ impl From<Inventory> for api::GetInventoryResponse {
                     emulation: api::Emulation::from(v.emulation) as i32,
                     device_names: v.device_names,
                     bdf: v.bdf.unwrap_or_default(),
+                })
+                .collect(),
+            pools: inventory
+                .pools
+                .into_iter()
+                .map(|p| api::Pool {
+                    nqn: p.nqn,
+                    namespaces: p.namespaces,
+                    capacity: p.capacity,
+                    bdf: p.bdf.unwrap_or_default(),
                 })
                 .collect(),
         }
@@ -174,6 +210,7 @@ impl TryFrom<api::GetInventoryResponse> for Inventory {
                         bdf: f.bdf,
                         controller: present(f.controller),
                         volume_key: present(f.volume_key),
+                        pool: present(f.pool),
                     })
                 })
                 .collect::<Result<_, DpuError>>()?,
@@ -189,6 +226,16 @@ impl TryFrom<api::GetInventoryResponse> for Inventory {
                     })
                 })
                 .collect::<Result<_, DpuError>>()?,
+            pools: response
+                .pools
+                .into_iter()
+                .map(|p| PoolUse {
+                    nqn: p.nqn,
+                    namespaces: p.namespaces,
+                    capacity: p.capacity,
+                    bdf: present(p.bdf),
+                })
+                .collect(),
         })
     }
 }
@@ -207,11 +254,21 @@ mod tests {
             volume_context: [("v".to_string(), "2".to_string())].into(),
             storage_parameters: [("s".to_string(), "3".to_string())].into(),
             emulation: Emulation::VirtioBlk,
+            placement: Placement::Dedicated,
             attached_before: true,
             secrets: [("key".to_string(), "k".to_string())].into(),
         };
         let sent = api::AttachRequest::from(&request);
         assert_eq!(AttachRequest::try_from(sent).unwrap(), request);
+        let packed = AttachRequest {
+            emulation: Emulation::Nvme,
+            placement: Placement::Packed {
+                namespaces_per_controller: 32,
+            },
+            ..request
+        };
+        let sent = api::AttachRequest::from(&packed);
+        assert_eq!(AttachRequest::try_from(sent).unwrap(), packed);
 
         for locator in [
             HostLocator::Nvme {
@@ -250,6 +307,18 @@ mod tests {
             matches!(&error, DpuError::InvalidArgument(m) if m.contains("emulation 0")),
             "{error:?}"
         );
+        let packed_without_room = api::AttachRequest {
+            volume_id: "pvc-1".into(),
+            volume_mode: api::VolumeMode::Block as i32,
+            emulation: api::Emulation::Nvme as i32,
+            placement: api::Placement::Packed as i32,
+            ..Default::default()
+        };
+        let error = AttachRequest::try_from(packed_without_room).unwrap_err();
+        assert!(
+            matches!(&error, DpuError::InvalidArgument(m) if m.contains("namespaces_per_controller")),
+            "{error:?}"
+        );
         let error = Attachment::try_from(api::AttachResponse::default()).unwrap_err();
         assert!(matches!(error, DpuError::Internal(_)), "{error:?}");
     }
@@ -263,12 +332,21 @@ mod tests {
                     bdf: "26:00.2".into(),
                     controller: Some("NVMeCtrl1".into()),
                     volume_key: Some("nqn.2022-10.io.snap-csi:vol-x".into()),
+                    pool: None,
+                },
+                FunctionUse {
+                    emulation: Emulation::Nvme,
+                    bdf: "26:00.3".into(),
+                    controller: Some("NVMeCtrl2".into()),
+                    volume_key: None,
+                    pool: Some("nqn.2022-10.io.snap-csi:pool-0".into()),
                 },
                 FunctionUse {
                     emulation: Emulation::VirtioBlk,
                     bdf: "27:00.2".into(),
                     controller: None,
                     volume_key: None,
+                    pool: None,
                 },
             ],
             volumes: vec![ExposedVolume {
@@ -276,6 +354,12 @@ mod tests {
                 emulation: Emulation::Nvme,
                 device_names: vec!["dev".into()],
                 bdf: None,
+            }],
+            pools: vec![PoolUse {
+                nqn: "nqn.2022-10.io.snap-csi:pool-0".into(),
+                namespaces: 3,
+                capacity: 32,
+                bdf: Some("26:00.3".into()),
             }],
         };
         let answered = api::GetInventoryResponse::from(inventory.clone());

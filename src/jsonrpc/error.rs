@@ -21,6 +21,8 @@ pub mod code {
     pub const ENODEV: i32 = -19;
     /// `-EINVAL`.
     pub const EINVAL: i32 = -22;
+    /// `-ENOSPC`: a subsystem holds as many namespaces as it may.
+    pub const ENOSPC: i32 = -28;
     /// `-EALREADY`: `bdev_nvme_attach_controller` of a name already attached.
     pub const EALREADY: i32 = -114;
     /// `bdev_nvme_get_controllers` of an unknown name answers a positive `EINVAL`.

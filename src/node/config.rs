@@ -7,8 +7,8 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::agent::address::LinkAddress;
-use crate::dpu::Emulation;
 use crate::dpu::plugin::DEFAULT_SNAP_SOCKET_TEMPLATE;
+use crate::dpu::{Emulation, Placement};
 use crate::settings::{defaults_or_file, flags_over, seconds, seconds_flag};
 use crate::tls::TlsFiles;
 
@@ -37,6 +37,14 @@ pub struct NodeConfig {
     pub snap_socket_template: String,
     /// How volumes are exposed unless the volume context says otherwise.
     pub emulation: EmulationSetting,
+    /// How NVMe volumes are placed unless the volume context says otherwise
+    /// (virtio-blk volumes are always dedicated).
+    pub placement: PlacementSetting,
+    /// How many namespaces a pool controller of packed volumes carries.
+    pub namespaces_per_controller: u32,
+    /// What NodeGetInfo reports as the most volumes this node takes; unset:
+    /// the capacity of the default emulation under the default placement.
+    pub max_volumes_per_node: Option<u64>,
     /// The DPU's name: this node's topology segment, and in split mode the
     /// name the DPU agent's certificate must carry. Empty: the node id (never
     /// the host name, which in a pod changes with every restart).
@@ -80,6 +88,39 @@ impl EmulationSetting {
     }
 }
 
+/// `dedicated` or `packed` in files, flags and volume contexts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PlacementSetting {
+    Dedicated,
+    Packed,
+}
+
+impl PlacementSetting {
+    pub fn parse(value: &str) -> Option<PlacementSetting> {
+        match value {
+            "dedicated" => Some(PlacementSetting::Dedicated),
+            "packed" => Some(PlacementSetting::Packed),
+            _ => None,
+        }
+    }
+
+    /// The DPU side's placement, with the pools' size for packed.
+    pub fn with(self, namespaces_per_controller: u32) -> Placement {
+        match self {
+            PlacementSetting::Dedicated => Placement::Dedicated,
+            PlacementSetting::Packed => Placement::Packed {
+                namespaces_per_controller,
+            },
+        }
+    }
+}
+
+/// The most namespaces a pool controller may be asked to carry: SNAP's
+/// default `mnan` (the emulator's too), which a subsystem created without
+/// one gets. A SNAP that allows fewer lists less, and NodeGetInfo counts that.
+pub const MAX_NAMESPACES_PER_CONTROLLER: u32 = 1024;
+
 impl From<EmulationSetting> for Emulation {
     fn from(value: EmulationSetting) -> Self {
         match value {
@@ -101,6 +142,9 @@ impl Default for NodeConfig {
             plugin_socket: "/var/lib/nvidia/storage/snap/plugins/spdk/dpu.sock".into(),
             snap_socket_template: DEFAULT_SNAP_SOCKET_TEMPLATE.into(),
             emulation: EmulationSetting::Nvme,
+            placement: PlacementSetting::Dedicated,
+            namespaces_per_controller: 32,
+            max_volumes_per_node: None,
             dpu_name: String::new(),
             dpu_endpoint: None,
             dpu_insecure_plaintext: false,
@@ -123,6 +167,24 @@ impl NodeConfig {
                     .map_err(|e| format!("--dpu-endpoint {e}"))
             })
             .transpose()
+    }
+}
+
+impl NodeConfig {
+    /// The placement settings make sense together (the file is not checked
+    /// by clap's ranges).
+    fn check_placement(&self) -> Result<(), String> {
+        if !(1..=MAX_NAMESPACES_PER_CONTROLLER).contains(&self.namespaces_per_controller) {
+            return Err(format!(
+                "namespaces per controller must be 1 to {MAX_NAMESPACES_PER_CONTROLLER}, not {}",
+                self.namespaces_per_controller
+            ));
+        }
+        if self.max_volumes_per_node == Some(0) || self.max_volumes_per_node > Some(i64::MAX as u64)
+        {
+            return Err("max volumes per node must be at least 1 (and fit CSI's int64)".into());
+        }
+        Ok(())
     }
 }
 
@@ -167,6 +229,15 @@ pub struct NodeArgs {
     /// Default emulation: nvme or virtio-blk.
     #[arg(long, env = "SNAP_CSI_EMULATION", value_parser = ["nvme", "virtio-blk"])]
     pub emulation: Option<String>,
+    /// Default placement of NVMe volumes: dedicated (a function each) or packed (namespaces on shared pool controllers).
+    #[arg(long, env = "SNAP_CSI_PLACEMENT", value_parser = ["dedicated", "packed"])]
+    pub placement: Option<String>,
+    /// Namespaces one pool controller carries under the packed placement (1 to 1024).
+    #[arg(long, env = "SNAP_CSI_NAMESPACES_PER_CONTROLLER", value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_NAMESPACES_PER_CONTROLLER)))]
+    pub namespaces_per_controller: Option<u32>,
+    /// The volume limit NodeGetInfo reports (default: the default emulation's capacity under the default placement).
+    #[arg(long, env = "SNAP_CSI_MAX_VOLUMES_PER_NODE", value_parser = clap::value_parser!(u64).range(1..=i64::MAX as u64))]
+    pub max_volumes_per_node: Option<u64>,
     /// The DPU's name: topology segment, and the agent certificate's name (default: the node id).
     #[arg(long, env = "SNAP_CSI_DPU_NAME")]
     pub dpu_name: Option<String>,
@@ -216,8 +287,11 @@ impl NodeArgs {
                 snap_socket_template,
                 dpu_name,
             ],
-            optional [metrics_address, dpu_endpoint]
+            optional [metrics_address, dpu_endpoint, max_volumes_per_node]
         );
+        if let Some(value) = self.namespaces_per_controller {
+            resolved.namespaces_per_controller = value;
+        }
         flags_over!(self => resolved.dpu_tls, [dpu_tls_cert => cert, dpu_tls_key => key, dpu_tls_ca => ca]);
         resolved.dpu_insecure_plaintext |= self.dpu_insecure_plaintext;
         resolved.unstage_orphans |= self.unstage_orphans;
@@ -230,6 +304,14 @@ impl NodeArgs {
                 config::ConfigError::Message(format!("unknown emulation {value}"))
             })?;
         }
+        if let Some(value) = &self.placement {
+            resolved.placement = PlacementSetting::parse(value).ok_or_else(|| {
+                config::ConfigError::Message(format!("unknown placement {value}"))
+            })?;
+        }
+        resolved
+            .check_placement()
+            .map_err(config::ConfigError::Message)?;
         seconds_flag(&mut resolved.device_wait, "device-wait", self.device_wait)?;
         seconds_flag(
             &mut resolved.call_timeout,
@@ -301,6 +383,46 @@ mod tests {
         };
         let error = plaintext.resolve().unwrap_err().to_string();
         assert!(error.contains("non-loopback"), "{error}");
+    }
+
+    #[test]
+    fn placement_settings_layer_and_are_checked_together() {
+        let (_dir, file) = test_file(
+            "node.toml",
+            "placement = \"packed\"\nnamespaces_per_controller = 64\nmax_volumes_per_node = 100\n",
+        );
+        let args = NodeArgs {
+            config: Some(file),
+            namespaces_per_controller: Some(8),
+            ..Default::default()
+        };
+        let config = args.resolve().unwrap();
+        assert_eq!(config.placement, PlacementSetting::Packed);
+        assert_eq!(config.namespaces_per_controller, 8);
+        assert_eq!(config.max_volumes_per_node, Some(100));
+        assert_eq!(
+            config.placement.with(8),
+            Placement::Packed {
+                namespaces_per_controller: 8
+            }
+        );
+        let defaults = NodeArgs::default().resolve().unwrap();
+        assert_eq!(defaults.placement, PlacementSetting::Dedicated);
+        assert_eq!(defaults.namespaces_per_controller, 32);
+        assert_eq!(defaults.max_volumes_per_node, None);
+
+        for bad in [
+            "namespaces_per_controller = 0",
+            "namespaces_per_controller = 1025",
+            "max_volumes_per_node = 0",
+        ] {
+            let (_dir, file) = test_file("node.toml", bad);
+            let args = NodeArgs {
+                config: Some(file),
+                ..Default::default()
+            };
+            assert!(args.resolve().is_err(), "{bad} was accepted");
+        }
     }
 
     #[test]

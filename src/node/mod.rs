@@ -12,6 +12,7 @@
 //!   mkfs), `mount` (mounts and bind mounts), `holders` (who keeps a mount
 //!   busy), `mountinfo` (the mount table), `stats` (usage and expansion).
 
+mod capacity;
 pub mod command;
 pub mod config;
 mod error;

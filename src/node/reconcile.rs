@@ -223,10 +223,12 @@ impl<'a> Drift<'a> {
         // DPF's controller-side attachments are not under our names.
         for record in records.iter().filter(|r| !r.external_attach) {
             let names = VolumeNames::new(&record.volume_id);
-            if !exposed.contains(names.nqn.as_str()) && !exposed.contains(names.serial.as_str()) {
+            // A packed volume is exposed under its namespace UUID.
+            let keys = [names.nqn, names.serial, names.namespace_uuid];
+            if !keys.iter().any(|k| exposed.contains(k.as_str())) {
                 unattached.push(record);
             }
-            recorded.extend([names.nqn, names.serial]);
+            recorded.extend(keys);
         }
         let unrecorded = inventory
             .volumes
@@ -275,6 +277,7 @@ mod tests {
         let records = [
             record("nvme-ok", false),
             record("virtio-ok", false),
+            record("packed-ok", false),
             record("lost-on-dpu", false),
             record("dpf-attached", true),
         ];
@@ -283,11 +286,23 @@ mod tests {
             volumes: vec![
                 exposed(VolumeNames::new("nvme-ok").nqn, Emulation::Nvme),
                 exposed(VolumeNames::new("virtio-ok").serial, Emulation::VirtioBlk),
+                exposed(
+                    VolumeNames::new("packed-ok").namespace_uuid,
+                    Emulation::Nvme,
+                ),
                 exposed(VolumeNames::new("no-record").nqn, Emulation::Nvme),
+                exposed(
+                    VolumeNames::new("packed-no-record").namespace_uuid,
+                    Emulation::Nvme,
+                ),
             ],
+            pools: Vec::new(),
         };
         let drift = Drift::between(&records, &inventory);
-        assert_eq!(drift.unattached, [&records[2]]);
-        assert_eq!(drift.unrecorded, [&inventory.volumes[2]]);
+        assert_eq!(drift.unattached, [&records[3]]);
+        assert_eq!(
+            drift.unrecorded,
+            [&inventory.volumes[3], &inventory.volumes[4]]
+        );
     }
 }

@@ -19,7 +19,7 @@ use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
 use super::command::HostOpError;
-use super::config::{EmulationSetting, NodeConfig};
+use super::config::{EmulationSetting, NodeConfig, PlacementSetting};
 use super::error::{host_status, io_status};
 use super::format::FsType;
 use super::records::{Records, VolumeRecord};
@@ -36,6 +36,8 @@ use crate::proto::csi::v1::volume_capability::{AccessType, MountVolume};
 
 /// Volume context key choosing the emulation (`nvme` or `virtio-blk`).
 pub const EMULATION_KEY: &str = "snap-csi.io/emulation";
+/// Volume context key choosing the placement (`dedicated` or `packed`).
+pub const PLACEMENT_KEY: &str = "snap-csi.io/placement";
 /// DPF's controller-side attach hands the node the function and namespace.
 pub const DPF_PCI_ADDRESS_KEY: &str = "nv-pciDeviceAddress";
 pub const DPF_NVME_NSID_KEY: &str = "nv-nvmeNsID";
@@ -234,6 +236,22 @@ impl NodeService {
             })?,
             None => self.inner.config.emulation,
         };
+        let placement = match stage.volume_context.get(PLACEMENT_KEY) {
+            Some(value) => PlacementSetting::parse(value).ok_or_else(|| {
+                Status::invalid_argument(format!(
+                    "{PLACEMENT_KEY} must be dedicated or packed, not {value:?}"
+                ))
+            })?,
+            // The node's default is for NVMe volumes; virtio-blk has only one.
+            None if emulation == EmulationSetting::VirtioBlk => PlacementSetting::Dedicated,
+            None => self.inner.config.placement,
+        };
+        if placement == PlacementSetting::Packed && emulation == EmulationSetting::VirtioBlk {
+            return Err(Status::invalid_argument(format!(
+                "{PLACEMENT_KEY} packed needs NVMe: a virtio-blk function carries one disk \
+                 (set {EMULATION_KEY}: nvme, or {PLACEMENT_KEY}: dedicated)"
+            )));
+        }
         let mode = access_mode(capability)?;
         Ok(AttachRequest {
             volume_id: stage.volume_id.clone(),
@@ -246,6 +264,7 @@ impl NodeService {
             volume_context: stage.volume_context.clone(),
             storage_parameters: stage.volume_context.clone(),
             emulation: emulation.into(),
+            placement: placement.with(self.inner.config.namespaces_per_controller),
             attached_before,
             secrets: stage.secrets.clone(),
         })
@@ -621,15 +640,23 @@ impl NodeService {
         request: Request<csi::NodeGetInfoRequest>,
     ) -> Result<Response<csi::NodeGetInfoResponse>, Status> {
         let deadline = self.deadline(&request);
-        let inventory = self
-            .inner
-            .dpu
-            .inventory(deadline)
-            .await
-            .map_err(Status::from)?;
+        let config = &self.inner.config;
+        let max_volumes_per_node = match config.max_volumes_per_node {
+            // Checked at start to fit CSI's int64.
+            Some(max) => i64::try_from(max).unwrap_or(i64::MAX),
+            None => {
+                let inventory = self
+                    .inner
+                    .dpu
+                    .inventory(deadline)
+                    .await
+                    .map_err(Status::from)?;
+                super::capacity::max_volumes(config, &inventory)
+            }
+        };
         Ok(Response::new(csi::NodeGetInfoResponse {
-            node_id: self.inner.config.node_id.clone(),
-            max_volumes_per_node: i64::try_from(inventory.functions.len()).unwrap_or(i64::MAX),
+            node_id: config.node_id.clone(),
+            max_volumes_per_node,
             accessible_topology: Some(csi::Topology {
                 segments: [(TOPOLOGY_KEY.to_string(), self.inner.config.dpu_name.clone())].into(),
             }),

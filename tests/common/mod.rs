@@ -8,6 +8,7 @@
 
 #![allow(dead_code)]
 
+pub mod attach;
 pub mod broken_plugin;
 pub mod csi_v1_11;
 pub mod dpu;

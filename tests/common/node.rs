@@ -10,8 +10,9 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use snap_csi::dpu::DpuAttach;
+use snap_csi::dpu::names::pool_index;
 use snap_csi::node::NodeConfig;
-use snap_csi::node::config::EmulationSetting;
+use snap_csi::node::config::{EmulationSetting, PlacementSetting};
 use snap_csi::proto::csi::v1 as csi;
 use snap_csi::proto::csi::v1::node_client::NodeClient;
 use snap_csi::proto::csi::v1::volume_capability::access_mode::Mode;
@@ -48,6 +49,10 @@ pub struct Tweaks {
     /// Wraps the node's DPU attach layer (the co-located one, or the link to
     /// the agent in split mode); the node is then served with it.
     pub wrap_dpu: Option<WrapDpu>,
+    /// The node's default placement (dedicated otherwise).
+    pub placement: Option<PlacementSetting>,
+    /// Namespaces per pool controller (32 otherwise).
+    pub namespaces_per_controller: Option<u32>,
 }
 
 pub type WrapDpu = Box<dyn FnOnce(Arc<dyn DpuAttach>) -> Arc<dyn DpuAttach> + Send>;
@@ -78,6 +83,9 @@ impl NodeStack {
             plugin_socket: plugin.socket.clone(),
             snap_socket_template: snap_template,
             emulation,
+            placement: tweaks.placement.unwrap_or(PlacementSetting::Dedicated),
+            namespaces_per_controller: tweaks.namespaces_per_controller.unwrap_or(32),
+            max_volumes_per_node: None,
             dpu_name: DPU_NAME.into(),
             dpu_endpoint: agent.as_ref().map(|a| a.address.to_string()),
             dpu_insecure_plaintext: false,
@@ -160,10 +168,13 @@ impl NodeStack {
         assert!(mounts_under(&self.kubelet).is_empty(), "a mount is left");
         let bdevs = snap.call(&BdevGetBdevs::default()).await.unwrap();
         assert!(bdevs.is_empty(), "a bdev is left: {bdevs:?}");
+        // Pools of packed volumes stay, empty, with their controllers.
         let subsystems = snap.call(&NvmeSubsystemList {}).await.unwrap();
         assert!(
-            subsystems.is_empty(),
-            "an NVMe subsystem is left: {subsystems:?}"
+            subsystems
+                .iter()
+                .all(|s| pool_index(&s.nqn).is_some() && s.namespaces.is_empty()),
+            "an NVMe subsystem or namespace is left: {subsystems:?}"
         );
         let controllers = snap.call(&VirtioBlkControllerList {}).await.unwrap();
         assert!(

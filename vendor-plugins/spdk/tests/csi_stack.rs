@@ -16,7 +16,7 @@ use common::dpu::TestDpu;
 use common::proxy::Proxy;
 use common::{Plugin, Spdk, TIMEOUT, every_page, loop_devices_of, timed};
 use snap_csi::dpu::plugin::AccessMode;
-use snap_csi::dpu::{AttachRequest, Emulation, HostLocator, VolumeMode};
+use snap_csi::dpu::{AttachRequest, Emulation, HostLocator, Placement, VolumeMode};
 use snap_csi::host::Sysfs;
 use snap_csi::proto::csi::v1 as csi;
 use snap_csi::proto::volumegroup as vg;
@@ -400,6 +400,7 @@ async fn attach_created_volume(backend: &str, emulation: Emulation) {
         volume_context: created.volume_context.clone(),
         storage_parameters: HashMap::new(),
         emulation,
+        placement: Placement::Dedicated,
         attached_before: false,
         secrets: HashMap::new(),
     };

@@ -15,7 +15,7 @@ use common::{
     nvmf_context, round_trips,
 };
 use snap_csi::dpu::plugin::AccessMode;
-use snap_csi::dpu::{AttachRequest, Emulation, HostLocator, VolumeMode};
+use snap_csi::dpu::{AttachRequest, Emulation, HostLocator, Placement, VolumeMode};
 use snap_csi::host::{BlockDevice, Sysfs};
 use tokio::time::Instant;
 
@@ -36,6 +36,7 @@ fn request(
         volume_context,
         storage_parameters: HashMap::new(),
         emulation,
+        placement: Placement::Dedicated,
         attached_before: false,
         secrets: HashMap::new(),
     }

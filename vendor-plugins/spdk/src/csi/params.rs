@@ -2,9 +2,10 @@
 //! ask for: parameters and volume capabilities.
 //!
 //! Parameters: `backend` (`aio` or `nvmf`) chooses the storage;
-//! `snap-csi.io/emulation` (`nvme` or `virtio-blk`, read by the node) and the
-//! CO's own `csi.storage.k8s.io/*` metadata are copied into the volume
-//! context. Any other key is INVALID_ARGUMENT: a typo must not silently give
+//! `snap-csi.io/emulation` (`nvme` or `virtio-blk`) and
+//! `snap-csi.io/placement` (`dedicated` or `packed`), both read by the node,
+//! and the CO's own `csi.storage.k8s.io/*` metadata are copied into the
+//! volume context. Any other key is INVALID_ARGUMENT: a typo must not silently give
 //! a volume other than the one asked for.
 //!
 //! Capabilities: block, or a mount with a filesystem the node can make
@@ -18,7 +19,7 @@
 use std::collections::HashMap;
 
 use snap_csi::node::format::FsType;
-use snap_csi::node::service::EMULATION_KEY;
+use snap_csi::node::service::{EMULATION_KEY, PLACEMENT_KEY};
 use snap_csi::proto::csi::v1 as csi;
 
 use crate::backend::Kind;
@@ -30,6 +31,7 @@ pub const BACKEND_PARAM: &str = "backend";
 /// The CO's metadata keys (`--extra-create-metadata`), passed through.
 const CO_PREFIX: &str = "csi.storage.k8s.io/";
 const EMULATIONS: [&str; 2] = ["nvme", "virtio-blk"];
+const PLACEMENTS: [&str; 2] = ["dedicated", "packed"];
 
 /// Parsed CreateVolume parameters.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -44,13 +46,18 @@ impl Params {
     pub fn parse(parameters: &HashMap<String, String>) -> Result<Params, String> {
         let mut params = Params::default();
         for (key, value) in parameters {
+            let choices = match key.as_str() {
+                EMULATION_KEY => Some(&EMULATIONS),
+                PLACEMENT_KEY => Some(&PLACEMENTS),
+                _ => None,
+            };
             if key == BACKEND_PARAM {
                 params.backend = Some(parse_backend(value)?);
-            } else if key == EMULATION_KEY {
-                if !EMULATIONS.contains(&value.as_str()) {
+            } else if let Some(choices) = choices {
+                if !choices.contains(&value.as_str()) {
                     return Err(format!(
-                        "parameter {EMULATION_KEY:?} is {value:?}; expected one of {}",
-                        EMULATIONS.join(", ")
+                        "parameter {key:?} is {value:?}; expected one of {}",
+                        choices.join(", ")
                     ));
                 }
                 params.passed.insert(key.clone(), value.clone());
@@ -59,7 +66,7 @@ impl Params {
             } else {
                 return Err(format!(
                     "unknown parameter {key:?}; this driver takes {BACKEND_PARAM:?}, \
-                     {EMULATION_KEY:?} and the CO's {CO_PREFIX}* keys"
+                     {EMULATION_KEY:?}, {PLACEMENT_KEY:?} and the CO's {CO_PREFIX}* keys"
                 ));
             }
         }
@@ -152,11 +159,12 @@ mod tests {
         let p = params(&[
             ("backend", "nvmf"),
             (EMULATION_KEY, "virtio-blk"),
+            (PLACEMENT_KEY, "packed"),
             ("csi.storage.k8s.io/pvc/name", "data"),
         ])
         .unwrap();
         assert_eq!(p.backend, Some(Kind::Nvmf));
-        assert_eq!(p.passed.len(), 2);
+        assert_eq!(p.passed.len(), 3);
         assert!(
             params(&[("backend", "ceph")])
                 .unwrap_err()
@@ -168,6 +176,11 @@ mod tests {
                 .contains("\"bakend\"")
         );
         assert!(params(&[(EMULATION_KEY, "scsi")]).is_err());
+        assert!(
+            params(&[(PLACEMENT_KEY, "sparse")])
+                .unwrap_err()
+                .contains("dedicated, packed")
+        );
     }
 
     #[test]

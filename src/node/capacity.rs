@@ -1,0 +1,93 @@
+//! NodeGetInfo's `max_volumes_per_node`: the one number a scheduler has for
+//! this node, so it must never promise more than the node can stage.
+//!
+//! CSI has one number per node, not one per StorageClass, so it counts the
+//! capacity of the node's default emulation under the node's default
+//! placement: dedicated, one volume per function of that emulation; packed
+//! (NVMe), the NVMe functions times the namespaces a pool controller
+//! carries, which SNAP bounds (a pool's `nn`/`mnan` as SNAP lists it; the
+//! host's NVMe driver sets no lower limit). A cluster whose volumes all use
+//! the default is therefore never over-committed. Counting every function of
+//! both emulations (as this once did) promised a node with 17 NVMe and 17
+//! virtio-blk functions 34 NVMe volumes. A node that mixes emulations or
+//! placements needs `--max-volumes-per-node`, which overrides the count.
+
+use super::config::{EmulationSetting, NodeConfig, PlacementSetting};
+use crate::dpu::{Emulation, Inventory};
+
+/// The limit to report for `config` on the DPU `inventory` describes.
+pub(super) fn max_volumes(config: &NodeConfig, inventory: &Inventory) -> i64 {
+    let emulation = Emulation::from(config.emulation);
+    let functions = inventory
+        .functions
+        .iter()
+        .filter(|f| f.emulation == emulation)
+        .count() as u64;
+    let per_function = match (config.emulation, config.placement) {
+        (EmulationSetting::Nvme, PlacementSetting::Packed) => inventory
+            .pools
+            .iter()
+            .map(|p| p.capacity)
+            .fold(config.namespaces_per_controller, u32::min),
+        _ => 1,
+    };
+    i64::try_from(functions.saturating_mul(u64::from(per_function))).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dpu::{FunctionUse, PoolUse};
+
+    fn inventory(nvme: usize, virtio: usize, pools: &[u32]) -> Inventory {
+        let function = |emulation, i| FunctionUse {
+            emulation,
+            bdf: format!("26:00.{i}"),
+            controller: None,
+            volume_key: None,
+            pool: None,
+        };
+        Inventory {
+            functions: (0..nvme)
+                .map(|i| function(Emulation::Nvme, i))
+                .chain((0..virtio).map(|i| function(Emulation::VirtioBlk, i)))
+                .collect(),
+            volumes: vec![],
+            pools: pools
+                .iter()
+                .enumerate()
+                .map(|(k, capacity)| PoolUse {
+                    nqn: format!("nqn.2022-10.io.snap-csi:pool-{k}"),
+                    namespaces: 0,
+                    capacity: *capacity,
+                    bdf: None,
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn counts_the_default_emulation_under_the_default_placement() {
+        let mut config = NodeConfig::default();
+        // The node that over-committed: 17 NVMe and 17 virtio-blk functions.
+        let seen = inventory(17, 17, &[]);
+        assert_eq!(max_volumes(&config, &seen), 17);
+        config.emulation = EmulationSetting::VirtioBlk;
+        assert_eq!(max_volumes(&config, &seen), 17);
+        config.placement = PlacementSetting::Packed;
+        assert_eq!(
+            max_volumes(&config, &seen),
+            17,
+            "virtio-blk is never packed"
+        );
+
+        config.emulation = EmulationSetting::Nvme;
+        config.namespaces_per_controller = 32;
+        assert_eq!(max_volumes(&config, &seen), 17 * 32);
+        assert_eq!(
+            max_volumes(&config, &inventory(17, 17, &[1024, 16])),
+            17 * 16,
+            "a pool SNAP lets carry fewer bounds the count"
+        );
+    }
+}
