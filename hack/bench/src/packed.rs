@@ -227,6 +227,10 @@ pub async fn run(args: &Args, work: &Work, report: &mut Report) -> anyhow::Resul
 /// 1024 packed volumes).
 const RSS_TARGET_MIB: f64 = 32.0;
 
+/// The dependent round trips a packed stage onto a live pool may take: no
+/// controller is created or resumed (issue 13).
+const PACKED_STAGE_TRIPS: u64 = 3;
+
 impl Report {
     /// Section 7.
     pub fn print_density(&self) {
@@ -309,7 +313,7 @@ impl Report {
             );
             let mut table = Table::new(&["placement", "stage (attach)", "unstage (detach)"]);
             for (placement, attach, detach) in t.rows() {
-                table.row(vec![placement, list(attach), list(detach)]);
+                table.row(vec![placement.to_string(), list(attach), list(detach)]);
             }
             table.print();
         }
@@ -334,6 +338,19 @@ impl Report {
                 ),
                 measured: format!("{peak:.1} MiB"),
                 met: peak < RSS_TARGET_MIB,
+            });
+        }
+        if let Some((trips, live)) = d.trips.as_ref().and_then(|t| Some((t, t.packed_live()?))) {
+            targets.push(Target {
+                target: format!(
+                    "packed NodeStage onto a live pool <= {PACKED_STAGE_TRIPS} dependent SNAP round trips"
+                ),
+                measured: format!(
+                    "{live} (dedicated: {}; building a pool: {})",
+                    list(&trips.dedicated_attach),
+                    list(&trips.packed_attach[..1])
+                ),
+                met: live <= PACKED_STAGE_TRIPS,
             });
         }
         targets

@@ -16,7 +16,9 @@ use anyhow::{Context, bail};
 use serde::Serialize;
 use snap_csi::dpu::colocated::Colocated;
 use snap_csi::dpu::plugin::AccessMode;
-use snap_csi::dpu::{AttachRequest, Attachment, DpuAttach, Emulation, HostLocator, VolumeMode};
+use snap_csi::dpu::{
+    AttachRequest, Attachment, DpuAttach, Emulation, HostLocator, Placement, VolumeMode,
+};
 use snap_csi::host::Sysfs;
 use snap_csi_spdk_plugin::backend::{AIO, BACKEND_KEY, PATH_KEY};
 use snap_csi_spdk_plugin::service::ServiceConfig;
@@ -34,16 +36,27 @@ pub struct Trips {
     /// A new volume's attach, and its detach, with its own function.
     pub dedicated_attach: Vec<u64>,
     pub dedicated_detach: Vec<u64>,
+    /// The same, packed: the first volume builds its pool (subsystem,
+    /// controller on a free function, resume), the others are a namespace
+    /// on its live controller.
+    pub packed_attach: Vec<u64>,
+    pub packed_detach: Vec<u64>,
 }
 
 impl Trips {
     /// (placement, attaches, detaches), for the table.
-    pub fn rows(&self) -> Vec<(String, &[u64], &[u64])> {
-        vec![(
-            "dedicated".to_string(),
-            &self.dedicated_attach,
-            &self.dedicated_detach,
-        )]
+    pub fn rows(&self) -> Vec<(&'static str, &[u64], &[u64])> {
+        let (first, rest) = self.packed_attach.split_at(self.packed_attach.len().min(1));
+        vec![
+            ("dedicated", &self.dedicated_attach, &self.dedicated_detach),
+            ("packed, building its pool", first, &[]),
+            ("packed, onto the live pool", rest, &self.packed_detach),
+        ]
+    }
+
+    /// The most round trips a packed stage onto a live pool took.
+    pub fn packed_live(&self) -> Option<u64> {
+        self.packed_attach.iter().skip(1).copied().max()
     }
 }
 
@@ -111,7 +124,7 @@ impl Rig {
     }
 
     /// A new AIO volume's attach request (its 64 MiB file made here).
-    fn request(&self, volume_id: &str) -> anyhow::Result<AttachRequest> {
+    fn request(&self, volume_id: &str, placement: Placement) -> anyhow::Result<AttachRequest> {
         let file = self.dir.join(format!("{volume_id}.img"));
         std::fs::File::create(&file)?.set_len(64 << 20)?;
         Ok(AttachRequest {
@@ -125,6 +138,7 @@ impl Rig {
             ]),
             storage_parameters: HashMap::new(),
             emulation: Emulation::Nvme,
+            placement,
             attached_before: false,
             secrets: HashMap::new(),
         })
@@ -179,11 +193,16 @@ fn deadline() -> Instant {
 
 /// Attaches `count` volumes one after the other, then detaches them, each
 /// counted.
-async fn lives(rig: &Rig, prefix: &str, count: usize) -> anyhow::Result<(Vec<u64>, Vec<u64>)> {
+async fn lives(
+    rig: &Rig,
+    prefix: &str,
+    count: usize,
+    placement: Placement,
+) -> anyhow::Result<(Vec<u64>, Vec<u64>)> {
     let mut attached = Vec::new();
     let mut attaches = Vec::new();
     for i in 0..count {
-        let request = rig.request(&format!("{prefix}-{i}"))?;
+        let request = rig.request(&format!("{prefix}-{i}"), placement)?;
         let (attachment, trips) = rig.attach(&request).await?;
         attaches.push(trips);
         attached.push((request.volume_id, attachment));
@@ -200,12 +219,29 @@ async fn lives(rig: &Rig, prefix: &str, count: usize) -> anyhow::Result<(Vec<u64
 pub async fn count(args: &Args, work: &Path) -> anyhow::Result<Trips> {
     let period = Duration::from_micros(args.count_period_us);
     let rig = Rig::start(&work.join("trips"), period).await?;
-    let counted = lives(&rig, "trips-dedicated", args.count_volumes).await;
+    let packed = Placement::Packed {
+        namespaces_per_controller: args.packed_namespaces_per_controller,
+    };
+    let counted = async {
+        let dedicated = lives(
+            &rig,
+            "trips-dedicated",
+            args.count_volumes,
+            Placement::Dedicated,
+        )
+        .await?;
+        // One more: the first builds the pool.
+        let packed = lives(&rig, "trips-packed", args.count_volumes + 1, packed).await?;
+        anyhow::Ok((dedicated, packed))
+    }
+    .await;
     rig.stop().await?;
-    let (dedicated_attach, dedicated_detach) = counted?;
+    let ((dedicated_attach, dedicated_detach), (packed_attach, packed_detach)) = counted?;
     Ok(Trips {
         period_us: args.count_period_us,
         dedicated_attach,
         dedicated_detach,
+        packed_attach,
+        packed_detach,
     })
 }

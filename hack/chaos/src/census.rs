@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
+use snap_csi::dpu::names::POOL_NQN_PREFIX;
 use snap_csi::jsonrpc::RpcClient;
 use snap_csi::proto::csi::v1 as csi;
 use snap_csi::proto::nvidia::storage::plugins::v1 as plugins;
@@ -165,9 +166,6 @@ pub async fn census(stack: &Stack, clients: &Clients, max_pools: usize) -> anyho
     );
     Ok(Found { leaks: left, kept })
 }
-
-/// The packed placement's pool subsystems (`pool-0`, `pool-1`, ...).
-const POOL_NQN_PREFIX: &str = "nqn.2022-10.io.snap-csi:pool-";
 
 /// SNAP's NVMe subsystems and controllers with every volume gone. A
 /// dedicated volume's subsystem and controller are leaks. A pool subsystem

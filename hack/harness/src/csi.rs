@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
-use snap_csi::node::service::EMULATION_KEY;
+use snap_csi::node::service::{EMULATION_KEY, PLACEMENT_KEY};
 use snap_csi::proto::csi::v1 as csi;
 use snap_csi::proto::csi::v1::controller_client::ControllerClient;
 use snap_csi::proto::csi::v1::identity_client::IdentityClient;
@@ -23,9 +23,6 @@ use tonic::transport::{Channel, Endpoint};
 /// kubelet's own deadline is 2 minutes for stage; ours is the same by
 /// default, so a stuck call fails the caller instead of hanging it.
 const DEADLINE: Duration = Duration::from_secs(120);
-
-/// The StorageClass parameter choosing a volume's placement.
-const PLACEMENT_KEY: &str = "snap-csi.io/placement";
 
 /// A StorageClass's parameters: the sample controller's `backend` (`aio`,
 /// `nvmf`), and for the node, which the controller passes them on to in the
