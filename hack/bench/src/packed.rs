@@ -12,7 +12,6 @@
 //! of a single stage are counted apart, by the emulator's own counter
 //! (`trips.rs`).
 
-use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use anyhow::bail;
@@ -24,11 +23,11 @@ use crate::csi::{Clients, Volume};
 use crate::memory::{self, Rss};
 use crate::prom::scrape;
 use crate::report::Report;
-use crate::report::Target;
-use crate::scale::{self, method_means};
+use crate::report::{Target, print_methods};
+use crate::scale::{self, ByMethod, method_means};
 use crate::stack::{Stack, StackOptions};
 use crate::stats::Summary;
-use crate::table::{Table, ms, num};
+use crate::table::{Table, ms};
 use crate::{Args, Work, start, stop};
 
 /// One concurrency level: every volume staged, then unstaged.
@@ -48,9 +47,8 @@ pub struct DensityRound {
     pub node_staged: Rss,
     /// SNAP with every volume staged.
     pub held: Held,
-    /// The DPU attach layer's SNAP calls during the stages, by method:
-    /// calls per volume, mean ms per call.
-    pub stage_methods: BTreeMap<String, (f64, f64)>,
+    /// The DPU attach layer's SNAP calls during the stages, by method.
+    pub stage_methods: ByMethod,
 }
 
 /// How SNAP holds the staged volumes.
@@ -281,30 +279,13 @@ impl Report {
             "   node: {:.1} MiB peak idle, {:.1} MiB peak after every round ({} threads now); SNAP counts with every volume staged",
             d.node_idle.peak_mib, d.node_after.peak_mib, d.node_after.threads
         );
-        let mut methods: Vec<&String> = d
-            .rounds
-            .iter()
-            .flat_map(|r| r.stage_methods.keys())
-            .collect();
-        methods.sort();
-        methods.dedup();
-        let mut headers = vec!["SNAP calls during the stages".to_string()];
-        headers.extend(d.rounds.iter().map(|r| format!("c={}", r.concurrency)));
-        let mut table = Table::new(&headers.iter().map(String::as_str).collect::<Vec<_>>());
-        for method in methods {
-            let mut row = vec![method.clone()];
-            for r in &d.rounds {
-                row.push(
-                    r.stage_methods
-                        .get(method)
-                        .map_or(String::new(), |(calls, mean)| {
-                            format!("{} x {}", num(*calls), ms(*mean))
-                        }),
-                );
-            }
-            table.row(row);
-        }
-        table.print();
+        print_methods(
+            "SNAP calls during the stages",
+            &d.rounds
+                .iter()
+                .map(|r| (r.concurrency, &r.stage_methods))
+                .collect::<Vec<_>>(),
+        );
         println!("   (calls per volume x mean ms per call)");
         if let Some(t) = &d.trips {
             println!(

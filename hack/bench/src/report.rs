@@ -8,7 +8,7 @@ use crate::latency::Row;
 use crate::memory::{Memory, Rss};
 use crate::packed::Density;
 use crate::rpc::Level;
-use crate::scale::{Round, pooled_rate};
+use crate::scale::{ByMethod, Round, pooled_rate};
 use crate::split::Split;
 use crate::table::{Table, ms, num};
 
@@ -739,17 +739,32 @@ pub fn print_rounds(rounds: &[Round]) {
     println!(
         "   SNAP calls of the DPU attach layer (the node's; the agent's in split mode) during stage + publish, by method:\n   calls per volume, mean ms per call"
     );
-    let mut methods: Vec<&String> = rounds.iter().flat_map(|r| r.snap_methods.keys()).collect();
+    print_methods(
+        "method",
+        &rounds
+            .iter()
+            .map(|r| (r.concurrency, &r.snap_methods))
+            .collect::<Vec<_>>(),
+    );
+    println!(
+        "   (node/SNAP/plugin ms per volume: stage + publish by the node's clock, and the SNAP and plugin calls' summed\n    time (the agent's in split mode), means; teardown: unpublish + unstage at the same concurrency; create: every\n    volume first, 8 at a time)"
+    );
+}
+
+/// SNAP calls by method, one column per concurrency level: calls per
+/// volume x mean ms per call.
+pub fn print_methods(title: &str, levels: &[(usize, &ByMethod)]) {
+    let mut methods: Vec<&String> = levels.iter().flat_map(|(_, m)| m.keys()).collect();
     methods.sort();
     methods.dedup();
-    let mut headers = vec!["method".to_string()];
-    headers.extend(rounds.iter().map(|r| format!("c={}", r.concurrency)));
+    let mut headers = vec![title.to_string()];
+    headers.extend(levels.iter().map(|(c, _)| format!("c={c}")));
     let mut table = Table::new(&headers.iter().map(String::as_str).collect::<Vec<_>>());
     for method in methods {
         let mut row = vec![method.clone()];
-        for r in rounds {
+        for (_, by_method) in levels {
             row.push(
-                r.snap_methods
+                by_method
                     .get(method)
                     .map_or(String::new(), |(calls, mean)| {
                         format!("{} x {}", num(*calls), ms(*mean))
@@ -759,7 +774,4 @@ pub fn print_rounds(rounds: &[Round]) {
         table.row(row);
     }
     table.print();
-    println!(
-        "   (node/SNAP/plugin ms per volume: stage + publish by the node's clock, and the SNAP and plugin calls' summed\n    time (the agent's in split mode), means; teardown: unpublish + unstage at the same concurrency; create: every\n    volume first, 8 at a time)"
-    );
 }

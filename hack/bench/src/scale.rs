@@ -15,6 +15,9 @@ use crate::csi::{Clients, Kind, Volume, parameters};
 use crate::prom::{Outbound, Page, snap_methods};
 use crate::stats::Summary;
 
+/// SNAP calls by method: calls per volume, mean ms per call.
+pub type ByMethod = BTreeMap<String, (f64, f64)>;
+
 /// One concurrency level.
 #[derive(Debug, Clone, Serialize)]
 pub struct Round {
@@ -38,8 +41,8 @@ pub struct Round {
     /// Split mode: the node's calls to the DPU agent per volume (stage +
     /// publish; zero co-located).
     pub link_calls_per_volume: f64,
-    /// The attach layer's SNAP calls by method: calls per volume, mean ms per call.
-    pub snap_methods: BTreeMap<String, (f64, f64)>,
+    /// The attach layer's SNAP calls by method.
+    pub snap_methods: ByMethod,
     /// Unpublish + unstage of every volume, at the same concurrency.
     pub teardown_wall_s: f64,
     /// Throughput over that of concurrency 1 (when measured).
@@ -172,7 +175,7 @@ pub struct Staged {
     pub wall: Duration,
     pub node: Outbound,
     pub layer: Outbound,
-    pub methods: BTreeMap<String, (f64, f64)>,
+    pub methods: ByMethod,
 }
 
 /// The figures of one round: its first half and the teardown's wall time.
@@ -211,7 +214,7 @@ pub fn summarise(concurrency: usize, staged: Staged, teardown_wall: Duration) ->
 
 /// The node's SNAP calls between two pages, by method: calls per volume and
 /// mean milliseconds per call.
-pub fn method_means(before: &Page, after: &Page, volumes: usize) -> BTreeMap<String, (f64, f64)> {
+pub fn method_means(before: &Page, after: &Page, volumes: usize) -> ByMethod {
     let before = snap_methods(before);
     snap_methods(after)
         .into_iter()
