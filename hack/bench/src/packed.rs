@@ -21,7 +21,7 @@ use snap_csi::spdk::snap::{NvmeControllerList, NvmeSubsystemList};
 
 use crate::csi::{Clients, Volume};
 use crate::memory::{self, Rss};
-use crate::prom::scrape;
+use crate::prom::{Outbound, scrape};
 use crate::report::Report;
 use crate::report::{Target, print_methods};
 use crate::scale::{self, ByMethod, method_means};
@@ -49,6 +49,14 @@ pub struct DensityRound {
     pub held: Held,
     /// The DPU attach layer's SNAP calls during the stages, by method.
     pub stage_methods: ByMethod,
+    /// Per stage, means: the node's clock, its SNAP and plugin calls'
+    /// summed time, its host work (the wait for the disk above all) and its
+    /// own work (its clock minus the time any of those was in progress).
+    pub stage_node_ms: f64,
+    pub stage_snap_ms: f64,
+    pub stage_plugin_ms: f64,
+    pub stage_host_ms: f64,
+    pub stage_own_ms: f64,
 }
 
 /// How SNAP holds the staged volumes.
@@ -167,6 +175,8 @@ async fn round(
     let (unstages, unstage_wall) = each_call(clients, &volumes, concurrency, true).await?;
     scale::delete(clients, &volumes).await?;
     let rate = |wall: Duration| volumes.len() as f64 / wall.as_secs_f64();
+    let node = Outbound::of(&after).since(&Outbound::of(&before));
+    let per_stage = |seconds: f64| seconds * 1e3 / volumes.len().max(1) as f64;
     Ok(DensityRound {
         concurrency,
         volumes: volumes.len(),
@@ -180,6 +190,11 @@ async fn round(
         node_staged,
         held,
         stage_methods: method_means(&before, &after, volumes.len()),
+        stage_node_ms: per_stage(node.served_seconds),
+        stage_snap_ms: per_stage(node.snap_seconds),
+        stage_plugin_ms: per_stage(node.plugin_seconds),
+        stage_host_ms: per_stage(node.host_seconds),
+        stage_own_ms: per_stage(node.own_seconds),
     })
 }
 
@@ -275,6 +290,17 @@ impl Report {
             ]);
         }
         table.print();
+        for r in &d.rounds {
+            println!(
+                "   c={}: a stage by the node's clock {} ms: SNAP calls {}, plugin calls {}, host work (the wait for the disk) {}, its own {} (means)",
+                r.concurrency,
+                ms(r.stage_node_ms),
+                ms(r.stage_snap_ms),
+                ms(r.stage_plugin_ms),
+                ms(r.stage_host_ms),
+                ms(r.stage_own_ms)
+            );
+        }
         println!(
             "   node: {:.1} MiB peak idle, {:.1} MiB peak after every round ({} threads now); SNAP counts with every volume staged",
             d.node_idle.peak_mib, d.node_after.peak_mib, d.node_after.threads
