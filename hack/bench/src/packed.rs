@@ -43,8 +43,10 @@ pub struct DensityRound {
     pub unstage_wall_s: f64,
     pub unstage_per_s: f64,
     pub unstage: Summary,
-    /// The node with every volume staged (VmHWM: its peak so far).
+    /// The node with every volume staged (VmHWM: its peak so far), and
+    /// after every one was unstaged (the unstages' peak included).
     pub node_staged: Rss,
+    pub node_unstaged: Rss,
     /// SNAP with every volume staged.
     pub held: Held,
     /// The DPU attach layer's SNAP calls during the stages, by method.
@@ -77,8 +79,6 @@ pub struct Density {
     pub functions: u32,
     pub node_idle: Rss,
     pub rounds: Vec<DensityRound>,
-    /// The node after the last round's unstage (VmHWM: its peak overall).
-    pub node_after: Rss,
     /// The round trips of one stage, counted by the emulator.
     pub trips: Option<crate::trips::Trips>,
 }
@@ -173,6 +173,7 @@ async fn round(
         );
     }
     let (unstages, unstage_wall) = each_call(clients, &volumes, concurrency, true).await?;
+    let node_unstaged = memory::node(stack)?;
     scale::delete(clients, &volumes).await?;
     let rate = |wall: Duration| volumes.len() as f64 / wall.as_secs_f64();
     let node = Outbound::of(&after).since(&Outbound::of(&before));
@@ -188,6 +189,7 @@ async fn round(
         unstage_per_s: rate(unstage_wall),
         unstage: Summary::of(&unstages),
         node_staged,
+        node_unstaged,
         held,
         stage_methods: method_means(&before, &after, volumes.len()),
         stage_node_ms: per_stage(node.served_seconds),
@@ -226,7 +228,6 @@ pub async fn run(args: &Args, work: &Work, report: &mut Report) -> anyhow::Resul
         report.density = Some(density.clone());
         report.save(args)?;
     }
-    density.node_after = memory::node(&stack)?;
     drop(clients);
     stop(stack, report)?;
     eprintln!("bench: section 7: counting the SNAP round trips of one stage");
@@ -267,7 +268,8 @@ impl Report {
             "unstage volumes/s",
             "unstage p50 ms",
             "p99 ms",
-            "node peak MiB",
+            "node peak MiB staged",
+            "after unstage",
             "controllers",
             "subsystems",
             "namespaces",
@@ -283,6 +285,7 @@ impl Report {
                 ms(r.unstage.p50_ms),
                 ms(r.unstage.p99_ms),
                 format!("{:.1}", r.node_staged.peak_mib),
+                format!("{:.1}", r.node_unstaged.peak_mib),
                 r.held.controllers.to_string(),
                 r.held.subsystems.to_string(),
                 r.held.namespaces.to_string(),
@@ -302,8 +305,8 @@ impl Report {
             );
         }
         println!(
-            "   node: {:.1} MiB peak idle, {:.1} MiB peak after every round ({} threads now); SNAP counts with every volume staged",
-            d.node_idle.peak_mib, d.node_after.peak_mib, d.node_after.threads
+            "   node: {:.1} MiB peak idle; peaks are VmHWM, so each column holds every peak before it",
+            d.node_idle.peak_mib
         );
         print_methods(
             "SNAP calls during the stages",
@@ -332,19 +335,26 @@ impl Report {
         let Some(d) = &self.density else {
             return targets;
         };
-        if let Some(peak) = d
-            .rounds
-            .iter()
-            .map(|r| r.node_staged.peak_mib)
-            .reduce(f64::max)
-        {
+        let peak = |of: fn(&DensityRound) -> f64| d.rounds.iter().map(of).reduce(f64::max);
+        if let (Some(staged), Some(all)) = (
+            peak(|r| r.node_staged.peak_mib),
+            peak(|r| r.node_unstaged.peak_mib),
+        ) {
             targets.push(Target {
                 target: format!(
                     "node peak RSS < {RSS_TARGET_MIB} MiB with {} {} volumes staged",
                     d.volumes, d.placement
                 ),
-                measured: format!("{peak:.1} MiB"),
-                met: peak < RSS_TARGET_MIB,
+                measured: format!("{staged:.1} MiB"),
+                met: staged < RSS_TARGET_MIB,
+            });
+            // The same bound over their unstage too: a peak is a peak.
+            targets.push(Target {
+                target: format!(
+                    "node peak RSS < {RSS_TARGET_MIB} MiB through staging and unstaging them"
+                ),
+                measured: format!("{all:.1} MiB"),
+                met: all < RSS_TARGET_MIB,
             });
         }
         if let Some((trips, live)) = d.trips.as_ref().and_then(|t| Some((t, t.packed_live()?))) {
