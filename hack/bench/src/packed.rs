@@ -1,7 +1,6 @@
 //! Section 7: density with the packed placement policy. One stack whose DPU
 //! emulator has NVMe functions enough for `--packed-volumes` block volumes
-//! at the node's `--namespaces-per-controller` (set through the node's
-//! environment, `SNAP_CSI_NAMESPACES_PER_CONTROLLER`); at each concurrency
+//! at the node's `--namespaces-per-controller`; at each concurrency
 //! level every volume is created with the StorageClass parameter
 //! `snap-csi.io/placement`, then staged (stage only: density is what is
 //! measured, and a publish is a bind mount), each in its own task behind a
@@ -22,8 +21,7 @@ use snap_csi::spdk::snap::{NvmeControllerList, NvmeSubsystemList};
 use crate::csi::{Clients, Volume};
 use crate::memory::{self, Rss};
 use crate::prom::{Outbound, scrape};
-use crate::report::Report;
-use crate::report::{Target, print_methods};
+use crate::report::{Report, Target, print_methods};
 use crate::scale::{self, ByMethod, method_means};
 use crate::stack::{Stack, StackOptions};
 use crate::stats::Summary;
@@ -205,10 +203,7 @@ pub async fn run(args: &Args, work: &Work, report: &mut Report) -> anyhow::Resul
     let functions = functions_needed(args)?;
     let options = StackOptions {
         nvme_functions: Some(nvme_layout(functions)),
-        env: vec![(
-            "SNAP_CSI_NAMESPACES_PER_CONTROLLER".to_string(),
-            args.packed_namespaces_per_controller.to_string(),
-        )],
+        namespaces_per_controller: Some(args.packed_namespaces_per_controller),
         ..StackOptions::default()
     };
     let stack = start(args, work, "p", &options).await?;

@@ -189,10 +189,7 @@ async fn one_round(
         nvme_functions: None,
         split: configuration.split,
         supervise: true,
-        env: vec![(
-            "SNAP_CSI_NAMESPACES_PER_CONTROLLER".to_string(),
-            args.namespaces_per_controller.to_string(),
-        )],
+        namespaces_per_controller: Some(args.namespaces_per_controller),
     };
     let stack_dir = std::env::temp_dir().join(format!("snap-csi-chaos-{seed}-{name}"));
     let stack = Stack::start(
