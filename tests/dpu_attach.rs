@@ -15,7 +15,7 @@ use common::dpu::TestDpu;
 use common::plugin;
 use common::{assert_kept_deadline, loop_devices_of, round_trips};
 use snap_csi::dpu::names::{NSID, VolumeNames};
-use snap_csi::dpu::{AttachRequest, Attachment, DpuError, Emulation, HostLocator};
+use snap_csi::dpu::{AttachRequest, DpuError, Emulation, HostLocator};
 use snap_csi::proto::nvidia::storage::plugins::v1::storage_plugin_service_capability::rpc::Type as Capability;
 use snap_csi::spdk::bdev::BdevAioCreate;
 use snap_csi::spdk::snap::{
@@ -252,9 +252,7 @@ async fn sixteen_concurrent_attaches_get_sixteen_functions() {
         .iter()
         .map(|id| stack.request(id, Emulation::Nvme))
         .collect();
-    let attached =
-        futures::future::join_all(requests.iter().map(|r| stack.dpu.attach(r, deadline()))).await;
-    let attachments: Vec<Attachment> = attached.into_iter().map(Result::unwrap).collect();
+    let attachments = stack.attach_all_at_once(&requests).await;
     let bdfs: HashSet<&str> = attachments.iter().map(|a| nvme_bdf(&a.locator)).collect();
     assert_eq!(bdfs.len(), 16, "{bdfs:?}");
     for attachment in &attachments {
@@ -265,15 +263,7 @@ async fn sixteen_concurrent_attaches_get_sixteen_functions() {
         16
     );
 
-    let detached =
-        futures::future::join_all(ids.iter().map(|id| stack.dpu.detach(id, None, deadline())))
-            .await;
-    for result in detached {
-        result.unwrap();
-    }
-    for id in &ids {
-        stack.assert_gone(id).await;
-    }
+    stack.detach_all_at_once(&ids).await;
 }
 
 #[tokio::test]
@@ -537,47 +527,26 @@ async fn attach_and_detach_cost_the_designed_number_of_dependent_round_trips() {
     // The plugin's self-description is asked once per process, not per volume.
     assert!(stack.dpu.probe(deadline()).await.unwrap());
 
-    let request = stack.request("vol-rt-nvme", Emulation::Nvme);
-    let (first, trips) = round_trips(rounds, stack.dpu.attach(&request, deadline())).await;
-    let first = first.unwrap();
-    assert_eq!(trips, 5, "new NVMe attach");
-    let retry = AttachRequest {
-        attached_before: true,
-        ..request.clone()
-    };
-    let (again, trips) = round_trips(rounds, stack.dpu.attach(&retry, deadline())).await;
-    assert_eq!(again.unwrap(), first);
-    assert_eq!(trips, 1, "repeated NVMe attach");
+    // [new, retried, detach]
+    let nvme = stack.request("vol-rt-nvme", Emulation::Nvme);
+    assert_eq!(stack.round_trips_of_a_life(&nvme).await, [5, 1, 4], "NVMe");
+    let virtio = stack.request("vol-rt-vblk", Emulation::VirtioBlk);
+    assert_eq!(
+        stack.round_trips_of_a_life(&virtio).await,
+        [2, 1, 3],
+        "virtio-blk"
+    );
+
     // Without the caller's record (a crash before it was written), the
     // attach learns from SNAP's -17 that the subsystem exists and reads it.
-    let (again, trips) = round_trips(rounds, stack.dpu.attach(&request, deadline())).await;
+    let first = stack.dpu.attach(&nvme, deadline()).await.unwrap();
+    let (again, trips) = round_trips(rounds, stack.dpu.attach(&nvme, deadline())).await;
     assert_eq!(again.unwrap(), first);
     assert_eq!(trips, 3, "repeated NVMe attach, not known to be attached");
-    let (detached, trips) = round_trips(
-        rounds,
-        stack
-            .dpu
-            .detach("vol-rt-nvme", Some(&first.device_name), deadline()),
-    )
-    .await;
-    detached.unwrap();
-    assert_eq!(trips, 4, "NVMe detach");
-
-    let request = stack.request("vol-rt-vblk", Emulation::VirtioBlk);
-    let (first, trips) = round_trips(rounds, stack.dpu.attach(&request, deadline())).await;
-    let first = first.unwrap();
-    assert_eq!(trips, 2, "new virtio-blk attach");
-    let (_, trips) = round_trips(rounds, stack.dpu.attach(&request, deadline())).await;
-    assert_eq!(trips, 1, "repeated virtio-blk attach");
-    let (detached, trips) = round_trips(
-        rounds,
-        stack
-            .dpu
-            .detach("vol-rt-vblk", Some(&first.device_name), deadline()),
-    )
-    .await;
-    detached.unwrap();
-    assert_eq!(trips, 3, "virtio-blk detach");
+    stack
+        .dpu
+        .detach("vol-rt-nvme", None, deadline())
+        .await
+        .unwrap();
     stack.assert_gone("vol-rt-nvme").await;
-    stack.assert_gone("vol-rt-vblk").await;
 }

@@ -12,7 +12,7 @@ mod common;
 use std::collections::{HashMap, HashSet};
 
 use common::attach::{Stack, deadline, nvme_bdf};
-use common::{loop_devices_of, round_trips};
+use common::loop_devices_of;
 use snap_csi::dpu::names::{VolumeNames, pool_nqn};
 use snap_csi::dpu::{Attachment, DpuError, Emulation, HostLocator};
 use snap_csi::spdk::bdev::BdevAioCreate;
@@ -205,9 +205,7 @@ async fn concurrent_packed_attaches_take_distinct_slots_and_build_each_pool_once
     let stack = Stack::start().await;
     let ids: Vec<String> = (0..40).map(|i| format!("vol-burst-{i}")).collect();
     let requests: Vec<_> = ids.iter().map(|id| stack.packed_request(id, 16)).collect();
-    let attached =
-        futures::future::join_all(requests.iter().map(|r| stack.dpu.attach(r, deadline()))).await;
-    let attachments: Vec<Attachment> = attached.into_iter().map(Result::unwrap).collect();
+    let attachments = stack.attach_all_at_once(&requests).await;
     let slots: HashSet<(&str, u32)> = attachments
         .iter()
         .map(|a| (nvme_bdf(&a.locator), nsid_of(&a.locator)))
@@ -228,15 +226,37 @@ async fn concurrent_packed_attaches_take_distinct_slots_and_build_each_pool_once
         stack.discovered(&a.locator).await;
         assert_eq!(loop_devices_of(&stack.backing(id)).len(), 1, "{id}");
     }
-    let detached =
-        futures::future::join_all(ids.iter().map(|id| stack.dpu.detach(id, None, deadline())))
-            .await;
-    for result in detached {
-        result.unwrap();
+
+    // Half leave while as many new ones come: the new take slots (freed or
+    // not) no one else holds, in the pools there are.
+    let (leaving, staying) = ids.split_at(20);
+    let newcomers: Vec<String> = (0..20).map(|i| format!("vol-next-{i}")).collect();
+    let requests: Vec<_> = newcomers
+        .iter()
+        .map(|id| stack.packed_request(id, 16))
+        .collect();
+    let (arrived, ()) = tokio::join!(
+        stack.attach_all_at_once(&requests),
+        stack.detach_all_at_once(leaving)
+    );
+    let mut slots: Vec<(&str, u32)> = attachments[20..]
+        .iter()
+        .chain(&arrived)
+        .map(|a| (nvme_bdf(&a.locator), nsid_of(&a.locator)))
+        .collect();
+    slots.sort_unstable();
+    slots.dedup();
+    assert_eq!(slots.len(), 40, "every volume has its own slot");
+    for (id, a) in newcomers.iter().zip(&arrived) {
+        assert_eq!(namespaces_of(&stack, id).await.len(), 1, "{id}");
+        stack.discovered(&a.locator).await;
     }
-    for id in &ids {
-        stack.assert_gone(id).await;
-    }
+    let pools = subsystems(&stack).await;
+    assert!(pools.len() <= 4, "{pools:?}");
+    assert!(pools.iter().all(|p| p.controllers.len() == 1));
+
+    stack.detach_all_at_once(staying).await;
+    stack.detach_all_at_once(&newcomers).await;
     assert!(
         subsystems(&stack)
             .await
@@ -360,32 +380,17 @@ async fn a_packed_attach_costs_three_dependent_round_trips() {
         c.counting_round_trips(common::ROUND_TRIP_PERIOD)
     })
     .await;
-    let rounds = || stack.emulator.rounds();
     assert!(stack.dpu.probe(deadline()).await.unwrap());
-
-    // The first builds the pool: subsystem and controller on top.
-    let request = stack.packed_request("vol-rt-pool", 32);
-    let (first, trips) = round_trips(rounds, stack.dpu.attach(&request, deadline())).await;
-    first.unwrap();
-    assert_eq!(trips, 5, "packed attach that builds the pool");
-
-    let request = stack.packed_request("vol-rt-packed", 32);
-    let (second, trips) = round_trips(rounds, stack.dpu.attach(&request, deadline())).await;
-    let second = second.unwrap();
-    assert_eq!(trips, 3, "packed attach on a live pool");
-    let (again, trips) = round_trips(rounds, stack.dpu.attach(&request, deadline())).await;
-    assert_eq!(again.unwrap(), second);
-    assert_eq!(trips, 1, "repeated packed attach");
-    let (detached, trips) = round_trips(
-        rounds,
-        stack
-            .dpu
-            .detach("vol-rt-packed", Some(&second.device_name), deadline()),
-    )
-    .await;
-    detached.unwrap();
-    assert_eq!(trips, 4, "packed detach");
-    stack.assert_gone("vol-rt-packed").await;
+    // [new, retried, detach]; the first builds the pool (subsystem and
+    // controller on top), the next finds it live.
+    let builds = stack.packed_request("vol-rt-pool", 32);
+    assert_eq!(stack.round_trips_of_a_life(&builds).await, [5, 1, 4]);
+    let packed = stack.packed_request("vol-rt-packed", 32);
+    assert_eq!(
+        stack.round_trips_of_a_life(&packed).await,
+        [3, 1, 4],
+        "a packed stage on a live pool: CreateDevice with the listings, the namespace, the attach"
+    );
 }
 
 #[tokio::test]
@@ -400,4 +405,45 @@ async fn packed_virtio_blk_is_an_invalid_argument_and_changes_nothing() {
     assert!(error.to_string().contains("NVMe only"), "{error}");
     assert!(subsystems(&stack).await.is_empty());
     stack.assert_gone("vol-bad-packed").await;
+}
+
+/// A volume stays where its first stage placed it: a retry under another
+/// placement (the node's default changed meanwhile) continues it there.
+#[tokio::test]
+async fn a_retry_under_another_placement_keeps_the_volume_where_it_is() {
+    let stack = Stack::start().await;
+    let dedicated = stack.attach("vol-was-dedicated", Emulation::Nvme).await;
+    let retried = snap_csi::dpu::AttachRequest {
+        attached_before: true,
+        ..stack.packed_request("vol-was-dedicated", 8)
+    };
+    let again = stack.dpu.attach(&retried, deadline()).await.unwrap();
+    assert_eq!(again, dedicated);
+    assert!(namespaces_of(&stack, "vol-was-dedicated").await.len() == 1);
+
+    let packed = attach_packed(&stack, "vol-was-packed", 8).await;
+    let retried = snap_csi::dpu::AttachRequest {
+        attached_before: true,
+        ..stack.request("vol-was-packed", Emulation::Nvme)
+    };
+    let again = stack.dpu.attach(&retried, deadline()).await.unwrap();
+    assert_eq!(again, packed);
+    assert_eq!(
+        namespaces_of(&stack, "vol-was-packed").await,
+        [(pool_nqn(0), 1)]
+    );
+    let names: Vec<String> = subsystems(&stack)
+        .await
+        .into_iter()
+        .map(|s| s.nqn)
+        .collect();
+    assert_eq!(
+        names,
+        [VolumeNames::new("vol-was-dedicated").nqn, pool_nqn(0)],
+        "no subsystem of its own for the packed volume"
+    );
+    for id in ["vol-was-dedicated", "vol-was-packed"] {
+        stack.dpu.detach(id, None, deadline()).await.unwrap();
+        stack.assert_gone(id).await;
+    }
 }

@@ -4,9 +4,10 @@
 //! converge: after the retried publish exactly one of everything exists (bdev,
 //! subsystem or controller, loop device, mounts), and after unstage nothing is
 //! left: no bdev, namespace, controller, loop device, mount, target path or
-//! record. The trials cover every step in both emulations and all three volume
-//! kinds (block, ext4, xfs), in a seeded random order with random read-only
-//! publishes (`SNAP_CSI_CRASH_SEED` replays a run, `SNAP_CSI_CRASH_TRIALS`
+//! record. The trials cover every step in both emulations, both placements of
+//! NVMe (dedicated, and packed: a namespace on a pool controller, whose
+//! pools stay, empty, after the unstage) and all three volume kinds (block,
+//! ext4, xfs), in a seeded random order with random read-only publishes (`SNAP_CSI_CRASH_SEED` replays a run, `SNAP_CSI_CRASH_TRIALS`
 //! sets how many; 200 by default). In a split-mode run (`common::dpu`) the DPU
 //! steps (attach and detach) run in a `snap-csi dpu-agent` process reached
 //! over mutual TLS, and it is the agent that is killed after each of them.
@@ -23,11 +24,14 @@ use common::node::{
 };
 use common::pki::{Pki, Role};
 use common::{Emulator, loop_devices_of, timed};
+use snap_csi::dpu::names::pool_index;
 use snap_csi::proto::csi::v1 as csi;
 use snap_csi::proto::csi::v1::node_client::NodeClient;
 use snap_csi::proto::csi::v1::volume_capability::access_mode::Mode;
 use snap_csi::spdk::bdev::BdevGetBdevs;
-use snap_csi::spdk::snap::{NvmeSubsystemList, VirtioBlkControllerList};
+use snap_csi::spdk::snap::{
+    NvmeControllerDestroy, NvmeSubsystemDestroy, NvmeSubsystemList, VirtioBlkControllerList,
+};
 
 /// A crashing call gets this long; a dead DPU agent ends it with UNAVAILABLE.
 const CRASHING_CALL: Duration = Duration::from_secs(5);
@@ -94,7 +98,7 @@ impl Stack {
     /// Starts the processes of the stack: `snap-csi node`, and in split mode
     /// `snap-csi dpu-agent` first; the one that runs `crash_after` kills
     /// itself after that step. The agent comes first in the list.
-    fn processes(&self, crash_after: Option<&str>, emulation: &str) -> Vec<Child> {
+    fn processes(&self, crash_after: Option<&str>, trial: &Trial) -> Vec<Child> {
         let in_agent = crash_after.is_some_and(|p| self.in_agent(p));
         let mut started = Vec::new();
         if let Some((agent_args, _)) = &self.link {
@@ -117,7 +121,9 @@ impl Stack {
             .arg("--snap-socket-template")
             .arg(&self.emulator.socket)
             .arg("--emulation")
-            .arg(emulation);
+            .arg(trial.emulation)
+            .arg("--placement")
+            .arg(trial.placement);
         if let Some((_, node_args)) = &self.link {
             node.args(node_args);
         }
@@ -156,14 +162,28 @@ impl Stack {
         NodeClient::new(connect(&self.endpoint).await)
     }
 
-    /// What the DPU side and the host hold: bdevs, NVMe subsystems, virtio-blk
-    /// controllers, loop devices over `backing`, mounts under kubelet's
-    /// directory, and the node's records.
+    /// What the DPU side and the host hold: bdevs, NVMe subsystems of
+    /// volumes, namespaces in pools, virtio-blk controllers, loop devices
+    /// over `backing`, mounts under kubelet's directory, and the node's
+    /// records. A pool itself is not counted (it stays, empty, warm for the
+    /// next packed volume), but each must have exactly one controller.
     async fn census(&self, backing: &Path) -> Census {
         let snap = self.emulator.client();
+        let subsystems = snap.call(&NvmeSubsystemList {}).await.unwrap();
+        let (pools, volumes): (Vec<_>, Vec<_>) = subsystems
+            .iter()
+            .partition(|s| pool_index(&s.nqn).is_some());
+        for pool in &pools {
+            assert_eq!(
+                pool.controllers.len(),
+                1,
+                "a pool with other than one controller: {pool:?}"
+            );
+        }
         Census {
             bdevs: snap.call(&BdevGetBdevs::default()).await.unwrap().len(),
-            subsystems: snap.call(&NvmeSubsystemList {}).await.unwrap().len(),
+            subsystems: volumes.len(),
+            pooled_namespaces: pools.iter().map(|p| p.namespaces.len()).sum(),
             controllers: snap.call(&VirtioBlkControllerList {}).await.unwrap().len(),
             loop_devices: loop_devices_of(backing).len(),
             mounts: mounts_under(&self.kubelet).len(),
@@ -178,6 +198,7 @@ impl Stack {
 struct Census {
     bdevs: usize,
     subsystems: usize,
+    pooled_namespaces: usize,
     controllers: usize,
     loop_devices: usize,
     mounts: usize,
@@ -231,9 +252,15 @@ enum Call {
 const CALLS: [Call; 4] = [Call::Stage, Call::Publish, Call::Unpublish, Call::Unstage];
 
 /// Every crash point a volume's life passes, with the call that passes it.
-fn points(emulation: &str, kind: Kind) -> Vec<(Call, &'static str)> {
-    let expose: &[&str] = match emulation {
-        "nvme" => &[
+fn points(emulation: &str, placement: &str, kind: Kind) -> Vec<(Call, &'static str)> {
+    let expose: &[&str] = match (emulation, placement) {
+        ("nvme", "packed") => &[
+            "attach:packed-pool-subsystem",
+            "attach:packed-pool-controller",
+            "attach:packed-namespace",
+            "attach:packed-attach",
+        ],
+        ("nvme", _) => &[
             "attach:nvme-subsystem",
             "attach:nvme-namespace-controller",
             "attach:nvme-attach",
@@ -251,21 +278,31 @@ fn points(emulation: &str, kind: Kind) -> Vec<(Call, &'static str)> {
         .chain(&["stage:attach", "stage:record"])
         .chain(format)
         .map(|point| (Call::Stage, *point));
+    let packed_detach: &[(Call, &str)] = match placement {
+        "packed" => &[(Call::Unstage, "detach:packed-detach-ns")],
+        _ => &[],
+    };
     let rest = [
         (Call::Publish, "publish:target"),
         (Call::Publish, "publish:bind"),
         (Call::Unpublish, "unpublish:unmount"),
         (Call::Unstage, "unstage:unmount"),
+    ]
+    .iter()
+    .chain(packed_detach)
+    .chain(&[
         (Call::Unstage, "detach:unexpose"),
         (Call::Unstage, "detach:delete-device"),
         (Call::Unstage, "unstage:detach"),
-    ];
+    ])
+    .copied();
     stage.chain(rest).collect()
 }
 
 #[derive(Clone, Copy, Debug)]
 struct Trial {
     emulation: &'static str,
+    placement: &'static str,
     kind: Kind,
     call: Call,
     point: &'static str,
@@ -289,15 +326,22 @@ impl Random {
     }
 }
 
-/// `count` trials: rounds of every (emulation, kind, point), each round
-/// shuffled, so every point is crashed in every configuration once per round.
+/// `count` trials: rounds of every (emulation, placement, kind, point),
+/// each round shuffled, so every point is crashed in every configuration once
+/// per round.
 fn trials(count: usize, random: &mut Random) -> Vec<Trial> {
     let mut every = Vec::new();
-    for emulation in ["nvme", "virtio-blk"] {
+    let configurations = [
+        ("nvme", "dedicated"),
+        ("nvme", "packed"),
+        ("virtio-blk", "dedicated"),
+    ];
+    for (emulation, placement) in configurations {
         for kind in [Kind::Block, Kind::Ext4, Kind::Xfs] {
-            for (call, point) in points(emulation, kind) {
+            for (call, point) in points(emulation, placement, kind) {
                 every.push(Trial {
                     emulation,
+                    placement,
                     kind,
                     call,
                     point,
@@ -425,7 +469,11 @@ const RETRIED_CALL: Duration = Duration::from_secs(60);
 /// life, checking the census after the publish and at the end.
 async fn run(stack: &Stack, n: usize, trial: &Trial) {
     let volume = Volume::new(stack, n, trial);
-    let mut processes = stack.processes(Some(trial.point), trial.emulation);
+    if trial.point.starts_with("attach:packed-pool") {
+        // Only a stage that finds no pool builds one.
+        remove_pools(stack).await;
+    }
+    let mut processes = stack.processes(Some(trial.point), trial);
     let mut node = stack.client().await;
     let mut failed = None;
     for call in CALLS {
@@ -449,15 +497,17 @@ async fn run(stack: &Stack, n: usize, trial: &Trial) {
     reap(processes.remove(crashed));
     stop_all(processes);
 
+    let packed = trial.placement == "packed";
     let attached = Census {
         bdevs: 1,
-        subsystems: usize::from(trial.emulation == "nvme"),
+        subsystems: usize::from(trial.emulation == "nvme" && !packed),
+        pooled_namespaces: usize::from(packed),
         controllers: usize::from(trial.emulation == "virtio-blk"),
         loop_devices: 1,
         mounts: if trial.kind == Kind::Block { 1 } else { 2 },
         records: 1,
     };
-    let processes = stack.processes(None, trial.emulation);
+    let processes = stack.processes(None, trial);
     let mut node = stack.client().await;
     for call in CALLS.into_iter().skip_while(|call| *call != trial.call) {
         volume
@@ -481,6 +531,7 @@ async fn run(stack: &Stack, n: usize, trial: &Trial) {
     let nothing = Census {
         bdevs: 0,
         subsystems: 0,
+        pooled_namespaces: 0,
         controllers: 0,
         loop_devices: 0,
         mounts: 0,
@@ -496,6 +547,28 @@ async fn run(stack: &Stack, n: usize, trial: &Trial) {
         "{trial:?}: the target path is left"
     );
     std::fs::remove_file(&volume.backing).unwrap();
+}
+
+/// Takes the (empty) pools away, as SNAP would have them before any packed
+/// volume.
+async fn remove_pools(stack: &Stack) {
+    let snap = stack.emulator.client();
+    for pool in snap.call(&NvmeSubsystemList {}).await.unwrap() {
+        if pool_index(&pool.nqn).is_none() {
+            continue;
+        }
+        for controller in &pool.controllers {
+            snap.call(&NvmeControllerDestroy {
+                ctrl_id: controller.ctrl_id.clone(),
+                force: Some(true),
+            })
+            .await
+            .unwrap();
+        }
+        snap.call(&NvmeSubsystemDestroy { nqn: pool.nqn })
+            .await
+            .unwrap();
+    }
 }
 
 /// Whether the mount at `path` is read-only, as the kernel says.

@@ -179,24 +179,17 @@ async fn packed_volumes_share_a_controller_and_keep_their_data_when_one_leaves()
         result.unwrap_or_else(|e| panic!("stage {id}: {e}"));
     }
     let mut node = stack.client.clone();
-    for (id, (_, staging, target, _)) in ids.iter().zip(&volumes) {
-        node.node_publish_volume(publish_request(
-            id,
-            staging,
-            target,
-            capability.clone(),
-            false,
-        ))
-        .await
-        .unwrap();
+    let publish = |i: usize| {
+        let mut node = stack.client.clone();
+        let (_, staging, target, _) = &volumes[i];
+        let request = publish_request(&ids[i], staging, target, capability.clone(), false);
+        async move { node.node_publish_volume(request).await.unwrap() }
+    };
+    for (i, (id, (_, _, target, _))) in ids.iter().zip(&volumes).enumerate() {
+        publish(i).await;
         write_volume(target, id.as_bytes());
     }
-    let subsystems = stack
-        .emulator
-        .client()
-        .call(&NvmeSubsystemList {})
-        .await
-        .unwrap();
+    let subsystems = stack.subsystems().await;
     assert_eq!(subsystems.len(), 1, "one pool: {subsystems:?}");
     assert_eq!(subsystems[0].controllers.len(), 1);
     assert_eq!(subsystems[0].namespaces.len(), 5);
@@ -216,22 +209,9 @@ async fn packed_volumes_share_a_controller_and_keep_their_data_when_one_leaves()
     unpublish(&mut node, &ids[2], target).await;
     unstage(&mut node, &ids[2], staging).await;
     node.node_stage_volume(stage.clone()).await.unwrap();
-    node.node_publish_volume(publish_request(
-        &ids[2],
-        staging,
-        target,
-        capability.clone(),
-        false,
-    ))
-    .await
-    .unwrap();
+    publish(2).await;
     assert_eq!(read_volume(target, ids[2].len()), ids[2].as_bytes());
-    let subsystems = stack
-        .emulator
-        .client()
-        .call(&NvmeSubsystemList {})
-        .await
-        .unwrap();
+    let subsystems = stack.subsystems().await;
     assert_eq!((subsystems.len(), subsystems[0].namespaces.len()), (1, 4));
 
     for (i, (id, (_, staging, target, _))) in ids.iter().zip(&volumes).enumerate() {

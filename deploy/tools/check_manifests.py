@@ -852,8 +852,10 @@ def check_host_cluster(
 
     # StorageClasses: one per backend and emulation, values the binaries take.
     emulation = helps[NODE].get("emulation")
+    placement = helps[NODE].get("placement")
     backend = helps[("snap-csi-spdk-plugin", None)].get("default-backend")
     emulations = set(emulation.choices) if emulation else set()
+    placements = set(placement.choices) if placement else set()
     backends = set(backend.choices) if backend else set()
     t.check(bool(emulations), "node --help", "--emulation lists no possible values")
     t.check(bool(backends), "snap-csi-spdk-plugin --help", "--default-backend lists no possible values")
@@ -867,6 +869,9 @@ def check_host_cluster(
         b, e = params.get("backend"), params.get("snap-csi.io/emulation")
         t.check(b in backends, where, f"backend {b} is not one the plugin knows {sorted(backends)}")
         t.check(e in emulations, where, f"snap-csi.io/emulation {e} is not one the node takes {sorted(emulations)}")
+        p = params.get("snap-csi.io/placement")
+        t.check(p is None or p in placements, where, f"snap-csi.io/placement {p} is not one the node takes {sorted(placements)}")
+        t.check(p != "packed" or e == "nvme", where, "snap-csi.io/placement packed needs snap-csi.io/emulation nvme")
         fs = params.get("csi.storage.k8s.io/fstype")
         t.check(fs is None or fs in fs_types, where, f"fstype {fs} is not one the node formats {sorted(fs_types)}")
         t.check(o.get("allowVolumeExpansion") is True, where, "allowVolumeExpansion must be true (the node grows ext4 and xfs)")

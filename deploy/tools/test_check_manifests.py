@@ -282,6 +282,12 @@ class BreakingTheDeployFails(unittest.TestCase):
             "is not one the node takes",
         )
 
+    def test_storage_class_placement_the_node_refuses(self):
+        self.expect(
+            [("kubernetes/storageclasses/storageclasses.yaml", "snap-csi.io/placement: packed", "snap-csi.io/placement: sparse")],
+            "snap-csi.io/placement sparse is not one the node takes",
+        )
+
     def test_missing_resource_requests(self):
         self.expect([("kubernetes/node/daemonset.yaml", "              cpu: 50m\n", "")], "resources.requests must set cpu")
 

@@ -5,12 +5,14 @@
 //! Round trips, since each dependent SNAP call costs a poll period (~8 ms on
 //! a real DPU): an attach first asks the plugin's CreateDevice and reads
 //! SNAP's listings, all at once, then runs only the steps the listings show
-//! missing. NVMe: a new volume takes 5 dependent round trips (CreateDevice
-//! with the function listing; subsystem; namespace with controller; attach;
-//! resume), one the node attached before 1 (CreateDevice with both
-//! listings). virtio-blk: 2 and 1. A detach takes 4 for NVMe (listings;
-//! controller; namespace; subsystem with DeleteDevice) and 3 for virtio-blk
-//! (listings; controller; DeleteDevice).
+//! missing. NVMe, dedicated: a new volume takes 5 dependent round trips
+//! (CreateDevice with the function listing; subsystem; namespace with
+//! controller; attach; resume), one the node attached before 1 (CreateDevice
+//! with both listings). NVMe, packed: 3 (CreateDevice with both listings;
+//! namespace; attach), 5 for the stage that builds a pool, 1 again. virtio-blk:
+//! 2 and 1. A detach takes 4 for NVMe (listings; controller, or a packed
+//! namespace's detach; namespace; subsystem with DeleteDevice) and 3 for
+//! virtio-blk (listings; controller; DeleteDevice).
 //!
 //! A failed attach leaves what it made for a retry or a detach to pick up:
 //! only the caller knows whether the volume was in use before, so only the
@@ -68,52 +70,76 @@ impl Colocated {
         request: &AttachRequest,
         deadline: Instant,
     ) -> Result<Attachment, DpuError> {
+        // Listings shared with other volumes' calls must be asked for after
+        // this: then they show whatever an earlier call for this volume did.
+        let began = Instant::now();
         let snap = self.snap(deadline).await?;
         let names = VolumeNames::new(&request.volume_id);
         let create = self.plugin.create_device(request, deadline);
         let (device_name, locator) = match (request.emulation, request.placement) {
-            (
-                Emulation::Nvme,
-                Placement::Packed {
-                    namespaces_per_controller,
-                },
-            ) => {
-                let (device, listing, functions) = tokio::join!(
-                    create,
-                    nvme::list(snap, deadline),
-                    snap.list_functions(deadline)
-                );
-                let device = created(device, &functions)?;
-                crate::failpoint::step("attach:create-device");
-                let locator = packed::expose(
-                    snap,
-                    &self.packing,
-                    &names,
-                    &device,
-                    namespaces_per_controller,
-                    listing?,
-                    functions?,
-                    deadline,
-                )
-                .await?;
-                (device, locator)
-            }
-            (Emulation::Nvme, Placement::Dedicated) => {
-                let known = async {
-                    if request.attached_before {
-                        nvme::find(snap, &names.nqn, deadline)
-                            .await
-                            .map(nvme::Known::Listed)
-                    } else {
-                        Ok(nvme::Known::Unread)
+            (Emulation::Nvme, placement) => {
+                // Packed stages place from the listing; retries continue from it.
+                let read = request.attached_before || placement != Placement::Dedicated;
+                let listing = async {
+                    match read {
+                        true => snap.list_subsystems(began, deadline).await.map(Some),
+                        false => Ok(None),
                     }
                 };
-                let (device, known, functions) =
-                    tokio::join!(create, known, snap.list_functions(deadline));
+                let (device, listing, functions) =
+                    tokio::join!(create, listing, snap.list_functions(deadline));
                 let device = created(device, &functions)?;
                 crate::failpoint::step("attach:create-device");
-                let locator =
-                    nvme::expose(snap, &names, &device, known?, functions?, deadline).await?;
+                let (listing, functions) = (listing?, functions?);
+                // A volume stays where its first stage placed it, also when
+                // the node's default placement has changed since.
+                let dedicated = listing.as_ref().and_then(|l| l.find(&names.nqn));
+                let packed_before = listing.as_ref().is_some_and(|l| packed::holds(l, &names));
+                let locator = match (placement, listing) {
+                    (_, Some(_)) if dedicated.is_some() => {
+                        let known = nvme::Known::Listed(dedicated);
+                        nvme::expose(snap, &names, &device, known, functions, deadline).await?
+                    }
+                    (Placement::Dedicated, Some(listing)) if packed_before => {
+                        let pools = packed::DEFAULT_NAMESPACES_PER_CONTROLLER;
+                        packed::expose(
+                            snap,
+                            &self.packing,
+                            &names,
+                            &device,
+                            pools,
+                            listing,
+                            functions,
+                            deadline,
+                        )
+                        .await?
+                    }
+                    (
+                        Placement::Packed {
+                            namespaces_per_controller,
+                        },
+                        Some(listing),
+                    ) => {
+                        packed::expose(
+                            snap,
+                            &self.packing,
+                            &names,
+                            &device,
+                            namespaces_per_controller,
+                            listing,
+                            functions,
+                            deadline,
+                        )
+                        .await?
+                    }
+                    (_, listing) => {
+                        let known = match listing {
+                            Some(_) => nvme::Known::Listed(None),
+                            None => nvme::Known::Unread,
+                        };
+                        nvme::expose(snap, &names, &device, known, functions, deadline).await?
+                    }
+                };
                 (device, locator)
             }
             (Emulation::VirtioBlk, _) => {
@@ -142,12 +168,13 @@ impl Colocated {
         device_name: Option<&str>,
         deadline: Instant,
     ) -> Result<(), DpuError> {
+        let began = Instant::now();
         let snap = self.snap(deadline).await?;
         let names = VolumeNames::new(volume_id);
         // The caller does not say how the volume was exposed: look for every
         // way (its own subsystem, a namespace in a pool, a virtio-blk controller).
         let (listing, controllers) = tokio::join!(
-            nvme::list(snap, deadline),
+            snap.list_subsystems(began, deadline),
             virtio::find(snap, &names.serial, deadline)
         );
         let (listing, controllers) = (listing?, controllers?);

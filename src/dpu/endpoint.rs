@@ -12,8 +12,11 @@ use tokio::time::Instant;
 
 use super::DpuError;
 use super::functions::{FunctionListing, FunctionPool};
+use super::nvme::SubsystemListing;
 use crate::jsonrpc::{Method, RpcClient, RpcError, code};
-use crate::spdk::snap::{ControllerCreated, EmulationFunctionList, EmulationType};
+use crate::spdk::snap::{
+    ControllerCreated, EmulationFunctionList, EmulationType, NvmeSubsystemList,
+};
 
 #[derive(Debug)]
 pub(crate) struct SnapEndpoint {
@@ -26,10 +29,62 @@ pub(crate) struct SnapEndpoint {
     /// is held instead of one per stage. A listing is only the starting point
     /// for picking a function (see `functions`), so an older one is as good
     /// as a new one there; where a fresh one is needed, [`Self::list_functions_fresh`].
-    listing: Mutex<Option<SharedListing>>,
+    functions: SharedListing<FunctionListing>,
+    /// The latest NVMe subsystem listing, which packed stages and detaches
+    /// share the same way; each only takes one asked for after it began, so
+    /// it sees everything done to its volume before.
+    subsystems: SharedListing<SubsystemListing>,
 }
 
-type SharedListing = Shared<BoxFuture<'static, Result<Arc<FunctionListing>, DpuError>>>;
+type Pending<T> = Shared<BoxFuture<'static, Result<Arc<T>, DpuError>>>;
+
+/// One SNAP listing many attaches share, with when it was started (no
+/// later than its request was sent).
+struct SharedListing<T> {
+    slot: Mutex<Option<(Instant, Pending<T>)>>,
+}
+
+impl<T> Default for SharedListing<T> {
+    fn default() -> Self {
+        SharedListing {
+            slot: Mutex::new(None),
+        }
+    }
+}
+
+impl<T> std::fmt::Debug for SharedListing<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SharedListing")
+    }
+}
+
+impl<T: Send + Sync + 'static> SharedListing<T> {
+    /// The listing in the slot if `reusable` says so, else a new one from
+    /// `start`. A joiner whose shared listing failed asks again itself, so
+    /// it only ever sees its own errors and deadline.
+    async fn get(
+        &self,
+        reusable: impl Fn(Instant, &Pending<T>) -> bool,
+        start: impl Fn() -> BoxFuture<'static, Result<Arc<T>, DpuError>>,
+    ) -> Result<Arc<T>, DpuError> {
+        let (pending, joined) = {
+            let mut slot = self.slot.lock().unwrap_or_else(|e| e.into_inner());
+            match slot.as_ref().filter(|(at, p)| reusable(*at, p)) {
+                Some((_, pending)) => (pending.clone(), true),
+                None => {
+                    let at = Instant::now();
+                    let pending = start().shared();
+                    *slot = Some((at, pending.clone()));
+                    (pending, false)
+                }
+            }
+        };
+        match pending.await {
+            Err(_) if joined => start().await,
+            result => result,
+        }
+    }
+}
 
 impl SnapEndpoint {
     pub fn new(socket: PathBuf) -> Self {
@@ -37,7 +92,8 @@ impl SnapEndpoint {
             rpc: RpcClient::new(socket),
             nvme: FunctionPool::default(),
             virtio_blk: FunctionPool::default(),
-            listing: Mutex::new(None),
+            functions: SharedListing::default(),
+            subsystems: SharedListing::default(),
         }
     }
 
@@ -73,28 +129,35 @@ impl SnapEndpoint {
     }
 
     /// Every emulated function: the listing in flight if there is one, else a
-    /// new one. Its deadline is that of the caller who asked first; a joiner
-    /// whose listing failed asks again itself, so it only ever sees its own
-    /// errors and deadline.
+    /// new one.
     pub async fn list_functions(
         &self,
         deadline: Instant,
     ) -> Result<Arc<FunctionListing>, DpuError> {
-        let (listing, joined) = {
-            let mut slot = self.listing.lock().unwrap_or_else(|e| e.into_inner());
-            match slot.as_ref().filter(|l| l.peek().is_none()) {
-                Some(in_flight) => (in_flight.clone(), true),
-                None => {
-                    let listing = list_functions(self.rpc.clone(), deadline).boxed().shared();
-                    *slot = Some(listing.clone());
-                    (listing, false)
-                }
-            }
-        };
-        match listing.await {
-            Err(_) if joined => self.list_functions_fresh(deadline).await,
-            result => result,
-        }
+        let rpc = &self.rpc;
+        self.functions
+            .get(
+                |_, pending| pending.peek().is_none(),
+                || list_functions(rpc.clone(), deadline).boxed(),
+            )
+            .await
+    }
+
+    /// Every NVMe subsystem, from a listing started no earlier than `since`
+    /// (one in flight, or answered, or a new one): it reflects every call
+    /// answered before `since`.
+    pub async fn list_subsystems(
+        &self,
+        since: Instant,
+        deadline: Instant,
+    ) -> Result<Arc<SubsystemListing>, DpuError> {
+        let rpc = &self.rpc;
+        self.subsystems
+            .get(
+                |at, pending| at >= since && !matches!(pending.peek(), Some(Err(_))),
+                || list_subsystems(rpc.clone(), deadline).boxed(),
+            )
+            .await
     }
 
     /// Every emulated function, asked for now.
@@ -197,15 +260,40 @@ async fn list_functions(
     rpc: RpcClient,
     deadline: Instant,
 ) -> Result<Arc<FunctionListing>, DpuError> {
-    let asked_at = Instant::now();
-    let functions = rpc
-        .call_until(&EmulationFunctionList { all: true }, deadline)
-        .await
-        .map_err(|e| classify(rpc.socket(), "listing emulated functions", e))?;
+    let list = EmulationFunctionList { all: true };
+    let (functions, asked_at) = listed(&rpc, &list, "listing emulated functions", deadline).await?;
     Ok(Arc::new(FunctionListing {
         functions,
         asked_at,
     }))
+}
+
+/// One `nvme_subsystem_list`, the same way.
+async fn list_subsystems(
+    rpc: RpcClient,
+    deadline: Instant,
+) -> Result<Arc<SubsystemListing>, DpuError> {
+    let list = NvmeSubsystemList {};
+    let (subsystems, asked_at) = listed(&rpc, &list, "listing NVMe subsystems", deadline).await?;
+    Ok(Arc::new(SubsystemListing {
+        subsystems,
+        asked_at,
+    }))
+}
+
+/// A listing's answer and when it was asked for (no later than sent).
+async fn listed<M: Method>(
+    rpc: &RpcClient,
+    list: &M,
+    what: &str,
+    deadline: Instant,
+) -> Result<(M::Output, Instant), DpuError> {
+    let asked_at = Instant::now();
+    let answer = rpc
+        .call_until(list, deadline)
+        .await
+        .map_err(|e| classify(rpc.socket(), what, e))?;
+    Ok((answer, asked_at))
 }
 
 pub(crate) fn kind_name(kind: EmulationType) -> &'static str {

@@ -217,5 +217,53 @@ mod tests {
                 },
             ]
         );
+        assert!(inventory.pools.is_empty());
+    }
+
+    #[test]
+    fn a_pools_function_is_the_pools_and_its_namespaces_are_packed_volumes() {
+        let (c, d) = (VolumeNames::new("pvc-c"), VolumeNames::new("pvc-d"));
+        let pool = crate::dpu::names::pool_nqn(0);
+        let listing = FunctionListing {
+            functions: from_json(serde_json::json!([
+                {"emulation_type": "NVME", "pci_bdf": "26:00.2", "vhca_id": 2, "vuid": "n0",
+                 "ctrl_id": "NVMeCtrl1", "vfs": [
+                    {"pci_bdf": "26:00.3", "vhca_id": 3, "vuid": "n1", "ctrl_id": "NVMeCtrl2"}]}
+            ])),
+            asked_at: Instant::now(),
+        };
+        let subsystems: Vec<NvmeSubsystem> = from_json(serde_json::json!([
+            {"nqn": pool, "nn": 32, "mnan": 16,
+             "controllers": [{"ctrl_id": "NVMeCtrl1", "vhca_id": 2}],
+             "namespaces": [{"nsid": 1, "bdev": "dev-c", "uuid": c.namespace_uuid},
+                            {"nsid": 2, "bdev": "dev-d", "uuid": d.namespace_uuid.to_uppercase()}]},
+            {"nqn": crate::dpu::names::pool_nqn(1), "controllers": [], "namespaces": []}
+        ]));
+
+        let inventory = join(&listing, &subsystems, &[]);
+        let uses: Vec<(Option<&str>, Option<&str>)> = inventory
+            .functions
+            .iter()
+            .map(|f| (f.pool.as_deref(), f.volume_key.as_deref()))
+            .collect();
+        assert_eq!(uses, [(Some(pool.as_str()), None), (None, None)]);
+        let keys: Vec<(&str, Option<&str>)> = inventory
+            .volumes
+            .iter()
+            .map(|v| (v.key.as_str(), v.bdf.as_deref()))
+            .collect();
+        assert_eq!(
+            keys,
+            [
+                (c.namespace_uuid.as_str(), Some("26:00.2")),
+                (d.namespace_uuid.as_str(), Some("26:00.2")),
+            ]
+        );
+        let pools: Vec<(u32, u32, Option<&str>)> = inventory
+            .pools
+            .iter()
+            .map(|p| (p.namespaces, p.capacity, p.bdf.as_deref()))
+            .collect();
+        assert_eq!(pools, [(2, 16, Some("26:00.2")), (0, u32::MAX, None)]);
     }
 }

@@ -30,6 +30,7 @@ pub mod remote;
 mod virtio;
 pub mod wire;
 
+pub use packed::DEFAULT_NAMESPACES_PER_CONTROLLER;
 pub use plugin::plugin_access_mode;
 // Shared with the controller proxy; children reach it as `super::retry`.
 use crate::retry;

@@ -27,7 +27,6 @@ use crate::spdk::snap::{
     EmulationType, NvmeController, NvmeControllerAttachNs, NvmeControllerCreate,
     NvmeControllerDestroy, NvmeControllerDetachNs, NvmeControllerResume, NvmeNamespaceCreate,
     NvmeNamespaceDestroy, NvmeSubsystem, NvmeSubsystemCreate, NvmeSubsystemDestroy,
-    NvmeSubsystemList,
 };
 
 /// The only `bdev_type` of a namespace backed by an SPDK bdev.
@@ -82,31 +81,6 @@ impl SubsystemListing {
                 listed: listed.clone(),
             })
     }
-}
-
-/// Every NVMe subsystem SNAP has.
-pub(crate) async fn list(
-    snap: &SnapEndpoint,
-    deadline: Instant,
-) -> Result<SubsystemListing, DpuError> {
-    let asked_at = Instant::now();
-    let subsystems = snap
-        .call(&NvmeSubsystemList {}, deadline)
-        .await
-        .map_err(|e| snap.error("listing NVMe subsystems", e))?;
-    Ok(SubsystemListing {
-        subsystems,
-        asked_at,
-    })
-}
-
-/// The subsystem named `nqn`, if SNAP has it.
-pub(crate) async fn find(
-    snap: &SnapEndpoint,
-    nqn: &str,
-    deadline: Instant,
-) -> Result<Option<Subsystem>, DpuError> {
-    Ok(list(snap, deadline).await?.find(nqn))
 }
 
 /// What an attach knows of the volume's subsystem when it starts.
@@ -276,7 +250,10 @@ async fn create_subsystem(
         }
         Err(e) if e.code() == Some(code::EEXIST) => {
             tracing::debug!(%nqn, "NVMe subsystem exists already: reading what it holds");
-            find(snap, nqn, deadline).await
+            Ok(snap
+                .list_subsystems(Instant::now(), deadline)
+                .await?
+                .find(nqn))
         }
         Err(e) => Err(snap.error(&format!("creating subsystem {nqn}"), e)),
     }

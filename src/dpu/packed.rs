@@ -50,6 +50,11 @@ use crate::spdk::snap::{
     NvmeSubsystemCreate, NvmeSubsystemNamespace,
 };
 
+/// Namespaces per pool controller when the caller does not say (the node's
+/// `--namespaces-per-controller` default): also what a stage uses that only
+/// continues a volume placed packed by an earlier one.
+pub const DEFAULT_NAMESPACES_PER_CONTROLLER: u32 = 32;
+
 /// A listing that keeps changing under a stage (other processes placing
 /// namespaces) is read again at most this often before the stage gives up
 /// with Unavailable, which its caller retries within the deadline.
@@ -63,25 +68,42 @@ pub(crate) struct Packing {
     slots: Claims<(u32, u32)>,
     /// Pool k -> held by the stage building it; others wait on it.
     building: Mutex<HashMap<u32, Arc<tokio::sync::Mutex<()>>>>,
+    /// Pool k -> when a stage here last finished building it: a listing
+    /// asked for before then may show it half-built, and must not be built
+    /// from again.
+    built: Mutex<HashMap<u32, Instant>>,
 }
 
 impl Packing {
-    /// Marks pool `k` as being built by the caller until the returned guard
-    /// is dropped; if another stage here is building it, that stage's lock,
-    /// which comes free when it is done.
-    fn start_building(&self, k: u32) -> Result<Built<'_>, Arc<tokio::sync::Mutex<()>>> {
-        let mut map = self.building.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(other) = map.get(&k) {
-            return Err(other.clone());
-        }
-        let lock = Arc::new(tokio::sync::Mutex::new(()));
-        let guard = lock.clone().try_lock_owned().map_err(|_| lock.clone())?;
-        map.insert(k, lock);
-        Ok(Built {
-            packing: self,
-            k,
-            _guard: guard,
-        })
+    /// Lets the caller build (or finish) pool `k` from a listing asked for at
+    /// `asked_at`, until the returned guard is dropped. `None` when that
+    /// listing is stale for it: another stage here is building it (waited
+    /// for) or has built it since.
+    async fn build_lock(&self, k: u32, asked_at: Instant) -> Option<Built<'_>> {
+        let other = {
+            let mut map = self.building.lock().unwrap_or_else(|e| e.into_inner());
+            match map.get(&k) {
+                Some(other) => other.clone(),
+                None => {
+                    let built = self.built.lock().unwrap_or_else(|e| e.into_inner());
+                    if built.get(&k).is_some_and(|at| *at >= asked_at) {
+                        return None;
+                    }
+                    let lock = Arc::new(tokio::sync::Mutex::new(()));
+                    // A new lock is free: this cannot fail.
+                    let guard = lock.clone().try_lock_owned().ok()?;
+                    map.insert(k, lock);
+                    return Some(Built {
+                        packing: self,
+                        k,
+                        _guard: guard,
+                    });
+                }
+            }
+        };
+        // Its guard is dropped when that stage has built the pool.
+        drop(other.lock().await);
+        None
     }
 }
 
@@ -193,7 +215,7 @@ pub(crate) async fn expose(
     names: &VolumeNames,
     device: &str,
     per_controller: u32,
-    mut listing: SubsystemListing,
+    mut listing: Arc<SubsystemListing>,
     mut functions: Arc<FunctionListing>,
     deadline: Instant,
 ) -> Result<HostLocator, DpuError> {
@@ -208,7 +230,7 @@ pub(crate) async fn expose(
     for _ in 0..PLACEMENT_ATTEMPTS {
         match stage.pass(&listing, &mut functions).await? {
             Pass::Placed(locator) => return Ok(locator),
-            Pass::Relist => listing = nvme::list(snap, deadline).await?,
+            Pass::Relist => listing = snap.list_subsystems(Instant::now(), deadline).await?,
         }
     }
     Err(DpuError::Unavailable(format!(
@@ -237,7 +259,7 @@ impl Stage<'_> {
     ) -> Result<Pass, DpuError> {
         let mine = namespaces_of(listing, &self.names.namespace_uuid);
         if !mine.is_empty() {
-            return self.continue_from(&mine, functions).await;
+            return self.continue_from(&mine, listing.asked_at, functions).await;
         }
         let pools = pools(listing);
         let claim = self.packing.slots.claim_first(
@@ -272,6 +294,7 @@ impl Stage<'_> {
     async fn continue_from(
         &self,
         mine: &[(&NvmeSubsystem, &NvmeSubsystemNamespace)],
+        listing_asked_at: Instant,
         functions: &mut Arc<FunctionListing>,
     ) -> Result<Pass, DpuError> {
         let (pool, namespace) = mine
@@ -299,10 +322,21 @@ impl Stage<'_> {
         }
         let k = pool_index(&pool.nqn).unwrap_or_default();
         let attached = attached_to(pool, namespace).next();
-        // A crash may have left the pool without a running controller:
-        // `build` resumes or makes it.
-        let Some(live) = self.build(k, Some(pool), functions).await? else {
-            return Ok(Pass::Relist);
+        let live = match pool.controllers.iter().find(|c| nvme::is_running(c)) {
+            Some(c) => Live {
+                ctrl_id: c.ctrl_id.clone(),
+                bdf: self.bdf_of(c, &pool.nqn, functions).await?,
+            },
+            None => {
+                // A crash left the pool without a running controller.
+                let Some(_held) = self.packing.build_lock(k, listing_asked_at).await else {
+                    return Ok(Pass::Relist);
+                };
+                match self.build(k, Some(pool), functions).await? {
+                    Some(live) => live,
+                    None => return Ok(Pass::Relist),
+                }
+            }
         };
         if attached.is_some_and(|c| c.ctrl_id == live.ctrl_id) {
             return Ok(Pass::Placed(self.locator(live.bdf, namespace.nsid)));
@@ -328,13 +362,8 @@ impl Stage<'_> {
                 .find(|k| !pools.iter().any(|p| p.k == *k))
                 .unwrap_or(u32::MAX),
         };
-        let held = match self.packing.start_building(k) {
-            Ok(held) => held,
-            Err(other) => {
-                // Its guard is dropped when that stage has built the pool.
-                drop(other.lock().await);
-                return Ok(Pass::Relist);
-            }
+        let Some(held) = self.packing.build_lock(k, listing.asked_at).await else {
+            return Ok(Pass::Relist);
         };
         let listed = unfinished.map(|p| p.listed);
         let Some(live) = self.build(k, listed, functions).await? else {
@@ -516,12 +545,24 @@ struct Built<'a> {
 
 impl Drop for Built<'_> {
     fn drop(&mut self) {
-        self.packing
+        let mut building = self
+            .packing
             .building
             .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        // Recorded before the waiters may read a listing again.
+        self.packing
+            .built
+            .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .remove(&self.k);
+            .insert(self.k, Instant::now());
+        building.remove(&self.k);
     }
+}
+
+/// Whether the volume has a namespace in a pool.
+pub(crate) fn holds(listing: &SubsystemListing, names: &VolumeNames) -> bool {
+    !namespaces_of(listing, &names.namespace_uuid).is_empty()
 }
 
 /// The bdevs of the volume's packed namespaces, read before they go.

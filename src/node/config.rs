@@ -143,7 +143,7 @@ impl Default for NodeConfig {
             snap_socket_template: DEFAULT_SNAP_SOCKET_TEMPLATE.into(),
             emulation: EmulationSetting::Nvme,
             placement: PlacementSetting::Dedicated,
-            namespaces_per_controller: 32,
+            namespaces_per_controller: crate::dpu::DEFAULT_NAMESPACES_PER_CONTROLLER,
             max_volumes_per_node: None,
             dpu_name: String::new(),
             dpu_endpoint: None,

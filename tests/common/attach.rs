@@ -26,7 +26,7 @@ use tokio::time::Instant;
 
 use super::dpu::{Agent, TestDpu};
 use super::plugin::{self, TestPlugin};
-use super::{Emulator, loop_devices_of, sparse_file};
+use super::{Emulator, loop_devices_of, round_trips, sparse_file};
 
 pub const SIZE: u64 = 16 << 20;
 
@@ -136,6 +136,51 @@ impl Stack {
                 namespaces_per_controller: per_controller,
             },
             ..self.request(volume_id, Emulation::Nvme)
+        }
+    }
+
+    /// The dependent SNAP round trips (as the emulator counts them with
+    /// `counting_round_trips`) of a volume's life: [attach, the same attach
+    /// retried by a caller that knows it attached, detach]. The retry gives
+    /// the same attachment and the detach leaves nothing.
+    pub async fn round_trips_of_a_life(&self, request: &AttachRequest) -> [u64; 3] {
+        let rounds = || self.emulator.rounds();
+        let (first, attach) = round_trips(rounds, self.dpu.attach(request, deadline())).await;
+        let first = first.unwrap();
+        let retry = AttachRequest {
+            attached_before: true,
+            ..request.clone()
+        };
+        let (again, retried) = round_trips(rounds, self.dpu.attach(&retry, deadline())).await;
+        assert_eq!(again.unwrap(), first);
+        let volume_id = &request.volume_id;
+        let detach = self
+            .dpu
+            .detach(volume_id, Some(&first.device_name), deadline());
+        let (detached, detach) = round_trips(rounds, detach).await;
+        detached.unwrap();
+        self.assert_gone(volume_id).await;
+        [attach, retried, detach]
+    }
+
+    /// Attaches every request at once; each must succeed.
+    pub async fn attach_all_at_once(&self, requests: &[AttachRequest]) -> Vec<Attachment> {
+        let attached =
+            futures::future::join_all(requests.iter().map(|r| self.dpu.attach(r, deadline())))
+                .await;
+        attached.into_iter().map(Result::unwrap).collect()
+    }
+
+    /// Detaches every volume at once; afterwards nothing of any is left.
+    pub async fn detach_all_at_once(&self, ids: &[String]) {
+        let detached =
+            futures::future::join_all(ids.iter().map(|id| self.dpu.detach(id, None, deadline())))
+                .await;
+        for result in detached {
+            result.unwrap();
+        }
+        for id in ids {
+            self.assert_gone(id).await;
         }
     }
 

@@ -184,6 +184,12 @@ impl NodeStack {
         assert_eq!(self.records(), 0, "a volume record is left");
     }
 
+    /// SNAP's NVMe subsystems (pools included).
+    pub async fn subsystems(&self) -> Vec<snap_csi::spdk::snap::NvmeSubsystem> {
+        let snap = self.emulator.client();
+        snap.call(&NvmeSubsystemList {}).await.unwrap()
+    }
+
     /// How many volume records the node holds.
     pub fn records(&self) -> usize {
         std::fs::read_dir(self.config.state_dir.join("volumes"))

@@ -103,10 +103,24 @@ async fn aio_volumes_through_nvme_and_virtio_blk() {
     let nvme = request("pvc-nvme", aio_context(&file), Emulation::Nvme);
     attach_and_detach(&dpu, &snap, &nvme, &file).await;
 
+    let file = snap.file("pvc-packed.img");
+    let packed = packed(request("pvc-packed", aio_context(&file), Emulation::Nvme));
+    attach_and_detach(&dpu, &snap, &packed, &file).await;
+
     let file = snap.file("pvc-vblk.img");
     let vblk = request("pvc-vblk", aio_context(&file), Emulation::VirtioBlk);
     attach_and_detach(&dpu, &snap, &vblk, &file).await;
     assert!(snap.bdevs().await.is_empty());
+}
+
+/// The same volume as one namespace on a shared pool controller.
+fn packed(request: AttachRequest) -> AttachRequest {
+    AttachRequest {
+        placement: Placement::Packed {
+            namespaces_per_controller: 4,
+        },
+        ..request
+    }
 }
 
 /// A detach that lost the device name finds it through ListDevices.
@@ -139,6 +153,9 @@ async fn nvmf_volume_through_nvme() {
     // The host's loop device is over the target's file.
     let backing = target.dir.path().join("remote.img");
     attach_and_detach(&dpu, &snap, &remote, &backing).await;
+    assert!(snap.nvme_controllers().await.is_empty());
+    // Packed, the same remote volume is a namespace on a pool controller.
+    attach_and_detach(&dpu, &snap, &packed(remote), &backing).await;
     assert!(snap.nvme_controllers().await.is_empty());
 }
 
