@@ -3,9 +3,11 @@
 # starts the whole stack on the SNAP emulator (hack/local-up.sh) several
 # times, plays external-provisioner and kubelet over real gRPC, and prints
 # latency, floors, SNAP round trips, scale, memory and JSON-RPC client tables
-# (README "Performance"). Arguments go to the bench (--help lists them), e.g.
+# (README "Performance"); section 7, density with the packed placement, runs
+# only when named. Arguments go to the bench (--help lists them), e.g.
 #   ./hack/bench.sh --json /tmp/bench.json
 #   ./hack/bench.sh --sections 1,2 --volumes 8
+#   ./hack/bench.sh --sections 7
 # Run as root: the emulator makes loop devices and the node mounts.
 set -euo pipefail
 cd "$(dirname "$0")/.."

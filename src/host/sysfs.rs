@@ -87,12 +87,18 @@ impl Sysfs {
         uuid: Option<&str>,
     ) -> Result<Option<BlockDevice>, HostError> {
         for (namespace, disk) in self.nvme_namespaces(&self.function_dir(bdf))? {
-            if read_trimmed(&namespace.join("nsid"))?.parse::<u32>().ok() != Some(nsid) {
+            // A namespace that vanishes between the listing and these reads
+            // is another's, detached meanwhile from the same (pool)
+            // controller: not ours, and no reason to fail.
+            let Some(found_nsid) = read_optional(&namespace.join("nsid"))? else {
+                continue;
+            };
+            if found_nsid.trim().parse::<u32>().ok() != Some(nsid) {
                 continue;
             }
             if let Some(expected) = uuid {
-                let found = read_trimmed(&namespace.join("uuid"))?;
-                if !found.eq_ignore_ascii_case(expected) {
+                let found = read_optional(&namespace.join("uuid"))?.unwrap_or_default();
+                if !found.trim().eq_ignore_ascii_case(expected) {
                     continue;
                 }
             }
@@ -405,6 +411,24 @@ mod tests {
             "the first disk with that number, named with its identity"
         );
         assert_eq!(sysfs.describe_device(major, minor + 1000).unwrap(), None);
+    }
+
+    #[test]
+    fn a_namespace_detached_during_the_lookup_is_skipped() {
+        let (major, minor) = any_block_device().expect("this machine has a block device");
+        let root = tempfile::tempdir().unwrap();
+        let ctrl = root.path().join("bus/pci/devices/0000:26:00.3/nvme/nvme3");
+        // Another volume's namespace on the same pool controller, listed but
+        // gone by the time its attributes are read (its files removed first).
+        fs::create_dir_all(ctrl.join("nvme3n1")).unwrap();
+        write(&ctrl.join("nvme3n2/nsid"), "2\n");
+        write(&ctrl.join("nvme3n2/size"), "8\n");
+        write(&ctrl.join("nvme3n2/dev"), &format!("{major}:{minor}\n"));
+        let found = Sysfs::new(root.path())
+            .find_nvme_namespace("26:00.3", 2, None)
+            .unwrap()
+            .expect("namespace 2");
+        assert_eq!(found.name, "nvme3n2");
     }
 
     #[test]

@@ -12,7 +12,10 @@
 //!    poller on (real SPDK's ~8 ms per sequential call) versus off;
 //! 4. scale: many block volumes staged and published at several concurrencies;
 //! 5. memory (peak RSS of the node and the proxy) and node restart time;
-//! 6. the JSON-RPC client's throughput against a raw-socket client.
+//! 6. the JSON-RPC client's throughput against a raw-socket client;
+//! 7. density with the packed placement: many block volumes staged on one
+//!    node at concurrency 1 and 64, the node's peak RSS, and the SNAP round
+//!    trips of one stage counted by the emulator against a dedicated one.
 //!
 //! Stacks, one after the other: a (default emulator) for 1, 2, 3 and 6; b
 //! (poller at 8 ms) for 3 and 6; b2 (poller at 50 ms) to count dependent
@@ -20,7 +23,9 @@
 //! (c with the poller at 8 ms) for 4 again. b, c and d each have a split
 //! twin (`b-split`, ...: the node reaching a DPU agent over mutual TLS, see
 //! `split.rs`) up beside them, the work alternating between the two
-//! (`--no-split` leaves them out). Each is stopped and checked for
+//! (`--no-split` leaves them out); p (functions for the packed volumes'
+//! pool controllers) for 7, whose round trips are counted on an emulator in
+//! this process (`trips.rs`). Each is stopped and checked for
 //! leftovers (loop devices, mounts, its directory, a split stack's network
 //! namespace and veth) before the next starts; Ctrl-C or an error drops the
 //! running ones, which stops them. Run as root: `./hack/bench.sh`.
@@ -28,6 +33,7 @@
 mod floors;
 mod latency;
 mod memory;
+mod packed;
 mod prom;
 mod report;
 mod rounds;
@@ -36,6 +42,7 @@ mod scale;
 mod split;
 mod stats;
 mod table;
+mod trips;
 
 use std::path::PathBuf;
 
@@ -105,7 +112,20 @@ pub struct Args {
     /// Skip the split-mode twins of the stacks of sections 3, 4 and 5.
     #[arg(long)]
     pub no_split: bool,
-    /// Sections to run (1-6), comma separated.
+    /// Block volumes staged at once on one node in section 7.
+    #[arg(long, default_value_t = 1024)]
+    pub packed_volumes: usize,
+    /// Concurrency levels of section 7, comma separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,64")]
+    pub packed_concurrency: Vec<usize>,
+    /// The placement of section 7's volumes (its StorageClass parameter).
+    #[arg(long, default_value = "packed", value_parser = ["packed", "dedicated"])]
+    pub packed_placement: String,
+    /// The node's `--namespaces-per-controller` in section 7.
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..))]
+    pub packed_namespaces_per_controller: u32,
+    /// Sections to run (1-7), comma separated. Section 7 (density, about
+    /// four minutes on the 2-core machine) runs only when named.
     #[arg(long, value_delimiter = ',', default_value = "1,2,3,4,5,6")]
     pub sections: Vec<u8>,
     /// Also write every figure as JSON here.
@@ -296,6 +316,9 @@ async fn run(args: &Args, work: &Work, report: &mut Report) -> anyhow::Result<()
     if args.wants(4) && !args.no_scale_poll {
         rounds::scale_with_poller(args, work, report).await?;
     }
+    if args.wants(7) {
+        packed::run(args, work, report).await?;
+    }
     Ok(())
 }
 
@@ -371,8 +394,8 @@ async fn main() -> anyhow::Result<()> {
     if !is_root()? {
         bail!("run as root: the stack makes loop devices and mounts");
     }
-    if args.sections.iter().any(|s| !(1..=6).contains(s)) {
-        bail!("--sections takes numbers from 1 to 6");
+    if args.sections.iter().any(|s| !(1..=7).contains(s)) {
+        bail!("--sections takes numbers from 1 to 7");
     }
     let work = Work {
         dir: tempfile::Builder::new()

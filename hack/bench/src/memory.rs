@@ -86,9 +86,14 @@ impl Memory {
     }
 }
 
+/// The memory of the stack's node.
+pub fn node(stack: &Stack) -> anyhow::Result<Rss> {
+    rss(find("node", "--endpoint", stack.node_socket().as_os_str())?)
+}
+
 /// The memory of the stack's node, proxy and (split mode) agent.
 fn processes(stack: &Stack) -> anyhow::Result<(Rss, Rss, Option<Rss>)> {
-    let node = rss(find("node", "--endpoint", stack.node_socket().as_os_str())?)?;
+    let node = node(stack)?;
     let proxy = rss(find(
         "controller",
         "--endpoint",

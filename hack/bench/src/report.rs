@@ -6,8 +6,9 @@ use crate::Args;
 use crate::floors::Floors;
 use crate::latency::Row;
 use crate::memory::{Memory, Rss};
+use crate::packed::Density;
 use crate::rpc::Level;
-use crate::scale::{Round, pooled_rate};
+use crate::scale::{ByMethod, Round, pooled_rate};
 use crate::split::Split;
 use crate::table::{Table, ms, num};
 
@@ -82,6 +83,8 @@ pub struct Report {
     pub jsonrpc_poll: Option<Vec<Level>>,
     /// Sections 3, 4 and 5 in split mode.
     pub split: Split,
+    /// Section 7.
+    pub density: Option<Density>,
     pub targets: Vec<Target>,
     pub cleanup: Vec<String>,
 }
@@ -114,6 +117,7 @@ impl Report {
             jsonrpc: None,
             jsonrpc_poll: None,
             split: Split::default(),
+            density: None,
             targets: Vec::new(),
             cleanup: Vec::new(),
         }
@@ -662,6 +666,7 @@ impl Report {
             }
         }
         targets.extend(self.split_targets());
+        targets.extend(self.density_targets());
         targets
     }
 }
@@ -734,17 +739,32 @@ pub fn print_rounds(rounds: &[Round]) {
     println!(
         "   SNAP calls of the DPU attach layer (the node's; the agent's in split mode) during stage + publish, by method:\n   calls per volume, mean ms per call"
     );
-    let mut methods: Vec<&String> = rounds.iter().flat_map(|r| r.snap_methods.keys()).collect();
+    print_methods(
+        "method",
+        &rounds
+            .iter()
+            .map(|r| (r.concurrency, &r.snap_methods))
+            .collect::<Vec<_>>(),
+    );
+    println!(
+        "   (node/SNAP/plugin ms per volume: stage + publish by the node's clock, and the SNAP and plugin calls' summed\n    time (the agent's in split mode), means; teardown: unpublish + unstage at the same concurrency; create: every\n    volume first, 8 at a time)"
+    );
+}
+
+/// SNAP calls by method, one column per concurrency level: calls per
+/// volume x mean ms per call.
+pub fn print_methods(title: &str, levels: &[(usize, &ByMethod)]) {
+    let mut methods: Vec<&String> = levels.iter().flat_map(|(_, m)| m.keys()).collect();
     methods.sort();
     methods.dedup();
-    let mut headers = vec!["method".to_string()];
-    headers.extend(rounds.iter().map(|r| format!("c={}", r.concurrency)));
+    let mut headers = vec![title.to_string()];
+    headers.extend(levels.iter().map(|(c, _)| format!("c={c}")));
     let mut table = Table::new(&headers.iter().map(String::as_str).collect::<Vec<_>>());
     for method in methods {
         let mut row = vec![method.clone()];
-        for r in rounds {
+        for (_, by_method) in levels {
             row.push(
-                r.snap_methods
+                by_method
                     .get(method)
                     .map_or(String::new(), |(calls, mean)| {
                         format!("{} x {}", num(*calls), ms(*mean))
@@ -754,7 +774,4 @@ pub fn print_rounds(rounds: &[Round]) {
         table.row(row);
     }
     table.print();
-    println!(
-        "   (node/SNAP/plugin ms per volume: stage + publish by the node's clock, and the SNAP and plugin calls' summed\n    time (the agent's in split mode), means; teardown: unpublish + unstage at the same concurrency; create: every\n    volume first, 8 at a time)"
-    );
 }

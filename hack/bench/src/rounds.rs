@@ -11,6 +11,7 @@
 
 use crate::csi::Clients;
 use crate::memory::{Memory, restart_node, rss};
+use crate::packed::nvme_layout;
 use crate::prom::{Outbound, scrape};
 use crate::report::Report;
 use crate::scale::{self, Round, Staged};
@@ -21,11 +22,8 @@ use crate::{Args, Work, start, stop};
 /// A stack whose DPU emulator has an NVMe function for every scale volume
 /// (two PFs, with a few functions spare).
 fn scale_options(args: &Args, poll_period_us: u64, split: bool) -> anyhow::Result<StackOptions> {
-    let pfs = 2u32;
-    let functions = u32::try_from(args.scale_volumes + 8)?;
-    let vfs = functions.div_ceil(pfs).saturating_sub(1).max(1);
     Ok(StackOptions {
-        nvme_functions: Some((pfs, vfs)),
+        nvme_functions: Some(nvme_layout(u32::try_from(args.scale_volumes + 8)?)),
         poll_period_us,
         split,
         ..StackOptions::default()
@@ -47,6 +45,7 @@ async fn stage_round(
         &format!("{prefix}-c{concurrency}"),
         args.scale_volumes,
         args.scale_size_mib,
+        None,
     )
     .await?;
     let layer = stack

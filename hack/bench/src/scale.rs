@@ -11,9 +11,12 @@ use serde::Serialize;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
-use crate::csi::{Clients, Kind, Volume};
+use crate::csi::{Clients, Kind, Volume, parameters};
 use crate::prom::{Outbound, Page, snap_methods};
 use crate::stats::Summary;
+
+/// SNAP calls by method: calls per volume, mean ms per call.
+pub type ByMethod = BTreeMap<String, (f64, f64)>;
 
 /// One concurrency level.
 #[derive(Debug, Clone, Serialize)]
@@ -38,8 +41,8 @@ pub struct Round {
     /// Split mode: the node's calls to the DPU agent per volume (stage +
     /// publish; zero co-located).
     pub link_calls_per_volume: f64,
-    /// The attach layer's SNAP calls by method: calls per volume, mean ms per call.
-    pub snap_methods: BTreeMap<String, (f64, f64)>,
+    /// The attach layer's SNAP calls by method.
+    pub snap_methods: ByMethod,
     /// Unpublish + unstage of every volume, at the same concurrency.
     pub teardown_wall_s: f64,
     /// Throughput over that of concurrency 1 (when measured).
@@ -52,7 +55,7 @@ const CREATE_CONCURRENCY: usize = 8;
 
 /// Runs `work` for each item in its own task, at most `concurrency` at a
 /// time; returns what each returned, in item order, and the wall time.
-async fn each<I, T, F, Fut>(
+pub async fn each<I, T, F, Fut>(
     items: Vec<I>,
     concurrency: usize,
     clients: &Clients,
@@ -84,20 +87,23 @@ where
     Ok((results.into_iter().map(|(_, r)| r).collect(), wall))
 }
 
-/// Creates `count` block volumes.
+/// Creates `count` block volumes (AIO, NVMe) with `placement` (none: the
+/// node's default).
 pub async fn create(
     clients: &Clients,
     kubelet: &std::path::Path,
     prefix: &str,
     count: usize,
     size_mib: i64,
+    placement: Option<&str>,
 ) -> anyhow::Result<(Vec<Volume>, Duration)> {
     let names: Vec<String> = (0..count).map(|i| format!("{prefix}-{i}")).collect();
+    let parameters = parameters("aio", "nvme", placement);
     each(names, CREATE_CONCURRENCY, clients, |mut clients, name| {
-        let kubelet = kubelet.to_path_buf();
+        let (kubelet, parameters) = (kubelet.to_path_buf(), parameters.clone());
         async move {
             clients
-                .create(&kubelet, &name, &Kind::Block, size_mib)
+                .create_with(&kubelet, &name, &Kind::Block, size_mib, parameters)
                 .await
         }
     })
@@ -169,7 +175,7 @@ pub struct Staged {
     pub wall: Duration,
     pub node: Outbound,
     pub layer: Outbound,
-    pub methods: BTreeMap<String, (f64, f64)>,
+    pub methods: ByMethod,
 }
 
 /// The figures of one round: its first half and the teardown's wall time.
@@ -208,7 +214,7 @@ pub fn summarise(concurrency: usize, staged: Staged, teardown_wall: Duration) ->
 
 /// The node's SNAP calls between two pages, by method: calls per volume and
 /// mean milliseconds per call.
-pub fn method_means(before: &Page, after: &Page, volumes: usize) -> BTreeMap<String, (f64, f64)> {
+pub fn method_means(before: &Page, after: &Page, volumes: usize) -> ByMethod {
     let before = snap_methods(before);
     snap_methods(after)
         .into_iter()

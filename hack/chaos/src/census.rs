@@ -1,8 +1,9 @@
 //! The census at a quiet point (every volume deleted, no fault in flight):
 //! everything a volume's life makes must be gone. Each thing found is one
-//! leak: SNAP's bdevs, NVMe subsystems and controllers, virtio-blk
-//! controllers and NVMe-oF initiator controllers; the NVMe-oF target's lvols
-//! and subsystems; the plugin's devices; the vendor's volumes (CSI
+//! leak: SNAP's bdevs, NVMe subsystems and controllers (but for the packed
+//! placement's pool, kept for the next volume: only a namespace on it is a
+//! leak), virtio-blk controllers and NVMe-oF initiator controllers; the
+//! NVMe-oF target's lvols and subsystems; the plugin's devices; the vendor's volumes (CSI
 //! ListVolumes through the proxy) and its AIO files; the node's records;
 //! mounts, loop devices and kubelet directories below the stack.
 
@@ -10,21 +11,33 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
+use snap_csi::dpu::names::POOL_NQN_PREFIX;
 use snap_csi::jsonrpc::RpcClient;
 use snap_csi::proto::csi::v1 as csi;
 use snap_csi::proto::nvidia::storage::plugins::v1 as plugins;
 use snap_csi::spdk::bdev::BdevGetBdevs;
 use snap_csi::spdk::nvme::BdevNvmeGetControllers;
 use snap_csi::spdk::nvmf::NvmfGetSubsystems;
-use snap_csi::spdk::snap::{NvmeControllerList, NvmeSubsystemList, VirtioBlkControllerList};
+use snap_csi::spdk::snap::{
+    NvmeController, NvmeControllerList, NvmeSubsystem, NvmeSubsystemList, VirtioBlkControllerList,
+};
 use snap_csi_harness::csi::{Clients, channel, volume_parents};
 use snap_csi_harness::stack::Stack;
 
 /// The target's own pool, which local-up makes and no volume owns.
 const TARGET_POOL: &str = "pool0";
 
-/// Everything found left behind, one line each.
-pub async fn census(stack: &Stack, clients: &Clients) -> anyhow::Result<Vec<String>> {
+/// What the census found: leaks, and what the packed placement keeps for
+/// the next volume on purpose (empty pool controllers), one line each.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Found {
+    pub leaks: Vec<String>,
+    pub kept: Vec<String>,
+}
+
+/// Everything found left behind; `max_pools` is the most pool subsystems
+/// the round's packed volumes can have needed at once.
+pub async fn census(stack: &Stack, clients: &Clients, max_pools: usize) -> anyhow::Result<Found> {
     let mut left = Vec::new();
     let snap = RpcClient::with_timeout(stack.snap_socket(), Duration::from_secs(10));
     let named = |what: &str, names: Vec<String>| -> Vec<String> {
@@ -42,26 +55,17 @@ pub async fn census(stack: &Stack, clients: &Clients) -> anyhow::Result<Vec<Stri
             .map(|b| b.name)
             .collect(),
     ));
-    for subsystem in snap
+    let subsystems = snap
         .call(&NvmeSubsystemList {})
         .await
-        .context("SNAP nvme_subsystem_list")?
-    {
-        left.push(format!(
-            "SNAP NVMe subsystem: {} ({} namespaces)",
-            subsystem.nqn,
-            subsystem.namespaces.len()
-        ));
-    }
-    left.extend(named(
-        "NVMe controller",
-        snap.call(&NvmeControllerList {})
-            .await
-            .context("SNAP nvme_controller_list")?
-            .into_iter()
-            .map(|c| c.ctrl_id)
-            .collect(),
-    ));
+        .context("SNAP nvme_subsystem_list")?;
+    let controllers = snap
+        .call(&NvmeControllerList {})
+        .await
+        .context("SNAP nvme_controller_list")?;
+    let nvme = judge_nvme(&subsystems, &controllers, max_pools);
+    left.extend(nvme.leaks);
+    let kept = nvme.kept;
     left.extend(named(
         "virtio-blk controller",
         snap.call(&VirtioBlkControllerList {})
@@ -160,7 +164,69 @@ pub async fn census(stack: &Stack, clients: &Clients) -> anyhow::Result<Vec<Stri
             .filter(|l| l.contains(&dir))
             .map(|l| format!("loop device: {l}")),
     );
-    Ok(left)
+    Ok(Found { leaks: left, kept })
+}
+
+/// SNAP's NVMe subsystems and controllers with every volume gone. A
+/// dedicated volume's subsystem and controller are leaks. A pool subsystem
+/// and its controllers are kept on purpose (the next packed volume attaches
+/// to the live controller: no function taken, no hot-plug), but every
+/// namespace still on one is a leak (its volume is gone), and so is every
+/// pool beyond `max_pools`: a new pool is built only when every pool is
+/// full, so no more can be needed than the most packed volumes at once fill.
+fn judge_nvme(
+    subsystems: &[NvmeSubsystem],
+    controllers: &[NvmeController],
+    max_pools: usize,
+) -> Found {
+    let mut found = Found::default();
+    let pools = subsystems
+        .iter()
+        .filter(|s| s.nqn.starts_with(POOL_NQN_PREFIX))
+        .count();
+    if pools > max_pools {
+        found.leaks.push(format!(
+            "SNAP has {pools} pool subsystems; the volumes at once needed at most {max_pools}"
+        ));
+    }
+    let pool =
+        |nqn: &str| nqn.starts_with(POOL_NQN_PREFIX) && subsystems.iter().any(|s| s.nqn == nqn);
+    for subsystem in subsystems {
+        if !pool(&subsystem.nqn) {
+            found.leaks.push(format!(
+                "SNAP NVMe subsystem: {} ({} namespaces)",
+                subsystem.nqn,
+                subsystem.namespaces.len()
+            ));
+            continue;
+        }
+        found
+            .kept
+            .push(format!("SNAP pool subsystem {}", subsystem.nqn));
+        for namespace in &subsystem.namespaces {
+            found.leaks.push(format!(
+                "SNAP namespace {} on pool subsystem {} (bdev {}, uuid {}): no volume is staged",
+                namespace.nsid,
+                subsystem.nqn,
+                namespace.bdev,
+                namespace.uuid.as_deref().unwrap_or("none")
+            ));
+        }
+    }
+    for controller in controllers {
+        match controller.nqn.as_deref() {
+            Some(nqn) if pool(nqn) => found.kept.push(format!(
+                "SNAP pool controller {} on {nqn}",
+                controller.ctrl_id
+            )),
+            nqn => found.leaks.push(format!(
+                "SNAP NVMe controller: {} (subsystem {})",
+                controller.ctrl_id,
+                nqn.unwrap_or("none")
+            )),
+        }
+    }
+    found
 }
 
 /// Names in `dir` (none when it does not exist).
@@ -198,4 +264,89 @@ fn kubelet_leftovers(kubelet: &Path) -> anyhow::Result<Vec<String>> {
         }
     }
     Ok(left)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use snap_csi::spdk::snap::NvmeSubsystemNamespace;
+
+    fn subsystem(nqn: &str, namespaces: &[&str]) -> NvmeSubsystem {
+        NvmeSubsystem {
+            nqn: nqn.into(),
+            sn: None,
+            mn: None,
+            nn: None,
+            mnan: None,
+            controllers: Vec::new(),
+            namespaces: namespaces
+                .iter()
+                .enumerate()
+                .map(|(i, bdev)| NvmeSubsystemNamespace {
+                    nsid: u32::try_from(i).unwrap() + 1,
+                    bdev: bdev.to_string(),
+                    uuid: None,
+                    controllers: Vec::new(),
+                })
+                .collect(),
+        }
+    }
+
+    fn controller(ctrl_id: &str, nqn: &str) -> NvmeController {
+        NvmeController {
+            ctrl_id: ctrl_id.into(),
+            vhca_id: 0,
+            nqn: Some(nqn.into()),
+            state: None,
+            namespaces: Vec::new(),
+        }
+    }
+
+    const POOL: &str = "nqn.2022-10.io.snap-csi:pool-0";
+
+    #[test]
+    fn an_empty_pool_is_kept_and_a_namespace_on_it_is_a_leak() {
+        let empty = judge_nvme(
+            &[subsystem(POOL, &[])],
+            &[controller("NvmeEmu0pf0", POOL)],
+            1,
+        );
+        assert!(empty.leaks.is_empty(), "{:?}", empty.leaks);
+        assert_eq!(empty.kept.len(), 2, "{:?}", empty.kept);
+
+        let left = judge_nvme(
+            &[subsystem(POOL, &["pvc-gone"])],
+            &[controller("NvmeEmu0pf0", POOL)],
+            1,
+        );
+        assert_eq!(left.leaks.len(), 1, "{:?}", left.leaks);
+        assert!(left.leaks[0].contains("pvc-gone"), "{:?}", left.leaks);
+    }
+
+    #[test]
+    fn a_dedicated_volumes_subsystem_and_controller_are_leaks() {
+        let nqn = "nqn.2022-10.io.snap-csi:pvc-gone";
+        let found = judge_nvme(&[subsystem(nqn, &[])], &[controller("NvmeEmu0pf1", nqn)], 1);
+        assert_eq!(found.leaks.len(), 2, "{:?}", found.leaks);
+        assert!(found.kept.is_empty(), "{:?}", found.kept);
+        // A controller on a pool subsystem that is gone is no pool's.
+        let orphan = judge_nvme(&[], &[controller("NvmeEmu0pf2", POOL)], 1);
+        assert_eq!(orphan.leaks.len(), 1, "{:?}", orphan.leaks);
+    }
+
+    #[test]
+    fn pools_beyond_what_the_volumes_needed_are_a_leak() {
+        let pools = [
+            subsystem(POOL, &[]),
+            subsystem("nqn.2022-10.io.snap-csi:pool-1", &[]),
+        ];
+        assert!(judge_nvme(&pools, &[], 2).leaks.is_empty());
+        let found = judge_nvme(&pools, &[], 1);
+        assert_eq!(found.leaks.len(), 1, "{:?}", found.leaks);
+        assert!(
+            found.leaks[0].contains("2 pool subsystems"),
+            "{:?}",
+            found.leaks
+        );
+    }
 }

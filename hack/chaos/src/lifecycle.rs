@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use snap_csi_harness::csi::{Clients, Kind, Volume};
+use snap_csi_harness::csi::{Clients, Kind, Volume, parameters};
 
 use crate::data::{Pattern, Verdict};
 use crate::rng::Rng;
@@ -92,6 +92,11 @@ impl Worker {
     async fn lifecycle(&mut self, serial: u64) {
         let backend = *self.rng.pick(&["aio", "nvmf"]);
         let emulation = *self.rng.pick(&["nvme", "virtio-blk"]);
+        // A virtio-blk function has one disk: only NVMe packs.
+        let placement = match emulation {
+            "nvme" => *self.rng.pick(&["dedicated", "packed"]),
+            _ => "dedicated",
+        };
         let kind = self
             .rng
             .pick(&[
@@ -101,15 +106,16 @@ impl Worker {
             ])
             .clone();
         let name = format!("chaos-w{}-{serial}", self.id);
-        let shape = format!("{backend}, {emulation}, {}", kind_name(&kind));
+        let shape = format!("{backend}, {emulation} {placement}, {}", kind_name(&kind));
         self.tally.volume(&shape);
         let label = format!("{name} ({shape})");
         let created = converge(&self.tally, "CreateVolume", &label, || {
             let mut clients = self.clients.clone();
             let (kubelet, name, kind) = (self.kubelet.clone(), name.clone(), kind.clone());
+            let parameters = parameters(backend, emulation, Some(placement));
             async move {
                 clients
-                    .create_on(&kubelet, &name, &kind, SIZE_MIB, backend, emulation)
+                    .create_with(&kubelet, &name, &kind, SIZE_MIB, parameters)
                     .await
             }
         })

@@ -3,8 +3,9 @@
 //! after round, each round on a fresh stack of the next configuration
 //! (co-located and split, SNAP answering at once and at real SPDK's 8 ms
 //! poller period). In a round, `--volumes` workers drive random lives on
-//! volumes of every backend (AIO, NVMe-oF), emulation (NVMe, virtio-blk) and
-//! kind (block, ext4, xfs) at once (`lifecycle`), each carrying a known
+//! volumes of every backend (AIO, NVMe-oF), emulation (NVMe, virtio-blk),
+//! placement (NVMe: dedicated or packed) and kind (block, ext4, xfs) at once
+//! (`lifecycle`), each carrying a known
 //! pattern read back after every restage (`data`), while faults strike at
 //! random (`faults`; EBUSY holders are the workers'). At the end of a round
 //! the faults stop, the workers finish their volumes, and a census
@@ -58,6 +59,10 @@ struct Args {
     /// Mean pause between two faults (same units).
     #[arg(long, default_value = "5s", value_parser = parse_duration)]
     fault_interval: Duration,
+    /// The node's namespaces per pool controller (packed placement): small,
+    /// so that pool controllers fill up and new ones are opened under chaos.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..))]
+    namespaces_per_controller: u32,
     /// Percent of unpublishes that meet a process holding the mount.
     #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(0..=100))]
     holder_percent: u64,
@@ -184,6 +189,7 @@ async fn one_round(
         nvme_functions: None,
         split: configuration.split,
         supervise: true,
+        namespaces_per_controller: Some(args.namespaces_per_controller),
     };
     let stack_dir = std::env::temp_dir().join(format!("snap-csi-chaos-{seed}-{name}"));
     let stack = Stack::start(
@@ -235,11 +241,15 @@ async fn one_round(
     keep_logs(&stack, &logs.join(&name));
     // Quiet: no fault in flight, every volume deleted. A process killed last
     // may still be starting: the census is asked again until all answer.
+    // Each worker has one volume at a time.
+    let max_pools = args
+        .volumes
+        .div_ceil(usize::try_from(args.namespaces_per_controller)?);
     let mut asked = 0;
-    let left = loop {
+    let found = loop {
         asked += 1;
-        match census::census(&stack, &clients).await {
-            Ok(left) => break left,
+        match census::census(&stack, &clients, max_pools).await {
+            Ok(found) => break found,
             Err(error) if asked < 30 => {
                 eprintln!("chaos: {name}: census: {error:#}; asking again");
                 tokio::time::sleep(Duration::from_secs(1)).await;
@@ -247,8 +257,11 @@ async fn one_round(
             Err(error) => return Err(error.context("the census")),
         }
     };
-    for leak in left {
+    for leak in found.leaks {
         tally.leak(format!("{name}: {leak}"));
+    }
+    for kept in found.kept {
+        tally.kept(&kept);
     }
     for leak in stack.stop().0 {
         tally.leak(format!("{name}: stopping the stack left {leak}"));

@@ -63,6 +63,11 @@ impl Tally {
         eprintln!("chaos: LEAK: {what}");
     }
 
+    /// Something the census found that the design keeps on purpose.
+    pub fn kept(&self, what: &str) {
+        self.note("census: kept by design (packed pool)".to_string(), what);
+    }
+
     fn note(&self, key: String, message: &str) {
         let mut detail = self.detail.lock().unwrap_or_else(|e| e.into_inner());
         let entry = detail

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
+use snap_csi::node::service::{EMULATION_KEY, PLACEMENT_KEY};
 use snap_csi::proto::csi::v1 as csi;
 use snap_csi::proto::csi::v1::controller_client::ControllerClient;
 use snap_csi::proto::csi::v1::identity_client::IdentityClient;
@@ -22,6 +23,25 @@ use tonic::transport::{Channel, Endpoint};
 /// kubelet's own deadline is 2 minutes for stage; ours is the same by
 /// default, so a stuck call fails the caller instead of hanging it.
 const DEADLINE: Duration = Duration::from_secs(120);
+
+/// A StorageClass's parameters: the sample controller's `backend` (`aio`,
+/// `nvmf`), and for the node, which the controller passes them on to in the
+/// volume context, the `emulation` (`nvme`, `virtio-blk`) and the
+/// `placement` (`dedicated`, `packed`; none: the node's default).
+pub fn parameters(
+    backend: &str,
+    emulation: &str,
+    placement: Option<&str>,
+) -> HashMap<String, String> {
+    let mut parameters = HashMap::from([
+        ("backend".to_string(), backend.to_string()),
+        (EMULATION_KEY.to_string(), emulation.to_string()),
+    ]);
+    if let Some(placement) = placement {
+        parameters.insert(PLACEMENT_KEY.to_string(), placement.to_string());
+    }
+    parameters
+}
 
 pub async fn channel(endpoint: &str) -> anyhow::Result<Channel> {
     Endpoint::try_from(endpoint.to_string())
@@ -115,6 +135,26 @@ impl Clients {
         backend: &str,
         emulation: &str,
     ) -> anyhow::Result<Volume> {
+        self.create_with(
+            kubelet,
+            name,
+            kind,
+            size_mib,
+            parameters(backend, emulation, None),
+        )
+        .await
+    }
+
+    /// CreateVolume with these StorageClass parameters ([`parameters`]);
+    /// makes kubelet's directories.
+    pub async fn create_with(
+        &mut self,
+        kubelet: &Path,
+        name: &str,
+        kind: &Kind,
+        size_mib: i64,
+        parameters: HashMap<String, String>,
+    ) -> anyhow::Result<Volume> {
         let response = self
             .controller
             .create_volume(request(
@@ -125,11 +165,7 @@ impl Clients {
                         limit_bytes: 0,
                     }),
                     volume_capabilities: vec![kind.capability()],
-                    parameters: [
-                        ("backend".to_string(), backend.to_string()),
-                        ("snap-csi.io/emulation".to_string(), emulation.to_string()),
-                    ]
-                    .into(),
+                    parameters,
                     ..Default::default()
                 },
                 self.deadline,

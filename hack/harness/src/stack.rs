@@ -30,6 +30,9 @@ pub struct StackOptions {
     /// local-up restarts every process that exits (`--supervise`), and says
     /// which process runs now in `pids/NAME` ([`Stack::pid`]).
     pub supervise: bool,
+    /// The node's `--namespaces-per-controller` (packed placement); `None`
+    /// keeps its default.
+    pub namespaces_per_controller: Option<u32>,
 }
 
 /// A stack that `hack/local-up.sh` started and printed READY for.
@@ -89,6 +92,10 @@ impl Stack {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(stderr);
+        if let Some(n) = options.namespaces_per_controller {
+            // local-up has no option for it; the node reads its environment.
+            command.env("SNAP_CSI_NAMESPACES_PER_CONTROLLER", n.to_string());
+        }
         if options.poll_period_us > 0 {
             command.args([
                 "--snap-poll-period-us".to_string(),
