@@ -179,6 +179,11 @@ impl Colocated {
         );
         let (listing, controllers) = (listing?, controllers?);
         let subsystem = listing.find(&names.nqn);
+        // The listing is shared and holds every subsystem on the DPU: keep
+        // only this volume's part while the calls below wait on SNAP, or 64
+        // concurrent detaches pin listings worth tens of MiB.
+        let pools = packed::pools_of(&listing, &names);
+        drop(listing);
 
         // Read before SNAP lets go of them: the bdevs SNAP served are the
         // plugin's devices even when the caller lost the name.
@@ -186,7 +191,7 @@ impl Colocated {
         let seen = subsystem
             .iter()
             .flat_map(|s| s.bdevs())
-            .chain(packed::bdevs(&listing, &names))
+            .chain(packed::bdevs(&pools, &names))
             .chain(controllers.iter().filter_map(virtio::bdev_of));
         for bdev in seen {
             if !devices.iter().any(|d| d == bdev) {
@@ -201,7 +206,7 @@ impl Colocated {
                     None => Ok(()),
                 }
             },
-            packed::release(snap, &listing, &names, deadline),
+            packed::release(snap, &pools, &names, deadline),
             virtio::release(snap, &controllers, deadline)
         );
         nvme_released?;

@@ -573,6 +573,20 @@ pub(crate) fn bdevs<'a>(listing: &'a SubsystemListing, names: &VolumeNames) -> V
         .collect()
 }
 
+/// The pools holding the volume's namespaces, alone.
+pub(crate) fn pools_of(listing: &SubsystemListing, names: &VolumeNames) -> SubsystemListing {
+    let mine = namespaces_of(listing, &names.namespace_uuid);
+    SubsystemListing {
+        subsystems: listing
+            .subsystems
+            .iter()
+            .filter(|s| mine.iter().any(|(pool, _)| pool.nqn == s.nqn))
+            .cloned()
+            .collect(),
+        asked_at: listing.asked_at,
+    }
+}
+
 /// Takes the volume's namespaces out of their pools (normally one), each
 /// step skipped when already done; the pools and their controllers stay.
 pub(crate) async fn release(
