@@ -102,6 +102,15 @@ impl SpdkPlugin {
         deadline: Instant,
     ) -> Result<String, Status> {
         let name = device_name(Kind::Aio, volume_id);
+        // SPDK takes an empty file as a bdev of no blocks, which the host
+        // would then wait for in vain. A file this process cannot see is
+        // left for SPDK to judge.
+        if std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.len() == 0) {
+            return Err(Status::invalid_argument(format!(
+                "creating AIO bdev {name} over {path}: the file is empty (a volume needs at least \
+                 one {AIO_BLOCK_SIZE}-byte block)"
+            )));
+        }
         let create = BdevAioCreate {
             name: name.clone(),
             filename: path.to_string(),

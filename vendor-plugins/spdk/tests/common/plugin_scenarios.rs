@@ -278,7 +278,8 @@ pub async fn bad_input_is_invalid_argument_and_creates_nothing(source: &Source) 
     }
 
     // SPDK refuses what looks fine: a missing file, one that is not whole
-    // blocks. (An empty file it takes, as a bdev of no blocks.)
+    // blocks; the plugin refuses an empty one, which SPDK would take as a
+    // bdev of no blocks.
     let missing = snap.dir.path().join("missing.img");
     let status = plugin
         .create("vol", aio_context(&missing))
@@ -293,6 +294,11 @@ pub async fn bad_input_is_invalid_argument_and_creates_nothing(source: &Source) 
         .unwrap_err();
     assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
     assert!(status.message().contains("whole number"), "{status:?}");
+    let empty = snap.dir.path().join("empty.img");
+    std::fs::write(&empty, []).unwrap();
+    let status = plugin.create("vol", aio_context(&empty)).await.unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    assert!(status.message().contains("is empty"), "{status:?}");
 
     assert_eq!(snap.bdevs().await, before);
     assert!(plugin.list_all(0).await.is_empty());
