@@ -12,7 +12,9 @@
 //! namespace; attach), 5 for the stage that builds a pool, 1 again. virtio-blk:
 //! 2 and 1. A detach takes 4 for NVMe (listings; controller, or a packed
 //! namespace's detach; namespace; subsystem with DeleteDevice) and 3 for
-//! virtio-blk (listings; controller; DeleteDevice).
+//! virtio-blk (listings; controller; DeleteDevice). An encrypted volume
+//! (`crypto`) pays one more each way: its crypto vbdev is made after
+//! CreateDevice and deleted before DeleteDevice.
 //!
 //! A failed attach leaves what it made for a retry or a detach to pick up:
 //! only the caller knows whether the volume was in use before, so only the
@@ -28,8 +30,8 @@ use super::endpoint::SnapEndpoint;
 use super::names::VolumeNames;
 use super::plugin::PluginClient;
 use super::{
-    AttachRequest, Attachment, DpuAttach, DpuError, Emulation, Inventory, Placement, inventory,
-    nvme, packed, retry, virtio,
+    AttachRequest, Attachment, DpuAttach, DpuError, Emulation, Inventory, Placement, crypto,
+    inventory, nvme, packed, retry, virtio,
 };
 use crate::proto::nvidia::storage::plugins::v1::storage_plugin_service_capability::rpc::Type as Capability;
 use crate::spdk::app::SpdkGetVersion;
@@ -75,7 +77,20 @@ impl Colocated {
         let began = Instant::now();
         let snap = self.snap(deadline).await?;
         let names = VolumeNames::new(&request.volume_id);
-        let create = self.plugin.create_device(request, deadline);
+        let key = crypto::requested(&request.volume_context, &request.secrets)?;
+        // The key does not need the device: it goes into SPDK's keyring
+        // beside CreateDevice.
+        let create = async {
+            let keyed = async {
+                match &key {
+                    Some(key) => crypto::create_key(snap, &names, key, deadline).await,
+                    None => Ok(()),
+                }
+            };
+            let (device, keyed) = tokio::join!(self.plugin.create_device(request, deadline), keyed);
+            let device = device?;
+            keyed.map(|()| device)
+        };
         let (device_name, locator) = match (request.emulation, request.placement) {
             (Emulation::Nvme, placement) => {
                 // Packed stages place from the listing; retries continue from it.
@@ -90,6 +105,7 @@ impl Colocated {
                     tokio::join!(create, listing, snap.list_functions(deadline));
                 let device = created(device, &functions)?;
                 crate::failpoint::step("attach:create-device");
+                let exposed = exposed_bdev(snap, &names, &device, key.is_some(), deadline).await?;
                 let (listing, functions) = (listing?, functions?);
                 // A volume stays where its first stage placed it, also when
                 // the node's default placement has changed since.
@@ -98,7 +114,7 @@ impl Colocated {
                 let locator = match (placement, listing) {
                     (_, Some(_)) if dedicated.is_some() => {
                         let known = nvme::Known::Listed(dedicated);
-                        nvme::expose(snap, &names, &device, known, functions, deadline).await?
+                        nvme::expose(snap, &names, &exposed, known, functions, deadline).await?
                     }
                     (Placement::Dedicated, Some(listing)) if packed_before => {
                         let pools = packed::DEFAULT_NAMESPACES_PER_CONTROLLER;
@@ -106,7 +122,7 @@ impl Colocated {
                             snap,
                             &self.packing,
                             &names,
-                            &device,
+                            &exposed,
                             pools,
                             listing,
                             functions,
@@ -124,7 +140,7 @@ impl Colocated {
                             snap,
                             &self.packing,
                             &names,
-                            &device,
+                            &exposed,
                             namespaces_per_controller,
                             listing,
                             functions,
@@ -137,7 +153,7 @@ impl Colocated {
                             Some(_) => nvme::Known::Listed(None),
                             None => nvme::Known::Unread,
                         };
-                        nvme::expose(snap, &names, &device, known, functions, deadline).await?
+                        nvme::expose(snap, &names, &exposed, known, functions, deadline).await?
                     }
                 };
                 (device, locator)
@@ -150,8 +166,9 @@ impl Colocated {
                 );
                 let device = created(device, &functions)?;
                 crate::failpoint::step("attach:create-device");
+                let exposed = exposed_bdev(snap, &names, &device, key.is_some(), deadline).await?;
                 let locator =
-                    virtio::expose(snap, &names, &device, found?, functions?, deadline).await?;
+                    virtio::expose(snap, &names, &exposed, found?, functions?, deadline).await?;
                 (device, locator)
             }
         };
@@ -173,11 +190,12 @@ impl Colocated {
         let names = VolumeNames::new(volume_id);
         // The caller does not say how the volume was exposed: look for every
         // way (its own subsystem, a namespace in a pool, a virtio-blk controller).
-        let (listing, controllers) = tokio::join!(
+        let (listing, controllers, encryption) = tokio::join!(
             snap.list_subsystems(began, deadline),
-            virtio::find(snap, &names.serial, deadline)
+            virtio::find(snap, &names.serial, deadline),
+            crypto::find(snap, &names, deadline)
         );
-        let (listing, controllers) = (listing?, controllers?);
+        let (listing, controllers, encryption) = (listing?, controllers?, encryption?);
         let subsystem = listing.find(&names.nqn);
         // The listing is shared and holds every subsystem on the DPU: keep
         // only this volume's part while the calls below wait on SNAP, or 64
@@ -188,11 +206,15 @@ impl Colocated {
         // Read before SNAP lets go of them: the bdevs SNAP served are the
         // plugin's devices even when the caller lost the name.
         let mut devices: Vec<String> = device_name.map(str::to_string).into_iter().collect();
+        // An encrypted volume's SNAP objects serve its crypto vbdev, whose
+        // base is the plugin's device.
         let seen = subsystem
             .iter()
             .flat_map(|s| s.bdevs())
             .chain(packed::bdevs(&pools, &names))
-            .chain(controllers.iter().filter_map(virtio::bdev_of));
+            .chain(controllers.iter().filter_map(virtio::bdev_of))
+            .filter(|bdev| *bdev != names.crypto_bdev)
+            .chain(encryption.base.as_deref());
         for bdev in seen {
             if !devices.iter().any(|d| d == bdev) {
                 devices.push(bdev.to_string());
@@ -215,7 +237,7 @@ impl Colocated {
         crate::failpoint::step("detach:unexpose");
 
         // SNAP no longer uses the device: the empty subsystem and the device
-        // can go at the same time.
+        // (after the crypto vbdev over it, if any) can go at the same time.
         let (subsystem_destroyed, deleted) = tokio::join!(
             async {
                 match &subsystem {
@@ -223,7 +245,21 @@ impl Colocated {
                     None => Ok(()),
                 }
             },
-            self.delete_devices(volume_id, &devices, deadline)
+            async {
+                if encryption.base.is_some() {
+                    crypto::delete_vbdev(snap, &names, deadline).await?;
+                    crate::failpoint::step("detach:crypto-bdev");
+                }
+                let unkeyed = async {
+                    match encryption.key {
+                        true => crypto::destroy_key(snap, &names, deadline).await,
+                        false => Ok(()),
+                    }
+                };
+                let (deleted, unkeyed) =
+                    tokio::join!(self.delete_devices(volume_id, &devices, deadline), unkeyed);
+                deleted.and(unkeyed)
+            }
         );
         subsystem_destroyed?;
         deleted?;
@@ -298,6 +334,23 @@ impl Colocated {
         .await?;
         Ok(())
     }
+}
+
+/// The bdev SNAP exposes: the plugin's device, or for an encrypted volume
+/// the crypto vbdev made over it.
+async fn exposed_bdev(
+    snap: &SnapEndpoint,
+    names: &VolumeNames,
+    device: &str,
+    encrypted: bool,
+    deadline: Instant,
+) -> Result<String, DpuError> {
+    if !encrypted {
+        return Ok(device.to_string());
+    }
+    let vbdev = crypto::create_vbdev(snap, names, device, deadline).await?;
+    crate::failpoint::step("attach:crypto-bdev");
+    Ok(vbdev)
 }
 
 /// The plugin's CreateDevice, which ran beside SNAP's listing: when both

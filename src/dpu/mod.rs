@@ -16,9 +16,11 @@
 //!   emulated function under concurrency) and `endpoint` (one SNAP socket).
 //! - [`remote`]: [`DpuAttach`] as calls to the DPU agent; [`wire`]: the
 //!   agent API's messages and statuses to and from these types, for both ends.
+//! - [`crypto`]: encryption on the DPU (SPDK's accel key and crypto vbdev).
 //! - [`names`]: the SNAP names derived from a volume id.
 
 pub mod colocated;
+pub mod crypto;
 mod endpoint;
 mod functions;
 mod inventory;

@@ -25,6 +25,10 @@ pub const POOL_NQN_PREFIX: &str = "nqn.2022-10.io.snap-csi:pool-";
 /// is the NVMe-defined form, the domain is the project's.
 pub const NQN_PREFIX: &str = "nqn.2022-10.io.snap-csi:vol-";
 
+/// Prefixes of an encrypted volume's crypto vbdev and key in SPDK.
+pub const CRYPTO_BDEV_PREFIX: &str = "snapcsi-crypt-";
+const CRYPTO_KEY_PREFIX: &str = "snapcsi-key-";
+
 /// virtio-blk carries the serial in VIRTIO_BLK_ID_BYTES (20 bytes).
 const SERIAL_MAX: usize = 20;
 const SERIAL_PREFIX: &str = "sc-";
@@ -38,6 +42,11 @@ pub struct VolumeNames {
     pub namespace_uuid: String,
     /// virtio-blk `vblk_id` and NVMe subsystem serial number (20 bytes).
     pub serial: String,
+    /// The crypto vbdev SNAP exposes instead of the plugin's bdev when the
+    /// volume is encrypted on the DPU.
+    pub crypto_bdev: String,
+    /// The volume's key in SPDK's accel keyring.
+    pub crypto_key: String,
 }
 
 impl VolumeNames {
@@ -49,6 +58,8 @@ impl VolumeNames {
             &hex[..SERIAL_MAX - SERIAL_PREFIX.len()]
         );
         VolumeNames {
+            crypto_bdev: format!("{CRYPTO_BDEV_PREFIX}{hex}"),
+            crypto_key: format!("{CRYPTO_KEY_PREFIX}{hex}"),
             nqn: format!("{NQN_PREFIX}{hex}"),
             namespace_uuid: digest.hyphenated().to_string(),
             serial,

@@ -361,6 +361,8 @@ impl NodeService {
         let req = request.into_inner();
         let volume_id = required_id(&req.volume_id, "volume_id")?;
         maps_within_limits(&req.volume_context, &req.publish_context, &req.secrets)?;
+        // Checked here too, not only on the DPU: a refused key changes nothing.
+        let encrypted = crate::dpu::crypto::requested(&req.volume_context, &req.secrets)?.is_some();
         let staging = self.confine("staging_target_path", &req.staging_target_path)?;
         let (capability, usage) = usage(req.volume_capability.as_ref())?;
         let read_only = is_read_only_mode(access_mode(&capability)?);
@@ -370,6 +372,13 @@ impl NodeService {
             match super::context::dpf_locator(&req.publish_context)
                 .map_err(Status::invalid_argument)?
             {
+                Some(_) if encrypted => {
+                    return Err(Status::invalid_argument(format!(
+                        "volume {volume_id} asks for encryption, which snap-csi's DPU attach \
+                         does, but DPF attached it already (its publish context names the \
+                         function)"
+                    )));
+                }
                 Some(locator) => (None, locator, true),
                 None => {
                     let staged_before = self.recorded(volume_id)?.is_some();

@@ -40,6 +40,16 @@ pub struct DriverSpecific {
     /// Present for lvol bdevs.
     #[serde(default)]
     pub lvol: Option<super::lvol::LvolDetails>,
+    /// Present for crypto vbdevs.
+    #[serde(default)]
+    pub crypto: Option<CryptoDetails>,
+}
+
+/// A crypto vbdev's `driver_specific.crypto`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct CryptoDetails {
+    pub base_bdev_name: String,
+    pub key_name: String,
 }
 
 impl Bdev {

@@ -7,6 +7,7 @@
 //! Results decode leniently: fields we do not use are ignored, so newer SPDK
 //! and SNAP versions that add fields keep working.
 
+pub mod accel;
 pub mod app;
 pub mod bdev;
 pub mod lvol;
