@@ -17,6 +17,9 @@
 //! - [`remote`]: [`DpuAttach`] as calls to the DPU agent; [`wire`]: the
 //!   agent API's messages and statuses to and from these types, for both ends.
 //! - [`names`]: the SNAP names derived from a volume id.
+//!
+//! Besides attaching, the layer reads SNAP's per-bdev I/O counters in one
+//! call ([`DpuAttach::io_stats`]) for the node's per-volume metrics.
 
 pub mod colocated;
 mod endpoint;
@@ -38,6 +41,9 @@ use crate::retry;
 use std::collections::HashMap;
 
 use tokio::time::Instant;
+
+/// The I/O counters of every bdev ([`DpuAttach::io_stats`]).
+pub use crate::spdk::bdev::{BdevIostat, Iostat as IoStats};
 
 /// How SNAP presents the volume to the host.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -266,4 +272,9 @@ pub trait DpuAttach: Send + Sync + std::fmt::Debug {
     /// Every emulated function with its use and every volume SNAP exposes
     /// under our names (NodeGetInfo's limit, the node's reconciliation).
     async fn inventory(&self, deadline: Instant) -> Result<Inventory, DpuError>;
+
+    /// The I/O counters of every bdev SNAP holds, as SPDK's
+    /// `bdev_get_iostat` gives them, from one call whatever their number:
+    /// the node's per-volume metrics. Not retried: the next scrape asks again.
+    async fn io_stats(&self, deadline: Instant) -> Result<IoStats, DpuError>;
 }

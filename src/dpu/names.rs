@@ -25,6 +25,9 @@ pub const POOL_NQN_PREFIX: &str = "nqn.2022-10.io.snap-csi:pool-";
 /// is the NVMe-defined form, the domain is the project's.
 pub const NQN_PREFIX: &str = "nqn.2022-10.io.snap-csi:vol-";
 
+/// Prefix of the crypto bdevs of encrypted volumes.
+const CRYPTO_BDEV_PREFIX: &str = "snapcsi-crypt-";
+
 /// virtio-blk carries the serial in VIRTIO_BLK_ID_BYTES (20 bytes).
 const SERIAL_MAX: usize = 20;
 const SERIAL_PREFIX: &str = "sc-";
@@ -38,6 +41,9 @@ pub struct VolumeNames {
     pub namespace_uuid: String,
     /// virtio-blk `vblk_id` and NVMe subsystem serial number (20 bytes).
     pub serial: String,
+    /// The crypto bdev SNAP exposes over the plugin's bdev when the volume
+    /// is encrypted (`bdev_crypto_create`'s name).
+    pub crypto_bdev: String,
 }
 
 impl VolumeNames {
@@ -52,6 +58,7 @@ impl VolumeNames {
             nqn: format!("{NQN_PREFIX}{hex}"),
             namespace_uuid: digest.hyphenated().to_string(),
             serial,
+            crypto_bdev: format!("{CRYPTO_BDEV_PREFIX}{hex}"),
         }
     }
 }
@@ -128,6 +135,10 @@ mod tests {
             "nqn.2022-10.io.snap-csi:vol-6aaea6508ef75653a05a0aea9d997ec8"
         );
         assert_eq!(names.serial, "sc-6aaea6508ef75653a");
+        assert_eq!(
+            names.crypto_bdev,
+            "snapcsi-crypt-6aaea6508ef75653a05a0aea9d997ec8"
+        );
     }
 
     #[test]
