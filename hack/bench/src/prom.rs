@@ -109,12 +109,13 @@ impl Page {
             .sum()
     }
 
-    /// The `bdev_get_iostat` calls of the page's process (a scrape's own).
-    pub fn iostat_reads(&self) -> f64 {
+    /// The sum of the `name` samples of the page process's
+    /// `bdev_get_iostat` calls (a scrape's own).
+    pub fn iostat(&self, name: &str) -> f64 {
         self.samples
             .iter()
             .filter(|(n, labels, _)| {
-                n == "snap_csi_outbound_requests_total"
+                n == name
                     && labels
                         .iter()
                         .any(|(k, v)| k == "method" && v == "bdev_get_iostat")
@@ -284,6 +285,6 @@ mod tests {
             (3.0, 0.0, 0.0)
         );
         assert!(snap_methods(&page).is_empty());
-        assert_eq!(page.iostat_reads(), 2.0);
+        assert_eq!(page.iostat("snap_csi_outbound_requests_total"), 2.0);
     }
 }

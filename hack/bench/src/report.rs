@@ -754,7 +754,7 @@ pub fn print_rounds(rounds: &[Round]) {
         .filter_map(|r| r.scrape.as_ref().map(|s| (r, s)))
     {
         println!(
-            "   /metrics with {} volumes staged (after the c={} round), series of {} volumes: a scrape that reads SNAP's\n    counters p50 {} ms, max {} ms; one sharing that read p50 {} ms, max {} ms; bdev_get_iostat per read: {}",
+            "   /metrics with {} volumes staged (after the c={} round), series of {} volumes: a scrape that reads SNAP's\n    counters p50 {} ms, max {} ms; one sharing that read p50 {} ms, max {} ms; bdev_get_iostat per read: {}, {} ms each",
             scrape.volumes,
             r.concurrency,
             scrape.volumes_on_page,
@@ -762,7 +762,8 @@ pub fn print_rounds(rounds: &[Round]) {
             ms(scrape.reading.max_ms),
             ms(scrape.sharing.p50_ms),
             ms(scrape.sharing.max_ms),
-            num(scrape.iostat_per_read)
+            num(scrape.iostat_per_read),
+            ms(scrape.iostat_ms)
         );
     }
 }

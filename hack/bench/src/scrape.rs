@@ -27,6 +27,8 @@ pub struct Scrape {
     pub sharing: Summary,
     /// `bdev_get_iostat` calls per reading scrape and its sharing ones.
     pub iostat_per_read: f64,
+    /// Mean time of one, as the caller (node or agent) measured it.
+    pub iostat_ms: f64,
 }
 
 pub async fn measure(stack: &Stack, volumes: usize) -> anyhow::Result<Scrape> {
@@ -35,7 +37,7 @@ pub async fn measure(stack: &Stack, volumes: usize) -> anyhow::Result<Scrape> {
         .split
         .as_ref()
         .map_or(&stack.node_metrics, |link| &link.metrics);
-    let (mut reading, mut sharing, mut reads) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut reading, mut sharing, mut pages) = (Vec::new(), Vec::new(), Vec::new());
     let mut volumes_on_page = 0;
     for _ in 0..READING {
         tokio::time::sleep(PAST_A_READ).await;
@@ -49,14 +51,16 @@ pub async fn measure(stack: &Stack, volumes: usize) -> anyhow::Result<Scrape> {
             sharing.push(started.elapsed());
         }
         // Co-located this is one more sharing scrape.
-        reads.push(scrape(layer).await?.iostat_reads());
+        pages.push(scrape(layer).await?);
     }
-    let rounds = (READING - 1) as f64;
+    let grew = |name: &str| pages[READING - 1].iostat(name) - pages[0].iostat(name);
+    let calls = grew("snap_csi_outbound_requests_total");
     Ok(Scrape {
         volumes,
         volumes_on_page,
         reading: Summary::of(&reading),
         sharing: Summary::of(&sharing),
-        iostat_per_read: (reads[READING - 1] - reads[0]) / rounds,
+        iostat_per_read: calls / (READING - 1) as f64,
+        iostat_ms: grew("snap_csi_outbound_request_duration_seconds_sum") * 1e3 / calls.max(1.0),
     })
 }
