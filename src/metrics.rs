@@ -404,7 +404,7 @@ pub fn observe_volume_io_error() {
 /// for it: a volume gone since the last scrape leaves nothing behind.
 fn volume_io_registry(volumes: Option<&[VolumeIo]>) -> Registry {
     let mut registry = Registry::with_prefix("snap_csi");
-    let up = Gauge::<i64, std::sync::atomic::AtomicI64>::default();
+    let up: Gauge = Gauge::default();
     up.set(i64::from(volumes.is_some()));
     registry.register(
         "volume_io_up",
