@@ -22,6 +22,16 @@
 //! - `snap_csi_tls_handshakes`: TLS handshakes on the DPU link, by role
 //!   (`server`: the agent, `client`: the node) and outcome; one per
 //!   connection, not per call.
+//! - Per staged volume, read at scrape time when a [`VolumeIoSource`] is
+//!   registered (the node): `snap_csi_volume_read_bytes_total`,
+//!   `..._written_bytes_total`, `..._reads_completed_total`,
+//!   `..._writes_completed_total`, `..._read_time_seconds_total` and
+//!   `..._write_time_seconds_total` (time spent in completed I/O: a rate
+//!   over the matching operations' rate is the mean latency), labelled
+//!   `volume_id` and, where the volume context says, `pv`, `pvc` and
+//!   `pvc_namespace`; `snap_csi_volume_io_up`, 0 when the counters could not
+//!   be read and these series are left out of the page; and
+//!   `snap_csi_volume_io_errors_total`, the failed reads.
 //!
 //! One process-wide registry, so that deep layers (the JSON-RPC client) record
 //! without every caller threading a handle through.
@@ -31,11 +41,12 @@ use std::cell::RefCell;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::{EncodeLabelSet, text};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -104,6 +115,7 @@ struct Metrics {
     orphaned_volumes: Gauge,
     tls_handshakes: Family<HandshakeLabels, Counter>,
     volume_condition_abnormal: Family<VolumeLabels, Gauge>,
+    volume_io_errors: Counter,
 }
 
 /// 100 µs .. ~100 s: from a cached list to a slow mkfs.
@@ -130,6 +142,7 @@ fn metrics() -> &'static Metrics {
         let orphaned_volumes = Gauge::default();
         let tls_handshakes = Family::<HandshakeLabels, Counter>::default();
         let volume_condition_abnormal = Family::<VolumeLabels, Gauge>::default();
+        let volume_io_errors = Counter::default();
         registry.register(
             "grpc_requests",
             "gRPC calls served, by method and status code",
@@ -186,6 +199,11 @@ fn metrics() -> &'static Metrics {
              down or read-only after errors, its device gone), else 0; by volume, while staged",
             volume_condition_abnormal.clone(),
         );
+        registry.register(
+            "volume_io_errors",
+            "Reads of the DPU's I/O counters for the per-volume series that failed",
+            volume_io_errors.clone(),
+        );
         Metrics {
             registry,
             grpc_requests,
@@ -199,6 +217,7 @@ fn metrics() -> &'static Metrics {
             orphaned_volumes,
             tls_handshakes,
             volume_condition_abnormal,
+            volume_io_errors,
         }
     })
 }
@@ -320,11 +339,149 @@ pub fn observe_handshake(role: &'static str, outcome: &'static str) {
         .inc();
 }
 
-/// The text exposition of every metric.
-pub fn render() -> String {
+/// One staged volume's I/O counters, read at scrape time.
+#[derive(Debug, Clone, PartialEq)]
+pub struct VolumeIo {
+    /// `volume_id`, then whichever of `pv`, `pvc`, `pvc_namespace` are known.
+    pub labels: Vec<(&'static str, String)>,
+    pub read_bytes: u64,
+    pub written_bytes: u64,
+    pub reads: u64,
+    pub writes: u64,
+    /// Time spent in completed reads and writes.
+    pub read_seconds: f64,
+    pub write_seconds: f64,
+}
+
+/// Where a scrape finds the per-volume I/O counters (the node: its staged
+/// volumes against the DPU's counters).
+#[async_trait::async_trait]
+pub trait VolumeIoSource: Send + Sync {
+    /// Every staged volume's counters, or `None` when they cannot be read
+    /// fresh: the series are then left out, never shown stale. Returns
+    /// within a bounded time.
+    async fn read(&self) -> Option<Vec<VolumeIo>>;
+}
+
+/// The registered source and its registration's number.
+type Registered = (u64, Arc<dyn VolumeIoSource>);
+
+fn volume_io_source() -> &'static Mutex<Option<Registered>> {
+    static SOURCE: Mutex<Option<Registered>> = Mutex::new(None);
+    &SOURCE
+}
+
+/// Keeps a [`VolumeIoSource`] on this process's page until dropped.
+#[derive(Debug)]
+#[must_use = "the source is served only while this lives"]
+pub struct VolumeIoRegistration(u64);
+
+impl Drop for VolumeIoRegistration {
+    fn drop(&mut self) {
+        let mut source = volume_io_source().lock().unwrap_or_else(|e| e.into_inner());
+        // A node started after this one (a test's restart) keeps its own.
+        if source.as_ref().is_some_and(|(n, _)| *n == self.0) {
+            *source = None;
+        }
+    }
+}
+
+/// Serves `source`'s per-volume series on every scrape from now on, in
+/// place of any registered before.
+pub fn serve_volume_io(source: Arc<dyn VolumeIoSource>) -> VolumeIoRegistration {
+    static REGISTRATIONS: AtomicU64 = AtomicU64::new(0);
+    let number = REGISTRATIONS.fetch_add(1, Ordering::Relaxed);
+    *volume_io_source().lock().unwrap_or_else(|e| e.into_inner()) = Some((number, source));
+    VolumeIoRegistration(number)
+}
+
+/// Counts a failed read of the DPU's I/O counters.
+pub fn observe_volume_io_error() {
+    metrics().volume_io_errors.inc();
+}
+
+/// The per-volume series of one scrape, in a registry of their own made
+/// for it: a volume gone since the last scrape leaves nothing behind.
+fn volume_io_registry(volumes: Option<&[VolumeIo]>) -> Registry {
+    let mut registry = Registry::with_prefix("snap_csi");
+    let up: Gauge = Gauge::default();
+    up.set(i64::from(volumes.is_some()));
+    registry.register(
+        "volume_io_up",
+        "1 when the per-volume I/O series come from the DPU's counters read within the last \
+         second; 0 when they could not be read, and the series are left out",
+        up,
+    );
+    let Some(volumes) = volumes else {
+        return registry;
+    };
+    type Labels = Vec<(&'static str, String)>;
+    let mut count = |name: &str, help: &str, value: fn(&VolumeIo) -> u64| {
+        let family = Family::<Labels, Counter>::default();
+        for volume in volumes {
+            family.get_or_create(&volume.labels).inc_by(value(volume));
+        }
+        registry.register(name, help, family);
+    };
+    count(
+        "volume_read_bytes",
+        "Bytes read from the volume, as its bdev on the DPU counts them",
+        |v| v.read_bytes,
+    );
+    count(
+        "volume_written_bytes",
+        "Bytes written to the volume, as its bdev on the DPU counts them",
+        |v| v.written_bytes,
+    );
+    count(
+        "volume_reads_completed",
+        "Read operations the volume's bdev completed",
+        |v| v.reads,
+    );
+    count(
+        "volume_writes_completed",
+        "Write operations the volume's bdev completed",
+        |v| v.writes,
+    );
+    let mut time = |name: &str, help: &str, value: fn(&VolumeIo) -> f64| {
+        let family = Family::<Labels, Counter<f64, AtomicU64>>::default();
+        for volume in volumes {
+            family.get_or_create(&volume.labels).inc_by(value(volume));
+        }
+        registry.register(name, help, family);
+    };
+    time(
+        "volume_read_time_seconds",
+        "Time the volume's completed reads took on the DPU (over the reads' rate: mean latency)",
+        |v| v.read_seconds,
+    );
+    time(
+        "volume_write_time_seconds",
+        "Time the volume's completed writes took on the DPU (over the writes' rate: mean latency)",
+        |v| v.write_seconds,
+    );
+    registry
+}
+
+/// The text exposition of every metric, with the per-volume series read
+/// now from the registered [`VolumeIoSource`], if any.
+pub async fn render() -> String {
+    let source = volume_io_source()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .as_ref()
+        .map(|(_, source)| Arc::clone(source));
+    let volumes = match source {
+        Some(source) => Some(source.read().await),
+        None => None,
+    };
     let mut out = String::new();
     // Writing into a String cannot fail.
-    let _ = prometheus_client::encoding::text::encode(&mut out, &metrics().registry);
+    let _ = text::encode_registry(&mut out, &metrics().registry);
+    if let Some(volumes) = volumes {
+        let _ = text::encode_registry(&mut out, &volume_io_registry(volumes.as_deref()));
+    }
+    let _ = text::encode_eof(&mut out);
     out
 }
 
@@ -381,7 +538,7 @@ async fn serve(listener: TcpListener, shutdown: impl Future<Output = ()>) -> std
                 return;
             }
             let response = if request.starts_with(b"GET /metrics ") {
-                let body = render();
+                let body = render().await;
                 format!(
                     "HTTP/1.1 200 OK\r\nContent-Type: application/openmetrics-text; version=1.0.0; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
                     body.len()
@@ -517,6 +674,37 @@ mod tests {
         ];
         assert_eq!(covered(&mut waits), Duration::from_millis(9));
         assert_eq!(covered(&mut []), Duration::ZERO);
+    }
+
+    #[test]
+    fn volume_io_series_carry_their_labels_or_are_left_out() {
+        let volume = VolumeIo {
+            labels: vec![("volume_id", "pvc-1".into()), ("pvc", "data".into())],
+            read_bytes: 4096,
+            written_bytes: 8192,
+            reads: 1,
+            writes: 2,
+            read_seconds: 0.5,
+            write_seconds: 0.25,
+        };
+        let mut page = String::new();
+        text::encode_registry(&mut page, &volume_io_registry(Some(&[volume]))).unwrap();
+        for expected in [
+            "snap_csi_volume_io_up 1",
+            r#"snap_csi_volume_read_bytes_total{volume_id="pvc-1",pvc="data"} 4096"#,
+            r#"snap_csi_volume_written_bytes_total{volume_id="pvc-1",pvc="data"} 8192"#,
+            r#"snap_csi_volume_reads_completed_total{volume_id="pvc-1",pvc="data"} 1"#,
+            r#"snap_csi_volume_writes_completed_total{volume_id="pvc-1",pvc="data"} 2"#,
+            r#"snap_csi_volume_read_time_seconds_total{volume_id="pvc-1",pvc="data"} 0.5"#,
+            r#"snap_csi_volume_write_time_seconds_total{volume_id="pvc-1",pvc="data"} 0.25"#,
+            "# TYPE snap_csi_volume_read_bytes counter",
+        ] {
+            assert!(page.contains(expected), "{expected} missing from:\n{page}");
+        }
+        let mut page = String::new();
+        text::encode_registry(&mut page, &volume_io_registry(None)).unwrap();
+        assert!(page.contains("snap_csi_volume_io_up 0"), "{page}");
+        assert!(!page.contains("snap_csi_volume_read"), "{page}");
     }
 
     #[tokio::test]

@@ -1,7 +1,7 @@
 //! The JSON-RPC client against a real SPDK v24.09 `spdk_tgt`: a deadline
-//! honoured while SPDK sits on a call, 64 calls in flight on one connection,
-//! the target killed with calls in flight, and the same client reconnecting
-//! to its successor. Runs when `SNAP_CSI_SPDK_TGT` names the binary.
+//! honoured while SPDK sits on a call, 64 calls in flight on one connection
+//! (and one `bdev_get_iostat` for all their bdevs), the target killed with
+//! calls in flight, and the same client reconnecting to its successor. Runs when `SNAP_CSI_SPDK_TGT` names the binary.
 
 mod common;
 
@@ -10,7 +10,7 @@ use std::time::Duration;
 use common::real_spdk::Suite;
 use snap_csi::jsonrpc::{RpcClient, RpcError, code};
 use snap_csi::spdk::app::SpdkGetVersion;
-use snap_csi::spdk::bdev::{BdevGetBdevs, BdevNullCreate, BdevNullDelete};
+use snap_csi::spdk::bdev::{BdevGetBdevs, BdevGetIostat, BdevNullCreate, BdevNullDelete};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
@@ -107,6 +107,15 @@ async fn sixty_four_calls_in_flight_are_each_answered_their_own() {
         client.call(&BdevGetBdevs::default()).await.unwrap().len(),
         64
     );
+    // One bdev_get_iostat answers for every bdev, as the node's per-volume
+    // metrics read it, in the shape the typed reply decodes.
+    let iostat = client.call(&BdevGetIostat::default()).await.unwrap();
+    assert!(iostat.tick_rate > 0, "{iostat:?}");
+    let mut names: Vec<String> = iostat.bdevs.into_iter().map(|b| b.name).collect();
+    names.sort();
+    let mut made: Vec<String> = (0..64).map(|n| format!("null{n}")).collect();
+    made.sort();
+    assert_eq!(names, made);
     in_flight(&client, |client, n| {
         tokio::spawn(async move {
             let name = format!("null{n}");

@@ -120,4 +120,13 @@ impl api::dpu_agent_server::DpuAgent for AgentService {
         let inventory = self.dpu.inventory(deadline).await?;
         Ok(Response::new(inventory.into()))
     }
+
+    async fn get_io_stats(
+        &self,
+        request: Request<api::GetIoStatsRequest>,
+    ) -> Result<Response<api::GetIoStatsResponse>, Status> {
+        let deadline = self.deadline(&request);
+        let stats = self.dpu.io_stats(deadline).await?;
+        Ok(Response::new(stats.into()))
+    }
 }

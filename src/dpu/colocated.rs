@@ -30,11 +30,13 @@ use super::endpoint::SnapEndpoint;
 use super::names::VolumeNames;
 use super::plugin::PluginClient;
 use super::{
-    AttachRequest, Attachment, DpuAttach, DpuError, Emulation, Inventory, Placement, crypto,
+    AttachRequest, Attachment, DpuAttach, DpuError, Emulation, Inventory, IoStats, Placement,
+    crypto,
     inventory, nvme, packed, retry, virtio,
 };
 use crate::proto::nvidia::storage::plugins::v1::storage_plugin_service_capability::rpc::Type as Capability;
 use crate::spdk::app::SpdkGetVersion;
+use crate::spdk::bdev::BdevGetIostat;
 
 /// The co-located attach layer: one vendor plugin and the SNAP it names.
 #[derive(Debug)]
@@ -426,5 +428,13 @@ impl DpuAttach for Colocated {
 
     async fn inventory(&self, deadline: Instant) -> Result<Inventory, DpuError> {
         inventory::read(self.snap(deadline).await?, deadline).await
+    }
+
+    async fn io_stats(&self, deadline: Instant) -> Result<IoStats, DpuError> {
+        let snap = self.snap(deadline).await?;
+        // No name: every bdev in one answer, whatever their number.
+        snap.call(&BdevGetIostat::default(), deadline)
+            .await
+            .map_err(|e| snap.error("reading the bdevs' I/O counters", e))
     }
 }

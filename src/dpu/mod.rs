@@ -18,6 +18,9 @@
 //!   agent API's messages and statuses to and from these types, for both ends.
 //! - [`crypto`]: encryption on the DPU (SPDK's accel key and crypto vbdev).
 //! - [`names`]: the SNAP names derived from a volume id.
+//!
+//! Besides attaching, the layer reads SNAP's per-bdev I/O counters in one
+//! call ([`DpuAttach::io_stats`]) for the node's per-volume metrics.
 
 pub mod colocated;
 pub mod crypto;
@@ -40,6 +43,9 @@ use crate::retry;
 use std::collections::HashMap;
 
 use tokio::time::Instant;
+
+/// The I/O counters of every bdev ([`DpuAttach::io_stats`]).
+pub use crate::spdk::bdev::{BdevIostat, Iostat as IoStats};
 
 /// How SNAP presents the volume to the host.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -268,4 +274,9 @@ pub trait DpuAttach: Send + Sync + std::fmt::Debug {
     /// Every emulated function with its use and every volume SNAP exposes
     /// under our names (NodeGetInfo's limit, the node's reconciliation).
     async fn inventory(&self, deadline: Instant) -> Result<Inventory, DpuError>;
+
+    /// The I/O counters of every bdev SNAP holds, as SPDK's
+    /// `bdev_get_iostat` gives them, from one call whatever their number:
+    /// the node's per-volume metrics. Not retried: the next scrape asks again.
+    async fn io_stats(&self, deadline: Instant) -> Result<IoStats, DpuError>;
 }

@@ -26,7 +26,7 @@ pub const POOL_NQN_PREFIX: &str = "nqn.2022-10.io.snap-csi:pool-";
 pub const NQN_PREFIX: &str = "nqn.2022-10.io.snap-csi:vol-";
 
 /// Prefixes of an encrypted volume's crypto vbdev and key in SPDK.
-pub const CRYPTO_BDEV_PREFIX: &str = "snapcsi-crypt-";
+const CRYPTO_BDEV_PREFIX: &str = "snapcsi-crypt-";
 const CRYPTO_KEY_PREFIX: &str = "snapcsi-key-";
 
 /// virtio-blk carries the serial in VIRTIO_BLK_ID_BYTES (20 bytes).
@@ -139,6 +139,11 @@ mod tests {
             "nqn.2022-10.io.snap-csi:vol-6aaea6508ef75653a05a0aea9d997ec8"
         );
         assert_eq!(names.serial, "sc-6aaea6508ef75653a");
+        assert_eq!(
+            names.crypto_bdev,
+            "snapcsi-crypt-6aaea6508ef75653a05a0aea9d997ec8"
+        );
+        assert_eq!(names.crypto_key, "snapcsi-key-6aaea6508ef75653a05a0aea9d997ec8");
     }
 
     #[test]

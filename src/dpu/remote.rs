@@ -28,7 +28,7 @@ use tonic::transport::{Channel, Endpoint, Uri};
 use tonic::{Code, Status};
 
 use super::plugin::call_retried;
-use super::{AttachRequest, Attachment, DpuAttach, DpuError, Inventory};
+use super::{AttachRequest, Attachment, DpuAttach, DpuError, Inventory, IoStats};
 use crate::agent::address::LinkAddress;
 use crate::proto::snapcsi::dpu::v1 as api;
 use crate::tls::{Reloading, TlsError, TlsFiles, client_config, connect, peer_name};
@@ -294,5 +294,17 @@ impl DpuAttach for RemoteDpu {
             )
             .await?;
         Inventory::try_from(response)
+    }
+
+    async fn io_stats(&self, deadline: Instant) -> Result<IoStats, DpuError> {
+        let response = self
+            .call(
+                "GetIoStats",
+                deadline,
+                api::GetIoStatsRequest {},
+                |mut c, r| async move { c.get_io_stats(r).await },
+            )
+            .await?;
+        Ok(response.into())
     }
 }

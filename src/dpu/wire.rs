@@ -5,8 +5,8 @@
 //! (the node sent it) and INTERNAL on the node (the agent answered it).
 
 use super::{
-    AttachRequest, Attachment, DpuError, Emulation, ExposedVolume, FunctionUse, HostLocator,
-    Inventory, Placement, PoolUse, VolumeMode,
+    AttachRequest, Attachment, BdevIostat, DpuError, Emulation, ExposedVolume, FunctionUse,
+    HostLocator, Inventory, IoStats, Placement, PoolUse, VolumeMode,
 };
 use crate::proto::nvidia::storage::plugins::v1::AccessMode;
 use crate::proto::snapcsi::dpu::v1 as api;
@@ -240,6 +240,55 @@ impl TryFrom<api::GetInventoryResponse> for Inventory {
     }
 }
 
+impl From<IoStats> for api::GetIoStatsResponse {
+    fn from(stats: IoStats) -> Self {
+        api::GetIoStatsResponse {
+            tick_rate: stats.tick_rate,
+            ticks: stats.ticks,
+            bdevs: stats
+                .bdevs
+                .into_iter()
+                .map(|b| api::BdevIoStats {
+                    name: b.name,
+                    bytes_read: b.bytes_read,
+                    num_read_ops: b.num_read_ops,
+                    bytes_written: b.bytes_written,
+                    num_write_ops: b.num_write_ops,
+                    bytes_unmapped: b.bytes_unmapped,
+                    num_unmap_ops: b.num_unmap_ops,
+                    read_latency_ticks: b.read_latency_ticks,
+                    write_latency_ticks: b.write_latency_ticks,
+                })
+                .collect(),
+        }
+    }
+}
+
+/// Every field of a proto3 message reads: nothing to refuse.
+impl From<api::GetIoStatsResponse> for IoStats {
+    fn from(response: api::GetIoStatsResponse) -> Self {
+        IoStats {
+            tick_rate: response.tick_rate,
+            ticks: response.ticks,
+            bdevs: response
+                .bdevs
+                .into_iter()
+                .map(|b| BdevIostat {
+                    name: b.name,
+                    bytes_read: b.bytes_read,
+                    num_read_ops: b.num_read_ops,
+                    bytes_written: b.bytes_written,
+                    num_write_ops: b.num_write_ops,
+                    bytes_unmapped: b.bytes_unmapped,
+                    num_unmap_ops: b.num_unmap_ops,
+                    read_latency_ticks: b.read_latency_ticks,
+                    write_latency_ticks: b.write_latency_ticks,
+                })
+                .collect(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -364,6 +413,27 @@ mod tests {
         };
         let answered = api::GetInventoryResponse::from(inventory.clone());
         assert_eq!(Inventory::try_from(answered).unwrap(), inventory);
+    }
+
+    #[test]
+    fn io_stats_cross_the_link_unchanged() {
+        let stats = IoStats {
+            tick_rate: 2_300_000_000,
+            ticks: 12_345_678_901,
+            bdevs: vec![BdevIostat {
+                name: "aio-pvc-1".into(),
+                bytes_read: 1,
+                num_read_ops: 2,
+                bytes_written: 3,
+                num_write_ops: 4,
+                bytes_unmapped: 5,
+                num_unmap_ops: 6,
+                read_latency_ticks: 7,
+                write_latency_ticks: u64::MAX,
+            }],
+        };
+        let answered = api::GetIoStatsResponse::from(stats.clone());
+        assert_eq!(IoStats::from(answered), stats);
     }
 
     #[test]

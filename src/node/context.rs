@@ -1,5 +1,6 @@
 //! What the CO's volume and publish contexts say to the node: the keys a
-//! StorageClass sets (the emulation and placement), and DPF's attachment handed over by its controller.
+//! StorageClass sets (the emulation and placement), the PV and PVC the
+//! provisioner names, and DPF's attachment handed over by its controller.
 
 use std::collections::HashMap;
 
@@ -17,6 +18,14 @@ pub const DPF_PCI_ADDRESS_KEY: &str = "nv-pciDeviceAddress";
 pub const DPF_NVME_NSID_KEY: &str = "nv-nvmeNsID";
 /// The topology key naming the DPU that serves this node.
 pub const TOPOLOGY_KEY: &str = "topology.snap-csi.io/dpu";
+/// What external-provisioner's `--extra-create-metadata` adds to the
+/// parameters, which the vendor's controller copies into the volume
+/// context, each with the label the per-volume metrics give it.
+pub(super) const METADATA_LABELS: [(&str, &str); 3] = [
+    ("csi.storage.k8s.io/pv/name", "pv"),
+    ("csi.storage.k8s.io/pvc/name", "pvc"),
+    ("csi.storage.k8s.io/pvc/namespace", "pvc_namespace"),
+];
 
 /// The emulation and placement a stage asks for, or the node's defaults;
 /// INVALID_ARGUMENT for a value or a combination SNAP cannot serve.

@@ -7,7 +7,8 @@
 //!   `recovery`: the host half of a stage, a publish's restage after a
 //!   reboot, and the check that a staging mount sits on the volume's device.
 //! - `context`: the volume and publish context keys the node reads;
-//!   `volume_stats`: NodeGetVolumeStats' usage and condition.
+//!   `volume_stats`: NodeGetVolumeStats' usage and condition;
+//!   `volume_io`: the per-volume I/O series of the metrics page.
 //! - `error`: internal errors to CSI status codes, in one place.
 //! - host operations, split by concern: `command` (external tools with a
 //!   deadline), `paths` (confining CO-supplied paths), `format` (probe and
@@ -30,6 +31,7 @@ pub mod records;
 mod recovery;
 pub mod service;
 pub mod stats;
+mod volume_io;
 mod volume_stats;
 
 pub use config::{NodeArgs, NodeConfig};
@@ -62,6 +64,10 @@ pub async fn serve(
         tokio::spawn(node.clone().unstage_orphans(orphans));
     }
     tokio::spawn(node.clone().compare_with_dpu(records));
+    let _volume_io = crate::metrics::serve_volume_io(Arc::new(volume_io::NodeVolumeIo::new(
+        node.records().clone(),
+        Arc::clone(&dpu),
+    )));
     let identity = IdentityService::new(config.driver_name.clone(), dpu, PROBE_TIMEOUT);
     let listener = crate::server::bind(&config.endpoint)?;
     tracing::info!(endpoint = %config.endpoint.display(), node_id = %config.node_id, "node service listening");

@@ -14,7 +14,9 @@ use snap_csi::agent::AgentConfig;
 use snap_csi::agent::address::LinkAddress;
 use snap_csi::dpu::colocated::Colocated;
 use snap_csi::dpu::remote::RemoteDpu;
-use snap_csi::dpu::{AttachRequest, Attachment, DpuAttach, DpuError, HostLocator, Inventory};
+use snap_csi::dpu::{
+    AttachRequest, Attachment, DpuAttach, DpuError, HostLocator, Inventory, IoStats,
+};
 use snap_csi::tls::TlsFiles;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use tokio::sync::{Semaphore, oneshot};
@@ -297,6 +299,13 @@ impl DpuAttach for GatedDpu {
         match &self.inner {
             Some(inner) => inner.inventory(deadline).await,
             None => Ok(Inventory::default()),
+        }
+    }
+
+    async fn io_stats(&self, deadline: Instant) -> Result<IoStats, DpuError> {
+        match &self.inner {
+            Some(inner) => inner.io_stats(deadline).await,
+            None => Err(DpuError::Unavailable("no DPU behind the gate".into())),
         }
     }
 }

@@ -10,7 +10,8 @@
 //!    each RPC as a multiple of its floor;
 //! 3. SNAP round trips per node RPC, and stage/unstage with the emulator's
 //!    poller on (real SPDK's ~8 ms per sequential call) versus off;
-//! 4. scale: many block volumes staged and published at several concurrencies;
+//! 4. scale: many block volumes staged and published at several concurrencies,
+//!    and the node's metrics page with all of them staged;
 //! 5. memory (peak RSS of the node and the proxy) and node restart time;
 //! 6. the JSON-RPC client's throughput against a raw-socket client;
 //! 7. density with the packed placement: many block volumes staged on one
@@ -39,6 +40,7 @@ mod report;
 mod rounds;
 mod rpc;
 mod scale;
+mod scrape;
 mod split;
 mod stats;
 mod table;

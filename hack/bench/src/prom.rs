@@ -79,13 +79,28 @@ fn parse_labels(text: &str) -> Labels {
         .collect()
 }
 
+/// The calls a scrape of the node's page makes itself (its per-volume I/O
+/// series read SNAP's counters: the node's `bdev_get_iostat`, or its
+/// `GetIoStats` that the agent serves with one), which no node RPC makes:
+/// [`Page::sum`] and [`Page::by_label`] leave them out, so that the bench's
+/// pages before and after an RPC charge it only with its own calls.
+const SCRAPE_CALLS: [&str; 3] = ["bdev_get_iostat", "GetIoStats", "DpuAgent/GetIoStats"];
+
+fn charged(labels: &Labels) -> bool {
+    !labels
+        .iter()
+        .any(|(k, v)| k == "method" && SCRAPE_CALLS.contains(&v.as_str()))
+}
+
 impl Page {
-    /// The sum of every `name` sample whose labels include all of `want`.
+    /// The sum of every `name` sample whose labels include all of `want`
+    /// (but for [`SCRAPE_CALLS`]).
     pub fn sum(&self, name: &str, want: &[(&str, &str)]) -> f64 {
         self.samples
             .iter()
             .filter(|(n, labels, _)| {
                 n == name
+                    && charged(labels)
                     && want
                         .iter()
                         .all(|(k, v)| labels.iter().any(|(lk, lv)| lk == k && lv == v))
@@ -93,11 +108,31 @@ impl Page {
             .map(|(_, _, value)| value)
             .sum()
     }
+
+    /// The sum of the `name` samples of the page process's
+    /// `bdev_get_iostat` calls (a scrape's own).
+    pub fn iostat(&self, name: &str) -> f64 {
+        self.samples
+            .iter()
+            .filter(|(n, labels, _)| {
+                n == name
+                    && labels
+                        .iter()
+                        .any(|(k, v)| k == "method" && v == "bdev_get_iostat")
+            })
+            .map(|(_, _, value)| value)
+            .sum()
+    }
+
+    /// How many samples `name` has: series on the page.
+    pub fn series(&self, name: &str) -> usize {
+        self.samples.iter().filter(|(n, _, _)| n == name).count()
+    }
 }
 
 impl Page {
     /// Per value of `label`: the sum of the `name` samples carrying it that
-    /// also match `want`.
+    /// also match `want` (but for [`SCRAPE_CALLS`]).
     pub fn by_label(
         &self,
         name: &str,
@@ -107,6 +142,7 @@ impl Page {
         let mut out = std::collections::BTreeMap::new();
         for (n, labels, value) in &self.samples {
             if n != name
+                || !charged(labels)
                 || !want
                     .iter()
                     .all(|(k, v)| labels.iter().any(|(lk, lv)| lk == k && lv == v))
@@ -231,5 +267,24 @@ mod tests {
         assert_eq!(out.link_calls, 5.0);
         assert_eq!(out.served_calls, 7.0);
         assert_eq!(out.handshakes, 1.0);
+    }
+
+    #[test]
+    fn a_scrapes_own_reads_are_not_charged_to_rpcs() {
+        let page = parse(concat!(
+            "snap_csi_outbound_requests_total{target=\"snap\",method=\"a\",outcome=\"ok\"} 3\n",
+            "snap_csi_outbound_requests_total{target=\"snap\",method=\"bdev_get_iostat\",outcome=\"ok\"} 2\n",
+            "snap_csi_outbound_request_duration_seconds_count{target=\"snap\",method=\"bdev_get_iostat\"} 2\n",
+            "snap_csi_outbound_requests_total{target=\"dpu-agent\",method=\"GetIoStats\",outcome=\"ok\"} 2\n",
+            "snap_csi_grpc_requests_total{method=\"DpuAgent/GetIoStats\",code=\"Ok\"} 2\n",
+            "# EOF\n"
+        ));
+        let out = Outbound::of(&page);
+        assert_eq!(
+            (out.snap_calls, out.link_calls, out.served_calls),
+            (3.0, 0.0, 0.0)
+        );
+        assert!(snap_methods(&page).is_empty());
+        assert_eq!(page.iostat("snap_csi_outbound_requests_total"), 2.0);
     }
 }

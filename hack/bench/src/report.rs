@@ -749,6 +749,23 @@ pub fn print_rounds(rounds: &[Round]) {
     println!(
         "   (node/SNAP/plugin ms per volume: stage + publish by the node's clock, and the SNAP and plugin calls' summed\n    time (the agent's in split mode), means; teardown: unpublish + unstage at the same concurrency; create: every\n    volume first, 8 at a time)"
     );
+    for (r, scrape) in rounds
+        .iter()
+        .filter_map(|r| r.scrape.as_ref().map(|s| (r, s)))
+    {
+        println!(
+            "   /metrics with {} volumes staged (after the c={} round), series of {} volumes: a scrape that reads SNAP's\n    counters p50 {} ms, max {} ms; one sharing that read p50 {} ms, max {} ms; bdev_get_iostat per read: {}, {} ms each",
+            scrape.volumes,
+            r.concurrency,
+            scrape.volumes_on_page,
+            ms(scrape.reading.p50_ms),
+            ms(scrape.reading.max_ms),
+            ms(scrape.sharing.p50_ms),
+            ms(scrape.sharing.max_ms),
+            num(scrape.iostat_per_read),
+            ms(scrape.iostat_ms)
+        );
+    }
 }
 
 /// SNAP calls by method, one column per concurrency level: calls per

@@ -120,24 +120,30 @@ impl Side {
         })
     }
 
-    /// One round at `concurrency`; with `measure`, while every volume is
-    /// staged: the memory, the link's handshakes, and the node's restart.
+    /// One round at `concurrency`; while every volume is staged, with
+    /// `scrape` the node's metrics page, and with `measure` the memory, the
+    /// link's handshakes, and the node's restart.
     async fn round(
         &mut self,
         args: &Args,
         work: &Work,
         concurrency: usize,
         prefix: &str,
-        measure: bool,
+        (scrape, measure): (bool, bool),
     ) -> anyhow::Result<()> {
         eprintln!(
             "bench: section 4: {} block volumes at concurrency {concurrency} on stack {}",
             args.scale_volumes, self.stack.name
         );
         let staged = stage_round(args, &self.stack, &self.clients, concurrency, prefix).await?;
+        let scraped = match scrape {
+            true => Some(crate::scrape::measure(&self.stack, staged.volumes.len()).await?),
+            false => None,
+        };
         if !measure {
-            self.rounds
-                .push(teardown_round(&self.clients, staged, concurrency).await?);
+            let mut round = teardown_round(&self.clients, staged, concurrency).await?;
+            round.scrape = scraped;
+            self.rounds.push(round);
             return Ok(());
         }
         self.memory.staged(&self.stack, staged.volumes.len())?;
@@ -158,8 +164,9 @@ impl Side {
         self.memory.node_restarted = Some(rss(pid)?);
         // The old connection went with the old process.
         self.clients = Clients::connect(&self.stack.controller, &self.stack.node).await?;
-        self.rounds
-            .push(teardown_round(&self.clients, staged, concurrency).await?);
+        let mut round = teardown_round(&self.clients, staged, concurrency).await?;
+        round.scrape = scraped;
+        self.rounds.push(round);
         self.memory.node_restarted_after_teardown = Some(rss(pid)?);
         Ok(())
     }
@@ -211,8 +218,9 @@ async fn run_sides(
             let last = index + 1 == levels.len() && repeat + 1 == args.scale_repeats;
             for k in 0..sides.len() {
                 let side = (turn + k) % sides.len();
+                let at_last = (args.wants(4) && last, measure && last);
                 sides[side]
-                    .round(args, work, concurrency, prefix, measure && last)
+                    .round(args, work, concurrency, prefix, at_last)
                     .await?;
             }
             turn += 1;

@@ -47,6 +47,9 @@ pub struct Round {
     pub teardown_wall_s: f64,
     /// Throughput over that of concurrency 1 (when measured).
     pub speedup: Option<f64>,
+    /// The node's `/metrics` with every volume staged (the last round of a
+    /// stack only).
+    pub scrape: Option<crate::scrape::Scrape>,
 }
 
 /// How many volumes are created at once before a round; fixed so that the
@@ -209,6 +212,7 @@ pub fn summarise(concurrency: usize, staged: Staged, teardown_wall: Duration) ->
         snap_methods,
         teardown_wall_s: teardown_wall.as_secs_f64(),
         speedup: None,
+        scrape: None,
     }
 }
 
@@ -278,6 +282,7 @@ mod tests {
             snap_methods: BTreeMap::new(),
             teardown_wall_s: 0.0,
             speedup: None,
+            scrape: None,
         }
     }
 
