@@ -17,7 +17,8 @@
 //! the volumes whose contexts the plugin service reads.
 //!
 //! Layout: [`service`] (the RPCs), [`backend`] (the volume context),
-//! [`names`] (device names), [`paging`] (list tokens), [`errors`]
+//! [`names`] (device names), [`paging`] (list tokens), [`qos`] (QoS
+//! limits: parameters, records, SPDK's request), [`errors`]
 //! (SPDK answers → gRPC codes, with the reasons), [`config`] (settings and
 //! the binary's flags), [`csi`] (the CSI controller).
 
@@ -27,6 +28,7 @@ pub mod csi;
 pub mod errors;
 pub mod names;
 pub mod paging;
+pub mod qos;
 pub mod service;
 
 use std::future::Future;

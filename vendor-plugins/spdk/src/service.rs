@@ -9,6 +9,13 @@
 //! that may concern either backend (a DeleteDevice or GetDevice without a
 //! device name) send both of their SPDK calls at once: still one round trip.
 //!
+//! One exception: an AIO volume with QoS limits ([`crate::qos`]) costs a
+//! second round trip, `bdev_set_qos_limit` on the bdev once it exists (SPDK
+//! has no way to create an AIO bdev with limits, and sending both at once
+//! would rely on the order the two requests leave in). Volumes without
+//! limits pay nothing. NVMe-oF volumes' limits are set on the target by the
+//! controller, so their CreateDevice stays one round trip.
+//!
 //! No per-volume lock: every call is one SPDK call, and SPDK runs them one
 //! at a time; the node serialises the calls of each volume anyway.
 //!
@@ -33,6 +40,7 @@ use crate::backend::{BACKENDS, Backend, Kind, NvmfTarget};
 use crate::errors::{attach_status, spdk_status};
 use crate::names::{check_volume_id, device_name, object_name, parse_device_name};
 use crate::paging;
+use crate::qos;
 use api::identity_service_server::IdentityService;
 use api::storage_plugin_service_capability::rpc::Type as Capability;
 use api::storage_plugin_service_server::StoragePluginService;
@@ -99,9 +107,11 @@ impl SpdkPlugin {
         &self,
         volume_id: &str,
         path: &str,
+        context: &HashMap<String, String>,
         deadline: Instant,
     ) -> Result<String, Status> {
         let name = device_name(Kind::Aio, volume_id);
+        let limits = qos::attach_limits(volume_id, path, context)?;
         // SPDK takes an empty file as a bdev of no blocks, which the host
         // would then wait for in vain. A file this process cannot see is
         // left for SPDK to judge.
@@ -135,6 +145,15 @@ impl SpdkPlugin {
                     &e,
                 ));
             }
+        }
+        // Also on a bdev an earlier call made: that call may have stopped
+        // before its limits, and they may have changed since.
+        if !limits.is_empty() {
+            self.spdk()
+                .call_until(&limits.request(&name), deadline)
+                .await
+                .map_err(|e| qos::set_status(&format!("AIO bdev {name}"), &e))?;
+            tracing::info!(%volume_id, device = %name, ?limits, "QoS limits set");
         }
         Ok(name)
     }
@@ -326,7 +345,10 @@ impl StoragePluginService for SpdkPlugin {
         let backend = Backend::from_context(&request.volume_context)
             .map_err(|e| Status::invalid_argument(format!("volume {}: {e}", request.volume_id)))?;
         let device = match &backend {
-            Backend::Aio { path } => self.create_aio(&request.volume_id, path, deadline).await,
+            Backend::Aio { path } => {
+                self.create_aio(&request.volume_id, path, &request.volume_context, deadline)
+                    .await
+            }
             Backend::Nvmf(target) => self.create_nvmf(&request.volume_id, target, deadline).await,
         }
         .inspect_err(

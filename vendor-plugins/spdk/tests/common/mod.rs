@@ -9,6 +9,7 @@ pub mod group_snapshots;
 pub mod nvme_io;
 pub mod plugin_scenarios;
 pub mod proxy;
+pub mod qos_scenarios;
 pub mod scenarios;
 
 // Helpers the root crate's tests use too (another crate: included by path).
@@ -175,6 +176,30 @@ impl Spdk {
             .into_iter()
             .map(|b| b.name)
             .collect()
+    }
+
+    /// A bdev's QoS limits as SPDK reports them (`assigned_rate_limits` of
+    /// `bdev_get_bdevs`): IOPS, then read/write, read and write MiB/s;
+    /// 0 is unlimited.
+    pub async fn rate_limits(&self, bdev: &str) -> [u64; 4] {
+        let deadline = tokio::time::Instant::now() + TIMEOUT;
+        let listed = self
+            .client()
+            .call_raw(
+                "bdev_get_bdevs",
+                Some(&serde_json::json!({ "name": bdev })),
+                deadline,
+            )
+            .await
+            .unwrap();
+        let limits = &listed[0]["assigned_rate_limits"];
+        [
+            "rw_ios_per_sec",
+            "rw_mbytes_per_sec",
+            "r_mbytes_per_sec",
+            "w_mbytes_per_sec",
+        ]
+        .map(|key| limits[key].as_u64().expect("a limit"))
     }
 
     /// The NVMe-oF controllers SPDK has attached.
