@@ -40,6 +40,16 @@ pub struct DriverSpecific {
     /// Present for lvol bdevs.
     #[serde(default)]
     pub lvol: Option<super::lvol::LvolDetails>,
+    /// Present for AIO bdevs.
+    #[serde(default)]
+    pub aio: Option<AioDetails>,
+}
+
+/// An AIO bdev's `driver_specific.aio` (the parts we read).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct AioDetails {
+    /// The file or block device, as given to `bdev_aio_create`.
+    pub filename: String,
 }
 
 impl Bdev {

@@ -13,7 +13,8 @@
 //! second round trip, `bdev_set_qos_limit` on the bdev once it exists (SPDK
 //! has no way to create an AIO bdev with limits, and sending both at once
 //! would rely on the order the two requests leave in). Volumes without
-//! limits pay nothing. NVMe-oF volumes' limits are set on the target by the
+//! limits pay nothing. Later changes of an attached AIO volume's limits are
+//! applied by [`crate::qos_follow`], outside any call. NVMe-oF volumes' limits are set on the target by the
 //! controller, so their CreateDevice stays one round trip.
 //!
 //! No per-volume lock: every call is one SPDK call, and SPDK runs them one
@@ -40,7 +41,8 @@ use crate::backend::{BACKENDS, Backend, Kind, NvmfTarget};
 use crate::errors::{attach_status, spdk_status};
 use crate::names::{check_volume_id, device_name, object_name, parse_device_name};
 use crate::paging;
-use crate::qos;
+use crate::qos::{self, QosLimits};
+use crate::qos_follow::{self, Followed};
 use api::identity_service_server::IdentityService;
 use api::storage_plugin_service_capability::rpc::Type as Capability;
 use api::storage_plugin_service_server::StoragePluginService;
@@ -73,6 +75,9 @@ pub struct ServiceConfig {
     pub snap_provider: String,
     /// The longest a call may take, and the time of one without a deadline.
     pub call_timeout: Duration,
+    /// How often AIO volumes' QoS records are read to apply changes live
+    /// ([`crate::qos_follow`]); zero: never (changes wait for the next attach).
+    pub qos_follow_period: Duration,
 }
 
 /// Both services; cheap to clone into each server.
@@ -85,14 +90,35 @@ pub struct SpdkPlugin {
 struct Inner {
     spdk: RpcClient,
     config: ServiceConfig,
+    followed: Followed,
 }
 
 impl SpdkPlugin {
     /// The services over SNAP's SPDK at `spdk`; nothing connects until a call.
     pub fn new(spdk: RpcClient, config: ServiceConfig) -> SpdkPlugin {
         SpdkPlugin {
-            inner: Arc::new(Inner { spdk, config }),
+            inner: Arc::new(Inner {
+                spdk,
+                config,
+                followed: Followed::default(),
+            }),
         }
+    }
+
+    /// Applies AIO volumes' QoS changes live until aborted (returns at
+    /// once when the period is zero).
+    pub async fn follow_qos_records(&self) {
+        let config = &self.inner.config;
+        if config.qos_follow_period.is_zero() {
+            return;
+        }
+        qos_follow::run(
+            &self.inner.followed,
+            self.spdk(),
+            config.qos_follow_period,
+            config.call_timeout,
+        )
+        .await;
     }
 
     fn spdk(&self) -> &RpcClient {
@@ -155,6 +181,10 @@ impl SpdkPlugin {
                 .map_err(|e| qos::set_status(&format!("AIO bdev {name}"), &e))?;
             tracing::info!(%volume_id, device = %name, ?limits, "QoS limits set");
         }
+        let given = QosLimits::from_map(context).unwrap_or_default();
+        self.inner
+            .followed
+            .follow(&name, volume_id, path, given, limits);
         Ok(name)
     }
 
@@ -224,6 +254,11 @@ impl SpdkPlugin {
                 "detaching NVMe-oF controller",
             ),
         };
+        if kind == Kind::Aio
+            && (result.is_ok() || result.as_ref().is_err_and(|e| e.is_no_such_device()))
+        {
+            self.inner.followed.forget(&name);
+        }
         match result {
             Ok(()) => {
                 tracing::info!(%volume_id, object = %name, "{what}: done");

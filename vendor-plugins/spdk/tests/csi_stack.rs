@@ -459,9 +459,10 @@ async fn an_nvmf_volume_attaches_on_the_node() {
 /// An AIO volume's QoS limits go from its StorageClass parameters and a
 /// ModifyVolume through the proxy to SNAP's bdev: the controller cannot
 /// reach SNAP, so the plugin applies the pool's record when it makes the
-/// bdev, at the next attach. Needs `bdev_set_qos_limit` in the emulator.
+/// bdev, and follows it while the volume is attached (live), or, told not
+/// to follow, at the next attach. Needs `bdev_set_qos_limit` in the emulator.
 #[tokio::test]
-async fn aio_qos_limits_reach_snap_at_the_next_attach() {
+async fn aio_qos_limits_reach_snap_live_or_at_the_next_attach() {
     use snap_csi_spdk_plugin::qos::{RW_IOPS_KEY, W_MBYTES_KEY};
 
     let csi = Csi::start(Backends::BOTH).await;
@@ -498,20 +499,25 @@ async fn aio_qos_limits_reach_snap_at_the_next_attach() {
         [3000, 0, 0, 0]
     );
 
-    proxy
-        .controller
-        .clone()
-        .controller_modify_volume(timed(
-            csi::ControllerModifyVolumeRequest {
-                volume_id: created.volume_id.clone(),
-                secrets: HashMap::new(),
-                mutable_parameters: HashMap::from([(W_MBYTES_KEY.into(), "40".into())]),
-            },
-            TIMEOUT,
-        ))
-        .await
-        .unwrap();
-    // The bdev attached keeps its limits: AIO changes wait for the next attach.
+    let modify = |pairs: &[(&str, &str)]| {
+        let request = csi::ControllerModifyVolumeRequest {
+            volume_id: created.volume_id.clone(),
+            secrets: HashMap::new(),
+            mutable_parameters: pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        };
+        let mut controller = proxy.controller.clone();
+        async move {
+            controller
+                .controller_modify_volume(timed(request, TIMEOUT))
+                .await
+                .unwrap();
+        }
+    };
+    modify(&[(W_MBYTES_KEY, "40")]).await;
+    // Not following: the bdev attached keeps its limits until the next attach.
     assert_eq!(
         snap.rate_limits(&attached.device_name).await,
         [3000, 0, 0, 0]
@@ -524,6 +530,12 @@ async fn aio_qos_limits_reach_snap_at_the_next_attach() {
         snap.rate_limits(&attached.device_name).await,
         [3000, 0, 0, 40]
     );
+    // Following (the binary's default): live.
+    let follower = Plugin::start_following(snap.socket(), Duration::from_millis(50)).await;
+    modify(&[(RW_IOPS_KEY, "0"), (W_MBYTES_KEY, "15")]).await;
+    snap.rate_limits_become(&attached.device_name, [0, 0, 0, 15])
+        .await;
+    follower.stop().await;
 
     dpu.detach(&created.volume_id, Some(&attached.device_name), deadline())
         .await

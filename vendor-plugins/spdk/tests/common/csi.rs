@@ -221,6 +221,7 @@ impl Csi {
             service: ServiceConfig {
                 snap_provider: String::new(),
                 call_timeout: Duration::from_secs(30),
+                qos_follow_period: Duration::ZERO,
             },
             csi: Some(CsiConfig {
                 socket: socket.clone(),

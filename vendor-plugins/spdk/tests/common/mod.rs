@@ -202,6 +202,23 @@ impl Spdk {
         .map(|key| limits[key].as_u64().expect("a limit"))
     }
 
+    /// Waits until a bdev's QoS limits are `want` (something outside the
+    /// call being tested sets them: the plugin's follower).
+    pub async fn rate_limits_become(&self, bdev: &str, want: [u64; 4]) {
+        let deadline = tokio::time::Instant::now() + TIMEOUT;
+        loop {
+            let now = self.rate_limits(bdev).await;
+            if now == want {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{bdev}: QoS limits {now:?}, not {want:?}, after {TIMEOUT:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// The NVMe-oF controllers SPDK has attached.
     pub async fn nvme_controllers(&self) -> Vec<NvmeBdevController> {
         self.client()
@@ -228,6 +245,16 @@ impl Plugin {
     }
 
     pub async fn start_with(spdk_socket: &Path, provider: &str) -> Plugin {
+        Plugin::serve(spdk_socket, provider, Duration::ZERO).await
+    }
+
+    /// A plugin that reads AIO volumes' QoS records every `period` (the
+    /// others do not: a background call would upset round-trip counts).
+    pub async fn start_following(spdk_socket: &Path, period: Duration) -> Plugin {
+        Plugin::serve(spdk_socket, "", period).await
+    }
+
+    async fn serve(spdk_socket: &Path, provider: &str, qos_follow_period: Duration) -> Plugin {
         let dir = tempfile::tempdir().unwrap();
         let socket = dir.path().join("plugins/spdk/dpu.sock");
         let config = Config {
@@ -236,6 +263,7 @@ impl Plugin {
             service: ServiceConfig {
                 snap_provider: provider.into(),
                 call_timeout: Duration::from_secs(30),
+                qos_follow_period,
             },
             csi: None,
             metrics_address: None,

@@ -319,8 +319,9 @@ pub async fn bad_input_is_invalid_argument_and_creates_nothing(source: &Source) 
 /// An AIO volume's limits are set on the bdev CreateDevice makes: the
 /// volume context's (CreateVolume's), overlaid key by key with the AIO
 /// backend's record beside the file (ModifyVolume's), also on a bdev an
-/// earlier call made, and again at the next attach. Needs
-/// `bdev_set_qos_limit` in SNAP's SPDK.
+/// earlier call made, and again at the next attach; and a change of the
+/// record reaches the attached bdev live, also one made before the plugin
+/// started. Needs `bdev_set_qos_limit` in SNAP's SPDK.
 pub async fn aio_qos_limits_are_set_at_attach_from_the_record(source: &Source) {
     let snap = source.snap().await;
     let plugin = Plugin::start(snap.socket()).await;
@@ -357,6 +358,18 @@ pub async fn aio_qos_limits_are_set_at_attach_from_the_record(source: &Source) {
         .unwrap();
     assert_eq!(snap.rate_limits(&plain).await, [0; 4]);
     plugin.delete("vol-plain", &plain).await.unwrap();
+
+    // A plugin that follows the records: one started after the attach
+    // adopts the bdev and applies a change without any call to it.
+    plugin.stop().await;
+    let plugin = Plugin::start_following(snap.socket(), Duration::from_millis(50)).await;
+    let live = QosLimits {
+        w_mbytes_per_sec: Some(0),
+        rw_mbytes_per_sec: Some(40),
+        ..modified
+    };
+    records.store("vol-q", &live).unwrap();
+    snap.rate_limits_become(&device, [0, 40, 5, 0]).await;
     plugin.delete("vol-q", &device).await.unwrap();
     assert!(plugin.list_all(0).await.is_empty());
 }
