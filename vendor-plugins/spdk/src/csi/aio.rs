@@ -33,11 +33,13 @@
 //! which the controller cannot reach: a volume's limits are a JSON record in
 //! `<pool>/qos/` (written before the volume's file, so a volume that exists
 //! has its record), which the plugin's CreateDevice applies with
-//! `bdev_set_qos_limit` on the bdev it makes. So a CreateVolume's limits hold
-//! from the first attach, and a ModifyVolume's take effect at the volume's
-//! next attach (its next NodeStageVolume after an unstage), not on a bdev
-//! already attached. The record, not the volume context, is the truth: the
-//! CO never changes a volume's context after CreateVolume.
+//! `bdev_set_qos_limit` on the bdev it makes, and which it follows while the
+//! volume is attached ([`crate::qos_follow`]). So a CreateVolume's limits
+//! hold from the first attach, and a ModifyVolume's take effect within the
+//! plugin's `--aio-qos-follow-period` (a second) on an attached volume, or
+//! at the next attach with following off or a plugin that cannot see the
+//! pool. The record, not the volume context, is the truth: the CO never
+//! changes a volume's context after CreateVolume.
 //!
 //! Capacity: with `--aio-pool-capacity` the pool holds that many bytes of
 //! volumes and snapshots (their full sizes, written or not), within the

@@ -11,8 +11,8 @@
 //! safe.
 //!
 //! When they take effect: NVMe-oF at once, on the target's lvol, attached
-//! or not ([`super::nvmf`]); AIO at the volume's next attach, when the
-//! plugin makes its bdev ([`super::aio`]).
+//! or not ([`super::nvmf`]); AIO within the plugin's follow period on an
+//! attached volume, else at its next attach ([`super::aio`]).
 
 use snap_csi::proto::csi::v1 as csi;
 use tonic::{Request, Response, Status};
