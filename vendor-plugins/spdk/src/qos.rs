@@ -185,31 +185,41 @@ pub fn records_in(dir: &Path) -> PathBuf {
     dir.join(RECORD_DIR)
 }
 
-/// The limits the plugin sets on the AIO bdev it makes for `volume_id` over
-/// `path`: the volume context's (CreateVolume's), overlaid with the AIO
-/// backend's record when the plugin sees it (ModifyVolume's changes). A
-/// record directory the plugin cannot see (SNAP's filesystem not shared
-/// with it, or a file not made by the controller) leaves the context's.
-pub fn attach_limits(
+/// The limits in a volume context (CreateVolume's), refused as the
+/// controller would refuse them.
+pub fn context_limits(
     volume_id: &str,
-    path: &str,
     context: &HashMap<String, String>,
 ) -> Result<QosLimits, Status> {
-    let given = QosLimits::from_map(context)
-        .map_err(|e| Status::invalid_argument(format!("volume {volume_id}: {e}")))?;
-    let Some(dir) = record_dir(Path::new(path)).filter(|d| d.is_dir()) else {
+    QosLimits::from_map(context)
+        .map_err(|e| Status::invalid_argument(format!("volume {volume_id}: {e}")))
+}
+
+/// The limits the plugin sets on the AIO bdev of `volume_id` over `path`:
+/// `given` (the context's) overlaid with the AIO backend's record when the
+/// plugin sees it (ModifyVolume's changes). A record directory the plugin
+/// cannot see (SNAP's filesystem not shared with it, or a file the
+/// controller did not make) leaves `given`.
+pub fn with_record(given: QosLimits, volume_id: &str, path: &str) -> Result<QosLimits, Status> {
+    let Some(dir) = record_dir(Path::new(path)) else {
         return Ok(given);
     };
-    let read = |e: std::io::Error| {
+    let recorded = recorded(&dir, volume_id).map_err(|e| {
         Status::internal(format!(
             "reading the QoS record of volume {volume_id} in {}: {e}",
             dir.display()
         ))
-    };
-    let recorded: Option<QosLimits> = JsonDir::open(&dir)
-        .and_then(|records| records.load(volume_id))
-        .map_err(read)?;
+    })?;
     Ok(recorded.map_or(given, |r| given.overlaid(r)))
+}
+
+/// The record of `volume_id` in record directory `dir`; none when the
+/// directory is not there (it is never created here).
+pub fn recorded(dir: &Path, volume_id: &str) -> std::io::Result<Option<QosLimits>> {
+    if !dir.is_dir() {
+        return Ok(None);
+    }
+    JsonDir::open(dir)?.load(volume_id)
 }
 
 /// The status of a failed `bdev_set_qos_limit`; `what` says on what. SPDK's
@@ -351,6 +361,35 @@ mod tests {
                 w_mbytes_per_sec: Some(10),
             }
         );
+    }
+
+    #[test]
+    fn the_record_beside_the_file_overlays_the_context() {
+        let pool = tempfile::tempdir().unwrap();
+        let file = pool.path().join("aio-v.img").display().to_string();
+        let given = QosLimits {
+            rw_ios_per_sec: Some(2000),
+            w_mbytes_per_sec: Some(10),
+            ..Default::default()
+        };
+        // No record directory: the context's, and none is made.
+        assert_eq!(with_record(given, "aio-v", &file).unwrap(), given);
+        assert!(!records_in(pool.path()).exists());
+        let records = JsonDir::open(records_in(pool.path())).unwrap();
+        assert_eq!(with_record(given, "aio-v", &file).unwrap(), given);
+        let modified = QosLimits {
+            rw_ios_per_sec: Some(0),
+            ..Default::default()
+        };
+        records.store("aio-v", &modified).unwrap();
+        assert_eq!(
+            with_record(given, "aio-v", &file).unwrap(),
+            given.overlaid(modified)
+        );
+        let context = HashMap::from([(RW_IOPS_KEY.to_string(), "7".to_string())]);
+        let status = context_limits("aio-v", &context).unwrap_err();
+        assert_eq!(status.code(), tonic::Code::InvalidArgument);
+        assert!(status.message().contains(RW_IOPS_KEY), "{status:?}");
     }
 
     #[test]

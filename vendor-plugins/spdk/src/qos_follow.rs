@@ -18,10 +18,10 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use snap_csi::json_dir::JsonDir;
 use snap_csi::jsonrpc::RpcClient;
 use snap_csi::spdk::bdev::BdevGetBdevs;
 use tokio::time::Instant;
@@ -35,7 +35,7 @@ use crate::qos::{self, QosLimits};
 pub struct Followed {
     bdevs: Mutex<HashMap<String, Entry>>,
     /// Whether SNAP's bdevs made before this start were listed yet.
-    adopted: Mutex<bool>,
+    adopted: AtomicBool,
 }
 
 #[derive(Debug, Clone)]
@@ -84,7 +84,7 @@ impl Followed {
 
     /// Lists SNAP's AIO bdevs of ours once, following those with records.
     async fn adopt(&self, spdk: &RpcClient, deadline: Instant) {
-        if *self.adopted.lock().unwrap_or_else(PoisonError::into_inner) {
+        if self.adopted.load(Ordering::Relaxed) {
             return;
         }
         let bdevs = match spdk.call_until(&BdevGetBdevs::default(), deadline).await {
@@ -112,7 +112,7 @@ impl Followed {
                 applied: None,
             });
         }
-        *self.adopted.lock().unwrap_or_else(PoisonError::into_inner) = true;
+        self.adopted.store(true, Ordering::Relaxed);
     }
 
     /// One pass: every followed bdev whose record gives other limits than
@@ -126,28 +126,41 @@ impl Followed {
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
         for (device, entry) in entries {
-            let recorded: Option<QosLimits> =
-                match JsonDir::open(&entry.records).and_then(|r| r.load(&entry.volume_id)) {
-                    Ok(recorded) => recorded,
-                    Err(e) => {
-                        tracing::warn!(%device, "QoS record unreadable: {e}");
-                        continue;
-                    }
-                };
+            let recorded = match qos::recorded(&entry.records, &entry.volume_id) {
+                Ok(recorded) => recorded,
+                Err(e) => {
+                    tracing::warn!(%device, "QoS record unreadable: {e}");
+                    continue;
+                }
+            };
             let wanted = recorded.map_or(entry.given, |r| entry.given.overlaid(r));
             if entry.applied == Some(wanted) || wanted.is_empty() {
                 continue;
             }
-            match spdk.call_until(&wanted.request(&device), deadline).await {
+            let done = match spdk.call_until(&wanted.request(&device), deadline).await {
                 Ok(_) => {
                     tracing::info!(%device, volume_id = %entry.volume_id, limits = ?wanted,
                         "QoS limits changed live");
-                    if let Some(e) = self.lock().get_mut(&device) {
-                        e.applied = Some(wanted);
-                    }
+                    true
                 }
-                Err(e) if e.is_no_such_device() => self.forget(&device),
-                Err(e) => tracing::warn!(%device, "setting QoS limits: {e}"),
+                Err(e) if e.is_no_such_device() => {
+                    self.forget(&device);
+                    continue;
+                }
+                // SNAP unreachable: tried again next period.
+                Err(e) if e.is_transient() => {
+                    tracing::debug!(%device, "setting QoS limits: {e}");
+                    false
+                }
+                // Refused: not tried again (nor logged) until the record changes.
+                Err(e) => {
+                    tracing::warn!(%device, volume_id = %entry.volume_id, limits = ?wanted,
+                        "SNAP refuses these QoS limits; the next attach reports why: {e}");
+                    true
+                }
+            };
+            if done && let Some(e) = self.lock().get_mut(&device) {
+                e.applied = Some(wanted);
             }
         }
     }

@@ -14,8 +14,9 @@
 //! has no way to create an AIO bdev with limits, and sending both at once
 //! would rely on the order the two requests leave in). Volumes without
 //! limits pay nothing. Later changes of an attached AIO volume's limits are
-//! applied by [`crate::qos_follow`], outside any call. NVMe-oF volumes' limits are set on the target by the
-//! controller, so their CreateDevice stays one round trip.
+//! applied by [`crate::qos_follow`], outside any call. NVMe-oF volumes'
+//! limits are set on the target by the controller, so their CreateDevice
+//! stays one round trip.
 //!
 //! No per-volume lock: every call is one SPDK call, and SPDK runs them one
 //! at a time; the node serialises the calls of each volume anyway.
@@ -41,7 +42,7 @@ use crate::backend::{BACKENDS, Backend, Kind, NvmfTarget};
 use crate::errors::{attach_status, spdk_status};
 use crate::names::{check_volume_id, device_name, object_name, parse_device_name};
 use crate::paging;
-use crate::qos::{self, QosLimits};
+use crate::qos;
 use crate::qos_follow::{self, Followed};
 use api::identity_service_server::IdentityService;
 use api::storage_plugin_service_capability::rpc::Type as Capability;
@@ -137,7 +138,8 @@ impl SpdkPlugin {
         deadline: Instant,
     ) -> Result<String, Status> {
         let name = device_name(Kind::Aio, volume_id);
-        let limits = qos::attach_limits(volume_id, path, context)?;
+        let given = qos::context_limits(volume_id, context)?;
+        let limits = qos::with_record(given, volume_id, path)?;
         // SPDK takes an empty file as a bdev of no blocks, which the host
         // would then wait for in vain. A file this process cannot see is
         // left for SPDK to judge.
@@ -181,7 +183,6 @@ impl SpdkPlugin {
                 .map_err(|e| qos::set_status(&format!("AIO bdev {name}"), &e))?;
             tracing::info!(%volume_id, device = %name, ?limits, "QoS limits set");
         }
-        let given = QosLimits::from_map(context).unwrap_or_default();
         self.inner
             .followed
             .follow(&name, volume_id, path, given, limits);

@@ -387,12 +387,10 @@ impl Csi {
             let lvol = format!("{LVSTORE}/{}", volume.volume_id);
             return target.spdk.rate_limits(&lvol).await;
         }
-        let limits = snap_csi_spdk_plugin::qos::attach_limits(
-            &volume.volume_id,
-            &volume.volume_context["path"],
-            &volume.volume_context,
-        )
-        .unwrap();
+        use snap_csi_spdk_plugin::qos;
+        let given = qos::context_limits(&volume.volume_id, &volume.volume_context).unwrap();
+        let limits =
+            qos::with_record(given, &volume.volume_id, &volume.volume_context["path"]).unwrap();
         [
             limits.rw_ios_per_sec,
             limits.rw_mbytes_per_sec,
