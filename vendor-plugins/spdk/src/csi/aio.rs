@@ -383,7 +383,7 @@ impl VolumeBackend for AioPool {
             records
                 .store(&volume_id, &old.overlaid(limits))
                 .map_err(|e| errors::record("writing the volume's QoS record", &e))?;
-            tracing::info!(%volume_id, ?limits, "QoS limits recorded for the next attach");
+            tracing::info!(%volume_id, ?limits, "QoS limits recorded for the plugin to apply");
             Ok(())
         })
         .await

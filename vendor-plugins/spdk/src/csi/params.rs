@@ -6,8 +6,9 @@
 //! `snap-csi.io/placement` (`dedicated` or `packed`), both read by the node,
 //! and the CO's own `csi.storage.k8s.io/*` metadata are copied into the
 //! volume context; the QoS keys ([`crate::qos`]) are checked and set on the
-//! volume (and copied into the context in canonical form). Any other key is INVALID_ARGUMENT: a typo must not silently give
-//! a volume other than the one asked for.
+//! volume (and copied into the context in canonical form). Any other key is
+//! INVALID_ARGUMENT: a typo must not silently give a volume other than the
+//! one asked for.
 //!
 //! Capabilities: block, or a mount with a filesystem the node can make
 //! (ext4, xfs, or empty for ext4); single-node access modes only. Every
