@@ -18,7 +18,9 @@
 # we do not offer a capability (each such reason is listed in
 # NOT_OFFERED below and counted on one line), and the one spec
 # csi-test itself marks pending. The GroupController specs must all run and
-# pass (group snapshots are offered on both backends).
+# pass (group snapshots are offered on both backends), and so must the
+# ModifyVolume specs (MODIFY_VOLUME: QoS limits, from a VolumeAttributesClass
+# given as --csi.testvolumemutableparameters).
 #
 # Usage (as root): hack/csi-sanity.sh [--profile release|debug] [--no-build]
 #   [--backend aio|nvmf]... [--csi-sanity BINARY] [--tarball CSI-TEST.tar.gz]
@@ -45,7 +47,7 @@ while (($#)); do
     --csi-sanity) binary=$(absolute "$2"); shift 2 ;;
     --tarball) tarball=$(absolute "$2"); shift 2 ;;
     --) shift; local_up_args=("$@"); break ;;
-    -h | --help) sed -n '2,23p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,28p' "$0"; exit 0 ;;
     *) echo "csi-sanity: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -57,9 +59,6 @@ declare -A NOT_OFFERED=(
   ["ControllerPublishVolume not supported"]="no PUBLISH_UNPUBLISH_VOLUME: the DPU attach is NodeStageVolume's"
   ["ControllerUnpublishVolume not supported"]="no PUBLISH_UNPUBLISH_VOLUME: the DPU attach is NodeStageVolume's"
   ["Controller Publish, UnpublishVolume not supported"]="no PUBLISH_UNPUBLISH_VOLUME: the DPU attach is NodeStageVolume's"
-  ["ControllerModifyVolume not supported"]="no MODIFY_VOLUME (not offered yet)"
-  ["Modify volume not supported"]="no MODIFY_VOLUME (not offered yet)"
-  ["Modify Volume not supported"]="no MODIFY_VOLUME (not offered yet)"
 )
 
 ./hack/setup.sh
@@ -121,6 +120,7 @@ allowed = dict(line.split("\t", 1) for line in os.environ["REASONS"].splitlines(
 counts = collections.Counter()
 why_skipped = collections.Counter()
 group = collections.Counter()
+modify = collections.Counter()
 unexplained = []
 for suite in json.load(open(report)):
     for spec in suite.get("SpecReports") or []:
@@ -130,6 +130,8 @@ for suite in json.load(open(report)):
         counts[state] += 1
         if any("GroupController" in t for t in spec.get("ContainerHierarchyTexts") or []):
             group[state] += 1
+        if any("ModifyVolume" in t for t in spec.get("ContainerHierarchyTexts") or []):
+            modify[state] += 1
         if state == "skipped":
             message = (spec.get("Failure") or {}).get("Message", "")
             if message in allowed:
@@ -147,7 +149,10 @@ for line in unexplained:
 group_ok = group["passed"] > 0 and group["passed"] == sum(group.values())
 print(f"{name}: GroupController specs: {group['passed']} passed of {sum(group.values())}"
       + ("" if group_ok else " (ALL MUST RUN AND PASS)"))
-sys.exit(1 if failed or unexplained or not counts["passed"] or not group_ok else 0)
+modify_ok = modify["passed"] > 0 and modify["passed"] == sum(modify.values())
+print(f"{name}: ModifyVolume specs: {modify['passed']} passed of {sum(modify.values())}"
+      + ("" if modify_ok else " (ALL MUST RUN AND PASS)"))
+sys.exit(1 if failed or unexplained or not counts["passed"] or not group_ok or not modify_ok else 0)
 PY
 }
 
@@ -160,6 +165,15 @@ for backend in "${backends[@]}"; do
     "${local_up_args[@]}"
   # The volumes go to the backend under test whatever local-up's default.
   echo "backend: $backend" >"$run/parameters.yaml"
+  # A VolumeAttributesClass's QoS limits: CreateVolume's mutable parameters
+  # and every ControllerModifyVolume's (the ModifyVolume specs run: the
+  # controller offers MODIFY_VOLUME). Values SPDK takes as they are.
+  cat >"$run/mutable-parameters.yaml" <<'YAML'
+snap-csi.io/qos-rw-iops: "4000"
+snap-csi.io/qos-rw-mbytes-per-sec: "0"
+snap-csi.io/qos-r-mbytes-per-sec: "200"
+snap-csi.io/qos-w-mbytes-per-sec: "100"
+YAML
   echo
   echo "== csi-sanity, $backend backend (log: csi-sanity.log in the run's directory)"
   # Staging and target directories under the kubelet directory: the node
@@ -173,6 +187,7 @@ for backend in "${backends[@]}"; do
     --csi.testvolumesize $((64 << 20)) \
     --csi.testvolumeexpandsize $((96 << 20)) \
     --csi.testvolumeparameters "$run/parameters.yaml" \
+    --csi.testvolumemutableparameters "$run/mutable-parameters.yaml" \
     --ginkgo.no-color \
     --ginkgo.json-report "$run/report.json" \
     >"$run/csi-sanity.log" 2>&1 || sanity_status=$?

@@ -43,6 +43,9 @@ pub struct DriverSpecific {
     /// Present for crypto vbdevs.
     #[serde(default)]
     pub crypto: Option<CryptoDetails>,
+    /// Present for AIO bdevs.
+    #[serde(default)]
+    pub aio: Option<AioDetails>,
 }
 
 /// A crypto vbdev's `driver_specific.crypto`.
@@ -50,6 +53,13 @@ pub struct DriverSpecific {
 pub struct CryptoDetails {
     pub base_bdev_name: String,
     pub key_name: String,
+}
+
+/// An AIO bdev's `driver_specific.aio` (the parts we read).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct AioDetails {
+    /// The file or block device, as given to `bdev_aio_create`.
+    pub filename: String,
 }
 
 impl Bdev {
@@ -135,6 +145,27 @@ pub struct BdevAioRescan {
 }
 method!(BdevAioRescan => "bdev_aio_rescan", bool);
 
+/// `bdev_set_qos_limit`: rate limits of a bdev (by name or alias), applied
+/// to its I/O from the reply on. A limit left `None` is kept as it is; 0
+/// removes one. IOPS are rounded up to a multiple of 1000 and MiB/s capped
+/// at 2^64 / 2^20 by SPDK, which only logs it. `-ENODEV` if the bdev is
+/// absent, `-EINVAL` when no limit is given, -32602 "Failed to configure
+/// rate limit: ..." when applying fails (`EAGAIN`: another change of this
+/// bdev's limits is in progress).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct BdevSetQosLimit {
+    pub name: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rw_ios_per_sec: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rw_mbytes_per_sec: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub r_mbytes_per_sec: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub w_mbytes_per_sec: Option<u64>,
+}
+method!(BdevSetQosLimit => "bdev_set_qos_limit", bool);
+
 /// `bdev_malloc_create`: a RAM bdev; returns its name.
 #[derive(Debug, Clone, Serialize)]
 pub struct BdevMallocCreate {
@@ -200,5 +231,20 @@ mod tests {
             )
         );
         assert!(bdev(u64::MAX, 4096).size_bytes().is_err());
+    }
+
+    #[test]
+    fn qos_limits_not_given_stay_off_the_wire() {
+        let set = BdevSetQosLimit {
+            name: "lvs0/vol".into(),
+            rw_ios_per_sec: Some(0),
+            w_mbytes_per_sec: Some(20),
+            ..Default::default()
+        };
+        // SPDK keeps a limit the request does not name, and reads 0 as "off".
+        assert_eq!(
+            serde_json::to_string(&set).unwrap(),
+            r#"{"name":"lvs0/vol","rw_ios_per_sec":0,"w_mbytes_per_sec":20}"#
+        );
     }
 }

@@ -59,6 +59,10 @@ pub struct Args {
     /// Seconds a call may take at most, and the time given to a call without a deadline.
     #[arg(long, env = "SPDK_PLUGIN_CALL_TIMEOUT", default_value_t = 30)]
     pub call_timeout: u64,
+    /// Seconds between reads of AIO volumes' QoS records, which apply a
+    /// ModifyVolume to an attached AIO volume live; 0: at its next attach only.
+    #[arg(long, env = "SPDK_PLUGIN_AIO_QOS_FOLLOW_PERIOD", default_value_t = 1)]
+    pub aio_qos_follow_period: u64,
     /// Log line format (the filter is RUST_LOG, default "info").
     #[arg(long, env = "SPDK_PLUGIN_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -110,6 +114,11 @@ impl Args {
                 "--call-timeout must be from 1 to {MAX_SECONDS} seconds (a year)"
             ));
         }
+        if self.aio_qos_follow_period > MAX_SECONDS {
+            return Err(format!(
+                "--aio-qos-follow-period must be from 0 to {MAX_SECONDS} seconds (a year)"
+            ));
+        }
         let call_timeout = Duration::from_secs(self.call_timeout);
         Ok(Config {
             plugin_socket: self.plugin_socket.clone(),
@@ -117,6 +126,7 @@ impl Args {
             service: ServiceConfig {
                 snap_provider: self.snap_provider.clone(),
                 call_timeout,
+                qos_follow_period: Duration::from_secs(self.aio_qos_follow_period),
             },
             csi: self.csi(call_timeout)?,
             metrics_address: self.metrics_address,

@@ -17,7 +17,9 @@
 //! the volumes whose contexts the plugin service reads.
 //!
 //! Layout: [`service`] (the RPCs), [`backend`] (the volume context),
-//! [`names`] (device names), [`paging`] (list tokens), [`errors`]
+//! [`names`] (device names), [`paging`] (list tokens), [`qos`] (QoS
+//! limits: parameters, records, SPDK's request), [`qos_follow`] (AIO QoS
+//! changes applied live), [`errors`]
 //! (SPDK answers → gRPC codes, with the reasons), [`config`] (settings and
 //! the binary's flags), [`csi`] (the CSI controller).
 
@@ -27,6 +29,8 @@ pub mod csi;
 pub mod errors;
 pub mod names;
 pub mod paging;
+pub mod qos;
+pub mod qos_follow;
 pub mod service;
 
 use std::future::Future;
@@ -62,6 +66,8 @@ struct Endpoint {
     socket: PathBuf,
     /// The CSI controller, which resumes what a crash left paused once it serves.
     recover: Option<csi::CsiController>,
+    /// The plugin service, which follows AIO QoS records while it serves.
+    follow: Option<SpdkPlugin>,
 }
 
 impl Endpoint {
@@ -73,7 +79,16 @@ impl Endpoint {
         if let Some(controller) = self.recover {
             tokio::spawn(async move { controller.recover_at_start().await });
         }
-        snap_csi::server::serve(self.router, self.listener, &self.socket, metrics, shutdown).await
+        let follow = self
+            .follow
+            .map(|plugin| tokio::spawn(async move { plugin.follow_qos_records().await }));
+        let served =
+            snap_csi::server::serve(self.router, self.listener, &self.socket, metrics, shutdown)
+                .await;
+        if let Some(follow) = follow {
+            follow.abort();
+        }
+        served
     }
 }
 
@@ -86,7 +101,7 @@ pub fn bind(config: &Config) -> Result<Listening, ServeError> {
     let plugin = SpdkPlugin::new(spdk, config.service.clone());
     let router = snap_csi::server::builder()
         .add_service(IdentityServiceServer::new(plugin.clone()))
-        .add_service(StoragePluginServiceServer::new(plugin));
+        .add_service(StoragePluginServiceServer::new(plugin.clone()));
     tracing::info!(
         socket = %config.plugin_socket.display(),
         spdk = %config.spdk_socket.display(),
@@ -100,6 +115,7 @@ pub fn bind(config: &Config) -> Result<Listening, ServeError> {
             listener,
             socket: config.plugin_socket.clone(),
             recover: None,
+            follow: Some(plugin),
         },
         csi,
         metrics_address: config.metrics_address,
@@ -130,6 +146,7 @@ fn bind_csi(config: &csi::CsiConfig) -> Result<Endpoint, ServeError> {
         listener,
         socket: config.socket.clone(),
         recover: Some(controller),
+        follow: None,
     })
 }
 

@@ -9,6 +9,15 @@
 //! that may concern either backend (a DeleteDevice or GetDevice without a
 //! device name) send both of their SPDK calls at once: still one round trip.
 //!
+//! One exception: an AIO volume with QoS limits ([`crate::qos`]) costs a
+//! second round trip, `bdev_set_qos_limit` on the bdev once it exists (SPDK
+//! has no way to create an AIO bdev with limits, and sending both at once
+//! would rely on the order the two requests leave in). Volumes without
+//! limits pay nothing. Later changes of an attached AIO volume's limits are
+//! applied by [`crate::qos_follow`], outside any call. NVMe-oF volumes'
+//! limits are set on the target by the controller, so their CreateDevice
+//! stays one round trip.
+//!
 //! No per-volume lock: every call is one SPDK call, and SPDK runs them one
 //! at a time; the node serialises the calls of each volume anyway.
 //!
@@ -33,6 +42,8 @@ use crate::backend::{BACKENDS, Backend, Kind, NvmfTarget};
 use crate::errors::{attach_status, spdk_status};
 use crate::names::{check_volume_id, device_name, object_name, parse_device_name};
 use crate::paging;
+use crate::qos;
+use crate::qos_follow::{self, Followed};
 use api::identity_service_server::IdentityService;
 use api::storage_plugin_service_capability::rpc::Type as Capability;
 use api::storage_plugin_service_server::StoragePluginService;
@@ -65,6 +76,9 @@ pub struct ServiceConfig {
     pub snap_provider: String,
     /// The longest a call may take, and the time of one without a deadline.
     pub call_timeout: Duration,
+    /// How often AIO volumes' QoS records are read to apply changes live
+    /// ([`crate::qos_follow`]); zero: never (changes wait for the next attach).
+    pub qos_follow_period: Duration,
 }
 
 /// Both services; cheap to clone into each server.
@@ -77,14 +91,35 @@ pub struct SpdkPlugin {
 struct Inner {
     spdk: RpcClient,
     config: ServiceConfig,
+    followed: Followed,
 }
 
 impl SpdkPlugin {
     /// The services over SNAP's SPDK at `spdk`; nothing connects until a call.
     pub fn new(spdk: RpcClient, config: ServiceConfig) -> SpdkPlugin {
         SpdkPlugin {
-            inner: Arc::new(Inner { spdk, config }),
+            inner: Arc::new(Inner {
+                spdk,
+                config,
+                followed: Followed::default(),
+            }),
         }
+    }
+
+    /// Applies AIO volumes' QoS changes live until aborted (returns at
+    /// once when the period is zero).
+    pub async fn follow_qos_records(&self) {
+        let config = &self.inner.config;
+        if config.qos_follow_period.is_zero() {
+            return;
+        }
+        qos_follow::run(
+            &self.inner.followed,
+            self.spdk(),
+            config.qos_follow_period,
+            config.call_timeout,
+        )
+        .await;
     }
 
     fn spdk(&self) -> &RpcClient {
@@ -99,9 +134,12 @@ impl SpdkPlugin {
         &self,
         volume_id: &str,
         path: &str,
+        context: &HashMap<String, String>,
         deadline: Instant,
     ) -> Result<String, Status> {
         let name = device_name(Kind::Aio, volume_id);
+        let given = qos::context_limits(volume_id, context)?;
+        let limits = qos::with_record(given, volume_id, path)?;
         // SPDK takes an empty file as a bdev of no blocks, which the host
         // would then wait for in vain. A file this process cannot see is
         // left for SPDK to judge.
@@ -136,6 +174,18 @@ impl SpdkPlugin {
                 ));
             }
         }
+        // Also on a bdev an earlier call made: that call may have stopped
+        // before its limits, and they may have changed since.
+        if !limits.is_empty() {
+            self.spdk()
+                .call_until(&limits.request(&name), deadline)
+                .await
+                .map_err(|e| qos::set_status(&format!("AIO bdev {name}"), &e))?;
+            tracing::info!(%volume_id, device = %name, ?limits, "QoS limits set");
+        }
+        self.inner
+            .followed
+            .follow(&name, volume_id, path, given, limits);
         Ok(name)
     }
 
@@ -205,6 +255,11 @@ impl SpdkPlugin {
                 "detaching NVMe-oF controller",
             ),
         };
+        if kind == Kind::Aio
+            && (result.is_ok() || result.as_ref().is_err_and(|e| e.is_no_such_device()))
+        {
+            self.inner.followed.forget(&name);
+        }
         match result {
             Ok(()) => {
                 tracing::info!(%volume_id, object = %name, "{what}: done");
@@ -326,7 +381,10 @@ impl StoragePluginService for SpdkPlugin {
         let backend = Backend::from_context(&request.volume_context)
             .map_err(|e| Status::invalid_argument(format!("volume {}: {e}", request.volume_id)))?;
         let device = match &backend {
-            Backend::Aio { path } => self.create_aio(&request.volume_id, path, deadline).await,
+            Backend::Aio { path } => {
+                self.create_aio(&request.volume_id, path, &request.volume_context, deadline)
+                    .await
+            }
             Backend::Nvmf(target) => self.create_nvmf(&request.volume_id, target, deadline).await,
         }
         .inspect_err(

@@ -84,6 +84,7 @@ async fn identity_says_what_it_serves_and_probe_follows_the_backends() {
         Capability::ListSnapshots,
         Capability::CloneVolume,
         Capability::ExpandVolume,
+        Capability::ModifyVolume,
     ] {
         assert!(rpcs.contains(&wanted), "{wanted:?} in {rpcs:?}");
     }
@@ -453,4 +454,94 @@ async fn an_aio_volume_attaches_on_the_node() {
 #[tokio::test]
 async fn an_nvmf_volume_attaches_on_the_node() {
     attach_created_volume("nvmf", Emulation::Nvme).await;
+}
+
+/// An AIO volume's QoS limits go from its StorageClass parameters and a
+/// ModifyVolume through the proxy to SNAP's bdev: the controller cannot
+/// reach SNAP, so the plugin applies the pool's record when it makes the
+/// bdev, and follows it while the volume is attached (live), or, told not
+/// to follow, at the next attach. Needs `bdev_set_qos_limit` in the emulator.
+#[tokio::test]
+async fn aio_qos_limits_reach_snap_live_or_at_the_next_attach() {
+    use snap_csi_spdk_plugin::qos::{RW_IOPS_KEY, W_MBYTES_KEY};
+
+    let csi = Csi::start(Backends::BOTH).await;
+    let proxy = Proxy::start(&csi).await;
+    let snap = Spdk::snap().await;
+    let plugin = Plugin::start(snap.socket()).await;
+    let dpu_dir = snap.dir.path().join("dpu-link");
+    let TestDpu { attach: dpu, .. } = &TestDpu::start(
+        &plugin.socket,
+        &snap.socket().display().to_string(),
+        &dpu_dir,
+    )
+    .await;
+    let deadline = || Instant::now() + Duration::from_secs(30);
+
+    let mut request = volume("pvc-qos-node", "aio", 24 * MIB, 0);
+    request.parameters.insert(RW_IOPS_KEY.into(), "3000".into());
+    let created = proxy.create(request).await.unwrap();
+    let attach = AttachRequest {
+        volume_id: created.volume_id.clone(),
+        access_modes: vec![AccessMode::Rwo],
+        volume_mode: VolumeMode::Block,
+        publish_context: HashMap::new(),
+        volume_context: created.volume_context.clone(),
+        storage_parameters: HashMap::new(),
+        emulation: Emulation::Nvme,
+        placement: Placement::Dedicated,
+        attached_before: false,
+        secrets: HashMap::new(),
+    };
+    let attached = dpu.attach(&attach, deadline()).await.unwrap();
+    assert_eq!(
+        snap.rate_limits(&attached.device_name).await,
+        [3000, 0, 0, 0]
+    );
+
+    let modify = |pairs: &[(&str, &str)]| {
+        let request = csi::ControllerModifyVolumeRequest {
+            volume_id: created.volume_id.clone(),
+            secrets: HashMap::new(),
+            mutable_parameters: pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        };
+        let mut controller = proxy.controller.clone();
+        async move {
+            controller
+                .controller_modify_volume(timed(request, TIMEOUT))
+                .await
+                .unwrap();
+        }
+    };
+    modify(&[(W_MBYTES_KEY, "40")]).await;
+    // Not following: the bdev attached keeps its limits until the next attach.
+    assert_eq!(
+        snap.rate_limits(&attached.device_name).await,
+        [3000, 0, 0, 0]
+    );
+    dpu.detach(&created.volume_id, Some(&attached.device_name), deadline())
+        .await
+        .unwrap();
+    let attached = dpu.attach(&attach, deadline()).await.unwrap();
+    assert_eq!(
+        snap.rate_limits(&attached.device_name).await,
+        [3000, 0, 0, 40]
+    );
+    // Following (the binary's default): live.
+    let follower = Plugin::start_following(snap.socket(), Duration::from_millis(50)).await;
+    modify(&[(RW_IOPS_KEY, "0"), (W_MBYTES_KEY, "15")]).await;
+    snap.rate_limits_become(&attached.device_name, [0, 0, 0, 15])
+        .await;
+    follower.stop().await;
+
+    dpu.detach(&created.volume_id, Some(&attached.device_name), deadline())
+        .await
+        .unwrap();
+    assert!(snap.bdevs().await.is_empty());
+    proxy.stop().await;
+    csi.delete(&created.volume_id).await.unwrap();
+    assert!(csi.leftovers().await.is_empty());
 }

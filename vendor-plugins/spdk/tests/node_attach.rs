@@ -192,3 +192,31 @@ async fn the_plugin_fits_the_nodes_round_trip_budget() {
     assert_eq!(trips, 4, "NVMe detach");
     assert!(snap.bdevs().await.is_empty());
 }
+
+/// CreateDevice of an AIO volume with QoS limits costs one more round trip
+/// (its limits, once the bdev exists), also when repeated; a volume without
+/// limits keeps the budget of one. Needs `bdev_set_qos_limit` in the emulator.
+#[tokio::test]
+async fn only_aio_volumes_with_limits_pay_a_second_round_trip() {
+    use snap_csi_spdk_plugin::qos::RW_IOPS_KEY;
+
+    let snap = Spdk::start(|c| c.counting_round_trips(ROUND_TRIP_PERIOD)).await;
+    let rounds = || snap.emulator().rounds();
+    let plugin = Plugin::start(snap.socket()).await;
+    let plain = aio_context(&snap.file("pvc-plain.img"));
+    let mut limited = aio_context(&snap.file("pvc-limited.img"));
+    limited.insert(RW_IOPS_KEY.into(), "5000".into());
+    for _ in 0..2 {
+        let (device, trips) = round_trips(rounds, plugin.create("pvc-plain", plain.clone())).await;
+        device.unwrap();
+        assert_eq!(trips, 1, "an AIO volume without limits");
+        let (device, trips) =
+            round_trips(rounds, plugin.create("pvc-limited", limited.clone())).await;
+        assert_eq!(snap.rate_limits(&device.unwrap()).await, [5000, 0, 0, 0]);
+        assert_eq!(trips, 2, "an AIO volume with limits");
+    }
+    for volume in ["pvc-plain", "pvc-limited"] {
+        plugin.delete(volume, "").await.unwrap();
+    }
+    assert!(snap.bdevs().await.is_empty());
+}

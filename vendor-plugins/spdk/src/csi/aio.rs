@@ -29,6 +29,18 @@
 //! unseen, so an application that needs the guarantee quiesces its writes.
 //! The NVMe-oF backend pauses its members and is consistent under writes.
 //!
+//! QoS limits ([`crate::qos`]) are enforced by SNAP's SPDK on the AIO bdev,
+//! which the controller cannot reach: a volume's limits are a JSON record in
+//! `<pool>/qos/` (written before the volume's file, so a volume that exists
+//! has its record), which the plugin's CreateDevice applies with
+//! `bdev_set_qos_limit` on the bdev it makes, and which it follows while the
+//! volume is attached ([`crate::qos_follow`]). So a CreateVolume's limits
+//! hold from the first attach, and a ModifyVolume's take effect within the
+//! plugin's `--aio-qos-follow-period` (a second) on an attached volume, or
+//! at the next attach with following off or a plugin that cannot see the
+//! pool. The record, not the volume context, is the truth: the CO never
+//! changes a volume's context after CreateVolume.
+//!
 //! Capacity: with `--aio-pool-capacity` the pool holds that many bytes of
 //! volumes and snapshots (their full sizes, written or not), within the
 //! filesystem's free space; without it, the filesystem's free space is the
@@ -49,6 +61,7 @@ use super::ids::{parse_snapshot_id, parse_volume_id};
 use super::sizes::{MIB, Room};
 use super::store::{Found, Source, VolumeBackend};
 use crate::backend::{AIO, BACKEND_KEY, Kind, PATH_KEY};
+use crate::qos::{self, QosLimits};
 
 const IMAGE: &str = "img";
 const SNAPSHOTS: &str = "snapshots";
@@ -61,6 +74,8 @@ pub struct AioPool {
     dir: PathBuf,
     capacity: Option<u64>,
     records: JsonDir,
+    /// Volumes' QoS limits, by volume id, where the plugin reads them.
+    qos: JsonDir,
 }
 
 impl AioPool {
@@ -71,6 +86,7 @@ impl AioPool {
             dir: dir.to_path_buf(),
             capacity,
             records: JsonDir::open(dir.join(SNAPSHOTS).join(RECORDS))?,
+            qos: JsonDir::open(qos::records_in(dir))?,
         })
     }
 
@@ -307,11 +323,22 @@ impl VolumeBackend for AioPool {
         volume_id: &str,
         size: u64,
         source: Option<&Source>,
+        qos: &QosLimits,
         deadline: Instant,
     ) -> Result<u64, Status> {
         let path = self.volume_path(volume_id);
         let source = source.map(|s| self.source_path(s));
+        let (records, volume_id, qos) = (self.qos.clone(), volume_id.to_string(), *qos);
         blocking(move || {
+            // The record first: the file's existence says the volume is
+            // whole, limits included. A record a crashed DeleteVolume left
+            // is replaced or removed here.
+            let recorded = if qos.is_empty() {
+                records.remove(&volume_id)
+            } else {
+                records.store(&volume_id, &qos)
+            };
+            recorded.map_err(|e| errors::record("writing the volume's QoS record", &e))?;
             fill(&path, size, source.as_deref(), deadline)
                 .map_err(|e| errors::io("making", &path, &e))?;
             let size = size_of(&path).map_err(|e| errors::io("looking at", &path, &e))?;
@@ -322,7 +349,44 @@ impl VolumeBackend for AioPool {
 
     async fn delete(&self, volume_id: &str, _deadline: Instant) -> Result<(), Status> {
         let path = self.volume_path(volume_id);
-        blocking(move || remove(&path).map_err(|e| errors::io("removing", &path, &e))).await
+        let (records, volume_id) = (self.qos.clone(), volume_id.to_string());
+        blocking(move || {
+            remove(&path).map_err(|e| errors::io("removing", &path, &e))?;
+            records
+                .remove(&volume_id)
+                .map_err(|e| errors::record("removing the volume's QoS record", &e))
+        })
+        .await
+    }
+
+    async fn set_qos(
+        &self,
+        volume_id: &str,
+        limits: &QosLimits,
+        _deadline: Instant,
+    ) -> Result<(), Status> {
+        let path = self.volume_path(volume_id);
+        let (records, volume_id, limits) = (self.qos.clone(), volume_id.to_string(), *limits);
+        blocking(move || {
+            if size_of(&path)
+                .map_err(|e| errors::io("looking at", &path, &e))?
+                .is_none()
+            {
+                return Err(Status::not_found(format!(
+                    "volume {volume_id} does not exist"
+                )));
+            }
+            let old: QosLimits = records
+                .load(&volume_id)
+                .map_err(|e| errors::record("reading the volume's QoS record", &e))?
+                .unwrap_or_default();
+            records
+                .store(&volume_id, &old.overlaid(limits))
+                .map_err(|e| errors::record("writing the volume's QoS record", &e))?;
+            tracing::info!(%volume_id, ?limits, "QoS limits recorded for the plugin to apply");
+            Ok(())
+        })
+        .await
     }
 
     async fn expand(&self, volume_id: &str, size: u64, _deadline: Instant) -> Result<(), Status> {

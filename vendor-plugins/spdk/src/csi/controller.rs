@@ -27,11 +27,12 @@ use super::store::{Found, SnapshotRecord, Source, VolumeBackend};
 use super::{CsiController, max_entries};
 use crate::backend::Kind;
 use crate::paging::{page_by, parse_token_of};
+use crate::qos::QosLimits;
 use csi::controller_service_capability::rpc::Type as Capability;
 use csi::volume_content_source::Type as ContentType;
 
 /// What this controller does, as ControllerGetCapabilities says it by default.
-pub const CAPABILITIES: [Capability; 7] = [
+pub const CAPABILITIES: [Capability; 8] = [
     Capability::CreateDeleteVolume,
     Capability::ListVolumes,
     Capability::GetCapacity,
@@ -39,6 +40,7 @@ pub const CAPABILITIES: [Capability; 7] = [
     Capability::ListSnapshots,
     Capability::CloneVolume,
     Capability::ExpandVolume,
+    Capability::ModifyVolume,
 ];
 
 /// The capabilities listed: [`CAPABILITIES`], and GET_SNAPSHOT only when
@@ -256,12 +258,12 @@ impl csi::controller_server::Controller for CsiController {
         let req = request.into_inner();
         check_name("name", &req.name).map_err(Status::invalid_argument)?;
         check_capabilities(&req.volume_capabilities).map_err(Status::invalid_argument)?;
-        let params = Params::parse(&req.parameters).map_err(Status::invalid_argument)?;
-        if !req.mutable_parameters.is_empty() {
-            return Err(Status::invalid_argument(
-                "mutable_parameters are not supported: volumes have none (no MODIFY_VOLUME)",
-            ));
-        }
+        let mut params = Params::parse(&req.parameters).map_err(Status::invalid_argument)?;
+        // CSI: mutable parameters take precedence over the parameters.
+        params.qos = params.qos.overlaid(
+            QosLimits::from_mutable(&req.mutable_parameters).map_err(Status::invalid_argument)?,
+        );
+        params.passed.extend(params.qos.context());
         let wanted = Wanted::from_range(req.capacity_range.as_ref())?;
         let source = req
             .volume_content_source
@@ -335,7 +337,7 @@ impl csi::controller_server::Controller for CsiController {
             room.check("a volume", size)?;
         }
         let size = backend
-            .create(&id, size, source.as_ref(), deadline)
+            .create(&id, size, source.as_ref(), &params.qos, deadline)
             .await
             .inspect_err(|s| tracing::warn!(volume_id = %id, "CreateVolume: {}", s.message()))?;
         tracing::info!(volume_id = %id, size, "volume created");
@@ -408,7 +410,8 @@ impl csi::controller_server::Controller for CsiController {
             .await?
             .ok_or_else(not_found)?;
         let verdict = check_capabilities(&req.volume_capabilities)
-            .and_then(|()| Params::parse(&req.parameters).map(drop));
+            .and_then(|()| Params::parse(&req.parameters).map(drop))
+            .and_then(|()| QosLimits::from_mutable(&req.mutable_parameters).map(drop));
         let response = match verdict {
             Ok(()) => csi::ValidateVolumeCapabilitiesResponse {
                 confirmed: Some(csi::validate_volume_capabilities_response::Confirmed {
@@ -751,11 +754,9 @@ impl csi::controller_server::Controller for CsiController {
 
     async fn controller_modify_volume(
         &self,
-        _: Request<csi::ControllerModifyVolumeRequest>,
+        request: Request<csi::ControllerModifyVolumeRequest>,
     ) -> Result<Response<csi::ControllerModifyVolumeResponse>, Status> {
-        Err(Status::unimplemented(
-            "volumes have no mutable parameters to modify",
-        ))
+        self.modify_volume(request).await
     }
 }
 

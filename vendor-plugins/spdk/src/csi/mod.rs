@@ -14,7 +14,8 @@
 //! every volume is exactly what the plugin's CreateDevice reads
 //! ([`crate::backend`]).
 //!
-//! Layout: [`controller`] (the CSI Controller RPCs), [`identity`],
+//! Layout: [`controller`] (the CSI Controller RPCs), [`modify`]
+//! (ControllerModifyVolume: QoS limits), [`identity`],
 //! [`volume_group`], [`group_snapshot`] (GroupController), [`store`] (what a backend offers: [`aio`], [`nvmf`]),
 //! [`params`] (parameters and capabilities), [`sizes`] (capacity ranges),
 //! [`errors`] (failures to CSI codes, in one place).
@@ -25,6 +26,7 @@ pub mod errors;
 pub mod group_snapshot;
 pub mod identity;
 pub mod ids;
+pub mod modify;
 pub mod nvmf;
 pub mod params;
 pub mod sizes;

@@ -23,6 +23,12 @@
 //! deleted never stops a DeleteSnapshot or DeleteVolume, except for a
 //! snapshot a CreateVolume is copying at that moment (FAILED_PRECONDITION).
 //!
+//! QoS limits ([`crate::qos`]) are `bdev_set_qos_limit` on the volume's lvol
+//! on the target, which enforces them for every I/O the subsystem passes it:
+//! live, from the reply on, whether the volume is attached or not; a
+//! ModifyVolume changes them the same way. They live in the target's memory
+//! like its subsystems (its saved configuration keeps both).
+//!
 //! A volume whose lvol exists but whose subsystem is not fully set up is an
 //! interrupted CreateVolume: [`NvmfTarget::find`] says it is not complete and
 //! the next CreateVolume carries on from where it stopped.
@@ -76,6 +82,7 @@ use super::store::{Found, Source, VolumeBackend};
 use crate::backend::{
     ADRFAM_KEY, BACKEND_KEY, Kind, NVMF, SUBNQN_KEY, TRADDR_KEY, TRSVCID_KEY, TRTYPE_KEY,
 };
+use crate::qos::{self, QosLimits};
 
 /// Subsystem NQNs are this and the volume id.
 pub const NQN_PREFIX: &str = "nqn.2024-01.io.snap-csi:";
@@ -564,6 +571,7 @@ impl VolumeBackend for NvmfTarget {
         volume_id: &str,
         size: u64,
         source: Option<&Source>,
+        qos: &QosLimits,
         deadline: Instant,
     ) -> Result<u64, Status> {
         if self.lvol(volume_id, deadline).await?.is_none() {
@@ -578,8 +586,33 @@ impl VolumeBackend for NvmfTarget {
             self.expand(volume_id, size, deadline).await?;
             bdev = self.stand_alone(volume_id, deadline).await?;
         }
+        // Before the export, which makes the volume complete: a CreateVolume
+        // that stopped in between sets them again, one after it never does
+        // (so it never undoes a ModifyVolume).
+        if !qos.is_empty() {
+            self.set_qos(volume_id, qos, deadline).await?;
+        }
         self.export(volume_id, &bdev, deadline).await?;
         bdev_bytes(&bdev)
+    }
+
+    async fn set_qos(
+        &self,
+        volume_id: &str,
+        limits: &QosLimits,
+        deadline: Instant,
+    ) -> Result<(), Status> {
+        let lvol = self.alias(volume_id);
+        match self.rpc.call_until(&limits.request(&lvol), deadline).await {
+            Ok(_) => {
+                tracing::info!(%volume_id, ?limits, "QoS limits set on the target's lvol");
+                Ok(())
+            }
+            Err(e) if is_absent(&e) => Err(Status::not_found(format!(
+                "volume {volume_id} has no lvol {lvol}"
+            ))),
+            Err(e) => Err(qos::set_status(&lvol, &e)),
+        }
     }
 
     async fn delete(&self, volume_id: &str, deadline: Instant) -> Result<(), Status> {

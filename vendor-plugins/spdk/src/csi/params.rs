@@ -5,8 +5,10 @@
 //! `snap-csi.io/emulation` (`nvme` or `virtio-blk`) and
 //! `snap-csi.io/placement` (`dedicated` or `packed`), both read by the node,
 //! and the CO's own `csi.storage.k8s.io/*` metadata are copied into the
-//! volume context. Any other key is INVALID_ARGUMENT: a typo must not silently give
-//! a volume other than the one asked for.
+//! volume context; the QoS keys ([`crate::qos`]) are checked and set on the
+//! volume (and copied into the context in canonical form). Any other key is
+//! INVALID_ARGUMENT: a typo must not silently give a volume other than the
+//! one asked for.
 //!
 //! Capabilities: block, or a mount with a filesystem the node can make
 //! (ext4, xfs, or empty for ext4); single-node access modes only. Every
@@ -23,6 +25,7 @@ use snap_csi::node::service::{EMULATION_KEY, PLACEMENT_KEY};
 use snap_csi::proto::csi::v1 as csi;
 
 use crate::backend::Kind;
+use crate::qos::{self, QosLimits};
 use csi::volume_capability::AccessType;
 use csi::volume_capability::access_mode::Mode;
 
@@ -54,6 +57,8 @@ pub struct Params {
     pub backend: Option<Kind>,
     /// What goes into the volume context as given.
     pub passed: HashMap<String, String>,
+    /// The QoS limits given.
+    pub qos: QosLimits,
 }
 
 impl Params {
@@ -67,6 +72,8 @@ impl Params {
             };
             if key == BACKEND_PARAM {
                 params.backend = Some(parse_backend(value)?);
+            } else if qos::is_qos_key(key) {
+                // Checked below, all together.
             } else if let Some(choices) = choices {
                 if !choices.contains(&value.as_str()) {
                     return Err(format!(
@@ -80,10 +87,12 @@ impl Params {
             } else {
                 return Err(format!(
                     "unknown parameter {key:?}; this driver takes {BACKEND_PARAM:?}, \
-                     {EMULATION_KEY:?}, {PLACEMENT_KEY:?} and the CO's {CO_PREFIX}* keys"
+                     {EMULATION_KEY:?}, {PLACEMENT_KEY:?}, {} and the CO's {CO_PREFIX}* keys",
+                    qos::KEYS.join(", ")
                 ));
             }
         }
+        params.qos = QosLimits::from_map(parameters)?;
         Ok(params)
     }
 }
@@ -179,6 +188,15 @@ mod tests {
         .unwrap();
         assert_eq!(p.backend, Some(Kind::Nvmf));
         assert_eq!(p.passed.len(), 3);
+        let p = params(&[(qos::RW_IOPS_KEY, "3000"), (qos::W_MBYTES_KEY, "0")]).unwrap();
+        assert_eq!(p.qos.rw_ios_per_sec, Some(3000));
+        assert_eq!(p.qos.w_mbytes_per_sec, Some(0));
+        assert!(p.passed.is_empty());
+        assert!(
+            params(&[(qos::R_MBYTES_KEY, "ten")])
+                .unwrap_err()
+                .contains(qos::R_MBYTES_KEY)
+        );
         assert!(
             params(&[("backend", "ceph")])
                 .unwrap_err()

@@ -20,6 +20,7 @@ use tonic::Status;
 
 use super::sizes::Room;
 use crate::backend::Kind;
+use crate::qos::QosLimits;
 
 /// What a new volume is filled from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -57,14 +58,25 @@ pub trait VolumeBackend: Send + Sync + Debug {
     async fn volumes(&self, deadline: Instant) -> Result<Vec<(String, u64)>, Status>;
 
     /// Makes the volume, or finishes making it, `size` bytes (at least the
-    /// source's) filled from `source`; answers its size.
+    /// source's) filled from `source`, with QoS limits `qos` (none: no
+    /// limits) set before it is complete; answers its size.
     async fn create(
         &self,
         volume_id: &str,
         size: u64,
         source: Option<&Source>,
+        qos: &QosLimits,
         deadline: Instant,
     ) -> Result<u64, Status>;
+
+    /// Sets the QoS limits `limits` gives on an existing volume, keeping the
+    /// others (each backend's module says when they take effect).
+    async fn set_qos(
+        &self,
+        volume_id: &str,
+        limits: &QosLimits,
+        deadline: Instant,
+    ) -> Result<(), Status>;
 
     async fn delete(&self, volume_id: &str, deadline: Instant) -> Result<(), Status>;
 

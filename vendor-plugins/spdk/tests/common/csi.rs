@@ -221,6 +221,7 @@ impl Csi {
             service: ServiceConfig {
                 snap_provider: String::new(),
                 call_timeout: Duration::from_secs(30),
+                qos_follow_period: Duration::ZERO,
             },
             csi: Some(CsiConfig {
                 socket: socket.clone(),
@@ -358,6 +359,45 @@ impl Csi {
             .controller_expand_volume(timed(request, TIMEOUT))
             .await?
             .into_inner())
+    }
+
+    pub async fn modify(&self, volume_id: &str, pairs: &[(&str, &str)]) -> Result<(), Status> {
+        let request = csi::ControllerModifyVolumeRequest {
+            volume_id: volume_id.into(),
+            secrets: HashMap::new(),
+            mutable_parameters: pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        };
+        self.controller
+            .clone()
+            .controller_modify_volume(timed(request, TIMEOUT))
+            .await?;
+        Ok(())
+    }
+
+    /// The QoS limits a volume gets, as `assigned_rate_limits` orders them
+    /// (0: unlimited): NVMe-oF, those the target enforces on its lvol; AIO,
+    /// those the plugin's CreateDevice will set (context and record).
+    pub async fn qos_limits(&self, volume: &csi::Volume) -> [u64; 4] {
+        if let Some(target) = &self.target
+            && volume.volume_context["backend"] == "nvmf"
+        {
+            let lvol = format!("{LVSTORE}/{}", volume.volume_id);
+            return target.spdk.rate_limits(&lvol).await;
+        }
+        use snap_csi_spdk_plugin::qos;
+        let given = qos::context_limits(&volume.volume_id, &volume.volume_context).unwrap();
+        let limits =
+            qos::with_record(given, &volume.volume_id, &volume.volume_context["path"]).unwrap();
+        [
+            limits.rw_ios_per_sec,
+            limits.rw_mbytes_per_sec,
+            limits.r_mbytes_per_sec,
+            limits.w_mbytes_per_sec,
+        ]
+        .map(Option::unwrap_or_default)
     }
 
     pub async fn validate(

@@ -9,6 +9,7 @@ pub mod group_snapshots;
 pub mod nvme_io;
 pub mod plugin_scenarios;
 pub mod proxy;
+pub mod qos_scenarios;
 pub mod scenarios;
 
 // Helpers the root crate's tests use too (another crate: included by path).
@@ -177,6 +178,47 @@ impl Spdk {
             .collect()
     }
 
+    /// A bdev's QoS limits as SPDK reports them (`assigned_rate_limits` of
+    /// `bdev_get_bdevs`): IOPS, then read/write, read and write MiB/s;
+    /// 0 is unlimited.
+    pub async fn rate_limits(&self, bdev: &str) -> [u64; 4] {
+        let deadline = tokio::time::Instant::now() + TIMEOUT;
+        let listed = self
+            .client()
+            .call_raw(
+                "bdev_get_bdevs",
+                Some(&serde_json::json!({ "name": bdev })),
+                deadline,
+            )
+            .await
+            .unwrap();
+        let limits = &listed[0]["assigned_rate_limits"];
+        [
+            "rw_ios_per_sec",
+            "rw_mbytes_per_sec",
+            "r_mbytes_per_sec",
+            "w_mbytes_per_sec",
+        ]
+        .map(|key| limits[key].as_u64().expect("a limit"))
+    }
+
+    /// Waits until a bdev's QoS limits are `want` (something outside the
+    /// call being tested sets them: the plugin's follower).
+    pub async fn rate_limits_become(&self, bdev: &str, want: [u64; 4]) {
+        let deadline = tokio::time::Instant::now() + TIMEOUT;
+        loop {
+            let now = self.rate_limits(bdev).await;
+            if now == want {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{bdev}: QoS limits {now:?}, not {want:?}, after {TIMEOUT:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// The NVMe-oF controllers SPDK has attached.
     pub async fn nvme_controllers(&self) -> Vec<NvmeBdevController> {
         self.client()
@@ -203,6 +245,16 @@ impl Plugin {
     }
 
     pub async fn start_with(spdk_socket: &Path, provider: &str) -> Plugin {
+        Plugin::serve(spdk_socket, provider, Duration::ZERO).await
+    }
+
+    /// A plugin that reads AIO volumes' QoS records every `period` (the
+    /// others do not: a background call would upset round-trip counts).
+    pub async fn start_following(spdk_socket: &Path, period: Duration) -> Plugin {
+        Plugin::serve(spdk_socket, "", period).await
+    }
+
+    async fn serve(spdk_socket: &Path, provider: &str, qos_follow_period: Duration) -> Plugin {
         let dir = tempfile::tempdir().unwrap();
         let socket = dir.path().join("plugins/spdk/dpu.sock");
         let config = Config {
@@ -211,6 +263,7 @@ impl Plugin {
             service: ServiceConfig {
                 snap_provider: provider.into(),
                 call_timeout: Duration::from_secs(30),
+                qos_follow_period,
             },
             csi: None,
             metrics_address: None,

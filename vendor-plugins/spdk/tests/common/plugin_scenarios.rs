@@ -2,7 +2,8 @@
 //! (`plugin_aio.rs`, `plugin_nvmf.rs`, `plugin_check.rs`) and on real
 //! `spdk_tgt` processes (`real_spdk.rs`): over real gRPC, every RPC for both
 //! backends, idempotency of create and delete, NOT_FOUND, paging and its
-//! tokens, bad input refused with nothing created, and `plugin-check`.
+//! tokens, bad input refused with nothing created, AIO QoS limits set at
+//! attach, and `plugin-check`.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -12,6 +13,7 @@ use snap_csi::proto::nvidia::storage::plugins::v1 as api;
 use snap_csi::spdk::bdev::BdevGetBdevs;
 use snap_csi::spdk::nvmf::{NvmfCreateSubsystem, NvmfCreateTransport};
 use snap_csi_spdk_plugin::backend::{AIO, BACKEND_KEY, PATH_KEY};
+use snap_csi_spdk_plugin::qos::{self, QosLimits};
 use snap_csi_spdk_plugin::service::{CAPABILITIES, PLUGIN_NAME};
 use tonic::Code;
 
@@ -33,6 +35,7 @@ macro_rules! plugin_scenario_tests {
             delete_never_touches_another_volumes_device,
             list_pages_one_at_a_time_and_aborts_foreign_tokens,
             bad_input_is_invalid_argument_and_creates_nothing,
+            aio_qos_limits_are_set_at_attach_from_the_record,
         );
     };
     (nvmf, $source:expr) => {
@@ -252,6 +255,15 @@ pub async fn bad_input_is_invalid_argument_and_creates_nothing(source: &Source) 
             context(&[(BACKEND_KEY, "nvmf"), (PATH_KEY, &path)]),
             "trtype",
         ),
+        (
+            "vol",
+            context(&[
+                (BACKEND_KEY, "aio"),
+                (PATH_KEY, &path),
+                (qos::RW_IOPS_KEY, "1500"),
+            ]),
+            qos::RW_IOPS_KEY,
+        ),
     ];
     for (volume_id, volume_context, says) in cases {
         let status = plugin.create(volume_id, volume_context).await.unwrap_err();
@@ -301,6 +313,64 @@ pub async fn bad_input_is_invalid_argument_and_creates_nothing(source: &Source) 
     assert!(status.message().contains("is empty"), "{status:?}");
 
     assert_eq!(snap.bdevs().await, before);
+    assert!(plugin.list_all(0).await.is_empty());
+}
+
+/// An AIO volume's limits are set on the bdev CreateDevice makes: the
+/// volume context's (CreateVolume's), overlaid key by key with the AIO
+/// backend's record beside the file (ModifyVolume's), also on a bdev an
+/// earlier call made, and again at the next attach; and a change of the
+/// record reaches the attached bdev live, also one made before the plugin
+/// started. Needs `bdev_set_qos_limit` in SNAP's SPDK.
+pub async fn aio_qos_limits_are_set_at_attach_from_the_record(source: &Source) {
+    let snap = source.snap().await;
+    let plugin = Plugin::start(snap.socket()).await;
+    let file = snap.file("vol-q.img");
+    let mut context = aio_context(&file);
+    context.insert(qos::RW_IOPS_KEY.into(), "2000".into());
+    context.insert(qos::W_MBYTES_KEY.into(), "10".into());
+    let device = plugin.create("vol-q", context.clone()).await.unwrap();
+    assert_eq!(snap.rate_limits(&device).await, [2000, 0, 0, 10]);
+
+    // A ModifyVolume since: the controller's record in the pool.
+    let records = snap_csi::json_dir::JsonDir::open(qos::record_dir(&file).unwrap()).unwrap();
+    let modified = QosLimits {
+        rw_ios_per_sec: Some(0),
+        r_mbytes_per_sec: Some(5),
+        ..Default::default()
+    };
+    records.store("vol-q", &modified).unwrap();
+    // A CreateDevice retried on the bdev there applies it ...
+    assert_eq!(
+        plugin.create("vol-q", context.clone()).await.unwrap(),
+        device
+    );
+    assert_eq!(snap.rate_limits(&device).await, [0, 0, 5, 10]);
+    // ... and so does the next attach, to a new bdev.
+    plugin.delete("vol-q", &device).await.unwrap();
+    assert_eq!(plugin.create("vol-q", context).await.unwrap(), device);
+    assert_eq!(snap.rate_limits(&device).await, [0, 0, 5, 10]);
+
+    // A volume without limits has none.
+    let plain = plugin
+        .create("vol-plain", aio_context(&snap.file("vol-plain.img")))
+        .await
+        .unwrap();
+    assert_eq!(snap.rate_limits(&plain).await, [0; 4]);
+    plugin.delete("vol-plain", &plain).await.unwrap();
+
+    // A plugin that follows the records: one started after the attach
+    // adopts the bdev and applies a change without any call to it.
+    plugin.stop().await;
+    let plugin = Plugin::start_following(snap.socket(), Duration::from_millis(50)).await;
+    let live = QosLimits {
+        w_mbytes_per_sec: Some(0),
+        rw_mbytes_per_sec: Some(40),
+        ..modified
+    };
+    records.store("vol-q", &live).unwrap();
+    snap.rate_limits_become(&device, [0, 40, 5, 0]).await;
+    plugin.delete("vol-q", &device).await.unwrap();
     assert!(plugin.list_all(0).await.is_empty());
 }
 

@@ -12,6 +12,8 @@ use super::csi::*;
 // Used by `scenario_tests!` in the crates that expand it.
 #[allow(unused_imports)]
 pub use super::group_snapshots::group_snapshots_restore_and_go_together;
+#[allow(unused_imports)]
+pub use super::qos_scenarios::qos_limits_are_created_modified_and_checked;
 use super::{TIMEOUT, timed};
 use csi::volume_capability::AccessType;
 use csi::volume_capability::access_mode::Mode;
@@ -44,6 +46,7 @@ macro_rules! scenario_tests {
             volumes_clone_volumes,
             volume_groups_hold_and_delete_their_volumes,
             group_snapshots_restore_and_go_together,
+            qos_limits_are_created_modified_and_checked,
         );
     };
     (@dropped $controller:expr, $backend:expr, $($scenario:ident,)+) => {
