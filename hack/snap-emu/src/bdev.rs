@@ -423,7 +423,7 @@ impl Emulator {
         }
         o.insert(
             "assigned_rate_limits".into(),
-            self.assigned_rate_limits(&bdev.uuid),
+            json!({"rw_ios_per_sec": 0, "rw_mbytes_per_sec": 0, "r_mbytes_per_sec": 0, "w_mbytes_per_sec": 0}),
         );
         o.insert("claimed".into(), json!(bdev.claim.is_some()));
         if bdev.claim.is_some() {

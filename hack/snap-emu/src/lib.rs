@@ -74,7 +74,6 @@ mod lvol;
 mod nvmf;
 mod nvmf_tcp;
 mod poller;
-mod qos_temp;
 mod rpc;
 mod server;
 mod snap;

@@ -173,7 +173,6 @@ pub async fn bind(config: Config) -> anyhow::Result<Server> {
             host,
             started: Instant::now(),
             default_hostnqn: format!("nqn.2014-08.org.nvmexpress:uuid:{}", Uuid::new_v4()),
-            qos: Default::default(),
         })),
         snap_enabled,
     });

@@ -46,8 +46,6 @@ pub(crate) struct Emulator {
     pub started: Instant,
     /// `nqn.2014-08.org.nvmexpress:uuid:<uuid>`, fixed per process like SPDK's.
     pub default_hostnqn: String,
-    /// TEMP: see [`crate::qos_temp`].
-    pub qos: crate::qos_temp::QosTable,
 }
 
 /// Kernel block-layer counters of one device (`/sys/block/<dev>/stat`).
