@@ -14,7 +14,11 @@
 # counted; in split mode it also checks the agent's page: one Attach per
 # NodeStage, one Detach per NodeUnstage, one TLS handshake in all. Then it
 # stops the stack and checks that nothing is left: no loop device, mount,
-# directory, network namespace or veth. Run as root:
+# directory, network namespace or veth. Two volumes also show the DPU's data
+# path: an encrypted one (its AIO file holds ciphertext only) and a
+# rate-limited one (writes at its limit, then at the one ControllerModifyVolume
+# sets). Every process runs at debug level, and the encrypted volume's key is
+# a canary: found in any process's log, the demo fails. Run as root:
 #   ./hack/demo.sh [--profile release|debug] [--mode colocated|split]
 # (default: both modes; the test command runs it in debug, on the binaries the
 # tests just built).
@@ -88,16 +92,35 @@ split_checks() {
   fi
 }
 
+# key_canary DIR KEY: no process's log in DIR holds the key, either half of
+# it, or its upper-case form; the logs are at debug level (they say so).
+key_canary() {
+  local dir=$1 key=$2 lines
+  lines=$(cat "$dir"/*.log | wc -l)
+  if ! grep -q DEBUG "$dir"/*.log; then
+    echo "FAIL: the stack's logs are not at debug level" >&2
+    exit 1
+  fi
+  if grep -rliF -e "${key:0:64}" -e "${key:64}" "$dir"; then
+    echo "FAIL: the encryption key reached the log(s) above" >&2
+    exit 1
+  fi
+  echo "  canary: the encryption key is in none of the $(find "$dir" -name '*.log' | wc -l) processes' debug logs ($lines lines)"
+}
+
 for mode in "${modes[@]}"; do
   run=$work/$mode
   mkdir -p "$run"
   started=$EPOCHREALTIME
   echo
   echo "== main job, $mode mode"
-  local_up_start "$run" --profile "$profile" --mode "$mode" --dir "$run/stack"
+  # Every process at debug level: the key must reach no log even then.
+  RUST_LOG=debug local_up_start "$run" --profile "$profile" --mode "$mode" --dir "$run/stack"
   [ "$mode" = split ] && echo "  the node reaches the DPU agent at $DPU_AGENT_ENDPOINT (namespace $DPU_NETNS)"
 
-  ./target/"$profile"/csi-player
+  # kubelet hands the key over in NodeStageVolume's secrets, from memory.
+  key=$(od -An -tx1 -N64 /dev/urandom | tr -d ' \n')
+  SNAP_CSI_DEMO_KEY=$key ./target/"$profile"/csi-player
 
   echo
   echo "metrics, $mode mode (calls served by method, from each endpoint during this run):"
@@ -111,6 +134,7 @@ for mode in "${modes[@]}"; do
 
   local_up_stop
   local_up_assert_clean "$run/stack"
+  key_canary "$run/stack/logs" "$key"
   took=$(awk -v from="$started" -v to="$EPOCHREALTIME" 'BEGIN { printf "%.1f", to - from }')
   echo "OK ($mode mode, $took s from start to stopped): the stack is stopped; no loop device, mount," \
     "directory, network namespace or veth is left"

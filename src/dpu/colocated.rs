@@ -31,8 +31,7 @@ use super::names::VolumeNames;
 use super::plugin::PluginClient;
 use super::{
     AttachRequest, Attachment, DpuAttach, DpuError, Emulation, Inventory, IoStats, Placement,
-    crypto,
-    inventory, nvme, packed, retry, virtio,
+    crypto, inventory, nvme, packed, retry, virtio,
 };
 use crate::proto::nvidia::storage::plugins::v1::storage_plugin_service_capability::rpc::Type as Capability;
 use crate::spdk::app::SpdkGetVersion;

@@ -143,7 +143,10 @@ mod tests {
             names.crypto_bdev,
             "snapcsi-crypt-6aaea6508ef75653a05a0aea9d997ec8"
         );
-        assert_eq!(names.crypto_key, "snapcsi-key-6aaea6508ef75653a05a0aea9d997ec8");
+        assert_eq!(
+            names.crypto_key,
+            "snapcsi-key-6aaea6508ef75653a05a0aea9d997ec8"
+        );
     }
 
     #[test]

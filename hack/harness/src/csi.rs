@@ -91,6 +91,9 @@ pub struct Volume {
     pub context: HashMap<String, String>,
     pub staging: PathBuf,
     pub target: PathBuf,
+    /// NodeStageVolume's secrets (kubelet reads them from the Secret the
+    /// StorageClass names), e.g. an encrypted volume's key.
+    pub stage_secrets: HashMap<String, String>,
 }
 
 /// The provisioner's and kubelet's connections (one each, like theirs;
@@ -188,6 +191,7 @@ impl Clients {
             context: response.volume_context,
             staging,
             target,
+            stage_secrets: HashMap::new(),
         })
     }
 
@@ -199,6 +203,7 @@ impl Clients {
                     staging_target_path: volume.staging.display().to_string(),
                     volume_capability: Some(volume.kind.capability()),
                     volume_context: volume.context.clone(),
+                    secrets: volume.stage_secrets.clone(),
                     ..Default::default()
                 },
                 self.deadline,
@@ -251,6 +256,27 @@ impl Clients {
             ))
             .await
             .with_context(|| format!("NodeUnstageVolume {}", volume.id))?;
+        Ok(())
+    }
+
+    /// ControllerModifyVolume, as the resizer sends it when a PVC's
+    /// VolumeAttributesClass changes.
+    pub async fn modify(
+        &mut self,
+        volume: &Volume,
+        mutable_parameters: HashMap<String, String>,
+    ) -> anyhow::Result<()> {
+        self.controller
+            .controller_modify_volume(request(
+                csi::ControllerModifyVolumeRequest {
+                    volume_id: volume.id.clone(),
+                    mutable_parameters,
+                    ..Default::default()
+                },
+                self.deadline,
+            ))
+            .await
+            .with_context(|| format!("ControllerModifyVolume {}", volume.id))?;
         Ok(())
     }
 

@@ -5,7 +5,12 @@
 //! NodePublish, a write and a read-back through the published path,
 //! NodeUnpublish, NodeUnstage, DeleteVolume — and the player prints one table
 //! row per volume with how long each step took. Any failure stops the run
-//! with a non-zero exit.
+//! with a non-zero exit. A volume may also show what the DPU's data path
+//! does (`proofs`): an encrypted one's storage holds ciphertext only, a
+//! rate-limited one writes at its limit, then at the one ControllerModifyVolume
+//! sets.
+
+mod proofs;
 
 use std::fs::{self, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -14,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::Parser;
-use snap_csi_harness::csi::{Clients, Kind};
+use snap_csi_harness::csi::{Clients, Kind, parameters};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -31,11 +36,13 @@ struct Args {
     /// kubelet's directory on this node; staging and target paths go below it.
     #[arg(long, env = "KUBELET_DIR")]
     kubelet_dir: PathBuf,
-    /// Volumes as backend:emulation:kind, comma separated (kind: ext4, xfs, block).
+    /// Volumes as backend:emulation:kind[:encrypted|:qos], comma separated
+    /// (kind: ext4, xfs, block; encrypted and qos volumes are AIO block ones,
+    /// whose proofs read the AIO file and write the raw device).
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "aio:nvme:ext4,aio:virtio-blk:xfs,aio:nvme:block,nvmf:nvme:xfs,nvmf:virtio-blk:ext4,nvmf:virtio-blk:block"
+        default_value = "aio:nvme:ext4,aio:virtio-blk:xfs,aio:nvme:block,nvmf:nvme:xfs,nvmf:virtio-blk:ext4,nvmf:virtio-blk:block,aio:nvme:block:encrypted,aio:virtio-blk:block:qos"
     )]
     volumes: Vec<String>,
     /// Size of each volume in MiB (xfs needs at least 300).
@@ -49,14 +56,31 @@ struct Plan {
     backend: String,
     emulation: String,
     kind: Kind,
+    feature: Feature,
+}
+
+/// What the DPU's data path does to the volume besides carrying it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Feature {
+    Plain,
+    Encrypted,
+    Qos,
 }
 
 impl Plan {
     fn parse(spec: &str) -> anyhow::Result<Plan> {
         let parts: Vec<&str> = spec.split(':').collect();
-        let [backend, emulation, kind] = parts[..] else {
-            bail!("{spec:?}: expected backend:emulation:kind");
+        let (backend, emulation, kind, feature) = match parts[..] {
+            [backend, emulation, kind] => (backend, emulation, kind, Feature::Plain),
+            [backend, emulation, kind, "encrypted"] => {
+                (backend, emulation, kind, Feature::Encrypted)
+            }
+            [backend, emulation, kind, "qos"] => (backend, emulation, kind, Feature::Qos),
+            _ => bail!("{spec:?}: expected backend:emulation:kind[:encrypted|:qos]"),
         };
+        if feature != Feature::Plain && (backend, kind) != ("aio", "block") {
+            bail!("{spec:?}: encrypted and qos volumes are aio block volumes");
+        }
         let kind = match kind {
             "block" => Kind::Block,
             "ext4" | "xfs" => Kind::Filesystem(kind.into()),
@@ -66,6 +90,7 @@ impl Plan {
             backend: backend.into(),
             emulation: emulation.into(),
             kind,
+            feature,
         })
     }
 
@@ -142,7 +167,7 @@ async fn lifecycle(
     clients: &mut Clients,
     index: usize,
     plan: &Plan,
-) -> anyhow::Result<Vec<Duration>> {
+) -> anyhow::Result<(Vec<Duration>, Option<String>)> {
     let mut times = Vec::new();
     let name = format!(
         "player-{index}-{}-{}-{}",
@@ -151,19 +176,32 @@ async fn lifecycle(
         plan.kind_name()
     );
     let block = plan.kind == Kind::Block;
-    let volume = timed(
+    let mut parameters = parameters(&plan.backend, &plan.emulation, None);
+    match plan.feature {
+        Feature::Encrypted => {
+            let (key, value) = proofs::ENCRYPTION;
+            parameters.insert(key.into(), value.into());
+        }
+        Feature::Qos => parameters.extend(proofs::qos_parameters()),
+        Feature::Plain => {}
+    }
+    let mut volume = timed(
         &mut times,
         "CreateVolume",
-        clients.create_on(
+        clients.create_with(
             &args.kubelet_dir,
             &name,
             &plan.kind,
             args.size_mib,
-            &plan.backend,
-            &plan.emulation,
+            parameters,
         ),
     )
     .await?;
+    if plan.feature == Feature::Encrypted {
+        volume
+            .stage_secrets
+            .insert(proofs::KEY_SECRET.into(), proofs::demo_key()?);
+    }
     timed(&mut times, "NodeStageVolume", clients.stage(&volume)).await?;
     timed(&mut times, "NodePublishVolume", clients.publish(&volume)).await?;
     let data: Vec<u8> = (0..1u32 << 20)
@@ -178,6 +216,14 @@ async fn lifecycle(
     if back != data {
         bail!("{name}: the bytes read back differ from those written");
     }
+    let mut proof = match plan.feature {
+        Feature::Qos => Some(format!(
+            "{}\n  {}",
+            proofs::qos(clients, &volume, target).await?,
+            proofs::volume_io(&volume)?
+        )),
+        Feature::Plain | Feature::Encrypted => None,
+    };
     timed(
         &mut times,
         "NodeUnpublishVolume",
@@ -185,8 +231,11 @@ async fn lifecycle(
     )
     .await?;
     timed(&mut times, "NodeUnstageVolume", clients.unstage(&volume)).await?;
+    if plan.feature == Feature::Encrypted {
+        proof = Some(proofs::encryption(&volume, &data, OFFSET)?);
+    }
     timed(&mut times, "DeleteVolume", clients.delete(&volume)).await?;
-    Ok(times)
+    Ok((times, proof))
 }
 
 #[tokio::main]
@@ -206,7 +255,7 @@ async fn main() -> anyhow::Result<()> {
     println!("  (ms)");
     let started = Instant::now();
     for (index, plan) in plans.iter().enumerate() {
-        let times = lifecycle(&args, &mut clients, index, plan)
+        let (times, proof) = lifecycle(&args, &mut clients, index, plan)
             .await
             .with_context(|| {
                 format!(
@@ -226,6 +275,9 @@ async fn main() -> anyhow::Result<()> {
             print!(" {:>9.1}", time.as_secs_f64() * 1000.0);
         }
         println!();
+        if let Some(proof) = proof {
+            println!("  {proof}");
+        }
     }
     println!(
         "{} volumes through their whole life in {:.2} s",

@@ -3,7 +3,8 @@
 //!
 //! Parameters: `backend` (`aio` or `nvmf`) chooses the storage;
 //! `snap-csi.io/emulation` (`nvme` or `virtio-blk`) and
-//! `snap-csi.io/placement` (`dedicated` or `packed`), both read by the node,
+//! `snap-csi.io/placement` (`dedicated` or `packed`) and
+//! `snap-csi.io/encryption` (`aes-xts` or `none`), all read by the node,
 //! and the CO's own `csi.storage.k8s.io/*` metadata are copied into the
 //! volume context; the QoS keys ([`crate::qos`]) are checked and set on the
 //! volume (and copied into the context in canonical form). Any other key is
@@ -20,6 +21,7 @@
 
 use std::collections::HashMap;
 
+use snap_csi::dpu::crypto::{AES_XTS_VALUE, ENCRYPTION};
 use snap_csi::node::format::FsType;
 use snap_csi::node::service::{EMULATION_KEY, PLACEMENT_KEY};
 use snap_csi::proto::csi::v1 as csi;
@@ -35,6 +37,7 @@ pub const BACKEND_PARAM: &str = "backend";
 const CO_PREFIX: &str = "csi.storage.k8s.io/";
 const EMULATIONS: [&str; 2] = ["nvme", "virtio-blk"];
 const PLACEMENTS: [&str; 2] = ["dedicated", "packed"];
+const ENCRYPTIONS: [&str; 2] = [AES_XTS_VALUE, "none"];
 
 /// Refuses every parameter but the CO's metadata: snapshots, volume groups
 /// and group snapshots take none of their own.
@@ -68,6 +71,7 @@ impl Params {
             let choices = match key.as_str() {
                 EMULATION_KEY => Some(&EMULATIONS),
                 PLACEMENT_KEY => Some(&PLACEMENTS),
+                ENCRYPTION => Some(&ENCRYPTIONS),
                 _ => None,
             };
             if key == BACKEND_PARAM {
@@ -87,7 +91,8 @@ impl Params {
             } else {
                 return Err(format!(
                     "unknown parameter {key:?}; this driver takes {BACKEND_PARAM:?}, \
-                     {EMULATION_KEY:?}, {PLACEMENT_KEY:?}, {} and the CO's {CO_PREFIX}* keys",
+                     {EMULATION_KEY:?}, {PLACEMENT_KEY:?}, {ENCRYPTION:?}, {} and the CO's \
+                     {CO_PREFIX}* keys",
                     qos::KEYS.join(", ")
                 ));
             }
@@ -183,11 +188,17 @@ mod tests {
             ("backend", "nvmf"),
             (EMULATION_KEY, "virtio-blk"),
             (PLACEMENT_KEY, "packed"),
+            (ENCRYPTION, "aes-xts"),
             ("csi.storage.k8s.io/pvc/name", "data"),
         ])
         .unwrap();
         assert_eq!(p.backend, Some(Kind::Nvmf));
-        assert_eq!(p.passed.len(), 3);
+        assert_eq!(p.passed.len(), 4);
+        assert!(
+            params(&[(ENCRYPTION, "aes-cbc")])
+                .unwrap_err()
+                .contains("aes-xts, none")
+        );
         let p = params(&[(qos::RW_IOPS_KEY, "3000"), (qos::W_MBYTES_KEY, "0")]).unwrap();
         assert_eq!(p.qos.rw_ios_per_sec, Some(3000));
         assert_eq!(p.qos.w_mbytes_per_sec, Some(0));
