@@ -268,6 +268,7 @@ impl Emulator {
                 block_size: ns.block_size,
                 num_blocks: ns.num_blocks,
                 claim: None,
+                io: Default::default(),
                 kind: BdevKind::Nvme(NvmeNsInfo {
                     ctrlr: plan.name.clone(),
                     nsid: ns.nsid,

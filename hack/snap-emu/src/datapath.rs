@@ -1,0 +1,149 @@
+//! The emulator's data path: exposed bdevs whose bytes must pass through the
+//! emulator (QoS limits to enforce, and, with the lead's crypto, data to
+//! encrypt) reach the host as a loop device over a file that the emulator
+//! serves itself through FUSE, so that it sees every read and write, rather
+//! than a loop device straight over the bdev's backing file.
+//!
+//! - [`Volume`]: what one exposed bdev's file serves, the bdev's byte range
+//!   ([`Backing`]) and its [`BdevIo`] layers: the exposed bdev first, then
+//!   each bdev under it. Every I/O waits for the QoS quota of each layer
+//!   (`qos`, SPDK's timeslice token buckets) and is counted in each layer's
+//!   [`IoStats`] (`stats`), which `bdev_get_iostat` reports, as SPDK counts an
+//!   I/O at each bdev it passes.
+//! - `fuse`: the FUSE mount (one per host side, `<host state>/datapath`),
+//!   one file per exposure, and the crash clean-up of a dead mount.
+//! - [`DataPathMode`] and `Emulator::needs_data_path`: which exposures go
+//!   through it (`--data-path`).
+//!
+//! Files are opened with FOPEN_DIRECT_IO, so no page cache sits between the
+//! loop device and the emulator, and every read reaches it.
+
+mod fuse;
+mod qos;
+mod stats;
+
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::sync::Arc;
+
+pub(crate) use fuse::DataPath;
+pub use qos::{Qos, RateLimit, TIMESLICE};
+pub use stats::{IoKind, IoSnapshot, IoStats, OpSnapshot};
+
+use crate::bdev::{Bdev, BdevKind};
+use crate::host::{Backing, Source};
+use crate::state::Emulator;
+
+/// Which exposed bdevs are served through the data path (`--data-path`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum DataPathMode {
+    /// Those that need it (see `Emulator::needs_data_path`); the rest direct.
+    #[default]
+    Auto,
+    /// Every exposed bdev.
+    Fuse,
+    /// None: loop devices straight over the backing files; QoS limits are
+    /// then not enforced.
+    Direct,
+}
+
+/// One bdev's share of the data path: its rate limits and its counters.
+/// Shared by the bdev and every [`Volume`] it is a layer of, so a limit set
+/// by RPC applies at once to I/O in flight through the data path.
+#[derive(Debug, Default)]
+pub struct BdevIo {
+    pub qos: Qos,
+    pub stats: IoStats,
+}
+
+/// What one exposure serves.
+#[derive(Debug)]
+pub struct Volume {
+    /// The bytes: a range of a file or block device.
+    pub backing: Backing,
+    /// The exposed bdev's block size (what `stat` shows as the file's block
+    /// size, and the unit a cipher works in).
+    pub block_size: u32,
+    /// The exposed bdev, then each bdev under it.
+    pub layers: Vec<Arc<BdevIo>>,
+}
+
+impl Volume {
+    fn is_limited(&self) -> bool {
+        self.layers.iter().any(|l| l.qos.is_limited())
+    }
+
+    /// Reads `len` bytes at `offset` of the bdev from `file` (its backing,
+    /// opened); the caller keeps the range inside the bdev.
+    fn read(&self, file: &File, offset: u64, len: usize) -> io::Result<Vec<u8>> {
+        let mut buf = vec![0; len];
+        let mut done = 0;
+        while done < len {
+            let at = self.backing.offset + offset + done as u64;
+            match file.read_at(&mut buf[done..], at) {
+                // A file shorter than the bdev reads as zeros past its end.
+                Ok(0) => break,
+                Ok(n) => done += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(buf)
+    }
+
+    /// Writes `data` at `offset` of the bdev.
+    fn write(&self, file: &File, offset: u64, data: &[u8]) -> io::Result<()> {
+        file.write_all_at(data, self.backing.offset + offset)
+    }
+}
+
+impl Emulator {
+    /// The bdev and every bdev its I/O passes through, top first.
+    pub(crate) fn io_layers(&self, bdev: &Bdev) -> Vec<Arc<BdevIo>> {
+        let mut layers = vec![Arc::clone(&bdev.io)];
+        let under = match &bdev.kind {
+            // An lvol's blobstore writes to the bdev under its store.
+            BdevKind::Lvol { lvs_uuid, .. } => self
+                .lvstores
+                .iter()
+                .find(|s| s.uuid == *lvs_uuid)
+                .and_then(|s| self.bdevs.get(&s.base_bdev)),
+            BdevKind::Aio { .. }
+            | BdevKind::Malloc { .. }
+            | BdevKind::Null { .. }
+            | BdevKind::Nvme(_) => None,
+        };
+        if let Some(base) = under {
+            layers.extend(self.io_layers(base));
+        }
+        layers
+    }
+
+    /// Whether an exposure of `bdev` must pass through the emulator in
+    /// `auto` mode: some layer has rate limits to enforce. (Crypto adds its
+    /// line here.)
+    fn needs_data_path(&self, bdev: &Bdev) -> bool {
+        self.io_layers(bdev).iter().any(|l| l.qos.is_limited())
+    }
+
+    /// How an exposure of `bdev` reaches the host; `read_only` adds to the
+    /// bdev's own read-only-ness (a read-only virtio-blk controller).
+    pub(crate) fn host_source(&self, bdev: &Bdev, read_only: bool) -> Source {
+        let mut backing = self.backing_of(bdev);
+        backing.read_only |= read_only;
+        let through = match self.data_path {
+            DataPathMode::Direct => false,
+            DataPathMode::Fuse => true,
+            DataPathMode::Auto => self.needs_data_path(bdev),
+        };
+        if !through {
+            return Source::Direct(backing);
+        }
+        Source::DataPath(Arc::new(Volume {
+            backing,
+            block_size: bdev.block_size,
+            layers: self.io_layers(bdev),
+        }))
+    }
+}
