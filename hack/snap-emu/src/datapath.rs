@@ -26,6 +26,7 @@ use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
+use std::time::Instant;
 
 pub(crate) use fuse::DataPath;
 pub use qos::{Qos, RateLimit, TIMESLICE};
@@ -70,8 +71,35 @@ pub struct Volume {
 }
 
 impl Volume {
-    fn is_limited(&self) -> bool {
+    /// Whether its I/O must be served one at a time, in order, on the
+    /// volume's own thread: rate limits make I/O wait in line, as SPDK
+    /// queues it. (A cipher's read-modify-write of partial blocks adds
+    /// here: two of them on one block must not interleave.)
+    fn in_order(&self) -> bool {
         self.layers.iter().any(|l| l.qos.is_limited())
+    }
+
+    /// Takes an I/O of `bytes` that arrived at `arrived` through every
+    /// layer's QoS, does it (`f`), and counts it at every layer. Unmaps
+    /// are not rate-limited, as in SPDK.
+    fn through_layers<T>(
+        &self,
+        kind: IoKind,
+        bytes: u64,
+        arrived: Instant,
+        f: impl FnOnce() -> io::Result<T>,
+    ) -> io::Result<T> {
+        if kind != IoKind::Unmap {
+            for layer in &self.layers {
+                layer.qos.admit(kind == IoKind::Read, bytes);
+            }
+        }
+        let out = f()?;
+        let latency = arrived.elapsed();
+        for layer in &self.layers {
+            layer.stats.record(kind, bytes, latency);
+        }
+        Ok(out)
     }
 
     /// Reads `len` bytes at `offset` of the bdev from `file` (its backing,

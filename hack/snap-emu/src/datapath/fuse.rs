@@ -289,10 +289,10 @@ impl Fs {
         files.get(&ino.0).cloned()
     }
 
-    /// Runs `job` now, or on the volume's thread when rate limits may make
-    /// it wait.
+    /// Runs `job` now, or on the volume's thread when its I/O must go in
+    /// order (see `Volume::in_order`).
     fn submit(&self, served: Arc<Served>, job: impl FnOnce(&Served) + Send + 'static) {
-        if served.volume.is_limited() {
+        if served.volume.in_order() {
             let queue = lock(&served.queue).clone();
             if let Some(queue) = queue {
                 let s = Arc::clone(&served);
@@ -350,28 +350,6 @@ impl Served {
     fn clamp(&self, offset: u64, len: u64) -> u64 {
         let size = self.size.load(Ordering::Relaxed);
         len.min(size.saturating_sub(offset))
-    }
-
-    /// Takes the I/O through every layer's QoS, does it, counts it at
-    /// every layer.
-    fn io<T>(
-        &self,
-        kind: IoKind,
-        bytes: u64,
-        arrived: Instant,
-        f: impl FnOnce() -> std::io::Result<T>,
-    ) -> std::io::Result<T> {
-        if kind != IoKind::Unmap {
-            for layer in &self.volume.layers {
-                layer.qos.admit(kind == IoKind::Read, bytes);
-            }
-        }
-        let out = f()?;
-        let latency = arrived.elapsed();
-        for layer in &self.volume.layers {
-            layer.stats.record(kind, bytes, latency);
-        }
-        Ok(out)
     }
 }
 
@@ -468,7 +446,7 @@ impl Filesystem for Fs {
                 return reply.data(&[]);
             }
             let len_usize = usize::try_from(len).unwrap_or(usize::MAX);
-            match s.io(IoKind::Read, len, arrived, || {
+            match s.volume.through_layers(IoKind::Read, len, arrived, || {
                 s.volume.read(&s.file, offset, len_usize)
             }) {
                 Ok(buf) => reply.data(&buf),
@@ -503,7 +481,7 @@ impl Filesystem for Fs {
         }
         let data = data[..usize::try_from(len).unwrap_or(data.len())].to_vec();
         self.submit(served, move |s| {
-            match s.io(IoKind::Write, len, arrived, || {
+            match s.volume.through_layers(IoKind::Write, len, arrived, || {
                 s.volume.write(&s.file, offset, &data)
             }) {
                 Ok(()) => reply.written(u32::try_from(len).unwrap_or(u32::MAX)),
@@ -586,7 +564,7 @@ impl Filesystem for Fs {
         self.submit(served, move |s| {
             let run = || fallocate(&s.file, flags, at, len).map_err(std::io::Error::from);
             let done = if punch {
-                s.io(IoKind::Unmap, length, arrived, run)
+                s.volume.through_layers(IoKind::Unmap, length, arrived, run)
             } else {
                 run()
             };
