@@ -16,7 +16,10 @@
 //!   through it (`--data-path`).
 //!
 //! Files are opened with FOPEN_DIRECT_IO, so no page cache sits between the
-//! loop device and the emulator, and every read reaches it.
+//! loop device and the emulator, and every read reaches it; the loop device
+//! runs in direct I/O mode and the mount takes asynchronous direct I/O and
+//! parallel direct writes, so the host's queue of I/O reaches the emulator
+//! as requests in flight together, as it reaches SPDK.
 
 mod fuse;
 mod qos;
@@ -79,21 +82,37 @@ impl Volume {
         self.layers.iter().any(|l| l.qos.is_limited())
     }
 
-    /// Takes an I/O of `bytes` that arrived at `arrived` through every
-    /// layer's QoS, does it (`f`), and counts it at every layer. Unmaps
-    /// are not rate-limited, as in SPDK.
-    fn through_layers<T>(
+    /// Takes the QoS quota of a read or write of `bytes` at every layer if
+    /// they all have it now; takes nothing otherwise.
+    fn try_admit(&self, read: bool, bytes: u64) -> bool {
+        for (i, layer) in self.layers.iter().enumerate() {
+            if !layer.qos.try_admit(read, bytes) {
+                for above in &self.layers[..i] {
+                    above.qos.give_back(read, bytes);
+                }
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Waits for the QoS quota of a read or write of `bytes` at each layer
+    /// in turn, as the I/O would queue at each bdev it passes.
+    fn admit(&self, read: bool, bytes: u64) {
+        for layer in &self.layers {
+            layer.qos.admit(read, bytes);
+        }
+    }
+
+    /// Does an admitted I/O of `bytes` that arrived at `arrived` (`f`) and
+    /// counts it at every layer.
+    fn account<T>(
         &self,
         kind: IoKind,
         bytes: u64,
         arrived: Instant,
         f: impl FnOnce() -> io::Result<T>,
     ) -> io::Result<T> {
-        if kind != IoKind::Unmap {
-            for layer in &self.layers {
-                layer.qos.admit(kind == IoKind::Read, bytes);
-            }
-        }
         let out = f()?;
         let latency = arrived.elapsed();
         for layer in &self.layers {

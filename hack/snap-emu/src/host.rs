@@ -696,7 +696,16 @@ impl HostSide {
         self.records.store(&key, &record)?;
 
         let attached = (|| -> anyhow::Result<HostDisk> {
-            let name = loopdev::attach(&target.path, target.offset, target.size, target.read_only)?;
+            // A data path file takes requests in parallel, and QoS quotas
+            // are used as soon as a timeslice opens only if requests wait.
+            let direct_io = self.datapath.volume_at(&backing.path).is_some();
+            let name = loopdev::attach(
+                &target.path,
+                target.offset,
+                target.size,
+                target.read_only,
+                direct_io,
+            )?;
             record.loop_device = Some(name.clone());
             self.records.store(&key, &record)?;
             let device = loopdev::dev_path(&name);

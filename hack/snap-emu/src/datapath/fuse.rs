@@ -2,8 +2,9 @@
 //! per exposure, each a [`Volume`] the host side put a loop device on.
 //!
 //! Threads: the session reads requests on a few threads of its own. An I/O
-//! of a volume without rate limits is served on the thread that read it; one
-//! with limits goes to the volume's own thread, which serves them in order,
+//! of a volume without rate limits is served on the thread that read it; so
+//! is one with limits when nothing waits before it and the quotas have room.
+//! Otherwise it goes to the volume's own thread, which serves them in order,
 //! waiting for QoS quota as SPDK queues I/O, so a throttled volume never
 //! holds up the others (nor the JSON-RPC server, which shares nothing with
 //! this but the counters and limits).
@@ -18,7 +19,7 @@ use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::fs::{self, File, OpenOptions};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::thread;
@@ -26,7 +27,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, bail};
 use fuser::{
-    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
+    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
     KernelConfig, LockOwner, MountOption, OpenAccMode, OpenFlags, ReplyAttr, ReplyData,
     ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyWrite, Request, WriteFlags,
 };
@@ -58,6 +59,8 @@ struct Served {
     size: AtomicU64,
     /// To the volume's thread; `None` once removed.
     queue: Mutex<Option<mpsc::Sender<Job>>>,
+    /// Jobs sent to the volume's thread and not finished yet.
+    queued: Arc<AtomicUsize>,
 }
 
 type Files = RwLock<HashMap<u64, Arc<Served>>>;
@@ -120,6 +123,7 @@ impl DataPath {
             volume,
             file,
             queue: Mutex::new(Some(tx)),
+            queued: Arc::default(),
         };
         self.files_mut().insert(ino, Arc::new(served));
         Ok(backing)
@@ -289,21 +293,45 @@ impl Fs {
         files.get(&ino.0).cloned()
     }
 
-    /// Runs `job` now, or on the volume's thread when its I/O must go in
-    /// order (see `Volume::in_order`).
-    fn submit(&self, served: Arc<Served>, job: impl FnOnce(&Served) + Send + 'static) {
-        if served.volume.in_order() {
-            let queue = lock(&served.queue).clone();
-            if let Some(queue) = queue {
-                let s = Arc::clone(&served);
-                // A send fails only once the volume is gone: then it runs here.
-                match queue.send(Box::new(move || job(&s))) {
-                    Ok(()) => return,
-                    Err(mpsc::SendError(job)) => return job(),
+    /// Runs `job` once the I/O is admitted: `quota` is the direction and
+    /// size of a read or write that QoS limits apply to (`None` for what
+    /// only keeps its place in line). A volume whose I/O goes in order (see
+    /// `Volume::in_order`) runs it here only when nothing is in line and the
+    /// quotas have room now; otherwise its thread waits for the quota.
+    fn submit(
+        &self,
+        served: Arc<Served>,
+        quota: Option<(bool, u64)>,
+        job: impl FnOnce(&Served) + Send + 'static,
+    ) {
+        if !served.volume.in_order() {
+            return job(&served);
+        }
+        if served.queued.load(Ordering::SeqCst) == 0
+            && quota.is_none_or(|(read, bytes)| served.volume.try_admit(read, bytes))
+        {
+            return job(&served);
+        }
+        let queue = lock(&served.queue).clone();
+        let s = Arc::clone(&served);
+        let queued = Arc::clone(&served.queued);
+        queued.fetch_add(1, Ordering::SeqCst);
+        let run = move || {
+            if let Some((read, bytes)) = quota {
+                s.volume.admit(read, bytes);
+            }
+            job(&s);
+            queued.fetch_sub(1, Ordering::SeqCst);
+        };
+        match queue {
+            // A send fails only once the volume is gone: then it runs here.
+            Some(queue) => {
+                if let Err(mpsc::SendError(run)) = queue.send(Box::new(run)) {
+                    run();
                 }
             }
+            None => run(),
         }
-        job(&served);
     }
 }
 
@@ -361,6 +389,10 @@ impl Filesystem for Fs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         // The kernel may cap it lower; what it allows is fine.
         let _ = config.set_max_write(MAX_WRITE);
+        // A loop device in direct I/O mode submits asynchronously: let those
+        // requests be in flight together, as a host's queue would be. A
+        // kernel without it serves them one by one, which is only slower.
+        let _ = config.add_capabilities(InitFlags::FUSE_ASYNC_DIO);
         Ok(())
     }
 
@@ -422,7 +454,12 @@ impl Filesystem for Fs {
         if served.volume.backing.read_only && flags.acc_mode() != OpenAccMode::O_RDONLY {
             return reply.error(Errno::EROFS);
         }
-        reply.opened(FileHandle(0), FopenFlags::FOPEN_DIRECT_IO);
+        // Parallel direct writes: the kernel need not serialise writes to
+        // the file (a disk orders nothing either).
+        reply.opened(
+            FileHandle(0),
+            FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES,
+        );
     }
 
     fn read(
@@ -440,13 +477,13 @@ impl Filesystem for Fs {
         let Some(served) = self.get(ino) else {
             return reply.error(Errno::ENOENT);
         };
-        self.submit(served, move |s| {
-            let len = s.clamp(offset, u64::from(size));
-            if len == 0 {
-                return reply.data(&[]);
-            }
+        let len = served.clamp(offset, u64::from(size));
+        if len == 0 {
+            return reply.data(&[]);
+        }
+        self.submit(served, Some((true, len)), move |s| {
             let len_usize = usize::try_from(len).unwrap_or(usize::MAX);
-            match s.volume.through_layers(IoKind::Read, len, arrived, || {
+            match s.volume.account(IoKind::Read, len, arrived, || {
                 s.volume.read(&s.file, offset, len_usize)
             }) {
                 Ok(buf) => reply.data(&buf),
@@ -480,8 +517,8 @@ impl Filesystem for Fs {
             return reply.error(Errno::ENOSPC);
         }
         let data = data[..usize::try_from(len).unwrap_or(data.len())].to_vec();
-        self.submit(served, move |s| {
-            match s.volume.through_layers(IoKind::Write, len, arrived, || {
+        self.submit(served, Some((false, len)), move |s| {
+            match s.volume.account(IoKind::Write, len, arrived, || {
                 s.volume.write(&s.file, offset, &data)
             }) {
                 Ok(()) => reply.written(u32::try_from(len).unwrap_or(u32::MAX)),
@@ -516,7 +553,7 @@ impl Filesystem for Fs {
         };
         // In line with the volume's writes, so that it covers every one
         // answered before it.
-        self.submit(served, move |s| {
+        self.submit(served, None, move |s| {
             let synced = if datasync {
                 s.file.sync_data()
             } else {
@@ -561,10 +598,11 @@ impl Filesystem for Fs {
         if !(punch || zero) || served.clamp(offset, length) != length {
             return reply.error(Errno::EOPNOTSUPP);
         }
-        self.submit(served, move |s| {
+        // Not rate-limited, as SPDK does not limit unmaps.
+        self.submit(served, None, move |s| {
             let run = || fallocate(&s.file, flags, at, len).map_err(std::io::Error::from);
             let done = if punch {
-                s.volume.through_layers(IoKind::Unmap, length, arrived, run)
+                s.volume.account(IoKind::Unmap, length, arrived, run)
             } else {
                 run()
             };

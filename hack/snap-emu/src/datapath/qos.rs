@@ -5,9 +5,10 @@
 //! waits a second), the overrun is carried into the next timeslices, and
 //! I/O that finds no quota waits, in order, for the next timeslice.
 //!
-//! SPDK refills the quotas from a poller every timeslice; here the waiting
-//! I/O refills them itself, for as many timeslices as have passed, which
-//! comes to the same numbers (`refill`).
+//! SPDK refills the quotas from a poller every timeslice; here the I/O
+//! refills them itself, for as many timeslices as have passed, which comes
+//! to the same numbers (`refill`), including SPDK's catching up when its
+//! poller runs late: a waiting I/O that wakes up late is that late poller.
 
 use std::sync::{Mutex, PoisonError};
 use std::thread;
@@ -133,18 +134,39 @@ impl Qos {
         }
     }
 
+    /// Takes the I/O's share of the quotas if they have it now; takes
+    /// nothing otherwise.
+    pub fn try_admit(&self, read: bool, bytes: u64) -> bool {
+        let mut b = self.lock();
+        b.refill(Instant::now(), false);
+        b.try_take(read, bytes)
+    }
+
+    /// Gives back what [`try_admit`](Self::try_admit) took (SPDK's rewind,
+    /// for an I/O that a bdev below had no quota for yet).
+    pub fn give_back(&self, read: bool, bytes: u64) {
+        let mut b = self.lock();
+        for (i, kind) in RateLimit::ALL.into_iter().enumerate() {
+            if b.max_per_slice[i] > 0 {
+                b.remaining[i] = b.remaining[i].saturating_add(kind.cost(read, bytes));
+            }
+        }
+    }
+
     /// Waits until the I/O fits the quotas, then takes its share of them.
     pub fn admit(&self, read: bool, bytes: u64) {
+        let mut waited = false;
         loop {
             let mut b = self.lock();
             let now = Instant::now();
-            b.refill(now);
+            b.refill(now, waited);
             if b.try_take(read, bytes) {
                 return;
             }
             let next = b.slice_start + TIMESLICE;
             drop(b);
             thread::sleep(next.saturating_duration_since(now));
+            waited = true;
         }
     }
 }
@@ -152,8 +174,11 @@ impl Qos {
 impl Buckets {
     /// Brings the quotas to the current timeslice. SPDK's poller, once per
     /// timeslice, drops what is left over (keeping an overrun) and adds a
-    /// quota: after `k` timeslices that is `min(overrun + k × quota, quota)`.
-    fn refill(&mut self, now: Instant) {
+    /// quota: after `k` timeslices on time that is `min(overrun + k × quota,
+    /// quota)`. A poller `late` by `k` timeslices (I/O was waiting for it)
+    /// drops the leftover once and adds `k` quotas, so that I/O in line
+    /// catches up on the timeslices it missed.
+    fn refill(&mut self, now: Instant, late: bool) {
         let elapsed = now.saturating_duration_since(self.slice_start);
         let slices = elapsed.as_nanos() / TIMESLICE.as_nanos();
         if slices == 0 {
@@ -164,7 +189,8 @@ impl Buckets {
             let max = self.max_per_slice[i];
             if max > 0 {
                 let debt = self.remaining[i].min(0);
-                self.remaining[i] = debt.saturating_add(k.saturating_mul(max)).min(max);
+                let refilled = debt.saturating_add(k.saturating_mul(max));
+                self.remaining[i] = if late { refilled } else { refilled.min(max) };
             }
         }
         let advance = u32::try_from(slices).unwrap_or(u32::MAX);
@@ -206,7 +232,7 @@ mod tests {
         assert!(b.try_take(true, 4096));
         assert!(b.try_take(false, 4096));
         assert!(!b.try_take(true, 4096));
-        b.refill(t0 + TIMESLICE);
+        b.refill(t0 + TIMESLICE, false);
         assert!(b.try_take(true, 4096));
     }
 
@@ -217,9 +243,9 @@ mod tests {
         let (q, t0) = buckets([0, 1 << 20, 0, 0]);
         let mut b = q.lock();
         assert!(b.try_take(false, 1 << 20));
-        b.refill(t0 + TIMESLICE * 999);
+        b.refill(t0 + TIMESLICE * 999, true);
         assert!(!b.try_take(false, 512));
-        b.refill(t0 + TIMESLICE * 1002);
+        b.refill(t0 + TIMESLICE * 1002, true);
         assert!(b.try_take(false, 512));
     }
 
@@ -227,8 +253,19 @@ mod tests {
     fn idle_time_does_not_bank_quota() {
         let (q, t0) = buckets([1000, 0, 0, 0]);
         let mut b = q.lock();
-        b.refill(t0 + Duration::from_secs(5));
+        b.refill(t0 + Duration::from_secs(5), false);
         assert!(b.try_take(true, 512));
+        assert!(!b.try_take(true, 512));
+    }
+
+    #[test]
+    fn io_that_waited_catches_up_on_the_timeslices_it_missed() {
+        let (q, t0) = buckets([1000, 0, 0, 0]);
+        let mut b = q.lock();
+        assert!(b.try_take(true, 512));
+        // Its wake-up came 3 timeslices late: 3 I/Os pass at once.
+        b.refill(t0 + TIMESLICE * 3, true);
+        assert!((0..3).all(|_| b.try_take(true, 512)));
         assert!(!b.try_take(true, 512));
     }
 
@@ -251,6 +288,15 @@ mod tests {
         assert!(!b.try_take(false, 4096));
         assert_eq!(b.remaining[0], 1);
         assert!(b.try_take(true, 4096));
+    }
+
+    #[test]
+    fn what_is_given_back_can_be_taken_again() {
+        let (q, _) = buckets([1000, 0, 0, 0]);
+        assert!(q.try_admit(false, 4096));
+        assert!(!q.try_admit(false, 4096));
+        q.give_back(false, 4096);
+        assert!(q.try_admit(false, 4096));
     }
 
     #[test]
