@@ -79,6 +79,11 @@ pub(crate) enum BdevKind {
         read_only: bool,
     },
     Nvme(NvmeNsInfo),
+    /// A crypto vbdev: the blocks of `base`, encrypted with the accel key `key_name`.
+    Crypto {
+        base: String,
+        key_name: String,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -159,6 +164,11 @@ impl Bdev {
                 "copy" => info.copy,
                 _ => false,
             },
+            // vbdev_crypto_io_type_supported passes these to the base; the
+            // emulator's crypto bdevs sit on writable bdevs with them all.
+            BdevKind::Crypto { .. } => {
+                matches!(io, "read" | "write" | "unmap" | "flush" | "reset")
+            }
         }
     }
 }
@@ -408,6 +418,12 @@ impl Emulator {
                 size: size.min(info.backing.size),
                 ..info.backing.clone()
             },
+            // The ciphertext lives in the base's bytes; only a data path that
+            // applies the cipher may expose it (see `crate::datapath`).
+            BdevKind::Crypto { base, .. } => match self.bdevs.get(base) {
+                Some(base) => self.backing_of(base),
+                None => file(&PathBuf::new()),
+            },
         }
     }
 
@@ -469,6 +485,7 @@ impl Emulator {
             BdevKind::Malloc { .. } | BdevKind::Null { .. } => json!({}),
             BdevKind::Lvol { .. } => self.lvol_driver_specific(bdev),
             BdevKind::Nvme(_) => self.nvme_driver_specific(bdev),
+            BdevKind::Crypto { .. } => self.crypto_driver_specific(bdev),
         }
     }
 

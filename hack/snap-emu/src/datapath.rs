@@ -13,7 +13,9 @@
 //! - `fuse`: the FUSE mount (one per host side, `<host state>/datapath`),
 //!   one file per exposure, and the crash clean-up of a dead mount.
 //! - [`DataPathMode`] and `Emulator::needs_data_path`: which exposures go
-//!   through it (`--data-path`).
+//!   through it (`--data-path`). A crypto bdev always does: only the data
+//!   path applies its cipher (AES-XTS per block, `crate::crypto`), so the
+//!   host reads plaintext while the backing holds ciphertext.
 //!
 //! Files are opened with FOPEN_DIRECT_IO, so no page cache sits between the
 //! loop device and the emulator, and every read reaches it; the loop device
@@ -36,7 +38,9 @@ pub use qos::{Qos, RateLimit, TIMESLICE};
 pub use stats::{IoKind, IoSnapshot, IoStats, OpSnapshot};
 
 use crate::bdev::{Bdev, BdevKind};
+use crate::crypto::Cipher;
 use crate::host::{Backing, Source};
+use crate::rpc::{ENODEV, RpcError};
 use crate::state::Emulator;
 
 /// Which exposed bdevs are served through the data path (`--data-path`).
@@ -47,8 +51,8 @@ pub enum DataPathMode {
     Auto,
     /// Every exposed bdev.
     Fuse,
-    /// None: loop devices straight over the backing files; QoS limits are
-    /// then not enforced.
+    /// None but crypto bdevs: loop devices straight over the backing files;
+    /// QoS limits are then not enforced.
     Direct,
 }
 
@@ -71,15 +75,17 @@ pub struct Volume {
     pub block_size: u32,
     /// The exposed bdev, then each bdev under it.
     pub layers: Vec<Arc<BdevIo>>,
+    /// A crypto bdev's cipher: the backing holds its blocks encrypted.
+    pub(crate) cipher: Option<Arc<Cipher>>,
 }
 
 impl Volume {
     /// Whether its I/O must be served one at a time, in order, on the
     /// volume's own thread: rate limits make I/O wait in line, as SPDK
-    /// queues it. (A cipher's read-modify-write of partial blocks adds
-    /// here: two of them on one block must not interleave.)
+    /// queues it, and a cipher's read-modify-writes of partial blocks must
+    /// not interleave.
     fn in_order(&self) -> bool {
-        self.layers.iter().any(|l| l.qos.is_limited())
+        self.cipher.is_some() || self.layers.iter().any(|l| l.qos.is_limited())
     }
 
     /// Takes the QoS quota of a read or write of `bytes` at every layer if
@@ -122,8 +128,55 @@ impl Volume {
     }
 
     /// Reads `len` bytes at `offset` of the bdev from `file` (its backing,
-    /// opened); the caller keeps the range inside the bdev.
+    /// opened), decrypted; the caller keeps the range inside the bdev.
     fn read(&self, file: &File, offset: u64, len: usize) -> io::Result<Vec<u8>> {
+        let Some(cipher) = &self.cipher else {
+            return self.read_raw(file, offset, len);
+        };
+        let (first, span, skip) = self.blocks(offset, len);
+        let mut buf = self.read_raw(file, first * u64::from(self.block_size), span)?;
+        cipher.decrypt(first, self.block_size, &mut buf);
+        buf.truncate(skip + len);
+        buf.drain(..skip);
+        Ok(buf)
+    }
+
+    /// Writes `data` at `offset` of the bdev, encrypted: whole blocks, a
+    /// partial one read, decrypted and merged first.
+    fn write(&self, file: &File, offset: u64, data: &[u8]) -> io::Result<()> {
+        let Some(cipher) = &self.cipher else {
+            return file.write_all_at(data, self.backing.offset + offset);
+        };
+        let (first, span, skip) = self.blocks(offset, data.len());
+        let at = first * u64::from(self.block_size);
+        let mut buf = if skip == 0 && span == data.len() {
+            data.to_vec()
+        } else {
+            let mut old = self.read_raw(file, at, span)?;
+            cipher.decrypt(first, self.block_size, &mut old);
+            old[skip..skip + data.len()].copy_from_slice(data);
+            old
+        };
+        cipher.encrypt(first, self.block_size, &mut buf);
+        file.write_all_at(&buf, self.backing.offset + at)
+    }
+
+    /// The whole blocks covering `len` bytes at `offset`: the first block,
+    /// their length in bytes, and where the bytes start in them.
+    fn blocks(&self, offset: u64, len: usize) -> (u64, usize, usize) {
+        let bs = u64::from(self.block_size);
+        let first = offset / bs;
+        let end = (offset + len as u64).div_ceil(bs);
+        let span = usize::try_from((end - first) * bs).unwrap_or(usize::MAX);
+        (
+            first,
+            span,
+            usize::try_from(offset - first * bs).unwrap_or(0),
+        )
+    }
+
+    /// Reads the backing's bytes as they are.
+    fn read_raw(&self, file: &File, offset: u64, len: usize) -> io::Result<Vec<u8>> {
         let mut buf = vec![0; len];
         let mut done = 0;
         while done < len {
@@ -138,11 +191,6 @@ impl Volume {
         }
         Ok(buf)
     }
-
-    /// Writes `data` at `offset` of the bdev.
-    fn write(&self, file: &File, offset: u64, data: &[u8]) -> io::Result<()> {
-        file.write_all_at(data, self.backing.offset + offset)
-    }
 }
 
 impl Emulator {
@@ -156,6 +204,7 @@ impl Emulator {
                 .iter()
                 .find(|s| s.uuid == *lvs_uuid)
                 .and_then(|s| self.bdevs.get(&s.base_bdev)),
+            BdevKind::Crypto { base, .. } => self.bdevs.get(base),
             BdevKind::Aio { .. }
             | BdevKind::Malloc { .. }
             | BdevKind::Null { .. }
@@ -168,29 +217,40 @@ impl Emulator {
     }
 
     /// Whether an exposure of `bdev` must pass through the emulator in
-    /// `auto` mode: some layer has rate limits to enforce. (Crypto adds its
-    /// line here.)
+    /// `auto` mode: some layer has rate limits to enforce.
     fn needs_data_path(&self, bdev: &Bdev) -> bool {
         self.io_layers(bdev).iter().any(|l| l.qos.is_limited())
     }
 
     /// How an exposure of `bdev` reaches the host; `read_only` adds to the
-    /// bdev's own read-only-ness (a read-only virtio-blk controller).
-    pub(crate) fn host_source(&self, bdev: &Bdev, read_only: bool) -> Source {
+    /// bdev's own read-only-ness (a read-only virtio-blk controller). A
+    /// crypto bdev goes through the data path whatever the mode (directly,
+    /// the host would see ciphertext); one whose key is gone is -ENODEV.
+    pub(crate) fn host_source(&self, bdev: &Bdev, read_only: bool) -> Result<Source, RpcError> {
+        let cipher = match &bdev.kind {
+            BdevKind::Crypto { key_name, .. } => Some(
+                self.crypto
+                    .cipher(key_name)
+                    .ok_or(RpcError::errno(ENODEV))?,
+            ),
+            _ => None,
+        };
         let mut backing = self.backing_of(bdev);
         backing.read_only |= read_only;
-        let through = match self.data_path {
-            DataPathMode::Direct => false,
-            DataPathMode::Fuse => true,
-            DataPathMode::Auto => self.needs_data_path(bdev),
-        };
+        let through = cipher.is_some()
+            || match self.data_path {
+                DataPathMode::Direct => false,
+                DataPathMode::Fuse => true,
+                DataPathMode::Auto => self.needs_data_path(bdev),
+            };
         if !through {
-            return Source::Direct(backing);
+            return Ok(Source::Direct(backing));
         }
-        Source::DataPath(Arc::new(Volume {
+        Ok(Source::DataPath(Arc::new(Volume {
             backing,
             block_size: bdev.block_size,
             layers: self.io_layers(bdev),
-        }))
+            cipher,
+        })))
     }
 }

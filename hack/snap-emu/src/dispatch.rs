@@ -16,9 +16,14 @@ use crate::state::{Emulator, Shared};
 
 /// The SPDK methods this emulator implements (a subset of spdk_tgt's).
 const SPDK_METHODS: &[&str] = &[
+    "accel_crypto_key_create",
+    "accel_crypto_key_destroy",
+    "accel_crypto_keys_get",
     "bdev_aio_create",
     "bdev_aio_delete",
     "bdev_aio_rescan",
+    "bdev_crypto_create",
+    "bdev_crypto_delete",
     "bdev_get_bdevs",
     "bdev_get_iostat",
     "bdev_lvol_clone",
@@ -184,11 +189,23 @@ async fn get_bdevs_waiting(shared: &Arc<Shared>, params: Option<Value>) -> RpcRe
 }
 
 impl Emulator {
-    /// Methods answered entirely under the state lock.
+    /// Methods answered entirely under the state lock. A bdev a call made
+    /// may be the base a pending crypto vbdev waits for: SPDK's examine.
     pub(crate) fn call(&mut self, method: &str, params: Option<Value>) -> RpcResult {
+        let result = self.route(method, params);
+        self.examine_crypto();
+        result
+    }
+
+    fn route(&mut self, method: &str, params: Option<Value>) -> RpcResult {
         match method {
             "bdev_get_iostat" => self.bdev_get_iostat(params),
             "bdev_aio_create" => self.bdev_aio_create(params),
+            "accel_crypto_key_create" => self.accel_crypto_key_create(params),
+            "accel_crypto_key_destroy" => self.accel_crypto_key_destroy(params),
+            "accel_crypto_keys_get" => self.accel_crypto_keys_get(params),
+            "bdev_crypto_create" => self.bdev_crypto_create(params),
+            "bdev_crypto_delete" => self.bdev_crypto_delete(params),
             "bdev_aio_delete" => self.bdev_aio_delete(params),
             "bdev_aio_rescan" => self.bdev_aio_rescan(params),
             "bdev_set_qos_limit" => self.bdev_set_qos_limit(params),

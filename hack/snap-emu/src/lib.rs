@@ -17,7 +17,8 @@
 //! - `dispatch`: the method table, state checks and routing; `rpc`: errors
 //!   and parameter decoding with SPDK's conventions.
 //! - `state`: the shared emulator state and cross-module rules (hot remove).
-//! - `bdev` (registry, aio, malloc, null, iostat), `lvol` (stores and
+//! - `bdev` (registry, aio, malloc, null, iostat), `crypto` (accel keys, the
+//!   crypto vbdev and its AES-XTS), `lvol` (stores and
 //!   volumes), `nvmf` (target), `nvmf_tcp` (the emulator-private fabrics
 //!   handshake), `bdev_nvme` (initiator).
 //! - `snap` (SNAP emulation logic), `snap_api` (every SNAP JSON name),
@@ -70,6 +71,7 @@ pub mod in_process;
 mod bdev;
 mod bdev_nvme;
 mod bdev_qos;
+mod crypto;
 mod dispatch;
 mod framing;
 mod functions;

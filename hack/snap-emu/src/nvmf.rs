@@ -723,6 +723,9 @@ impl Emulator {
                     BdevKind::Malloc { .. } => (true, true),
                     BdevKind::Lvol { .. } => (true, false),
                     BdevKind::Nvme(i) => (i.unmap, i.copy),
+                    // The fabrics shortcut hands over a file range, which for
+                    // a crypto bdev holds ciphertext: not offered (see `nvmf_tcp`).
+                    BdevKind::Crypto { .. } => return None,
                 };
                 Some(WireNamespace {
                     nsid: n.nsid,

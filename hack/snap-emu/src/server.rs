@@ -165,6 +165,7 @@ pub async fn bind(config: Config) -> anyhow::Result<Server> {
             me: me.clone(),
             files_dir: files,
             bdevs: Bdevs::default(),
+            crypto: Default::default(),
             lvstores: vec![],
             nvmf: NvmfTarget::default(),
             nvme: NvmeInitiator::default(),

@@ -447,7 +447,7 @@ impl Emulator {
             .namespace(&c.nqn, nsid)
             .ok_or(RpcError::errno(ENODEV))?;
         let bdev = self.bdevs.get(&ns.bdev).ok_or(RpcError::errno(ENODEV))?;
-        let source = self.host_source(bdev, false);
+        let source = self.host_source(bdev, false)?;
         let uuid = ns.uuid.clone();
         let instance = c
             .instance
@@ -511,7 +511,7 @@ impl Emulator {
             return Ok(());
         }
         let b = self.bdevs.get(&bdev).ok_or(RpcError::errno(ENODEV))?;
-        let source = self.host_source(b, c.read_only);
+        let source = self.host_source(b, c.read_only)?;
         let index = lowest_free(
             snap.virtio_ctrls
                 .iter()

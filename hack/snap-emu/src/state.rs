@@ -10,6 +10,7 @@ use tokio::sync::Mutex;
 
 use crate::bdev::{BdevKind, Bdevs};
 use crate::bdev_nvme::NvmeInitiator;
+use crate::crypto::Crypto;
 use crate::host::HostSide;
 use crate::lvol::LvolStore;
 use crate::nvmf::NvmfTarget;
@@ -36,6 +37,7 @@ pub(crate) struct Emulator {
     /// Our backing files; wiped at start and at shutdown.
     pub files_dir: PathBuf,
     pub bdevs: Bdevs,
+    pub crypto: Crypto,
     pub lvstores: Vec<LvolStore>,
     pub nvmf: NvmfTarget,
     pub nvme: NvmeInitiator,
@@ -135,6 +137,9 @@ impl Emulator {
             return;
         };
         let name = bdev.name.clone();
+        for vbdev in self.crypto_consumers(&name) {
+            self.unregister_bdev(&vbdev);
+        }
         let stores: Vec<uuid::Uuid> = self
             .lvstores
             .iter()
@@ -154,6 +159,7 @@ impl Emulator {
                 let _ = std::fs::remove_file(file);
             }
             BdevKind::Lvol { lvs_uuid, .. } => self.forget_lvol(lvs_uuid, bdev.uuid),
+            BdevKind::Crypto { base, .. } => self.release_crypto_base(&base),
             BdevKind::Aio { .. } | BdevKind::Nvme(_) => {}
         }
     }
