@@ -40,6 +40,7 @@ pub use stats::{IoKind, IoSnapshot, IoStats, OpSnapshot};
 use crate::bdev::{Bdev, BdevKind};
 use crate::crypto::Cipher;
 use crate::host::{Backing, Source};
+use crate::nvmf_io::Remote;
 use crate::rpc::{ENODEV, RpcError};
 use crate::state::Emulator;
 
@@ -77,6 +78,9 @@ pub struct Volume {
     pub layers: Vec<Arc<BdevIo>>,
     /// A crypto bdev's cipher: the backing holds its blocks encrypted.
     pub(crate) cipher: Option<Arc<Cipher>>,
+    /// An NVMe-oF namespace's target, which serves its bytes (and holds
+    /// them while its subsystem is paused) instead of the file.
+    pub(crate) remote: Option<Arc<Remote>>,
 }
 
 impl Volume {
@@ -90,7 +94,7 @@ impl Volume {
 
     /// Takes the QoS quota of a read or write of `bytes` at every layer if
     /// they all have it now; takes nothing otherwise.
-    fn try_admit(&self, read: bool, bytes: u64) -> bool {
+    pub(crate) fn try_admit(&self, read: bool, bytes: u64) -> bool {
         for (i, layer) in self.layers.iter().enumerate() {
             if !layer.qos.try_admit(read, bytes) {
                 for above in &self.layers[..i] {
@@ -104,7 +108,7 @@ impl Volume {
 
     /// Waits for the QoS quota of a read or write of `bytes` at each layer
     /// in turn, as the I/O would queue at each bdev it passes.
-    fn admit(&self, read: bool, bytes: u64) {
+    pub(crate) fn admit(&self, read: bool, bytes: u64) {
         for layer in &self.layers {
             layer.qos.admit(read, bytes);
         }
@@ -112,7 +116,7 @@ impl Volume {
 
     /// Does an admitted I/O of `bytes` that arrived at `arrived` (`f`) and
     /// counts it at every layer.
-    fn account<T>(
+    pub(crate) fn account<T>(
         &self,
         kind: IoKind,
         bytes: u64,
@@ -129,7 +133,7 @@ impl Volume {
 
     /// Reads `len` bytes at `offset` of the bdev from `file` (its backing,
     /// opened), decrypted; the caller keeps the range inside the bdev.
-    fn read(&self, file: &File, offset: u64, len: usize) -> io::Result<Vec<u8>> {
+    pub(crate) fn read(&self, file: &File, offset: u64, len: usize) -> io::Result<Vec<u8>> {
         let Some(cipher) = &self.cipher else {
             return self.read_raw(file, offset, len);
         };
@@ -143,9 +147,9 @@ impl Volume {
 
     /// Writes `data` at `offset` of the bdev, encrypted: whole blocks, a
     /// partial one read, decrypted and merged first.
-    fn write(&self, file: &File, offset: u64, data: &[u8]) -> io::Result<()> {
+    pub(crate) fn write(&self, file: &File, offset: u64, data: &[u8]) -> io::Result<()> {
         let Some(cipher) = &self.cipher else {
-            return file.write_all_at(data, self.backing.offset + offset);
+            return self.write_raw(file, offset, data);
         };
         let (first, span, skip) = self.blocks(offset, data.len());
         let at = first * u64::from(self.block_size);
@@ -158,7 +162,15 @@ impl Volume {
             old
         };
         cipher.encrypt(first, self.block_size, &mut buf);
-        file.write_all_at(&buf, self.backing.offset + at)
+        self.write_raw(file, at, &buf)
+    }
+
+    /// Writes bytes to the backing as they are (or to the target).
+    fn write_raw(&self, file: &File, offset: u64, data: &[u8]) -> io::Result<()> {
+        match &self.remote {
+            Some(remote) => remote.write(offset, data),
+            None => file.write_all_at(data, self.backing.offset + offset),
+        }
     }
 
     /// The whole blocks covering `len` bytes at `offset`: the first block,
@@ -175,8 +187,11 @@ impl Volume {
         )
     }
 
-    /// Reads the backing's bytes as they are.
+    /// Reads the backing's bytes as they are (or the target's).
     fn read_raw(&self, file: &File, offset: u64, len: usize) -> io::Result<Vec<u8>> {
+        if let Some(remote) = &self.remote {
+            return remote.read(offset, len);
+        }
         let mut buf = vec![0; len];
         let mut done = 0;
         while done < len {
@@ -227,6 +242,24 @@ impl Emulator {
     /// crypto bdev goes through the data path whatever the mode (directly,
     /// the host would see ciphertext); one whose key is gone is -ENODEV.
     pub(crate) fn host_source(&self, bdev: &Bdev, read_only: bool) -> Result<Source, RpcError> {
+        let mut volume = self.volume_of(bdev)?;
+        volume.backing.read_only |= read_only;
+        let through = volume.cipher.is_some()
+            || match self.data_path {
+                DataPathMode::Direct => false,
+                DataPathMode::Fuse => true,
+                DataPathMode::Auto => self.needs_data_path(bdev),
+            };
+        if !through {
+            return Ok(Source::Direct(volume.backing));
+        }
+        Ok(Source::DataPath(Arc::new(volume)))
+    }
+
+    /// What the data path serves for `bdev`: its bytes, layers, cipher,
+    /// and for an NVMe-oF namespace its target. A crypto bdev whose key
+    /// is gone is -ENODEV.
+    pub(crate) fn volume_of(&self, bdev: &Bdev) -> Result<Volume, RpcError> {
         let cipher = match &bdev.kind {
             BdevKind::Crypto { key_name, .. } => Some(
                 self.crypto
@@ -235,22 +268,12 @@ impl Emulator {
             ),
             _ => None,
         };
-        let mut backing = self.backing_of(bdev);
-        backing.read_only |= read_only;
-        let through = cipher.is_some()
-            || match self.data_path {
-                DataPathMode::Direct => false,
-                DataPathMode::Fuse => true,
-                DataPathMode::Auto => self.needs_data_path(bdev),
-            };
-        if !through {
-            return Ok(Source::Direct(backing));
-        }
-        Ok(Source::DataPath(Arc::new(Volume {
-            backing,
+        Ok(Volume {
+            backing: self.backing_of(bdev),
             block_size: bdev.block_size,
             layers: self.io_layers(bdev),
             cipher,
-        })))
+            remote: self.nvme_remote(bdev).map(Arc::new),
+        })
     }
 }

@@ -20,7 +20,8 @@
 //! - `bdev` (registry, aio, malloc, null, iostat), `crypto` (accel keys, the
 //!   crypto vbdev and its AES-XTS), `lvol` (stores and
 //!   volumes), `nvmf` (target), `nvmf_tcp` (the emulator-private fabrics
-//!   handshake), `bdev_nvme` (initiator).
+//!   handshake), `nvmf_io` (I/O through the target, held by a pause),
+//!   `bdev_nvme` (initiator).
 //! - `snap` (SNAP emulation logic), `snap_api` (every SNAP JSON name),
 //!   `functions` (emulated PCI functions and their addresses).
 //! - [`host`]: loop devices and the sysfs tree (the host's view).
@@ -77,6 +78,7 @@ mod framing;
 mod functions;
 mod lvol;
 mod nvmf;
+mod nvmf_io;
 mod nvmf_tcp;
 mod poller;
 mod rpc;

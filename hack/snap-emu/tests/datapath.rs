@@ -1,7 +1,8 @@
 //! The FUSE data path end to end: a disk on it reaches the bdev's bytes
 //! through the emulator, `bdev_get_iostat` counts exactly what the host did,
-//! `bdev_set_qos_limit` holds the host to its limits, changed live, and a
-//! crypto bdev's backing holds only ciphertext.
+//! `bdev_set_qos_limit` holds the host to its limits, changed live, a
+//! crypto bdev's backing holds only ciphertext, and an NVMe-oF namespace's
+//! I/O goes through its target, which holds it while paused.
 //! Needs root, loop devices and /dev/fuse.
 
 mod common;
@@ -295,6 +296,89 @@ async fn a_crypto_bdev_shows_the_host_plaintext_and_keeps_ciphertext() {
     }
     drop(c);
     emu.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_subsystem_holds_the_hosts_io_until_resumed() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = Emu::start(Config::for_test(&dir.path().join("target")).without_snap()).await;
+    let dpu =
+        Emu::start(Config::for_test(&dir.path().join("dpu")).with_data_path(DataPathMode::Fuse))
+            .await;
+    let mut t = target.client().await;
+    let img = aio_bdev(&mut t, dir.path(), "vol", 8 << 20).await;
+    let nqn = "nqn.2024-01.io.example:paused";
+    let port = common::free_port().to_string();
+    t.ok("nvmf_create_transport", json!({"trtype": "TCP"}))
+        .await;
+    t.ok(
+        "nvmf_create_subsystem",
+        json!({"nqn": nqn, "allow_any_host": true}),
+    )
+    .await;
+    t.ok(
+        "nvmf_subsystem_add_ns",
+        json!({"nqn": nqn, "namespace": {"bdev_name": "vol"}}),
+    )
+    .await;
+    t.ok(
+        "nvmf_subsystem_add_listener",
+        json!({"nqn": nqn, "listen_address": {"trtype": "tcp", "adrfam": "ipv4", "traddr": "127.0.0.1", "trsvcid": port}}),
+    )
+    .await;
+    let mut d = dpu.client().await;
+    d.ok(
+        "bdev_nvme_attach_controller",
+        json!({"name": "r", "trtype": "tcp", "adrfam": "ipv4", "traddr": "127.0.0.1", "trsvcid": port, "subnqn": nqn}),
+    )
+    .await;
+    let dev = expose(&dpu, &mut d, "rn1").await;
+    let before = iostat(&mut t, "vol").await;
+
+    t.ok("nvmf_subsystem_pause", json!({"nqn": nqn})).await;
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let writer = std::thread::spawn(move || {
+        let f = open_direct(&dev);
+        f.write_all_at(Aligned::new(4 * KIB, b'p').get(), 4 * KIB as u64)
+            .unwrap();
+        done_tx.send(()).unwrap();
+    });
+    // Nothing to wait for but time: the write must not complete while paused.
+    assert!(
+        done_rx.recv_timeout(Duration::from_millis(500)).is_err(),
+        "the write completed while the subsystem was paused"
+    );
+    let mut got = vec![0; 4 * KIB];
+    File::open(&img)
+        .unwrap()
+        .read_exact_at(&mut got, 4 * KIB as u64)
+        .unwrap();
+    assert!(
+        got.iter().all(|&b| b == 0),
+        "nothing reached the target's bdev"
+    );
+    t.ok("nvmf_subsystem_resume", json!({"nqn": nqn})).await;
+    done_rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the write completes after the resume");
+    writer.join().unwrap();
+    File::open(&img)
+        .unwrap()
+        .read_exact_at(&mut got, 4 * KIB as u64)
+        .unwrap();
+    assert!(
+        got.iter().all(|&b| b == b'p'),
+        "the write reached the target's bdev"
+    );
+    // The target counted it, as SPDK's target bdev would.
+    let after = iostat(&mut t, "vol").await;
+    assert_eq!(
+        counter(&after, "bytes_written") - counter(&before, "bytes_written"),
+        4 * KIB as u64
+    );
+    drop((t, d));
+    dpu.stop().await;
+    target.stop().await;
 }
 
 /// Writes `size`-byte O_DIRECT writes back to back for `span` from eight
