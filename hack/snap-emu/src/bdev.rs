@@ -10,11 +10,13 @@ use std::fs::{File, OpenOptions};
 use std::io::{Seek, SeekFrom};
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde::Deserialize;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
+use crate::datapath::{BdevIo, RateLimit};
 use crate::host::Backing;
 use crate::rpc::{
     EEXIST, EINVAL, ENODEV, ENOMEM, OnDecodeError, RpcError, RpcResult, decode, decode_opt,
@@ -96,6 +98,8 @@ pub(crate) struct Bdev {
     /// The module holding an `exclusive_write` claim, if any.
     pub claim: Option<&'static str>,
     pub kind: BdevKind,
+    /// Rate limits and data path counters, shared with the data path.
+    pub io: Arc<BdevIo>,
 }
 
 impl Bdev {
@@ -212,6 +216,21 @@ impl Bdevs {
         self.malloc_count += 1;
         name
     }
+}
+
+/// `assigned_rate_limits` as `spdk_bdev_get_qos_rate_limits` shows them:
+/// IOPS as set, bandwidth in whole MiB/s, 0 where there is no limit.
+fn assigned_rate_limits(bdev: &Bdev) -> Value {
+    let limits = bdev.io.qos.limits();
+    let map: serde_json::Map<String, Value> = RateLimit::ALL
+        .iter()
+        .zip(limits)
+        .map(|(kind, limit)| {
+            let shown = if kind.is_iops() { limit } else { limit >> 20 };
+            (kind.rpc_name().to_owned(), json!(shown))
+        })
+        .collect();
+    Value::Object(map)
 }
 
 /// Turns an I/O error into SPDK's `-errno, strerror(errno)` reply.
@@ -421,10 +440,7 @@ impl Emulator {
             // A fabrics controller has no NUMA affinity: SPDK_ENV_NUMA_ID_ANY.
             o.insert("numa_id".into(), json!(-1));
         }
-        o.insert(
-            "assigned_rate_limits".into(),
-            json!({"rw_ios_per_sec": 0, "rw_mbytes_per_sec": 0, "r_mbytes_per_sec": 0, "w_mbytes_per_sec": 0}),
-        );
+        o.insert("assigned_rate_limits".into(), assigned_rate_limits(bdev));
         o.insert("claimed".into(), json!(bdev.claim.is_some()));
         if bdev.claim.is_some() {
             o.insert("claim_type".into(), json!("exclusive_write"));
@@ -535,29 +551,47 @@ impl Emulator {
         Ok(json!({"tick_rate": tick_rate, "ticks": ticks, "bdevs": bdevs}))
     }
 
-    /// `spdk_bdev_dump_io_stat_json`, fed from the kernel's counters of the
-    /// loop devices exposing the bdev (zeros while nothing exposes it).
+    /// `spdk_bdev_dump_io_stat_json`: what the data path served through the
+    /// bdev (as the exposed bdev or one under it), plus the kernel's
+    /// counters of the loop devices exposing it directly (which know no
+    /// latency extremes). Zeros while nothing exposes it.
     fn io_stat_into(&self, bdev: &Bdev, o: &mut serde_json::Map<String, Value>) {
         let s = self.host_io_stat(&bdev.name);
+        let d = bdev.io.stats.snapshot();
         let ms_to_ticks = |ms: u64| ms.saturating_mul(crate::state::TICK_RATE / 1000);
         let fields: [(&str, u64); 20] = [
-            ("bytes_read", s.read_sectors.saturating_mul(512)),
-            ("num_read_ops", s.read_ios),
-            ("bytes_written", s.write_sectors.saturating_mul(512)),
-            ("num_write_ops", s.write_ios),
-            ("bytes_unmapped", s.discard_sectors.saturating_mul(512)),
-            ("num_unmap_ops", s.discard_ios),
+            (
+                "bytes_read",
+                s.read_sectors.saturating_mul(512) + d.read.bytes,
+            ),
+            ("num_read_ops", s.read_ios + d.read.ops),
+            (
+                "bytes_written",
+                s.write_sectors.saturating_mul(512) + d.write.bytes,
+            ),
+            ("num_write_ops", s.write_ios + d.write.ops),
+            (
+                "bytes_unmapped",
+                s.discard_sectors.saturating_mul(512) + d.unmap.bytes,
+            ),
+            ("num_unmap_ops", s.discard_ios + d.unmap.ops),
             ("bytes_copied", 0),
             ("num_copy_ops", 0),
-            ("read_latency_ticks", ms_to_ticks(s.read_ms)),
-            ("max_read_latency_ticks", 0),
-            ("min_read_latency_ticks", 0),
-            ("write_latency_ticks", ms_to_ticks(s.write_ms)),
-            ("max_write_latency_ticks", 0),
-            ("min_write_latency_ticks", 0),
-            ("unmap_latency_ticks", ms_to_ticks(s.discard_ms)),
-            ("max_unmap_latency_ticks", 0),
-            ("min_unmap_latency_ticks", 0),
+            ("read_latency_ticks", ms_to_ticks(s.read_ms) + d.read.ticks),
+            ("max_read_latency_ticks", d.read.max_ticks),
+            ("min_read_latency_ticks", d.read.min_ticks),
+            (
+                "write_latency_ticks",
+                ms_to_ticks(s.write_ms) + d.write.ticks,
+            ),
+            ("max_write_latency_ticks", d.write.max_ticks),
+            ("min_write_latency_ticks", d.write.min_ticks),
+            (
+                "unmap_latency_ticks",
+                ms_to_ticks(s.discard_ms) + d.unmap.ticks,
+            ),
+            ("max_unmap_latency_ticks", d.unmap.max_ticks),
+            ("min_unmap_latency_ticks", d.unmap.min_ticks),
             ("copy_latency_ticks", 0),
             ("max_copy_latency_ticks", 0),
             ("min_copy_latency_ticks", 0),
@@ -600,6 +634,7 @@ impl Emulator {
             block_size,
             num_blocks,
             claim: None,
+            io: Default::default(),
             kind: BdevKind::Aio {
                 filename: PathBuf::from(&p.filename),
                 readonly: p.readonly,
@@ -700,6 +735,7 @@ impl Emulator {
             block_size,
             num_blocks,
             claim: None,
+            io: Default::default(),
             kind: kind(file.clone()),
         };
         self.register_with_file(bdev, &file, size)?;
@@ -759,6 +795,7 @@ mod tests {
             block_size: 512,
             num_blocks: 8,
             claim: None,
+            io: Default::default(),
             kind: BdevKind::Malloc {
                 file: PathBuf::from("/nonexistent"),
             },

@@ -13,6 +13,7 @@ use uuid::Uuid;
 use crate::bdev::{Bdev, BdevKind, NvmeNsInfo};
 use crate::host::Backing;
 use crate::nvmf::adrfam_name;
+use crate::nvmf_io::Remote;
 use crate::nvmf_tcp::{self, Accepted, ConnectError, ConnectRequest};
 use crate::rpc::{
     EALREADY, EEXIST, EINVAL, EIO, ENODEV, OnDecodeError, RpcError, RpcResult, decode, decode_opt,
@@ -62,7 +63,7 @@ pub(crate) struct NvmeInitiator {
 }
 
 impl NvmeInitiator {
-    fn get(&self, name: &str) -> Option<&NvmeController> {
+    pub(crate) fn get(&self, name: &str) -> Option<&NvmeController> {
         self.ctrls.iter().find(|c| c.name == name)
     }
 
@@ -268,6 +269,7 @@ impl Emulator {
                 block_size: ns.block_size,
                 num_blocks: ns.num_blocks,
                 claim: None,
+                io: Default::default(),
                 kind: BdevKind::Nvme(NvmeNsInfo {
                     ctrlr: plan.name.clone(),
                     nsid: ns.nsid,
@@ -387,5 +389,23 @@ impl Emulator {
             }],
             "mp_policy": "active_passive"
         })
+    }
+}
+
+impl Emulator {
+    /// The target of an NVMe-oF bdev, for its I/O to go through (see
+    /// [`crate::nvmf_io`]); `None` for any other bdev.
+    pub(crate) fn nvme_remote(&self, bdev: &Bdev) -> Option<Remote> {
+        let BdevKind::Nvme(info) = &bdev.kind else {
+            return None;
+        };
+        let ctrl = self.nvme.get(&info.ctrlr)?;
+        let port = ctrl.trid.trsvcid.parse().ok()?;
+        Some(Remote::new(
+            (ctrl.trid.traddr.clone(), port),
+            ctrl.trid.subnqn.clone(),
+            ctrl.hostnqn.clone(),
+            info.nsid,
+        ))
     }
 }

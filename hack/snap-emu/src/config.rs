@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use anyhow::bail;
 
+use crate::datapath::DataPathMode;
 use crate::faults::Faults;
 
 /// How many emulated PCI functions the DPU offers the host.
@@ -48,6 +49,8 @@ pub struct Config {
     pub functions: FunctionLayout,
     /// Faults a test switches on while the emulator runs; none by default.
     pub faults: Faults,
+    /// Which exposed bdevs reach the host through the FUSE data path.
+    pub data_path: DataPathMode,
 }
 
 /// PCI bus numbers start at 0x26 and each PF owns one bus (function 0 is the PF,
@@ -67,6 +70,7 @@ impl Config {
             reply_on_next_tick: false,
             functions: FunctionLayout::default(),
             faults: Faults::default(),
+            data_path: DataPathMode::default(),
         }
     }
 
@@ -102,6 +106,11 @@ impl Config {
     /// Shares `faults` with the test that holds the other handle.
     pub fn with_faults(mut self, faults: Faults) -> Self {
         self.faults = faults;
+        self
+    }
+
+    pub fn with_data_path(mut self, mode: DataPathMode) -> Self {
+        self.data_path = mode;
         self
     }
 
@@ -166,6 +175,11 @@ pub struct Cli {
     /// Number of VFs under each virtio-blk PF.
     #[arg(long, default_value_t = 16)]
     pub virtio_blk_vfs_per_pf: u32,
+    /// Which exposed bdevs the host reaches through the emulator's FUSE data
+    /// path (needed to enforce QoS limits and count real I/O): auto = those
+    /// with rate limits (on them or a bdev under them) when exposed.
+    #[arg(long, value_enum, default_value_t = DataPathMode::Auto)]
+    pub data_path: DataPathMode,
 }
 
 impl Cli {
@@ -179,6 +193,7 @@ impl Cli {
                 virtio_blk_vfs_per_pf: self.virtio_blk_vfs_per_pf,
             });
         c.sysfs_root = self.sysfs_root;
+        c.data_path = self.data_path;
         if self.no_snap {
             c = c.without_snap();
         }

@@ -391,6 +391,7 @@ impl Emulator {
             block_size: base.block_size,
             num_blocks: base.num_blocks,
             claim: None,
+            io: Default::default(),
             kind: BdevKind::Crypto {
                 base: base.name.clone(),
                 key_name: name.key_name.clone(),

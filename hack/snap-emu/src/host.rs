@@ -19,6 +19,11 @@
 //! Directories appear atomically (built under `<root>/.snap-emu-tmp`, then
 //! renamed into place), so a reader never sees a disk without its `dev`.
 //!
+//! The data path: a disk whose [`Source`] is [`Source::DataPath`] gets its
+//! loop device over a file the emulator serves through FUSE (see
+//! [`crate::datapath`]) instead of over the bdev's backing file; the file is
+//! made just before the attach and goes with the record when it is released.
+//!
 //! Crash safety: every loop device is recorded in `<state_dir>/host-disks/`
 //! before we rely on it, and the intent (backing file and offset) before
 //! `losetup` runs, so a restarted emulator detaches what a crashed one left,
@@ -66,6 +71,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, anyhow, bail};
 
+use crate::datapath::{DataPath, Volume};
 use crate::faults::Faults;
 use loopdev::LoopState;
 use missed::MissedDisk;
@@ -78,6 +84,20 @@ pub struct Backing {
     pub offset: u64,
     pub size: u64,
     pub read_only: bool,
+}
+
+/// What a disk shows the host: a byte range directly, or a [`Volume`]
+/// through the emulator's data path.
+#[derive(Debug, Clone)]
+pub enum Source {
+    Direct(Backing),
+    DataPath(Arc<Volume>),
+}
+
+impl From<Backing> for Source {
+    fn from(backing: Backing) -> Self {
+        Self::Direct(backing)
+    }
 }
 
 /// One disk made visible to the host: a loop device plus its sysfs directory.
@@ -111,6 +131,8 @@ pub struct HostSide {
     /// Attaches of disks the host missed (see [`Faults::miss_discovery`]),
     /// by record key, until a rescan or their detach.
     missed: Mutex<HashMap<String, MissedDisk>>,
+    /// Serves the disks whose source is the data path.
+    datapath: DataPath,
     /// Held (flock) for our lifetime; the kernel drops it when the process dies.
     _lock: File,
     tmp_seq: AtomicU64,
@@ -120,6 +142,8 @@ const DEVICES: &str = "bus/pci/devices";
 const TMP_DIR: &str = ".snap-emu-tmp";
 const RECORDS_DIR: &str = "host-disks";
 const LOCK_FILE: &str = "host.lock";
+/// The data path's FUSE mount point.
+const DATAPATH_DIR: &str = "datapath";
 const SECTOR: u64 = 512;
 /// VIRTIO_BLK_ID_BYTES: the kernel shows at most this much of the serial.
 const VIRTIO_BLK_ID_BYTES: usize = 20;
@@ -179,22 +203,25 @@ impl HostSide {
         records.sweep_temp_files()?;
         let host = Self {
             sysfs_root,
-            state_dir,
+            state_dir: state_dir.clone(),
             records,
             functions: Arc::default(),
             jobs: Arc::default(),
             faults: Faults::default(),
             missed: Mutex::default(),
+            datapath: DataPath::new(state_dir.join(DATAPATH_DIR)),
             _lock: lock,
             tmp_seq: AtomicU64::new(0),
         };
-        host.release_everything().with_context(|| {
-            format!(
-                "cleaning up what an earlier run left (records in {}, tree under {})",
-                host.state_dir.display(),
-                host.sysfs_root.display()
-            )
-        })?;
+        host.release_everything()
+            .and_then(|()| host.datapath.unmount_stale())
+            .with_context(|| {
+                format!(
+                    "cleaning up what an earlier run left (records in {}, tree under {})",
+                    host.state_dir.display(),
+                    host.sysfs_root.display()
+                )
+            })?;
         Ok(host)
     }
 
@@ -271,7 +298,7 @@ impl HostSide {
         backing: &Backing,
     ) -> anyhow::Result<HostDisk> {
         let (id, attrs) = nvme_disk(bdf, ctrl, ns, nsid, uuid)?;
-        self.attach(&id, &attrs, backing)
+        self.attach(&id, &attrs, &Source::Direct(backing.clone()))
     }
 
     // Synchronous, for the tests; the emulator itself queues (below).
@@ -286,7 +313,7 @@ impl HostSide {
         backing: &Backing,
     ) -> anyhow::Result<HostDisk> {
         let (id, attrs) = virtio_disk(bdf, virtio, disk, serial)?;
-        self.attach(&id, &attrs, backing)
+        self.attach(&id, &attrs, &Source::Direct(backing.clone()))
     }
 
     /// [`attach_nvme_namespace`](Self::attach_nvme_namespace) on a thread of
@@ -300,10 +327,10 @@ impl HostSide {
         ns: u32,
         nsid: u32,
         uuid: &str,
-        backing: Backing,
+        source: impl Into<Source>,
     ) -> anyhow::Result<DiskRef> {
         let (id, attrs) = nvme_disk(bdf, ctrl, ns, nsid, uuid)?;
-        self.attach_in_background(id, attrs, backing)
+        self.attach_in_background(id, attrs, source.into())
     }
 
     /// [`attach_virtio_blk`](Self::attach_virtio_blk) on a thread of its own,
@@ -314,10 +341,10 @@ impl HostSide {
         virtio: u32,
         disk: &str,
         serial: &str,
-        backing: Backing,
+        source: impl Into<Source>,
     ) -> anyhow::Result<DiskRef> {
         let (id, attrs) = virtio_disk(bdf, virtio, disk, serial)?;
-        self.attach_in_background(id, attrs, backing)
+        self.attach_in_background(id, attrs, source.into())
     }
 
     /// Queues the attach behind every earlier call for the same function, so
@@ -326,7 +353,7 @@ impl HostSide {
         self: &Arc<Self>,
         id: DiskId,
         attrs: DiskAttrs,
-        backing: Backing,
+        source: Source,
     ) -> anyhow::Result<DiskRef> {
         let disk = DiskRef {
             sysfs_dir: self.disk_dir(&id),
@@ -340,8 +367,8 @@ impl HostSide {
             if host.faults.misses(&attrs.identity()) {
                 tracing::info!(disk = %host.disk_dir(&id).display(), "the host missed this disk (fault)");
                 host.missed_disks()
-                    .insert(id.key(), MissedDisk { id, attrs, backing });
-            } else if let Err(e) = host.attach_locked(&id, &attrs, &backing) {
+                    .insert(id.key(), MissedDisk { id, attrs, source });
+            } else if let Err(e) = host.attach_locked(&id, &attrs, &source) {
                 tracing::warn!(
                     "host discovery of {} failed: {e:#}",
                     host.disk_dir(&id).display()
@@ -365,6 +392,15 @@ impl HostSide {
         let id = self.disk_id(&disk.sysfs_dir).ok()?;
         let name = self.records.load(&id.key()).ok()??.loop_device?;
         Some(loopdev::dev_path(&name))
+    }
+
+    /// Whether a queued disk is served through the data path (so its I/O
+    /// is counted there, not by the kernel's counters of its loop device).
+    pub fn is_on_data_path(&self, disk: &DiskRef) -> bool {
+        self.disk_id(&disk.sysfs_dir)
+            .ok()
+            .and_then(|id| self.records.load(&id.key()).ok()?)
+            .is_some_and(|record| self.datapath.volume_at(&record.backing_path).is_some())
     }
 
     // Synchronous, for the tests; the emulator itself queues (below).
@@ -525,13 +561,16 @@ impl HostSide {
     /// whole tree (graceful shutdown).
     pub fn shutdown(&self) -> anyhow::Result<()> {
         self.jobs.wait_idle();
-        self.release_everything().with_context(|| {
-            format!(
-                "shutting down the host side (records in {}, tree under {})",
-                self.state_dir.display(),
-                self.sysfs_root.display()
-            )
-        })
+        // Loop devices first: detaching one closes its data path file.
+        self.release_everything()
+            .and_then(|()| self.datapath.unmount())
+            .with_context(|| {
+                format!(
+                    "shutting down the host side (records in {}, tree under {})",
+                    self.state_dir.display(),
+                    self.sysfs_root.display()
+                )
+            })
     }
 
     fn devices_dir(&self) -> PathBuf {
@@ -565,14 +604,9 @@ impl HostSide {
     }
 
     #[cfg(test)]
-    fn attach(
-        &self,
-        id: &DiskId,
-        attrs: &DiskAttrs,
-        backing: &Backing,
-    ) -> anyhow::Result<HostDisk> {
+    fn attach(&self, id: &DiskId, attrs: &DiskAttrs, source: &Source) -> anyhow::Result<HostDisk> {
         let _guard = self.functions.lock(id.bdf());
-        self.attach_locked(id, attrs, backing)
+        self.attach_locked(id, attrs, source)
             .with_context(|| format!("attaching {}", self.disk_dir(id).display()))
     }
 
@@ -580,7 +614,7 @@ impl HostSide {
         &self,
         id: &DiskId,
         attrs: &DiskAttrs,
-        backing: &Backing,
+        source: &Source,
     ) -> anyhow::Result<HostDisk> {
         let key = id.key();
         let function = self.function_dir(id.bdf());
@@ -596,14 +630,9 @@ impl HostSide {
                 function.display()
             ),
         }
-        let target = Target::of(backing)?;
-
         if let Some(record) = self.records.load(&key)? {
             if let Some(state) = live_state(&record)? {
-                if target.is_record(&record)
-                    && record.size == target.size
-                    && record.read_only == target.read_only
-                {
+                if self.is_same_source(source, &record)? {
                     // A retried attach: same disk, same bytes. Hand back what exists.
                     return self.publish(id, attrs, &state);
                 }
@@ -622,6 +651,42 @@ impl HostSide {
         // A directory without a record holds no loop device: debris of a failed removal.
         self.remove_disk_dirs(id)?;
 
+        let backing = match source {
+            Source::Direct(backing) => backing.clone(),
+            Source::DataPath(volume) => self.datapath.add(Arc::clone(volume))?,
+        };
+        // Whatever fails from here on, the data path file must not outlive it.
+        self.attach_backing(id, attrs, &backing)
+            .inspect_err(|_| self.datapath.remove(&backing.path))
+    }
+
+    /// Whether a retried attach asks for what the record already has: the
+    /// same bytes, or the same volume through the data path.
+    fn is_same_source(&self, source: &Source, record: &DiskRecord) -> anyhow::Result<bool> {
+        Ok(match source {
+            Source::Direct(backing) => {
+                let target = Target::of(backing)?;
+                target.is_record(record)
+                    && record.size == target.size
+                    && record.read_only == target.read_only
+            }
+            Source::DataPath(volume) => self
+                .datapath
+                .volume_at(&record.backing_path)
+                .is_some_and(|served| served.backing == volume.backing),
+        })
+    }
+
+    /// The attach proper, of a disk that has no record: `backing` gets a
+    /// loop device and the disk its directory.
+    fn attach_backing(
+        &self,
+        id: &DiskId,
+        attrs: &DiskAttrs,
+        backing: &Backing,
+    ) -> anyhow::Result<HostDisk> {
+        let key = id.key();
+        let target = Target::of(backing)?;
         let preexisting = loopdev::all_bound()?
             .into_iter()
             .filter(|state| target.owns(state))
@@ -631,7 +696,16 @@ impl HostSide {
         self.records.store(&key, &record)?;
 
         let attached = (|| -> anyhow::Result<HostDisk> {
-            let name = loopdev::attach(&target.path, target.offset, target.size, target.read_only)?;
+            // A data path file takes requests in parallel, and QoS quotas
+            // are used as soon as a timeslice opens only if requests wait.
+            let direct_io = self.datapath.volume_at(&backing.path).is_some();
+            let name = loopdev::attach(
+                &target.path,
+                target.offset,
+                target.size,
+                target.read_only,
+                direct_io,
+            )?;
             record.loop_device = Some(name.clone());
             self.records.store(&key, &record)?;
             let device = loopdev::dev_path(&name);
@@ -742,7 +816,12 @@ impl HostSide {
                     device.display()
                 )
             })?;
-        let target = Target::of(backing)?;
+        // A disk on the data path keeps its file, which now serves the new size.
+        let backing = match self.datapath.volume_at(&record.backing_path) {
+            Some(_) => self.datapath.resize(&record.backing_path, backing)?,
+            None => backing.clone(),
+        };
+        let target = Target::of(&backing)?;
         if !target.is_record(&record) {
             bail!(
                 "a resize cannot move the disk: it is {} at offset {}, asked for {} at offset {}",
@@ -819,6 +898,7 @@ impl HostSide {
         for name in candidates {
             detach_loop(&name, record)?;
         }
+        self.datapath.remove(&record.backing_path);
         self.records.remove(key)
     }
 
@@ -1231,14 +1311,23 @@ impl Target {
 }
 
 /// Whether the bound loop device `state` is over `path` (same inode) at `offset`.
+///
+/// A file on a dead FUSE mount (a killed emulator's data path) cannot say
+/// its inode (ENOTCONN): its path, in a mount no one else makes files in,
+/// is identity enough.
 fn loop_matches(state: &LoopState, path: &Path, dev: u64, ino: u64, offset: u64) -> bool {
     state.offset == offset
         && loopdev::backing_is(&state.backing_file, path)
         // Checked last: it opens the device, the cheap sysfs tests came first.
-        && loopdev::backing_identity(&state.name).is_ok_and(|(have_dev, have_ino)| {
-            have_ino == ino && loopdev::split_dev(have_dev) == loopdev::split_dev(dev)
-        })
+        && match loopdev::backing_identity(&state.name) {
+            Ok((have_dev, have_ino)) => {
+                have_ino == ino && loopdev::split_dev(have_dev) == loopdev::split_dev(dev)
+            }
+            Err(e) => e.raw_os_error() == Some(ENOTCONN),
+        }
 }
+
+const ENOTCONN: i32 = 107;
 
 fn record_owns(record: &DiskRecord, state: &LoopState) -> bool {
     loop_matches(

@@ -20,10 +20,14 @@
 //! - `bdev` (registry, aio, malloc, null, iostat), `crypto` (accel keys, the
 //!   crypto vbdev and its AES-XTS), `lvol` (stores and
 //!   volumes), `nvmf` (target), `nvmf_tcp` (the emulator-private fabrics
-//!   handshake), `bdev_nvme` (initiator).
+//!   handshake), `nvmf_io` (I/O through the target, held by a pause),
+//!   `bdev_nvme` (initiator).
 //! - `snap` (SNAP emulation logic), `snap_api` (every SNAP JSON name),
 //!   `functions` (emulated PCI functions and their addresses).
 //! - [`host`]: loop devices and the sysfs tree (the host's view).
+//! - [`datapath`]: the FUSE data path exposed bdevs reach the host through
+//!   when their I/O must pass the emulator (QoS, iostat; `--data-path`);
+//!   `bdev_qos`: `bdev_set_qos_limit`.
 //! - [`faults`]: failures a test switches on (SNAP holding its answers,
 //!   answering garbage, a live update, the host missing a disk).
 //! - [`in_process`]: an emulator on its own thread inside a test of another crate.
@@ -60,18 +64,21 @@
 //!   emulator more useful.
 
 pub mod config;
+pub mod datapath;
 pub mod faults;
 pub mod host;
 pub mod in_process;
 
 mod bdev;
 mod bdev_nvme;
+mod bdev_qos;
 mod crypto;
 mod dispatch;
 mod framing;
 mod functions;
 mod lvol;
 mod nvmf;
+mod nvmf_io;
 mod nvmf_tcp;
 mod poller;
 mod rpc;
@@ -81,6 +88,7 @@ mod snap_api;
 mod state;
 
 pub use config::{Cli, Config, FunctionLayout};
+pub use datapath::DataPathMode;
 pub use faults::Faults;
 pub use in_process::InProcess;
 pub use poller::Rounds;

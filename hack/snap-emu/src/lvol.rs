@@ -426,6 +426,7 @@ impl Emulator {
             block_size: store.block_size,
             num_blocks: bytes / u64::from(store.block_size),
             claim: None,
+            io: Default::default(),
             kind: BdevKind::Lvol {
                 lvs_uuid: store.uuid,
                 file: file.clone(),
@@ -461,6 +462,7 @@ impl Emulator {
             block_size: store.block_size,
             num_blocks: bytes / u64::from(store.block_size),
             claim: None,
+            io: Default::default(),
             kind: BdevKind::Lvol {
                 lvs_uuid: store.uuid,
                 file: lvol.file.clone(),

@@ -8,20 +8,22 @@
 //! the library calls): pausing a paused subsystem and resuming an active one
 //! succeed (the library's state change to the state it is in), an unknown
 //! NQN is -32602 "Invalid parameters", an unknown target -32603, and
-//! parameters are decoded strictly. What this does not prove: the
-//! emulator's target has no I/O path (an initiator reads and writes the
-//! backing file itself, see [`crate::nvmf_tcp`]), so there is nothing to
-//! hold or drain and the pause is not modelled at all: I/O and connects go
-//! on while "paused", where SPDK queues them until resume. That writes wait
-//! while paused, and that a group snapshot is consistent because of it, is
-//! shown against the real target (the sample plugin's real-SPDK tests).
+//! parameters are decoded strictly. A pause holds the I/O that reaches the
+//! target (an initiator's data path volume, see [`crate::nvmf_io`]): it
+//! answers once the I/O in flight is done, and later I/O waits for the
+//! resume. An initiator exposing its namespace directly (not through the
+//! data path) reads and writes the backing file itself, and connects go on
+//! while paused: neither is held, where SPDK would hold both.
 
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 use uuid::Uuid;
 
+use std::sync::Arc;
+
 use crate::bdev::BdevKind;
+use crate::nvmf_io::Gate;
 use crate::nvmf_tcp::{self, Accepted, Listener, WireNamespace};
 use crate::rpc::{ENODEV, OnDecodeError, RpcError, RpcResult, decode, decode_opt};
 use crate::state::Emulator;
@@ -84,6 +86,8 @@ pub(crate) struct Subsystem {
     pub namespaces: Vec<NvmfNamespace>,
     pub connections: Vec<HostConnection>,
     next_cntlid: u16,
+    /// Held closed while paused: I/O through the target waits at it.
+    pub gate: Arc<Gate>,
 }
 
 #[derive(Debug)]
@@ -412,20 +416,25 @@ impl Emulator {
             namespaces: vec![],
             connections: vec![],
             next_cntlid: min,
+            gate: Arc::default(),
         });
         Ok(json!(true))
     }
 
+    /// Answers once the I/O in flight through the target is done; what
+    /// comes later waits for the resume.
     pub(crate) fn nvmf_subsystem_pause(&mut self, params: Option<Value>) -> RpcResult {
         let p: PauseParams = decode(params, OnDecodeError::InvalidParams)?;
-        self.nvmf.named_subsystem(&p.tgt_name, &p.nqn)?;
+        let si = self.nvmf.named_subsystem(&p.tgt_name, &p.nqn)?;
+        self.nvmf.subsystems[si].gate.pause();
         Ok(json!(true))
     }
 
     /// Decoded as the pause is (SPDK's resume shares its decoders).
     pub(crate) fn nvmf_subsystem_resume(&mut self, params: Option<Value>) -> RpcResult {
         let p: PauseParams = decode(params, OnDecodeError::InvalidParams)?;
-        self.nvmf.named_subsystem(&p.tgt_name, &p.nqn)?;
+        let si = self.nvmf.named_subsystem(&p.tgt_name, &p.nqn)?;
+        self.nvmf.subsystems[si].gate.resume();
         Ok(json!(true))
     }
 
@@ -434,6 +443,7 @@ impl Emulator {
         check_tgt(&p.tgt_name)?;
         let i = self.nvmf.subsystem(&p.nqn).ok_or_else(invalid)?;
         let s = self.nvmf.subsystems.remove(i);
+        s.gate.close();
         for l in &s.listeners {
             self.release_listener(&l.key());
         }
@@ -692,14 +702,25 @@ impl Emulator {
         }
     }
 
-    /// A host's handshake arrived on listener `key`: admit it or say why not.
-    pub(crate) fn nvmf_connect(
-        &mut self,
+    /// The subsystem `hostnqn` may reach as `subnqn` on listener `key`, for
+    /// the I/O connections of [`crate::nvmf_io`].
+    pub(crate) fn nvmf_admitted(
+        &self,
         key: &(String, String),
         subnqn: &str,
         hostnqn: &str,
-        kick: oneshot::Sender<()>,
-    ) -> Result<Accepted, String> {
+    ) -> Result<&Subsystem, String> {
+        self.nvmf_admit(key, subnqn, hostnqn)
+            .map(|si| &self.nvmf.subsystems[si])
+    }
+
+    /// The subsystem `hostnqn` may reach as `subnqn` on listener `key`.
+    fn nvmf_admit(
+        &self,
+        key: &(String, String),
+        subnqn: &str,
+        hostnqn: &str,
+    ) -> Result<usize, String> {
         let si = self
             .nvmf
             .subsystem(subnqn)
@@ -711,6 +732,19 @@ impl Emulator {
         if !s.allow_any_host && !s.hosts.iter().any(|h| h == hostnqn) {
             return Err(format!("host {hostnqn} is not allowed on {subnqn}"));
         }
+        Ok(si)
+    }
+
+    /// A host's handshake arrived on listener `key`: admit it or say why not.
+    pub(crate) fn nvmf_connect(
+        &mut self,
+        key: &(String, String),
+        subnqn: &str,
+        hostnqn: &str,
+        kick: oneshot::Sender<()>,
+    ) -> Result<Accepted, String> {
+        let si = self.nvmf_admit(key, subnqn, hostnqn)?;
+        let s = &self.nvmf.subsystems[si];
         let namespaces: Vec<WireNamespace> = s
             .namespaces
             .iter()

@@ -12,6 +12,8 @@
 //! instances run on one machine. The connection stays open for the life of the
 //! controller: the target lists it, and closing either end ends it. A real
 //! NVMe/TCP host or target on the other end simply fails the handshake.
+//! An initiator's data path volume opens a connection of its own on the
+//! same listener for its I/O instead (see [`crate::nvmf_io`]).
 //!
 //! [`Backing`]: crate::host::Backing
 
@@ -25,6 +27,7 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;
 
+use crate::nvmf_io::{IO_PROTO, IoHello};
 use crate::state::Shared;
 
 pub(crate) const PROTO: &str = "snap-emu-nvmf/1";
@@ -154,10 +157,15 @@ async fn serve_host(
 ) -> std::io::Result<()> {
     let mut stream = BufReader::new(stream);
     let line = read_line(&mut stream).await?;
-    let req: ConnectRequest = serde_json::from_str(&line)
-        .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidData))?;
+    let bad = || std::io::Error::from(std::io::ErrorKind::InvalidData);
+    if let Ok(hello) = serde_json::from_str::<IoHello>(&line)
+        && hello.proto == IO_PROTO
+    {
+        return serve_io(shared, stream, key, hello).await;
+    }
+    let req: ConnectRequest = serde_json::from_str(&line).map_err(|_| bad())?;
     if req.proto != PROTO {
-        return Err(std::io::ErrorKind::InvalidData.into());
+        return Err(bad());
     }
     let Some(sh) = shared.upgrade() else {
         return Ok(());
@@ -194,6 +202,41 @@ async fn serve_host(
         }
     }
     written
+}
+
+/// Target side of an I/O connection (see [`crate::nvmf_io`]): the
+/// namespace is looked up once, then its frames are served on a thread of
+/// their own, since a paused subsystem holds them there.
+async fn serve_io(
+    shared: Weak<Shared>,
+    mut stream: BufReader<TcpStream>,
+    key: (String, String),
+    mut hello: IoHello,
+) -> std::io::Result<()> {
+    let Some(sh) = shared.upgrade() else {
+        return Ok(());
+    };
+    let opened = sh.state.lock().await.nvmf_io_open(&key, &hello);
+    drop(sh);
+    let opened = opened.and_then(|(volume, gate)| {
+        let b = &volume.backing;
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(!b.read_only)
+            .open(&b.path)
+            .map_err(|e| format!("opening {}: {e}", b.path.display()))?;
+        Ok((volume, gate, file))
+    });
+    hello.error = opened.as_ref().err().cloned();
+    write_json(&mut stream, &hello).await?;
+    let Ok((volume, gate, file)) = opened else {
+        return Ok(());
+    };
+    let stream = stream.into_inner().into_std()?;
+    stream.set_nonblocking(false)?;
+    tokio::task::spawn_blocking(move || crate::nvmf_io::serve(stream, &volume, &file, &gate))
+        .await
+        .map_err(std::io::Error::other)
 }
 
 /// Keeps a controller connection until the peer closes it or we are told to drop it.

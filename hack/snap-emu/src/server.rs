@@ -173,6 +173,7 @@ pub async fn bind(config: Config) -> anyhow::Result<Server> {
             host,
             started: Instant::now(),
             default_hostnqn: format!("nqn.2014-08.org.nvmexpress:uuid:{}", Uuid::new_v4()),
+            data_path: config.data_path,
         })),
         snap_enabled,
     });

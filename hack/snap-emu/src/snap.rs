@@ -447,7 +447,7 @@ impl Emulator {
             .namespace(&c.nqn, nsid)
             .ok_or(RpcError::errno(ENODEV))?;
         let bdev = self.bdevs.get(&ns.bdev).ok_or(RpcError::errno(ENODEV))?;
-        let backing = self.backing_of(bdev);
+        let source = self.host_source(bdev, false)?;
         let uuid = ns.uuid.clone();
         let instance = c
             .instance
@@ -457,7 +457,7 @@ impl Emulator {
             return Ok(());
         };
         let disk = host
-            .attach_nvme_namespace_in_background(bdf, instance, ns_instance, nsid, &uuid, backing)
+            .attach_nvme_namespace_in_background(bdf, instance, ns_instance, nsid, &uuid, source)
             .map_err(|e| host_error("attach an NVMe namespace", &e))?;
         if let Some(snap) = &mut self.snap {
             let c = &mut snap.nvme_ctrls[ci];
@@ -511,8 +511,7 @@ impl Emulator {
             return Ok(());
         }
         let b = self.bdevs.get(&bdev).ok_or(RpcError::errno(ENODEV))?;
-        let mut backing = self.backing_of(b);
-        backing.read_only |= c.read_only;
+        let source = self.host_source(b, c.read_only)?;
         let index = lowest_free(
             snap.virtio_ctrls
                 .iter()
@@ -533,7 +532,7 @@ impl Emulator {
                 index,
                 &virtio_disk_name(letter),
                 &serial,
-                backing,
+                source,
             )
             .map_err(|e| host_error("attach a virtio-blk disk", &e))?;
         if let Some(snap) = &mut self.snap {

@@ -46,6 +46,8 @@ pub(crate) struct Emulator {
     pub started: Instant,
     /// `nqn.2014-08.org.nvmexpress:uuid:<uuid>`, fixed per process like SPDK's.
     pub default_hostnqn: String,
+    /// Which exposures go through the data path.
+    pub data_path: crate::datapath::DataPathMode,
 }
 
 /// Kernel block-layer counters of one device (`/sys/block/<dev>/stat`).
@@ -101,13 +103,17 @@ impl Emulator {
         u64::try_from(ns.saturating_mul(u128::from(TICK_RATE)) / 1_000_000_000).unwrap_or(u64::MAX)
     }
 
-    /// I/O counters of the loop devices exposing a bdev to the host.
+    /// I/O counters of the loop devices exposing a bdev to the host
+    /// directly (the data path counts its own).
     pub(crate) fn host_io_stat(&self, bdev: &str) -> IoStat {
         let mut total = IoStat::default();
         let Some(host) = &self.host else {
             return total;
         };
         for disk in self.host_disks_of(bdev) {
+            if host.is_on_data_path(&disk) {
+                continue;
+            }
             let Some(dev) = host.loop_device_of(&disk) else {
                 continue;
             };

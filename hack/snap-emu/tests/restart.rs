@@ -1,5 +1,5 @@
-//! The binary: a SIGKILLed emulator's loop devices are cleaned up by the next
-//! one on the same state directory; SIGTERM shuts down gracefully; a second
+//! The binary: a SIGKILLed emulator's loop devices (and its dead data path
+//! mount) are cleaned up by the next one on the same state directory; SIGTERM shuts down gracefully; a second
 //! emulator on a busy state directory or a non-socket path is refused.
 
 mod common;
@@ -14,7 +14,12 @@ use nix::unistd::Pid;
 use serde_json::json;
 
 fn spawn(socket: &Path, state: &Path) -> Child {
+    spawn_with(socket, state, &[])
+}
+
+fn spawn_with(socket: &Path, state: &Path, args: &[&str]) -> Child {
     Command::new(env!("CARGO_BIN_EXE_snap-emu"))
+        .args(args)
         .arg("--socket")
         .arg(socket)
         .arg("--state-dir")
@@ -108,6 +113,82 @@ async fn a_restart_cleans_up_after_a_killed_emulator() {
     kill(Pid::from_raw(pid), Signal::SIGTERM).expect("SIGTERM");
     assert!(wait_exit(&mut again).success());
     assert!(!socket.exists(), "graceful shutdown removes the socket");
+}
+
+fn mounted(path: &Path) -> bool {
+    let mounts = std::fs::read_to_string("/proc/self/mounts").expect("mounts");
+    let path = path.to_str().unwrap();
+    mounts.lines().any(|l| l.split(' ').nth(1) == Some(path))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_cleans_up_a_killed_emulators_data_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("spdk.sock");
+    let state = dir.path().join("state");
+    let mountpoint = state.join("host/datapath");
+    let img = dir.path().join("killed.img");
+    common::sparse_file(&img, 8 << 20);
+
+    let mut first = spawn_with(&socket, &state, &["--data-path", "fuse"]);
+    let mut c = connect(&socket, &mut first).await;
+    c.ok(
+        "bdev_aio_create",
+        json!({"name": "k", "filename": img, "block_size": 512}),
+    )
+    .await;
+    c.ok(
+        "virtio_blk_controller_create",
+        json!({"pf_id": 0, "vf_id": 3, "bdev": "k", "vblk_id": "killed"}),
+    )
+    .await;
+    let served = mountpoint.to_str().unwrap().to_owned();
+    common::wait_until("the loop device on the data path", || {
+        losetup_all().contains(&served)
+    })
+    .await;
+    assert!(mounted(&mountpoint));
+    let listing = losetup_all();
+    let line = listing.lines().find(|l| l.contains(&served)).unwrap();
+    let device = line.split(':').next().unwrap().trim_start_matches("/dev/");
+    let backing = std::path::PathBuf::from(format!("/sys/block/{device}/loop/backing_file"));
+    let file_name = std::fs::read_to_string(&backing).unwrap();
+    let file_name = file_name.trim().rsplit('/').next().unwrap().to_owned();
+
+    drop(c);
+    first.kill().expect("SIGKILL");
+    first.wait().expect("reap");
+    assert!(
+        losetup_all().contains(&served),
+        "SIGKILL leaves the loop device"
+    );
+    assert_eq!(
+        std::fs::metadata(&mountpoint)
+            .map_err(|e| e.raw_os_error())
+            .err(),
+        Some(Some(nix::errno::Errno::ENOTCONN as i32)),
+        "SIGKILL leaves the mount dead"
+    );
+
+    let mut again = spawn_with(&socket, &state, &["--data-path", "fuse"]);
+    let c = connect(&socket, &mut again).await;
+    // Detached, not merely shown elsewhere (a lazily unmounted file shows
+    // as "/dN"); the device may since serve another test's file.
+    let now = std::fs::read_to_string(&backing).unwrap_or_default();
+    assert!(
+        !now.trim().ends_with(&format!("/{file_name}")),
+        "the restart detached {} (now {now:?})",
+        backing.display()
+    );
+    assert!(
+        !mounted(&mountpoint),
+        "the restart unmounted the dead mount"
+    );
+    drop(c);
+
+    let pid = i32::try_from(again.id()).unwrap();
+    kill(Pid::from_raw(pid), Signal::SIGTERM).expect("SIGTERM");
+    assert!(wait_exit(&mut again).success());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -151,7 +151,9 @@ pub(super) fn backing_identity(name: &str) -> io::Result<(u64, u64)> {
 }
 
 /// `losetup --find --show`: attaches `file[offset..offset+sizelimit]` to a free
-/// loop device and returns its name.
+/// loop device and returns its name. With `direct_io` the loop device reads
+/// and writes its file with O_DIRECT, asynchronously, so several requests
+/// can be in flight at once (what the data path's files want).
 ///
 /// On a timeout the device may or may not have been attached: the caller must
 /// have recorded its intent so that it can look for it.
@@ -160,6 +162,7 @@ pub(super) fn attach(
     offset: u64,
     sizelimit: u64,
     read_only: bool,
+    direct_io: bool,
 ) -> anyhow::Result<String> {
     let mut args: Vec<OsString> = vec![
         "--find".into(),
@@ -171,6 +174,9 @@ pub(super) fn attach(
     ];
     if read_only {
         args.push("--read-only".into());
+    }
+    if direct_io {
+        args.push("--direct-io=on".into());
     }
     args.push(file.into());
     let mut attempt = 1;

@@ -8,14 +8,14 @@ use std::collections::HashMap;
 use std::sync::{Arc, MutexGuard, PoisonError};
 use std::thread;
 
-use super::{Backing, DiskAttrs, DiskId, HostSide};
+use super::{DiskAttrs, DiskId, HostSide, Source};
 
 /// An attach the host missed, kept for a rescan.
 #[derive(Debug)]
 pub(super) struct MissedDisk {
     pub id: DiskId,
     pub attrs: DiskAttrs,
-    pub backing: Backing,
+    pub source: Source,
 }
 
 impl DiskAttrs {
@@ -48,7 +48,7 @@ impl HostSide {
                 // it forgets a missed disk: one or the other has it.
                 let missed = host.missed_disks().remove(&key);
                 if let Some(m) = missed
-                    && let Err(e) = host.attach_locked(&m.id, &m.attrs, &m.backing)
+                    && let Err(e) = host.attach_locked(&m.id, &m.attrs, &m.source)
                 {
                     tracing::warn!("rescan of {} failed: {e:#}", host.disk_dir(&m.id).display());
                 }

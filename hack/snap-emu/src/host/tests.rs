@@ -565,7 +565,7 @@ fn reopen_cleans_up_a_device_attached_but_never_recorded() {
         vec![before.trim_start_matches("/dev/").to_owned()],
     );
     host.records.store(&id.key(), &record).unwrap();
-    let leaked = loopdev::attach(&target.path, target.offset, target.size, false).unwrap();
+    let leaked = loopdev::attach(&target.path, target.offset, target.size, false, false).unwrap();
     assert_eq!(loops_over(&file).len(), 2);
     drop(host);
 
@@ -712,7 +712,7 @@ fn intent_clean_up_spares_devices_other_records_claim() {
     };
     let intent = target.intent(host.disk_dir(&id), Vec::new());
     host.records.store(&id.key(), &intent).unwrap();
-    let leaked = loopdev::attach(&target.path, 0, 4 * MIB, false).unwrap();
+    let leaked = loopdev::attach(&target.path, 0, 4 * MIB, false, false).unwrap();
     host.release(&id.key(), &intent).unwrap();
 
     assert_eq!(
