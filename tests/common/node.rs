@@ -165,6 +165,8 @@ impl NodeStack {
     pub async fn assert_nothing_left(&self, backing: &Path) {
         let snap = self.emulator.client();
         assert!(loop_devices_of(backing).is_empty(), "a loop device is left");
+        let left = super::shared::loop_devices_under(self.emulator.root());
+        assert!(left.is_empty(), "a loop device is left: {left:?}");
         assert!(mounts_under(&self.kubelet).is_empty(), "a mount is left");
         let bdevs = snap.call(&BdevGetBdevs::default()).await.unwrap();
         assert!(bdevs.is_empty(), "a bdev is left: {bdevs:?}");

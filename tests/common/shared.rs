@@ -21,6 +21,21 @@ pub fn loop_devices_of(file: &Path) -> Vec<String> {
         .collect()
 }
 
+/// Loop devices over any file below `dir` (a data path's FUSE files too,
+/// which `losetup -j` on the bdev's backing file cannot see).
+pub fn loop_devices_under(dir: &Path) -> Vec<String> {
+    let out = std::process::Command::new("losetup")
+        .args(["--list", "--noheadings", "--output", "NAME,BACK-FILE"])
+        .output()
+        .unwrap();
+    let dir = dir.display().to_string();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.split_whitespace().nth(1).is_some_and(|f| f.starts_with(&dir)))
+        .map(str::to_string)
+        .collect()
+}
+
 /// A sparse file of `size` bytes.
 pub fn sparse_file(path: &Path, size: u64) {
     let file = std::fs::File::create(path).unwrap();

@@ -122,7 +122,10 @@ impl NvmfTarget {
         for l in self.listeners.drain(..) {
             l.listener.task.abort();
         }
-        self.subsystems.clear();
+        // I/O connections end too, held I/O fails.
+        for s in self.subsystems.drain(..) {
+            s.gate.close();
+        }
     }
 }
 

@@ -32,6 +32,8 @@ const ENXIO: i32 = 6;
 /// Larger than any request the data path makes (its FUSE requests are at
 /// most 1 MiB): a frame claiming more ends the connection.
 const MAX_LEN: u32 = 16 << 20;
+/// How often an idle target connection looks whether its subsystem is gone.
+const IDLE_POLL: Duration = Duration::from_millis(200);
 
 /// The first line of an I/O connection, and its answer (`error` empty when
 /// the namespace is served).
@@ -87,6 +89,10 @@ impl Gate {
         self.changed.notify_all();
     }
 
+    fn is_closed(&self) -> bool {
+        self.lock().closed
+    }
+
     /// Runs `f` as an I/O inside the gate, after waiting out a pause.
     fn pass<T>(&self, f: impl FnOnce() -> io::Result<T>) -> io::Result<T> {
         let mut s = self.lock();
@@ -106,14 +112,36 @@ impl Gate {
 }
 
 /// Target side: serves the frames of one connection from `volume` (the
-/// namespace's bdev) until the initiator closes it.
+/// namespace's bdev) until the initiator closes it, or the subsystem (or
+/// the whole target) goes away, which an idle connection notices within
+/// [`IDLE_POLL`].
 pub(crate) fn serve(stream: TcpStream, volume: &Volume, file: &std::fs::File, gate: &Gate) {
-    let mut reader = BufReader::new(match stream.try_clone() {
-        Ok(s) => s,
-        Err(_) => return,
-    });
+    let Ok(clone) = stream.try_clone() else {
+        return;
+    };
+    if stream.set_read_timeout(Some(IDLE_POLL)).is_err() {
+        return;
+    }
+    let mut reader = BufReader::new(clone);
     let mut writer = stream;
     loop {
+        // Idle: wait for a frame, or for the gate to close.
+        match reader.fill_buf() {
+            Ok([]) => return,
+            Ok(_) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                if gate.is_closed() {
+                    return;
+                }
+                continue;
+            }
+            Err(_) => return,
+        }
         let mut head = [0u8; 13];
         if reader.read_exact(&mut head).is_err() {
             return;

@@ -377,8 +377,10 @@ async fn a_paused_subsystem_holds_the_hosts_io_until_resumed() {
         4 * KIB as u64
     );
     drop((t, d));
-    dpu.stop().await;
+    // The target first: its end of the DPU's I/O connection must not keep
+    // a thread (and so this test's runtime) alive.
     target.stop().await;
+    dpu.stop().await;
 }
 
 /// Writes `size`-byte O_DIRECT writes back to back for `span` from eight
