@@ -31,7 +31,11 @@ pub fn loop_devices_under(dir: &Path) -> Vec<String> {
     let dir = dir.display().to_string();
     String::from_utf8_lossy(&out.stdout)
         .lines()
-        .filter(|l| l.split_whitespace().nth(1).is_some_and(|f| f.starts_with(&dir)))
+        .filter(|l| {
+            l.split_whitespace()
+                .nth(1)
+                .is_some_and(|f| f.starts_with(&dir))
+        })
         .map(str::to_string)
         .collect()
 }

@@ -10,6 +10,8 @@
 //!
 //! SNAP's methods are not here: SNAP is not public, so the emulator's SNAP
 //! side is held against the captures in `reference/snap4-rpc.md` instead.
+//! Nor are SPDK's crypto methods ([`WITHOUT_CRYPTO`]): the test `spdk_tgt`
+//! has no crypto to compare with.
 //! Runs when `SNAP_CSI_SPDK_TGT` names an `spdk_tgt` binary.
 
 mod common;
@@ -204,6 +206,18 @@ fn documented() -> BTreeSet<String> {
         .collect()
 }
 
+/// SPDK's crypto methods, which SNAP carries but the test `spdk_tgt` cannot
+/// answer: it is built without crypto (no crypto vbdev, no ISA-L crypto for
+/// the software module's keys), so they are held to SPDK v24.09's sources
+/// instead (`src/crypto.rs` says where each check and message comes from).
+const WITHOUT_CRYPTO: [&str; 5] = [
+    "accel_crypto_key_create",
+    "accel_crypto_key_destroy",
+    "accel_crypto_keys_get",
+    "bdev_crypto_create",
+    "bdev_crypto_delete",
+];
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_emulator_answers_as_real_spdk_does() {
     let Some(suite) = Suite::acquire() else {
@@ -248,11 +262,14 @@ async fn the_emulator_answers_as_real_spdk_does() {
     let [real_methods, emulated] = &methods[..] else {
         unreachable!()
     };
-    let missing: Vec<_> = emulated.difference(real_methods).collect();
+    let missing: Vec<_> = emulated
+        .difference(real_methods)
+        .filter(|m| !WITHOUT_CRYPTO.contains(&m.as_str()))
+        .collect();
     assert!(missing.is_empty(), "not methods of spdk_tgt: {missing:?}");
     let uncovered: Vec<_> = emulated
         .iter()
-        .filter(|m| !covered.contains(m.as_str()))
+        .filter(|m| !covered.contains(m.as_str()) && !WITHOUT_CRYPTO.contains(&m.as_str()))
         .collect();
     assert!(uncovered.is_empty(), "not in the script: {uncovered:?}");
 
