@@ -33,12 +33,15 @@
 #
 # Usage (as root): hack/local-up.sh [--mode colocated|split] [--backend aio|nvmf] [--dir DIR]
 #   [--profile release|debug] [--no-build] [--snap-poll-period-us N] [--snap-nvme-pfs N]
-#   [--snap-nvme-vfs-per-pf N] [--allow-node-restart] [--supervise]
+#   [--snap-nvme-vfs-per-pf N] [--snap-data-path auto|fuse|direct] [--allow-node-restart]
+#   [--supervise]
 # The --snap-* options go to the DPU's SNAP emulator only (not the NVMe-oF
 # target): its RPC poller period (8000 reproduces real SPDK's ~8 ms per
-# sequential call) and how many NVMe functions it offers (default 1 PF with 16
-# VFs). --allow-node-restart keeps the stack up when the node service exits,
-# so that a benchmark can restart it with the same flags (it then stops its
+# sequential call), how many NVMe functions it offers (default 1 PF with 16
+# VFs) and which exposures pass its FUSE data path (default auto: those with
+# crypto or QoS limits; fuse: all; direct: none but crypto).
+# --allow-node-restart keeps the stack up when the node service exits, so that
+# a benchmark can restart it with the same flags (it then stops its
 # replacement itself). --supervise restarts every process that exits (as
 # kubelet restarts a crashed container: same command line, a short pause) and
 # keeps the pid of each one running now in DIR/pids/NAME (NAME: target, snap,
@@ -66,9 +69,10 @@ while (($#)); do
     --snap-poll-period-us) snap_args+=(--poll-period-us "$2"); shift 2 ;;
     --snap-nvme-pfs) snap_args+=(--nvme-pfs "$2"); shift 2 ;;
     --snap-nvme-vfs-per-pf) snap_args+=(--nvme-vfs-per-pf "$2"); shift 2 ;;
+    --snap-data-path) snap_args+=(--data-path "$2"); shift 2 ;;
     --allow-node-restart) allow_node_restart=1; shift ;;
     --supervise) supervise=1; shift ;;
-    -h | --help) sed -n '2,46p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,49p' "$0"; exit 0 ;;
     *) echo "local-up: unknown argument $1" >&2; exit 2 ;;
   esac
 done

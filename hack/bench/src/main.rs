@@ -16,9 +16,13 @@
 //! 6. the JSON-RPC client's throughput against a raw-socket client;
 //! 7. density with the packed placement: many block volumes staged on one
 //!    node at concurrency 1 and 64, the node's peak RSS, and the SNAP round
-//!    trips of one stage counted by the emulator against a dedicated one.
+//!    trips of one stage counted by the emulator against a dedicated one;
+//! 8. stage and unstage with and without encryption, and their dependent
+//!    SNAP round trips counted by the emulator (`encryption.rs`);
+//! 9. the emulator's FUSE data path against the direct one: O_DIRECT
+//!    throughput and IOPS of a staged volume's host device (`datapath.rs`).
 //!
-//! Stacks, one after the other: a (default emulator) for 1, 2, 3 and 6; b
+//! Stacks, one after the other: a (default emulator) for 1, 2, 3, 6 and 8; b
 //! (poller at 8 ms) for 3 and 6; b2 (poller at 50 ms) to count dependent
 //! round trips; c (an NVMe function for every scale volume) for 4 and 5; d
 //! (c with the poller at 8 ms) for 4 again. b, c and d each have a split
@@ -26,11 +30,14 @@
 //! `split.rs`) up beside them, the work alternating between the two
 //! (`--no-split` leaves them out); p (functions for the packed volumes'
 //! pool controllers) for 7, whose round trips are counted on an emulator in
-//! this process (`trips.rs`). Each is stopped and checked for
+//! this process (`trips.rs`, as are section 8's); io-direct and io-fuse
+//! (`--data-path direct` and `fuse`, side by side) for 9. Each is stopped and checked for
 //! leftovers (loop devices, mounts, its directory, a split stack's network
 //! namespace and veth) before the next starts; Ctrl-C or an error drops the
 //! running ones, which stops them. Run as root: `./hack/bench.sh`.
 
+mod datapath;
+mod encryption;
 mod floors;
 mod latency;
 mod memory;
@@ -126,9 +133,12 @@ pub struct Args {
     /// The node's `--namespaces-per-controller` in section 7.
     #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..))]
     pub packed_namespaces_per_controller: u32,
-    /// Sections to run (1-7), comma separated. Section 7 (density, about
+    /// Seconds of each workload on each data path in section 9.
+    #[arg(long, default_value_t = 1.0)]
+    pub io_seconds: f64,
+    /// Sections to run (1-9), comma separated. Section 7 (density, about
     /// four minutes on the 2-core machine) runs only when named.
-    #[arg(long, value_delimiter = ',', default_value = "1,2,3,4,5,6")]
+    #[arg(long, value_delimiter = ',', default_value = "1,2,3,4,5,6,8,9")]
     pub sections: Vec<u8>,
     /// Also write every figure as JSON here.
     #[arg(long)]
@@ -197,7 +207,7 @@ fn stop(stack: Stack, report: &mut Report) -> anyhow::Result<()> {
 }
 
 async fn run(args: &Args, work: &Work, report: &mut Report) -> anyhow::Result<()> {
-    if [1, 2, 3, 6].iter().any(|&s| args.wants(s)) {
+    if [1, 2, 3, 6, 8].iter().any(|&s| args.wants(s)) {
         let stack = start(args, work, "a", &StackOptions::default()).await?;
         let clients = csi::Clients::connect(&stack.controller, &stack.node).await?;
         // Sections 2 and 3 state their figures against section 1's rows.
@@ -249,6 +259,15 @@ async fn run(args: &Args, work: &Work, report: &mut Report) -> anyhow::Result<()
             .await?;
             report.jsonrpc = Some(levels);
             report.print_jsonrpc();
+            report.save(args)?;
+        }
+        if args.wants(8) {
+            eprintln!(
+                "bench: section 8: {} block volumes plain and as many encrypted, one at a time",
+                args.volumes
+            );
+            report.encryption = Some(encryption::run(args, work, &stack, &clients).await?);
+            report.print_encryption();
             report.save(args)?;
         }
         drop(clients);
@@ -320,6 +339,9 @@ async fn run(args: &Args, work: &Work, report: &mut Report) -> anyhow::Result<()
     }
     if args.wants(7) {
         packed::run(args, work, report).await?;
+    }
+    if args.wants(9) {
+        datapath::run(args, work, report).await?;
     }
     Ok(())
 }
@@ -396,8 +418,8 @@ async fn main() -> anyhow::Result<()> {
     if !is_root()? {
         bail!("run as root: the stack makes loop devices and mounts");
     }
-    if args.sections.iter().any(|s| !(1..=7).contains(s)) {
-        bail!("--sections takes numbers from 1 to 7");
+    if args.sections.iter().any(|s| !(1..=9).contains(s)) {
+        bail!("--sections takes numbers from 1 to 9");
     }
     let work = Work {
         dir: tempfile::Builder::new()

@@ -370,7 +370,7 @@ impl Report {
 }
 
 /// Counts as `5, 5, 5`.
-fn list(counts: &[u64]) -> String {
+pub fn list(counts: &[u64]) -> String {
     counts
         .iter()
         .map(u64::to_string)

@@ -3,6 +3,8 @@
 use serde::Serialize;
 
 use crate::Args;
+use crate::datapath::DataPath;
+use crate::encryption::Encryption;
 use crate::floors::Floors;
 use crate::latency::Row;
 use crate::memory::{Memory, Rss};
@@ -85,6 +87,10 @@ pub struct Report {
     pub split: Split,
     /// Section 7.
     pub density: Option<Density>,
+    /// Section 8.
+    pub encryption: Option<Encryption>,
+    /// Section 9.
+    pub data_path: Option<DataPath>,
     pub targets: Vec<Target>,
     pub cleanup: Vec<String>,
 }
@@ -118,6 +124,8 @@ impl Report {
             jsonrpc_poll: None,
             split: Split::default(),
             density: None,
+            encryption: None,
+            data_path: None,
             targets: Vec::new(),
             cleanup: Vec::new(),
         }
@@ -667,6 +675,7 @@ impl Report {
         }
         targets.extend(self.split_targets());
         targets.extend(self.density_targets());
+        targets.extend(self.encryption_targets());
         targets
     }
 }

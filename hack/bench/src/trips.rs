@@ -7,6 +7,10 @@
 //! agent in split mode) makes every SNAP and plugin call of a stage; the
 //! node's own work (its record, the mount) calls neither. Each attach is
 //! followed, as in a stage, by waiting until the host shows the disk.
+//!
+//! Section 8 counts the same way a dedicated stage and unstage plain and
+//! encrypted (`count_encryption`): the encrypted one adds the key and the
+//! crypto bdev over the plugin's.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -15,6 +19,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use serde::Serialize;
 use snap_csi::dpu::colocated::Colocated;
+use snap_csi::dpu::crypto::{AES_XTS_VALUE, ENCRYPTION, KEY_SECRET};
 use snap_csi::dpu::plugin::AccessMode;
 use snap_csi::dpu::{
     AttachRequest, Attachment, DpuAttach, Emulation, HostLocator, Placement, VolumeMode,
@@ -125,24 +130,36 @@ impl Rig {
         (out, self.emulator.rounds() - before)
     }
 
-    /// A new AIO volume's attach request (its 64 MiB file made here).
-    fn request(&self, volume_id: &str, placement: Placement) -> anyhow::Result<AttachRequest> {
+    /// A new AIO volume's attach request (its 64 MiB file made here),
+    /// encrypted with `key` (hex) when given.
+    fn request(
+        &self,
+        volume_id: &str,
+        placement: Placement,
+        key: Option<&str>,
+    ) -> anyhow::Result<AttachRequest> {
         let file = self.dir.join(format!("{volume_id}.img"));
         std::fs::File::create(&file)?.set_len(64 << 20)?;
+        let mut volume_context = HashMap::from([
+            (BACKEND_KEY.to_string(), AIO.to_string()),
+            (PATH_KEY.to_string(), file.display().to_string()),
+        ]);
+        let mut secrets = HashMap::new();
+        if let Some(key) = key {
+            volume_context.insert(ENCRYPTION.to_string(), AES_XTS_VALUE.to_string());
+            secrets.insert(KEY_SECRET.to_string(), key.to_string());
+        }
         Ok(AttachRequest {
             volume_id: volume_id.into(),
             access_modes: vec![AccessMode::Rwo],
             volume_mode: VolumeMode::Block,
             publish_context: HashMap::new(),
-            volume_context: HashMap::from([
-                (BACKEND_KEY.to_string(), AIO.to_string()),
-                (PATH_KEY.to_string(), file.display().to_string()),
-            ]),
+            volume_context,
             storage_parameters: HashMap::new(),
             emulation: Emulation::Nvme,
             placement,
             attached_before: false,
-            secrets: HashMap::new(),
+            secrets,
         })
     }
 
@@ -194,17 +211,18 @@ fn deadline() -> Instant {
 }
 
 /// Attaches `count` volumes one after the other, then detaches them, each
-/// counted.
+/// counted; encrypted with `key` when given.
 async fn lives(
     rig: &Rig,
     prefix: &str,
     count: usize,
     placement: Placement,
+    key: Option<&str>,
 ) -> anyhow::Result<(Vec<u64>, Vec<u64>)> {
     let mut attached = Vec::new();
     let mut attaches = Vec::new();
     for i in 0..count {
-        let request = rig.request(&format!("{prefix}-{i}"), placement)?;
+        let request = rig.request(&format!("{prefix}-{i}"), placement, key)?;
         let (attachment, trips) = rig.attach(&request).await?;
         attaches.push(trips);
         attached.push((request.volume_id, attachment));
@@ -230,10 +248,11 @@ pub async fn count(args: &Args, work: &Path) -> anyhow::Result<Trips> {
             "trips-dedicated",
             args.count_volumes,
             Placement::Dedicated,
+            None,
         )
         .await?;
         // One more: the first builds the pool.
-        let packed = lives(&rig, "trips-packed", args.count_volumes + 1, packed).await?;
+        let packed = lives(&rig, "trips-packed", args.count_volumes + 1, packed, None).await?;
         anyhow::Ok((dedicated, packed))
     }
     .await;
@@ -245,5 +264,43 @@ pub async fn count(args: &Args, work: &Path) -> anyhow::Result<Trips> {
         dedicated_detach,
         packed_attach,
         packed_detach,
+    })
+}
+
+/// Section 8's counts: dedicated NVMe stages and unstages, plain and
+/// encrypted.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct EncryptionTrips {
+    pub period_us: u64,
+    pub plain_attach: Vec<u64>,
+    pub plain_detach: Vec<u64>,
+    pub encrypted_attach: Vec<u64>,
+    pub encrypted_detach: Vec<u64>,
+}
+
+/// Counts `--count-volumes` plain and as many encrypted (with `key`) stages
+/// and unstages, on an emulator polling every `--count-period-us`.
+pub async fn count_encryption(
+    args: &Args,
+    work: &Path,
+    key: &str,
+) -> anyhow::Result<EncryptionTrips> {
+    let period = Duration::from_micros(args.count_period_us);
+    let rig = Rig::start(&work.join("trips-encryption"), period).await?;
+    let counted = async {
+        let n = args.count_volumes;
+        let plain = lives(&rig, "trips-plain", n, Placement::Dedicated, None).await?;
+        let encrypted = lives(&rig, "trips-crypt", n, Placement::Dedicated, Some(key)).await?;
+        anyhow::Ok((plain, encrypted))
+    }
+    .await;
+    rig.stop().await?;
+    let ((plain_attach, plain_detach), (encrypted_attach, encrypted_detach)) = counted?;
+    Ok(EncryptionTrips {
+        period_us: args.count_period_us,
+        plain_attach,
+        plain_detach,
+        encrypted_attach,
+        encrypted_detach,
     })
 }
