@@ -2,11 +2,14 @@
 # The benchmark: builds the release binaries, then runs snap-csi-bench, which
 # starts the whole stack on the SNAP emulator (hack/local-up.sh) several
 # times, plays external-provisioner and kubelet over real gRPC, and prints
-# latency, floors, SNAP round trips, scale, memory and JSON-RPC client tables
-# (README "Performance"); section 7, density with the packed placement, runs
-# only when named. Arguments go to the bench (--help lists them), e.g.
+# latency, floors, SNAP round trips, scale (with the metrics scrape), memory,
+# JSON-RPC client, stage with and without encryption, and FUSE data path
+# against direct tables (README "Performance"); section 7, density with the
+# packed placement, runs only when named. Arguments go to the bench (--help
+# lists them), e.g.
 #   ./hack/bench.sh --json /tmp/bench.json
 #   ./hack/bench.sh --sections 1,2 --volumes 8
+#   ./hack/bench.sh --sections 8,9 --io-seconds 2
 #   ./hack/bench.sh --sections 7
 # Run as root: the emulator makes loop devices and the node mounts.
 set -euo pipefail

@@ -68,7 +68,8 @@ use crate::stack::{Stack, StackOptions};
     about = "Benchmarks the snap-csi stack on the SNAP emulator against floors measured in the same run"
 )]
 pub struct Args {
-    /// Volumes of each kind (block, filesystem) for the latency section.
+    /// Volumes of each kind (block, filesystem) for the latency section,
+    /// and of each kind (plain, encrypted) for section 8.
     #[arg(long, default_value_t = 32)]
     pub volumes: usize,
     /// Size of each latency-section volume in MiB (xfs needs 300).
@@ -136,8 +137,11 @@ pub struct Args {
     /// Seconds of each workload on each data path in section 9.
     #[arg(long, default_value_t = 1.0)]
     pub io_seconds: f64,
-    /// Sections to run (1-9), comma separated. Section 7 (density, about
-    /// four minutes on the 2-core machine) runs only when named.
+    /// Sections to run, comma separated: 1 latency, 2 floors, 3 SNAP round
+    /// trips, 4 scale and the metrics scrape, 5 memory, 6 JSON-RPC client, 7
+    /// density, 8 stage with and without encryption, 9 the FUSE data path
+    /// against the direct one. Section 7 (about four minutes on the 2-core
+    /// machine) runs only when named.
     #[arg(long, value_delimiter = ',', default_value = "1,2,3,4,5,6,8,9")]
     pub sections: Vec<u8>,
     /// Also write every figure as JSON here.
@@ -420,6 +424,9 @@ async fn main() -> anyhow::Result<()> {
     }
     if args.sections.iter().any(|s| !(1..=9).contains(s)) {
         bail!("--sections takes numbers from 1 to 9");
+    }
+    if !args.io_seconds.is_finite() || args.io_seconds <= 0.0 {
+        bail!("--io-seconds must be a number of seconds more than 0");
     }
     let work = Work {
         dir: tempfile::Builder::new()
