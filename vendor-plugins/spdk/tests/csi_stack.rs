@@ -483,18 +483,7 @@ async fn aio_qos_limits_reach_snap_live_or_at_the_next_attach() {
     let mut request = volume("pvc-qos-node", "aio", 24 * MIB, 0);
     request.parameters.insert(RW_IOPS_KEY.into(), "3000".into());
     let created = proxy.create(request).await.unwrap();
-    let attach = AttachRequest {
-        volume_id: created.volume_id.clone(),
-        access_modes: vec![AccessMode::Rwo],
-        volume_mode: VolumeMode::Block,
-        publish_context: HashMap::new(),
-        volume_context: created.volume_context.clone(),
-        storage_parameters: HashMap::new(),
-        emulation: Emulation::Nvme,
-        placement: Placement::Dedicated,
-        attached_before: false,
-        secrets: HashMap::new(),
-    };
+    let attach = block_attach(&created, Emulation::Nvme);
     let attached = dpu.attach(&attach, deadline()).await.unwrap();
     assert_eq!(
         snap.rate_limits(&attached.device_name).await,
@@ -548,6 +537,22 @@ async fn aio_qos_limits_reach_snap_live_or_at_the_next_attach() {
     assert!(csi.leftovers().await.is_empty());
 }
 
+/// The node's attach of a block volume the controller made.
+fn block_attach(created: &csi::Volume, emulation: Emulation) -> AttachRequest {
+    AttachRequest {
+        volume_id: created.volume_id.clone(),
+        access_modes: vec![AccessMode::Rwo],
+        volume_mode: VolumeMode::Block,
+        publish_context: HashMap::new(),
+        volume_context: created.volume_context.clone(),
+        storage_parameters: HashMap::new(),
+        emulation,
+        placement: Placement::Dedicated,
+        attached_before: false,
+        secrets: HashMap::new(),
+    }
+}
+
 /// What a user sees of QoS: writes through the host device run at the
 /// StorageClass's limit, then at the one a ControllerModifyVolume sets (the
 /// plugin following the controller's records, live), each within 10%: the
@@ -573,18 +578,7 @@ async fn host_writes_run_at_the_limit_and_at_the_new_one_after_a_modify() {
     let mut request = volume("pvc-qos-rate", "aio", 24 * MIB, 0);
     request.parameters.insert(RW_IOPS_KEY.into(), "1000".into());
     let created = proxy.create(request).await.unwrap();
-    let attach = AttachRequest {
-        volume_id: created.volume_id.clone(),
-        access_modes: vec![AccessMode::Rwo],
-        volume_mode: VolumeMode::Block,
-        publish_context: HashMap::new(),
-        volume_context: created.volume_context.clone(),
-        storage_parameters: HashMap::new(),
-        emulation: Emulation::VirtioBlk,
-        placement: Placement::Dedicated,
-        attached_before: false,
-        secrets: HashMap::new(),
-    };
+    let attach = block_attach(&created, Emulation::VirtioBlk);
     let attached = dpu.attach(&attach, deadline()).await.unwrap();
     let sysfs = Sysfs::new(snap.emulator().sysfs_root());
     let device = common::discovered("the host sees the volume", || match &attached.locator {
