@@ -132,9 +132,10 @@ for mode in "${modes[@]}"; do
     split_checks
   fi
 
+  # Before the stop, which removes the stack's directory with its logs.
+  key_canary "$run/stack/logs" "$key"
   local_up_stop
   local_up_assert_clean "$run/stack"
-  key_canary "$run/stack/logs" "$key"
   took=$(awk -v from="$started" -v to="$EPOCHREALTIME" 'BEGIN { printf "%.1f", to - from }')
   echo "OK ($mode mode, $took s from start to stopped): the stack is stopped; no loop device, mount," \
     "directory, network namespace or veth is left"

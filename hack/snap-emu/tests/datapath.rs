@@ -6,51 +6,20 @@
 //! Needs root, loop devices and /dev/fuse.
 
 mod common;
+#[path = "../../../tests/common/direct_io.rs"]
+mod direct_io;
 
-use std::fs::{File, OpenOptions};
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::fs::File;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::{Client, Emu, dev_node, wait_for_disk};
-use nix::fcntl::OFlag;
+use direct_io::{Aligned, assert_within_10_percent, open_direct, write_flat_out};
 use serde_json::{Value, json};
 use snap_emu::{Config, DataPathMode};
 
 const KIB: usize = 1024;
-
-/// A buffer O_DIRECT accepts (4 KiB aligned) of `len` bytes of `byte`.
-struct Aligned {
-    raw: Vec<u8>,
-    at: usize,
-    len: usize,
-}
-
-impl Aligned {
-    fn new(len: usize, byte: u8) -> Self {
-        let mut raw = vec![byte; len + 4 * KIB];
-        let at = raw.as_ptr().align_offset(4 * KIB);
-        raw[at..at + len].fill(byte);
-        Self { raw, at, len }
-    }
-
-    fn get(&self) -> &[u8] {
-        &self.raw[self.at..self.at + self.len]
-    }
-
-    fn get_mut(&mut self) -> &mut [u8] {
-        &mut self.raw[self.at..self.at + self.len]
-    }
-}
-
-fn open_direct(dev: &Path) -> File {
-    OpenOptions::new()
-        .read(true)
-        .write(true)
-        .custom_flags(OFlag::O_DIRECT.bits())
-        .open(dev)
-        .expect("open the host device with O_DIRECT")
-}
 
 /// Exposes `bdev` as a virtio-blk disk and returns its device node.
 async fn expose(emu: &Emu, c: &mut Client, bdev: &str) -> PathBuf {
@@ -381,39 +350,6 @@ async fn a_paused_subsystem_holds_the_hosts_io_until_resumed() {
     // a thread (and so this test's runtime) alive.
     target.stop().await;
     dpu.stop().await;
-}
-
-/// Writes `size`-byte O_DIRECT writes back to back for `span` from eight
-/// threads, as a host keeps a queue of I/O in flight (so that quotas are
-/// used as soon as they come, not missed for one writer's turnaround);
-/// returns the I/Os done and the time they took.
-fn write_flat_out(dev: &Path, size: usize, span: Duration) -> (u64, Duration) {
-    let start = Instant::now();
-    let writers: Vec<_> = (0..8u64)
-        .map(|w| {
-            let f = open_direct(dev);
-            std::thread::spawn(move || {
-                let buf = Aligned::new(size, 0x5a);
-                let slots = (1 << 20) / size as u64;
-                let mut ios = 0;
-                while start.elapsed() < span {
-                    let at = (w * slots + ios % slots) * size as u64;
-                    f.write_all_at(buf.get(), at).unwrap();
-                    ios += 1;
-                }
-                ios
-            })
-        })
-        .collect();
-    let ios = writers.into_iter().map(|w| w.join().unwrap()).sum();
-    (ios, start.elapsed())
-}
-
-fn assert_within_10_percent(what: &str, measured: f64, limit: f64) {
-    assert!(
-        (measured - limit).abs() <= limit * 0.1,
-        "{what}: measured {measured:.1}, limit {limit}"
-    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -5,6 +5,8 @@
 //! makes real loop devices).
 
 mod common;
+#[path = "../../../tests/common/direct_io.rs"]
+mod direct_io;
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -481,18 +483,7 @@ async fn aio_qos_limits_reach_snap_live_or_at_the_next_attach() {
     let mut request = volume("pvc-qos-node", "aio", 24 * MIB, 0);
     request.parameters.insert(RW_IOPS_KEY.into(), "3000".into());
     let created = proxy.create(request).await.unwrap();
-    let attach = AttachRequest {
-        volume_id: created.volume_id.clone(),
-        access_modes: vec![AccessMode::Rwo],
-        volume_mode: VolumeMode::Block,
-        publish_context: HashMap::new(),
-        volume_context: created.volume_context.clone(),
-        storage_parameters: HashMap::new(),
-        emulation: Emulation::Nvme,
-        placement: Placement::Dedicated,
-        attached_before: false,
-        secrets: HashMap::new(),
-    };
+    let attach = block_attach(&created, Emulation::Nvme);
     let attached = dpu.attach(&attach, deadline()).await.unwrap();
     assert_eq!(
         snap.rate_limits(&attached.device_name).await,
@@ -544,4 +535,92 @@ async fn aio_qos_limits_reach_snap_live_or_at_the_next_attach() {
     proxy.stop().await;
     csi.delete(&created.volume_id).await.unwrap();
     assert!(csi.leftovers().await.is_empty());
+}
+
+/// The node's attach of a block volume the controller made.
+fn block_attach(created: &csi::Volume, emulation: Emulation) -> AttachRequest {
+    AttachRequest {
+        volume_id: created.volume_id.clone(),
+        access_modes: vec![AccessMode::Rwo],
+        volume_mode: VolumeMode::Block,
+        publish_context: HashMap::new(),
+        volume_context: created.volume_context.clone(),
+        storage_parameters: HashMap::new(),
+        emulation,
+        placement: Placement::Dedicated,
+        attached_before: false,
+        secrets: HashMap::new(),
+    }
+}
+
+/// What a user sees of QoS: writes through the host device run at the
+/// StorageClass's limit, then at the one a ControllerModifyVolume sets (the
+/// plugin following the controller's records, live), each within 10%: the
+/// emulator enforces the limits in its data path, as SPDK does in SNAP.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn host_writes_run_at_the_limit_and_at_the_new_one_after_a_modify() {
+    use direct_io::{assert_within_10_percent, write_flat_out};
+    use snap_csi_spdk_plugin::qos::{RW_IOPS_KEY, W_MBYTES_KEY};
+
+    let csi = Csi::start(Backends::BOTH).await;
+    let proxy = Proxy::start(&csi).await;
+    let snap = Spdk::snap().await;
+    let plugin = Plugin::start_following(snap.socket(), Duration::from_millis(50)).await;
+    let dpu_dir = snap.dir.path().join("dpu-link");
+    let TestDpu { attach: dpu, .. } = &TestDpu::start(
+        &plugin.socket,
+        &snap.socket().display().to_string(),
+        &dpu_dir,
+    )
+    .await;
+    let deadline = || Instant::now() + Duration::from_secs(30);
+
+    let mut request = volume("pvc-qos-rate", "aio", 24 * MIB, 0);
+    request.parameters.insert(RW_IOPS_KEY.into(), "1000".into());
+    let created = proxy.create(request).await.unwrap();
+    let attach = block_attach(&created, Emulation::VirtioBlk);
+    let attached = dpu.attach(&attach, deadline()).await.unwrap();
+    let sysfs = Sysfs::new(snap.emulator().sysfs_root());
+    let device = common::discovered("the host sees the volume", || match &attached.locator {
+        HostLocator::VirtioBlk { bdf, serial } => sysfs.find_virtio_blk(bdf, serial).unwrap(),
+        HostLocator::Nvme { .. } => unreachable!("asked for virtio-blk"),
+    })
+    .await;
+    let span = Duration::from_secs(2);
+
+    let node = device.node.clone();
+    let (ios, took) = tokio::task::spawn_blocking(move || write_flat_out(&node, 4096, span))
+        .await
+        .unwrap();
+    assert_within_10_percent("IOPS", ios as f64 / took.as_secs_f64(), 1000.0);
+
+    let modify = csi::ControllerModifyVolumeRequest {
+        volume_id: created.volume_id.clone(),
+        secrets: HashMap::new(),
+        mutable_parameters: [(RW_IOPS_KEY, "0"), (W_MBYTES_KEY, "4")]
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+    };
+    proxy
+        .controller
+        .clone()
+        .controller_modify_volume(timed(modify, TIMEOUT))
+        .await
+        .unwrap();
+    snap.rate_limits_become(&attached.device_name, [0, 0, 0, 4])
+        .await;
+    let node = device.node.clone();
+    let (ios, took) = tokio::task::spawn_blocking(move || write_flat_out(&node, 128 << 10, span))
+        .await
+        .unwrap();
+    let mib_per_sec = (ios * (128 << 10)) as f64 / took.as_secs_f64() / MIB as f64;
+    assert_within_10_percent("MiB/s", mib_per_sec, 4.0);
+
+    dpu.detach(&created.volume_id, Some(&attached.device_name), deadline())
+        .await
+        .unwrap();
+    plugin.stop().await;
+    proxy.stop().await;
+    csi.delete(&created.volume_id).await.unwrap();
 }

@@ -220,3 +220,129 @@ async fn only_aio_volumes_with_limits_pay_a_second_round_trip() {
     }
     assert!(snap.bdevs().await.is_empty());
 }
+
+/// 2 x 256 bits, the data key then the tweak key.
+const KEY: &str = "3b9e1c7f5a2d8e4b6c0f1a9d7e3b5c2a8f6d4e0b1c9a7f5e3d2b8c6a4f0e1d9b\
+                   b9d1e0f4a6c8b2d3e5f7a9c1b0e4d6f8a2c5b3e7d9a1f0c6b4e8d2a5f7c1e9b3";
+
+fn encrypted(mut request: AttachRequest) -> AttachRequest {
+    use snap_csi::dpu::crypto::{AES_XTS_VALUE, ENCRYPTION, KEY_SECRET};
+    request
+        .volume_context
+        .insert(ENCRYPTION.into(), AES_XTS_VALUE.into());
+    request.secrets.insert(KEY_SECRET.into(), KEY.into());
+    request
+}
+
+/// An encrypted volume's host device takes plaintext while `backing` (the
+/// AIO file, or the NVMe-oF target's) gets ciphertext only, and the same key
+/// reads it back after a detach and a new attach; a detach leaves neither
+/// the crypto vbdev nor the key in SPDK.
+async fn ciphertext_only(dpu: &TestDpu, snap: &Spdk, request: &AttachRequest, backing: &Path) {
+    use std::os::unix::fs::FileExt;
+    let sysfs = Sysfs::new(snap.emulator().sysfs_root());
+    let plaintext: Vec<u8> = (0..256u32 << 10)
+        .map(|i| b"plaintext the storage must never hold. "[(i % 39) as usize])
+        .collect();
+    let mut read_back = vec![0u8; plaintext.len()];
+    for write in [true, false] {
+        let attached = dpu.attach.attach(request, deadline()).await.unwrap();
+        let device = discovered("the host sees the volume", || {
+            host_device(&sysfs, &attached.locator)
+        })
+        .await;
+        let disk = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&device.node)
+            .unwrap();
+        if write {
+            disk.write_all_at(&plaintext, 1 << 20).unwrap();
+            disk.sync_all().unwrap();
+        }
+        disk.read_exact_at(&mut read_back, 1 << 20).unwrap();
+        assert_eq!(read_back, plaintext, "read back through the host device");
+        drop(disk);
+        dpu.attach
+            .detach(&request.volume_id, Some(&attached.device_name), deadline())
+            .await
+            .unwrap();
+        assert!(snap.bdevs().await.is_empty(), "a bdev is left");
+        let stored = std::fs::read(backing).unwrap();
+        assert!(
+            stored[1 << 20..(1 << 20) + plaintext.len()]
+                .iter()
+                .any(|b| *b != 0)
+        );
+        assert!(
+            !stored.windows(40).any(|w| w == &plaintext[..40]),
+            "plaintext on the storage"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn encrypted_aio_volumes_hold_ciphertext_only_through_nvme_and_virtio_blk() {
+    let snap = Spdk::snap().await;
+    let plugin = Plugin::start(snap.socket()).await;
+    let dpu = dpu(&plugin, &snap).await;
+    for (id, emulation, pack) in [
+        ("pvc-enc-nvme", Emulation::Nvme, false),
+        ("pvc-enc-packed", Emulation::Nvme, true),
+        ("pvc-enc-vblk", Emulation::VirtioBlk, false),
+    ] {
+        let file = snap.file(&format!("{id}.img"));
+        let mut request = encrypted(request(id, aio_context(&file), emulation));
+        if pack {
+            request = packed(request);
+        }
+        ciphertext_only(&dpu, &snap, &request, &file).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn encrypted_nvmf_volumes_hold_ciphertext_only_through_nvme_and_virtio_blk() {
+    let target = Spdk::target().await;
+    let snap = Spdk::snap().await;
+    let plugin = Plugin::start(snap.socket()).await;
+    let dpu = dpu(&plugin, &snap).await;
+    for (name, emulation) in [
+        ("enc-nvme", Emulation::Nvme),
+        ("enc-vblk", Emulation::VirtioBlk),
+    ] {
+        let nqn = format!("nqn.2024-01.io.snap-csi:{name}");
+        let port = export(&target, name, &nqn).await;
+        let request = encrypted(request(
+            &format!("pvc-{name}"),
+            nvmf_context(port, &nqn),
+            emulation,
+        ));
+        let backing = target.dir.path().join(format!("{name}.img"));
+        ciphertext_only(&dpu, &snap, &request, &backing).await;
+    }
+}
+
+/// Encryption costs one dependent round trip more each way: the crypto
+/// vbdev after CreateDevice (the key goes beside it), and before DeleteDevice.
+#[tokio::test]
+async fn an_encrypted_volume_pays_one_round_trip_more_each_way() {
+    let snap = Spdk::start(|c| c.counting_round_trips(ROUND_TRIP_PERIOD)).await;
+    let rounds = || snap.emulator().rounds();
+    let plugin = Plugin::start(snap.socket()).await;
+    let dpu = dpu(&plugin, &snap).await;
+    assert!(dpu.attach.probe(deadline()).await.unwrap());
+    let file = snap.file("pvc-enc-rt.img");
+    let request = encrypted(request("pvc-enc-rt", aio_context(&file), Emulation::Nvme));
+    let (attached, trips) = round_trips(rounds, dpu.attach.attach(&request, deadline())).await;
+    let attached = attached.unwrap();
+    assert_eq!(trips, 6, "new encrypted NVMe attach");
+    let (detached, trips) = round_trips(
+        rounds,
+        dpu.attach
+            .detach("pvc-enc-rt", Some(&attached.device_name), deadline()),
+    )
+    .await;
+    detached.unwrap();
+    assert_eq!(trips, 5, "encrypted NVMe detach");
+    assert!(snap.bdevs().await.is_empty());
+}
