@@ -10,13 +10,9 @@
 //! then the other, who goes first alternating. Before measuring, each
 //! stack's device is checked to be on the path it is meant to be (its loop
 //! device's backing file under the emulator's FUSE mount or not).
-//!
-//! local-up is reached through a two-line wrapper in the work directory
-//! that adds `--snap-data-path MODE`: the harness's `StackOptions` has no
-//! field for it.
 
 use std::fs::File;
-use std::os::unix::fs::{FileExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -151,26 +147,19 @@ pub async fn run(args: &Args, work: &Work, report: &mut Report) -> anyhow::Resul
 }
 
 /// A stack whose emulator runs `--data-path mode`, one volume published.
-async fn side(args: &Args, work: &Work, mode: &str) -> anyhow::Result<Side> {
-    let launcher = work.dir.path().join(format!("local-up-{mode}.sh"));
-    let local_up = args.local_up.display().to_string();
-    if local_up.contains('\'') {
-        bail!("--local-up {local_up}: a quote in the path");
-    }
-    std::fs::write(
-        &launcher,
-        format!("#!/bin/sh\nexec '{local_up}' --snap-data-path {mode} \"$@\"\n"),
-    )?;
-    std::fs::set_permissions(&launcher, std::fs::Permissions::from_mode(0o755))?;
+async fn side(args: &Args, work: &Work, mode: &'static str) -> anyhow::Result<Side> {
     let name = format!("io-{mode}");
     eprintln!("bench: starting stack {name} (--data-path {mode})");
     let stack = Stack::start(
         &name,
-        &launcher,
+        &args.local_up,
         &args.profile,
         work.stack_dir(&name),
         work.dir.path(),
-        &StackOptions::default(),
+        &StackOptions {
+            data_path: Some(mode),
+            ..StackOptions::default()
+        },
     )
     .await?;
     let mut clients = Clients::connect(&stack.controller, &stack.node).await?;

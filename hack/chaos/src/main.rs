@@ -190,6 +190,7 @@ async fn one_round(
         split: configuration.split,
         supervise: true,
         namespaces_per_controller: Some(args.namespaces_per_controller),
+        data_path: None,
     };
     let stack_dir = std::env::temp_dir().join(format!("snap-csi-chaos-{seed}-{name}"));
     let stack = Stack::start(

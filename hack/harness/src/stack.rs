@@ -33,6 +33,9 @@ pub struct StackOptions {
     /// The node's `--namespaces-per-controller` (packed placement); `None`
     /// keeps its default.
     pub namespaces_per_controller: Option<u32>,
+    /// The DPU emulator's `--data-path` (`auto`, `fuse`, `direct`); `None`
+    /// keeps its default.
+    pub data_path: Option<&'static str>,
 }
 
 /// A stack that `hack/local-up.sh` started and printed READY for.
@@ -107,6 +110,9 @@ impl Stack {
         }
         if options.supervise {
             command.arg("--supervise");
+        }
+        if let Some(mode) = options.data_path {
+            command.args(["--snap-data-path", mode]);
         }
         if let Some((pfs, vfs)) = options.nvme_functions {
             command.args([
