@@ -770,7 +770,7 @@ impl Emulator {
 
     /// Resolves a name for a module's delete: another module's bdev is -ENODEV,
     /// as `spdk_bdev_unregister_by_name` with the wrong module answers.
-    fn module_bdev(
+    pub(crate) fn module_bdev(
         &self,
         name: &str,
         is_mine: impl Fn(&BdevKind) -> bool,

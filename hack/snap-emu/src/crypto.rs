@@ -185,6 +185,7 @@ struct KeyNameParams {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
+#[allow(dead_code)] // `crypto_pmd` is accepted and, as in SPDK, ignored (obsolete).
 struct CryptoCreateParams {
     base_bdev_name: String,
     name: String,
@@ -363,7 +364,6 @@ impl Emulator {
             tweak_mode: None,
             name: key_name.clone(),
         };
-        let _ = &p.crypto_pmd; // Obsolete and ignored by SPDK.
         let key = make_key(&params).map_err(|_| RpcError::internal("No key was found"))?;
         self.crypto.keys.push(key);
         Ok(key_name)
@@ -422,18 +422,9 @@ impl Emulator {
 
     pub(crate) fn bdev_crypto_delete(&mut self, params: Option<Value>) -> RpcResult {
         let p: CryptoDeleteParams = decode(params, RpcError::invalid_params())?;
-        let exists = self
-            .bdevs
-            .get(&p.name)
-            .is_some_and(|b| matches!(b.kind, BdevKind::Crypto { .. }));
-        if !exists {
-            return Err(RpcError::errno(ENODEV));
-        }
-        let name = self.bdevs.get(&p.name).map(|b| b.name.clone());
-        if let Some(name) = name {
-            self.unregister_bdev(&name);
-            self.crypto.names.retain(|n| n.vbdev != name);
-        }
+        let name = self.module_bdev(&p.name, |k| matches!(k, BdevKind::Crypto { .. }))?;
+        self.unregister_bdev(&name);
+        self.crypto.names.retain(|n| n.vbdev != name);
         Ok(json!(true))
     }
 

@@ -278,23 +278,7 @@ async fn a_paused_subsystem_holds_the_hosts_io_until_resumed() {
     let img = aio_bdev(&mut t, dir.path(), "vol", 8 << 20).await;
     let nqn = "nqn.2024-01.io.example:paused";
     let port = common::free_port().to_string();
-    t.ok("nvmf_create_transport", json!({"trtype": "TCP"}))
-        .await;
-    t.ok(
-        "nvmf_create_subsystem",
-        json!({"nqn": nqn, "allow_any_host": true}),
-    )
-    .await;
-    t.ok(
-        "nvmf_subsystem_add_ns",
-        json!({"nqn": nqn, "namespace": {"bdev_name": "vol"}}),
-    )
-    .await;
-    t.ok(
-        "nvmf_subsystem_add_listener",
-        json!({"nqn": nqn, "listen_address": {"trtype": "tcp", "adrfam": "ipv4", "traddr": "127.0.0.1", "trsvcid": port}}),
-    )
-    .await;
+    t.export_over_tcp("vol", nqn, &port).await;
     let mut d = dpu.client().await;
     d.ok(
         "bdev_nvme_attach_controller",

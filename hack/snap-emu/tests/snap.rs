@@ -553,23 +553,7 @@ async fn nvmf_attach_between_instances_reaches_the_same_bytes() {
         )
         .await;
     let nqn = "nqn.2024-01.io.example:v";
-    t.ok("nvmf_create_transport", json!({"trtype": "TCP"}))
-        .await;
-    t.ok(
-        "nvmf_create_subsystem",
-        json!({"nqn": nqn, "allow_any_host": true}),
-    )
-    .await;
-    t.ok(
-        "nvmf_subsystem_add_ns",
-        json!({"nqn": nqn, "namespace": {"bdev_name": "lvs/v"}}),
-    )
-    .await;
-    t.ok(
-        "nvmf_subsystem_add_listener",
-        json!({"nqn": nqn, "listen_address": {"trtype": "tcp", "adrfam": "ipv4", "traddr": "127.0.0.1", "trsvcid": port}}),
-    )
-    .await;
+    t.export_over_tcp("lvs/v", nqn, &port).await;
 
     let mut d = dpu.client().await;
     let names = d

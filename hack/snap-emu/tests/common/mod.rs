@@ -206,6 +206,28 @@ impl Client {
         }
     }
 
+    /// Exports `bdev` as the only namespace of subsystem `nqn`, open to any
+    /// host, on a TCP listener at 127.0.0.1:`port`.
+    pub async fn export_over_tcp(&mut self, bdev: &str, nqn: &str, port: &str) {
+        self.ok("nvmf_create_transport", json!({"trtype": "TCP"}))
+            .await;
+        self.ok(
+            "nvmf_create_subsystem",
+            json!({"nqn": nqn, "allow_any_host": true}),
+        )
+        .await;
+        self.ok(
+            "nvmf_subsystem_add_ns",
+            json!({"nqn": nqn, "namespace": {"bdev_name": bdev}}),
+        )
+        .await;
+        self.ok(
+            "nvmf_subsystem_add_listener",
+            json!({"nqn": nqn, "listen_address": {"trtype": "tcp", "adrfam": "ipv4", "traddr": "127.0.0.1", "trsvcid": port}}),
+        )
+        .await;
+    }
+
     pub async fn err(&mut self, method: &str, params: Value) -> (i64, String) {
         match self.call(method, Some(params.clone())).await {
             Ok(v) => panic!("{method} {params} unexpectedly returned {v}"),
