@@ -395,13 +395,7 @@ async fn attach_created_volume(backend: &str, emulation: Emulation) {
     let csi = Csi::start(Backends::BOTH).await;
     let snap = Spdk::snap().await;
     let plugin = Plugin::start(snap.socket()).await;
-    let dpu_dir = snap.dir.path().join("dpu-link");
-    let TestDpu { attach: dpu, .. } = &TestDpu::start(
-        &plugin.socket,
-        &snap.socket().display().to_string(),
-        &dpu_dir,
-    )
-    .await;
+    let TestDpu { attach: dpu, .. } = &plugin.attach_layer(&snap).await;
     let deadline = || Instant::now() + Duration::from_secs(30);
 
     let created = csi
@@ -471,13 +465,7 @@ async fn aio_qos_limits_reach_snap_live_or_at_the_next_attach() {
     let proxy = Proxy::start(&csi).await;
     let snap = Spdk::snap().await;
     let plugin = Plugin::start(snap.socket()).await;
-    let dpu_dir = snap.dir.path().join("dpu-link");
-    let TestDpu { attach: dpu, .. } = &TestDpu::start(
-        &plugin.socket,
-        &snap.socket().display().to_string(),
-        &dpu_dir,
-    )
-    .await;
+    let TestDpu { attach: dpu, .. } = &plugin.attach_layer(&snap).await;
     let deadline = || Instant::now() + Duration::from_secs(30);
 
     let mut request = volume("pvc-qos-node", "aio", 24 * MIB, 0);
@@ -566,13 +554,7 @@ async fn host_writes_run_at_the_limit_and_at_the_new_one_after_a_modify() {
     let proxy = Proxy::start(&csi).await;
     let snap = Spdk::snap().await;
     let plugin = Plugin::start_following(snap.socket(), Duration::from_millis(50)).await;
-    let dpu_dir = snap.dir.path().join("dpu-link");
-    let TestDpu { attach: dpu, .. } = &TestDpu::start(
-        &plugin.socket,
-        &snap.socket().display().to_string(),
-        &dpu_dir,
-    )
-    .await;
+    let TestDpu { attach: dpu, .. } = &plugin.attach_layer(&snap).await;
     let deadline = || Instant::now() + Duration::from_secs(30);
 
     let mut request = volume("pvc-qos-rate", "aio", 24 * MIB, 0);

@@ -51,14 +51,6 @@ fn host_device(sysfs: &Sysfs, locator: &HostLocator) -> Option<BlockDevice> {
     }
 }
 
-/// The attach layer in front of `plugin`, whose empty provider maps to the
-/// emulator's socket (a template without a placeholder names it outright);
-/// behind a DPU agent in a split-mode run.
-async fn dpu(plugin: &Plugin, snap: &Spdk) -> TestDpu {
-    let dir = snap.dir.path().join("dpu-link");
-    TestDpu::start(&plugin.socket, &snap.socket().display().to_string(), &dir).await
-}
-
 async fn attach_and_detach(dpu: &TestDpu, snap: &Spdk, request: &AttachRequest, backing: &Path) {
     let sysfs = Sysfs::new(snap.emulator().sysfs_root());
     assert!(dpu.attach.probe(deadline()).await.unwrap());
@@ -97,7 +89,7 @@ async fn attach_and_detach(dpu: &TestDpu, snap: &Spdk, request: &AttachRequest, 
 async fn aio_volumes_through_nvme_and_virtio_blk() {
     let snap = Spdk::snap().await;
     let plugin = Plugin::start(snap.socket()).await;
-    let dpu = dpu(&plugin, &snap).await;
+    let dpu = plugin.attach_layer(&snap).await;
 
     let file = snap.file("pvc-nvme.img");
     let nvme = request("pvc-nvme", aio_context(&file), Emulation::Nvme);
@@ -128,7 +120,7 @@ fn packed(request: AttachRequest) -> AttachRequest {
 async fn detach_without_the_device_name_uses_the_plugins_list() {
     let snap = Spdk::snap().await;
     let plugin = Plugin::start(snap.socket()).await;
-    let dpu = dpu(&plugin, &snap).await;
+    let dpu = plugin.attach_layer(&snap).await;
     let file = snap.file("pvc-lost.img");
     // The device exists but SNAP does not expose it (an attach that failed
     // after CreateDevice): only the plugin can say it is there.
@@ -147,7 +139,7 @@ async fn nvmf_volume_through_nvme() {
     let nqn = "nqn.2024-01.io.snap-csi:pvc-remote";
     let port = export(&target, "remote", nqn).await;
     let plugin = Plugin::start(snap.socket()).await;
-    let dpu = dpu(&plugin, &snap).await;
+    let dpu = plugin.attach_layer(&snap).await;
 
     let remote = request("pvc-remote", nvmf_context(port, nqn), Emulation::Nvme);
     // The host's loop device is over the target's file.
@@ -166,7 +158,7 @@ async fn the_plugin_fits_the_nodes_round_trip_budget() {
     let snap = Spdk::start(|c| c.counting_round_trips(ROUND_TRIP_PERIOD)).await;
     let rounds = || snap.emulator().rounds();
     let plugin = Plugin::start(snap.socket()).await;
-    let dpu = dpu(&plugin, &snap).await;
+    let dpu = plugin.attach_layer(&snap).await;
     assert!(dpu.attach.probe(deadline()).await.unwrap());
 
     let file = snap.file("pvc-rt.img");
@@ -285,7 +277,7 @@ async fn ciphertext_only(dpu: &TestDpu, snap: &Spdk, request: &AttachRequest, ba
 async fn encrypted_aio_volumes_hold_ciphertext_only_through_nvme_and_virtio_blk() {
     let snap = Spdk::snap().await;
     let plugin = Plugin::start(snap.socket()).await;
-    let dpu = dpu(&plugin, &snap).await;
+    let dpu = plugin.attach_layer(&snap).await;
     for (id, emulation, pack) in [
         ("pvc-enc-nvme", Emulation::Nvme, false),
         ("pvc-enc-packed", Emulation::Nvme, true),
@@ -305,7 +297,7 @@ async fn encrypted_nvmf_volumes_hold_ciphertext_only_through_nvme_and_virtio_blk
     let target = Spdk::target().await;
     let snap = Spdk::snap().await;
     let plugin = Plugin::start(snap.socket()).await;
-    let dpu = dpu(&plugin, &snap).await;
+    let dpu = plugin.attach_layer(&snap).await;
     for (name, emulation) in [
         ("enc-nvme", Emulation::Nvme),
         ("enc-vblk", Emulation::VirtioBlk),
@@ -329,7 +321,7 @@ async fn an_encrypted_volume_pays_one_round_trip_more_each_way() {
     let snap = Spdk::start(|c| c.counting_round_trips(ROUND_TRIP_PERIOD)).await;
     let rounds = || snap.emulator().rounds();
     let plugin = Plugin::start(snap.socket()).await;
-    let dpu = dpu(&plugin, &snap).await;
+    let dpu = plugin.attach_layer(&snap).await;
     assert!(dpu.attach.probe(deadline()).await.unwrap());
     let file = snap.file("pvc-enc-rt.img");
     let request = encrypted(request("pvc-enc-rt", aio_context(&file), Emulation::Nvme));

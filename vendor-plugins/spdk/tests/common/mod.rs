@@ -239,6 +239,14 @@ pub struct Plugin {
 }
 
 impl Plugin {
+    /// The node's DPU attach layer in front of this plugin, whose empty
+    /// provider maps to `snap`'s socket (a template without a placeholder
+    /// names it outright); behind a DPU agent in a split-mode run.
+    pub async fn attach_layer(&self, snap: &Spdk) -> dpu::TestDpu {
+        let dir = snap.dir.path().join("dpu-link");
+        dpu::TestDpu::start(&self.socket, &snap.socket().display().to_string(), &dir).await
+    }
+
     /// The plugin in front of the SPDK at `spdk_socket`; it listens when this returns.
     pub async fn start(spdk_socket: &Path) -> Plugin {
         Plugin::start_with(spdk_socket, "").await
