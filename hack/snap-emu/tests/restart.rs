@@ -58,6 +58,21 @@ fn wait_exit(child: &mut Child) -> std::process::ExitStatus {
     }
 }
 
+/// The disk a killed emulator leaves: an AIO bdev over `img` on a
+/// virtio-blk controller.
+async fn expose_a_disk(c: &mut Client, img: &Path) {
+    c.ok(
+        "bdev_aio_create",
+        json!({"name": "k", "filename": img, "block_size": 512}),
+    )
+    .await;
+    c.ok(
+        "virtio_blk_controller_create",
+        json!({"pf_id": 0, "vf_id": 3, "bdev": "k", "vblk_id": "killed"}),
+    )
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_cleans_up_after_a_killed_emulator() {
     let dir = tempfile::tempdir().unwrap();
@@ -69,16 +84,7 @@ async fn a_restart_cleans_up_after_a_killed_emulator() {
 
     let mut first = spawn(&socket, &state);
     let mut c = connect(&socket, &mut first).await;
-    c.ok(
-        "bdev_aio_create",
-        json!({"name": "k", "filename": img, "block_size": 512}),
-    )
-    .await;
-    c.ok(
-        "virtio_blk_controller_create",
-        json!({"pf_id": 0, "vf_id": 3, "bdev": "k", "vblk_id": "killed"}),
-    )
-    .await;
+    expose_a_disk(&mut c, &img).await;
     common::wait_until("the loop device appearing", || {
         losetup_all().contains(&img_str)
     })
@@ -132,16 +138,7 @@ async fn a_restart_cleans_up_a_killed_emulators_data_path() {
 
     let mut first = spawn_with(&socket, &state, &["--data-path", "fuse"]);
     let mut c = connect(&socket, &mut first).await;
-    c.ok(
-        "bdev_aio_create",
-        json!({"name": "k", "filename": img, "block_size": 512}),
-    )
-    .await;
-    c.ok(
-        "virtio_blk_controller_create",
-        json!({"pf_id": 0, "vf_id": 3, "bdev": "k", "vblk_id": "killed"}),
-    )
-    .await;
+    expose_a_disk(&mut c, &img).await;
     let served = mountpoint.to_str().unwrap().to_owned();
     common::wait_until("the loop device on the data path", || {
         losetup_all().contains(&served)
