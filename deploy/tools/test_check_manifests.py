@@ -23,6 +23,8 @@ from typing import Callable
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import check_manifests as cm  # noqa: E402
 import images  # noqa: E402
+import kustomize  # noqa: E402
+from checklib import load_yaml_docs  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 VENV_KUBECTL = REPO / "target" / "deploy-tools" / "venv" / "bin" / "kubectl"
@@ -43,7 +45,7 @@ def kustomize_inputs(d: Path) -> bytes:
     kustomization = d / "kustomization.yaml"
     if kustomization.is_file():
         out += str(kustomization.relative_to(deploy_of(d))).encode() + kustomization.read_bytes()
-        for r in cm.load_yaml_docs(kustomization)[0].get("resources") or []:
+        for r in load_yaml_docs(kustomization)[0].get("resources") or []:
             target = (d / r).resolve()
             if target.is_dir():
                 out += kustomize_inputs(target)
@@ -56,7 +58,7 @@ def deploy_of(d: Path) -> Path:
     return next(p for p in [d, *d.parents] if p.name == "deploy")
 
 
-_render = cm.render
+_render = kustomize.render
 _renders: dict[bytes, object] = {}
 
 
@@ -69,7 +71,7 @@ def cached_render(kubectl: str, d: Path):
     return copy.deepcopy(_renders[key])
 
 
-cm.render = cached_render
+kustomize.render = cached_render
 
 
 def run_checker(deploy: Path, extra: tuple[str, ...] = ()) -> set[str]:
