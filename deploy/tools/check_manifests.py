@@ -23,7 +23,7 @@ import split
 from checklib import Container, Location, Tally, locate, obj_key, pod_spec_of, show
 from images import Dockerfile, check_dockerfiles, check_spdk_containerfile
 from kustomize import check_kustomize_tree, check_render, plain_objects, read_kustomizations
-from versions import K8S_VERSION, check_schemas
+from versions import NEWEST, OLDEST, check_floor, check_schemas, minors
 
 
 @dataclass(frozen=True)
@@ -43,8 +43,12 @@ DEPLOYMENTS = (
     # The example site: those parts and one pair made by new-pair.sh.
     Deployment("kubernetes/split/example/host", "kubernetes/split/example/dpu", "split"),
 )
+# Roots of no deployment, applied on their own where the cluster serves
+# their API, by the Kubernetes version they need: the VolumeAttributesClasses
+# are storage.k8s.io/v1 from 1.34 (deploy/README.md, "Kubernetes versions").
+OPTIONAL_ROOTS = {"kubernetes/volumeattributesclasses": "1.34"}
 # Every kustomization must be reachable from one of them.
-ROOTS = tuple(r for d in DEPLOYMENTS for r in (d.host, d.dpu))
+ROOTS = tuple(r for d in DEPLOYMENTS for r in (d.host, d.dpu)) + tuple(OPTIONAL_ROOTS)
 
 SIG_STORAGE = "registry.k8s.io/sig-storage/"
 SIDECARS = {
@@ -685,6 +689,20 @@ def check_host_cluster(
     t.check(any(o.get("kind") == "VolumeSnapshotClass" for o in objs), f"{root}: VolumeSnapshotClass", "none defined")
 
 
+def check_attribute_classes(root: str, objs: list[dict], deployed: list[dict], t: Tally) -> None:
+    """A VolumeAttributesClass is for our driver: the resizer sends
+    ControllerModifyVolume only for classes naming it."""
+    drivers = {o["metadata"]["name"] for o in deployed if o.get("kind") == "CSIDriver"}
+    classes = [o for o in objs if o.get("kind") == "VolumeAttributesClass"]
+    t.check(bool(classes), root, "holds no VolumeAttributesClass")
+    for o in classes:
+        t.check(
+            o.get("driverName") in drivers,
+            show(obj_key(o)),
+            f"driverName must be the CSIDriver's {sorted(drivers)}, is {o.get('driverName')}",
+        )
+
+
 def check_deployment(
     d: Deployment, roots: dict[str, list[dict]], ours: list[Ours], helps: dict[tuple[str, str | None], dict[str, Flag]], repo: Path, t: Tally
 ) -> int:
@@ -786,8 +804,16 @@ def main(argv: list[str] | None = None) -> int:
             # What kustomize renders is what gets applied; where it could not
             # render (already a failure) check what the files hold.
             roots[r] = rendered[d] if d in rendered else plain_objects(d, ks)
+    optional = {r: roots.pop(r, []) for r in OPTIONAL_ROOTS}
     unique = check_shared_objects(roots, t)
-    check_schemas(unique, deploy / "tools" / "schemas", t)
+    # The deployments are for every supported version; the older ones run
+    # them through an overlay that changes only sidecar releases and flags.
+    schema_dir = deploy / "tools" / "schemas"
+    check_schemas(unique, minors(OLDEST, NEWEST), schema_dir, t)
+    for r, low in OPTIONAL_ROOTS.items():
+        check_schemas(optional[r], minors(low, NEWEST), schema_dir, t)
+        check_floor(r, optional[r], low, t)
+        check_attribute_classes(r, optional[r], unique, t)
 
     helps = {
         NODE: run_help(a.snap_csi, "node"),
@@ -817,7 +843,7 @@ def main(argv: list[str] | None = None) -> int:
     if not a.quiet:
         print(
             f"checked {len(unique)} objects in {len(ks)} kustomizations ({len(DEPLOYMENTS)} deployments, {pairs} host/DPU "
-            f"pairs) against Kubernetes {K8S_VERSION} and the binaries"
+            f"pairs) against Kubernetes {OLDEST} to {NEWEST} and the binaries"
         )
     print(f"deploy: {t.passed} passed, {len(t.failures)} failed")
     return 1 if t.failures else 0

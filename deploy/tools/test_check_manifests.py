@@ -428,6 +428,32 @@ class BreakingTheDeployFails(unittest.TestCase):
     def test_template_placeholder_the_script_does_not_fill(self):
         self.expect([("kubernetes/split/templates/host/certificate.yaml.in", "    - @HOST@", "    - @HOSTNAME@")], "has a placeholder this script does not fill")
 
+    # ---- Kubernetes versions
+
+    def test_volume_attributes_classes_in_the_base(self):
+        # Kubernetes before 1.34 has no storage.k8s.io/v1 VolumeAttributesClass
+        # and refuses the whole apply.
+        self.expect([("kubernetes/kustomization.yaml", "  - snapshotclass\n", "  - snapshotclass\n  - volumeattributesclasses\n")], "(Kubernetes 1.28–1.33, strict)")
+
+    def test_field_newer_than_the_oldest_kubernetes(self):
+        self.expect(
+            [("kubernetes/csidriver/csidriver.yaml", "  storageCapacity: false\n", "  storageCapacity: false\n  nodeAllocatableUpdatePeriodSeconds: 60\n")],
+            "(Kubernetes 1.28–1.32, strict)",
+        )
+
+    def test_optional_root_older_kubernetes_takes(self):
+        def v1beta1(deploy: Path) -> None:
+            path = deploy / "kubernetes/volumeattributesclasses/volumeattributesclasses.yaml"
+            path.write_text(path.read_text().replace("apiVersion: storage.k8s.io/v1\n", "apiVersion: storage.k8s.io/v1beta1\n"))
+
+        self.expect([], "yet Kubernetes 1.33 takes all of it", setup=v1beta1)
+
+    def test_volume_attributes_class_for_another_driver(self):
+        self.expect(
+            [("kubernetes/volumeattributesclasses/volumeattributesclasses.yaml", "driverName: csi.snap-csi.io", "driverName: csi.other.io")],
+            "driverName must be the CSIDriver's",
+        )
+
     # ---- images
 
     def test_builder_emulated_instead_of_cross_compiling(self):
