@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import split
-from checklib import Container, Location, Tally, locate, obj_key, pod_spec_of, show
+from checklib import SIG_STORAGE, Container, Location, Tally, image_parts, locate, obj_key, pod_spec_of, show
 from images import Dockerfile, check_dockerfiles, check_spdk_containerfile
 from kustomize import check_kustomize_tree, check_render, plain_objects, read_kustomizations
-from versions import NEWEST, OLDEST, check_floor, check_schemas, minors
+from versions import NEWEST, OLDEST, check_base, check_floor, check_overlays, check_rows, check_schemas, minors, read_table
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,6 @@ OPTIONAL_ROOTS = {"kubernetes/volumeattributesclasses": "1.34"}
 # Every kustomization must be reachable from one of them.
 ROOTS = tuple(r for d in DEPLOYMENTS for r in (d.host, d.dpu)) + tuple(OPTIONAL_ROOTS)
 
-SIG_STORAGE = "registry.k8s.io/sig-storage/"
 SIDECARS = {
     "csi-provisioner",
     "csi-resizer",
@@ -215,13 +214,6 @@ def split_args(args: list[str], flags: dict[str, Flag] | None) -> tuple[dict[str
             positional.append(a)
         i += 1
     return out, positional, twice
-
-
-def image_parts(image: str) -> tuple[str, str, str]:
-    repo, _, tag = image.rpartition(":")
-    if "/" in tag or not repo:
-        repo, tag = image, ""
-    return repo, repo.rsplit("/", 1)[-1], tag
 
 
 def path_kind(flag: str) -> str | None:
@@ -791,12 +783,13 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     repo = a.repo.resolve()
     deploy = (a.deploy or repo / "deploy").resolve()
-    kube = deploy / "kubernetes"
     t = Tally()
 
-    ks = read_kustomizations(kube, t)
-    check_kustomize_tree(kube, ks, ROOTS, t)
-    rendered = check_render(kube, ks, a.kubectl, t)
+    ks = read_kustomizations(deploy, t)
+    # The overlays for older Kubernetes are roots nothing lists.
+    overlays = tuple(d.relative_to(deploy).as_posix() for d, k in ks.items() if k.components)
+    check_kustomize_tree(deploy, ks, ROOTS + overlays, t)
+    rendered = check_render(deploy, ks, a.kubectl, t)
     roots: dict[str, list[dict]] = {}
     for r in ROOTS:
         d = (deploy / r).resolve()
@@ -814,6 +807,11 @@ def main(argv: list[str] | None = None) -> int:
         check_schemas(optional[r], minors(low, NEWEST), schema_dir, t)
         check_floor(r, optional[r], low, t)
         check_attribute_classes(r, optional[r], unique, t)
+    rows = read_table(deploy / "README.md", t)
+    base = check_rows(rows, t)
+    if base:
+        check_base(base, unique, t)
+        check_overlays(deploy, rows, ks, rendered, roots, a.kubectl, schema_dir, t)
 
     helps = {
         NODE: run_help(a.snap_csi, "node"),
