@@ -10,31 +10,20 @@ the tally; every failure is printed with what was expected.
 from __future__ import annotations
 
 import argparse
-import copy
-import functools
 import json
 import posixpath
 import re
 import subprocess
 import sys
 import tomllib
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import jsonschema
-import kubernetes_validate
-import referencing
-import yaml
-from kubernetes_validate import utils as kv_utils
-
 import split
-from checklib import YAML_LOADER, Container, Location, Tally, load_yaml_docs, locate, obj_key, pod_spec_of, show
+from checklib import SIG_STORAGE, Container, Location, Tally, image_parts, locate, obj_key, pod_spec_of, show
 from images import Dockerfile, check_dockerfiles, check_spdk_containerfile
-
-# The newest Kubernetes whose schemas kubernetes-validate bundles; the
-# manifests must be valid there (strict: unknown fields are errors).
-K8S_VERSION = "1.37"
+from kustomize import check_kustomize_tree, check_render, plain_objects, read_kustomizations
+from versions import NEWEST, OLDEST, check_base, check_floor, check_overlays, check_rows, check_schemas, minors, read_table
 
 
 @dataclass(frozen=True)
@@ -54,17 +43,13 @@ DEPLOYMENTS = (
     # The example site: those parts and one pair made by new-pair.sh.
     Deployment("kubernetes/split/example/host", "kubernetes/split/example/dpu", "split"),
 )
+# Roots of no deployment, applied on their own where the cluster serves
+# their API, by the Kubernetes version they need: the VolumeAttributesClasses
+# are storage.k8s.io/v1 from 1.34 (deploy/README.md, "Kubernetes versions").
+OPTIONAL_ROOTS = {"kubernetes/volumeattributesclasses": "1.34"}
 # Every kustomization must be reachable from one of them.
-ROOTS = tuple(r for d in DEPLOYMENTS for r in (d.host, d.dpu))
+ROOTS = tuple(r for d in DEPLOYMENTS for r in (d.host, d.dpu)) + tuple(OPTIONAL_ROOTS)
 
-# CRD kinds kubernetes-validate has no schema for, and our copy of theirs.
-CRD_SCHEMAS = {
-    ("snapshot.storage.k8s.io/v1", "VolumeSnapshotClass"): "volumesnapshotclass-snapshot-v1.json",
-    ("cert-manager.io/v1", "Certificate"): "certificate-cert-manager-v1.json",
-    ("cert-manager.io/v1", "Issuer"): "issuer-cert-manager-v1.json",
-}
-
-SIG_STORAGE = "registry.k8s.io/sig-storage/"
 SIDECARS = {
     "csi-provisioner",
     "csi-resizer",
@@ -100,185 +85,6 @@ INSECURE = ("insecure-plaintext", "dpu-insecure-plaintext")
 DPF_PLUGIN_SOCKET = re.compile(r"^/var/lib/nvidia/storage/snap/plugins/[^/]+/dpu\.sock$")
 DPF_SNAP_SOCKET = re.compile(r"^/var/lib/nvidia/storage/snap/providers/[^/]+/snap\.sock$")
 DEFAULT_PROVIDER = "nvidia"
-
-
-@dataclass
-class Kustomization:
-    dir: Path
-    resources: list[str]
-
-
-def read_kustomizations(kube: Path, t: Tally) -> dict[Path, Kustomization]:
-    out: dict[Path, Kustomization] = {}
-    for path in sorted(kube.rglob("kustomization.yaml")):
-        rel = path.relative_to(kube.parent)
-        docs = load_yaml_docs(path)
-        if not t.check(len(docs) == 1, f"{rel}", "must hold exactly one document"):
-            continue
-        k = docs[0]
-        t.check(
-            k.get("apiVersion") == "kustomize.config.k8s.io/v1beta1" and k.get("kind") == "Kustomization",
-            f"{rel}",
-            "apiVersion/kind must be kustomize.config.k8s.io/v1beta1 Kustomization",
-        )
-        # Transformers would make the applied objects differ from the files
-        # every other check reads; keep the files the truth.
-        extra = set(k) - {"apiVersion", "kind", "resources"}
-        t.check(not extra, f"{rel}", f"only resources are used here, found {sorted(extra)}")
-        resources = k.get("resources") or []
-        t.check(bool(resources), f"{rel}", "lists no resources")
-        out[path.parent] = Kustomization(path.parent, list(resources))
-    return out
-
-
-def check_kustomize_tree(kube: Path, ks: dict[Path, Kustomization], t: Tally) -> None:
-    for d, k in ks.items():
-        rel = d.relative_to(kube.parent)
-        listed_files = set()
-        for r in k.resources:
-            target = (d / r).resolve()
-            if target.is_dir():
-                t.check(target in ks, f"{rel}/kustomization.yaml", f"resource {r} is a directory without a kustomization.yaml")
-            elif target.is_file():
-                t.check(r.endswith(".yaml"), f"{rel}/kustomization.yaml", f"resource {r} is not a .yaml file")
-                t.check(target.parent == d.resolve(), f"{rel}/kustomization.yaml", f"resource {r} lies outside its directory")
-                listed_files.add(target.name)
-            else:
-                t.fail(f"{rel}/kustomization.yaml", f"resource {r} does not exist")
-        present = {p.name for p in d.glob("*.yaml")} - {"kustomization.yaml"}
-        orphans = sorted(present - listed_files)
-        t.check(not orphans, f"{rel}/kustomization.yaml", f"files present but not listed in resources: {orphans}")
-    # Every kustomization dir is reachable from a root, and every manifest
-    # lies in a kustomization dir.
-    reachable: set[Path] = set()
-    stack = [kube.parent / r for r in ROOTS]
-    for r in stack:
-        t.check(r in ks, f"{r.relative_to(kube.parent)}", "root has no kustomization.yaml")
-    while stack:
-        d = stack.pop()
-        if d in reachable or d not in ks:
-            continue
-        reachable.add(d)
-        stack.extend((d / r).resolve() for r in ks[d].resources if (d / r).is_dir())
-    for d in ks:
-        t.check(d in reachable, f"{d.relative_to(kube.parent)}", f"not reachable from any root {ROOTS}")
-    for p in sorted(kube.rglob("*.yaml")):
-        t.check(p.parent in ks, f"{p.relative_to(kube.parent)}", "lies in a directory without a kustomization.yaml")
-
-
-def plain_objects(d: Path, ks: dict[Path, Kustomization]) -> list[dict]:
-    objs: list[dict] = []
-    for r in ks[d].resources:
-        target = (d / r).resolve()
-        if target.is_dir() and target in ks:
-            objs.extend(plain_objects(target, ks))
-        elif target.is_file():
-            objs.extend(load_yaml_docs(target))
-    return objs
-
-
-def render(kubectl: str, d: Path) -> list[dict] | str:
-    """What kustomize renders of `d`, or why it could not."""
-    try:
-        out = subprocess.run([kubectl, "kustomize", str(d)], capture_output=True, text=True, timeout=120)
-    except subprocess.TimeoutExpired as e:
-        return str(e)
-    if out.returncode != 0:
-        return out.stderr.strip() or f"exit {out.returncode}"
-    return [doc for doc in yaml.load_all(out.stdout, Loader=YAML_LOADER) if doc is not None]
-
-
-def check_render(kube: Path, ks: dict[Path, Kustomization], kubectl: str | None, t: Tally) -> dict[Path, list[dict]]:
-    """Renders every kustomization; returns what rendered."""
-    rendered_by_dir: dict[Path, list[dict]] = {}
-    renders = {}
-    if kubectl is not None:
-        # Each render is a process of its own: run a few at once.
-        with ThreadPoolExecutor(max_workers=4) as pool:
-            renders = dict(zip(ks, pool.map(lambda d: render(kubectl, d), ks), strict=True))
-    for d in ks:
-        rel = d.relative_to(kube.parent)
-        plain = plain_objects(d, ks)
-        keys = [obj_key(o) for o in plain]
-        dups = sorted({show(k) for k in keys if keys.count(k) > 1})
-        t.check(not dups, f"{rel}", f"objects defined twice: {dups}")
-        if kubectl is None:
-            continue
-        rendered = renders[d]
-        if isinstance(rendered, str):
-            t.fail(f"kubectl kustomize {rel}", rendered)
-            continue
-        rendered_by_dir[d] = rendered
-        by_key = {obj_key(o): o for o in rendered}
-        t.check(
-            set(by_key) == set(keys),
-            f"kubectl kustomize {rel}",
-            f"renders {sorted(map(show, by_key))}, the files hold {sorted(map(show, keys))}",
-        )
-        changed = [show(obj_key(o)) for o in plain if by_key.get(obj_key(o)) not in (None, o)]
-        t.check(not changed, f"kubectl kustomize {rel}", f"renders these differently from their files: {changed}")
-    return rendered_by_dir
-
-
-# ---------------------------------------------------------------- schemas
-
-
-# kubernetes-validate reads and parses its schema files (the definitions are
-# megabytes) for every object it validates; they never change, so read each
-# once. Nothing here or in jsonschema modifies a schema.
-kv_utils.schema_contents = functools.lru_cache(maxsize=None)(kv_utils.schema_contents)
-
-
-def definitions_resource() -> referencing.Resource:
-    version = [v for v in kv_utils.all_versions() if kv_utils.major_minor(v) <= K8S_VERSION][-1]
-    defs = kv_utils.schema_contents(f"kubernetes-json-schema/v{version}-local-strict/_definitions.json", K8S_VERSION)
-    return referencing.Resource.from_contents(defs)
-
-
-def strict_crd_schema(schema: dict, defs_id: str) -> dict:
-    """Unknown fields rejected (as strict field validation would), metadata
-    checked as ObjectMeta."""
-    s = copy.deepcopy(schema)
-    s.pop("$comment", None)
-
-    def close(node: dict) -> None:
-        if isinstance(node, dict):
-            if "properties" in node and "additionalProperties" not in node:
-                node["additionalProperties"] = False
-            for v in node.values():
-                if isinstance(v, dict):
-                    close(v)
-                elif isinstance(v, list):
-                    for i in v:
-                        close(i)
-
-    close(s)
-    s["properties"]["metadata"] = {"$ref": f"{defs_id}#/$defs/io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta"}
-    return s
-
-
-def check_schemas(objs: list[dict], schema_dir: Path, t: Tally) -> None:
-    defs = definitions_resource()
-    registry = defs @ referencing.Registry()
-    for o in objs:
-        what = f"schema {show(obj_key(o))}"
-        crd = CRD_SCHEMAS.get((o.get("apiVersion"), o.get("kind")))
-        if crd:
-            schema = strict_crd_schema(json.loads((schema_dir / crd).read_text()), defs.contents["$id"])
-            errors = sorted(jsonschema.Draft202012Validator(schema, registry=registry).iter_errors(o), key=str)
-            t.check(
-                not errors,
-                what,
-                "; ".join(f"{'.'.join(map(str, e.path)) or '<root>'}: {e.message}" for e in errors[:5]),
-            )
-            continue
-        try:
-            kubernetes_validate.validate(o, K8S_VERSION, strict=True)
-            t.check(True, what)
-        except kubernetes_validate.ValidationError as e:
-            t.fail(what, f"{'.'.join(map(str, e.path)) or '<root>'}: {e.message} (Kubernetes {e.version}, strict)")
-        except kubernetes_validate.SchemaNotFoundError as e:
-            t.fail(what, f"{e.message}; add the CRD's schema to CRD_SCHEMAS")
 
 
 # ---------------------------------------------------------------- binaries
@@ -408,13 +214,6 @@ def split_args(args: list[str], flags: dict[str, Flag] | None) -> tuple[dict[str
             positional.append(a)
         i += 1
     return out, positional, twice
-
-
-def image_parts(image: str) -> tuple[str, str, str]:
-    repo, _, tag = image.rpartition(":")
-    if "/" in tag or not repo:
-        repo, tag = image, ""
-    return repo, repo.rsplit("/", 1)[-1], tag
 
 
 def path_kind(flag: str) -> str | None:
@@ -882,6 +681,20 @@ def check_host_cluster(
     t.check(any(o.get("kind") == "VolumeSnapshotClass" for o in objs), f"{root}: VolumeSnapshotClass", "none defined")
 
 
+def check_attribute_classes(root: str, objs: list[dict], deployed: list[dict], t: Tally) -> None:
+    """A VolumeAttributesClass is for our driver: the resizer sends
+    ControllerModifyVolume only for classes naming it."""
+    drivers = {o["metadata"]["name"] for o in deployed if o.get("kind") == "CSIDriver"}
+    classes = [o for o in objs if o.get("kind") == "VolumeAttributesClass"]
+    t.check(bool(classes), root, "holds no VolumeAttributesClass")
+    for o in classes:
+        t.check(
+            o.get("driverName") in drivers,
+            show(obj_key(o)),
+            f"driverName must be the CSIDriver's {sorted(drivers)}, is {o.get('driverName')}",
+        )
+
+
 def check_deployment(
     d: Deployment, roots: dict[str, list[dict]], ours: list[Ours], helps: dict[tuple[str, str | None], dict[str, Flag]], repo: Path, t: Tally
 ) -> int:
@@ -970,12 +783,13 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     repo = a.repo.resolve()
     deploy = (a.deploy or repo / "deploy").resolve()
-    kube = deploy / "kubernetes"
     t = Tally()
 
-    ks = read_kustomizations(kube, t)
-    check_kustomize_tree(kube, ks, t)
-    rendered = check_render(kube, ks, a.kubectl, t)
+    ks = read_kustomizations(deploy, t)
+    # The overlays for older Kubernetes are roots nothing lists.
+    overlays = tuple(d.relative_to(deploy).as_posix() for d, k in ks.items() if k.components)
+    check_kustomize_tree(deploy, ks, ROOTS + overlays, t)
+    rendered = check_render(deploy, ks, a.kubectl, t)
     roots: dict[str, list[dict]] = {}
     for r in ROOTS:
         d = (deploy / r).resolve()
@@ -983,8 +797,21 @@ def main(argv: list[str] | None = None) -> int:
             # What kustomize renders is what gets applied; where it could not
             # render (already a failure) check what the files hold.
             roots[r] = rendered[d] if d in rendered else plain_objects(d, ks)
+    optional = {r: roots.pop(r, []) for r in OPTIONAL_ROOTS}
     unique = check_shared_objects(roots, t)
-    check_schemas(unique, deploy / "tools" / "schemas", t)
+    # The deployments are for every supported version; the older ones run
+    # them through an overlay that changes only sidecar releases and flags.
+    schema_dir = deploy / "tools" / "schemas"
+    check_schemas(unique, minors(OLDEST, NEWEST), schema_dir, t)
+    for r, low in OPTIONAL_ROOTS.items():
+        check_schemas(optional[r], minors(low, NEWEST), schema_dir, t)
+        check_floor(r, optional[r], low, t)
+        check_attribute_classes(r, optional[r], unique, t)
+    rows = read_table(deploy / "README.md", t)
+    base = check_rows(rows, t)
+    if base:
+        check_base(base, unique, t)
+        check_overlays(deploy, rows, ks, rendered, roots, a.kubectl, schema_dir, t)
 
     helps = {
         NODE: run_help(a.snap_csi, "node"),
@@ -1014,7 +841,7 @@ def main(argv: list[str] | None = None) -> int:
     if not a.quiet:
         print(
             f"checked {len(unique)} objects in {len(ks)} kustomizations ({len(DEPLOYMENTS)} deployments, {pairs} host/DPU "
-            f"pairs) against Kubernetes {K8S_VERSION} and the binaries"
+            f"pairs) against Kubernetes {OLDEST} to {NEWEST} and the binaries"
         )
     print(f"deploy: {t.passed} passed, {len(t.failures)} failed")
     return 1 if t.failures else 0

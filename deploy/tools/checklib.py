@@ -55,6 +55,18 @@ def show(key: Key) -> str:
     return f"{kind} {ns + '/' if ns else ''}{name}"
 
 
+# Where the Kubernetes CSI sidecars come from.
+SIG_STORAGE = "registry.k8s.io/sig-storage/"
+
+
+def image_parts(image: str) -> tuple[str, str, str]:
+    """registry/path/name:tag -> (registry/path/name, name, tag)."""
+    repo, _, tag = image.rpartition(":")
+    if "/" in tag or not repo:
+        repo, tag = image, ""
+    return repo, repo.rsplit("/", 1)[-1], tag
+
+
 def pod_spec_of(obj: dict) -> dict | None:
     return ((obj.get("spec") or {}).get("template") or {}).get("spec")
 

@@ -23,6 +23,8 @@ from typing import Callable
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import check_manifests as cm  # noqa: E402
 import images  # noqa: E402
+import kustomize  # noqa: E402
+from checklib import load_yaml_docs  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 VENV_KUBECTL = REPO / "target" / "deploy-tools" / "venv" / "bin" / "kubectl"
@@ -37,26 +39,32 @@ images.run_helper = functools.lru_cache(maxsize=None)(images.run_helper)
 
 
 def kustomize_inputs(d: Path) -> bytes:
-    """Every file kustomize reads to render `d` (our kustomizations only
-    list resources), with its path below deploy/."""
+    """Every file kustomize reads to render `d` (our kustomizations list
+    resources and components; the overlays' patches are inline), with its
+    path below deploy/. A site the check makes in a scratch directory lists
+    only resources and components, so what it lists is what it renders."""
     out = b""
     kustomization = d / "kustomization.yaml"
     if kustomization.is_file():
-        out += str(kustomization.relative_to(deploy_of(d))).encode() + kustomization.read_bytes()
-        for r in cm.load_yaml_docs(kustomization)[0].get("resources") or []:
-            target = (d / r).resolve()
-            if target.is_dir():
-                out += kustomize_inputs(target)
-            elif target.is_file():
-                out += str(target.relative_to(deploy_of(d))).encode() + target.read_bytes()
+        k = load_yaml_docs(kustomization)[0]
+        deploy = deploy_of(d)
+        out += str(kustomization.relative_to(deploy)).encode() + kustomization.read_bytes() if deploy else b"site"
+        for field in ("resources", "components"):
+            for r in k.get(field) or []:
+                target = (d / r).resolve()
+                out += field.encode()
+                if target.is_dir():
+                    out += kustomize_inputs(target)
+                elif target.is_file():
+                    out += str(target.relative_to(deploy_of(target))).encode() + target.read_bytes()
     return out
 
 
-def deploy_of(d: Path) -> Path:
-    return next(p for p in [d, *d.parents] if p.name == "deploy")
+def deploy_of(d: Path) -> Path | None:
+    return next((p for p in [d, *d.parents] if p.name == "deploy"), None)
 
 
-_render = cm.render
+_render = kustomize.render
 _renders: dict[bytes, object] = {}
 
 
@@ -69,7 +77,7 @@ def cached_render(kubectl: str, d: Path):
     return copy.deepcopy(_renders[key])
 
 
-cm.render = cached_render
+kustomize.render = cached_render
 
 
 def run_checker(deploy: Path, extra: tuple[str, ...] = ()) -> set[str]:
@@ -111,6 +119,9 @@ NODE_DS = f"{EXAMPLE}/worker-1/host/daemonset.yaml"
 NODE_CERT = f"{EXAMPLE}/worker-1/host/certificate.yaml"
 AGENT_DS = f"{EXAMPLE}/worker-1/dpu/daemonset.yaml"
 AGENT_CERT = f"{EXAMPLE}/worker-1/dpu/certificate.yaml"
+README = "README.md"
+OVERLAY_128 = "older-kubernetes/1.28-1.31"
+OVERLAY_132 = "older-kubernetes/1.32-1.33"
 
 
 def add_pair(deploy: Path, host: str, *args: str) -> None:
@@ -425,6 +436,85 @@ class BreakingTheDeployFails(unittest.TestCase):
 
     def test_template_placeholder_the_script_does_not_fill(self):
         self.expect([("kubernetes/split/templates/host/certificate.yaml.in", "    - @HOST@", "    - @HOSTNAME@")], "has a placeholder this script does not fill")
+
+    # ---- Kubernetes versions
+
+    def test_volume_attributes_classes_in_the_base(self):
+        # Kubernetes before 1.34 has no storage.k8s.io/v1 VolumeAttributesClass
+        # and refuses the whole apply.
+        self.expect([("kubernetes/kustomization.yaml", "  - snapshotclass\n", "  - snapshotclass\n  - volumeattributesclasses\n")], "(Kubernetes 1.28–1.33, strict)")
+
+    def test_field_newer_than_the_oldest_kubernetes(self):
+        self.expect(
+            [("kubernetes/csidriver/csidriver.yaml", "  storageCapacity: false\n", "  storageCapacity: false\n  nodeAllocatableUpdatePeriodSeconds: 60\n")],
+            "(Kubernetes 1.28–1.32, strict)",
+        )
+
+    def test_optional_root_older_kubernetes_takes(self):
+        def v1beta1(deploy: Path) -> None:
+            path = deploy / "kubernetes/volumeattributesclasses/volumeattributesclasses.yaml"
+            path.write_text(path.read_text().replace("apiVersion: storage.k8s.io/v1\n", "apiVersion: storage.k8s.io/v1beta1\n"))
+
+        self.expect([], "yet Kubernetes 1.33 takes all of it", setup=v1beta1)
+
+    def test_volume_attributes_class_for_another_driver(self):
+        self.expect(
+            [("kubernetes/volumeattributesclasses/volumeattributesclasses.yaml", "driverName: csi.snap-csi.io", "driverName: csi.other.io")],
+            "driverName must be the CSIDriver's",
+        )
+
+    def test_transformer_outside_the_overlays(self):
+        self.expect([("kubernetes/storageclasses/kustomization.yaml", "kind: Kustomization\n", "kind: Kustomization\nnamePrefix: x-\n")], "only ['resources'] are used here")
+
+    def test_sidecar_not_the_tables_release(self):
+        self.expect(
+            [("kubernetes/controller/deployment.yaml", "csi-resizer:v2.3.0", "csi-resizer:v2.2.1")],
+            "runs csi-resizer v2.2.1; the table's row 1.34 – 1.37, the manifests' own, says v2.3.0",
+        )
+
+    def test_table_gate_the_manifests_lack(self):
+        self.expect([(README, "| 1.34 – 1.37 | `v6.4.0` |", "| 1.34 – 1.37 | `v6.4.0` `--feature-gates=Topology=false` |")], "--feature-gates lacks {'Topology': 'false'}")
+
+    def test_table_names_another_release_than_the_overlay(self):
+        self.expect(
+            [(README, "| `v1.13.2` `--feature-gates=", "| `v1.13.1` `--feature-gates=")],
+            "renders Deployment snap-csi/snap-csi-controller other than the table's row 1.28 – 1.31 makes it: container csi-resizer runs",
+        )
+
+    def test_table_flag_other_than_feature_gates(self):
+        self.expect([(README, "| `v2.3.0` |", "| `v2.3.0` `--handle-volume-inuse-error=false` |")], "a range sets only --feature-gates")
+
+    def test_rows_leave_a_gap(self):
+        self.expect([(README, "| 1.32 – 1.33 |", "| 1.32 – 1.32 |")], "rows 1.34 – 1.37 and 1.32 – 1.32 must meet")
+
+    def test_overlay_changes_more_than_the_table(self):
+        self.expect(
+            [(f"{OVERLAY_132}/sidecars/kustomization.yaml", "        value: --feature-gates=Topology=true,VolumeAttributesClass=false\n", "        value: --feature-gates=Topology=true,VolumeAttributesClass=false\n      - op: replace\n        path: /spec/template/spec/containers/2/args/7\n        value: --timeout=30s\n")],
+            "container csi-provisioner runs",
+        )
+
+    def test_overlay_without_the_tables_gate(self):
+        self.expect(
+            [(f"{OVERLAY_128}/sidecars/kustomization.yaml", "      - op: add\n        path: /spec/template/spec/containers/3/args/-\n        value: --feature-gates=RecoverVolumeExpansionFailure=false,VolumeAttributesClass=false\n", "")],
+            "container csi-resizer runs",
+        )
+
+    def test_overlay_patch_after_the_base_moved(self):
+        # The patch's test operations refuse to replace another argument.
+        self.expect([("kubernetes/controller/deployment.yaml", "            - --extra-create-metadata\n", "")], "testing value /spec/template/spec/containers/2/args/5 failed")
+
+    def test_overlay_changes_more_on_a_split_site(self):
+        patch = (
+            "  - target:\n      kind: DaemonSet\n      name: snap-csi-node-worker-1\n    patch: |-\n"
+            "      - op: replace\n        path: /spec/template/spec/containers/1/args/0\n        value: --v=5\n"
+        )
+        self.expect([(f"{OVERLAY_132}/sidecars/kustomization.yaml", "patches:\n", "patches:\n" + patch)], "kubernetes/split/example/host with the Component of deploy/older-kubernetes/1.32-1.33")
+
+    def test_overlay_without_a_row(self):
+        def extra(deploy: Path) -> None:
+            shutil.copytree(deploy / OVERLAY_132, deploy / "older-kubernetes/1.26-1.27")
+
+        self.expect([], "deploy/older-kubernetes/1.26-1.27: overlays deploy/kubernetes, yet no row", setup=extra)
 
     # ---- images
 
