@@ -4,12 +4,12 @@
 # controller proxy in front of the sample controller, and the node service,
 # with csi-sanity's default configuration except for small volumes.
 #
-# csi-sanity is built once, offline, from the csi-test source with its
-# vendored Go modules (../shared/third_party/csi-test-v5.4.0.tar.gz; Go 1.23
-# from hack/setup.sh) into
-# ${SNAP_CSI_CACHE:-$HOME/.cache/snap-csi}/csi-sanity-<sha256 of the tarball
-# and of hack/csi-sanity-connect-race.patch, a fix of the suite's connection
-# race, the only change made to it>/.
+# csi-sanity is built once, offline, from csi-test's source with its vendored
+# Go modules (hack/fetch-third-party.sh csi-test: upstream, or an offline
+# mirror directory named by SNAP_CSI_THIRD_PARTY_MIRROR; Go 1.23 from
+# hack/setup.sh) into ${SNAP_CSI_CACHE:-$HOME/.cache/snap-csi}/csi-sanity-<sha256
+# of the source's pinned tree id (or the --tarball's sum) and of
+# hack/csi-sanity-connect-race.patch, the suite's one fix (a connection race)>/.
 # With a network, `go install github.com/kubernetes-csi/csi-test/v5/cmd/csi-sanity@v5.4.0`
 # gives the same binary: pass it with --csi-sanity.
 #
@@ -37,7 +37,7 @@ profile=debug
 build=1
 backends=()
 binary=
-tarball=$repo/../shared/third_party/csi-test-v5.4.0.tar.gz
+tarball=
 local_up_args=()
 while (($#)); do
   case $1 in
@@ -68,21 +68,26 @@ if ((build)); then
   cargo build "${flag[@]}" --locked --quiet -p snap-csi -p snap-emu -p snap-csi-spdk-plugin
 fi
 
-# The csi-sanity binary: given, or built from the tarball once per its hash.
+# The csi-sanity binary: given, or built from csi-test's source once per the
+# source's identity (known without fetching it: a cache hit needs no network).
 if [ -z "$binary" ]; then
-  if [ ! -f "$tarball" ]; then
-    echo "csi-sanity: no csi-test source at $tarball; give --tarball, or --csi-sanity with a binary" \
-      "from 'go install github.com/kubernetes-csi/csi-test/v5/cmd/csi-sanity@v5.4.0'" >&2
+  if [ -z "$tarball" ]; then
+    source_id=$(hack/fetch-third-party.sh --id csi-test)
+  elif [ -f "$tarball" ]; then
+    source_id=$(sha256sum <"$tarball" | cut -d' ' -f1)
+  else
+    echo "csi-sanity: no csi-test source at $tarball" >&2
     exit 1
   fi
   cache_root=${SNAP_CSI_CACHE:-$HOME/.cache/snap-csi}
   # The suite's one fix (its connection race, see the patch) is part of the key.
   patch_file=$repo/hack/csi-sanity-connect-race.patch
-  cache=$cache_root/csi-sanity-$(cat "$tarball" "$patch_file" | sha256sum | cut -d' ' -f1)
+  cache=$cache_root/csi-sanity-$({ echo "$source_id"; cat "$patch_file"; } | sha256sum | cut -d' ' -f1)
   binary=$cache/csi-sanity
   if [ ! -x "$binary" ]; then
     go=/usr/lib/go-1.23/bin/go
     [ -x "$go" ] || { echo "csi-sanity: $go is missing (hack/setup.sh installs it)" >&2; exit 1; }
+    [ -n "$tarball" ] || tarball=$(hack/fetch-third-party.sh csi-test | tail -n1)
     mkdir -p "$cache_root"
     scratch=$(mktemp -d "$cache_root/.csi-sanity-build.XXXXXX")
     trap 'rm -rf "$scratch"' EXIT

@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
 # Proves the README's "Two commands" work on a fresh Debian 12 machine: builds
 # a minimal Debian 12 (bookworm) root from Debian's packages, copies in this
-# repository's HEAD (as /work/main), ../shared (as /work/shared, read-only) and
-# the Rust toolchain rustup has for rust-toolchain.toml, then runs the commands
-# README.md lists under "Two commands" inside it, as root, in a clean
-# environment, and prints each one's exit status and duration.
+# repository's HEAD (as /work/main) and the Rust toolchain rustup has for
+# rust-toolchain.toml, then runs the commands README.md lists under "Two
+# commands" inside it, as root, in a clean environment, and prints each one's
+# exit status and duration.
+#
+# Third-party sources (hack/third-party.txt): with SNAP_CSI_THIRD_PARTY_MIRROR
+# naming an offline mirror directory, that directory is bound read-only into
+# the root and the variable passed on to the commands, as CI does; without it
+# the commands fetch the sources upstream, as on a new machine.
 #
 # Usage (as root): ./hack/fresh-root-check.sh [--keep] [--dir DIR] [--command 'CMD']...
 #   --keep         leave the root in place afterwards (to look around or chroot in)
@@ -63,8 +68,11 @@ if ((${#commands[@]} == 0)); then
   ((${#commands[@]})) || { echo "fresh-root: no commands found under '## Two commands' in README.md" >&2; exit 1; }
 fi
 
-shared=$(cd "$repo/.." && pwd)/shared
-[ -d "$shared" ] || { echo "fresh-root: $shared is missing; the scripts read ../shared/third_party" >&2; exit 1; }
+mirror=
+if [ -n "${SNAP_CSI_THIRD_PARTY_MIRROR:-}" ]; then
+  mirror=$(cd "$SNAP_CSI_THIRD_PARTY_MIRROR" 2>/dev/null && pwd) ||
+    { echo "fresh-root: SNAP_CSI_THIRD_PARTY_MIRROR=$SNAP_CSI_THIRD_PARTY_MIRROR is not a directory" >&2; exit 1; }
+fi
 
 # The toolchain the repository pins, as rustup on this machine has it: either
 # under the pinned name or (hack/setup.sh's case) only as "stable". The root
@@ -180,7 +188,6 @@ fi
 head=$(git -C "$repo" rev-parse HEAD)
 say "copying the repository at $head (HEAD; uncommitted changes are not included)"
 [ -z "$(git -C "$repo" status --porcelain)" ] || say "note: $repo has uncommitted changes"
-mkdir -p "$root/work/shared"
 git clone --quiet --no-checkout --no-hardlinks "$repo" "$root/work/main"
 git -C "$root/work/main" checkout --quiet --detach "$head"
 
@@ -191,16 +198,21 @@ cp -a "$cargo_home/bin" "$root/root/.cargo/"
 cp -a "$cargo_home/env" "$root/root/.cargo/" 2>/dev/null || true
 printf 'version = "12"\ndefault_toolchain = "%s"\nprofile = "minimal"\n' "$(basename "$toolchain")" \
   >"$root/root/.rustup/settings.toml"
+if [ -n "$mirror" ]; then
+  say "third-party sources from the offline mirror directory $mirror (read-only)"
+else
+  say "no offline mirror directory (SNAP_CSI_THIRD_PARTY_MIRROR): third-party sources come from upstream"
+fi
 prepared=$(date +%s)
 say "root ready in $(human $((prepared - start)))"
 
 # Runs in the private mount namespace (whose id it writes to NSFILE): the
 # mounts, then each command in the chroot, in the foreground so that Ctrl-C
 # reaches them as on a real machine. Prints "exit STATUS after DURATION" for
-# each. Usage: run_inside ROOT SHARED NSFILE COMMAND...
+# each. Usage: run_inside ROOT MIRROR NSFILE COMMAND... (MIRROR may be empty)
 # shellcheck disable=SC2317 # run through declare -f in the namespace
 run_inside() {
-  local root=$1 shared=$2 cmd t0 status failed=0
+  local root=$1 mirror=$2 cmd t0 status failed=0 env=()
   readlink /proc/self/ns/mnt >"$3"
   shift 3
   mount --bind "$root" "$root"
@@ -209,14 +221,18 @@ run_inside() {
   mount --rbind /sys "$root/sys"
   mount --rbind /dev "$root/dev"
   mount -t tmpfs -o mode=755,nosuid,nodev tmpfs "$root/run"
-  mount --bind "$shared" "$root/work/shared"
-  mount -o remount,bind,ro "$root/work/shared"
+  if [ -n "$mirror" ]; then
+    mkdir -p "$root/mnt/third-party-mirror"
+    mount --bind "$mirror" "$root/mnt/third-party-mirror"
+    mount -o remount,bind,ro "$root/mnt/third-party-mirror"
+    env+=(SNAP_CSI_THIRD_PARTY_MIRROR=/mnt/third-party-mirror)
+  fi
   for cmd in "$@"; do
     echo "fresh-root: ==> $cmd"
     t0=$(date +%s)
     status=0
     chroot "$root" /usr/bin/env -i HOME=/root USER=root LOGNAME=root SHELL=/bin/bash \
-      PATH=/root/.cargo/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+      PATH=/root/.cargo/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin "${env[@]}" \
       /bin/bash -c "cd /work/main && $cmd" </dev/null || status=$?
     echo "fresh-root: <== $cmd: exit $status after $(human $(($(date +%s) - t0)))"
     ((status == 0)) || failed=1
@@ -226,7 +242,7 @@ run_inside() {
 
 status=0
 unshare --mount --propagation private -- bash -c "set -euo pipefail; $(declare -f human run_inside)
-  run_inside \"\$@\"" fresh-root-inside "$root" "$shared" "$nsfile" "${commands[@]}" || status=$?
+  run_inside \"\$@\"" fresh-root-inside "$root" "$mirror" "$nsfile" "${commands[@]}" || status=$?
 say "total $(human $(($(date +%s) - start))) (root $(human $((prepared - start))), commands $(human $(($(date +%s) - prepared))))"
 if ((status == 0)); then
   say "OK: every command passed in a fresh Debian 12 root"

@@ -32,7 +32,7 @@ SNAP_CSI_TEST_DPU=split SNAP_CSI_CRASH_TRIALS=100 cargo test --locked \
   -p snap-csi-spdk-plugin --test node_attach --test csi_stack
 ./deploy/check.sh
 ./hack/demo.sh --profile debug
-# csi-sanity (built once from ../shared/third_party, then cached): fails on
+# csi-sanity (built once from csi-test's pinned source, then cached): fails on
 # any failed spec, and on any skip not explained by a capability we lack.
 ./hack/csi-sanity.sh --profile debug
 # csi-sanity again in split mode (the node reaching a DPU agent in its own

@@ -364,18 +364,27 @@ def check_dockerfiles(repo: Path, images: Path, t: Tally) -> dict[str, Dockerfil
 def check_spdk_containerfile(path: Path, t: Tally) -> None:
     """hack/spdk/Containerfile (real SPDK for users' tests; no engine here to
     build it): one pinned Debian 12 stage, every file it copies present in its
-    context (its directory), the SPDK tag its patch is for, and spdk_tgt run
-    without hugepages or PCI on a socket."""
+    context (hack/: build.sh fetches with the script and manifest there), SPDK
+    pinned at the tag its patch is for, and spdk_tgt run without hugepages or
+    PCI on a socket."""
     where = str(path)
+    context = path.parent.parent
     df = parse_dockerfile(path)
     images = [stage.image for stage in df.stages]
     t.check(images == ["debian:bookworm"], where, f"must be one debian:bookworm stage (the Debian whose DPDK the patch is for), has {images}")
     for m in re.finditer(r"^COPY\s+(?!--from)(.+)$", df.text, re.MULTILINE):
         for source in shlex.split(m.group(1))[:-1]:
-            t.check((path.parent / source).is_file(), where, f"COPY source {source} is not in the build context {path.parent}")
+            t.check((context / source).is_file(), where, f"COPY source {source} is not in the build context {context}")
     patches = sorted(path.parent.glob("spdk-*.patch"))
     tag = patches[0].name.split("-")[1] if patches else None
-    t.check(tag is not None and f"--branch {tag} " in df.text, where, f"must clone SPDK at the tag its patch is for ({tag})")
-    t.check("build.sh --source" in df.text, where, "must build with build.sh --source (the recipe the test command runs)")
+    manifest = context / "third-party.txt"
+    pinned = [line.split() for line in manifest.read_text().splitlines()] if manifest.is_file() else []
+    t.check(
+        tag is not None and ["part", "spdk", ".", "https://github.com/spdk/spdk", tag] in [p[:5] for p in pinned],
+        str(manifest),
+        f"must pin SPDK at the tag its patch is for ({tag})",
+    )
+    runs = [line for stage in df.stages for line in stage.lines if line.upper().startswith("RUN ")]
+    t.check(any("hack/spdk/build.sh" in line for line in runs), where, "must build with hack/spdk/build.sh (the recipe the test command runs)")
     for flag in ("--no-huge", "-s", "--no-pci", "-r"):
         t.check(flag in df.entrypoint[1:], where, f"ENTRYPOINT must run spdk_tgt with {flag}, is {df.entrypoint}")

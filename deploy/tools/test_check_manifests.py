@@ -537,15 +537,15 @@ class BreakingTheDeployFails(unittest.TestCase):
 class HelpParsing(unittest.TestCase):
     def test_spdk_containerfile_copies_what_its_context_lacks(self):
         with tempfile.TemporaryDirectory() as tmp:
-            spdk = Path(tmp) / "spdk"
-            shutil.copytree(REPO / "hack" / "spdk", spdk)
-            path = spdk / "Containerfile"
+            hack = Path(tmp) / "hack"
+            shutil.copytree(REPO / "hack", hack)
+            path = hack / "spdk" / "Containerfile"
             text = path.read_text()
-            self.assertIn("COPY build.sh ", text)
-            path.write_text(text.replace("COPY build.sh ", "COPY build-spdk.sh ", 1))
+            self.assertIn(" spdk/build.sh ", text)
+            path.write_text(text.replace(" spdk/build.sh ", " spdk/build-spdk.sh ", 1))
             with tempfile.TemporaryDirectory() as tmp2:
                 failures = run_checker(copy_deploy(Path(tmp2)), ("--containerfile", str(path))) - baseline()
-        self.assertTrue(any("COPY source build-spdk.sh" in f for f in failures), sorted(failures))
+        self.assertTrue(any("COPY source spdk/build-spdk.sh" in f for f in failures), sorted(failures))
 
     def test_long_and_short_clap_layouts(self):
         long = (

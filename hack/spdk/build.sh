@@ -1,24 +1,29 @@
 #!/usr/bin/env bash
 # Builds SPDK's spdk_tgt against Debian 12's DPDK (no hugepages needed at run
 # time: spdk_tgt --no-huge -s 1024 --no-pci) and caches it outside the
-# repository, keyed by a hash of the source, the patch and this script. Prints
-# the path of a runnable spdk_tgt as its last line on stdout; everything else
-# goes to stderr or the build log.
+# repository, keyed by what is built: the source's identity, the patch and
+# the recipe (hack/spdk/recipe.sh). Prints the path of a runnable spdk_tgt as
+# its last line on stdout; everything else goes to stderr or the build log.
 #
 # Usage: hack/spdk/build.sh [--source TARBALL_OR_DIR] [--patch FILE]
 #   --source  SPDK v24.09 as a .tar.gz (one top directory) or a source tree
 #             with the isa-l and isa-l-crypto submodules checked out
-#             (default: ../shared/third_party/spdk-v24.09.tar.gz from the repo)
+#             (default: the source hack/third-party.txt pins, from
+#             hack/fetch-third-party.sh spdk: upstream, or an offline mirror
+#             directory when SNAP_CSI_THIRD_PARTY_MIRROR names one; fetched
+#             only when there is something to build)
 #   --patch   applied with patch -p1 unless already applied
 #             (default: hack/spdk/spdk-v24.09-debian-dpdk.patch)
 # Cache: ${SNAP_CSI_CACHE:-$HOME/.cache/snap-csi}/spdk-<hash>/bin/spdk_tgt.
-# A cache hit (an entry whose spdk_tgt starts) runs no apt-get and no build.
-# Installs the Debian packages it needs (only missing ones), as root.
+# A cache hit (an entry whose spdk_tgt starts) runs no apt-get, no fetch and
+# no build. Installs the Debian packages it needs (only missing ones), as root.
 #   tgt=$(hack/spdk/build.sh | tail -n1)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
-source=$repo/../shared/third_party/spdk-v24.09.tar.gz
+# shellcheck source=hack/spdk/recipe.sh
+. "$here/recipe.sh"
+source=
 patch=$here/spdk-v24.09-debian-dpdk.patch
 while (($#)); do
   case $1 in
@@ -28,29 +33,31 @@ while (($#)); do
     *) echo "build.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
-[ -e "$source" ] || { echo "build.sh: no SPDK source at $source" >&2; exit 1; }
 [ -f "$patch" ] || { echo "build.sh: no patch at $patch" >&2; exit 1; }
-source=$(cd "$(dirname "$source")" && pwd)/$(basename "$source")
 
-# A source tree is hashed file by file (names and contents, .git left out), so
-# an edit anywhere in it makes a new cache entry.
-if [ -d "$source" ]; then
-  source_hash=$(cd "$source" && find . -path ./.git -prune -o -type f -print0 | LC_ALL=C sort -z |
-    xargs -0 sha256sum | sha256sum | cut -c1-64)
+if [ -z "$source" ]; then
+  # The pinned source's tree id: the same whichever way it is fetched, and
+  # known without fetching, so a cache hit needs no network.
+  source_id=$("$repo/hack/fetch-third-party.sh" --id spdk)
 else
-  source_hash=$(sha256sum <"$source" | cut -c1-64)
+  [ -e "$source" ] || { echo "build.sh: no SPDK source at $source" >&2; exit 1; }
+  source=$(cd "$(dirname "$source")" && pwd)/$(basename "$source")
+  # A source tree is hashed file by file (names and contents, .git left out),
+  # so an edit anywhere in it makes a new cache entry.
+  if [ -d "$source" ]; then
+    source_id=$(cd "$source" && find . -path ./.git -prune -o -type f -print0 | LC_ALL=C sort -z |
+      xargs -0 sha256sum | sha256sum | cut -c1-64)
+  else
+    source_id=$(sha256sum <"$source" | cut -c1-64)
+  fi
 fi
-hash=$({ echo "$source_hash"; sha256sum <"$patch"; sha256sum <"$0"; } | sha256sum | cut -c1-16)
+hash=$({ echo "$source_id"; sha256sum <"$patch"; sha256sum <"$here/recipe.sh"; } | sha256sum | cut -c1-16)
 cache=${SNAP_CSI_CACHE:-$HOME/.cache/snap-csi}
 dest=$cache/spdk-$hash
 
-# The build packages (the -dev ones bring the libraries spdk_tgt runs with).
 install_packages() {
-  local packages=(gcc g++ make pkgconf patch libdpdk-dev libnuma-dev libaio-dev uuid-dev
-    libssl-dev libncurses-dev libcunit1-dev python3-pyelftools meson ninja-build libjson-c-dev
-    libkeyutils-dev nasm autoconf automake libtool)
   local missing=() p
-  for p in "${packages[@]}"; do
+  for p in "${spdk_packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
   done
   if ((${#missing[@]})); then
@@ -88,6 +95,7 @@ if [ -x "$dest/bin/spdk_tgt" ]; then
     *) echo "build.sh: $dest does not run; building it again" >&2; rm -rf "$dest" ;;
   esac
 fi
+[ -n "$source" ] || source=$("$repo/hack/fetch-third-party.sh" spdk | tail -n1)
 install_packages
 
 # Built and assembled in a temporary directory beside the cache entry, then
@@ -109,17 +117,7 @@ build() {
   if ! patch -p1 -R --dry-run -s -f <"$patch" >/dev/null; then
     patch -p1 -s <"$patch"
   fi
-  # --with-shared: a static link against Debian's DPDK misses libnuma symbols.
-  ./configure --with-shared --with-dpdk=/usr --without-crypto --without-vhost --without-virtio \
-    --without-vfio-user --without-idxd --without-fuse --without-nvme-cuse --without-xnvme \
-    --without-uring --without-rdma --without-usdt --disable-tests --disable-unit-tests \
-    --disable-examples
-  # Debian's libdpdk.pc names IPSec_MB, which would send the build looking for
-  # the intel-ipsec-mb submodule; nothing needs it without crypto.
-  sed -i 's/^CONFIG_IPSEC_MB?=.*/CONFIG_IPSEC_MB?=n/' mk/config.mk
-  # isa-l-crypto's own parallel build races; build it alone first.
-  make -C isa-l-crypto all
-  make -j"$(nproc)"
+  spdk_build
 }
 if ! (build) >"$log" 2>&1; then
   tail -n 40 "$log" >&2
@@ -127,25 +125,8 @@ if ! (build) >"$log" 2>&1; then
   exit 1
 fi
 
-# spdk_tgt links SPDK's own shared libraries; a wrapper points the loader at
-# the copies beside it, so callers need no LD_LIBRARY_PATH (the check below
-# runs after the build tree is gone, so it proves that). exec keeps the
-# process id, so killing the wrapper's pid kills spdk_tgt.
-mkdir -p "$work/out/bin" "$work/out/libexec" "$work/out/lib"
-cp "$work/src/build/bin/spdk_tgt" "$work/out/libexec/"
-# With SPDK's own ISA-L libraries (those built shared): the binary's RUNPATH
-# names them in the build tree, which goes away.
-shopt -s nullglob
-libs=("$work/src/build/lib/"*.so* "$work/src/isa-l/.libs/"*.so* "$work/src/isa-l-crypto/.libs/"*.so*)
-cp -P "${libs[@]}" "$work/out/lib/"
+spdk_install "$work/src" "$work/out"
 rm -rf "$work/src"
-cat >"$work/out/bin/spdk_tgt" <<'WRAPPER'
-#!/bin/sh
-# spdk_tgt with SPDK's shared libraries from this cache entry (hack/spdk/build.sh).
-here=$(dirname "$(readlink -f "$0")")/..
-LD_LIBRARY_PATH=$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} exec "$here/libexec/spdk_tgt" "$@"
-WRAPPER
-chmod +x "$work/out/bin/spdk_tgt"
 version=$(version_of "$work/out/bin/spdk_tgt")
 case $version in
   "SPDK v"*) echo "build.sh: $version" >&2 ;;
