@@ -16,8 +16,8 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use crate::datapath::{BdevIo, RateLimit};
-use crate::host::Backing;
+use crate::datapath::qos::RateLimit;
+use crate::datapath::volume::{Backing, BdevIo, Volume};
 use crate::rpc::{
     EEXIST, EINVAL, ENODEV, ENOMEM, OnDecodeError, RpcError, RpcResult, decode, decode_opt,
 };
@@ -509,7 +509,7 @@ impl Emulator {
         {
             return Err(RpcError::decode_failed());
         }
-        let tick_rate = crate::state::TICK_RATE;
+        let tick_rate = crate::datapath::stats::TICK_RATE;
         let ticks = self.ticks();
         if p.per_channel {
             let name = p.name.ok_or(RpcError::errno(EINVAL))?;
@@ -558,7 +558,7 @@ impl Emulator {
     fn io_stat_into(&self, bdev: &Bdev, o: &mut serde_json::Map<String, Value>) {
         let s = self.host_io_stat(&bdev.name);
         let d = bdev.io.stats.snapshot();
-        let ms_to_ticks = |ms: u64| ms.saturating_mul(crate::state::TICK_RATE / 1000);
+        let ms_to_ticks = |ms: u64| ms.saturating_mul(crate::datapath::stats::TICK_RATE / 1000);
         let fields: [(&str, u64); 20] = [
             (
                 "bytes_read",
@@ -779,6 +779,51 @@ impl Emulator {
             Some(b) if is_mine(&b.kind) => Ok(b.name.clone()),
             _ => Err(RpcError::errno(ENODEV)),
         }
+    }
+}
+
+impl Emulator {
+    /// The bdev and every bdev its I/O passes through, top first.
+    pub(crate) fn io_layers(&self, bdev: &Bdev) -> Vec<Arc<BdevIo>> {
+        let mut layers = vec![Arc::clone(&bdev.io)];
+        let under = match &bdev.kind {
+            // An lvol's blobstore writes to the bdev under its store.
+            BdevKind::Lvol { lvs_uuid, .. } => self
+                .lvstores
+                .iter()
+                .find(|s| s.uuid == *lvs_uuid)
+                .and_then(|s| self.bdevs.get(&s.base_bdev)),
+            BdevKind::Crypto { base, .. } => self.bdevs.get(base),
+            BdevKind::Aio { .. }
+            | BdevKind::Malloc { .. }
+            | BdevKind::Null { .. }
+            | BdevKind::Nvme(_) => None,
+        };
+        if let Some(base) = under {
+            layers.extend(self.io_layers(base));
+        }
+        layers
+    }
+
+    /// What the data path serves for `bdev`: its bytes, layers, cipher,
+    /// and for an NVMe-oF namespace its target. A crypto bdev whose key
+    /// is gone is -ENODEV.
+    pub(crate) fn volume_of(&self, bdev: &Bdev) -> Result<Volume, RpcError> {
+        let cipher = match &bdev.kind {
+            BdevKind::Crypto { key_name, .. } => Some(
+                self.crypto
+                    .cipher(key_name)
+                    .ok_or(RpcError::errno(ENODEV))?,
+            ),
+            _ => None,
+        };
+        Ok(Volume {
+            backing: self.backing_of(bdev),
+            block_size: bdev.block_size,
+            layers: self.io_layers(bdev),
+            cipher,
+            remote: self.nvme_remote(bdev).map(Arc::new),
+        })
     }
 }
 

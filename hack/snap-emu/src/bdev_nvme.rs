@@ -11,9 +11,9 @@ use tokio::sync::oneshot;
 use uuid::Uuid;
 
 use crate::bdev::{Bdev, BdevKind, NvmeNsInfo};
-use crate::host::Backing;
+use crate::datapath::remote::Remote;
+use crate::datapath::volume::Backing;
 use crate::nvmf::adrfam_name;
-use crate::nvmf_io::Remote;
 use crate::nvmf_tcp::{self, Accepted, ConnectError, ConnectRequest};
 use crate::rpc::{
     EALREADY, EEXIST, EINVAL, EIO, ENODEV, OnDecodeError, RpcError, RpcResult, decode, decode_opt,
@@ -394,7 +394,7 @@ impl Emulator {
 
 impl Emulator {
     /// The target of an NVMe-oF bdev, for its I/O to go through (see
-    /// [`crate::nvmf_io`]); `None` for any other bdev.
+    /// [`crate::datapath::remote`]); `None` for any other bdev.
     pub(crate) fn nvme_remote(&self, bdev: &Bdev) -> Option<Remote> {
         let BdevKind::Nvme(info) = &bdev.kind else {
             return None;

@@ -6,7 +6,7 @@
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::datapath::RateLimit;
+use crate::datapath::qos::RateLimit;
 use crate::rpc::{EINVAL, ENODEV, OnDecodeError, RpcError, RpcResult, decode};
 use crate::state::Emulator;
 

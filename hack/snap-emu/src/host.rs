@@ -71,20 +71,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, anyhow, bail};
 
-use crate::datapath::{DataPath, Volume};
+use crate::datapath::fuse::DataPath;
+use crate::datapath::volume::{Backing, Volume};
 use crate::faults::Faults;
 use loopdev::LoopState;
 use missed::MissedDisk;
 use records::{DiskRecord, Records};
-
-/// Where a bdev's bytes live: a byte range of a regular file or block device.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Backing {
-    pub path: PathBuf,
-    pub offset: u64,
-    pub size: u64,
-    pub read_only: bool,
-}
 
 /// What a disk shows the host: a byte range directly, or a [`Volume`]
 /// through the emulator's data path.

@@ -15,7 +15,7 @@
 //! An initiator's data path volume opens a connection of its own on the
 //! same listener for its I/O instead (see [`crate::nvmf_io`]).
 //!
-//! [`Backing`]: crate::host::Backing
+//! [`Backing`]: crate::datapath::Backing
 
 use std::net::ToSocketAddrs;
 use std::path::PathBuf;
@@ -27,7 +27,7 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;
 
-use crate::nvmf_io::{IO_PROTO, IoHello};
+use crate::datapath::remote::{IO_PROTO, IoHello};
 use crate::state::Shared;
 
 pub(crate) const PROTO: &str = "snap-emu-nvmf/1";

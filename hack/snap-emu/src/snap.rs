@@ -42,15 +42,18 @@ use std::collections::HashMap;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
+use crate::bdev::Bdev;
+use crate::datapath::DataPathMode;
 use crate::framing::to_json;
 use crate::functions::{Emulation, Function, Functions, Selector};
-use crate::host::DiskRef;
+use crate::host::{DiskRef, Source};
 use crate::rpc::{
     EBUSY, EEXIST, EINVAL, EIO, ENODEV, ENOSPC, EPERM, OnDecodeError, Rendered, RpcError,
     RpcResult, decode, decode_opt,
 };
 use crate::snap_api as api;
 use crate::state::Emulator;
+use std::sync::Arc;
 
 const NVME_DEFAULT_QUEUES: u32 = 16;
 const NVME_MAX_QUEUES: u32 = 32;
@@ -1314,6 +1317,33 @@ impl Emulator {
         let p: api::VirtioBlkHotplugParams = decode(params, OnDecodeError::DecodeFailed)?;
         let ci = self.snap()?.virtio_ctrl(&p.ctrl)?;
         self.hotunplug_ctrl(CtrlRef::VirtioBlk(ci))
+    }
+}
+
+impl Emulator {
+    /// Whether an exposure of `bdev` must pass through the emulator in
+    /// `auto` mode: some layer has rate limits to enforce.
+    fn needs_data_path(&self, bdev: &Bdev) -> bool {
+        self.io_layers(bdev).iter().any(|l| l.qos.is_limited())
+    }
+
+    /// How an exposure of `bdev` reaches the host; `read_only` adds to the
+    /// bdev's own read-only-ness (a read-only virtio-blk controller). A
+    /// crypto bdev goes through the data path whatever the mode (directly,
+    /// the host would see ciphertext); one whose key is gone is -ENODEV.
+    pub(crate) fn host_source(&self, bdev: &Bdev, read_only: bool) -> Result<Source, RpcError> {
+        let mut volume = self.volume_of(bdev)?;
+        volume.backing.read_only |= read_only;
+        let through = volume.cipher.is_some()
+            || match self.data_path {
+                DataPathMode::Direct => false,
+                DataPathMode::Fuse => true,
+                DataPathMode::Auto => self.needs_data_path(bdev),
+            };
+        if !through {
+            return Ok(Source::Direct(volume.backing));
+        }
+        Ok(Source::DataPath(Arc::new(volume)))
     }
 }
 

@@ -11,13 +11,11 @@ use tokio::sync::Mutex;
 use crate::bdev::{BdevKind, Bdevs};
 use crate::bdev_nvme::NvmeInitiator;
 use crate::crypto::Crypto;
+use crate::datapath::stats::TICK_RATE;
 use crate::host::HostSide;
 use crate::lvol::LvolStore;
 use crate::nvmf::NvmfTarget;
 use crate::snap::Snap;
-
-/// The tick rate `bdev_get_iostat` reports (a 2.3 GHz TSC, as on the capture host).
-pub(crate) const TICK_RATE: u64 = 2_300_000_000;
 
 /// What connections, listeners and tasks share. One lock serialises RPCs, as
 /// SPDK's single RPC thread does; handlers that touch the host side (which

@@ -36,8 +36,8 @@ use nix::fcntl::{FallocateFlags, fallocate};
 use nix::mount::{MntFlags, umount2};
 use nix::sys::statfs::{FUSE_SUPER_MAGIC, statfs};
 
-use super::{IoKind, Volume};
-use crate::host::Backing;
+use super::stats::IoKind;
+use super::volume::{Backing, Volume};
 
 const ROOT: u64 = 1;
 /// Attributes are never cached: a resize must show at once.

@@ -1,60 +1,26 @@
-//! The emulator's data path: exposed bdevs whose bytes must pass through the
-//! emulator (QoS limits to enforce, and, with the lead's crypto, data to
-//! encrypt) reach the host as a loop device over a file that the emulator
-//! serves itself through FUSE, so that it sees every read and write, rather
-//! than a loop device straight over the bdev's backing file.
-//!
-//! - [`Volume`]: what one exposed bdev's file serves, the bdev's byte range
-//!   ([`Backing`]) and its [`BdevIo`] layers: the exposed bdev first, then
-//!   each bdev under it. Every I/O waits for the QoS quota of each layer
-//!   (`qos`, SPDK's timeslice token buckets) and is counted in each layer's
-//!   [`IoStats`] (`stats`), which `bdev_get_iostat` reports, as SPDK counts an
-//!   I/O at each bdev it passes.
-//! - `fuse`: the FUSE mount (one per host side, `<host state>/datapath`),
-//!   one file per exposure, and the crash clean-up of a dead mount.
-//! - [`DataPathMode`] and `Emulator::needs_data_path`: which exposures go
-//!   through it (`--data-path`). A crypto bdev always does: only the data
-//!   path applies its cipher (AES-XTS per block, `crate::crypto`), so the
-//!   host reads plaintext while the backing holds ciphertext.
-//!
-//! Files are opened with FOPEN_DIRECT_IO, so no page cache sits between the
-//! loop device and the emulator, and every read reaches it; the loop device
-//! runs in direct I/O mode and the mount takes asynchronous direct I/O and
-//! parallel direct writes, so the host's queue of I/O reaches the emulator
-//! as requests in flight together, as it reaches SPDK.
-
-mod fuse;
-mod qos;
-mod stats;
+//! What one exposure serves through the data path: a [`Volume`] over a
+//! bdev's bytes ([`Backing`]), with the [`BdevIo`] of every bdev its I/O
+//! passes, a cipher for a crypto bdev and the target of an NVMe-oF one.
 
 use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
-pub(crate) use fuse::DataPath;
-pub use qos::{Qos, RateLimit, TIMESLICE};
-pub use stats::{IoKind, IoSnapshot, IoStats, OpSnapshot};
+use super::cipher::Cipher;
+use super::qos::Qos;
+use super::remote::Remote;
+use super::stats::{IoKind, IoStats};
 
-use crate::bdev::{Bdev, BdevKind};
-use crate::crypto::Cipher;
-use crate::host::{Backing, Source};
-use crate::nvmf_io::Remote;
-use crate::rpc::{ENODEV, RpcError};
-use crate::state::Emulator;
-
-/// Which exposed bdevs are served through the data path (`--data-path`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
-pub enum DataPathMode {
-    /// Those that need it (see `Emulator::needs_data_path`); the rest direct.
-    #[default]
-    Auto,
-    /// Every exposed bdev.
-    Fuse,
-    /// None but crypto bdevs: loop devices straight over the backing files;
-    /// QoS limits are then not enforced.
-    Direct,
+/// Where a bdev's bytes live: a byte range of a regular file or block device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Backing {
+    pub path: PathBuf,
+    pub offset: u64,
+    pub size: u64,
+    pub read_only: bool,
 }
 
 /// One bdev's share of the data path: its rate limits and its counters.
@@ -88,7 +54,7 @@ impl Volume {
     /// volume's own thread: rate limits make I/O wait in line, as SPDK
     /// queues it, and a cipher's read-modify-writes of partial blocks must
     /// not interleave.
-    fn in_order(&self) -> bool {
+    pub(crate) fn in_order(&self) -> bool {
         self.cipher.is_some() || self.layers.iter().any(|l| l.qos.is_limited())
     }
 
@@ -205,75 +171,5 @@ impl Volume {
             }
         }
         Ok(buf)
-    }
-}
-
-impl Emulator {
-    /// The bdev and every bdev its I/O passes through, top first.
-    pub(crate) fn io_layers(&self, bdev: &Bdev) -> Vec<Arc<BdevIo>> {
-        let mut layers = vec![Arc::clone(&bdev.io)];
-        let under = match &bdev.kind {
-            // An lvol's blobstore writes to the bdev under its store.
-            BdevKind::Lvol { lvs_uuid, .. } => self
-                .lvstores
-                .iter()
-                .find(|s| s.uuid == *lvs_uuid)
-                .and_then(|s| self.bdevs.get(&s.base_bdev)),
-            BdevKind::Crypto { base, .. } => self.bdevs.get(base),
-            BdevKind::Aio { .. }
-            | BdevKind::Malloc { .. }
-            | BdevKind::Null { .. }
-            | BdevKind::Nvme(_) => None,
-        };
-        if let Some(base) = under {
-            layers.extend(self.io_layers(base));
-        }
-        layers
-    }
-
-    /// Whether an exposure of `bdev` must pass through the emulator in
-    /// `auto` mode: some layer has rate limits to enforce.
-    fn needs_data_path(&self, bdev: &Bdev) -> bool {
-        self.io_layers(bdev).iter().any(|l| l.qos.is_limited())
-    }
-
-    /// How an exposure of `bdev` reaches the host; `read_only` adds to the
-    /// bdev's own read-only-ness (a read-only virtio-blk controller). A
-    /// crypto bdev goes through the data path whatever the mode (directly,
-    /// the host would see ciphertext); one whose key is gone is -ENODEV.
-    pub(crate) fn host_source(&self, bdev: &Bdev, read_only: bool) -> Result<Source, RpcError> {
-        let mut volume = self.volume_of(bdev)?;
-        volume.backing.read_only |= read_only;
-        let through = volume.cipher.is_some()
-            || match self.data_path {
-                DataPathMode::Direct => false,
-                DataPathMode::Fuse => true,
-                DataPathMode::Auto => self.needs_data_path(bdev),
-            };
-        if !through {
-            return Ok(Source::Direct(volume.backing));
-        }
-        Ok(Source::DataPath(Arc::new(volume)))
-    }
-
-    /// What the data path serves for `bdev`: its bytes, layers, cipher,
-    /// and for an NVMe-oF namespace its target. A crypto bdev whose key
-    /// is gone is -ENODEV.
-    pub(crate) fn volume_of(&self, bdev: &Bdev) -> Result<Volume, RpcError> {
-        let cipher = match &bdev.kind {
-            BdevKind::Crypto { key_name, .. } => Some(
-                self.crypto
-                    .cipher(key_name)
-                    .ok_or(RpcError::errno(ENODEV))?,
-            ),
-            _ => None,
-        };
-        Ok(Volume {
-            backing: self.backing_of(bdev),
-            block_size: bdev.block_size,
-            layers: self.io_layers(bdev),
-            cipher,
-            remote: self.nvme_remote(bdev).map(Arc::new),
-        })
     }
 }
