@@ -32,8 +32,6 @@ use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use tokio::sync::watch;
 
-use crate::host::HostSide;
-
 /// The handle; clones share the faults. The default has none switched on.
 #[derive(Debug, Clone, Default)]
 pub struct Faults {
@@ -44,7 +42,7 @@ pub struct Faults {
 struct Inner {
     state: watch::Sender<State>,
     /// The host sides of the emulators using these faults, for rescans.
-    hosts: Mutex<Vec<Weak<HostSide>>>,
+    hosts: Mutex<Vec<Weak<dyn Rescan>>>,
 }
 
 #[derive(Debug, Default)]
@@ -61,6 +59,14 @@ struct State {
     down: bool,
     /// Disk identities the host does not discover.
     missed: HashSet<String>,
+}
+
+/// A host side that looks again for the disks it missed (see
+/// [`Faults::rescan`]); the host side registers itself, so that the faults
+/// need not know it.
+pub(crate) trait Rescan: Send + Sync {
+    /// Discovers the missed disks with `identity`.
+    fn rescan(self: Arc<Self>, identity: &str);
 }
 
 /// What to do with one request.
@@ -144,14 +150,15 @@ impl Faults {
         }
     }
 
-    pub(crate) fn register_host(&self, host: &Arc<HostSide>) {
+    pub(crate) fn register_host<H: Rescan + 'static>(&self, host: &Arc<H>) {
         let mut hosts = self
             .inner
             .hosts
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         hosts.retain(|h| h.strong_count() > 0);
-        hosts.push(Arc::downgrade(host));
+        let host: Weak<H> = Arc::downgrade(host);
+        hosts.push(host);
     }
 
     pub(crate) fn misses(&self, identity: &str) -> bool {

@@ -9,6 +9,7 @@ use std::sync::{Arc, MutexGuard, PoisonError};
 use std::thread;
 
 use super::{DiskAttrs, DiskId, HostSide, Source};
+use crate::faults::Rescan;
 
 /// An attach the host missed, kept for a rescan.
 #[derive(Debug)]
@@ -31,7 +32,7 @@ impl DiskAttrs {
 impl HostSide {
     /// Attaches the missed disks with `identity` (see [`Faults::rescan`]),
     /// each in its function's line, unless its detach comes first.
-    pub(crate) fn rescan(self: &Arc<Self>, identity: &str) {
+    fn attach_missed(self: &Arc<Self>, identity: &str) {
         let found: Vec<(String, String)> = self
             .missed_disks()
             .iter()
@@ -67,5 +68,11 @@ impl HostSide {
 
     pub(super) fn missed_disks(&self) -> MutexGuard<'_, HashMap<String, MissedDisk>> {
         self.missed.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Rescan for HostSide {
+    fn rescan(self: Arc<Self>, identity: &str) {
+        self.attach_missed(identity);
     }
 }
