@@ -44,9 +44,10 @@ use uuid::Uuid;
 
 use crate::bdev::Bdev;
 use crate::datapath::DataPathMode;
+use crate::datapath::volume::Source;
 use crate::framing::to_json;
 use crate::functions::{Emulation, Function, Functions, Selector};
-use crate::host::{DiskRef, Source};
+use crate::host::DiskRef;
 use crate::rpc::{
     EBUSY, EEXIST, EINVAL, EIO, ENODEV, ENOSPC, EPERM, OnDecodeError, Rendered, RpcError,
     RpcResult, decode, decode_opt,

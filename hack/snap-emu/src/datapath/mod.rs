@@ -33,7 +33,7 @@ pub(crate) mod volume;
 
 pub use qos::{Qos, RateLimit, TIMESLICE};
 pub use stats::{IoKind, IoSnapshot, IoStats, OpSnapshot};
-pub use volume::{Backing, BdevIo, Volume};
+pub use volume::{Backing, BdevIo, Source, Volume};
 
 /// Which exposed bdevs are served through the data path (`--data-path`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]

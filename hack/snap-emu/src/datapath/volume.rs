@@ -23,6 +23,20 @@ pub struct Backing {
     pub read_only: bool,
 }
 
+/// What an exposure shows the host: a byte range directly, or a [`Volume`]
+/// through the emulator's data path.
+#[derive(Debug, Clone)]
+pub enum Source {
+    Direct(Backing),
+    DataPath(Arc<Volume>),
+}
+
+impl From<Backing> for Source {
+    fn from(backing: Backing) -> Self {
+        Self::Direct(backing)
+    }
+}
+
 /// One bdev's share of the data path: its rate limits and its counters.
 /// Shared by the bdev and every [`Volume`] it is a layer of, so a limit set
 /// by RPC applies at once to I/O in flight through the data path.
