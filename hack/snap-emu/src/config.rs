@@ -44,7 +44,7 @@ pub struct Config {
     pub poll_period: Option<Duration>,
     /// With a poll period: send each reply at the tick after the one that
     /// read its request, as real SPDK does (which also makes the poller's
-    /// count of dependent round trips exact; see [`crate::Rounds`]).
+    /// count of dependent round trips exact; see [`crate::poller::Rounds`]).
     pub reply_on_next_tick: bool,
     pub functions: FunctionLayout,
     /// Faults a test switches on while the emulator runs; none by default.
@@ -91,7 +91,7 @@ impl Config {
     }
 
     /// A poller with `period` that sends each reply at the next tick and
-    /// counts dependent round trips exactly (see [`crate::Rounds`]).
+    /// counts dependent round trips exactly (see [`crate::poller::Rounds`]).
     pub fn counting_round_trips(mut self, period: Duration) -> Self {
         self = self.with_poll_period(period);
         self.reply_on_next_tick = true;

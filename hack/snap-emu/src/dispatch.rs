@@ -1,5 +1,6 @@
-//! Method table and routing: which methods exist, in which state they may be
-//! called, and which handler answers them.
+//! From a request's bytes to its reply: the method table and routing (which
+//! methods exist, in which state they may be called, and which handler
+//! answers them), under the faults a test switched on.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -7,7 +8,11 @@ use std::time::{Duration, Instant};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::framing::to_json;
+use json_framing::JsonFramer;
+use serde_json::value::RawValue;
+
+use crate::faults::{Admit, Faults};
+use crate::framing::{self, Frame, to_json};
 use crate::rpc::{
     ENODEV, ETIMEDOUT, OnDecodeError, Rendered, RpcError, RpcResult, decode_opt, no_params,
 };
@@ -84,12 +89,51 @@ fn is_known(shared: &Shared, method: &str) -> bool {
 /// SNAP's listings, serialised straight from the state (see `snap_api`).
 const RENDERED: &[&str] = &[api::EMULATION_FUNCTION_LIST, api::NVME_SUBSYSTEM_LIST];
 
-/// Answers a call with its result serialised as SPDK would.
-pub(crate) async fn dispatch(
+pub(crate) async fn answer(shared: &Arc<Shared>, raw: &str) -> Vec<u8> {
+    match framing::parse_frame(raw) {
+        Frame::Invalid { id } => framing::error_reply(id.as_deref(), &RpcError::invalid_request()),
+        Frame::Call { id, method, params } => {
+            tracing::debug!(%method, "rpc");
+            match dispatch(shared, &method, params).await {
+                Ok(body) => framing::result_reply(id.as_deref(), &body),
+                Err(e) => {
+                    tracing::debug!(%method, code = e.code, message = %e.message, "rpc failed");
+                    framing::error_reply(id.as_deref(), &e)
+                }
+            }
+        }
+    }
+}
+
+/// Answers every whole request `framer` holds, in order, as `faults` admit
+/// them; `true` with them when the stream holds what SPDK cannot parse, or
+/// a fault garbled it, and must be closed.
+pub(crate) async fn answer_framed(
     shared: &Arc<Shared>,
-    method: &str,
-    params: Option<Value>,
-) -> Rendered {
+    faults: &Faults,
+    framer: &mut JsonFramer,
+) -> (Vec<u8>, bool) {
+    let mut out = Vec::new();
+    loop {
+        match framer.next_decoded::<Box<RawValue>>() {
+            Ok(Some((raw, _))) => match faults.admit().await {
+                Admit::Answer => out.extend(answer(shared, raw.get()).await),
+                Admit::Garbage => {
+                    out.extend_from_slice(crate::faults::GARBAGE);
+                    return (out, true);
+                }
+            },
+            Ok(None) => return (out, false),
+            Err(error) => {
+                tracing::debug!(%error, "closing a connection that sent what SPDK cannot parse");
+                return (out, true);
+            }
+        }
+    }
+}
+
+/// Answers a call with its result serialised as SPDK would.
+async fn dispatch(shared: &Arc<Shared>, method: &str, params: Option<Value>) -> Rendered {
     if !is_known(shared, method) {
         return Err(RpcError::method_not_found());
     }

@@ -18,7 +18,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use json_framing::JsonFramer;
-use serde_json::value::RawValue;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{Mutex, mpsc};
@@ -28,18 +27,15 @@ use uuid::Uuid;
 use crate::bdev::{Bdevs, files_dir};
 use crate::bdev_nvme::NvmeInitiator;
 use crate::config::Config;
-use crate::dispatch::dispatch;
-use crate::faults::{Admit, Faults};
-use crate::framing::{self, Frame};
+use crate::dispatch::answer_framed;
+use crate::faults::Faults;
+use crate::framing::{self, READ_CHUNK};
 use crate::functions::Functions;
 use crate::host::HostSide;
 use crate::nvmf::NvmfTarget;
 use crate::poller::{self, Rounds};
-use crate::rpc::RpcError;
 use crate::snap::Snap;
 use crate::state::{Emulator, Shared};
-
-pub(crate) const READ_CHUNK: usize = 64 * 1024;
 
 /// An emulator whose socket is bound and whose host side is ready; nothing is
 /// served until [`Server::serve`].
@@ -299,49 +295,6 @@ impl Server {
 /// Binds and serves until `shutdown` completes.
 pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
     bind(config).await?.serve(shutdown).await
-}
-
-pub(crate) async fn answer(shared: &Arc<Shared>, raw: &str) -> Vec<u8> {
-    match framing::parse_frame(raw) {
-        Frame::Invalid { id } => framing::error_reply(id.as_deref(), &RpcError::invalid_request()),
-        Frame::Call { id, method, params } => {
-            tracing::debug!(%method, "rpc");
-            match dispatch(shared, &method, params).await {
-                Ok(body) => framing::result_reply(id.as_deref(), &body),
-                Err(e) => {
-                    tracing::debug!(%method, code = e.code, message = %e.message, "rpc failed");
-                    framing::error_reply(id.as_deref(), &e)
-                }
-            }
-        }
-    }
-}
-
-/// Answers every whole request `framer` holds, in order, as `faults` admit
-/// them; `true` with them when the stream holds what SPDK cannot parse, or
-/// a fault garbled it, and must be closed.
-pub(crate) async fn answer_framed(
-    shared: &Arc<Shared>,
-    faults: &Faults,
-    framer: &mut JsonFramer,
-) -> (Vec<u8>, bool) {
-    let mut out = Vec::new();
-    loop {
-        match framer.next_decoded::<Box<RawValue>>() {
-            Ok(Some((raw, _))) => match faults.admit().await {
-                Admit::Answer => out.extend(answer(shared, raw.get()).await),
-                Admit::Garbage => {
-                    out.extend_from_slice(crate::faults::GARBAGE);
-                    return (out, true);
-                }
-            },
-            Ok(None) => return (out, false),
-            Err(error) => {
-                tracing::debug!(%error, "closing a connection that sent what SPDK cannot parse");
-                return (out, true);
-            }
-        }
-    }
 }
 
 /// Answers a connection's requests as they arrive.
