@@ -33,7 +33,7 @@ use tokio::sync::mpsc;
 use crate::dispatch::answer_framed;
 use crate::faults::Faults;
 use crate::framing::{self, READ_CHUNK};
-use crate::state::Shared;
+use crate::registry::Shared;
 
 /// The highest round of a request the poller has read (see the module doc);
 /// stays 0 without a poll period.

@@ -14,28 +14,25 @@ use std::future::Future;
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, bail};
 use json_framing::JsonFramer;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
-use tokio::sync::{Mutex, mpsc};
+use tokio::sync::mpsc;
 use tokio::task::JoinSet;
-use uuid::Uuid;
 
-use crate::bdev::{Bdevs, files_dir};
-use crate::bdev_nvme::NvmeInitiator;
+use crate::bdev::registry::files_dir;
 use crate::config::Config;
-use crate::dispatch::answer_framed;
+use crate::dispatch::{self, answer_framed};
 use crate::faults::Faults;
 use crate::framing::{self, READ_CHUNK};
-use crate::functions::Functions;
 use crate::host::HostSide;
-use crate::nvmf::NvmfTarget;
 use crate::poller::{self, Rounds};
+use crate::registry::Shared;
 use crate::snap::Snap;
-use crate::state::{Emulator, Shared};
+use crate::snap::model::{Functions, host_kind};
 
 /// An emulator whose socket is bound and whose host side is ready; nothing is
 /// served until [`Server::serve`].
@@ -133,13 +130,13 @@ pub async fn bind(config: Config) -> anyhow::Result<Server> {
     }
     std::fs::create_dir_all(&files)?;
 
-    let (snap, host) = if config.snap {
+    let snap = if config.snap {
         let functions = Functions::new(config.functions);
         let (functions, host) = tokio::task::spawn_blocking(move || {
             if let Some(host) = &host {
                 for f in functions.iter() {
                     if let Some(bdf) = &f.bdf {
-                        host.add_pci_function(bdf, f.emulation.host_kind())
+                        host.add_pci_function(bdf, host_kind(f.emulation))
                             .with_context(|| format!("adding PCI function {bdf}"))?;
                     }
                 }
@@ -147,32 +144,16 @@ pub async fn bind(config: Config) -> anyhow::Result<Server> {
             anyhow::Ok((functions, host))
         })
         .await??;
-        (Some(Snap::new(functions)), host)
+        Some(Snap::new(functions, host, config.data_path))
     } else {
-        (None, host)
+        None
     };
 
     let listener = UnixListener::bind(&config.socket)
         .with_context(|| format!("binding {}", config.socket.display()))?;
 
-    let snap_enabled = config.snap;
-    let shared = Arc::new_cyclic(|me| Shared {
-        state: Arc::new(Mutex::new(Emulator {
-            me: me.clone(),
-            files_dir: files,
-            bdevs: Bdevs::default(),
-            crypto: Default::default(),
-            lvstores: vec![],
-            nvmf: NvmfTarget::default(),
-            nvme: NvmeInitiator::default(),
-            snap,
-            host,
-            started: Instant::now(),
-            default_hostnqn: format!("nqn.2014-08.org.nvmexpress:uuid:{}", Uuid::new_v4()),
-            data_path: config.data_path,
-        })),
-        snap_enabled,
-    });
+    let snap_enabled = snap.is_some();
+    let shared = Shared::new(dispatch::families(files.clone(), snap), files);
     tracing::info!(
         socket = %config.socket.display(),
         snap = snap_enabled,

@@ -1,9 +1,9 @@
 //! NVMe-oF I/O between emulators, the initiator's side: a bdev_nvme bdev
 //! exposed through the data path reads and writes through its target (see
-//! `crate::nvmf_io` for the target's side), so that the target counts,
+//! `crate::nvmf::io` for the target's side), so that the target counts,
 //! rate-limits and, while its subsystem is paused, holds that I/O.
 //!
-//! Like the handshake (`crate::nvmf_tcp`) this is not NVMe/TCP: each data
+//! Like the handshake (`crate::nvmf::wire`) this is not NVMe/TCP: each data
 //! path volume opens a connection of its own to the listener, sends one
 //! JSON line ([`IoHello`]), gets one back, and then sends fixed frames one
 //! at a time: `op` (u8: [`READ`], [`WRITE`]), `offset` (u64 LE), `len` (u32

@@ -70,6 +70,53 @@ use tree::{
 
 pub use tree::{DiskRef, FunctionKind, HostDisk};
 
+/// Kernel block-layer counters of one device (`/sys/block/<dev>/stat`).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct BlockStat {
+    pub read_ios: u64,
+    pub read_sectors: u64,
+    pub read_ms: u64,
+    pub write_ios: u64,
+    pub write_sectors: u64,
+    pub write_ms: u64,
+    pub discard_ios: u64,
+    pub discard_sectors: u64,
+    pub discard_ms: u64,
+}
+
+impl BlockStat {
+    fn parse(text: &str) -> Self {
+        let f: Vec<u64> = text
+            .split_whitespace()
+            .map(|x| x.parse().unwrap_or(0))
+            .collect();
+        let at = |i: usize| f.get(i).copied().unwrap_or(0);
+        Self {
+            read_ios: at(0),
+            read_sectors: at(2),
+            read_ms: at(3),
+            write_ios: at(4),
+            write_sectors: at(6),
+            write_ms: at(7),
+            discard_ios: at(11),
+            discard_sectors: at(13),
+            discard_ms: at(14),
+        }
+    }
+
+    pub fn add(&mut self, o: &Self) {
+        self.read_ios += o.read_ios;
+        self.read_sectors += o.read_sectors;
+        self.read_ms += o.read_ms;
+        self.write_ios += o.write_ios;
+        self.write_sectors += o.write_sectors;
+        self.write_ms += o.write_ms;
+        self.discard_ios += o.discard_ios;
+        self.discard_sectors += o.discard_sectors;
+        self.discard_ms += o.discard_ms;
+    }
+}
+
 #[derive(Debug)]
 pub struct HostSide {
     tree: Tree,
@@ -267,12 +314,26 @@ impl HostSide {
 
     /// Whether a queued disk is served through the data path (so its I/O
     /// is counted there, not by the kernel's counters of its loop device).
-    pub fn is_on_data_path(&self, disk: &DiskRef) -> bool {
+    fn is_on_data_path(&self, disk: &DiskRef) -> bool {
         self.tree
             .disk_id(&disk.sysfs_dir)
             .ok()
             .and_then(|id| self.records.load(&id.key()).ok()?)
             .is_some_and(|record| self.datapath.volume_at(&record.backing_path).is_some())
+    }
+
+    /// The kernel's counters of a queued disk's loop device, unless the
+    /// disk is served through the data path.
+    pub fn block_stat(&self, disk: &DiskRef) -> Option<BlockStat> {
+        if self.is_on_data_path(disk) {
+            return None;
+        }
+        let dev = self.loop_device_of(disk)?;
+        let path = PathBuf::from("/sys/block")
+            .join(dev.file_name()?)
+            .join("stat");
+        let text = fs::read_to_string(path).ok()?;
+        Some(BlockStat::parse(&text))
     }
 
     /// Tells the host the disk changed size (lvol resize, aio rescan), after

@@ -864,3 +864,17 @@ fn a_renamed_disk_keeps_its_device_and_identity_and_detaches_cleanly() {
     assert!(host.records.list().unwrap().is_empty());
     assert!(!fx.devices().join("0000:26:00.1/nvme").exists());
 }
+
+#[test]
+fn kernel_stat_lines_parse() {
+    let s =
+        BlockStat::parse("     73        0     74 5   2  0  16  3  0  12  8  1  0  8  2  0  0\n");
+    assert_eq!(s.read_ios, 73);
+    assert_eq!(s.read_sectors, 74);
+    assert_eq!(s.read_ms, 5);
+    assert_eq!(s.write_ios, 2);
+    assert_eq!(s.write_sectors, 16);
+    assert_eq!(s.discard_ios, 1);
+    assert_eq!(s.discard_sectors, 8);
+    assert_eq!(BlockStat::parse(""), BlockStat::default());
+}

@@ -8,13 +8,12 @@
 
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
-use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::sync::{Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use crate::datapath::remote::{EIO, ENXIO, HEAD_LEN, IoHello, MAX_LEN, READ, WRITE};
+use crate::datapath::remote::{EIO, ENXIO, HEAD_LEN, MAX_LEN, READ, WRITE};
 use crate::datapath::stats::IoKind;
 use crate::datapath::volume::Volume;
-use crate::state::Emulator;
 
 /// How often an idle target connection looks whether its subsystem is gone.
 const IDLE_POLL: Duration = Duration::from_millis(200);
@@ -160,31 +159,10 @@ pub(crate) fn serve(stream: TcpStream, volume: &Volume, file: &std::fs::File, ga
     }
 }
 
-impl Emulator {
-    /// An I/O connection's hello (see [`crate::nvmf_io`]): the namespace's
-    /// data path volume and the subsystem's pause gate.
-    pub(crate) fn nvmf_io_open(
-        &self,
-        key: &(String, String),
-        hello: &IoHello,
-    ) -> Result<(Volume, Arc<Gate>), String> {
-        let s = self.nvmf_admitted(key, &hello.subnqn, &hello.hostnqn)?;
-        let ns = s
-            .namespaces
-            .iter()
-            .find(|n| n.nsid == hello.nsid)
-            .ok_or_else(|| format!("no namespace {} in {}", hello.nsid, hello.subnqn))?;
-        let bdev = self
-            .bdevs
-            .get(&ns.bdev)
-            .ok_or_else(|| format!("no bdev {}", ns.bdev))?;
-        let volume = self.volume_of(bdev).map_err(|e| e.message)?;
-        Ok((volume, Arc::clone(&s.gate)))
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
 
     #[test]
