@@ -86,11 +86,12 @@ impl Volume {
         true
     }
 
-    /// Waits for the QoS quota of a read or write of `bytes` at each layer
-    /// in turn, as the I/O would queue at each bdev it passes.
-    pub(crate) fn admit(&self, read: bool, bytes: u64) {
+    /// Waits for the QoS quota of a read or write of `bytes`, in line since
+    /// `arrived`, at each layer in turn, as the I/O would queue at each bdev
+    /// it passes.
+    pub(crate) fn admit(&self, read: bool, bytes: u64, arrived: Instant) {
         for layer in &self.layers {
-            layer.qos.admit(read, bytes);
+            layer.qos.admit(read, bytes, arrived);
         }
     }
 

@@ -134,7 +134,7 @@ pub(crate) fn serve(stream: TcpStream, volume: &Volume, file: &std::fs::File, ga
             if !inside || !matches!(op, READ | WRITE) {
                 return Err(io::Error::from_raw_os_error(EIO));
             }
-            volume.admit(read, len);
+            volume.admit(read, len, arrived);
             if read {
                 volume.account(IoKind::Read, len, arrived, || {
                     volume.read(file, offset, len as usize)
