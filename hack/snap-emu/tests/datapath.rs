@@ -12,10 +12,12 @@ mod direct_io;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use common::{Client, Emu, dev_node, wait_for_disk};
-use direct_io::{Aligned, assert_within_10_percent, open_direct, write_flat_out};
+use direct_io::{Aligned, assert_within_10_percent, open_direct};
 use serde_json::{Value, json};
 use snap_emu::{Config, DataPathMode};
 
@@ -51,6 +53,49 @@ fn backing_file_of(dev: &Path) -> String {
         .unwrap()
         .trim()
         .to_owned()
+}
+
+/// How many `size`-byte O_DIRECT writes a second `writers` threads get
+/// through `dev`, writing back to back (each in a MiB of its own), as a
+/// host keeps a queue of I/O in flight: counted over `window` once they
+/// have run for `warmup`, so that the rate is the steady one, not a short
+/// run's start and end, and a loaded machine slows the writers without
+/// moving the figure while they still keep the device busy.
+fn steady_write_rate(
+    dev: &Path,
+    size: usize,
+    writers: u64,
+    warmup: Duration,
+    window: Duration,
+) -> f64 {
+    let done = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let threads: Vec<_> = (0..writers)
+        .map(|w| {
+            let f = open_direct(dev);
+            let (done, stop) = (Arc::clone(&done), Arc::clone(&stop));
+            std::thread::spawn(move || {
+                let buf = Aligned::new(size, 0x5a);
+                let slots = (1 << 20) / size as u64;
+                let mut n = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    let at = (w * slots + n % slots) * size as u64;
+                    f.write_all_at(buf.get(), at).unwrap();
+                    done.fetch_add(1, Ordering::Relaxed);
+                    n += 1;
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(warmup);
+    let (before, start) = (done.load(Ordering::Relaxed), Instant::now());
+    std::thread::sleep(window);
+    let (after, end) = (done.load(Ordering::Relaxed), Instant::now());
+    stop.store(true, Ordering::Relaxed);
+    for t in threads {
+        t.join().unwrap();
+    }
+    (after - before) as f64 / (end - start).as_secs_f64()
 }
 
 async fn iostat(c: &mut Client, bdev: &str) -> Value {
@@ -356,11 +401,18 @@ async fn qos_limits_hold_the_host_to_its_rate_and_change_live() {
     let dev = expose(&emu, &mut c, "q0").await;
 
     let d = dev.clone();
-    let (ios, took) =
-        tokio::task::spawn_blocking(move || write_flat_out(&d, 4 * KIB, Duration::from_secs(2)))
-            .await
-            .unwrap();
-    assert_within_10_percent("IOPS at 1000", ios as f64 / took.as_secs_f64(), 1000.0);
+    let iops = tokio::task::spawn_blocking(move || {
+        steady_write_rate(
+            &d,
+            4 * KIB,
+            16,
+            Duration::from_millis(500),
+            Duration::from_secs(2),
+        )
+    })
+    .await
+    .unwrap();
+    assert_within_10_percent("IOPS at 1000", iops, 1000.0);
 
     // Live: bandwidth instead of IOPS, on the disk the host holds.
     c.ok(
@@ -369,14 +421,21 @@ async fn qos_limits_hold_the_host_to_its_rate_and_change_live() {
     )
     .await;
     let d = dev.clone();
-    let (ios, took) =
-        tokio::task::spawn_blocking(move || write_flat_out(&d, 64 * KIB, Duration::from_secs(2)))
-            .await
-            .unwrap();
-    let mib_per_sec = (ios * 64 * KIB as u64) as f64 / (1 << 20) as f64 / took.as_secs_f64();
+    let iops = tokio::task::spawn_blocking(move || {
+        steady_write_rate(
+            &d,
+            64 * KIB,
+            8,
+            Duration::from_millis(500),
+            Duration::from_secs(2),
+        )
+    })
+    .await
+    .unwrap();
+    let mib_per_sec = iops * (64 * KIB) as f64 / (1 << 20) as f64;
     assert_within_10_percent("MiB/s at 4", mib_per_sec, 4.0);
     assert!(
-        ios as f64 / took.as_secs_f64() < 100.0,
+        iops < 100.0,
         "the IOPS limit is gone and the bandwidth one rules"
     );
 
@@ -386,12 +445,18 @@ async fn qos_limits_hold_the_host_to_its_rate_and_change_live() {
         json!({"name": "q0", "w_mbytes_per_sec": 0}),
     )
     .await;
-    let (ios, took) = tokio::task::spawn_blocking(move || {
-        write_flat_out(&dev, 64 * KIB, Duration::from_millis(500))
+    let iops = tokio::task::spawn_blocking(move || {
+        steady_write_rate(
+            &dev,
+            64 * KIB,
+            8,
+            Duration::from_millis(200),
+            Duration::from_millis(500),
+        )
     })
     .await
     .unwrap();
-    let mib_per_sec = (ios * 64 * KIB as u64) as f64 / (1 << 20) as f64 / took.as_secs_f64();
+    let mib_per_sec = iops * (64 * KIB) as f64 / (1 << 20) as f64;
     assert!(mib_per_sec > 8.0, "unlimited: {mib_per_sec:.1} MiB/s");
     drop(c);
     emu.stop().await;
