@@ -176,8 +176,9 @@ pub struct Cli {
     #[arg(long, default_value_t = 16)]
     pub virtio_blk_vfs_per_pf: u32,
     /// Which exposed bdevs the host reaches through the emulator's FUSE data
-    /// path (needed to enforce QoS limits and count real I/O): auto = those
-    /// with rate limits (on them or a bdev under them) when exposed.
+    /// path (needed to enforce QoS limits, encrypt and count real I/O): auto
+    /// = crypto bdevs, those with rate limits (on them or a bdev under them)
+    /// when exposed, and NVMe-oF namespaces (their I/O goes to the target).
     #[arg(long, value_enum, default_value_t = DataPathMode::Auto)]
     pub data_path: DataPathMode,
 }

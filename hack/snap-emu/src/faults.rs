@@ -19,9 +19,9 @@
 //!   process takes the controllers over; the host sees no hot-unplug). What
 //!   it does not prove: the state is carried in memory, not replayed into a
 //!   new process from its configuration, so identifiers such as `ctrl_id`
-//!   are kept by construction; and the host's I/O never passes through the
-//!   emulator (the kernel serves the loop devices), so I/O paused or requeued
-//!   by SNAP during the switch is not modelled.
+//!   are kept by construction; and I/O paused or requeued by SNAP during the
+//!   switch is not modelled: the kernel serves a direct exposure's loop
+//!   device, and the data path keeps serving the others.
 //! - [`Faults::miss_discovery`] / [`Faults::rescan`]: the host does not
 //!   discover a disk whose namespace UUID (NVMe) or serial (virtio-blk) is
 //!   given (a missed AEN, a hot-plug that never happens) until a rescan; SNAP's

@@ -109,7 +109,7 @@ pub(crate) trait BdevModule {
 
     /// Its part of a bdev's I/O beyond the bytes at its backing (a cipher,
     /// a remote target).
-    fn io_path(&self, _bdev: &Bdev, _volume: &mut Volume) -> Result<(), RpcError> {
+    fn io_path(&self, _bdev: &Bdev, _bdevs: &Bdevs, _volume: &mut Volume) -> Result<(), RpcError> {
         Ok(())
     }
 
@@ -228,7 +228,7 @@ impl Cx<'_> {
     pub(crate) fn volume_of(&self, bdev: &Bdev) -> Result<Volume, RpcError> {
         let mut volume = self.bdevs.volume(bdev);
         for f in self.others() {
-            f.io_path(bdev, &mut volume)?;
+            f.io_path(bdev, self.bdevs, &mut volume)?;
         }
         Ok(volume)
     }

@@ -46,6 +46,40 @@ async fn expose(emu: &Emu, c: &mut Client, bdev: &str) -> PathBuf {
     dev_node(&wait_for_disk(&dir).await.join("dev"))
 }
 
+/// Exposes `bdev` as namespace 1 of a subsystem of its own on an NVMe
+/// controller (NVIDIA's order: a suspended controller, the namespace, a
+/// resume) and returns its device node.
+async fn expose_nvme(emu: &Emu, c: &mut Client, bdev: &str) -> PathBuf {
+    let nqn = "nqn.2024-01.io.example:dp";
+    c.ok("nvme_subsystem_create", json!({"nqn": nqn})).await;
+    c.ok(
+        "nvme_namespace_create",
+        json!({"nqn": nqn, "bdev_type": "spdk", "bdev_name": bdev, "nsid": 1}),
+    )
+    .await;
+    let ctrl = c
+        .ok(
+            "nvme_controller_create",
+            json!({"nqn": nqn, "pf_id": 0, "vf_id": 0, "suspended": true}),
+        )
+        .await;
+    let (ctrl, bdf) = (
+        ctrl["ctrl_id"].as_str().unwrap().to_owned(),
+        ctrl["pci_bdf"].as_str().unwrap().to_owned(),
+    );
+    c.ok(
+        "nvme_controller_attach_ns",
+        json!({"ctrl_id": ctrl, "nsid": 1}),
+    )
+    .await;
+    c.ok("nvme_controller_resume", json!({"ctrl_id": ctrl}))
+        .await;
+    let dir = emu
+        .sysfs_root
+        .join(format!("bus/pci/devices/0000:{bdf}/nvme/nvme0/nvme0n1"));
+    dev_node(&wait_for_disk(&dir).await.join("dev"))
+}
+
 /// The file the kernel shows behind a loop device.
 fn backing_file_of(dev: &Path) -> String {
     let name = dev.file_name().unwrap().to_str().unwrap();
@@ -504,4 +538,97 @@ async fn bdev_set_qos_limit_checks_its_params_like_spdk() {
     );
     drop(c);
     emu.stop().await;
+}
+
+/// QoS on an NVMe-oF volume holds on the default data path: the DPU's
+/// exposure of a remote namespace reads and writes through its target, so
+/// a write limit set on the target's lvol (as the sample controller sets
+/// it) holds the host's O_DIRECT writes, from the moment it is set on the
+/// exposed volume; so does one set on the initiator's bdev in SNAP. Each
+/// rate is the writers' steady one, within 10% of its limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn qos_on_an_nvmf_volume_holds_the_host_on_the_default_data_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = Emu::start(Config::for_test(&dir.path().join("target")).without_snap()).await;
+    let dpu = Emu::start(Config::for_test(&dir.path().join("dpu"))).await;
+    let mut t = target.client().await;
+    aio_bdev(&mut t, dir.path(), "pool", 128 << 20).await;
+    t.ok(
+        "bdev_lvol_create_lvstore",
+        json!({"bdev_name": "pool", "lvs_name": "lvs", "cluster_sz": 1 << 20}),
+    )
+    .await;
+    let lvol = t
+        .ok(
+            "bdev_lvol_create",
+            json!({"lvol_name": "vol", "size_in_mib": 32, "lvs_name": "lvs", "thin_provision": true}),
+        )
+        .await;
+    let lvol = lvol.as_str().unwrap().to_owned();
+    let nqn = "nqn.2024-01.io.example:limited";
+    let port = common::free_port().to_string();
+    t.export_over_tcp(&lvol, nqn, &port).await;
+    let mut d = dpu.client().await;
+    d.ok(
+        "bdev_nvme_attach_controller",
+        json!({"name": "r", "trtype": "tcp", "adrfam": "ipv4", "traddr": "127.0.0.1", "trsvcid": port, "subnqn": nqn}),
+    )
+    .await;
+    let dev = expose_nvme(&dpu, &mut d, "rn1").await;
+    assert!(
+        backing_file_of(&dev).starts_with(dpu.state_dir.to_str().unwrap()),
+        "an NVMe-oF namespace reaches the host through the data path, not {}",
+        backing_file_of(&dev)
+    );
+    let write_rate = |dev: PathBuf| async move {
+        let iops = tokio::task::spawn_blocking(move || {
+            steady_write_rate(
+                &dev,
+                128 * KIB,
+                8,
+                Duration::from_secs(1),
+                Duration::from_secs(3),
+            )
+        })
+        .await
+        .unwrap();
+        iops * (128 * KIB) as f64 / (1 << 20) as f64
+    };
+
+    // Set on the target's lvol while the host holds the disk.
+    t.ok(
+        "bdev_set_qos_limit",
+        json!({"name": lvol, "w_mbytes_per_sec": 20}),
+    )
+    .await;
+    let mib_per_sec = write_rate(dev.clone()).await;
+    println!("under the target's limit of 20 MiB/s: {mib_per_sec:.2} MiB/s");
+    assert_within_10_percent("MiB/s under the target's limit", mib_per_sec, 20.0);
+
+    // Lifted there, set on the initiator's bdev in SNAP instead.
+    t.ok(
+        "bdev_set_qos_limit",
+        json!({"name": lvol, "w_mbytes_per_sec": 0}),
+    )
+    .await;
+    d.ok(
+        "bdev_set_qos_limit",
+        json!({"name": "rn1", "w_mbytes_per_sec": 8}),
+    )
+    .await;
+    let mib_per_sec = write_rate(dev.clone()).await;
+    println!("under SNAP's limit of 8 MiB/s: {mib_per_sec:.2} MiB/s");
+    assert_within_10_percent("MiB/s under SNAP's limit", mib_per_sec, 8.0);
+
+    // The target counted what the host wrote, as SPDK's target bdev would.
+    let written = counter(&iostat(&mut t, &lvol).await, "bytes_written");
+    assert!(
+        written >= 60 << 20,
+        "the target's lvol counted {written} bytes"
+    );
+    drop((t, d));
+    // The target first: its end of the DPU's I/O connection must not keep
+    // a thread (and so this test's runtime) alive.
+    target.stop().await;
+    dpu.stop().await;
 }

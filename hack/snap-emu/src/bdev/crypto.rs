@@ -381,7 +381,7 @@ impl BdevModule for Crypto {
 
     /// The host reads plaintext through the cipher; a crypto bdev whose key
     /// is gone cannot be exposed.
-    fn io_path(&self, bdev: &Bdev, volume: &mut Volume) -> Result<(), RpcError> {
+    fn io_path(&self, bdev: &Bdev, _bdevs: &Bdevs, volume: &mut Volume) -> Result<(), RpcError> {
         if let BdevKind::Crypto { key_name, .. } = &bdev.kind {
             volume.cipher = Some(self.cipher(key_name).ok_or(RpcError::errno(ENODEV))?);
         }

@@ -431,10 +431,11 @@ impl BdevModule for NvmeInitiator {
         }))
     }
 
-    /// An NVMe-oF namespace's I/O through the data path goes to its target
-    /// (see [`crate::datapath::remote`]).
-    fn io_path(&self, bdev: &Bdev, volume: &mut Volume) -> Result<(), RpcError> {
-        let BdevKind::Nvme(info) = &bdev.kind else {
+    /// The I/O through the data path of an NVMe-oF namespace, or of a
+    /// crypto vbdev whose bytes are one's, goes to its target (see
+    /// [`crate::datapath::remote`]), as SPDK's goes over the fabric.
+    fn io_path(&self, bdev: &Bdev, bdevs: &Bdevs, volume: &mut Volume) -> Result<(), RpcError> {
+        let BdevKind::Nvme(info) = &bdevs.bytes_of(bdev).kind else {
             return Ok(());
         };
         let Some(ctrl) = self.get(&info.ctrlr) else {

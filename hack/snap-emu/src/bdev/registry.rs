@@ -248,6 +248,15 @@ impl Bdevs {
         }
     }
 
+    /// The bdev whose backing holds `bdev`'s bytes: a crypto vbdev's base
+    /// (down to one that is not a crypto vbdev), any other bdev itself.
+    pub fn bytes_of<'a>(&'a self, bdev: &'a Bdev) -> &'a Bdev {
+        match &bdev.kind {
+            BdevKind::Crypto { base, .. } => self.get(base).map_or(bdev, |b| self.bytes_of(b)),
+            _ => bdev,
+        }
+    }
+
     /// The bdev and every bdev its I/O passes through, top first.
     pub fn io_layers(&self, bdev: &Bdev) -> Vec<Arc<BdevIo>> {
         let mut layers = vec![Arc::clone(&bdev.io)];

@@ -2,12 +2,14 @@
 //! per exposure, each a [`Volume`] the host side put a loop device on.
 //!
 //! Threads: the session reads requests on a few threads of its own. An I/O
-//! of a volume without rate limits is served on the thread that read it; so
-//! is one with limits when nothing waits before it and the quotas have room.
-//! Otherwise it goes to the volume's own thread, which serves them in order,
-//! waiting for QoS quota as SPDK queues I/O, so a throttled volume never
-//! holds up the others (nor the JSON-RPC server, which shares nothing with
-//! this but the counters and limits).
+//! of a volume without rate limits (nor cipher or remote target) is served
+//! on the thread that read it; so is one with limits when nothing waits
+//! before it and the quotas have room. Otherwise it goes to the volume's own
+//! thread, which serves them in order, waiting for QoS quota as SPDK queues
+//! I/O, so a throttled volume never holds up the others (nor the JSON-RPC
+//! server, which shares nothing with this but the counters and limits). An
+//! NVMe-oF namespace's I/O always goes to its volume's thread: its target
+//! may hold it (its own limits, a pause), which must not hold the session.
 //!
 //! Crash safety: a killed emulator leaves its mount dead (ENOTCONN) with its
 //! loop devices still on it. The host side detaches those first (from its
@@ -316,7 +318,8 @@ impl Fs {
         if !served.volume.in_order() {
             return job(&served);
         }
-        if served.queued.load(Ordering::SeqCst) == 0
+        if served.volume.remote.is_none()
+            && served.queued.load(Ordering::SeqCst) == 0
             && quota.is_none_or(|q| served.volume.try_admit(q.read, q.bytes))
         {
             return job(&served);

@@ -1,8 +1,8 @@
 //! The emulator's data path: exposed bdevs whose bytes must pass through the
-//! emulator (QoS limits to enforce, and, with the lead's crypto, data to
-//! encrypt) reach the host as a loop device over a file that the emulator
-//! serves itself through FUSE, so that it sees every read and write, rather
-//! than a loop device straight over the bdev's backing file.
+//! emulator (QoS limits to enforce, data to encrypt, an NVMe-oF target that
+//! serves them) reach the host as a loop device over a file that the
+//! emulator serves itself through FUSE, so that it sees every read and
+//! write, rather than a loop device straight over the bdev's backing file.
 //!
 //! - `volume`: [`Volume`], what one exposed bdev's file serves, the bdev's
 //!   byte range ([`Backing`]) and its [`BdevIo`] layers: the exposed bdev
@@ -16,7 +16,9 @@
 //! - [`DataPathMode`]: which exposures go through it (`--data-path`; SNAP
 //!   decides per exposure). A crypto bdev always does: only the data path
 //!   applies its cipher, so the host reads plaintext while the backing holds
-//!   ciphertext.
+//!   ciphertext. By default so does an NVMe-oF namespace: only through the
+//!   data path does its I/O reach the target, whose QoS limits, counters and
+//!   pause then apply to it as SPDK's target's do.
 //!
 //! Files are opened with FOPEN_DIRECT_IO, so no page cache sits between the
 //! loop device and the emulator, and every read reaches it; the loop device
@@ -38,7 +40,9 @@ pub use volume::{Backing, BdevIo, Source, Volume};
 /// Which exposed bdevs are served through the data path (`--data-path`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum DataPathMode {
-    /// Those that need it (rate limits to enforce); the rest direct.
+    /// Those that need it: rate limits to enforce, or an NVMe-oF target's
+    /// bytes (the target's own limits apply, and its pause holds I/O); the
+    /// rest direct.
     #[default]
     Auto,
     /// Every exposed bdev.

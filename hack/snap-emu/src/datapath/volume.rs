@@ -66,10 +66,13 @@ pub struct Volume {
 impl Volume {
     /// Whether its I/O must be served one at a time, in order, on the
     /// volume's own thread: rate limits make I/O wait in line, as SPDK
-    /// queues it, and a cipher's read-modify-writes of partial blocks must
-    /// not interleave.
+    /// queues it, a cipher's read-modify-writes of partial blocks must not
+    /// interleave, and a remote target answers one request at a time and
+    /// may hold it (its own limits, a pause).
     pub(crate) fn in_order(&self) -> bool {
-        self.cipher.is_some() || self.layers.iter().any(|l| l.qos.is_limited())
+        self.cipher.is_some()
+            || self.remote.is_some()
+            || self.layers.iter().any(|l| l.qos.is_limited())
     }
 
     /// Takes the QoS quota of a read or write of `bytes` at every layer if

@@ -9,11 +9,13 @@
 //! succeed (the library's state change to the state it is in), an unknown
 //! NQN is -32602 "Invalid parameters", an unknown target -32603, and
 //! parameters are decoded strictly. A pause holds the I/O that reaches the
-//! target (an initiator's data path volume, see [`super::io`]): it
-//! answers once the I/O in flight is done, and later I/O waits for the
-//! resume. An initiator exposing its namespace directly (not through the
-//! data path) reads and writes the backing file itself, and connects go on
-//! while paused: neither is held, where SPDK would hold both.
+//! target (an initiator's data path volume, see [`super::io`]; every
+//! exposure of a namespace but with `--data-path direct`): it answers once
+//! the I/O in flight is done, and later I/O waits for the resume. The
+//! target's QoS limits and iostat counters see that I/O likewise. An
+//! initiator exposing its namespace directly reads and writes the backing
+//! file itself, and connects go on while paused: neither is held, where
+//! SPDK would hold both.
 
 use std::sync::Arc;
 

@@ -47,8 +47,12 @@ impl Visible {
             || match self.data_path {
                 DataPathMode::Direct => false,
                 DataPathMode::Fuse => true,
-                // Some bdev on the way has rate limits to enforce.
-                DataPathMode::Auto => volume.layers.iter().any(|l| l.qos.is_limited()),
+                // Some bdev on the way has rate limits to enforce, or the
+                // bytes are a remote target's, which may have its own (and
+                // set them at any time), and whose pause holds I/O.
+                DataPathMode::Auto => {
+                    volume.remote.is_some() || volume.layers.iter().any(|l| l.qos.is_limited())
+                }
             };
         if !through {
             return Ok(Source::Direct(volume.backing));
