@@ -44,7 +44,7 @@ pub struct Config {
     pub poll_period: Option<Duration>,
     /// With a poll period: send each reply at the tick after the one that
     /// read its request, as real SPDK does (which also makes the poller's
-    /// count of dependent round trips exact; see [`crate::Rounds`]).
+    /// count of dependent round trips exact; see [`crate::poller::Rounds`]).
     pub reply_on_next_tick: bool,
     pub functions: FunctionLayout,
     /// Faults a test switches on while the emulator runs; none by default.
@@ -91,7 +91,7 @@ impl Config {
     }
 
     /// A poller with `period` that sends each reply at the next tick and
-    /// counts dependent round trips exactly (see [`crate::Rounds`]).
+    /// counts dependent round trips exactly (see [`crate::poller::Rounds`]).
     pub fn counting_round_trips(mut self, period: Duration) -> Self {
         self = self.with_poll_period(period);
         self.reply_on_next_tick = true;
@@ -176,8 +176,9 @@ pub struct Cli {
     #[arg(long, default_value_t = 16)]
     pub virtio_blk_vfs_per_pf: u32,
     /// Which exposed bdevs the host reaches through the emulator's FUSE data
-    /// path (needed to enforce QoS limits and count real I/O): auto = those
-    /// with rate limits (on them or a bdev under them) when exposed.
+    /// path (needed to enforce QoS limits, encrypt and count real I/O): auto
+    /// = crypto bdevs, those with rate limits (on them or a bdev under them)
+    /// when exposed, and NVMe-oF namespaces (their I/O goes to the target).
     #[arg(long, value_enum, default_value_t = DataPathMode::Auto)]
     pub data_path: DataPathMode,
 }

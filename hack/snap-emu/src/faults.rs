@@ -19,9 +19,9 @@
 //!   process takes the controllers over; the host sees no hot-unplug). What
 //!   it does not prove: the state is carried in memory, not replayed into a
 //!   new process from its configuration, so identifiers such as `ctrl_id`
-//!   are kept by construction; and the host's I/O never passes through the
-//!   emulator (the kernel serves the loop devices), so I/O paused or requeued
-//!   by SNAP during the switch is not modelled.
+//!   are kept by construction; and I/O paused or requeued by SNAP during the
+//!   switch is not modelled: the kernel serves a direct exposure's loop
+//!   device, and the data path keeps serving the others.
 //! - [`Faults::miss_discovery`] / [`Faults::rescan`]: the host does not
 //!   discover a disk whose namespace UUID (NVMe) or serial (virtio-blk) is
 //!   given (a missed AEN, a hot-plug that never happens) until a rescan; SNAP's
@@ -31,8 +31,6 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use tokio::sync::watch;
-
-use crate::host::HostSide;
 
 /// The handle; clones share the faults. The default has none switched on.
 #[derive(Debug, Clone, Default)]
@@ -44,7 +42,7 @@ pub struct Faults {
 struct Inner {
     state: watch::Sender<State>,
     /// The host sides of the emulators using these faults, for rescans.
-    hosts: Mutex<Vec<Weak<HostSide>>>,
+    hosts: Mutex<Vec<Weak<dyn Rescan>>>,
 }
 
 #[derive(Debug, Default)]
@@ -61,6 +59,14 @@ struct State {
     down: bool,
     /// Disk identities the host does not discover.
     missed: HashSet<String>,
+}
+
+/// A host side that looks again for the disks it missed (see
+/// [`Faults::rescan`]); the host side registers itself, so that the faults
+/// need not know it.
+pub(crate) trait Rescan: Send + Sync {
+    /// Discovers the missed disks with `identity`.
+    fn rescan(self: Arc<Self>, identity: &str);
 }
 
 /// What to do with one request.
@@ -144,14 +150,15 @@ impl Faults {
         }
     }
 
-    pub(crate) fn register_host(&self, host: &Arc<HostSide>) {
+    pub(crate) fn register_host<H: Rescan + 'static>(&self, host: &Arc<H>) {
         let mut hosts = self
             .inner
             .hosts
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         hosts.retain(|h| h.strong_count() > 0);
-        hosts.push(Arc::downgrade(host));
+        let host: Weak<H> = Arc::downgrade(host);
+        hosts.push(host);
     }
 
     pub(crate) fn misses(&self, identity: &str) -> bool {

@@ -21,6 +21,9 @@ use serde_json::value::RawValue;
 
 use crate::rpc::RpcError;
 
+/// How much a connection's reader takes from its socket at a time.
+pub(crate) const READ_CHUNK: usize = 64 * 1024;
+
 /// SPDK gives up on a connection whose unparsed input outgrows its buffer; we
 /// do the same, with a limit far above any real request, so that no client can
 /// make us buffer without bound.

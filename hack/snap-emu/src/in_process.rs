@@ -11,7 +11,8 @@ use std::thread::JoinHandle;
 use anyhow::Context;
 use tokio::sync::oneshot;
 
-use crate::{Config, Rounds};
+use crate::config::Config;
+use crate::poller::Rounds;
 
 /// A running in-process emulator; stops when dropped.
 #[derive(Debug)]
@@ -36,7 +37,7 @@ impl InProcess {
                 .enable_all()
                 .build()?;
             runtime.block_on(async move {
-                match crate::bind(config).await {
+                match crate::server::bind(config).await {
                     Ok(server) => {
                         let _ = bound.send(Ok(server.rounds()));
                         server

@@ -13,21 +13,23 @@
 //! - `server`: socket setup, per-connection tasks, shutdown; `poller`: SPDK's
 //!   RPC poller serving every connection, and the dependent round trips it
 //!   counts ([`Rounds`]).
-//! - `framing`: the byte-exact JSON-RPC framing and reply encoding.
-//! - `dispatch`: the method table, state checks and routing; `rpc`: errors
-//!   and parameter decoding with SPDK's conventions.
-//! - `state`: the shared emulator state and cross-module rules (hot remove).
-//! - `bdev` (registry, aio, malloc, null, iostat), `crypto` (accel keys, the
-//!   crypto vbdev and its AES-XTS), `lvol` (stores and
-//!   volumes), `nvmf` (target), `nvmf_tcp` (the emulator-private fabrics
-//!   handshake), `nvmf_io` (I/O through the target, held by a pause),
-//!   `bdev_nvme` (initiator).
-//! - `snap` (SNAP emulation logic), `snap_api` (every SNAP JSON name),
-//!   `functions` (emulated PCI functions and their addresses).
+//! - `framing`: the byte-exact JSON-RPC framing and reply encoding;
+//!   `dispatch`: from a request's bytes to the family that answers it, and
+//!   SPDK's framework methods; `rpc`: errors and parameter decoding with
+//!   SPDK's conventions.
+//! - `registry`: the families of methods, each owning its state, and the
+//!   rules between them, which go through SPDK's bdev layer (hot remove, a
+//!   resize reaching the host, examine).
+//! - The families: `bdev` (the bdev layer's registry; `bdev_get_bdevs`,
+//!   iostat, QoS; the aio/malloc/null, crypto, lvol and NVMe-oF initiator
+//!   modules), `nvmf` (the target, its listeners, the handshake between
+//!   emulators and the target's side of their I/O), `snap` (SNAP's model,
+//!   what the host sees, one file per emulation, hot-plug) with `snap_api`
+//!   (every SNAP JSON name).
 //! - [`host`]: loop devices and the sysfs tree (the host's view).
 //! - [`datapath`]: the FUSE data path exposed bdevs reach the host through
-//!   when their I/O must pass the emulator (QoS, iostat; `--data-path`);
-//!   `bdev_qos`: `bdev_set_qos_limit`.
+//!   when their I/O must pass the emulator (a cipher, QoS, iostat;
+//!   `--data-path`).
 //! - [`faults`]: failures a test switches on (SNAP holding its answers,
 //!   answering garbage, a live update, the host missing a disk).
 //! - [`in_process`]: an emulator on its own thread inside a test of another crate.
@@ -47,7 +49,7 @@
 //!   (partition tables, lvol superblocks); the emulator counts only what the
 //!   host side does. Per channel, it reports one channel (it has one thread)
 //!   for a bdev some module uses, none for an unused one, as SPDK does.
-//! - NVMe-oF between emulators is not NVMe/TCP (see `nvmf_tcp`), so the
+//! - NVMe-oF between emulators is not NVMe/TCP (see `nvmf::wire`), so the
 //!   script attaches each side to itself; an emulator and a real SPDK cannot
 //!   attach to each other.
 //! - `rpc_get_methods` lists only the methods here (checked to be a subset of
@@ -70,22 +72,15 @@ pub mod host;
 pub mod in_process;
 
 mod bdev;
-mod bdev_nvme;
-mod bdev_qos;
-mod crypto;
 mod dispatch;
 mod framing;
-mod functions;
-mod lvol;
 mod nvmf;
-mod nvmf_io;
-mod nvmf_tcp;
 mod poller;
+mod registry;
 mod rpc;
 mod server;
 mod snap;
 mod snap_api;
-mod state;
 
 pub use config::{Cli, Config, FunctionLayout};
 pub use datapath::DataPathMode;

@@ -3,7 +3,7 @@
 //!
 //! At each tick it reads whatever every connection has sent, then sends the
 //! replies it holds from the tick before, then answers what it read: at once,
-//! or, with [`Config::reply_on_next_tick`](crate::Config), at the next tick,
+//! or, with [`Config::reply_on_next_tick`](crate::config::Config), at the next tick,
 //! as real SPDK does.
 //!
 //! # Rounds
@@ -30,10 +30,10 @@ use json_framing::JsonFramer;
 use tokio::net::UnixStream;
 use tokio::sync::mpsc;
 
+use crate::dispatch::answer_framed;
 use crate::faults::Faults;
-use crate::framing;
-use crate::server::{READ_CHUNK, answer_framed};
-use crate::state::Shared;
+use crate::framing::{self, READ_CHUNK};
+use crate::registry::Shared;
 
 /// The highest round of a request the poller has read (see the module doc);
 /// stays 0 without a poll period.

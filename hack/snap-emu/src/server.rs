@@ -14,32 +14,25 @@ use std::future::Future;
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, bail};
 use json_framing::JsonFramer;
-use serde_json::value::RawValue;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
-use tokio::sync::{Mutex, mpsc};
+use tokio::sync::mpsc;
 use tokio::task::JoinSet;
-use uuid::Uuid;
 
-use crate::bdev::{Bdevs, files_dir};
-use crate::bdev_nvme::NvmeInitiator;
+use crate::bdev::registry::files_dir;
 use crate::config::Config;
-use crate::dispatch::dispatch;
-use crate::faults::{Admit, Faults};
-use crate::framing::{self, Frame};
-use crate::functions::Functions;
+use crate::dispatch::{self, answer_framed};
+use crate::faults::Faults;
+use crate::framing::{self, READ_CHUNK};
 use crate::host::HostSide;
-use crate::nvmf::NvmfTarget;
 use crate::poller::{self, Rounds};
-use crate::rpc::RpcError;
+use crate::registry::Shared;
 use crate::snap::Snap;
-use crate::state::{Emulator, Shared};
-
-pub(crate) const READ_CHUNK: usize = 64 * 1024;
+use crate::snap::model::{Functions, host_kind};
 
 /// An emulator whose socket is bound and whose host side is ready; nothing is
 /// served until [`Server::serve`].
@@ -137,13 +130,13 @@ pub async fn bind(config: Config) -> anyhow::Result<Server> {
     }
     std::fs::create_dir_all(&files)?;
 
-    let (snap, host) = if config.snap {
+    let snap = if config.snap {
         let functions = Functions::new(config.functions);
         let (functions, host) = tokio::task::spawn_blocking(move || {
             if let Some(host) = &host {
                 for f in functions.iter() {
                     if let Some(bdf) = &f.bdf {
-                        host.add_pci_function(bdf, f.emulation.host_kind())
+                        host.add_pci_function(bdf, host_kind(f.emulation))
                             .with_context(|| format!("adding PCI function {bdf}"))?;
                     }
                 }
@@ -151,32 +144,16 @@ pub async fn bind(config: Config) -> anyhow::Result<Server> {
             anyhow::Ok((functions, host))
         })
         .await??;
-        (Some(Snap::new(functions)), host)
+        Some(Snap::new(functions, host, config.data_path))
     } else {
-        (None, host)
+        None
     };
 
     let listener = UnixListener::bind(&config.socket)
         .with_context(|| format!("binding {}", config.socket.display()))?;
 
-    let snap_enabled = config.snap;
-    let shared = Arc::new_cyclic(|me| Shared {
-        state: Arc::new(Mutex::new(Emulator {
-            me: me.clone(),
-            files_dir: files,
-            bdevs: Bdevs::default(),
-            crypto: Default::default(),
-            lvstores: vec![],
-            nvmf: NvmfTarget::default(),
-            nvme: NvmeInitiator::default(),
-            snap,
-            host,
-            started: Instant::now(),
-            default_hostnqn: format!("nqn.2014-08.org.nvmexpress:uuid:{}", Uuid::new_v4()),
-            data_path: config.data_path,
-        })),
-        snap_enabled,
-    });
+    let snap_enabled = snap.is_some();
+    let shared = Shared::new(dispatch::families(files.clone(), snap), files);
     tracing::info!(
         socket = %config.socket.display(),
         snap = snap_enabled,
@@ -299,49 +276,6 @@ impl Server {
 /// Binds and serves until `shutdown` completes.
 pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
     bind(config).await?.serve(shutdown).await
-}
-
-pub(crate) async fn answer(shared: &Arc<Shared>, raw: &str) -> Vec<u8> {
-    match framing::parse_frame(raw) {
-        Frame::Invalid { id } => framing::error_reply(id.as_deref(), &RpcError::invalid_request()),
-        Frame::Call { id, method, params } => {
-            tracing::debug!(%method, "rpc");
-            match dispatch(shared, &method, params).await {
-                Ok(body) => framing::result_reply(id.as_deref(), &body),
-                Err(e) => {
-                    tracing::debug!(%method, code = e.code, message = %e.message, "rpc failed");
-                    framing::error_reply(id.as_deref(), &e)
-                }
-            }
-        }
-    }
-}
-
-/// Answers every whole request `framer` holds, in order, as `faults` admit
-/// them; `true` with them when the stream holds what SPDK cannot parse, or
-/// a fault garbled it, and must be closed.
-pub(crate) async fn answer_framed(
-    shared: &Arc<Shared>,
-    faults: &Faults,
-    framer: &mut JsonFramer,
-) -> (Vec<u8>, bool) {
-    let mut out = Vec::new();
-    loop {
-        match framer.next_decoded::<Box<RawValue>>() {
-            Ok(Some((raw, _))) => match faults.admit().await {
-                Admit::Answer => out.extend(answer(shared, raw.get()).await),
-                Admit::Garbage => {
-                    out.extend_from_slice(crate::faults::GARBAGE);
-                    return (out, true);
-                }
-            },
-            Ok(None) => return (out, false),
-            Err(error) => {
-                tracing::debug!(%error, "closing a connection that sent what SPDK cannot parse");
-                return (out, true);
-            }
-        }
-    }
 }
 
 /// Answers a connection's requests as they arrive.

@@ -9,8 +9,6 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use crate::functions::{Emulation, Function};
-
 pub(crate) const EMULATION_FUNCTION_LIST: &str = "emulation_function_list";
 pub(crate) const NVME_SUBSYSTEM_CREATE: &str = "nvme_subsystem_create";
 pub(crate) const NVME_SUBSYSTEM_DESTROY: &str = "nvme_subsystem_destroy";
@@ -46,40 +44,13 @@ pub(crate) const VIRTIO_BLK_CONTROLLER_RESUME: &str = "virtio_blk_controller_res
 /// reconnect (same devices, same identity).
 pub(crate) const NVME_CONTROLLER_EMU_RENAME: &str = "nvme_controller_emu_rename";
 pub(crate) const VIRTIO_BLK_CONTROLLER_EMU_RENAME: &str = "virtio_blk_controller_emu_rename";
-pub(crate) const EMU_METHODS: &[&str] =
-    &[NVME_CONTROLLER_EMU_RENAME, VIRTIO_BLK_CONTROLLER_EMU_RENAME];
 
-/// All SNAP methods, for `rpc_get_methods` and dispatch.
-pub(crate) const METHODS: &[&str] = &[
-    EMULATION_FUNCTION_LIST,
-    NVME_SUBSYSTEM_CREATE,
-    NVME_SUBSYSTEM_DESTROY,
-    NVME_SUBSYSTEM_LIST,
-    NVME_NAMESPACE_CREATE,
-    NVME_NAMESPACE_DESTROY,
-    NVME_CONTROLLER_CREATE,
-    NVME_CONTROLLER_DESTROY,
-    NVME_CONTROLLER_LIST,
-    NVME_CONTROLLER_ATTACH_NS,
-    NVME_CONTROLLER_DETACH_NS,
-    NVME_CONTROLLER_RESUME,
-    NVME_CONTROLLER_SUSPEND,
-    NVME_CONTROLLER_HOTPLUG,
-    NVME_CONTROLLER_HOTUNPLUG,
-    NVME_FUNCTION_CREATE,
-    NVME_FUNCTION_DESTROY,
-    VIRTIO_BLK_FUNCTION_CREATE,
-    VIRTIO_BLK_FUNCTION_DESTROY,
-    VIRTIO_BLK_CONTROLLER_CREATE,
-    VIRTIO_BLK_CONTROLLER_DESTROY,
-    VIRTIO_BLK_CONTROLLER_LIST,
-    VIRTIO_BLK_CONTROLLER_BDEV_ATTACH,
-    VIRTIO_BLK_CONTROLLER_BDEV_DETACH,
-    VIRTIO_BLK_CONTROLLER_HOTPLUG,
-    VIRTIO_BLK_CONTROLLER_HOTUNPLUG,
-    VIRTIO_BLK_CONTROLLER_SUSPEND,
-    VIRTIO_BLK_CONTROLLER_RESUME,
-];
+/// The emulations SNAP offers, each on PCI functions of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Emulation {
+    Nvme,
+    VirtioBlk,
+}
 
 /// Value of `emulation_type`.
 pub(crate) fn emulation_type(e: Emulation) -> &'static str {
@@ -310,8 +281,20 @@ pub(crate) struct FunctionJson<'a> {
     vfs: Option<Vec<FunctionJson<'a>>>,
 }
 
+/// A function as SNAP shows it.
+pub(crate) struct FunctionView<'a> {
+    pub hotplugged: bool,
+    pub emulation: Emulation,
+    pub pf_index: u32,
+    pub vf_index: Option<u32>,
+    pub pci_bdf: &'a str,
+    pub vhca_id: u32,
+    pub vuid: &'a str,
+    pub ctrl_id: Option<&'a str>,
+}
+
 pub(crate) fn function_json<'a>(
-    f: &'a Function,
+    f: FunctionView<'a>,
     vfs: Option<Vec<FunctionJson<'a>>>,
 ) -> FunctionJson<'a> {
     FunctionJson {
@@ -319,15 +302,15 @@ pub(crate) fn function_json<'a>(
         emulation_type: emulation_type(f.emulation),
         pf_index: f.pf_index,
         vf_index: f.vf_index,
-        pci_bdf: f.listed_bdf(),
+        pci_bdf: f.pci_bdf,
         vhca_id: f.vhca_id,
-        vuid: &f.vuid,
-        ctrl_id: f.ctrl_id.as_deref(),
+        vuid: f.vuid,
+        ctrl_id: f.ctrl_id,
         vfs,
     }
 }
 
-pub(crate) fn function_created_json(f: &Function) -> Value {
+pub(crate) fn function_created_json(f: FunctionView) -> Value {
     json!({"vuid": f.vuid, "vhca_id": f.vhca_id})
 }
 
@@ -487,12 +470,12 @@ pub(crate) fn nvme_ctrl_json(c: NvmeCtrlView) -> Value {
     })
 }
 
-pub(crate) fn ctrl_created_json(ctrl_id: &str, f: &Function) -> Value {
+pub(crate) fn ctrl_created_json(ctrl_id: &str, f: FunctionView) -> Value {
     json!({
         "ctrl_id": ctrl_id,
         "vhca_id": f.vhca_id,
         "vuid": f.vuid,
-        "pci_bdf": f.listed_bdf()
+        "pci_bdf": f.pci_bdf
     })
 }
 

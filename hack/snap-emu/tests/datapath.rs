@@ -12,10 +12,12 @@ mod direct_io;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use common::{Client, Emu, dev_node, wait_for_disk};
-use direct_io::{Aligned, assert_within_10_percent, open_direct, write_flat_out};
+use direct_io::{Aligned, assert_within_10_percent, open_direct};
 use serde_json::{Value, json};
 use snap_emu::{Config, DataPathMode};
 
@@ -44,6 +46,40 @@ async fn expose(emu: &Emu, c: &mut Client, bdev: &str) -> PathBuf {
     dev_node(&wait_for_disk(&dir).await.join("dev"))
 }
 
+/// Exposes `bdev` as namespace 1 of a subsystem of its own on an NVMe
+/// controller (NVIDIA's order: a suspended controller, the namespace, a
+/// resume) and returns its device node.
+async fn expose_nvme(emu: &Emu, c: &mut Client, bdev: &str) -> PathBuf {
+    let nqn = "nqn.2024-01.io.example:dp";
+    c.ok("nvme_subsystem_create", json!({"nqn": nqn})).await;
+    c.ok(
+        "nvme_namespace_create",
+        json!({"nqn": nqn, "bdev_type": "spdk", "bdev_name": bdev, "nsid": 1}),
+    )
+    .await;
+    let ctrl = c
+        .ok(
+            "nvme_controller_create",
+            json!({"nqn": nqn, "pf_id": 0, "vf_id": 0, "suspended": true}),
+        )
+        .await;
+    let (ctrl, bdf) = (
+        ctrl["ctrl_id"].as_str().unwrap().to_owned(),
+        ctrl["pci_bdf"].as_str().unwrap().to_owned(),
+    );
+    c.ok(
+        "nvme_controller_attach_ns",
+        json!({"ctrl_id": ctrl, "nsid": 1}),
+    )
+    .await;
+    c.ok("nvme_controller_resume", json!({"ctrl_id": ctrl}))
+        .await;
+    let dir = emu
+        .sysfs_root
+        .join(format!("bus/pci/devices/0000:{bdf}/nvme/nvme0/nvme0n1"));
+    dev_node(&wait_for_disk(&dir).await.join("dev"))
+}
+
 /// The file the kernel shows behind a loop device.
 fn backing_file_of(dev: &Path) -> String {
     let name = dev.file_name().unwrap().to_str().unwrap();
@@ -51,6 +87,49 @@ fn backing_file_of(dev: &Path) -> String {
         .unwrap()
         .trim()
         .to_owned()
+}
+
+/// How many `size`-byte O_DIRECT writes a second `writers` threads get
+/// through `dev`, writing back to back (each in a MiB of its own), as a
+/// host keeps a queue of I/O in flight: counted over `window` once they
+/// have run for `warmup`, so that the rate is the steady one, not a short
+/// run's start and end, and a loaded machine slows the writers without
+/// moving the figure while they still keep the device busy.
+fn steady_write_rate(
+    dev: &Path,
+    size: usize,
+    writers: u64,
+    warmup: Duration,
+    window: Duration,
+) -> f64 {
+    let done = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let threads: Vec<_> = (0..writers)
+        .map(|w| {
+            let f = open_direct(dev);
+            let (done, stop) = (Arc::clone(&done), Arc::clone(&stop));
+            std::thread::spawn(move || {
+                let buf = Aligned::new(size, 0x5a);
+                let slots = (1 << 20) / size as u64;
+                let mut n = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    let at = (w * slots + n % slots) * size as u64;
+                    f.write_all_at(buf.get(), at).unwrap();
+                    done.fetch_add(1, Ordering::Relaxed);
+                    n += 1;
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(warmup);
+    let (before, start) = (done.load(Ordering::Relaxed), Instant::now());
+    std::thread::sleep(window);
+    let (after, end) = (done.load(Ordering::Relaxed), Instant::now());
+    stop.store(true, Ordering::Relaxed);
+    for t in threads {
+        t.join().unwrap();
+    }
+    (after - before) as f64 / (end - start).as_secs_f64()
 }
 
 async fn iostat(c: &mut Client, bdev: &str) -> Value {
@@ -356,11 +435,18 @@ async fn qos_limits_hold_the_host_to_its_rate_and_change_live() {
     let dev = expose(&emu, &mut c, "q0").await;
 
     let d = dev.clone();
-    let (ios, took) =
-        tokio::task::spawn_blocking(move || write_flat_out(&d, 4 * KIB, Duration::from_secs(2)))
-            .await
-            .unwrap();
-    assert_within_10_percent("IOPS at 1000", ios as f64 / took.as_secs_f64(), 1000.0);
+    let iops = tokio::task::spawn_blocking(move || {
+        steady_write_rate(
+            &d,
+            4 * KIB,
+            16,
+            Duration::from_millis(500),
+            Duration::from_secs(2),
+        )
+    })
+    .await
+    .unwrap();
+    assert_within_10_percent("IOPS at 1000", iops, 1000.0);
 
     // Live: bandwidth instead of IOPS, on the disk the host holds.
     c.ok(
@@ -369,14 +455,21 @@ async fn qos_limits_hold_the_host_to_its_rate_and_change_live() {
     )
     .await;
     let d = dev.clone();
-    let (ios, took) =
-        tokio::task::spawn_blocking(move || write_flat_out(&d, 64 * KIB, Duration::from_secs(2)))
-            .await
-            .unwrap();
-    let mib_per_sec = (ios * 64 * KIB as u64) as f64 / (1 << 20) as f64 / took.as_secs_f64();
+    let iops = tokio::task::spawn_blocking(move || {
+        steady_write_rate(
+            &d,
+            64 * KIB,
+            8,
+            Duration::from_millis(500),
+            Duration::from_secs(2),
+        )
+    })
+    .await
+    .unwrap();
+    let mib_per_sec = iops * (64 * KIB) as f64 / (1 << 20) as f64;
     assert_within_10_percent("MiB/s at 4", mib_per_sec, 4.0);
     assert!(
-        ios as f64 / took.as_secs_f64() < 100.0,
+        iops < 100.0,
         "the IOPS limit is gone and the bandwidth one rules"
     );
 
@@ -386,12 +479,18 @@ async fn qos_limits_hold_the_host_to_its_rate_and_change_live() {
         json!({"name": "q0", "w_mbytes_per_sec": 0}),
     )
     .await;
-    let (ios, took) = tokio::task::spawn_blocking(move || {
-        write_flat_out(&dev, 64 * KIB, Duration::from_millis(500))
+    let iops = tokio::task::spawn_blocking(move || {
+        steady_write_rate(
+            &dev,
+            64 * KIB,
+            8,
+            Duration::from_millis(200),
+            Duration::from_millis(500),
+        )
     })
     .await
     .unwrap();
-    let mib_per_sec = (ios * 64 * KIB as u64) as f64 / (1 << 20) as f64 / took.as_secs_f64();
+    let mib_per_sec = iops * (64 * KIB) as f64 / (1 << 20) as f64;
     assert!(mib_per_sec > 8.0, "unlimited: {mib_per_sec:.1} MiB/s");
     drop(c);
     emu.stop().await;
@@ -439,4 +538,97 @@ async fn bdev_set_qos_limit_checks_its_params_like_spdk() {
     );
     drop(c);
     emu.stop().await;
+}
+
+/// QoS on an NVMe-oF volume holds on the default data path: the DPU's
+/// exposure of a remote namespace reads and writes through its target, so
+/// a write limit set on the target's lvol (as the sample controller sets
+/// it) holds the host's O_DIRECT writes, from the moment it is set on the
+/// exposed volume; so does one set on the initiator's bdev in SNAP. Each
+/// rate is the writers' steady one, within 10% of its limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn qos_on_an_nvmf_volume_holds_the_host_on_the_default_data_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = Emu::start(Config::for_test(&dir.path().join("target")).without_snap()).await;
+    let dpu = Emu::start(Config::for_test(&dir.path().join("dpu"))).await;
+    let mut t = target.client().await;
+    aio_bdev(&mut t, dir.path(), "pool", 128 << 20).await;
+    t.ok(
+        "bdev_lvol_create_lvstore",
+        json!({"bdev_name": "pool", "lvs_name": "lvs", "cluster_sz": 1 << 20}),
+    )
+    .await;
+    let lvol = t
+        .ok(
+            "bdev_lvol_create",
+            json!({"lvol_name": "vol", "size_in_mib": 32, "lvs_name": "lvs", "thin_provision": true}),
+        )
+        .await;
+    let lvol = lvol.as_str().unwrap().to_owned();
+    let nqn = "nqn.2024-01.io.example:limited";
+    let port = common::free_port().to_string();
+    t.export_over_tcp(&lvol, nqn, &port).await;
+    let mut d = dpu.client().await;
+    d.ok(
+        "bdev_nvme_attach_controller",
+        json!({"name": "r", "trtype": "tcp", "adrfam": "ipv4", "traddr": "127.0.0.1", "trsvcid": port, "subnqn": nqn}),
+    )
+    .await;
+    let dev = expose_nvme(&dpu, &mut d, "rn1").await;
+    assert!(
+        backing_file_of(&dev).starts_with(dpu.state_dir.to_str().unwrap()),
+        "an NVMe-oF namespace reaches the host through the data path, not {}",
+        backing_file_of(&dev)
+    );
+    let write_rate = |dev: PathBuf| async move {
+        let iops = tokio::task::spawn_blocking(move || {
+            steady_write_rate(
+                &dev,
+                128 * KIB,
+                8,
+                Duration::from_secs(1),
+                Duration::from_secs(3),
+            )
+        })
+        .await
+        .unwrap();
+        iops * (128 * KIB) as f64 / (1 << 20) as f64
+    };
+
+    // Set on the target's lvol while the host holds the disk.
+    t.ok(
+        "bdev_set_qos_limit",
+        json!({"name": lvol, "w_mbytes_per_sec": 20}),
+    )
+    .await;
+    let mib_per_sec = write_rate(dev.clone()).await;
+    println!("under the target's limit of 20 MiB/s: {mib_per_sec:.2} MiB/s");
+    assert_within_10_percent("MiB/s under the target's limit", mib_per_sec, 20.0);
+
+    // Lifted there, set on the initiator's bdev in SNAP instead.
+    t.ok(
+        "bdev_set_qos_limit",
+        json!({"name": lvol, "w_mbytes_per_sec": 0}),
+    )
+    .await;
+    d.ok(
+        "bdev_set_qos_limit",
+        json!({"name": "rn1", "w_mbytes_per_sec": 8}),
+    )
+    .await;
+    let mib_per_sec = write_rate(dev.clone()).await;
+    println!("under SNAP's limit of 8 MiB/s: {mib_per_sec:.2} MiB/s");
+    assert_within_10_percent("MiB/s under SNAP's limit", mib_per_sec, 8.0);
+
+    // The target counted what the host wrote, as SPDK's target bdev would.
+    let written = counter(&iostat(&mut t, &lvol).await, "bytes_written");
+    assert!(
+        written >= 60 << 20,
+        "the target's lvol counted {written} bytes"
+    );
+    drop((t, d));
+    // The target first: its end of the DPU's I/O connection must not keep
+    // a thread (and so this test's runtime) alive.
+    target.stop().await;
+    dpu.stop().await;
 }

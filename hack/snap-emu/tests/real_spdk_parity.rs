@@ -209,7 +209,7 @@ fn documented() -> BTreeSet<String> {
 /// SPDK's crypto methods, which SNAP carries but the test `spdk_tgt` cannot
 /// answer: it is built without crypto (no crypto vbdev, no ISA-L crypto for
 /// the software module's keys), so they are held to SPDK v24.09's sources
-/// instead (`src/crypto.rs` says where each check and message comes from).
+/// instead (`src/bdev/crypto.rs` says where each check and message comes from).
 const WITHOUT_CRYPTO: [&str; 5] = [
     "accel_crypto_key_create",
     "accel_crypto_key_destroy",

@@ -2,12 +2,14 @@
 //! per exposure, each a [`Volume`] the host side put a loop device on.
 //!
 //! Threads: the session reads requests on a few threads of its own. An I/O
-//! of a volume without rate limits is served on the thread that read it; so
-//! is one with limits when nothing waits before it and the quotas have room.
-//! Otherwise it goes to the volume's own thread, which serves them in order,
-//! waiting for QoS quota as SPDK queues I/O, so a throttled volume never
-//! holds up the others (nor the JSON-RPC server, which shares nothing with
-//! this but the counters and limits).
+//! of a volume without rate limits (nor cipher or remote target) is served
+//! on the thread that read it; so is one with limits when nothing waits
+//! before it and the quotas have room. Otherwise it goes to the volume's own
+//! thread, which serves them in order, waiting for QoS quota as SPDK queues
+//! I/O, so a throttled volume never holds up the others (nor the JSON-RPC
+//! server, which shares nothing with this but the counters and limits). An
+//! NVMe-oF namespace's I/O always goes to its volume's thread: its target
+//! may hold it (its own limits, a pause), which must not hold the session.
 //!
 //! Crash safety: a killed emulator leaves its mount dead (ENOTCONN) with its
 //! loop devices still on it. The host side detaches those first (from its
@@ -36,8 +38,8 @@ use nix::fcntl::{FallocateFlags, fallocate};
 use nix::mount::{MntFlags, umount2};
 use nix::sys::statfs::{FUSE_SUPER_MAGIC, statfs};
 
-use super::{IoKind, Volume};
-use crate::host::Backing;
+use super::stats::IoKind;
+use super::volume::{Backing, Volume};
 
 const ROOT: u64 = 1;
 /// Attributes are never cached: a resize must show at once.
@@ -281,6 +283,15 @@ fn unmount_stale(mountpoint: &Path) -> anyhow::Result<()> {
     }
 }
 
+/// A read or write that QoS limits apply to.
+#[derive(Debug, Clone, Copy)]
+struct Quota {
+    read: bool,
+    bytes: u64,
+    /// When the request arrived: the timeslices since, it waited in line.
+    arrived: Instant,
+}
+
 /// The filesystem the session serves.
 #[derive(Debug)]
 struct Fs {
@@ -293,22 +304,23 @@ impl Fs {
         files.get(&ino.0).cloned()
     }
 
-    /// Runs `job` once the I/O is admitted: `quota` is the direction and
-    /// size of a read or write that QoS limits apply to (`None` for what
-    /// only keeps its place in line). A volume whose I/O goes in order (see
-    /// `Volume::in_order`) runs it here only when nothing is in line and the
-    /// quotas have room now; otherwise its thread waits for the quota.
+    /// Runs `job` once the I/O is admitted: `quota` is what QoS limits
+    /// apply to (`None` for what only keeps its place in line). A volume
+    /// whose I/O goes in order (see `Volume::in_order`) runs it here only
+    /// when nothing is in line and the quotas have room now; otherwise its
+    /// thread waits for the quota.
     fn submit(
         &self,
         served: Arc<Served>,
-        quota: Option<(bool, u64)>,
+        quota: Option<Quota>,
         job: impl FnOnce(&Served) + Send + 'static,
     ) {
         if !served.volume.in_order() {
             return job(&served);
         }
-        if served.queued.load(Ordering::SeqCst) == 0
-            && quota.is_none_or(|(read, bytes)| served.volume.try_admit(read, bytes))
+        if served.volume.remote.is_none()
+            && served.queued.load(Ordering::SeqCst) == 0
+            && quota.is_none_or(|q| served.volume.try_admit(q.read, q.bytes))
         {
             return job(&served);
         }
@@ -317,8 +329,8 @@ impl Fs {
         let queued = Arc::clone(&served.queued);
         queued.fetch_add(1, Ordering::SeqCst);
         let run = move || {
-            if let Some((read, bytes)) = quota {
-                s.volume.admit(read, bytes);
+            if let Some(q) = quota {
+                s.volume.admit(q.read, q.bytes, q.arrived);
             }
             job(&s);
             queued.fetch_sub(1, Ordering::SeqCst);
@@ -481,7 +493,12 @@ impl Filesystem for Fs {
         if len == 0 {
             return reply.data(&[]);
         }
-        self.submit(served, Some((true, len)), move |s| {
+        let quota = Quota {
+            read: true,
+            bytes: len,
+            arrived,
+        };
+        self.submit(served, Some(quota), move |s| {
             let len_usize = usize::try_from(len).unwrap_or(usize::MAX);
             match s.volume.account(IoKind::Read, len, arrived, || {
                 s.volume.read(&s.file, offset, len_usize)
@@ -517,7 +534,12 @@ impl Filesystem for Fs {
             return reply.error(Errno::ENOSPC);
         }
         let data = data[..usize::try_from(len).unwrap_or(data.len())].to_vec();
-        self.submit(served, Some((false, len)), move |s| {
+        let quota = Quota {
+            read: false,
+            bytes: len,
+            arrived,
+        };
+        self.submit(served, Some(quota), move |s| {
             match s.volume.account(IoKind::Write, len, arrived, || {
                 s.volume.write(&s.file, offset, &data)
             }) {

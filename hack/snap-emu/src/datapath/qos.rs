@@ -8,7 +8,9 @@
 //! SPDK refills the quotas from a poller every timeslice; here the I/O
 //! refills them itself, for as many timeslices as have passed, which comes
 //! to the same numbers (`refill`), including SPDK's catching up when its
-//! poller runs late: a waiting I/O that wakes up late is that late poller.
+//! poller runs late: the timeslices that began while an I/O waited in line
+//! (asleep, or behind others on a busy machine) are those of a late poller,
+//! as SPDK's poller would have given each of them a quota for it.
 
 use std::sync::{Mutex, PoisonError};
 use std::thread;
@@ -153,20 +155,19 @@ impl Qos {
         }
     }
 
-    /// Waits until the I/O fits the quotas, then takes its share of them.
-    pub fn admit(&self, read: bool, bytes: u64) {
-        let mut waited = false;
+    /// Waits until the I/O, in line since `arrived`, fits the quotas, then
+    /// takes its share of them.
+    pub fn admit(&self, read: bool, bytes: u64, arrived: Instant) {
         loop {
             let mut b = self.lock();
             let now = Instant::now();
-            b.refill(now, waited);
+            b.refill_waited(arrived, now);
             if b.try_take(read, bytes) {
                 return;
             }
             let next = b.slice_start + TIMESLICE;
             drop(b);
             thread::sleep(next.saturating_duration_since(now));
-            waited = true;
         }
     }
 }
@@ -195,6 +196,14 @@ impl Buckets {
         }
         let advance = u32::try_from(slices).unwrap_or(u32::MAX);
         self.slice_start += TIMESLICE * advance;
+    }
+
+    /// Brings the quotas to `now` for an I/O in line since `arrived`: the
+    /// timeslices before it arrived had nothing waiting, those since are a
+    /// late poller's.
+    fn refill_waited(&mut self, arrived: Instant, now: Instant) {
+        self.refill(arrived.min(now), false);
+        self.refill(now, true);
     }
 
     /// `bdev_qos_queue_io`: every applicable quota must still be positive;
@@ -267,6 +276,26 @@ mod tests {
         b.refill(t0 + TIMESLICE * 3, true);
         assert!((0..3).all(|_| b.try_take(true, 512)));
         assert!(!b.try_take(true, 512));
+    }
+
+    #[test]
+    fn io_waiting_in_line_catches_up_on_the_timeslices_since_it_arrived() {
+        let (q, t0) = buckets([1000, 0, 0, 0]);
+        let mut b = q.lock();
+        assert!(b.try_take(false, 512));
+        // I/O in line since t0 + 1.5 ms; the busy machine gets to it at
+        // t0 + 5 ms. The boundary before it arrived was an on-time poller's
+        // (nothing waited); the four since, a late poller's, which drops the
+        // leftover once and adds a quota for each.
+        let arrived = t0 + TIMESLICE + TIMESLICE / 2;
+        b.refill_waited(arrived, t0 + TIMESLICE * 5);
+        assert!((0..4).all(|_| b.try_take(false, 512)));
+        assert!(!b.try_take(false, 512));
+        // One that arrives now, after an idle timeslice, finds no bank.
+        let now = t0 + TIMESLICE * 7;
+        b.refill_waited(now, now);
+        assert!(b.try_take(false, 512));
+        assert!(!b.try_take(false, 512));
     }
 
     #[test]

@@ -449,3 +449,23 @@ pub(super) fn backing_is(backing_file: &OsStr, path: &Path) -> bool {
             .strip_prefix(want)
             .is_some_and(|rest| rest == b" (deleted)")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dev_t_split() {
+        // glibc makedev(259, 1048577) and makedev(7, 3).
+        let make = |major: u64, minor: u64| {
+            ((major & 0xfff) << 8)
+                | ((major & !0xfff) << 32)
+                | (minor & 0xff)
+                | ((minor & !0xff) << 12)
+        };
+        assert_eq!(split_dev(make(259, 1_048_577)), (259, 1_048_577));
+        assert_eq!(split_dev(make(7, 3)), (7, 3));
+        assert_eq!(split_dev(make(4095, 255)), (4095, 255));
+        assert_eq!(split_dev(make(4096, 256)), (4096, 256));
+    }
+}

@@ -5,10 +5,10 @@
 //! [`Faults::miss_discovery`]: crate::faults::Faults::miss_discovery
 
 use std::collections::HashMap;
-use std::sync::{Arc, MutexGuard, PoisonError};
-use std::thread;
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use super::{DiskAttrs, DiskId, HostSide, Source};
+use super::tree::{DiskAttrs, DiskId};
+use crate::datapath::volume::Source;
 
 /// An attach the host missed, kept for a rescan.
 #[derive(Debug)]
@@ -18,54 +18,30 @@ pub(super) struct MissedDisk {
     pub source: Source,
 }
 
-impl DiskAttrs {
-    /// What names the disk's volume to a reader: the namespace UUID or the serial.
-    pub(super) fn identity(&self) -> String {
-        match self {
-            DiskAttrs::Nvme { uuid, .. } => uuid.clone(),
-            DiskAttrs::VirtioBlk { serial } => String::from_utf8_lossy(serial).into_owned(),
-        }
-    }
-}
+/// The missed attaches, by record key.
+#[derive(Debug, Default)]
+pub(super) struct Missed(Mutex<HashMap<String, MissedDisk>>);
 
-impl HostSide {
-    /// Attaches the missed disks with `identity` (see [`Faults::rescan`]),
-    /// each in its function's line, unless its detach comes first.
-    pub(crate) fn rescan(self: &Arc<Self>, identity: &str) {
-        let found: Vec<(String, String)> = self
-            .missed_disks()
+impl Missed {
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, MissedDisk>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub(super) fn insert(&self, disk: MissedDisk) {
+        self.lock().insert(disk.id.key(), disk);
+    }
+
+    /// Forgets the attach of the disk at `key` and hands it back.
+    pub(super) fn take(&self, key: &str) -> Option<MissedDisk> {
+        self.lock().remove(key)
+    }
+
+    /// The keys and functions of the disks missed with `identity`.
+    pub(super) fn with_identity(&self, identity: &str) -> Vec<(String, String)> {
+        self.lock()
             .iter()
             .filter(|(_, m)| m.attrs.identity() == identity)
             .map(|(key, m)| (key.clone(), m.id.bdf().to_owned()))
-            .collect();
-        for (key, bdf) in found {
-            let ticket = self.functions.reserve(&bdf);
-            let running = self.jobs.start();
-            let host = Arc::clone(self);
-            let job = move || {
-                let guard = ticket.wait();
-                // Taken under the function's lock, which a detach holds while
-                // it forgets a missed disk: one or the other has it.
-                let missed = host.missed_disks().remove(&key);
-                if let Some(m) = missed
-                    && let Err(e) = host.attach_locked(&m.id, &m.attrs, &m.source)
-                {
-                    tracing::warn!("rescan of {} failed: {e:#}", host.disk_dir(&m.id).display());
-                }
-                drop(guard);
-                drop(host);
-                drop(running);
-            };
-            if let Err(e) = thread::Builder::new()
-                .name(format!("rescan-{bdf}"))
-                .spawn(job)
-            {
-                tracing::error!("cannot start a rescan of {bdf}: {e}");
-            }
-        }
-    }
-
-    pub(super) fn missed_disks(&self) -> MutexGuard<'_, HashMap<String, MissedDisk>> {
-        self.missed.lock().unwrap_or_else(PoisonError::into_inner)
+            .collect()
     }
 }

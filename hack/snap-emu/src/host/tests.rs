@@ -3,14 +3,67 @@
 //! failing test does not leak devices into the next one.
 
 use std::fs::OpenOptions;
-use std::os::unix::fs::FileExt;
+use std::io::{Seek, SeekFrom};
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::process::Command;
 
+use super::tree::TMP_DIR;
 use super::*;
 
 const MIB: u64 = 1 << 20;
 const BDF: &str = "26:00.1";
 const UUID: &str = "0B1C2D3E-4F50-6172-8394-A5B6C7D8E9F0";
+
+/// The calls the emulator always queues, made synchronously here so that a
+/// test sees their outcome (the queued ones only log a failure).
+impl HostSide {
+    /// Makes `nvme<ctrl>n<ns>` with namespace id `nsid` appear under `bdf`.
+    fn attach_nvme_namespace(
+        &self,
+        bdf: &str,
+        ctrl: u32,
+        ns: u32,
+        nsid: u32,
+        uuid: &str,
+        backing: &Backing,
+    ) -> anyhow::Result<HostDisk> {
+        let (id, attrs) = nvme_disk(bdf, ctrl, ns, nsid, uuid)?;
+        self.attach(&id, &attrs, &Source::Direct(backing.clone()))
+    }
+
+    /// Makes `virtio<virtio>/block/<disk>` with `serial` appear under `bdf`.
+    fn attach_virtio_blk(
+        &self,
+        bdf: &str,
+        virtio: u32,
+        disk: &str,
+        serial: &str,
+        backing: &Backing,
+    ) -> anyhow::Result<HostDisk> {
+        let (id, attrs) = virtio_disk(bdf, virtio, disk, serial)?;
+        self.attach(&id, &attrs, &Source::Direct(backing.clone()))
+    }
+
+    fn attach(&self, id: &DiskId, attrs: &DiskAttrs, source: &Source) -> anyhow::Result<HostDisk> {
+        let _guard = self.queue.lock(id.bdf());
+        self.attach_locked(id, attrs, source)
+            .with_context(|| format!("attaching {}", self.tree.disk_dir(id).display()))
+    }
+
+    fn resize(&self, disk: &HostDisk, backing: &Backing) -> anyhow::Result<()> {
+        self.resize_queued(&queued(disk), backing)
+    }
+
+    fn detach(&self, disk: &HostDisk) -> anyhow::Result<()> {
+        self.detach_queued(&queued(disk))
+    }
+}
+
+fn queued(disk: &HostDisk) -> DiskRef {
+    DiskRef {
+        sysfs_dir: disk.sysfs_dir.clone(),
+    }
+}
 
 struct Fixture {
     dir: tempfile::TempDir,
@@ -51,7 +104,9 @@ impl Fixture {
     }
 
     fn devices(&self) -> PathBuf {
-        fs::canonicalize(self.root()).expect("root").join(DEVICES)
+        fs::canonicalize(self.root())
+            .expect("root")
+            .join("bus/pci/devices")
     }
 }
 
@@ -561,7 +616,7 @@ fn reopen_cleans_up_a_device_attached_but_never_recorded() {
         ns: 1,
     };
     let record = target.intent(
-        host.disk_dir(&id),
+        host.tree.disk_dir(&id),
         vec![before.trim_start_matches("/dev/").to_owned()],
     );
     host.records.store(&id.key(), &record).unwrap();
@@ -644,55 +699,6 @@ fn parallel_functions() {
 }
 
 #[test]
-fn disk_ids_round_trip() {
-    for id in [
-        DiskId::Nvme {
-            bdf: "26:00.1".into(),
-            ctrl: 11,
-            ns: 1,
-        },
-        DiskId::Nvme {
-            bdf: "26:00.1".into(),
-            ctrl: 1,
-            ns: 11,
-        },
-        DiskId::VirtioBlk {
-            bdf: "ff:1f.7".into(),
-            virtio: 3,
-            disk: "vdab".into(),
-        },
-    ] {
-        let mut rel = PathBuf::from(format!("0000:{}", id.bdf()));
-        rel.extend(id.rel_dirs());
-        assert_eq!(DiskId::parse(&rel), Some(id.clone()));
-        assert_eq!(key_bdf(&id.key()), Some(id.bdf()));
-    }
-    for bad in [
-        "0000:26:00.1/nvme/nvme0/nvme1n1",
-        "0000:26:00.1/nvme/nvme00/nvme00n1",
-        "0000:26:00.1/nvme/nvme0/nvme0n+1",
-        "0000:26:00.1/virtio0/disk/vda",
-        "0000:26:00.1/virtio0/block/../x",
-        "26:00.1/virtio0/block/vda",
-        "0000:26:00.1/virtio0/block",
-    ] {
-        assert_eq!(DiskId::parse(Path::new(bad)), None, "{bad}");
-    }
-}
-
-#[test]
-fn dev_t_split() {
-    // glibc makedev(259, 1048577) and makedev(7, 3).
-    let make = |major: u64, minor: u64| {
-        ((major & 0xfff) << 8) | ((major & !0xfff) << 32) | (minor & 0xff) | ((minor & !0xff) << 12)
-    };
-    assert_eq!(loopdev::split_dev(make(259, 1_048_577)), (259, 1_048_577));
-    assert_eq!(loopdev::split_dev(make(7, 3)), (7, 3));
-    assert_eq!(loopdev::split_dev(make(4095, 255)), (4095, 255));
-    assert_eq!(loopdev::split_dev(make(4096, 256)), (4096, 256));
-}
-
-#[test]
 fn intent_clean_up_spares_devices_other_records_claim() {
     let fx = Fixture::new();
     let file = fx.file("lvs.img", 8 * MIB);
@@ -710,7 +716,7 @@ fn intent_clean_up_spares_devices_other_records_claim() {
         ctrl: 0,
         ns: 1,
     };
-    let intent = target.intent(host.disk_dir(&id), Vec::new());
+    let intent = target.intent(host.tree.disk_dir(&id), Vec::new());
     host.records.store(&id.key(), &intent).unwrap();
     let leaked = loopdev::attach(&target.path, 0, 4 * MIB, false, false).unwrap();
     host.release(&id.key(), &intent).unwrap();
@@ -828,38 +834,6 @@ fn shutdown_waits_for_queued_attaches() {
 }
 
 #[test]
-fn a_function_line_is_first_come_first_served() {
-    let locks = Arc::new(FunctionLocks::default());
-    let order = Arc::new(Mutex::new(Vec::new()));
-    let first = locks.lock(BDF);
-    let waiting: Vec<_> = (0..5)
-        .map(|i| {
-            let ticket = locks.reserve(BDF);
-            let order = Arc::clone(&order);
-            thread::spawn(move || {
-                // Later tickets try to overtake by asking first.
-                thread::sleep(Duration::from_millis(10 * (5 - i)));
-                let _guard = ticket.wait();
-                order.lock().unwrap().push(i);
-            })
-        })
-        .collect();
-    // An unredeemed ticket passes its turn on when dropped (once it is its turn).
-    let unused = locks.reserve(BDF);
-    let skipper = thread::spawn(move || drop(unused));
-    // Another function is not held up.
-    drop(locks.lock("26:00.2"));
-    drop(first);
-    for t in waiting {
-        t.join().unwrap();
-    }
-    skipper.join().unwrap();
-    drop(locks.lock(BDF));
-    assert_eq!(*order.lock().unwrap(), [0, 1, 2, 3, 4]);
-    assert!(locks.lines.lock().unwrap().is_empty());
-}
-
-#[test]
 fn a_renamed_disk_keeps_its_device_and_identity_and_detaches_cleanly() {
     let fx = Fixture::new();
     let file = fx.file("r.img", 4 * MIB);
@@ -889,4 +863,18 @@ fn a_renamed_disk_keeps_its_device_and_identity_and_detaches_cleanly() {
     assert!(loops_over(&file).is_empty());
     assert!(host.records.list().unwrap().is_empty());
     assert!(!fx.devices().join("0000:26:00.1/nvme").exists());
+}
+
+#[test]
+fn kernel_stat_lines_parse() {
+    let s =
+        BlockStat::parse("     73        0     74 5   2  0  16  3  0  12  8  1  0  8  2  0  0\n");
+    assert_eq!(s.read_ios, 73);
+    assert_eq!(s.read_sectors, 74);
+    assert_eq!(s.read_ms, 5);
+    assert_eq!(s.write_ios, 2);
+    assert_eq!(s.write_sectors, 16);
+    assert_eq!(s.discard_ios, 1);
+    assert_eq!(s.discard_sectors, 8);
+    assert_eq!(BlockStat::parse(""), BlockStat::default());
 }

@@ -27,11 +27,11 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use crate::bdev::{Bdev, BdevKind};
+use super::registry::{Bdev, BdevKind, Bdevs, io_error};
+use crate::registry::{Answer, BdevModule, BdevUser, Cx, Family};
 use crate::rpc::{
     EEXIST, EINVAL, ENODEV, ENOSPC, EPERM, OnDecodeError, RpcError, RpcResult, decode, decode_opt,
 };
-use crate::state::Emulator;
 
 const MIB: u64 = 1 << 20;
 const BS_PAGE_SIZE: u64 = 4096;
@@ -257,18 +257,46 @@ struct ResizeParams {
     size_in_mib: u64,
 }
 
-impl Emulator {
+const METHODS: &[&str] = &[
+    "bdev_lvol_clone",
+    "bdev_lvol_create",
+    "bdev_lvol_create_lvstore",
+    "bdev_lvol_decouple_parent",
+    "bdev_lvol_delete",
+    "bdev_lvol_delete_lvstore",
+    "bdev_lvol_get_lvols",
+    "bdev_lvol_get_lvstores",
+    "bdev_lvol_resize",
+    "bdev_lvol_snapshot",
+];
+
+/// The lvol stores and their lvols.
+#[derive(Debug)]
+pub(crate) struct Lvols {
+    /// Where the stores keep their lvols' files.
+    files_dir: PathBuf,
+    stores: Vec<LvolStore>,
+}
+
+impl Lvols {
+    pub(crate) fn new(files_dir: PathBuf) -> Self {
+        Self {
+            files_dir,
+            stores: Vec::new(),
+        }
+    }
+
     /// `vbdev_get_lvol_store_by_uuid_xor_name`: exactly one selector, else -EINVAL.
     fn lvs_index(&self, uuid: Option<&str>, name: Option<&str>) -> Result<usize, RpcError> {
         let found = match (uuid, name) {
-            (Some(u), None) => self.lvstores.iter().position(|s| s.uuid.to_string() == u),
-            (None, Some(n)) => self.lvstores.iter().position(|s| s.name == n),
+            (Some(u), None) => self.stores.iter().position(|s| s.uuid.to_string() == u),
+            (None, Some(n)) => self.stores.iter().position(|s| s.name == n),
             _ => return Err(RpcError::errno(EINVAL)),
         };
         found.ok_or(RpcError::errno(ENODEV))
     }
 
-    pub(crate) fn bdev_lvol_create_lvstore(&mut self, params: Option<Value>) -> RpcResult {
+    fn bdev_lvol_create_lvstore(&mut self, params: Option<Value>, cx: &mut Cx<'_>) -> RpcResult {
         let p: CreateLvstoreParams = decode(params, OnDecodeError::DecodeFailed)?;
         check_clear_method(&p.clear_method)?;
         if p.lvs_name.is_empty() || p.lvs_name.len() > NAME_MAX {
@@ -277,11 +305,8 @@ impl Emulator {
         // SPDK's order: the base bdev opened for writing (absent, or claimed
         // by another module), the cluster size against its blocks, the name;
         // then the blobstore's own checks, which answer through the callback.
-        let base = self
-            .bdevs
-            .get(&p.bdev_name)
-            .ok_or(RpcError::errno(ENODEV))?;
-        if base.claim.is_some() || self.bdev_has_writers(&base.name) {
+        let base = cx.bdevs.get(&p.bdev_name).ok_or(RpcError::errno(ENODEV))?;
+        if base.claim.is_some() || cx.writes(&base.name) {
             return Err(RpcError::errno(EPERM));
         }
         let cluster_size = p.cluster_sz.map_or(DEFAULT_CLUSTER_SIZE, u64::from);
@@ -289,7 +314,7 @@ impl Emulator {
         if cluster_size < u64::from(block_size) {
             return Err(RpcError::errno(EINVAL));
         }
-        if self.lvstores.iter().any(|s| s.name == p.lvs_name) {
+        if self.stores.iter().any(|s| s.name == p.lvs_name) {
             return Err(RpcError::errno(EEXIST));
         }
         if cluster_size < BS_PAGE_SIZE
@@ -311,12 +336,12 @@ impl Emulator {
         }
         let uuid = Uuid::new_v4();
         let dir = self.files_dir.join(format!("lvs-{uuid}"));
-        std::fs::create_dir_all(&dir).map_err(|e| crate::bdev::io_error(&e))?;
+        std::fs::create_dir_all(&dir).map_err(|e| io_error(&e))?;
         let base_name = base.name.clone();
-        if let Some(b) = self.bdevs.get_mut(&base_name) {
+        if let Some(b) = cx.bdevs.get_mut(&base_name) {
             b.claim = Some("lvol");
         }
-        self.lvstores.push(LvolStore {
+        self.stores.push(LvolStore {
             uuid,
             name: p.lvs_name,
             base_bdev: base_name,
@@ -329,56 +354,51 @@ impl Emulator {
         Ok(json!(uuid.to_string()))
     }
 
-    pub(crate) fn bdev_lvol_get_lvstores(&self, params: Option<Value>) -> RpcResult {
+    fn bdev_lvol_get_lvstores(&self, params: Option<Value>) -> RpcResult {
         if params.is_none() {
-            return Ok(Value::Array(
-                self.lvstores.iter().map(|s| s.json()).collect(),
-            ));
+            return Ok(Value::Array(self.stores.iter().map(|s| s.json()).collect()));
         }
         let p: LvsSelector = decode(params, OnDecodeError::DecodeFailed)?;
         let i = self.lvs_index(p.uuid.as_deref(), p.lvs_name.as_deref())?;
-        Ok(json!([self.lvstores[i].json()]))
+        Ok(json!([self.stores[i].json()]))
     }
 
-    pub(crate) fn bdev_lvol_delete_lvstore(&mut self, params: Option<Value>) -> RpcResult {
+    fn bdev_lvol_delete_lvstore(&mut self, params: Option<Value>, cx: &mut Cx<'_>) -> RpcResult {
         let p: LvsSelector = decode(params, OnDecodeError::DecodeFailed)?;
         let i = self.lvs_index(p.uuid.as_deref(), p.lvs_name.as_deref())?;
-        let uuid = self.lvstores[i].uuid;
-        self.destroy_lvstore(uuid);
-        Ok(json!(true))
-    }
-
-    /// Unregisters every lvol of the store (with their consumers), releases the
-    /// base bdev and removes the store's files.
-    pub(crate) fn destroy_lvstore(&mut self, uuid: Uuid) {
-        let Some(i) = self.lvstores.iter().position(|s| s.uuid == uuid) else {
-            return;
-        };
-        let lvols: Vec<String> = self.lvstores[i]
+        let uuid = self.stores[i].uuid;
+        let lvols: Vec<String> = self.stores[i]
             .lvols
             .iter()
             .map(|l| l.uuid.to_string())
             .collect();
         for name in lvols {
-            self.unregister_bdev(&name);
+            cx.unregister(self, &name);
         }
-        let Some(i) = self.lvstores.iter().position(|s| s.uuid == uuid) else {
+        self.drop_store(uuid, cx.bdevs);
+        Ok(json!(true))
+    }
+
+    /// Removes a store whose lvols are gone: its base is released and its
+    /// files go.
+    fn drop_store(&mut self, uuid: Uuid, bdevs: &mut Bdevs) {
+        let Some(i) = self.stores.iter().position(|s| s.uuid == uuid) else {
             return;
         };
-        let store = self.lvstores.remove(i);
-        if let Some(b) = self.bdevs.get_mut(&store.base_bdev) {
+        let store = self.stores.remove(i);
+        if let Some(b) = bdevs.get_mut(&store.base_bdev) {
             b.claim = None;
         }
         let _ = std::fs::remove_dir_all(&store.dir);
     }
 
-    pub(crate) fn bdev_lvol_get_lvols(&self, params: Option<Value>) -> RpcResult {
+    fn bdev_lvol_get_lvols(&self, params: Option<Value>) -> RpcResult {
         let p: GetLvolsParams = decode_opt(params, OnDecodeError::DecodeFailed)?;
         let stores: Vec<&LvolStore> = if p.lvs_uuid.is_none() && p.lvs_name.is_none() {
-            self.lvstores.iter().collect()
+            self.stores.iter().collect()
         } else {
             let i = self.lvs_index(p.lvs_uuid.as_deref(), p.lvs_name.as_deref())?;
-            vec![&self.lvstores[i]]
+            vec![&self.stores[i]]
         };
         let mut out = vec![];
         for s in stores {
@@ -399,14 +419,14 @@ impl Emulator {
         Ok(Value::Array(out))
     }
 
-    pub(crate) fn bdev_lvol_create(&mut self, params: Option<Value>) -> RpcResult {
+    fn bdev_lvol_create(&mut self, params: Option<Value>, cx: &mut Cx<'_>) -> RpcResult {
         let p: CreateLvolParams = decode(params, OnDecodeError::DecodeFailed)?;
         let i = self.lvs_index(p.uuid.as_deref(), p.lvs_name.as_deref())?;
         check_clear_method(&p.clear_method)?;
         if p.lvol_name.is_empty() || p.lvol_name.len() > NAME_MAX {
             return Err(RpcError::errno(EINVAL));
         }
-        let store = &self.lvstores[i];
+        let store = &self.stores[i];
         if store.lvols.iter().any(|l| l.name == p.lvol_name) {
             return Err(RpcError::errno(EEXIST));
         }
@@ -429,12 +449,13 @@ impl Emulator {
             io: Default::default(),
             kind: BdevKind::Lvol {
                 lvs_uuid: store.uuid,
+                base: store.base_bdev.clone(),
                 file: file.clone(),
                 read_only: false,
             },
         };
-        self.register_with_file(bdev, &file, bytes)?;
-        self.lvstores[i].lvols.push(Lvol {
+        cx.bdevs.insert_with_file(bdev, &file, bytes)?;
+        self.stores[i].lvols.push(Lvol {
             uuid,
             name: p.lvol_name,
             thin: p.thin_provision,
@@ -447,12 +468,18 @@ impl Emulator {
     }
 
     /// Registers `lvol` of store `si` over `file`, a copy of `source`'s bytes.
-    fn register_copy(&mut self, si: usize, lvol: Lvol, source: &std::path::Path) -> RpcResult {
-        let store = &self.lvstores[si];
+    fn register_copy(
+        &mut self,
+        bdevs: &mut Bdevs,
+        si: usize,
+        lvol: Lvol,
+        source: &std::path::Path,
+    ) -> RpcResult {
+        let store = &self.stores[si];
         let bytes = store.cluster_bytes(lvol.num_clusters)?;
         copy_sparse(source, &lvol.file).map_err(|e| {
             let _ = std::fs::remove_file(&lvol.file);
-            crate::bdev::io_error(&e)
+            io_error(&e)
         })?;
         let bdev = Bdev {
             name: lvol.uuid.to_string(),
@@ -465,25 +492,26 @@ impl Emulator {
             io: Default::default(),
             kind: BdevKind::Lvol {
                 lvs_uuid: store.uuid,
+                base: store.base_bdev.clone(),
                 file: lvol.file.clone(),
                 read_only: lvol.read_only,
             },
         };
-        if let Err(e) = self.bdevs.insert(bdev) {
+        if let Err(e) = bdevs.insert(bdev) {
             let _ = std::fs::remove_file(&lvol.file);
             return Err(e);
         }
         let uuid = lvol.uuid;
-        self.lvstores[si].lvols.push(lvol);
+        self.stores[si].lvols.push(lvol);
         Ok(json!(uuid.to_string()))
     }
 
     /// `bdev_lvol_snapshot`: the snapshot takes the origin's place under its
     /// parent and the origin becomes the snapshot's clone.
-    pub(crate) fn bdev_lvol_snapshot(&mut self, params: Option<Value>) -> RpcResult {
+    fn bdev_lvol_snapshot(&mut self, params: Option<Value>, cx: &mut Cx<'_>) -> RpcResult {
         let p: SnapshotParams = decode(params, OnDecodeError::DecodeFailed)?;
-        let (si, li) = self.lvol_bdev(&p.lvol_name)?;
-        let store = &self.lvstores[si];
+        let (si, li) = self.lvol_bdev(cx.bdevs, &p.lvol_name)?;
+        let store = &self.stores[si];
         let name = store.verify_new_name(Some(&p.snapshot_name))?;
         let origin = store.lvols[li].clone();
         if origin.read_only {
@@ -499,18 +527,18 @@ impl Emulator {
             parent: origin.parent,
             read_only: true,
         };
-        let result = self.register_copy(si, snapshot, &origin.file)?;
-        let origin = &mut self.lvstores[si].lvols[li];
+        let result = self.register_copy(cx.bdevs, si, snapshot, &origin.file)?;
+        let origin = &mut self.stores[si].lvols[li];
         origin.parent = Some(uuid);
         origin.thin = true;
         Ok(result)
     }
 
     /// `bdev_lvol_clone`: a thin writable lvol over a snapshot.
-    pub(crate) fn bdev_lvol_clone(&mut self, params: Option<Value>) -> RpcResult {
+    fn bdev_lvol_clone(&mut self, params: Option<Value>, cx: &mut Cx<'_>) -> RpcResult {
         let p: CloneParams = decode(params, OnDecodeError::DecodeFailed)?;
-        let (si, li) = self.lvol_bdev(&p.snapshot_name)?;
-        let store = &self.lvstores[si];
+        let (si, li) = self.lvol_bdev(cx.bdevs, &p.snapshot_name)?;
+        let store = &self.stores[si];
         let name = store.verify_new_name(p.clone_name.as_deref())?;
         let snapshot = store.lvols[li].clone();
         if !snapshot.read_only {
@@ -527,15 +555,15 @@ impl Emulator {
             parent: Some(snapshot.uuid),
             read_only: false,
         };
-        self.register_copy(si, clone, &snapshot.file)
+        self.register_copy(cx.bdevs, si, clone, &snapshot.file)
     }
 
     /// `bdev_lvol_decouple_parent`: the lvol's bytes are its own already, so
     /// only the parent changes, to the parent's parent.
-    pub(crate) fn bdev_lvol_decouple_parent(&mut self, params: Option<Value>) -> RpcResult {
+    fn bdev_lvol_decouple_parent(&mut self, params: Option<Value>, cx: &mut Cx<'_>) -> RpcResult {
         let p: NameParams = decode(params, OnDecodeError::DecodeFailed)?;
-        let (si, li) = self.lvol_bdev(&p.name)?;
-        let store = &self.lvstores[si];
+        let (si, li) = self.lvol_bdev(cx.bdevs, &p.name)?;
+        let store = &self.stores[si];
         let Some(parent) = store.lvols[li].parent else {
             return Err(callback_error(EINVAL));
         };
@@ -544,21 +572,21 @@ impl Emulator {
             .iter()
             .find(|l| l.uuid == parent)
             .and_then(|l| l.parent);
-        self.lvstores[si].lvols[li].parent = grandparent;
+        self.stores[si].lvols[li].parent = grandparent;
         Ok(json!(true))
     }
 
-    fn lvol_bdev(&self, name: &str) -> Result<(usize, usize), RpcError> {
-        let bdev = self.bdevs.get(name).ok_or(RpcError::errno(ENODEV))?;
+    fn lvol_bdev(&self, bdevs: &Bdevs, name: &str) -> Result<(usize, usize), RpcError> {
+        let bdev = bdevs.get(name).ok_or(RpcError::errno(ENODEV))?;
         let BdevKind::Lvol { lvs_uuid, .. } = bdev.kind else {
             return Err(RpcError::errno(ENODEV));
         };
         let si = self
-            .lvstores
+            .stores
             .iter()
             .position(|s| s.uuid == lvs_uuid)
             .ok_or(RpcError::errno(ENODEV))?;
-        let li = self.lvstores[si]
+        let li = self.stores[si]
             .lvols
             .iter()
             .position(|l| l.uuid == bdev.uuid)
@@ -569,10 +597,10 @@ impl Emulator {
     /// `bdev_lvol_delete`: an lvol with more than one clone stays (-EPERM
     /// through the callback, which, unlike the other lvol callbacks, answers
     /// -32603); a snapshot with one clone hands it its parent.
-    pub(crate) fn bdev_lvol_delete(&mut self, params: Option<Value>) -> RpcResult {
+    fn bdev_lvol_delete(&mut self, params: Option<Value>, cx: &mut Cx<'_>) -> RpcResult {
         let p: NameParams = decode(params, OnDecodeError::DecodeFailed)?;
-        let (si, li) = self.lvol_bdev(&p.name)?;
-        let store = &mut self.lvstores[si];
+        let (si, li) = self.lvol_bdev(cx.bdevs, &p.name)?;
+        let store = &mut self.stores[si];
         let lvol = store.lvols[li].clone();
         if store.clone_count(lvol.uuid) > 1 {
             return Err(RpcError::internal(crate::rpc::strerror(EPERM)));
@@ -584,24 +612,14 @@ impl Emulator {
         {
             l.parent = lvol.parent;
         }
-        self.unregister_bdev(&lvol.uuid.to_string());
+        cx.unregister(self, &lvol.uuid.to_string());
         Ok(json!(true))
     }
 
-    /// Called by `unregister_bdev` once the lvol bdev itself is gone.
-    pub(crate) fn forget_lvol(&mut self, lvs_uuid: Uuid, lvol_uuid: Uuid) {
-        if let Some(store) = self.lvstores.iter_mut().find(|s| s.uuid == lvs_uuid)
-            && let Some(i) = store.lvols.iter().position(|l| l.uuid == lvol_uuid)
-        {
-            let lvol = store.lvols.remove(i);
-            let _ = std::fs::remove_file(&lvol.file);
-        }
-    }
-
-    pub(crate) fn bdev_lvol_resize(&mut self, params: Option<Value>) -> RpcResult {
+    fn bdev_lvol_resize(&mut self, params: Option<Value>, cx: &mut Cx<'_>) -> RpcResult {
         let p: ResizeParams = decode(params, OnDecodeError::DecodeFailed)?;
-        let (si, li) = self.lvol_bdev(&p.name)?;
-        let store = &self.lvstores[si];
+        let (si, li) = self.lvol_bdev(cx.bdevs, &p.name)?;
+        let store = &self.stores[si];
         let lvol = &store.lvols[li];
         if lvol.read_only {
             // The blobstore resizes no read-only blob (a snapshot).
@@ -620,25 +638,72 @@ impl Emulator {
             .write(true)
             .open(&lvol.file)
             .and_then(|f| f.set_len(bytes))
-            .map_err(|e| crate::bdev::io_error(&e))?;
+            .map_err(|e| io_error(&e))?;
         let name = lvol.uuid.to_string();
-        self.lvstores[si].lvols[li].num_clusters = num_clusters;
-        if let Some(b) = self.bdevs.get_mut(&name) {
+        self.stores[si].lvols[li].num_clusters = num_clusters;
+        if let Some(b) = cx.bdevs.get_mut(&name) {
             b.num_blocks = num_blocks;
         }
-        self.bdev_resized(&name);
+        cx.resized(self, &name);
         Ok(json!(true))
     }
+}
 
-    pub(crate) fn lvol_driver_specific(&self, bdev: &Bdev) -> Value {
+impl Family for Lvols {
+    fn methods(&self) -> Vec<&'static str> {
+        METHODS.to_vec()
+    }
+
+    fn call(&mut self, method: &str, params: Option<Value>, cx: &mut Cx<'_>) -> Answer {
+        match method {
+            "bdev_lvol_create_lvstore" => self.bdev_lvol_create_lvstore(params, cx),
+            "bdev_lvol_get_lvstores" => self.bdev_lvol_get_lvstores(params),
+            "bdev_lvol_delete_lvstore" => self.bdev_lvol_delete_lvstore(params, cx),
+            "bdev_lvol_get_lvols" => self.bdev_lvol_get_lvols(params),
+            "bdev_lvol_create" => self.bdev_lvol_create(params, cx),
+            "bdev_lvol_delete" => self.bdev_lvol_delete(params, cx),
+            "bdev_lvol_resize" => self.bdev_lvol_resize(params, cx),
+            "bdev_lvol_snapshot" => self.bdev_lvol_snapshot(params, cx),
+            "bdev_lvol_clone" => self.bdev_lvol_clone(params, cx),
+            "bdev_lvol_decouple_parent" => self.bdev_lvol_decouple_parent(params, cx),
+            _ => Err(RpcError::method_not_found()),
+        }
+        .map(Into::into)
+    }
+}
+
+impl BdevModule for Lvols {
+    /// The lvols of the stores on `bdev`: they go before it does.
+    fn built_on(&self, bdev: &Bdev, _bdevs: &Bdevs) -> Vec<String> {
+        self.stores
+            .iter()
+            .filter(|s| s.base_bdev == bdev.name)
+            .flat_map(|s| s.lvols.iter().map(|l| l.uuid.to_string()))
+            .collect()
+    }
+
+    /// An lvol bdev is gone: it leaves its store, with its file.
+    fn destruct(&mut self, bdev: &Bdev, _bdevs: &mut Bdevs) {
         let BdevKind::Lvol { lvs_uuid, .. } = bdev.kind else {
-            return json!({});
+            return;
         };
-        let Some(store) = self.lvstores.iter().find(|s| s.uuid == lvs_uuid) else {
-            return json!({});
+        if let Some(store) = self.stores.iter_mut().find(|s| s.uuid == lvs_uuid)
+            && let Some(i) = store.lvols.iter().position(|l| l.uuid == bdev.uuid)
+        {
+            let lvol = store.lvols.remove(i);
+            let _ = std::fs::remove_file(&lvol.file);
+        }
+    }
+
+    fn dump(&self, bdev: &Bdev) -> Option<Value> {
+        let BdevKind::Lvol { lvs_uuid, .. } = bdev.kind else {
+            return None;
+        };
+        let Some(store) = self.stores.iter().find(|s| s.uuid == lvs_uuid) else {
+            return Some(json!({}));
         };
         let Some(lvol) = store.lvols.iter().find(|l| l.uuid == bdev.uuid) else {
-            return json!({});
+            return Some(json!({}));
         };
         let mut o = serde_json::Map::new();
         o.insert("lvol_store_uuid".into(), json!(store.uuid.to_string()));
@@ -663,7 +728,22 @@ impl Emulator {
             o.insert("clones".into(), json!(clones));
         }
         o.insert("esnap_clone".into(), json!(false));
-        json!({ "lvol": o })
+        Some(json!({ "lvol": o }))
+    }
+}
+
+impl BdevUser for Lvols {
+    /// A store's base is going (its lvols went first): the store goes.
+    fn release(&mut self, bdev: &Bdev, bdevs: &mut Bdevs) {
+        let stores: Vec<Uuid> = self
+            .stores
+            .iter()
+            .filter(|s| s.base_bdev == bdev.name)
+            .map(|s| s.uuid)
+            .collect();
+        for uuid in stores {
+            self.drop_store(uuid, bdevs);
+        }
     }
 }
 

@@ -27,17 +27,16 @@
 
 use std::sync::Arc;
 
-use aes::cipher::KeyInit;
-use aes::{Aes128, Aes256};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use uuid::Uuid;
-use xts_mode::Xts128;
 
-use crate::bdev::{Bdev, BdevKind};
+use super::registry::{Bdev, BdevKind, Bdevs};
+use crate::datapath::cipher::Cipher;
+use crate::datapath::volume::Volume;
+use crate::registry::{Answer, BdevModule, BdevUser, Cx, Family};
 use crate::rpc::{EEXIST, EINVAL, ENODEV, EPERM, RpcError, RpcResult, strerror};
-use crate::state::Emulator;
 
 const CIPHERS: [&str; 2] = ["AES_CBC", "AES_XTS"];
 const TWEAK_MODES: [&str; 4] = [
@@ -51,61 +50,6 @@ const MAX_HEX_LENGTH: usize = 256 + 1;
 /// BDEV_CRYPTO_NAMESPACE_UUID.
 const CRYPTO_NAMESPACE: Uuid = Uuid::from_u128(0x078e3cf7_f4b4_4545_b2c3_d40045a64ae2);
 const PARSE_ERROR: i32 = -32700;
-
-/// AES-XTS over whole logical blocks, as SPDK's software accel module does it.
-pub(crate) enum Cipher {
-    Xts128(Box<Xts128<Aes128>>),
-    Xts256(Box<Xts128<Aes256>>),
-}
-
-impl std::fmt::Debug for Cipher {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Cipher(redacted)")
-    }
-}
-
-/// SPDK's IV for a block: `uint64_t iv[2] = {0, lba}` in memory.
-fn tweak(lba: u128) -> [u8; 16] {
-    let mut t = [0u8; 16];
-    // The index is an LBA, which SPDK keeps in 64 bits.
-    t[8..].copy_from_slice(&(lba as u64).to_le_bytes());
-    t
-}
-
-impl Cipher {
-    /// `key` the data key, `key2` the tweak key, both 16 or 32 bytes.
-    fn new(key: &[u8], key2: &[u8]) -> Option<Self> {
-        match (key.len(), key2.len()) {
-            (16, 16) => Some(Cipher::Xts128(Box::new(Xts128::new(
-                Aes128::new_from_slice(key).ok()?,
-                Aes128::new_from_slice(key2).ok()?,
-            )))),
-            (32, 32) => Some(Cipher::Xts256(Box::new(Xts128::new(
-                Aes256::new_from_slice(key).ok()?,
-                Aes256::new_from_slice(key2).ok()?,
-            )))),
-            _ => None,
-        }
-    }
-
-    /// Encrypts `buf`, whole blocks of `block_size` starting at `first_lba`.
-    pub(crate) fn encrypt(&self, first_lba: u64, block_size: u32, buf: &mut [u8]) {
-        let (size, first) = (block_size as usize, u128::from(first_lba));
-        match self {
-            Cipher::Xts128(x) => x.encrypt_area(buf, size, first, tweak),
-            Cipher::Xts256(x) => x.encrypt_area(buf, size, first, tweak),
-        }
-    }
-
-    /// Decrypts `buf`, whole blocks of `block_size` starting at `first_lba`.
-    pub(crate) fn decrypt(&self, first_lba: u64, block_size: u32, buf: &mut [u8]) {
-        let (size, first) = (block_size as usize, u128::from(first_lba));
-        match self {
-            Cipher::Xts128(x) => x.decrypt_area(buf, size, first, tweak),
-            Cipher::Xts256(x) => x.decrypt_area(buf, size, first, tweak),
-        }
-    }
-}
 
 /// A key of the accel keyring, as `accel_crypto_keys_get` lists it.
 pub(crate) struct CryptoKey {
@@ -158,8 +102,16 @@ pub(crate) struct Crypto {
     names: Vec<CryptoName>,
 }
 
+const METHODS: &[&str] = &[
+    "accel_crypto_key_create",
+    "accel_crypto_key_destroy",
+    "accel_crypto_keys_get",
+    "bdev_crypto_create",
+    "bdev_crypto_delete",
+];
+
 impl Crypto {
-    pub(crate) fn cipher(&self, key_name: &str) -> Option<Arc<Cipher>> {
+    fn cipher(&self, key_name: &str) -> Option<Arc<Cipher>> {
         self.keys
             .iter()
             .find(|k| k.name == key_name)
@@ -257,22 +209,19 @@ fn check_hex(hex: &str) -> Result<Vec<u8>, i32> {
     unhex(hex).ok_or(-EINVAL)
 }
 
-impl Emulator {
-    pub(crate) fn accel_crypto_key_create(&mut self, params: Option<Value>) -> RpcResult {
+impl Crypto {
+    fn accel_crypto_key_create(&mut self, params: Option<Value>) -> RpcResult {
         let p: KeyCreateParams = decode(
             params,
             RpcError::new(PARSE_ERROR, "spdk_json_decode_object failed"),
         )?;
-        let key =
-            make_key(&p).and_then(
-                |key| match self.crypto.keys.iter().any(|k| k.name == p.name) {
-                    true => Err(-EEXIST),
-                    false => Ok(key),
-                },
-            );
+        let key = make_key(&p).and_then(|key| match self.keys.iter().any(|k| k.name == p.name) {
+            true => Err(-EEXIST),
+            false => Ok(key),
+        });
         match key {
             Ok(key) => {
-                self.crypto.keys.push(key);
+                self.keys.push(key);
                 Ok(json!(true))
             }
             Err(rc) => Err(RpcError::invalid_params_msg(format!(
@@ -281,18 +230,18 @@ impl Emulator {
         }
     }
 
-    pub(crate) fn accel_crypto_key_destroy(&mut self, params: Option<Value>) -> RpcResult {
+    fn accel_crypto_key_destroy(&mut self, params: Option<Value>) -> RpcResult {
         let error = RpcError::new(PARSE_ERROR, "spdk_json_decode_object failed");
         let p: KeyNameParams = decode(params, error.clone())?;
         let name = p.key_name.ok_or(error)?;
-        let at = self.crypto.keys.iter().position(|k| k.name == name);
+        let at = self.keys.iter().position(|k| k.name == name);
         let at = at.ok_or_else(|| RpcError::invalid_params_msg("No key object found"))?;
         // SPDK lets a key in use go too; the crypto bdev keeps its cipher here.
-        self.crypto.keys.remove(at);
+        self.keys.remove(at);
         Ok(json!(true))
     }
 
-    pub(crate) fn accel_crypto_keys_get(&mut self, params: Option<Value>) -> RpcResult {
+    fn accel_crypto_keys_get(&self, params: Option<Value>) -> RpcResult {
         let p: KeyNameParams = match params {
             None => KeyNameParams { key_name: None },
             params => decode(
@@ -302,18 +251,18 @@ impl Emulator {
         };
         let keys: Vec<Value> = match p.key_name {
             Some(name) => {
-                let key = self.crypto.keys.iter().find(|k| k.name == name);
+                let key = self.keys.iter().find(|k| k.name == name);
                 vec![
                     key.ok_or_else(|| RpcError::invalid_params_msg("key was not found"))?
                         .dump(),
                 ]
             }
-            None => self.crypto.keys.iter().map(CryptoKey::dump).collect(),
+            None => self.keys.iter().map(CryptoKey::dump).collect(),
         };
         Ok(Value::Array(keys))
     }
 
-    pub(crate) fn bdev_crypto_create(&mut self, params: Option<Value>) -> RpcResult {
+    fn bdev_crypto_create(&mut self, params: Option<Value>, bdevs: &mut Bdevs) -> RpcResult {
         let p: CryptoCreateParams = decode(
             params,
             RpcError::new(
@@ -322,11 +271,11 @@ impl Emulator {
             ),
         )?;
         let key_name = match &p.key_name {
-            Some(name) if self.crypto.cipher(name).is_some() => name.clone(),
+            Some(name) if self.cipher(name).is_some() => name.clone(),
             Some(_) => return Err(RpcError::invalid_params_msg("Key was not found")),
             None => self.legacy_key(&p)?,
         };
-        if self.crypto.names.iter().any(|n| n.vbdev == p.name) {
+        if self.names.iter().any(|n| n.vbdev == p.name) {
             return Err(RpcError::errno(EEXIST));
         }
         let name = CryptoName {
@@ -334,10 +283,10 @@ impl Emulator {
             base: p.base_bdev_name.clone(),
             key_name,
         };
-        match self.claim_for_crypto(&name) {
+        match claim_for_crypto(&name, bdevs) {
             // The base is not there yet: the vbdev waits for it, as in SPDK.
             Ok(()) | Err(ENODEV) => {
-                self.crypto.names.push(name);
+                self.names.push(name);
                 Ok(json!(p.name))
             }
             Err(errno) => {
@@ -354,7 +303,7 @@ impl Emulator {
     fn legacy_key(&mut self, p: &CryptoCreateParams) -> Result<String, RpcError> {
         let cipher = p.cipher.clone().unwrap_or_else(|| "AES_CBC".into());
         let key_name = format!("{}_{cipher}", p.name);
-        if self.crypto.cipher(&key_name).is_some() {
+        if self.cipher(&key_name).is_some() {
             return Ok(key_name);
         }
         let params = KeyCreateParams {
@@ -365,92 +314,127 @@ impl Emulator {
             name: key_name.clone(),
         };
         let key = make_key(&params).map_err(|_| RpcError::internal("No key was found"))?;
-        self.crypto.keys.push(key);
+        self.keys.push(key);
         Ok(key_name)
     }
 
     fn drop_key(&mut self, name: &str) {
-        self.crypto.keys.retain(|k| k.name != name);
+        self.keys.retain(|k| k.name != name);
     }
 
-    /// `vbdev_crypto_claim`: registers the vbdev over its base; the errno
-    /// otherwise (`ENODEV`: no base yet, `EPERM`: the base is claimed).
-    fn claim_for_crypto(&mut self, name: &CryptoName) -> Result<(), i32> {
-        if self.bdevs.get(&name.vbdev).is_some() {
-            return Err(EEXIST);
-        }
-        let base = self.bdevs.get(&name.base).ok_or(ENODEV)?;
-        if base.claim.is_some() {
-            return Err(EPERM);
-        }
-        let vbdev = Bdev {
-            name: name.vbdev.clone(),
-            aliases: vec![],
-            uuid: Uuid::new_v5(&CRYPTO_NAMESPACE, base.uuid.as_bytes()),
-            product_name: "crypto",
-            block_size: base.block_size,
-            num_blocks: base.num_blocks,
-            claim: None,
-            io: Default::default(),
-            kind: BdevKind::Crypto {
-                base: base.name.clone(),
-                key_name: name.key_name.clone(),
-            },
-        };
-        self.bdevs.insert(vbdev).map_err(|e| -e.code)?;
-        if let Some(base) = self.bdevs.get_mut(&name.base) {
-            base.claim = Some("crypto");
-        }
-        Ok(())
-    }
-
-    /// Creates the pending vbdevs whose base has appeared (SPDK's examine).
-    pub(crate) fn examine_crypto(&mut self) {
-        let pending: Vec<CryptoName> = self
-            .crypto
-            .names
-            .iter()
-            .filter(|n| self.bdevs.get(&n.vbdev).is_none() && self.bdevs.get(&n.base).is_some())
-            .cloned()
-            .collect();
-        for name in pending {
-            if let Err(errno) = self.claim_for_crypto(&name) {
-                tracing::debug!(vbdev = %name.vbdev, error = strerror(errno), "crypto examine");
-            }
-        }
-    }
-
-    pub(crate) fn bdev_crypto_delete(&mut self, params: Option<Value>) -> RpcResult {
+    fn bdev_crypto_delete(&mut self, params: Option<Value>, cx: &mut Cx<'_>) -> RpcResult {
         let p: CryptoDeleteParams = decode(params, RpcError::invalid_params())?;
-        let name = self.module_bdev(&p.name, |k| matches!(k, BdevKind::Crypto { .. }))?;
-        self.unregister_bdev(&name);
-        self.crypto.names.retain(|n| n.vbdev != name);
+        let name = cx
+            .bdevs
+            .of_module(&p.name, |k| matches!(k, BdevKind::Crypto { .. }))?;
+        cx.unregister(self, &name);
+        self.names.retain(|n| n.vbdev != name);
         Ok(json!(true))
     }
+}
 
-    /// A crypto vbdev leaves (deleted or hot-removed with its base): its base
-    /// is free again.
-    pub(crate) fn release_crypto_base(&mut self, base: &str) {
-        if let Some(b) = self.bdevs.get_mut(base) {
-            b.claim = None;
-        }
+impl Family for Crypto {
+    fn methods(&self) -> Vec<&'static str> {
+        METHODS.to_vec()
     }
 
-    /// The crypto vbdevs built on `base`, which go when it goes.
-    pub(crate) fn crypto_consumers(&self, base: &str) -> Vec<String> {
-        self.bdevs
+    fn call(&mut self, method: &str, params: Option<Value>, cx: &mut Cx<'_>) -> Answer {
+        match method {
+            "accel_crypto_key_create" => self.accel_crypto_key_create(params),
+            "accel_crypto_key_destroy" => self.accel_crypto_key_destroy(params),
+            "accel_crypto_keys_get" => self.accel_crypto_keys_get(params),
+            "bdev_crypto_create" => self.bdev_crypto_create(params, cx.bdevs),
+            "bdev_crypto_delete" => self.bdev_crypto_delete(params, cx),
+            _ => Err(RpcError::method_not_found()),
+        }
+        .map(Into::into)
+    }
+}
+
+impl BdevModule for Crypto {
+    /// The crypto vbdevs on `bdev`, which go when it goes (their names stay
+    /// pending, as in SPDK).
+    fn built_on(&self, bdev: &Bdev, bdevs: &Bdevs) -> Vec<String> {
+        bdevs
             .iter()
-            .filter(|b| matches!(&b.kind, BdevKind::Crypto { base: on, .. } if on == base))
+            .filter(|b| matches!(&b.kind, BdevKind::Crypto { base, .. } if *base == bdev.name))
             .map(|b| b.name.clone())
             .collect()
     }
 
-    pub(crate) fn crypto_driver_specific(&self, bdev: &Bdev) -> Value {
-        let BdevKind::Crypto { base, key_name } = &bdev.kind else {
-            return json!({});
-        };
-        json!({"crypto": {"base_bdev_name": base, "name": bdev.name, "key_name": key_name}})
+    /// A crypto vbdev leaves (deleted or hot-removed with its base): its base
+    /// is free again.
+    fn destruct(&mut self, bdev: &Bdev, bdevs: &mut Bdevs) {
+        if let BdevKind::Crypto { base, .. } = &bdev.kind
+            && let Some(b) = bdevs.get_mut(base)
+        {
+            b.claim = None;
+        }
     }
+
+    fn dump(&self, bdev: &Bdev) -> Option<Value> {
+        let BdevKind::Crypto { base, key_name } = &bdev.kind else {
+            return None;
+        };
+        Some(json!({"crypto": {"base_bdev_name": base, "name": bdev.name, "key_name": key_name}}))
+    }
+
+    /// The host reads plaintext through the cipher; a crypto bdev whose key
+    /// is gone cannot be exposed.
+    fn io_path(&self, bdev: &Bdev, _bdevs: &Bdevs, volume: &mut Volume) -> Result<(), RpcError> {
+        if let BdevKind::Crypto { key_name, .. } = &bdev.kind {
+            volume.cipher = Some(self.cipher(key_name).ok_or(RpcError::errno(ENODEV))?);
+        }
+        Ok(())
+    }
+
+    /// SPDK's examine: creates the pending vbdevs whose base has appeared.
+    fn examine(&mut self, bdevs: &mut Bdevs) {
+        let pending: Vec<CryptoName> = self
+            .names
+            .iter()
+            .filter(|n| bdevs.get(&n.vbdev).is_none() && bdevs.get(&n.base).is_some())
+            .cloned()
+            .collect();
+        for name in pending {
+            if let Err(errno) = claim_for_crypto(&name, bdevs) {
+                tracing::debug!(vbdev = %name.vbdev, error = strerror(errno), "crypto examine");
+            }
+        }
+    }
+}
+
+impl BdevUser for Crypto {}
+
+/// `vbdev_crypto_claim`: registers the vbdev over its base; the errno
+/// otherwise (`ENODEV`: no base yet, `EPERM`: the base is claimed).
+fn claim_for_crypto(name: &CryptoName, bdevs: &mut Bdevs) -> Result<(), i32> {
+    if bdevs.get(&name.vbdev).is_some() {
+        return Err(EEXIST);
+    }
+    let base = bdevs.get(&name.base).ok_or(ENODEV)?;
+    if base.claim.is_some() {
+        return Err(EPERM);
+    }
+    let vbdev = Bdev {
+        name: name.vbdev.clone(),
+        aliases: vec![],
+        uuid: Uuid::new_v5(&CRYPTO_NAMESPACE, base.uuid.as_bytes()),
+        product_name: "crypto",
+        block_size: base.block_size,
+        num_blocks: base.num_blocks,
+        claim: None,
+        io: Default::default(),
+        kind: BdevKind::Crypto {
+            base: base.name.clone(),
+            key_name: name.key_name.clone(),
+        },
+    };
+    bdevs.insert(vbdev).map_err(|e| -e.code)?;
+    if let Some(base) = bdevs.get_mut(&name.base) {
+        base.claim = Some("crypto");
+    }
+    Ok(())
 }
 
 #[cfg(test)]

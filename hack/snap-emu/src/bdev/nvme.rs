@@ -1,6 +1,7 @@
 //! The NVMe-oF initiator (`bdev_nvme_*`): attaching a remote subsystem turns
 //! each of its namespaces into a `<name>n<nsid>` bdev backed by the target's
-//! bytes (see [`crate::nvmf_tcp`] for what travels over the wire).
+//! bytes (see [`crate::nvmf::wire`] for what travels over the wire), whose
+//! I/O through the data path goes to the target.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,15 +11,14 @@ use serde_json::{Value, json};
 use tokio::sync::oneshot;
 use uuid::Uuid;
 
-use crate::bdev::{Bdev, BdevKind, NvmeNsInfo};
-use crate::host::Backing;
-use crate::nvmf::adrfam_name;
-use crate::nvmf_io::Remote;
-use crate::nvmf_tcp::{self, Accepted, ConnectError, ConnectRequest};
+use super::registry::{Bdev, BdevKind, Bdevs, NvmeNsInfo};
+use crate::datapath::remote::Remote;
+use crate::datapath::volume::{Backing, Volume};
+use crate::nvmf::wire::{self, Accepted, ConnectError, ConnectRequest, DISCOVERY_NQN, adrfam_name};
+use crate::registry::{Answer, BdevModule, BdevUser, Cx, Family, Reply, Shared};
 use crate::rpc::{
     EALREADY, EEXIST, EINVAL, EIO, ENODEV, OnDecodeError, RpcError, RpcResult, decode, decode_opt,
 };
-use crate::state::{Emulator, Shared};
 
 const DEFAULT_MAX_BDEVS: u32 = 128;
 
@@ -57,18 +57,29 @@ pub(crate) struct NvmeController {
     _conn: oneshot::Sender<()>,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct NvmeInitiator {
     ctrls: Vec<NvmeController>,
+    /// `nqn.2014-08.org.nvmexpress:uuid:<uuid>`, fixed per process like SPDK's.
+    default_hostnqn: String,
 }
 
+const METHODS: &[&str] = &[
+    "bdev_nvme_attach_controller",
+    "bdev_nvme_detach_controller",
+    "bdev_nvme_get_controllers",
+];
+
 impl NvmeInitiator {
-    pub(crate) fn get(&self, name: &str) -> Option<&NvmeController> {
-        self.ctrls.iter().find(|c| c.name == name)
+    pub(crate) fn new() -> Self {
+        Self {
+            ctrls: Vec::new(),
+            default_hostnqn: format!("nqn.2014-08.org.nvmexpress:uuid:{}", Uuid::new_v4()),
+        }
     }
 
-    pub fn stop(&mut self) {
-        self.ctrls.clear();
+    fn get(&self, name: &str) -> Option<&NvmeController> {
+        self.ctrls.iter().find(|c| c.name == name)
     }
 }
 
@@ -143,18 +154,16 @@ fn same_path_exists(name: &str) -> RpcError {
     )
 }
 
-/// `bdev_nvme_attach_controller`: plan under the lock, connect without it
-/// (the target may be this very process), then register under the lock.
-pub(crate) async fn attach_controller(shared: &Arc<Shared>, params: Option<Value>) -> RpcResult {
-    let p: AttachParams = decode(params, OnDecodeError::DecodeFailed)?;
-    let plan = shared.state.lock().await.plan_attach(&p)?;
+/// The rest of `bdev_nvme_attach_controller`, planned under the lock:
+/// connect without it (the target may be this very process), then register
+/// under the lock.
+async fn attach(shared: Arc<Shared>, plan: Plan) -> RpcResult {
     let req = ConnectRequest {
-        proto: nvmf_tcp::PROTO.into(),
+        proto: wire::PROTO.into(),
         subnqn: plan.trid.subnqn.clone(),
         hostnqn: plan.hostnqn.clone(),
     };
-    let connected =
-        nvmf_tcp::connect(&plan.trid.traddr, &plan.trid.trsvcid, req, plan.timeout).await;
+    let connected = wire::connect(&plan.trid.traddr, &plan.trid.trsvcid, req, plan.timeout).await;
     let (stream, accepted) = match connected {
         Ok(c) => c,
         Err(ConnectError::Unreachable) => return Err(RpcError::errno(ENODEV)),
@@ -163,15 +172,25 @@ pub(crate) async fn attach_controller(shared: &Arc<Shared>, params: Option<Value
             return Err(RpcError::errno(EIO));
         }
     };
-    let conn = nvmf_tcp::hold_initiator(stream);
-    shared
-        .state
-        .lock()
-        .await
-        .finish_attach(plan, accepted, conn)
+    let conn = wire::hold_initiator(stream);
+    let mut state = shared.state.lock().await;
+    let (nvme, cx) = state
+        .family::<NvmeInitiator>()
+        .expect("bdev_nvme_attach_controller is answered by NvmeInitiator");
+    nvme.finish_attach(plan, accepted, conn, cx.bdevs)
 }
 
-impl Emulator {
+impl NvmeInitiator {
+    fn bdev_nvme_attach_controller(&self, params: Option<Value>, cx: &Cx<'_>) -> Answer {
+        let p: AttachParams = decode(params, OnDecodeError::DecodeFailed)?;
+        let plan = self.plan_attach(&p)?;
+        let shared = cx
+            .shared()
+            .upgrade()
+            .ok_or_else(|| RpcError::internal("shutting down"))?;
+        Ok(Reply::Later(Box::pin(attach(shared, plan))))
+    }
+
     fn plan_attach(&self, p: &AttachParams) -> Result<Plan, RpcError> {
         let known = ["pcie", "rdma", "tcp", "fc", "vfiouser", "custom"];
         if !known.contains(&p.trtype.to_ascii_lowercase().as_str()) {
@@ -189,14 +208,11 @@ impl Emulator {
             adrfam,
             traddr: p.traddr.clone(),
             trsvcid: p.trsvcid.clone().unwrap_or_default(),
-            subnqn: p
-                .subnqn
-                .clone()
-                .unwrap_or_else(|| crate::nvmf::DISCOVERY_NQN.to_owned()),
+            subnqn: p.subnqn.clone().unwrap_or_else(|| DISCOVERY_NQN.to_owned()),
         };
         let hostaddr = p.hostaddr.clone().unwrap_or_default();
         let hostsvcid = p.hostsvcid.clone().unwrap_or_default();
-        if let Some(c) = self.nvme.get(&p.name) {
+        if let Some(c) = self.get(&p.name) {
             let same_path = c.trid.traddr == trid.traddr
                 && c.trid.trsvcid == trid.trsvcid
                 && c.hostaddr == hostaddr
@@ -220,7 +236,6 @@ impl Emulator {
         // One controller per path and host: the same one under another name
         // is refused before connecting (`spdk_bdev_nvme_create`).
         if self
-            .nvme
             .ctrls
             .iter()
             .any(|c| c.trid == trid && c.hostnqn == hostnqn)
@@ -235,7 +250,7 @@ impl Emulator {
             Some(us) if us > 0 => {
                 Duration::from_micros(us).clamp(Duration::from_millis(1), Duration::from_secs(60))
             }
-            _ => nvmf_tcp::CONNECT_TIMEOUT,
+            _ => wire::CONNECT_TIMEOUT,
         };
         Ok(Plan {
             name: p.name.clone(),
@@ -253,8 +268,9 @@ impl Emulator {
         plan: Plan,
         accepted: Accepted,
         conn: oneshot::Sender<()>,
+        bdevs: &mut Bdevs,
     ) -> RpcResult {
-        if self.nvme.get(&plan.name).is_some() {
+        if self.get(&plan.name).is_some() {
             return Err(same_path_exists(&plan.name));
         }
         let mut names = vec![];
@@ -283,7 +299,7 @@ impl Emulator {
                     copy: ns.copy,
                 }),
             };
-            match self.bdevs.insert(bdev) {
+            match bdevs.insert(bdev) {
                 Ok(()) => names.push(name),
                 // SPDK logs and skips a namespace whose bdev cannot register.
                 Err(e) if e.code == -EEXIST => {
@@ -292,7 +308,7 @@ impl Emulator {
                 Err(e) => return Err(e),
             }
         }
-        self.nvme.ctrls.push(NvmeController {
+        self.ctrls.push(NvmeController {
             name: plan.name,
             trid: plan.trid,
             hostnqn: plan.hostnqn,
@@ -307,9 +323,9 @@ impl Emulator {
         Ok(json!(names))
     }
 
-    pub(crate) fn bdev_nvme_detach_controller(&mut self, params: Option<Value>) -> RpcResult {
+    fn bdev_nvme_detach_controller(&mut self, params: Option<Value>, cx: &mut Cx<'_>) -> RpcResult {
         let p: DetachParams = decode(params, OnDecodeError::DecodeFailed)?;
-        let c = self.nvme.get(&p.name).ok_or(RpcError::errno(ENODEV))?;
+        let c = self.get(&p.name).ok_or(RpcError::errno(ENODEV))?;
         let mismatch = |want: &Option<String>, have: &str| {
             want.as_deref()
                 .is_some_and(|w| !w.eq_ignore_ascii_case(have))
@@ -324,26 +340,26 @@ impl Emulator {
         {
             return Err(RpcError::errno(ENODEV));
         }
-        let Some(i) = self.nvme.ctrls.iter().position(|c| c.name == p.name) else {
+        let Some(i) = self.ctrls.iter().position(|c| c.name == p.name) else {
             return Err(RpcError::errno(ENODEV));
         };
-        let ctrl = self.nvme.ctrls.remove(i);
+        let ctrl = self.ctrls.remove(i);
         for b in &ctrl.bdevs {
-            self.unregister_bdev(b);
+            cx.unregister(self, b);
         }
         // Dropping the controller closes its connection to the target.
         drop(ctrl);
         Ok(json!(true))
     }
 
-    pub(crate) fn bdev_nvme_get_controllers(&self, params: Option<Value>) -> RpcResult {
+    fn bdev_nvme_get_controllers(&self, params: Option<Value>) -> RpcResult {
         let p: GetControllersParams = decode_opt(params, OnDecodeError::DecodeFailed)?;
         let ctrls: Vec<&NvmeController> = match &p.name {
-            Some(n) => vec![self.nvme.get(n).ok_or_else(|| {
+            Some(n) => vec![self.get(n).ok_or_else(|| {
                 // SPDK really answers with a positive EINVAL here.
                 RpcError::new(EINVAL, format!("Controller {n} does not exist"))
             })?],
-            None => self.nvme.ctrls.iter().collect(),
+            None => self.ctrls.iter().collect(),
         };
         Ok(Value::Array(
             ctrls
@@ -362,15 +378,39 @@ impl Emulator {
                 .collect(),
         ))
     }
+}
 
-    pub(crate) fn nvme_driver_specific(&self, bdev: &Bdev) -> Value {
+impl Family for NvmeInitiator {
+    fn methods(&self) -> Vec<&'static str> {
+        METHODS.to_vec()
+    }
+
+    fn call(&mut self, method: &str, params: Option<Value>, cx: &mut Cx<'_>) -> Answer {
+        match method {
+            "bdev_nvme_attach_controller" => self.bdev_nvme_attach_controller(params, cx),
+            "bdev_nvme_detach_controller" => {
+                self.bdev_nvme_detach_controller(params, cx).map(Into::into)
+            }
+            "bdev_nvme_get_controllers" => self.bdev_nvme_get_controllers(params).map(Into::into),
+            _ => Err(RpcError::method_not_found()),
+        }
+    }
+
+    /// Dropping the controllers closes their connections to the targets.
+    fn shutdown(&mut self) {
+        self.ctrls.clear();
+    }
+}
+
+impl BdevModule for NvmeInitiator {
+    fn dump(&self, bdev: &Bdev) -> Option<Value> {
         let BdevKind::Nvme(info) = &bdev.kind else {
-            return json!({});
+            return None;
         };
-        let Some(c) = self.nvme.get(&info.ctrlr) else {
-            return json!({});
+        let Some(c) = self.get(&info.ctrlr) else {
+            return Some(json!({}));
         };
-        json!({
+        Some(json!({
             "nvme": [{
                 "trid": c.trid.json(),
                 "ctrlr_data": {
@@ -388,24 +428,29 @@ impl Emulator {
                 "ns_data": {"id": info.nsid, "can_share": true}
             }],
             "mp_policy": "active_passive"
-        })
+        }))
+    }
+
+    /// The I/O through the data path of an NVMe-oF namespace, or of a
+    /// crypto vbdev whose bytes are one's, goes to its target (see
+    /// [`crate::datapath::remote`]), as SPDK's goes over the fabric.
+    fn io_path(&self, bdev: &Bdev, bdevs: &Bdevs, volume: &mut Volume) -> Result<(), RpcError> {
+        let BdevKind::Nvme(info) = &bdevs.bytes_of(bdev).kind else {
+            return Ok(());
+        };
+        let Some(ctrl) = self.get(&info.ctrlr) else {
+            return Ok(());
+        };
+        if let Ok(port) = ctrl.trid.trsvcid.parse() {
+            volume.remote = Some(Arc::new(Remote::new(
+                (ctrl.trid.traddr.clone(), port),
+                ctrl.trid.subnqn.clone(),
+                ctrl.hostnqn.clone(),
+                info.nsid,
+            )));
+        }
+        Ok(())
     }
 }
 
-impl Emulator {
-    /// The target of an NVMe-oF bdev, for its I/O to go through (see
-    /// [`crate::nvmf_io`]); `None` for any other bdev.
-    pub(crate) fn nvme_remote(&self, bdev: &Bdev) -> Option<Remote> {
-        let BdevKind::Nvme(info) = &bdev.kind else {
-            return None;
-        };
-        let ctrl = self.nvme.get(&info.ctrlr)?;
-        let port = ctrl.trid.trsvcid.parse().ok()?;
-        Some(Remote::new(
-            (ctrl.trid.traddr.clone(), port),
-            ctrl.trid.subnqn.clone(),
-            ctrl.hostnqn.clone(),
-            info.nsid,
-        ))
-    }
-}
+impl BdevUser for NvmeInitiator {}

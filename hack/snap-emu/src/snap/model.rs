@@ -1,5 +1,7 @@
-//! The emulated PCI functions a BlueField offers its host: static NVMe and
-//! virtio-blk PFs with their VFs, plus PFs hot-plugged at run time.
+//! SNAP's model of what it emulates: the PCI functions a BlueField offers its
+//! host (static NVMe and virtio-blk PFs with their VFs, plus PFs hot-plugged
+//! at run time), and the controllers placed on them: a function carries at
+//! most one, and a controller's name is unique across the emulations.
 //!
 //! Addresses are deterministic so tests and demos can name them: every PF owns
 //! one bus starting at 0x26 (NVMe PFs first, then virtio-blk PFs, then
@@ -12,20 +14,14 @@ use std::collections::HashMap;
 
 use crate::config::{FIRST_BUS, FunctionLayout, MAX_PFS};
 use crate::host::FunctionKind;
-use crate::rpc::{EINVAL, ENODEV, ENOSPC, RpcError};
+use crate::rpc::{EBUSY, EEXIST, EINVAL, ENODEV, ENOSPC, RpcError};
+use crate::snap_api::{Emulation, FunctionView, emulation_type};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Emulation {
-    Nvme,
-    VirtioBlk,
-}
-
-impl Emulation {
-    pub fn host_kind(self) -> FunctionKind {
-        match self {
-            Self::Nvme => FunctionKind::Nvme,
-            Self::VirtioBlk => FunctionKind::VirtioBlk,
-        }
+/// The kind of PCI function an emulation's functions are on the host.
+pub(crate) fn host_kind(e: Emulation) -> FunctionKind {
+    match e {
+        Emulation::Nvme => FunctionKind::Nvme,
+        Emulation::VirtioBlk => FunctionKind::VirtioBlk,
     }
 }
 
@@ -53,6 +49,20 @@ impl Function {
     pub fn listed_bdf(&self) -> &str {
         self.bdf.as_deref().unwrap_or("00:00.0")
     }
+
+    /// The function as SNAP's answers show it.
+    pub fn view(&self) -> FunctionView<'_> {
+        FunctionView {
+            hotplugged: self.hotplugged,
+            emulation: self.emulation,
+            pf_index: self.pf_index,
+            vf_index: self.vf_index,
+            pci_bdf: self.listed_bdf(),
+            vhca_id: self.vhca_id,
+            vuid: &self.vuid,
+            ctrl_id: self.ctrl_id.as_deref(),
+        }
+    }
 }
 
 /// How a SNAP request names a function.
@@ -71,10 +81,7 @@ pub(crate) fn format_bdf(bus: u32, index: u32) -> String {
 
 fn make_vuid(e: Emulation, pf_index: u32, vf_index: Option<u32>) -> String {
     // Shaped like a BlueField's: board serial, emulation, PF address, VF number (1-based).
-    let pf = format!(
-        "MT2400XZ0EMU{}S{pf_index}D0F0",
-        crate::snap_api::emulation_type(e)
-    );
+    let pf = format!("MT2400XZ0EMU{}S{pf_index}D0F0", emulation_type(e));
     match vf_index {
         Some(v) => format!("{pf}VF{}", v + 1),
         None => pf,
@@ -231,6 +238,54 @@ impl Functions {
 
     pub fn remove(&mut self, vuid: &str) {
         self.list.retain(|f| f.vuid != vuid);
+    }
+
+    /// Whether a controller of any emulation has this name: every
+    /// controller sits on a function, which names it.
+    fn ctrl_name_taken(&self, name: &str) -> bool {
+        self.list.iter().any(|f| f.ctrl_id.as_deref() == Some(name))
+    }
+
+    /// Where a new controller goes and what it is called: the selected
+    /// function, which must not carry a controller yet, and the requested
+    /// name (unique across the emulations) or SNAP's next default one,
+    /// `prefix` and the next of `next` free. Returns the function's VUID
+    /// and the controller's name; the function carries it from now on.
+    pub fn place_ctrl(
+        &mut self,
+        e: Emulation,
+        sel: &Selector,
+        name: Option<String>,
+        prefix: &str,
+        next: &mut u32,
+    ) -> Result<(String, String), RpcError> {
+        let f = self.select(e, sel)?;
+        if f.ctrl_id.is_some() {
+            return Err(RpcError::errno(EBUSY));
+        }
+        let vuid = f.vuid.clone();
+        let ctrl_id = match name {
+            Some(name) if self.ctrl_name_taken(&name) => return Err(RpcError::errno(EEXIST)),
+            Some(name) => name,
+            None => loop {
+                let name = format!("{prefix}{next}");
+                *next += 1;
+                if !self.ctrl_name_taken(&name) {
+                    break name;
+                }
+            },
+        };
+        if let Some(f) = self.get_mut(&vuid) {
+            f.ctrl_id = Some(ctrl_id.clone());
+        }
+        Ok((vuid, ctrl_id))
+    }
+
+    /// The controller on function `vuid` is gone.
+    pub fn clear_ctrl(&mut self, vuid: &str) {
+        if let Some(f) = self.get_mut(vuid) {
+            f.ctrl_id = None;
+        }
     }
 }
 

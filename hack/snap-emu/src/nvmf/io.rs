@@ -1,51 +1,22 @@
-//! NVMe-oF I/O between emulators: a bdev_nvme bdev exposed through the data
-//! path reads and writes through the target, so that the target counts,
-//! rate-limits and, when its subsystem is paused, holds that I/O until the
-//! resume, as SPDK's target does (`nvmf_subsystem_pause` waits for the I/O
-//! in flight, then queues what comes).
-//!
-//! Like the handshake (`crate::nvmf_tcp`) this is not NVMe/TCP: each data
-//! path volume opens a connection of its own to the listener, sends one
-//! JSON line ([`IoHello`]), gets one back, and then sends fixed frames one
-//! at a time: `op` (u8: 0 read, 1 write), `offset` (u64 LE), `len` (u32 LE),
-//! and for a write the data; the answer is an errno (i32 LE, 0 for success)
-//! and for a read the data.
+//! NVMe-oF I/O between emulators, the target's side: the frames of an
+//! initiator's data path volume (see [`crate::datapath::remote`] for the
+//! protocol) are served from the namespace's bdev behind the subsystem's
+//! pause [`Gate`], so that the target counts and rate-limits that I/O and,
+//! when its subsystem is paused, holds it until the resume, as SPDK's
+//! target does (`nvmf_subsystem_pause` waits for the I/O in flight, then
+//! queues what comes).
 
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
-use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::sync::{Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use serde::{Deserialize, Serialize};
+use crate::datapath::remote::{EIO, ENXIO, HEAD_LEN, MAX_LEN, READ, WRITE};
+use crate::datapath::stats::IoKind;
+use crate::datapath::volume::Volume;
 
-use crate::datapath::{IoKind, Volume};
-use crate::state::Emulator;
-
-pub(crate) const IO_PROTO: &str = "snap-emu-nvmf-io/1";
-const READ: u8 = 0;
-const WRITE: u8 = 1;
-/// How long the initiator waits to connect and for the hello's answer (an
-/// I/O itself may wait as long as the subsystem stays paused).
-const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
-const EIO: i32 = 5;
-const ENXIO: i32 = 6;
-/// Larger than any request the data path makes (its FUSE requests are at
-/// most 1 MiB): a frame claiming more ends the connection.
-const MAX_LEN: u32 = 16 << 20;
 /// How often an idle target connection looks whether its subsystem is gone.
 const IDLE_POLL: Duration = Duration::from_millis(200);
-
-/// The first line of an I/O connection, and its answer (`error` empty when
-/// the namespace is served).
-#[derive(Debug, Serialize, Deserialize)]
-pub(crate) struct IoHello {
-    pub proto: String,
-    pub subnqn: String,
-    pub hostnqn: String,
-    pub nsid: u32,
-    #[serde(default)]
-    pub error: Option<String>,
-}
 
 /// A subsystem's pause: I/O enters while it runs; a pause waits for the
 /// I/O inside, then holds what comes until the resume.
@@ -142,7 +113,7 @@ pub(crate) fn serve(stream: TcpStream, volume: &Volume, file: &std::fs::File, ga
             }
             Err(_) => return,
         }
-        let mut head = [0u8; 13];
+        let mut head = [0u8; HEAD_LEN];
         if reader.read_exact(&mut head).is_err() {
             return;
         }
@@ -163,7 +134,7 @@ pub(crate) fn serve(stream: TcpStream, volume: &Volume, file: &std::fs::File, ga
             if !inside || !matches!(op, READ | WRITE) {
                 return Err(io::Error::from_raw_os_error(EIO));
             }
-            volume.admit(read, len);
+            volume.admit(read, len, arrived);
             if read {
                 volume.account(IoKind::Read, len, arrived, || {
                     volume.read(file, offset, len as usize)
@@ -188,116 +159,10 @@ pub(crate) fn serve(stream: TcpStream, volume: &Volume, file: &std::fs::File, ga
     }
 }
 
-/// Initiator side: one namespace of a remote subsystem, reached over a
-/// connection made at the first I/O (and again after a failure).
-#[derive(Debug)]
-pub(crate) struct Remote {
-    pub addr: (String, u16),
-    pub subnqn: String,
-    pub hostnqn: String,
-    pub nsid: u32,
-    conn: Mutex<Option<TcpStream>>,
-}
-
-impl Remote {
-    pub(crate) fn new(addr: (String, u16), subnqn: String, hostnqn: String, nsid: u32) -> Self {
-        Self {
-            addr,
-            subnqn,
-            hostnqn,
-            nsid,
-            conn: Mutex::default(),
-        }
-    }
-
-    fn connect(&self) -> io::Result<TcpStream> {
-        let addr = std::net::ToSocketAddrs::to_socket_addrs(&(self.addr.0.as_str(), self.addr.1))?
-            .next()
-            .ok_or_else(|| io::Error::from(io::ErrorKind::AddrNotAvailable))?;
-        let stream = TcpStream::connect_timeout(&addr, HELLO_TIMEOUT)?;
-        stream.set_nodelay(true)?;
-        let hello = IoHello {
-            proto: IO_PROTO.into(),
-            subnqn: self.subnqn.clone(),
-            hostnqn: self.hostnqn.clone(),
-            nsid: self.nsid,
-            error: None,
-        };
-        let mut line = serde_json::to_vec(&hello).map_err(io::Error::other)?;
-        line.push(b'\n');
-        (&stream).write_all(&line)?;
-        stream.set_read_timeout(Some(HELLO_TIMEOUT))?;
-        let mut answer = String::new();
-        BufReader::new(&stream)
-            .take(1 << 16)
-            .read_line(&mut answer)?;
-        let answer: IoHello = serde_json::from_str(&answer).map_err(io::Error::other)?;
-        if let Some(e) = answer.error {
-            return Err(io::Error::other(e));
-        }
-        stream.set_read_timeout(None)?;
-        Ok(stream)
-    }
-
-    /// One request and its answer; the connection is dropped on failure.
-    fn call(&self, op: u8, offset: u64, len: usize, data: &[u8]) -> io::Result<Vec<u8>> {
-        let mut conn = self.conn.lock().unwrap_or_else(PoisonError::into_inner);
-        let stream = match conn.take() {
-            Some(s) => s,
-            None => self.connect()?,
-        };
-        let mut frame = vec![op];
-        frame.extend_from_slice(&offset.to_le_bytes());
-        let len32 = u32::try_from(len).map_err(|_| io::Error::from_raw_os_error(EIO))?;
-        frame.extend_from_slice(&len32.to_le_bytes());
-        frame.extend_from_slice(data);
-        (&stream).write_all(&frame)?;
-        let mut status = [0u8; 4];
-        (&stream).read_exact(&mut status)?;
-        let status = i32::from_le_bytes(status);
-        let mut body = vec![0; if op == READ && status == 0 { len } else { 0 }];
-        (&stream).read_exact(&mut body)?;
-        *conn = Some(stream);
-        if status != 0 {
-            return Err(io::Error::from_raw_os_error(status));
-        }
-        Ok(body)
-    }
-
-    pub(crate) fn read(&self, offset: u64, len: usize) -> io::Result<Vec<u8>> {
-        self.call(READ, offset, len, &[])
-    }
-
-    pub(crate) fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
-        self.call(WRITE, offset, data.len(), data).map(|_| ())
-    }
-}
-
-impl Emulator {
-    /// An I/O connection's hello (see [`crate::nvmf_io`]): the namespace's
-    /// data path volume and the subsystem's pause gate.
-    pub(crate) fn nvmf_io_open(
-        &self,
-        key: &(String, String),
-        hello: &IoHello,
-    ) -> Result<(Volume, Arc<Gate>), String> {
-        let s = self.nvmf_admitted(key, &hello.subnqn, &hello.hostnqn)?;
-        let ns = s
-            .namespaces
-            .iter()
-            .find(|n| n.nsid == hello.nsid)
-            .ok_or_else(|| format!("no namespace {} in {}", hello.nsid, hello.subnqn))?;
-        let bdev = self
-            .bdevs
-            .get(&ns.bdev)
-            .ok_or_else(|| format!("no bdev {}", ns.bdev))?;
-        let volume = self.volume_of(bdev).map_err(|e| e.message)?;
-        Ok((volume, Arc::clone(&s.gate)))
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
 
     #[test]

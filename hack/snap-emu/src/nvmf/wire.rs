@@ -1,4 +1,6 @@
-//! The NVMe-oF "TCP transport" between emulator instances.
+//! The NVMe-oF "TCP transport" between emulator instances, as both ends
+//! speak it: the handshake's messages and the initiator's side of it, and
+//! the names both ends spell alike.
 //!
 //! This is a control-plane handshake over real TCP with a shared-file data
 //! path, NOT NVMe/TCP. A subsystem listener really listens on its
@@ -13,22 +15,20 @@
 //! controller: the target lists it, and closing either end ends it. A real
 //! NVMe/TCP host or target on the other end simply fails the handshake.
 //! An initiator's data path volume opens a connection of its own on the
-//! same listener for its I/O instead (see [`crate::nvmf_io`]).
+//! same listener for its I/O instead (see [`crate::datapath::remote`]).
+//! The target's listeners are `super::listener`.
 //!
-//! [`Backing`]: crate::host::Backing
+//! [`Backing`]: crate::datapath::Backing
 
-use std::net::ToSocketAddrs;
 use std::path::PathBuf;
-use std::sync::Weak;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 use tokio::sync::oneshot;
 
-use crate::nvmf_io::{IO_PROTO, IoHello};
-use crate::state::Shared;
+pub(crate) const DISCOVERY_NQN: &str = "nqn.2014-08.org.nvmexpress.discovery";
 
 pub(crate) const PROTO: &str = "snap-emu-nvmf/1";
 /// Bound on the handshake line so a stray client cannot make us buffer forever.
@@ -83,51 +83,20 @@ pub(crate) enum ConnectError {
     Rejected(String),
 }
 
-/// A bound listener; dropping the handle does not stop it, `abort` does.
-#[derive(Debug)]
-pub(crate) struct Listener {
-    pub task: tokio::task::AbortHandle,
-}
-
-/// Binds `traddr:trsvcid` and serves handshakes on it.
-pub(crate) fn listen(
-    shared: Weak<Shared>,
-    traddr: &str,
-    trsvcid: &str,
-) -> std::io::Result<Listener> {
-    let port: u16 = trsvcid
-        .parse()
-        .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
-    let addr = (traddr, port)
-        .to_socket_addrs()?
-        .next()
-        .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::AddrNotAvailable))?;
-    let std_listener = std::net::TcpListener::bind(addr)?;
-    std_listener.set_nonblocking(true)?;
-    let listener = TcpListener::from_std(std_listener)?;
-    let key = (traddr.to_owned(), trsvcid.to_owned());
-    let task = tokio::spawn(accept_loop(shared, listener, key)).abort_handle();
-    Ok(Listener { task })
-}
-
-async fn accept_loop(shared: Weak<Shared>, listener: TcpListener, key: (String, String)) {
-    loop {
-        let Ok((stream, peer)) = listener.accept().await else {
-            // Out of descriptors or similar: back off instead of spinning.
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            continue;
-        };
-        let shared = shared.clone();
-        let key = key.clone();
-        tokio::spawn(async move {
-            if let Err(e) = serve_host(shared, stream, key).await {
-                tracing::debug!("NVMe-oF handshake from {peer} ended: {e}");
-            }
-        });
+/// `spdk_nvme_transport_id_parse_adrfam`, which the target and the initiator
+/// share: any case in, SPDK's spelling out.
+pub(crate) fn adrfam_name(s: &str) -> Option<&'static str> {
+    match s.to_ascii_lowercase().as_str() {
+        "ipv4" => Some("IPv4"),
+        "ipv6" => Some("IPv6"),
+        "ib" => Some("IB"),
+        "fc" => Some("FC"),
+        "intra_host" => Some("INTRA_HOST"),
+        _ => None,
     }
 }
 
-async fn read_line(stream: &mut BufReader<TcpStream>) -> std::io::Result<String> {
+pub(crate) async fn read_line(stream: &mut BufReader<TcpStream>) -> std::io::Result<String> {
     let mut line = String::new();
     let mut limited = (&mut *stream).take(MAX_LINE);
     let read = limited.read_line(&mut line);
@@ -140,7 +109,10 @@ async fn read_line(stream: &mut BufReader<TcpStream>) -> std::io::Result<String>
     }
 }
 
-async fn write_json<T: Serialize>(stream: &mut BufReader<TcpStream>, v: &T) -> std::io::Result<()> {
+pub(crate) async fn write_json<T: Serialize>(
+    stream: &mut BufReader<TcpStream>,
+    v: &T,
+) -> std::io::Result<()> {
     let mut line = serde_json::to_vec(v).map_err(std::io::Error::other)?;
     line.push(b'\n');
     let w = stream.get_mut().write_all(&line);
@@ -149,98 +121,8 @@ async fn write_json<T: Serialize>(stream: &mut BufReader<TcpStream>, v: &T) -> s
         .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))?
 }
 
-/// Target side of one connection.
-async fn serve_host(
-    shared: Weak<Shared>,
-    stream: TcpStream,
-    key: (String, String),
-) -> std::io::Result<()> {
-    let mut stream = BufReader::new(stream);
-    let line = read_line(&mut stream).await?;
-    let bad = || std::io::Error::from(std::io::ErrorKind::InvalidData);
-    if let Ok(hello) = serde_json::from_str::<IoHello>(&line)
-        && hello.proto == IO_PROTO
-    {
-        return serve_io(shared, stream, key, hello).await;
-    }
-    let req: ConnectRequest = serde_json::from_str(&line).map_err(|_| bad())?;
-    if req.proto != PROTO {
-        return Err(bad());
-    }
-    let Some(sh) = shared.upgrade() else {
-        return Ok(());
-    };
-    let (kick_tx, kick_rx) = oneshot::channel();
-    let outcome = sh
-        .state
-        .lock()
-        .await
-        .nvmf_connect(&key, &req.subnqn, &req.hostnqn, kick_tx);
-    drop(sh);
-    let reply = match &outcome {
-        Ok(acc) => ConnectReply {
-            proto: PROTO.into(),
-            accepted: Some(acc.clone()),
-            error: None,
-        },
-        Err(e) => ConnectReply {
-            proto: PROTO.into(),
-            accepted: None,
-            error: Some(e.clone()),
-        },
-    };
-    let written = write_json(&mut stream, &reply).await;
-    if let Ok(acc) = outcome {
-        if written.is_ok() {
-            hold(&mut stream, kick_rx).await;
-        }
-        if let Some(sh) = shared.upgrade() {
-            sh.state
-                .lock()
-                .await
-                .nvmf_disconnect(&req.subnqn, acc.cntlid);
-        }
-    }
-    written
-}
-
-/// Target side of an I/O connection (see [`crate::nvmf_io`]): the
-/// namespace is looked up once, then its frames are served on a thread of
-/// their own, since a paused subsystem holds them there.
-async fn serve_io(
-    shared: Weak<Shared>,
-    mut stream: BufReader<TcpStream>,
-    key: (String, String),
-    mut hello: IoHello,
-) -> std::io::Result<()> {
-    let Some(sh) = shared.upgrade() else {
-        return Ok(());
-    };
-    let opened = sh.state.lock().await.nvmf_io_open(&key, &hello);
-    drop(sh);
-    let opened = opened.and_then(|(volume, gate)| {
-        let b = &volume.backing;
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(!b.read_only)
-            .open(&b.path)
-            .map_err(|e| format!("opening {}: {e}", b.path.display()))?;
-        Ok((volume, gate, file))
-    });
-    hello.error = opened.as_ref().err().cloned();
-    write_json(&mut stream, &hello).await?;
-    let Ok((volume, gate, file)) = opened else {
-        return Ok(());
-    };
-    let stream = stream.into_inner().into_std()?;
-    stream.set_nonblocking(false)?;
-    tokio::task::spawn_blocking(move || crate::nvmf_io::serve(stream, &volume, &file, &gate))
-        .await
-        .map_err(std::io::Error::other)
-}
-
 /// Keeps a controller connection until the peer closes it or we are told to drop it.
-async fn hold(stream: &mut BufReader<TcpStream>, mut kick: oneshot::Receiver<()>) {
+pub(crate) async fn hold(stream: &mut BufReader<TcpStream>, mut kick: oneshot::Receiver<()>) {
     let mut scratch = [0u8; 512];
     loop {
         tokio::select! {

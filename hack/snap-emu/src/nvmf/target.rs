@@ -1,7 +1,7 @@
 //! The NVMe-oF target (`nvmf_*`): transports, subsystems, namespaces, hosts
 //! and listeners, with SPDK's error replies (most failures are `-32602
 //! "Invalid parameters"`, a duplicate subsystem is `-32603 "Unable to create
-//! subsystem <nqn>"`). Listeners really listen; see [`crate::nvmf_tcp`].
+//! subsystem <nqn>"`). Listeners really listen; see [`super::listener`].
 //!
 //! `nvmf_subsystem_pause` and `nvmf_subsystem_resume` answer as those of the
 //! patched `spdk_tgt` the tests build (hack/spdk: upstream v24.09 has only
@@ -9,34 +9,40 @@
 //! succeed (the library's state change to the state it is in), an unknown
 //! NQN is -32602 "Invalid parameters", an unknown target -32603, and
 //! parameters are decoded strictly. A pause holds the I/O that reaches the
-//! target (an initiator's data path volume, see [`crate::nvmf_io`]): it
-//! answers once the I/O in flight is done, and later I/O waits for the
-//! resume. An initiator exposing its namespace directly (not through the
-//! data path) reads and writes the backing file itself, and connects go on
-//! while paused: neither is held, where SPDK would hold both.
+//! target (an initiator's data path volume, see [`super::io`]; every
+//! exposure of a namespace but with `--data-path direct`): it answers once
+//! the I/O in flight is done, and later I/O waits for the resume. The
+//! target's QoS limits and iostat counters see that I/O likewise. An
+//! initiator exposing its namespace directly reads and writes the backing
+//! file itself, and connects go on while paused: neither is held, where
+//! SPDK would hold both.
 
-use serde::Deserialize;
+use std::sync::Arc;
+
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 use uuid::Uuid;
 
-use std::sync::Arc;
-
-use crate::bdev::BdevKind;
-use crate::nvmf_io::Gate;
-use crate::nvmf_tcp::{self, Accepted, Listener, WireNamespace};
+use super::io::Gate;
+use super::listener::{self, Admit, Listener};
+use super::params::{
+    AddNsParams, AllowAnyHostParams, CreateSubsystemParams, CreateTransportParams,
+    GetSubsystemsParams, GetTransportsParams, HostParams, ListenAddressParams, ListenerParams,
+    NqnParams, PauseParams, RemoveNsParams, hex_upper, invalid, nqn_is_valid, parse_adrfam,
+    parse_hex, printable,
+};
+use super::wire::{Accepted, DISCOVERY_NQN, WireNamespace};
+use crate::bdev::registry::{Bdev, BdevKind, Bdevs};
+use crate::datapath::remote::IoHello;
+use crate::datapath::volume::Volume;
+use crate::registry::{Answer, BdevModule, BdevUser, Cx, Family};
 use crate::rpc::{ENODEV, OnDecodeError, RpcError, RpcResult, decode, decode_opt};
-use crate::state::Emulator;
-
-pub(crate) const DISCOVERY_NQN: &str = "nqn.2014-08.org.nvmexpress.discovery";
 const TGT_NAME: &str = "nvmf_tgt";
 const DEFAULT_SN: &str = "00000000000000000000";
 const DEFAULT_MN: &str = "SPDK bdev Controller";
 const DEFAULT_MAX_NAMESPACES: u32 = 32;
 const DEFAULT_MIN_CNTLID: u16 = 1;
 const DEFAULT_MAX_CNTLID: u16 = 0xffef;
-const NQN_MAX: usize = 223;
-const UUID_NQN_PREFIX: &str = "nqn.2014-08.org.nvmexpress:uuid:";
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct ListenAddr {
@@ -116,17 +122,6 @@ impl NvmfTarget {
         check_tgt(tgt_name)?;
         self.subsystem(nqn).ok_or_else(invalid)
     }
-
-    /// Stops every listener (shutdown).
-    pub fn stop(&mut self) {
-        for l in self.listeners.drain(..) {
-            l.listener.task.abort();
-        }
-        // I/O connections end too, held I/O fails.
-        for s in self.subsystems.drain(..) {
-            s.gate.close();
-        }
-    }
 }
 
 fn check_tgt(tgt_name: &Option<String>) -> Result<(), RpcError> {
@@ -136,197 +131,25 @@ fn check_tgt(tgt_name: &Option<String>) -> Result<(), RpcError> {
     }
 }
 
-/// `nvmf_nqn_is_valid`: length, then either the UUID form or `nqn.yyyy-mm.<domain>`.
-pub(crate) fn nqn_is_valid(nqn: &str) -> bool {
-    if nqn.len() < 11 || nqn.len() > NQN_MAX {
-        return false;
-    }
-    if let Some(u) = nqn.strip_prefix(UUID_NQN_PREFIX) {
-        return u.len() == 36 && Uuid::parse_str(u).is_ok();
-    }
-    let b = nqn.as_bytes();
-    nqn.starts_with("nqn.")
-        && b[4..8].iter().all(u8::is_ascii_digit)
-        && b[8] == b'-'
-        && b[9..11].iter().all(u8::is_ascii_digit)
-        && b.get(11) == Some(&b'.')
-        && b.get(12).is_some_and(u8::is_ascii_alphabetic)
-}
+const METHODS: &[&str] = &[
+    "nvmf_create_subsystem",
+    "nvmf_create_transport",
+    "nvmf_delete_subsystem",
+    "nvmf_get_subsystems",
+    "nvmf_get_transports",
+    "nvmf_subsystem_add_host",
+    "nvmf_subsystem_add_listener",
+    "nvmf_subsystem_add_ns",
+    "nvmf_subsystem_allow_any_host",
+    "nvmf_subsystem_pause",
+    "nvmf_subsystem_remove_host",
+    "nvmf_subsystem_remove_listener",
+    "nvmf_subsystem_remove_ns",
+    "nvmf_subsystem_resume",
+];
 
-fn printable(s: &str, max: usize) -> bool {
-    !s.is_empty() && s.len() <= max && s.bytes().all(|c| (0x20..=0x7e).contains(&c))
-}
-
-/// `spdk_nvme_transport_id_parse_adrfam`, which the target and the initiator
-/// share: any case in, SPDK's spelling out.
-pub(crate) fn adrfam_name(s: &str) -> Option<&'static str> {
-    match s.to_ascii_lowercase().as_str() {
-        "ipv4" => Some("IPv4"),
-        "ipv6" => Some("IPv6"),
-        "ib" => Some("IB"),
-        "fc" => Some("FC"),
-        "intra_host" => Some("INTRA_HOST"),
-        _ => None,
-    }
-}
-
-/// A listener without `adrfam` is IPv4.
-fn parse_adrfam(s: Option<&str>) -> Option<&'static str> {
-    s.map_or(Some("IPv4"), adrfam_name)
-}
-
-fn parse_hex<const N: usize>(s: &str) -> Option<[u8; N]> {
-    let digits: Vec<u8> = s.bytes().filter(|c| *c != b'-').collect();
-    if digits.len() != N * 2 {
-        return None;
-    }
-    let mut out = [0u8; N];
-    for (i, pair) in digits.chunks(2).enumerate() {
-        let hex = std::str::from_utf8(pair).ok()?;
-        out[i] = u8::from_str_radix(hex, 16).ok()?;
-    }
-    Some(out)
-}
-
-fn hex_upper(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02X}")).collect()
-}
-
-#[derive(Debug, Deserialize)]
-struct CreateTransportParams {
-    // Decoded relaxed, as SPDK does: transport-specific options may follow.
-    trtype: String,
-    tgt_name: Option<String>,
-}
-
-#[derive(Debug, Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct GetTransportsParams {
-    trtype: Option<String>,
-    tgt_name: Option<String>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-#[allow(dead_code)] // Accepted for compatibility; the emulator does not model them.
-struct CreateSubsystemParams {
-    nqn: String,
-    serial_number: Option<String>,
-    model_number: Option<String>,
-    tgt_name: Option<String>,
-    max_namespaces: Option<u32>,
-    #[serde(default)]
-    allow_any_host: bool,
-    ana_reporting: Option<bool>,
-    min_cntlid: Option<u16>,
-    max_cntlid: Option<u16>,
-    max_discard_size_kib: Option<u64>,
-    max_write_zeroes_size_kib: Option<u64>,
-    passthrough: Option<bool>,
-    enable_nssr: Option<bool>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct NqnParams {
-    nqn: String,
-    tgt_name: Option<String>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-#[allow(dead_code)] // nsid: accepted; there is no I/O here to pause (see the module doc).
-struct PauseParams {
-    nqn: String,
-    nsid: Option<u32>,
-    tgt_name: Option<String>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-#[allow(dead_code)] // ptpl_file, anagrpid, visibility: accepted, not modelled.
-struct NamespaceParams {
-    bdev_name: String,
-    nsid: Option<u32>,
-    nguid: Option<String>,
-    eui64: Option<String>,
-    uuid: Option<Uuid>,
-    anagrpid: Option<u32>,
-    ptpl_file: Option<String>,
-    no_auto_visible: Option<bool>,
-    hide_metadata: Option<bool>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct AddNsParams {
-    nqn: String,
-    namespace: NamespaceParams,
-    tgt_name: Option<String>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RemoveNsParams {
-    nqn: String,
-    nsid: u32,
-    tgt_name: Option<String>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ListenAddressParams {
-    trtype: String,
-    adrfam: Option<String>,
-    traddr: String,
-    trsvcid: Option<String>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-#[allow(dead_code)] // Security and ANA options are accepted, not modelled.
-struct ListenerParams {
-    nqn: String,
-    listen_address: ListenAddressParams,
-    tgt_name: Option<String>,
-    secure_channel: Option<bool>,
-    ana_state: Option<String>,
-    sock_impl: Option<String>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-#[allow(dead_code)] // Authentication keys are accepted, not modelled.
-struct HostParams {
-    nqn: String,
-    host: String,
-    tgt_name: Option<String>,
-    psk: Option<String>,
-    dhchap_key: Option<String>,
-    dhchap_ctrlr_key: Option<String>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct AllowAnyHostParams {
-    nqn: String,
-    allow_any_host: bool,
-    tgt_name: Option<String>,
-}
-
-#[derive(Debug, Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct GetSubsystemsParams {
-    nqn: Option<String>,
-    tgt_name: Option<String>,
-}
-
-fn invalid() -> RpcError {
-    RpcError::invalid_params()
-}
-
-impl Emulator {
-    pub(crate) fn nvmf_create_transport(&mut self, params: Option<Value>) -> RpcResult {
+impl NvmfTarget {
+    fn nvmf_create_transport(&mut self, params: Option<Value>) -> RpcResult {
         let p: CreateTransportParams = decode(params, OnDecodeError::InvalidParams)?;
         check_tgt(&p.tgt_name)?;
         if !p.trtype.eq_ignore_ascii_case("tcp") {
@@ -335,25 +158,25 @@ impl Emulator {
                 p.trtype
             )));
         }
-        if self.nvmf.tcp_transport {
+        if self.tcp_transport {
             return Err(RpcError::internal(format!(
                 "Transport type '{}' already exists",
                 p.trtype
             )));
         }
-        self.nvmf.tcp_transport = true;
+        self.tcp_transport = true;
         Ok(json!(true))
     }
 
-    pub(crate) fn nvmf_get_transports(&self, params: Option<Value>) -> RpcResult {
+    fn nvmf_get_transports(&self, params: Option<Value>) -> RpcResult {
         let p: GetTransportsParams = decode_opt(params, OnDecodeError::InvalidParams)?;
         check_tgt(&p.tgt_name)?;
         if let Some(t) = &p.trtype
-            && (!t.eq_ignore_ascii_case("tcp") || !self.nvmf.tcp_transport)
+            && (!t.eq_ignore_ascii_case("tcp") || !self.tcp_transport)
         {
             return Err(RpcError::errno(ENODEV));
         }
-        if !self.nvmf.tcp_transport {
+        if !self.tcp_transport {
             return Ok(json!([]));
         }
         // SPDK v24.09's TCP defaults.
@@ -377,7 +200,7 @@ impl Emulator {
         }]))
     }
 
-    pub(crate) fn nvmf_create_subsystem(&mut self, params: Option<Value>) -> RpcResult {
+    fn nvmf_create_subsystem(&mut self, params: Option<Value>) -> RpcResult {
         let p: CreateSubsystemParams = decode(params, OnDecodeError::InvalidParams)?;
         if let Some(name) = p.tgt_name.as_deref().filter(|n| *n != TGT_NAME) {
             return Err(RpcError::internal(format!("Unable to find target {name}")));
@@ -399,14 +222,13 @@ impl Emulator {
                 "Invalid cntlid range [{min}-{max}]"
             )));
         }
-        if p.nqn == DISCOVERY_NQN || !nqn_is_valid(&p.nqn) || self.nvmf.subsystem(&p.nqn).is_some()
-        {
+        if p.nqn == DISCOVERY_NQN || !nqn_is_valid(&p.nqn) || self.subsystem(&p.nqn).is_some() {
             return Err(RpcError::internal(format!(
                 "Unable to create subsystem {}",
                 p.nqn
             )));
         }
-        self.nvmf.subsystems.push(Subsystem {
+        self.subsystems.push(Subsystem {
             nqn: p.nqn,
             serial_number: p.serial_number.unwrap_or_else(|| DEFAULT_SN.into()),
             model_number: p.model_number.unwrap_or_else(|| DEFAULT_MN.into()),
@@ -426,49 +248,41 @@ impl Emulator {
 
     /// Answers once the I/O in flight through the target is done; what
     /// comes later waits for the resume.
-    pub(crate) fn nvmf_subsystem_pause(&mut self, params: Option<Value>) -> RpcResult {
+    fn nvmf_subsystem_pause(&mut self, params: Option<Value>) -> RpcResult {
         let p: PauseParams = decode(params, OnDecodeError::InvalidParams)?;
-        let si = self.nvmf.named_subsystem(&p.tgt_name, &p.nqn)?;
-        self.nvmf.subsystems[si].gate.pause();
+        let si = self.named_subsystem(&p.tgt_name, &p.nqn)?;
+        self.subsystems[si].gate.pause();
         Ok(json!(true))
     }
 
     /// Decoded as the pause is (SPDK's resume shares its decoders).
-    pub(crate) fn nvmf_subsystem_resume(&mut self, params: Option<Value>) -> RpcResult {
+    fn nvmf_subsystem_resume(&mut self, params: Option<Value>) -> RpcResult {
         let p: PauseParams = decode(params, OnDecodeError::InvalidParams)?;
-        let si = self.nvmf.named_subsystem(&p.tgt_name, &p.nqn)?;
-        self.nvmf.subsystems[si].gate.resume();
+        let si = self.named_subsystem(&p.tgt_name, &p.nqn)?;
+        self.subsystems[si].gate.resume();
         Ok(json!(true))
     }
 
-    pub(crate) fn nvmf_delete_subsystem(&mut self, params: Option<Value>) -> RpcResult {
+    fn nvmf_delete_subsystem(&mut self, params: Option<Value>, bdevs: &mut Bdevs) -> RpcResult {
         let p: NqnParams = decode(params, OnDecodeError::InvalidParams)?;
         check_tgt(&p.tgt_name)?;
-        let i = self.nvmf.subsystem(&p.nqn).ok_or_else(invalid)?;
-        let s = self.nvmf.subsystems.remove(i);
+        let i = self.subsystem(&p.nqn).ok_or_else(invalid)?;
+        let s = self.subsystems.remove(i);
         s.gate.close();
         for l in &s.listeners {
             self.release_listener(&l.key());
         }
         for ns in &s.namespaces {
-            self.unclaim(&ns.bdev);
+            unclaim(bdevs, &ns.bdev);
         }
         // Dropping the connections closes them.
         drop(s);
         Ok(json!(true))
     }
 
-    fn unclaim(&mut self, bdev: &str) {
-        if let Some(b) = self.bdevs.get_mut(bdev)
-            && b.claim == Some("nvmf")
-        {
-            b.claim = None;
-        }
-    }
-
-    pub(crate) fn nvmf_subsystem_add_ns(&mut self, params: Option<Value>) -> RpcResult {
+    fn nvmf_subsystem_add_ns(&mut self, params: Option<Value>, cx: &mut Cx<'_>) -> RpcResult {
         let p: AddNsParams = decode(params, OnDecodeError::InvalidParams)?;
-        let si = self.nvmf.named_subsystem(&p.tgt_name, &p.nqn)?;
+        let si = self.named_subsystem(&p.tgt_name, &p.nqn)?;
         let ns = p.namespace;
         let nguid = match &ns.nguid {
             Some(s) => Some(parse_hex::<16>(s).ok_or_else(invalid)?),
@@ -478,12 +292,12 @@ impl Emulator {
             Some(s) => Some(u64::from_be_bytes(parse_hex::<8>(s).ok_or_else(invalid)?)),
             None => None,
         };
-        let bdev = self.bdevs.get(&ns.bdev_name).ok_or_else(invalid)?;
-        if bdev.claim.is_some() || self.bdev_has_writers(&bdev.name) {
+        let bdev = cx.bdevs.get(&ns.bdev_name).ok_or_else(invalid)?;
+        if bdev.claim.is_some() || cx.writes(&bdev.name) {
             return Err(invalid());
         }
         let (bdev_name, bdev_uuid) = (bdev.name.clone(), bdev.uuid);
-        let s = &mut self.nvmf.subsystems[si];
+        let s = &mut self.subsystems[si];
         let nsid = match ns.nsid.unwrap_or(0) {
             0 => (1..=u32::MAX)
                 .find(|n| !s.namespaces.iter().any(|x| x.nsid == *n))
@@ -504,31 +318,24 @@ impl Emulator {
             eui64,
         });
         s.namespaces.sort_by_key(|n| n.nsid);
-        if let Some(b) = self.bdevs.get_mut(&bdev_name) {
+        if let Some(b) = cx.bdevs.get_mut(&bdev_name) {
             b.claim = Some("nvmf");
         }
         Ok(json!(nsid))
     }
 
-    pub(crate) fn nvmf_subsystem_remove_ns(&mut self, params: Option<Value>) -> RpcResult {
+    fn nvmf_subsystem_remove_ns(&mut self, params: Option<Value>, bdevs: &mut Bdevs) -> RpcResult {
         let p: RemoveNsParams = decode(params, OnDecodeError::InvalidParams)?;
-        let si = self.nvmf.named_subsystem(&p.tgt_name, &p.nqn)?;
-        let s = &mut self.nvmf.subsystems[si];
+        let si = self.named_subsystem(&p.tgt_name, &p.nqn)?;
+        let s = &mut self.subsystems[si];
         let i = s
             .namespaces
             .iter()
             .position(|n| n.nsid == p.nsid)
             .ok_or_else(invalid)?;
         let ns = s.namespaces.remove(i);
-        self.unclaim(&ns.bdev);
+        unclaim(bdevs, &ns.bdev);
         Ok(json!(true))
-    }
-
-    /// A bdev is going away: namespaces using it are removed (hot remove).
-    pub(crate) fn nvmf_release_bdev(&mut self, bdev: &str) {
-        for s in &mut self.nvmf.subsystems {
-            s.namespaces.retain(|n| n.bdev != bdev);
-        }
     }
 
     fn listen_addr(p: &ListenAddressParams) -> Result<ListenAddr, RpcError> {
@@ -547,16 +354,16 @@ impl Emulator {
         })
     }
 
-    fn acquire_listener(&mut self, key: &(String, String)) -> Result<(), RpcError> {
-        if let Some(l) = self.nvmf.listeners.iter_mut().find(|l| &l.key == key) {
+    fn acquire_listener(&mut self, key: &(String, String), cx: &Cx<'_>) -> Result<(), RpcError> {
+        if let Some(l) = self.listeners.iter_mut().find(|l| &l.key == key) {
             l.users += 1;
             return Ok(());
         }
-        let listener = nvmf_tcp::listen(self.me.clone(), &key.0, &key.1).map_err(|e| {
+        let listener = listener::listen::<Self>(cx.shared(), &key.0, &key.1).map_err(|e| {
             tracing::warn!("cannot listen on {}:{}: {e}", key.0, key.1);
             invalid()
         })?;
-        self.nvmf.listeners.push(BoundListener {
+        self.listeners.push(BoundListener {
             key: key.clone(),
             listener,
             users: 1,
@@ -565,40 +372,40 @@ impl Emulator {
     }
 
     fn release_listener(&mut self, key: &(String, String)) {
-        let Some(i) = self.nvmf.listeners.iter().position(|l| &l.key == key) else {
+        let Some(i) = self.listeners.iter().position(|l| &l.key == key) else {
             return;
         };
-        let l = &mut self.nvmf.listeners[i];
+        let l = &mut self.listeners[i];
         l.users -= 1;
         if l.users == 0 {
-            self.nvmf.listeners.remove(i).listener.task.abort();
+            self.listeners.remove(i).listener.task.abort();
         }
     }
 
-    pub(crate) fn nvmf_subsystem_add_listener(&mut self, params: Option<Value>) -> RpcResult {
+    fn nvmf_subsystem_add_listener(&mut self, params: Option<Value>, cx: &Cx<'_>) -> RpcResult {
         let p: ListenerParams = decode(params, OnDecodeError::InvalidParams)?;
-        let si = self.nvmf.named_subsystem(&p.tgt_name, &p.nqn)?;
+        let si = self.named_subsystem(&p.tgt_name, &p.nqn)?;
         let addr = Self::listen_addr(&p.listen_address)?;
-        if !self.nvmf.tcp_transport {
+        if !self.tcp_transport {
             return Err(invalid());
         }
-        if self.nvmf.subsystems[si]
+        if self.subsystems[si]
             .listeners
             .iter()
             .any(|l| l.key() == addr.key())
         {
             return Err(invalid());
         }
-        self.acquire_listener(&addr.key())?;
-        self.nvmf.subsystems[si].listeners.push(addr);
+        self.acquire_listener(&addr.key(), cx)?;
+        self.subsystems[si].listeners.push(addr);
         Ok(json!(true))
     }
 
-    pub(crate) fn nvmf_subsystem_remove_listener(&mut self, params: Option<Value>) -> RpcResult {
+    fn nvmf_subsystem_remove_listener(&mut self, params: Option<Value>) -> RpcResult {
         let p: ListenerParams = decode(params, OnDecodeError::InvalidParams)?;
-        let si = self.nvmf.named_subsystem(&p.tgt_name, &p.nqn)?;
+        let si = self.named_subsystem(&p.tgt_name, &p.nqn)?;
         let addr = Self::listen_addr(&p.listen_address)?;
-        let s = &mut self.nvmf.subsystems[si];
+        let s = &mut self.subsystems[si];
         let i = s
             .listeners
             .iter()
@@ -609,10 +416,10 @@ impl Emulator {
         Ok(json!(true))
     }
 
-    pub(crate) fn nvmf_subsystem_add_host(&mut self, params: Option<Value>) -> RpcResult {
+    fn nvmf_subsystem_add_host(&mut self, params: Option<Value>) -> RpcResult {
         let p: HostParams = decode(params, OnDecodeError::InvalidParams)?;
-        let si = self.nvmf.named_subsystem(&p.tgt_name, &p.nqn)?;
-        let s = &mut self.nvmf.subsystems[si];
+        let si = self.named_subsystem(&p.tgt_name, &p.nqn)?;
+        let s = &mut self.subsystems[si];
         if s.hosts.contains(&p.host) {
             // spdk_nvmf_subsystem_add_host_ext's -EINVAL, reported generically.
             return Err(RpcError::internal("Internal error"));
@@ -621,10 +428,10 @@ impl Emulator {
         Ok(json!(true))
     }
 
-    pub(crate) fn nvmf_subsystem_remove_host(&mut self, params: Option<Value>) -> RpcResult {
+    fn nvmf_subsystem_remove_host(&mut self, params: Option<Value>) -> RpcResult {
         let p: HostParams = decode(params, OnDecodeError::InvalidParams)?;
-        let si = self.nvmf.named_subsystem(&p.tgt_name, &p.nqn)?;
-        let s = &mut self.nvmf.subsystems[si];
+        let si = self.named_subsystem(&p.tgt_name, &p.nqn)?;
+        let s = &mut self.subsystems[si];
         if !s.hosts.contains(&p.host) {
             // spdk_nvmf_subsystem_remove_host's -ENOENT, reported generically.
             return Err(RpcError::internal("Internal error"));
@@ -635,10 +442,10 @@ impl Emulator {
         Ok(json!(true))
     }
 
-    pub(crate) fn nvmf_subsystem_allow_any_host(&mut self, params: Option<Value>) -> RpcResult {
+    fn nvmf_subsystem_allow_any_host(&mut self, params: Option<Value>) -> RpcResult {
         let p: AllowAnyHostParams = decode(params, OnDecodeError::InvalidParams)?;
-        let si = self.nvmf.named_subsystem(&p.tgt_name, &p.nqn)?;
-        self.nvmf.subsystems[si].allow_any_host = p.allow_any_host;
+        let si = self.named_subsystem(&p.tgt_name, &p.nqn)?;
+        self.subsystems[si].allow_any_host = p.allow_any_host;
         Ok(json!(true))
     }
 
@@ -688,33 +495,21 @@ impl Emulator {
         })
     }
 
-    pub(crate) fn nvmf_get_subsystems(&self, params: Option<Value>) -> RpcResult {
+    fn nvmf_get_subsystems(&self, params: Option<Value>) -> RpcResult {
         let p: GetSubsystemsParams = decode_opt(params, OnDecodeError::InvalidParams)?;
         check_tgt(&p.tgt_name)?;
         match p.nqn.as_deref() {
             Some(DISCOVERY_NQN) => Ok(json!([Self::discovery_json()])),
             Some(nqn) => {
-                let i = self.nvmf.subsystem(nqn).ok_or(RpcError::errno(ENODEV))?;
-                Ok(json!([self.subsystem_json(&self.nvmf.subsystems[i])]))
+                let i = self.subsystem(nqn).ok_or(RpcError::errno(ENODEV))?;
+                Ok(json!([self.subsystem_json(&self.subsystems[i])]))
             }
             None => {
                 let mut all = vec![Self::discovery_json()];
-                all.extend(self.nvmf.subsystems.iter().map(|s| self.subsystem_json(s)));
+                all.extend(self.subsystems.iter().map(|s| self.subsystem_json(s)));
                 Ok(Value::Array(all))
             }
         }
-    }
-
-    /// The subsystem `hostnqn` may reach as `subnqn` on listener `key`, for
-    /// the I/O connections of [`crate::nvmf_io`].
-    pub(crate) fn nvmf_admitted(
-        &self,
-        key: &(String, String),
-        subnqn: &str,
-        hostnqn: &str,
-    ) -> Result<&Subsystem, String> {
-        self.nvmf_admit(key, subnqn, hostnqn)
-            .map(|si| &self.nvmf.subsystems[si])
     }
 
     /// The subsystem `hostnqn` may reach as `subnqn` on listener `key`.
@@ -725,10 +520,9 @@ impl Emulator {
         hostnqn: &str,
     ) -> Result<usize, String> {
         let si = self
-            .nvmf
             .subsystem(subnqn)
             .ok_or_else(|| format!("no subsystem {subnqn}"))?;
-        let s = &self.nvmf.subsystems[si];
+        let s = &self.subsystems[si];
         if !s.listeners.iter().any(|l| &l.key() == key) {
             return Err(format!("{subnqn} does not listen on {}:{}", key.0, key.1));
         }
@@ -737,23 +531,75 @@ impl Emulator {
         }
         Ok(si)
     }
+}
 
+impl Family for NvmfTarget {
+    fn methods(&self) -> Vec<&'static str> {
+        METHODS.to_vec()
+    }
+
+    fn call(&mut self, method: &str, params: Option<Value>, cx: &mut Cx<'_>) -> Answer {
+        match method {
+            "nvmf_create_transport" => self.nvmf_create_transport(params),
+            "nvmf_get_transports" => self.nvmf_get_transports(params),
+            "nvmf_create_subsystem" => self.nvmf_create_subsystem(params),
+            "nvmf_delete_subsystem" => self.nvmf_delete_subsystem(params, cx.bdevs),
+            "nvmf_get_subsystems" => self.nvmf_get_subsystems(params),
+            "nvmf_subsystem_add_ns" => self.nvmf_subsystem_add_ns(params, cx),
+            "nvmf_subsystem_remove_ns" => self.nvmf_subsystem_remove_ns(params, cx.bdevs),
+            "nvmf_subsystem_add_listener" => self.nvmf_subsystem_add_listener(params, cx),
+            "nvmf_subsystem_remove_listener" => self.nvmf_subsystem_remove_listener(params),
+            "nvmf_subsystem_add_host" => self.nvmf_subsystem_add_host(params),
+            "nvmf_subsystem_remove_host" => self.nvmf_subsystem_remove_host(params),
+            "nvmf_subsystem_allow_any_host" => self.nvmf_subsystem_allow_any_host(params),
+            "nvmf_subsystem_pause" => self.nvmf_subsystem_pause(params),
+            "nvmf_subsystem_resume" => self.nvmf_subsystem_resume(params),
+            _ => Err(RpcError::method_not_found()),
+        }
+        .map(Into::into)
+    }
+
+    /// Stops every listener.
+    fn shutdown(&mut self) {
+        for l in self.listeners.drain(..) {
+            l.listener.task.abort();
+        }
+        // I/O connections end too, held I/O fails.
+        for s in self.subsystems.drain(..) {
+            s.gate.close();
+        }
+    }
+}
+
+impl BdevModule for NvmfTarget {}
+
+impl BdevUser for NvmfTarget {
+    /// A bdev is going away: namespaces using it are removed (hot remove).
+    fn release(&mut self, bdev: &Bdev, _bdevs: &mut Bdevs) {
+        for s in &mut self.subsystems {
+            s.namespaces.retain(|n| n.bdev != bdev.name);
+        }
+    }
+}
+
+impl Admit for NvmfTarget {
     /// A host's handshake arrived on listener `key`: admit it or say why not.
-    pub(crate) fn nvmf_connect(
+    fn connect(
         &mut self,
         key: &(String, String),
         subnqn: &str,
         hostnqn: &str,
         kick: oneshot::Sender<()>,
+        bdevs: &Bdevs,
     ) -> Result<Accepted, String> {
         let si = self.nvmf_admit(key, subnqn, hostnqn)?;
-        let s = &self.nvmf.subsystems[si];
+        let s = &self.subsystems[si];
         let namespaces: Vec<WireNamespace> = s
             .namespaces
             .iter()
             .filter_map(|n| {
-                let b = self.bdevs.get(&n.bdev)?;
-                let backing = self.backing_of(b);
+                let b = bdevs.get(&n.bdev)?;
+                let backing = bdevs.backing_of(b);
                 let (unmap, copy) = match &b.kind {
                     BdevKind::Aio { fallocate, .. } => (*fallocate, false),
                     BdevKind::Null { .. } => (false, false),
@@ -761,7 +607,7 @@ impl Emulator {
                     BdevKind::Lvol { .. } => (true, false),
                     BdevKind::Nvme(i) => (i.unmap, i.copy),
                     // The fabrics shortcut hands over a file range, which for
-                    // a crypto bdev holds ciphertext: not offered (see `nvmf_tcp`).
+                    // a crypto bdev holds ciphertext: not offered (see `super::wire`).
                     BdevKind::Crypto { .. } => return None,
                 };
                 Some(WireNamespace {
@@ -778,7 +624,7 @@ impl Emulator {
                 })
             })
             .collect();
-        let s = &mut self.nvmf.subsystems[si];
+        let s = &mut self.subsystems[si];
         let span = u32::from(s.max_cntlid - s.min_cntlid) + 1;
         let cntlid = (0..span)
             .map(|i| {
@@ -805,40 +651,41 @@ impl Emulator {
         })
     }
 
-    pub(crate) fn nvmf_disconnect(&mut self, subnqn: &str, cntlid: u16) {
-        if let Some(i) = self.nvmf.subsystem(subnqn) {
-            self.nvmf.subsystems[i]
+    fn disconnect(&mut self, subnqn: &str, cntlid: u16) {
+        if let Some(i) = self.subsystem(subnqn) {
+            self.subsystems[i]
                 .connections
                 .retain(|c| c.cntlid != cntlid);
         }
     }
+
+    fn open_io(
+        &self,
+        key: &(String, String),
+        hello: &IoHello,
+        cx: &Cx<'_>,
+    ) -> Result<(Volume, Arc<Gate>), String> {
+        let si = self.nvmf_admit(key, &hello.subnqn, &hello.hostnqn)?;
+        let s = &self.subsystems[si];
+        let ns = s
+            .namespaces
+            .iter()
+            .find(|n| n.nsid == hello.nsid)
+            .ok_or_else(|| format!("no namespace {} in {}", hello.nsid, hello.subnqn))?;
+        let bdev = cx
+            .bdevs
+            .get(&ns.bdev)
+            .ok_or_else(|| format!("no bdev {}", ns.bdev))?;
+        let volume = cx.volume_of(bdev).map_err(|e| e.message)?;
+        Ok((volume, Arc::clone(&s.gate)))
+    }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn nqn_validation() {
-        assert!(nqn_is_valid("nqn.2016-06.io.spdk:cnode1"));
-        assert!(nqn_is_valid("nqn.2024-01.io.example:pvc-123"));
-        assert!(nqn_is_valid(
-            "nqn.2014-08.org.nvmexpress:uuid:3d757357-127e-4970-bd5e-502e0c0ae268"
-        ));
-        assert!(!nqn_is_valid("cnode1"));
-        assert!(!nqn_is_valid("nqn.16-06.io.spdk:x"));
-        assert!(!nqn_is_valid(&format!(
-            "nqn.2016-06.io.{}",
-            "a".repeat(220)
-        )));
-    }
-
-    #[test]
-    fn hex_fields_round_trip() {
-        let g = parse_hex::<16>("7f1a3c2e-5b6d-4e8f-9a0b-1c2d3e4f5a6b").unwrap();
-        assert_eq!(hex_upper(&g), "7F1A3C2E5B6D4E8F9A0B1C2D3E4F5A6B");
-        assert!(parse_hex::<8>("123").is_none());
-        assert_eq!(parse_adrfam(Some("ipv4")), Some("IPv4"));
-        assert_eq!(parse_adrfam(Some("x")), None);
+/// Frees a namespace's bdev of the target's claim.
+fn unclaim(bdevs: &mut Bdevs, bdev: &str) {
+    if let Some(b) = bdevs.get_mut(bdev)
+        && b.claim == Some("nvmf")
+    {
+        b.claim = None;
     }
 }

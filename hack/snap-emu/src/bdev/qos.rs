@@ -6,9 +6,9 @@
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::datapath::RateLimit;
+use crate::datapath::qos::RateLimit;
+use crate::registry::{Answer, BdevModule, BdevUser, Cx, Family};
 use crate::rpc::{EINVAL, ENODEV, OnDecodeError, RpcError, RpcResult, decode};
-use crate::state::Emulator;
 
 /// SPDK_BDEV_QOS_MIN_IOS_PER_SEC: IOPS limits are rounded up to a multiple.
 const MIN_IOS_PER_SEC: u64 = 1000;
@@ -27,12 +27,15 @@ struct SetQosLimitParams {
     w_mbytes_per_sec: Option<u64>,
 }
 
-impl Emulator {
+#[derive(Debug, Default)]
+pub(crate) struct QosLimits;
+
+impl QosLimits {
     /// Sets the given limits (0 removes one, SPDK's meaning); those not
     /// given stay. Live: I/O admitted after the answer sees them.
-    pub(crate) fn bdev_set_qos_limit(&mut self, params: Option<Value>) -> RpcResult {
+    fn bdev_set_qos_limit(&self, params: Option<Value>, cx: &Cx<'_>) -> RpcResult {
         let p: SetQosLimitParams = decode(params, OnDecodeError::DecodeFailed)?;
-        let bdev = self.bdevs.get(&p.name).ok_or(RpcError::errno(ENODEV))?;
+        let bdev = cx.bdevs.get(&p.name).ok_or(RpcError::errno(ENODEV))?;
         let given = [
             p.rw_ios_per_sec,
             p.rw_mbytes_per_sec,
@@ -52,6 +55,22 @@ impl Emulator {
         Ok(json!(true))
     }
 }
+
+impl Family for QosLimits {
+    fn methods(&self) -> Vec<&'static str> {
+        vec!["bdev_set_qos_limit"]
+    }
+
+    fn call(&mut self, method: &str, params: Option<Value>, cx: &mut Cx<'_>) -> Answer {
+        match method {
+            "bdev_set_qos_limit" => self.bdev_set_qos_limit(params, cx).map(Into::into),
+            _ => Err(RpcError::method_not_found()),
+        }
+    }
+}
+
+impl BdevModule for QosLimits {}
+impl BdevUser for QosLimits {}
 
 /// A limit as the RPC gives it (IOPS, or MiB/s) in per-second units (IOPS,
 /// or bytes), rounded up to SPDK's granularity as SPDK rounds it.
