@@ -19,9 +19,9 @@
 //! Layout: [`service`] (the RPCs), [`backend`] (the volume context),
 //! [`names`] (device names), [`paging`] (list tokens), [`qos`] (QoS
 //! limits: parameters, records, SPDK's request), [`qos_follow`] (AIO QoS
-//! changes applied live), [`errors`]
-//! (SPDK answers → gRPC codes, with the reasons), [`config`] (settings and
-//! the binary's flags), [`csi`] (the CSI controller).
+//! changes applied live), [`errors`] (every failure → its gRPC code, the
+//! service's and the controller's, with the reasons), [`config`] (settings
+//! and the binary's flags), [`csi`] (the CSI controller).
 
 pub mod backend;
 pub mod config;

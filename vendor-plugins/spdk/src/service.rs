@@ -39,7 +39,7 @@ use tokio::time::Instant;
 use tonic::{Request, Response, Status};
 
 use crate::backend::{BACKENDS, Backend, Kind, NvmfTarget};
-use crate::errors::{attach_status, spdk_status};
+use crate::errors::Failure;
 use crate::names::{check_volume_id, device_name, object_name, parse_device_name};
 use crate::paging;
 use crate::qos;
@@ -168,10 +168,9 @@ impl SpdkPlugin {
                 )));
             }
             Err(e) => {
-                return Err(spdk_status(
-                    &format!("creating AIO bdev {name} over {path}"),
-                    &e,
-                ));
+                return Err(
+                    Failure::snap(format!("creating AIO bdev {name} over {path}"), e).into(),
+                );
             }
         }
         // Also on a bdev an earlier call made: that call may have stopped
@@ -180,7 +179,7 @@ impl SpdkPlugin {
             self.spdk()
                 .call_until(&limits.request(&name), deadline)
                 .await
-                .map_err(|e| qos::set_status(&format!("AIO bdev {name}"), &e))?;
+                .map_err(|e| Failure::qos(format!("AIO bdev {name}"), e))?;
             tracing::info!(%volume_id, device = %name, ?limits, "QoS limits set");
         }
         self.inner
@@ -227,7 +226,7 @@ impl SpdkPlugin {
                 tracing::debug!(%volume_id, %device, "NVMe-oF controller already attached");
                 Ok(device)
             }
-            Err(e) => Err(attach_status(&what, &e)),
+            Err(e) => Err(Failure::attach(what, e).into()),
         }
     }
 
@@ -266,7 +265,7 @@ impl SpdkPlugin {
                 Ok(())
             }
             Err(e) if e.is_no_such_device() => Ok(()),
-            Err(e) => Err(spdk_status(&format!("{what} {name}"), &e)),
+            Err(e) => Err(Failure::snap(format!("{what} {name}"), e).into()),
         }
     }
 
@@ -285,7 +284,7 @@ impl SpdkPlugin {
         match self.spdk().call_until(&query, deadline).await {
             Ok(bdevs) => Ok(!bdevs.is_empty()),
             Err(e) if e.is_no_such_device() => Ok(false),
-            Err(e) => Err(spdk_status(&format!("looking up bdev {name}"), &e)),
+            Err(e) => Err(Failure::snap(format!("looking up bdev {name}"), e).into()),
         }
     }
 }
@@ -477,7 +476,7 @@ impl StoragePluginService for SpdkPlugin {
             .spdk()
             .call_until(&BdevGetBdevs::default(), deadline)
             .await
-            .map_err(|e| spdk_status("listing bdevs", &e))?;
+            .map_err(|e| Failure::snap("listing bdevs", e))?;
         let ours = bdevs
             .into_iter()
             .filter_map(|bdev| {

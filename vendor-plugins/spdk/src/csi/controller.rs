@@ -19,13 +19,13 @@ use futures::future::try_join_all;
 use snap_csi::proto::csi::v1 as csi;
 use tonic::{Request, Response, Status};
 
-use super::errors;
 use super::ids::{check_name, parse_snapshot_id, parse_volume_id, slug, snapshot_id, volume_id};
 use super::params::{Params, check_capabilities, is_block, only_co_metadata};
 use super::sizes::Wanted;
 use super::store::{Found, SnapshotRecord, Source, VolumeBackend};
 use super::{CsiController, max_entries};
 use crate::backend::Kind;
+use crate::errors::Failure;
 use crate::paging::{page_by, parse_token_of};
 use crate::qos::QosLimits;
 use csi::controller_service_capability::rpc::Type as Capability;
@@ -180,7 +180,7 @@ impl CsiController {
             .inner
             .groups
             .all::<super::volume_group::GroupRecord>()
-            .map_err(|e| errors::record("reading volume groups", &e))?;
+            .map_err(|e| Failure::record("reading volume groups", e))?;
         Ok(groups
             .into_iter()
             .flatten()
@@ -211,7 +211,7 @@ impl CsiController {
         let record: Option<SnapshotRecord> = backend
             .snapshot_records()
             .load(snapshot_id)
-            .map_err(|e| errors::record("reading a snapshot record", &e))?;
+            .map_err(|e| Failure::record("reading a snapshot record", e))?;
         let Some(record) = record else {
             return Ok(None);
         };
@@ -229,7 +229,7 @@ impl CsiController {
             let records = backend
                 .snapshot_records()
                 .all::<SnapshotRecord>()
-                .map_err(|e| errors::record("reading snapshot records", &e))?;
+                .map_err(|e| Failure::record("reading snapshot records", e))?;
             Ok::<_, Status>(
                 records
                     .into_iter()
@@ -571,7 +571,7 @@ impl csi::controller_server::Controller for CsiController {
         backend
             .snapshot_records()
             .store(&id, &record)
-            .map_err(|e| errors::record("writing the snapshot record", &e))?;
+            .map_err(|e| Failure::record("writing the snapshot record", e))?;
         backend.snapshot(source, &id, deadline).await.inspect_err(
             |s| tracing::warn!(snapshot_id = %id, "CreateSnapshot: {}", s.message()),
         )?;
@@ -602,7 +602,7 @@ impl csi::controller_server::Controller for CsiController {
         let record: Option<SnapshotRecord> = backend
             .snapshot_records()
             .load(&req.snapshot_id)
-            .map_err(|e| errors::record("reading the snapshot record", &e))?;
+            .map_err(|e| Failure::record("reading the snapshot record", e))?;
         if let Some(group) = record
             .map(|r| r.group_snapshot_id)
             .filter(|g| !g.is_empty())
@@ -621,7 +621,7 @@ impl csi::controller_server::Controller for CsiController {
         backend
             .snapshot_records()
             .remove(&req.snapshot_id)
-            .map_err(|e| errors::record("removing the snapshot record", &e))?;
+            .map_err(|e| Failure::record("removing the snapshot record", e))?;
         tracing::info!(snapshot_id = %req.snapshot_id, "snapshot deleted");
         Ok(Response::new(csi::DeleteSnapshotResponse {}))
     }
