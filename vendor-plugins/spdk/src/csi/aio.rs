@@ -34,11 +34,16 @@
 //! `<pool>/qos/` (written before the volume's file, so a volume that exists
 //! has its record), which the plugin's CreateDevice applies with
 //! `bdev_set_qos_limit` on the bdev it makes, and which it follows while the
-//! volume is attached ([`crate::qos_follow`]). So a CreateVolume's limits
+//! volume is attached ([`crate::follow`]). So a CreateVolume's limits
 //! hold from the first attach, and a ModifyVolume's take effect within the
-//! plugin's `--aio-qos-follow-period` (a second) on an attached volume, or
-//! at the next attach with following off or a plugin that cannot see the
-//! pool. The record, not the volume context, is the truth: the CO never
+//! plugin's `--aio-follow-period` (a second) on an attached volume, or
+//! at the next attach with a plugin that cannot see the pool.
+//!
+//! Expansion grows the file (never shrinks it); the same follower sees the
+//! file grow and `bdev_aio_rescan`s an attached volume's bdev, so SNAP shows
+//! the host the new size within a period (see [`super::controller`]).
+//!
+//! The QoS record, not the volume context, is the truth: the CO never
 //! changes a volume's context after CreateVolume.
 //!
 //! Capacity: with `--aio-pool-capacity` the pool holds that many bytes of

@@ -6,11 +6,25 @@
 //! deadline to every backend call. Volumes, snapshots and their ids are
 //! described in [`super`] and [`super::ids`].
 //!
-//! Expansion is offline for filesystems and AIO: the node grows a filesystem
-//! (node_expansion_required unless the volume is a raw block device), and an
-//! AIO volume's new size reaches SNAP when the plugin's CreateDevice makes
-//! its bdev at the next attach (`bdev_aio_create` reads the file's size; the
-//! controller has no socket to SNAP to `bdev_aio_rescan` an attached one).
+//! Expansion is ONLINE on both backends: ControllerExpandVolume grows a
+//! volume whether or not it is attached, and an attached one's host disk
+//! grows with it. NVMe-oF: `bdev_lvol_resize` on the target, whose namespace
+//! change SNAP's `bdev_nvme` sees. AIO: the file grows here, and the plugin
+//! beside SNAP, which looks at every attached AIO volume's file each period
+//! ([`crate::follow`]), `bdev_aio_rescan`s its bdev (the controller has no
+//! socket to SNAP). The node then grows a filesystem (node_expansion_required
+//! unless the volume is a raw block device).
+//!
+//! CSI's FAILED_PRECONDITION for a volume in use is for a plugin that cannot
+//! grow one online. This controller never answers it: the plugin grows
+//! every bdev it makes online in every configuration of its binary (its
+//! follower cannot be turned off), and the controller could not tell a
+//! volume in use anyway (it sees neither SNAP nor the node). Two things
+//! outside it keep a host disk from following, each said where it is known:
+//! a plugin that cannot see SNAP's files (a broken deployment: it logs it),
+//! and an encrypted volume, whose crypto vbdev the node stacks on the
+//! plugin's bdev and which SPDK v24.09 does not resize with its base, so it
+//! grows at its next stage (the node knows it staged one).
 
 use std::collections::HashMap;
 use std::time::SystemTime;
