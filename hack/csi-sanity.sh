@@ -2,7 +2,8 @@
 # The official CSI conformance suite, csi-sanity (kubernetes-csi/csi-test
 # v5.4.0), against the whole stack (hack/local-up.sh) once per backend: the
 # controller proxy in front of the sample controller, and the node service,
-# with csi-sanity's default configuration except for small volumes.
+# with csi-sanity's default configuration except for small volumes and, unless
+# --no-mutable-parameters, a VolumeAttributesClass's mutable parameters.
 #
 # csi-sanity is built once, offline, from csi-test's source with its vendored
 # Go modules (hack/fetch-third-party.sh csi-test: upstream, or an offline
@@ -22,10 +23,18 @@
 # ModifyVolume specs (MODIFY_VOLUME: QoS limits, from a VolumeAttributesClass
 # given as --csi.testvolumemutableparameters).
 #
+# --no-mutable-parameters runs csi-sanity without
+# --csi.testvolumemutableparameters, as its defaults are: then it sends empty
+# mutable parameters (CreateVolume without a VolumeAttributesClass, and a
+# ControllerModifyVolume that asks for nothing, which must succeed), and the
+# same accounting holds: no spec of csi-test v5.4.0 skips for want of
+# mutable parameters, so every ModifyVolume spec must still run and pass.
+#
 # Usage (as root): hack/csi-sanity.sh [--profile release|debug] [--no-build]
-#   [--backend aio|nvmf]... [--csi-sanity BINARY] [--tarball CSI-TEST.tar.gz]
-#   [-- LOCAL-UP-ARGS...]
-# Default: debug, both backends. Arguments after -- go to hack/local-up.sh.
+#   [--backend aio|nvmf]... [--no-mutable-parameters] [--csi-sanity BINARY]
+#   [--tarball CSI-TEST.tar.gz] [-- LOCAL-UP-ARGS...]
+# Default: debug, both backends, with mutable parameters. Arguments after --
+# go to hack/local-up.sh.
 set -euo pipefail
 caller=$PWD
 cd "$(dirname "$0")/.."
@@ -39,15 +48,17 @@ backends=()
 binary=
 tarball=
 local_up_args=()
+mutable=1
 while (($#)); do
   case $1 in
     --profile) profile=$2; shift 2 ;;
     --no-build) build=0; shift ;;
     --backend) backends+=("$2"); shift 2 ;;
+    --no-mutable-parameters) mutable=0; shift ;;
     --csi-sanity) binary=$(absolute "$2"); shift 2 ;;
     --tarball) tarball=$(absolute "$2"); shift 2 ;;
     --) shift; local_up_args=("$@"); break ;;
-    -h | --help) sed -n '2,28p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,37p' "$0"; exit 0 ;;
     *) echo "csi-sanity: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -170,17 +181,26 @@ for backend in "${backends[@]}"; do
     "${local_up_args[@]}"
   # The volumes go to the backend under test whatever local-up's default.
   echo "backend: $backend" >"$run/parameters.yaml"
-  # A VolumeAttributesClass's QoS limits: CreateVolume's mutable parameters
-  # and every ControllerModifyVolume's (the ModifyVolume specs run: the
-  # controller offers MODIFY_VOLUME). Values SPDK takes as they are.
-  cat >"$run/mutable-parameters.yaml" <<'YAML'
+  name="csi-sanity $backend"
+  saved=/tmp/csi-sanity-$backend.log
+  mutable_flag=()
+  if ((mutable)); then
+    # A VolumeAttributesClass's QoS limits: CreateVolume's mutable parameters
+    # and every ControllerModifyVolume's (the ModifyVolume specs run: the
+    # controller offers MODIFY_VOLUME). Values SPDK takes as they are.
+    cat >"$run/mutable-parameters.yaml" <<'YAML'
 snap-csi.io/qos-rw-iops: "4000"
 snap-csi.io/qos-rw-mbytes-per-sec: "0"
 snap-csi.io/qos-r-mbytes-per-sec: "200"
 snap-csi.io/qos-w-mbytes-per-sec: "100"
 YAML
+    mutable_flag=(--csi.testvolumemutableparameters "$run/mutable-parameters.yaml")
+  else
+    name="$name (no mutable parameters)"
+    saved=/tmp/csi-sanity-$backend-no-mutable-parameters.log
+  fi
   echo
-  echo "== csi-sanity, $backend backend (log: csi-sanity.log in the run's directory)"
+  echo "== $name (log: csi-sanity.log in the run's directory)"
   # Staging and target directories under the kubelet directory: the node
   # refuses paths outside it. Sizes: small, and not csi-sanity's defaults.
   sanity_status=0
@@ -192,24 +212,24 @@ YAML
     --csi.testvolumesize $((64 << 20)) \
     --csi.testvolumeexpandsize $((96 << 20)) \
     --csi.testvolumeparameters "$run/parameters.yaml" \
-    --csi.testvolumemutableparameters "$run/mutable-parameters.yaml" \
+    "${mutable_flag[@]}" \
     --ginkgo.no-color \
     --ginkgo.json-report "$run/report.json" \
     >"$run/csi-sanity.log" 2>&1 || sanity_status=$?
   # csi-sanity's own summary: the failures it lists, and its counts.
   sed -n '/^Summarizing\|^Ran [0-9]* of [0-9]* Specs/,$p' "$run/csi-sanity.log"
   if [ ! -s "$run/report.json" ]; then
-    echo "csi-sanity ($backend) wrote no report (exit $sanity_status):" >&2
+    echo "$name wrote no report (exit $sanity_status):" >&2
     tail -n 40 "$run/csi-sanity.log" >&2
     status=1
-  elif ! verdict "$run/report.json" "csi-sanity $backend"; then
+  elif ! verdict "$run/report.json" "$name"; then
     status=1
-    cp "$run/csi-sanity.log" "/tmp/csi-sanity-$backend.log"
-    echo "csi-sanity $backend: full log in /tmp/csi-sanity-$backend.log; the stack's logs follow" >&2
+    cp "$run/csi-sanity.log" "$saved"
+    echo "$name: full log in $saved; the stack's logs follow" >&2
     tail -n 30 "$run"/stack/logs/*.log >&2 || true
   fi
   local_up_stop
   local_up_assert_clean "$run/stack"
-  echo "csi-sanity $backend: $((SECONDS - started)) s, stack up to stopped and clean"
+  echo "$name: $((SECONDS - started)) s, stack up to stopped and clean"
 done
 exit "$status"

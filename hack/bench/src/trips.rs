@@ -93,7 +93,7 @@ impl Rig {
                 snap_provider: String::new(),
                 call_timeout: CALL_DEADLINE,
                 // No background calls among the round trips counted.
-                qos_follow_period: Duration::ZERO,
+                aio_follow_period: Duration::ZERO,
             },
             csi: None,
             metrics_address: None,

@@ -22,7 +22,7 @@ pub const QOS_KEY: &str = "snap-csi.io/qos-w-mbytes-per-sec";
 const FIRST_LIMIT: u64 = 8;
 const SECOND_LIMIT: u64 = 16;
 /// How long AIO limits take to follow a change: the sample plugin's
-/// `--aio-qos-follow-period` (1 s), with room.
+/// `--aio-follow-period` (1 s), with room.
 const AIO_FOLLOW: Duration = Duration::from_millis(1500);
 
 /// The key the demo hands over (`SNAP_CSI_DEMO_KEY`, so that it can look

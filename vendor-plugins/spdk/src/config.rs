@@ -59,10 +59,11 @@ pub struct Args {
     /// Seconds a call may take at most, and the time given to a call without a deadline.
     #[arg(long, env = "SPDK_PLUGIN_CALL_TIMEOUT", default_value_t = 30)]
     pub call_timeout: u64,
-    /// Seconds between reads of AIO volumes' QoS records, which apply a
-    /// ModifyVolume to an attached AIO volume live; 0: at its next attach only.
-    #[arg(long, env = "SPDK_PLUGIN_AIO_QOS_FOLLOW_PERIOD", default_value_t = 1)]
-    pub aio_qos_follow_period: u64,
+    /// Seconds between looks at attached AIO volumes' files and QoS records,
+    /// which grow their bdevs after a ControllerExpandVolume and apply a
+    /// ModifyVolume live (at least 1: the controller advertises online expansion).
+    #[arg(long, env = "SPDK_PLUGIN_AIO_FOLLOW_PERIOD", default_value_t = 1)]
+    pub aio_follow_period: u64,
     /// Log line format (the filter is RUST_LOG, default "info").
     #[arg(long, env = "SPDK_PLUGIN_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -114,9 +115,10 @@ impl Args {
                 "--call-timeout must be from 1 to {MAX_SECONDS} seconds (a year)"
             ));
         }
-        if self.aio_qos_follow_period > MAX_SECONDS {
+        if !(1..=MAX_SECONDS).contains(&self.aio_follow_period) {
             return Err(format!(
-                "--aio-qos-follow-period must be from 0 to {MAX_SECONDS} seconds (a year)"
+                "--aio-follow-period must be from 1 to {MAX_SECONDS} seconds (a year): attached \
+                 AIO volumes grow only while followed"
             ));
         }
         let call_timeout = Duration::from_secs(self.call_timeout);
@@ -126,7 +128,7 @@ impl Args {
             service: ServiceConfig {
                 snap_provider: self.snap_provider.clone(),
                 call_timeout,
-                qos_follow_period: Duration::from_secs(self.aio_qos_follow_period),
+                aio_follow_period: Duration::from_secs(self.aio_follow_period),
             },
             csi: self.csi(call_timeout)?,
             metrics_address: self.metrics_address,
@@ -216,6 +218,7 @@ mod tests {
         assert_eq!(config.spdk_socket, PathBuf::from(DEFAULT_SPDK_SOCKET));
         assert_eq!(config.service.snap_provider, "");
         assert_eq!(config.service.call_timeout, Duration::from_secs(30));
+        assert_eq!(config.service.aio_follow_period, Duration::from_secs(1));
     }
 
     #[test]
@@ -229,6 +232,15 @@ mod tests {
             let error = args.resolve().unwrap_err();
             assert!(
                 error.contains("--call-timeout must be from 1"),
+                "{bad}: {error}"
+            );
+        }
+        // Attached AIO volumes grow only while followed: never off.
+        for bad in ["0", "31536001"] {
+            let args = Args::try_parse_from(["p", "--aio-follow-period", bad]).unwrap();
+            let error = args.resolve().unwrap_err();
+            assert!(
+                error.contains("--aio-follow-period must be from 1"),
                 "{bad}: {error}"
             );
         }

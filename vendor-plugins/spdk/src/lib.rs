@@ -18,19 +18,20 @@
 //!
 //! Layout: [`service`] (the RPCs), [`backend`] (the volume context),
 //! [`names`] (device names), [`paging`] (list tokens), [`qos`] (QoS
-//! limits: parameters, records, SPDK's request), [`qos_follow`] (AIO QoS
-//! changes applied live), [`errors`]
-//! (SPDK answers → gRPC codes, with the reasons), [`config`] (settings and
-//! the binary's flags), [`csi`] (the CSI controller).
+//! limits: parameters, records, SPDK's request), [`follow`] (attached AIO
+//! volumes grown and their QoS changes applied live), [`errors`] (every
+//! failure → its gRPC code, the service's and the controller's, with the
+//! reasons), [`config`] (settings
+//! and the binary's flags), [`csi`] (the CSI controller).
 
 pub mod backend;
 pub mod config;
 pub mod csi;
 pub mod errors;
+pub mod follow;
 pub mod names;
 pub mod paging;
 pub mod qos;
-pub mod qos_follow;
 pub mod service;
 
 use std::future::Future;
@@ -66,7 +67,7 @@ struct Endpoint {
     socket: PathBuf,
     /// The CSI controller, which resumes what a crash left paused once it serves.
     recover: Option<csi::CsiController>,
-    /// The plugin service, which follows AIO QoS records while it serves.
+    /// The plugin service, which follows attached AIO volumes while it serves.
     follow: Option<SpdkPlugin>,
 }
 
@@ -81,7 +82,7 @@ impl Endpoint {
         }
         let follow = self
             .follow
-            .map(|plugin| tokio::spawn(async move { plugin.follow_qos_records().await }));
+            .map(|plugin| tokio::spawn(async move { plugin.follow_aio_volumes().await }));
         let served =
             snap_csi::server::serve(self.router, self.listener, &self.socket, metrics, shutdown)
                 .await;

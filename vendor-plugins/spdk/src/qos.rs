@@ -30,7 +30,6 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 use snap_csi::json_dir::JsonDir;
-use snap_csi::jsonrpc::{RpcError, code};
 use snap_csi::spdk::bdev::BdevSetQosLimit;
 use tonic::Status;
 
@@ -222,24 +221,6 @@ pub fn recorded(dir: &Path, volume_id: &str) -> std::io::Result<Option<QosLimits
     JsonDir::open(dir)?.load(volume_id)
 }
 
-/// The status of a failed `bdev_set_qos_limit`; `what` says on what. SPDK's
-/// EAGAIN (another change of the bdev's limits still being applied) is
-/// UNAVAILABLE: the same call succeeds a moment later.
-pub fn set_status(what: &str, error: &RpcError) -> Status {
-    if let RpcError::Server {
-        code: code::INVALID_PARAMS,
-        message,
-        ..
-    } = error
-        && message.contains("Resource temporarily unavailable")
-    {
-        return Status::unavailable(format!(
-            "setting the QoS limits of {what}: another change of them is in progress ({error})"
-        ));
-    }
-    crate::errors::spdk_status(&format!("setting the QoS limits of {what}"), error)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -393,21 +374,7 @@ mod tests {
     }
 
     #[test]
-    fn a_busy_bdev_is_worth_retrying() {
-        let server = |code, message: &str| RpcError::Server {
-            method: "bdev_set_qos_limit".into(),
-            code,
-            message: message.into(),
-        };
-        let busy = server(
-            code::INVALID_PARAMS,
-            "Failed to configure rate limit: Resource temporarily unavailable",
-        );
-        assert_eq!(set_status("v", &busy).code(), tonic::Code::Unavailable);
-        let missing = server(code::METHOD_NOT_FOUND, "Method not found");
-        let status = set_status("v", &missing);
-        assert_eq!(status.code(), tonic::Code::FailedPrecondition);
-        assert!(status.message().starts_with("setting the QoS limits of v"));
+    fn records_live_beside_the_volume_files() {
         assert_eq!(
             record_dir(Path::new("/pool/aio-pvc-1.img")),
             Some(PathBuf::from("/pool/qos"))

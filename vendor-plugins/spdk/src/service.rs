@@ -13,10 +13,11 @@
 //! second round trip, `bdev_set_qos_limit` on the bdev once it exists (SPDK
 //! has no way to create an AIO bdev with limits, and sending both at once
 //! would rely on the order the two requests leave in). Volumes without
-//! limits pay nothing. Later changes of an attached AIO volume's limits are
-//! applied by [`crate::qos_follow`], outside any call. NVMe-oF volumes'
-//! limits are set on the target by the controller, so their CreateDevice
-//! stays one round trip.
+//! limits pay nothing. Later changes of an attached AIO volume, its limits
+//! and its file's size, are applied by [`crate::follow`], outside any call
+//! (also to a bdev CreateDevice finds there, whose size it does not read).
+//! NVMe-oF volumes' limits are set on the target by the controller, so
+//! their CreateDevice stays one round trip.
 //!
 //! No per-volume lock: every call is one SPDK call, and SPDK runs them one
 //! at a time; the node serialises the calls of each volume anyway.
@@ -39,11 +40,11 @@ use tokio::time::Instant;
 use tonic::{Request, Response, Status};
 
 use crate::backend::{BACKENDS, Backend, Kind, NvmfTarget};
-use crate::errors::{attach_status, spdk_status};
+use crate::errors::Failure;
+use crate::follow::{self, Attached, Followed};
 use crate::names::{check_volume_id, device_name, object_name, parse_device_name};
 use crate::paging;
 use crate::qos;
-use crate::qos_follow::{self, Followed};
 use api::identity_service_server::IdentityService;
 use api::storage_plugin_service_capability::rpc::Type as Capability;
 use api::storage_plugin_service_server::StoragePluginService;
@@ -76,9 +77,12 @@ pub struct ServiceConfig {
     pub snap_provider: String,
     /// The longest a call may take, and the time of one without a deadline.
     pub call_timeout: Duration,
-    /// How often AIO volumes' QoS records are read to apply changes live
-    /// ([`crate::qos_follow`]); zero: never (changes wait for the next attach).
-    pub qos_follow_period: Duration,
+    /// How often attached AIO volumes' files and QoS records are looked at,
+    /// to grow their bdevs and apply limits live ([`crate::follow`]). Zero:
+    /// never, so they change only at the next attach; the binary refuses it
+    /// (the controller advertises online expansion), and embedders use it
+    /// only to keep SNAP free of background calls (tests counting round trips).
+    pub aio_follow_period: Duration,
 }
 
 /// Both services; cheap to clone into each server.
@@ -106,17 +110,17 @@ impl SpdkPlugin {
         }
     }
 
-    /// Applies AIO volumes' QoS changes live until aborted (returns at
-    /// once when the period is zero).
-    pub async fn follow_qos_records(&self) {
+    /// Grows attached AIO volumes' bdevs and applies their QoS changes live
+    /// until aborted (returns at once when the period is zero).
+    pub async fn follow_aio_volumes(&self) {
         let config = &self.inner.config;
-        if config.qos_follow_period.is_zero() {
+        if config.aio_follow_period.is_zero() {
             return;
         }
-        qos_follow::run(
+        follow::run(
             &self.inner.followed,
             self.spdk(),
-            config.qos_follow_period,
+            config.aio_follow_period,
             config.call_timeout,
         )
         .await;
@@ -142,8 +146,10 @@ impl SpdkPlugin {
         let limits = qos::with_record(given, volume_id, path)?;
         // SPDK takes an empty file as a bdev of no blocks, which the host
         // would then wait for in vain. A file this process cannot see is
-        // left for SPDK to judge.
-        if std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.len() == 0) {
+        // left for SPDK to judge. Read before the create, the size is at
+        // most the bdev's: the follower grows the bdev if the file is larger.
+        let size = follow::backing_size(std::path::Path::new(path)).ok();
+        if size == Some(0) {
             return Err(Status::invalid_argument(format!(
                 "creating AIO bdev {name} over {path}: the file is empty (a volume needs at least \
                  one {AIO_BLOCK_SIZE}-byte block)"
@@ -155,10 +161,14 @@ impl SpdkPlugin {
             block_size: Some(AIO_BLOCK_SIZE),
             readonly: None,
         };
-        match self.spdk().call_until(&create, deadline).await {
-            Ok(_) => tracing::info!(%volume_id, device = %name, "AIO bdev created"),
+        let blocks = match self.spdk().call_until(&create, deadline).await {
+            Ok(_) => {
+                tracing::info!(%volume_id, device = %name, "AIO bdev created");
+                size.map(|s| s / u64::from(AIO_BLOCK_SIZE))
+            }
             Err(e) if e.is_exists() => {
                 tracing::debug!(%volume_id, device = %name, "AIO bdev already there");
+                None
             }
             Err(e) if e.code() == Some(code::EINVAL) => {
                 return Err(Status::invalid_argument(format!(
@@ -168,24 +178,29 @@ impl SpdkPlugin {
                 )));
             }
             Err(e) => {
-                return Err(spdk_status(
-                    &format!("creating AIO bdev {name} over {path}"),
-                    &e,
-                ));
+                return Err(
+                    Failure::snap(format!("creating AIO bdev {name} over {path}"), e).into(),
+                );
             }
-        }
+        };
         // Also on a bdev an earlier call made: that call may have stopped
         // before its limits, and they may have changed since.
         if !limits.is_empty() {
             self.spdk()
                 .call_until(&limits.request(&name), deadline)
                 .await
-                .map_err(|e| qos::set_status(&format!("AIO bdev {name}"), &e))?;
+                .map_err(|e| Failure::qos(format!("AIO bdev {name}"), e))?;
             tracing::info!(%volume_id, device = %name, ?limits, "QoS limits set");
         }
-        self.inner
-            .followed
-            .follow(&name, volume_id, path, given, limits);
+        self.inner.followed.follow(Attached {
+            device: &name,
+            volume_id,
+            path,
+            block_size: AIO_BLOCK_SIZE,
+            blocks,
+            given,
+            applied: limits,
+        });
         Ok(name)
     }
 
@@ -227,7 +242,7 @@ impl SpdkPlugin {
                 tracing::debug!(%volume_id, %device, "NVMe-oF controller already attached");
                 Ok(device)
             }
-            Err(e) => Err(attach_status(&what, &e)),
+            Err(e) => Err(Failure::attach(what, e).into()),
         }
     }
 
@@ -266,7 +281,7 @@ impl SpdkPlugin {
                 Ok(())
             }
             Err(e) if e.is_no_such_device() => Ok(()),
-            Err(e) => Err(spdk_status(&format!("{what} {name}"), &e)),
+            Err(e) => Err(Failure::snap(format!("{what} {name}"), e).into()),
         }
     }
 
@@ -285,7 +300,7 @@ impl SpdkPlugin {
         match self.spdk().call_until(&query, deadline).await {
             Ok(bdevs) => Ok(!bdevs.is_empty()),
             Err(e) if e.is_no_such_device() => Ok(false),
-            Err(e) => Err(spdk_status(&format!("looking up bdev {name}"), &e)),
+            Err(e) => Err(Failure::snap(format!("looking up bdev {name}"), e).into()),
         }
     }
 }
@@ -477,7 +492,7 @@ impl StoragePluginService for SpdkPlugin {
             .spdk()
             .call_until(&BdevGetBdevs::default(), deadline)
             .await
-            .map_err(|e| spdk_status("listing bdevs", &e))?;
+            .map_err(|e| Failure::snap("listing bdevs", e))?;
         let ours = bdevs
             .into_iter()
             .filter_map(|bdev| {

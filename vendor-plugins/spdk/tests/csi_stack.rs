@@ -12,11 +12,12 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use common::csi::{
-    Backends, Csi, GIB, MIB, assert_code, block, from_snapshot, read_at, volume, write_at,
+    Backends, Csi, GIB, MIB, assert_code, block, expand_through, from_snapshot, read_at, volume,
+    write_at,
 };
 use common::dpu::TestDpu;
 use common::proxy::Proxy;
-use common::{Plugin, Spdk, TIMEOUT, every_page, loop_devices_of, timed};
+use common::{Plugin, Spdk, TIMEOUT, eventually, every_page, loop_devices_of, timed};
 use snap_csi::dpu::plugin::AccessMode;
 use snap_csi::dpu::{AttachRequest, Emulation, HostLocator, Placement, VolumeMode};
 use snap_csi::host::Sysfs;
@@ -58,7 +59,7 @@ async fn identity_says_what_it_serves_and_probe_follows_the_backends() {
             service(service::Type::GroupControllerService),
             csi::PluginCapability {
                 r#type: Some(Type::VolumeExpansion(VolumeExpansion {
-                    r#type: volume_expansion::Type::Offline as i32
+                    r#type: volume_expansion::Type::Online as i32
                 })),
             },
         ]
@@ -254,24 +255,14 @@ async fn the_whole_surface_works_through_the_proxy() {
             .unwrap()
             .into_inner();
         assert_eq!(listed.entries.len(), 1);
-        let expanded = proxy
-            .controller
-            .clone()
-            .controller_expand_volume(timed(
-                csi::ControllerExpandVolumeRequest {
-                    volume_id: restored.volume_id.clone(),
-                    capacity_range: Some(csi::CapacityRange {
-                        required_bytes: (32 * MIB) as i64,
-                        limit_bytes: 0,
-                    }),
-                    volume_capability: Some(block()),
-                    ..Default::default()
-                },
-                TIMEOUT,
-            ))
-            .await
-            .unwrap()
-            .into_inner();
+        let expanded = expand_through(
+            &proxy.controller,
+            &restored.volume_id,
+            32 * MIB,
+            Some(block()),
+        )
+        .await
+        .unwrap();
         assert_eq!(expanded.capacity_bytes, (32 * MIB) as i64);
         proxy
             .controller
@@ -605,4 +596,120 @@ async fn host_writes_run_at_the_limit_and_at_the_new_one_after_a_modify() {
     plugin.stop().await;
     proxy.stop().await;
     csi.delete(&created.volume_id).await.unwrap();
+}
+
+/// Online expansion end to end: an AIO volume attached through the node's
+/// DPU layer, written by the host without pause, grows under a
+/// ControllerExpandVolume through the proxy. The host's disk takes the new
+/// size without a restage (the plugin beside SNAP rescans the bdev), no
+/// write fails, and the host's writes reach the new end of the volume.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attached_aio_volume_grows_online_while_written() {
+    use std::os::unix::fs::FileExt;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+    use direct_io::{Aligned, open_direct};
+
+    const CHUNK: usize = 64 << 10;
+    let csi = Csi::start(Backends::BOTH).await;
+    let proxy = Proxy::start(&csi).await;
+    let snap = Spdk::snap().await;
+    let plugin = Plugin::start_following(snap.socket(), Duration::from_millis(50)).await;
+    let TestDpu { attach: dpu, .. } = &plugin.attach_layer(&snap).await;
+    let deadline = || Instant::now() + Duration::from_secs(30);
+
+    let created = proxy
+        .create(volume("pvc-online", "aio", 24 * MIB, 0))
+        .await
+        .unwrap();
+    let attached = dpu
+        .attach(&block_attach(&created, Emulation::Nvme), deadline())
+        .await
+        .unwrap();
+    let sysfs = Sysfs::new(snap.emulator().sysfs_root());
+    let find = || match &attached.locator {
+        HostLocator::Nvme { bdf, nsid, uuid } => sysfs
+            .find_nvme_namespace(bdf, *nsid, uuid.as_deref())
+            .unwrap(),
+        HostLocator::VirtioBlk { .. } => unreachable!("asked for NVMe"),
+    };
+    let device = common::discovered("the host sees the volume", find).await;
+    assert_eq!(device.size_bytes, 24 * MIB);
+
+    // The host writes its first 16 MiB over and over until told to stop, a
+    // write a millisecond (not flat out: other tests here measure rates).
+    let (stop, written) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicU64::new(0)),
+    );
+    let writer = {
+        let (node, stop, written) = (device.node.clone(), stop.clone(), written.clone());
+        tokio::task::spawn_blocking(move || {
+            let disk = open_direct(&node);
+            let data = Aligned::new(CHUNK, 0x3c);
+            let slots = 16 * MIB / CHUNK as u64;
+            while !stop.load(Ordering::Relaxed) {
+                let at = written.load(Ordering::Relaxed) % slots * CHUNK as u64;
+                disk.write_all_at(data.get(), at).unwrap();
+                written.fetch_add(1, Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        })
+    };
+    let writes_go_on = |since: u64| {
+        let written = written.clone();
+        eventually("the host's writes go on", move || {
+            let now = written.load(Ordering::Relaxed);
+            async move {
+                (now > since)
+                    .then_some(())
+                    .ok_or(format!("{now} writes, none since {since}"))
+            }
+        })
+    };
+    writes_go_on(0).await;
+
+    let expanded = expand_through(
+        &proxy.controller,
+        &created.volume_id,
+        40 * MIB,
+        Some(block()),
+    )
+    .await
+    .unwrap();
+    assert_eq!(expanded.capacity_bytes, (40 * MIB) as i64);
+    assert!(!expanded.node_expansion_required, "a block volume");
+    let grown = common::discovered("the host's disk grows", || {
+        find().filter(|d| d.size_bytes == 40 * MIB)
+    })
+    .await;
+    assert_eq!(grown.node, device.node, "the same disk, not a new one");
+    writes_go_on(written.load(Ordering::Relaxed)).await;
+    stop.store(true, Ordering::Relaxed);
+    writer.await.unwrap();
+
+    // The grown end is the volume's: what the host writes there is in the file.
+    let end = 40 * MIB - CHUNK as u64;
+    let node = grown.node.clone();
+    tokio::task::spawn_blocking(move || {
+        open_direct(&node)
+            .write_all_at(Aligned::new(CHUNK, 0xe5).get(), end)
+            .unwrap();
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        read_at(&csi.backing(&created).await, end, CHUNK),
+        vec![0xe5; CHUNK]
+    );
+
+    dpu.detach(&created.volume_id, Some(&attached.device_name), deadline())
+        .await
+        .unwrap();
+    assert!(snap.bdevs().await.is_empty());
+    plugin.stop().await;
+    proxy.stop().await;
+    csi.delete(&created.volume_id).await.unwrap();
+    assert!(csi.leftovers().await.is_empty());
 }

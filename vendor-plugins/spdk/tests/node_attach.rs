@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use common::dpu::TestDpu;
 use common::{
-    Plugin, ROUND_TRIP_PERIOD, Spdk, aio_context, discovered, export, loop_devices_of,
-    nvmf_context, round_trips,
+    Plugin, ROUND_TRIP_PERIOD, SIZE, Spdk, aio_context, discovered, equal, eventually, export,
+    grow, loop_devices_of, nvmf_context, round_trips,
 };
 use snap_csi::dpu::plugin::AccessMode;
 use snap_csi::dpu::{AttachRequest, Emulation, HostLocator, Placement, VolumeMode};
@@ -182,6 +182,64 @@ async fn the_plugin_fits_the_nodes_round_trip_budget() {
     .await;
     detached.unwrap();
     assert_eq!(trips, 4, "NVMe detach");
+    assert!(snap.bdevs().await.is_empty());
+}
+
+/// Online expansion of an attached AIO volume keeps the node's budgets: the
+/// plugin's follower calls SNAP only when the volume's file has grown (one
+/// round trip, `bdev_aio_rescan`), never in a period without a change, and
+/// the host's disk takes the new size with no restage.
+#[tokio::test]
+async fn following_calls_snap_only_when_a_file_grew() {
+    let snap = Spdk::start(|c| c.counting_round_trips(ROUND_TRIP_PERIOD)).await;
+    let rounds = || snap.emulator().rounds();
+    let period = Duration::from_millis(50);
+    let plugin = Plugin::start_following(snap.socket(), period).await;
+    let dpu = plugin.attach_layer(&snap).await;
+    let file = snap.file("pvc-grow.img");
+    let request = request("pvc-grow", aio_context(&file), Emulation::Nvme);
+    let attached = dpu.attach.attach(&request, deadline()).await.unwrap();
+    let sysfs = &Sysfs::new(snap.emulator().sysfs_root());
+    let locator = &attached.locator;
+    let host_size_becomes = |size: u64| {
+        discovered("the host's disk takes the volume's size", move || {
+            host_device(sysfs, locator).filter(|d| d.size_bytes == size)
+        })
+    };
+    host_size_becomes(SIZE).await;
+    // A growth seen shows the follower at work (its listing after the start
+    // done); then periods without a change, which must cost SNAP nothing.
+    grow(&file, 2 * SIZE);
+    host_size_becomes(2 * SIZE).await;
+    // Our own call settles the count: every request SNAP read before it is
+    // counted once its reply is here.
+    assert_eq!(snap.num_blocks(&attached.device_name).await, 2 * SIZE / 512);
+    let quiet = rounds();
+    let unchanged_for_periods = |rounds_then: u64| async move {
+        tokio::time::sleep(20 * period).await;
+        assert_eq!(
+            rounds(),
+            rounds_then,
+            "SNAP called in periods without a change"
+        );
+    };
+    unchanged_for_periods(quiet).await;
+    grow(&file, 3 * SIZE);
+    host_size_becomes(3 * SIZE).await;
+    assert_eq!(loop_devices_of(&file).len(), 1, "the same disk, grown");
+    // The emulator counts a round as it answers: the count may follow the
+    // host's disk by a moment.
+    eventually(
+        "round trips for one growth (one bdev_aio_rescan)",
+        || async { equal(rounds() - quiet, 1) },
+    )
+    .await;
+    unchanged_for_periods(quiet + 1).await;
+
+    dpu.attach
+        .detach("pvc-grow", Some(&attached.device_name), deadline())
+        .await
+        .unwrap();
     assert!(snap.bdevs().await.is_empty());
 }
 

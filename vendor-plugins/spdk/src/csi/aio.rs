@@ -34,11 +34,16 @@
 //! `<pool>/qos/` (written before the volume's file, so a volume that exists
 //! has its record), which the plugin's CreateDevice applies with
 //! `bdev_set_qos_limit` on the bdev it makes, and which it follows while the
-//! volume is attached ([`crate::qos_follow`]). So a CreateVolume's limits
+//! volume is attached ([`crate::follow`]). So a CreateVolume's limits
 //! hold from the first attach, and a ModifyVolume's take effect within the
-//! plugin's `--aio-qos-follow-period` (a second) on an attached volume, or
-//! at the next attach with following off or a plugin that cannot see the
-//! pool. The record, not the volume context, is the truth: the CO never
+//! plugin's `--aio-follow-period` (a second) on an attached volume, or
+//! at the next attach with a plugin that cannot see the pool.
+//!
+//! Expansion grows the file (never shrinks it); the same follower sees the
+//! file grow and `bdev_aio_rescan`s an attached volume's bdev, so SNAP shows
+//! the host the new size within a period (see [`super::controller`]).
+//!
+//! The QoS record, not the volume context, is the truth: the CO never
 //! changes a volume's context after CreateVolume.
 //!
 //! Capacity: with `--aio-pool-capacity` the pool holds that many bytes of
@@ -56,11 +61,11 @@ use snap_csi::json_dir::JsonDir;
 use tokio::time::Instant;
 use tonic::Status;
 
-use super::errors;
 use super::ids::{parse_snapshot_id, parse_volume_id};
 use super::sizes::{MIB, Room};
 use super::store::{Found, Source, VolumeBackend};
 use crate::backend::{AIO, BACKEND_KEY, Kind, PATH_KEY};
+use crate::errors::Failure;
 use crate::qos::{self, QosLimits};
 
 const IMAGE: &str = "img";
@@ -121,7 +126,7 @@ impl AioPool {
                 .iter()
                 .map(|path| {
                     let meta =
-                        fs::metadata(path).map_err(|e| errors::io("looking at", path, &e))?;
+                        fs::metadata(path).map_err(|e| Failure::file("looking at", path, e))?;
                     Ok((meta.len(), meta.modified().ok()))
                 })
                 .collect()
@@ -270,8 +275,9 @@ impl VolumeBackend for AioPool {
         let dir = self.dir.clone();
         let capacity = self.capacity;
         blocking(move || {
-            let stat = nix::sys::statvfs::statvfs(&dir)
-                .map_err(|e| errors::io("reading the free space of", &dir, &io::Error::from(e)))?;
+            let stat = nix::sys::statvfs::statvfs(&dir).map_err(|e| {
+                Failure::file("reading the free space of", &dir, io::Error::from(e))
+            })?;
             let (free, fs_total) = free_and_total(&stat);
             let Some(capacity) = capacity else {
                 return Ok(Room {
@@ -280,7 +286,7 @@ impl VolumeBackend for AioPool {
                     unit: MIB,
                 });
             };
-            let listed = |d: &Path| images(d, |_| true).map_err(|e| errors::io("listing", d, &e));
+            let listed = |d: &Path| images(d, |_| true).map_err(|e| Failure::file("listing", d, e));
             let used: u64 = listed(&dir)?
                 .into_iter()
                 .chain(listed(&dir.join(SNAPSHOTS))?)
@@ -298,7 +304,7 @@ impl VolumeBackend for AioPool {
     async fn find(&self, volume_id: &str, _deadline: Instant) -> Result<Option<Found>, Status> {
         let path = self.volume_path(volume_id);
         blocking(move || {
-            let size = size_of(&path).map_err(|e| errors::io("looking at", &path, &e))?;
+            let size = size_of(&path).map_err(|e| Failure::file("looking at", &path, e))?;
             Ok(size.map(|size| Found {
                 size,
                 complete: true,
@@ -313,7 +319,7 @@ impl VolumeBackend for AioPool {
             images(&dir, |stem| {
                 matches!(parse_volume_id(stem), Some((Kind::Aio, _)))
             })
-            .map_err(|e| errors::io("listing", &dir, &e))
+            .map_err(|e| Failure::file("listing", &dir, e).into())
         })
         .await
     }
@@ -338,10 +344,10 @@ impl VolumeBackend for AioPool {
             } else {
                 records.store(&volume_id, &qos)
             };
-            recorded.map_err(|e| errors::record("writing the volume's QoS record", &e))?;
+            recorded.map_err(|e| Failure::record("writing the volume's QoS record", e))?;
             fill(&path, size, source.as_deref(), deadline)
-                .map_err(|e| errors::io("making", &path, &e))?;
-            let size = size_of(&path).map_err(|e| errors::io("looking at", &path, &e))?;
+                .map_err(|e| Failure::file("making", &path, e))?;
+            let size = size_of(&path).map_err(|e| Failure::file("looking at", &path, e))?;
             Ok(size.unwrap_or_default())
         })
         .await
@@ -351,10 +357,10 @@ impl VolumeBackend for AioPool {
         let path = self.volume_path(volume_id);
         let (records, volume_id) = (self.qos.clone(), volume_id.to_string());
         blocking(move || {
-            remove(&path).map_err(|e| errors::io("removing", &path, &e))?;
+            remove(&path).map_err(|e| Failure::file("removing", &path, e))?;
             records
                 .remove(&volume_id)
-                .map_err(|e| errors::record("removing the volume's QoS record", &e))
+                .map_err(|e| Failure::record("removing the volume's QoS record", e).into())
         })
         .await
     }
@@ -369,7 +375,7 @@ impl VolumeBackend for AioPool {
         let (records, volume_id, limits) = (self.qos.clone(), volume_id.to_string(), *limits);
         blocking(move || {
             if size_of(&path)
-                .map_err(|e| errors::io("looking at", &path, &e))?
+                .map_err(|e| Failure::file("looking at", &path, e))?
                 .is_none()
             {
                 return Err(Status::not_found(format!(
@@ -378,11 +384,11 @@ impl VolumeBackend for AioPool {
             }
             let old: QosLimits = records
                 .load(&volume_id)
-                .map_err(|e| errors::record("reading the volume's QoS record", &e))?
+                .map_err(|e| Failure::record("reading the volume's QoS record", e))?
                 .unwrap_or_default();
             records
                 .store(&volume_id, &old.overlaid(limits))
-                .map_err(|e| errors::record("writing the volume's QoS record", &e))?;
+                .map_err(|e| Failure::record("writing the volume's QoS record", e))?;
             tracing::info!(%volume_id, ?limits, "QoS limits recorded for the plugin to apply");
             Ok(())
         })
@@ -400,7 +406,7 @@ impl VolumeBackend for AioPool {
                 }
                 Ok(())
             };
-            grow().map_err(|e: io::Error| errors::io("growing", &path, &e))
+            grow().map_err(|e: io::Error| Failure::file("growing", &path, e).into())
         })
         .await
     }
@@ -417,9 +423,9 @@ impl VolumeBackend for AioPool {
             let (volume, snapshot) = (volume.clone(), snapshot.clone());
             blocking(move || {
                 let have = size_of(&snapshot)
-                    .map_err(|e| errors::io("looking at", &snapshot, &e))?
+                    .map_err(|e| Failure::file("looking at", &snapshot, e))?
                     .is_some();
-                let size = size_of(&volume).map_err(|e| errors::io("looking at", &volume, &e))?;
+                let size = size_of(&volume).map_err(|e| Failure::file("looking at", &volume, e))?;
                 Ok((have, size))
             })
             .await?
@@ -433,7 +439,7 @@ impl VolumeBackend for AioPool {
         self.room(deadline).await?.check("a snapshot", size)?;
         blocking(move || {
             fill(&snapshot, 0, Some(&volume), deadline)
-                .map_err(|e| errors::io("copying a snapshot into", &snapshot, &e))
+                .map_err(|e| Failure::file("copying a snapshot into", &snapshot, e).into())
         })
         .await
     }
@@ -444,7 +450,7 @@ impl VolumeBackend for AioPool {
             let found = images(&dir, |stem| {
                 matches!(parse_snapshot_id(stem), Some((Kind::Aio, _)))
             })
-            .map_err(|e| errors::io("listing", &dir, &e))?;
+            .map_err(|e| Failure::file("listing", &dir, e))?;
             Ok(found.into_iter().collect())
         })
         .await
@@ -456,12 +462,14 @@ impl VolumeBackend for AioPool {
         _deadline: Instant,
     ) -> Result<Option<u64>, Status> {
         let path = self.snapshot_path(snapshot_id);
-        blocking(move || size_of(&path).map_err(|e| errors::io("looking at", &path, &e))).await
+        blocking(move || size_of(&path).map_err(|e| Failure::file("looking at", &path, e).into()))
+            .await
     }
 
     async fn delete_snapshot(&self, snapshot_id: &str, _deadline: Instant) -> Result<(), Status> {
         let path = self.snapshot_path(snapshot_id);
-        blocking(move || remove(&path).map_err(|e| errors::io("removing", &path, &e))).await
+        blocking(move || remove(&path).map_err(|e| Failure::file("removing", &path, e).into()))
+            .await
     }
 
     fn snapshot_records(&self) -> &JsonDir {

@@ -6,11 +6,25 @@
 //! deadline to every backend call. Volumes, snapshots and their ids are
 //! described in [`super`] and [`super::ids`].
 //!
-//! Expansion is offline for filesystems and AIO: the node grows a filesystem
-//! (node_expansion_required unless the volume is a raw block device), and an
-//! AIO volume's new size reaches SNAP when the plugin's CreateDevice makes
-//! its bdev at the next attach (`bdev_aio_create` reads the file's size; the
-//! controller has no socket to SNAP to `bdev_aio_rescan` an attached one).
+//! Expansion is ONLINE on both backends: ControllerExpandVolume grows a
+//! volume whether or not it is attached, and an attached one's host disk
+//! grows with it. NVMe-oF: `bdev_lvol_resize` on the target, whose namespace
+//! change SNAP's `bdev_nvme` sees. AIO: the file grows here, and the plugin
+//! beside SNAP, which looks at every attached AIO volume's file each period
+//! ([`crate::follow`]), `bdev_aio_rescan`s its bdev (the controller has no
+//! socket to SNAP). The node then grows a filesystem (node_expansion_required
+//! unless the volume is a raw block device).
+//!
+//! CSI's FAILED_PRECONDITION for a volume in use is for a plugin that cannot
+//! grow one online. This controller never answers it: the plugin grows
+//! every bdev it makes online in every configuration of its binary (its
+//! follower cannot be turned off), and the controller could not tell a
+//! volume in use anyway (it sees neither SNAP nor the node). Two things
+//! outside it keep a host disk from following, each said where it is known:
+//! a plugin that cannot see SNAP's files (a broken deployment: it logs it),
+//! and an encrypted volume, whose crypto vbdev the node stacks on the
+//! plugin's bdev and which SPDK v24.09 does not resize with its base, so it
+//! grows at its next stage (the node knows it staged one).
 
 use std::collections::HashMap;
 use std::time::SystemTime;
@@ -19,13 +33,13 @@ use futures::future::try_join_all;
 use snap_csi::proto::csi::v1 as csi;
 use tonic::{Request, Response, Status};
 
-use super::errors;
 use super::ids::{check_name, parse_snapshot_id, parse_volume_id, slug, snapshot_id, volume_id};
 use super::params::{Params, check_capabilities, is_block, only_co_metadata};
 use super::sizes::Wanted;
 use super::store::{Found, SnapshotRecord, Source, VolumeBackend};
 use super::{CsiController, max_entries};
 use crate::backend::Kind;
+use crate::errors::Failure;
 use crate::paging::{page_by, parse_token_of};
 use crate::qos::QosLimits;
 use csi::controller_service_capability::rpc::Type as Capability;
@@ -180,7 +194,7 @@ impl CsiController {
             .inner
             .groups
             .all::<super::volume_group::GroupRecord>()
-            .map_err(|e| errors::record("reading volume groups", &e))?;
+            .map_err(|e| Failure::record("reading volume groups", e))?;
         Ok(groups
             .into_iter()
             .flatten()
@@ -211,7 +225,7 @@ impl CsiController {
         let record: Option<SnapshotRecord> = backend
             .snapshot_records()
             .load(snapshot_id)
-            .map_err(|e| errors::record("reading a snapshot record", &e))?;
+            .map_err(|e| Failure::record("reading a snapshot record", e))?;
         let Some(record) = record else {
             return Ok(None);
         };
@@ -229,7 +243,7 @@ impl CsiController {
             let records = backend
                 .snapshot_records()
                 .all::<SnapshotRecord>()
-                .map_err(|e| errors::record("reading snapshot records", &e))?;
+                .map_err(|e| Failure::record("reading snapshot records", e))?;
             Ok::<_, Status>(
                 records
                     .into_iter()
@@ -571,7 +585,7 @@ impl csi::controller_server::Controller for CsiController {
         backend
             .snapshot_records()
             .store(&id, &record)
-            .map_err(|e| errors::record("writing the snapshot record", &e))?;
+            .map_err(|e| Failure::record("writing the snapshot record", e))?;
         backend.snapshot(source, &id, deadline).await.inspect_err(
             |s| tracing::warn!(snapshot_id = %id, "CreateSnapshot: {}", s.message()),
         )?;
@@ -602,7 +616,7 @@ impl csi::controller_server::Controller for CsiController {
         let record: Option<SnapshotRecord> = backend
             .snapshot_records()
             .load(&req.snapshot_id)
-            .map_err(|e| errors::record("reading the snapshot record", &e))?;
+            .map_err(|e| Failure::record("reading the snapshot record", e))?;
         if let Some(group) = record
             .map(|r| r.group_snapshot_id)
             .filter(|g| !g.is_empty())
@@ -621,7 +635,7 @@ impl csi::controller_server::Controller for CsiController {
         backend
             .snapshot_records()
             .remove(&req.snapshot_id)
-            .map_err(|e| errors::record("removing the snapshot record", &e))?;
+            .map_err(|e| Failure::record("removing the snapshot record", e))?;
         tracing::info!(snapshot_id = %req.snapshot_id, "snapshot deleted");
         Ok(Response::new(csi::DeleteSnapshotResponse {}))
     }

@@ -35,6 +35,7 @@ use snap_csi::proto::csi::v1 as csi;
 use tokio::time::Instant;
 use tonic::{Request, Response, Status};
 
+use super::CsiController;
 use super::controller::{other, snapshot_message};
 use super::ids::{
     check_name, group_snapshot_id, member_snapshot_id, parse_group_snapshot_id, parse_volume_id,
@@ -42,8 +43,8 @@ use super::ids::{
 };
 use super::params::only_co_metadata;
 use super::store::{SnapshotRecord, VolumeBackend};
-use super::{CsiController, errors};
 use crate::backend::Kind;
+use crate::errors::Failure;
 use csi::group_controller_service_capability::rpc::Type as Capability;
 
 /// Removing what a failed cut made gets this long, whatever is left of the
@@ -178,7 +179,7 @@ impl CsiController {
         self.inner
             .group_snapshots
             .load(id)
-            .map_err(|e| errors::record("reading the group snapshot", &e))
+            .map_err(|e| Failure::record("reading the group snapshot", e).into())
     }
 
     /// Waits (within `deadline`) for the group snapshot operation before,
@@ -258,12 +259,12 @@ impl CsiController {
             backend
                 .snapshot_records()
                 .remove(&member.snapshot_id)
-                .map_err(|e| errors::record("removing a member's snapshot record", &e))?;
+                .map_err(|e| Failure::record("removing a member's snapshot record", e))?;
         }
         self.inner
             .group_snapshots
             .remove(&record.group_snapshot_id)
-            .map_err(|e| errors::record("removing the group snapshot record", &e))
+            .map_err(|e| Failure::record("removing the group snapshot record", e).into())
     }
 
     /// Writes the records, then cuts every member in one window; on failure
@@ -277,12 +278,12 @@ impl CsiController {
         self.inner
             .group_snapshots
             .store(&record.group_snapshot_id, record)
-            .map_err(|e| errors::record("writing the group snapshot record", &e))?;
+            .map_err(|e| Failure::record("writing the group snapshot record", e))?;
         for member in &record.members {
             backend
                 .snapshot_records()
                 .store(&member.snapshot_id, &record.member_record(member))
-                .map_err(|e| errors::record("writing a member's snapshot record", &e))?;
+                .map_err(|e| Failure::record("writing a member's snapshot record", e))?;
         }
         let cut = backend
             .group_snapshot(&record.group_snapshot_id, &record.pairs(), deadline)

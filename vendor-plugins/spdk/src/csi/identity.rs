@@ -4,7 +4,7 @@
 //! directory is writable, the NVMe-oF target answers and has the lvstore.
 //! A backend that cannot is "not ready" with the reason in our log, not an
 //! error, so the CO waits rather than restarts us. Volume expansion is
-//! OFFLINE (see [`super::controller`]).
+//! ONLINE on both backends (see [`super::controller`]).
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -58,7 +58,7 @@ impl csi::identity_server::Identity for CsiController {
             },
             csi::PluginCapability {
                 r#type: Some(Type::VolumeExpansion(VolumeExpansion {
-                    r#type: volume_expansion::Type::Offline as i32,
+                    r#type: volume_expansion::Type::Online as i32,
                 })),
             },
         ];

@@ -17,12 +17,11 @@
 //! Layout: [`controller`] (the CSI Controller RPCs), [`modify`]
 //! (ControllerModifyVolume: QoS limits), [`identity`],
 //! [`volume_group`], [`group_snapshot`] (GroupController), [`store`] (what a backend offers: [`aio`], [`nvmf`]),
-//! [`params`] (parameters and capabilities), [`sizes`] (capacity ranges),
-//! [`errors`] (failures to CSI codes, in one place).
+//! [`params`] (parameters and capabilities), [`sizes`] (capacity ranges).
+//! Failures become CSI codes in the crate's one map, [`crate::errors`].
 
 pub mod aio;
 pub mod controller;
-pub mod errors;
 pub mod group_snapshot;
 pub mod identity;
 pub mod ids;

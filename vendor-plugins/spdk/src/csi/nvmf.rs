@@ -75,14 +75,14 @@ use tokio::time::Instant;
 use tonic::Status;
 use uuid::Uuid;
 
-use super::errors::{self, is_absent, is_taken};
 use super::ids::{parse_snapshot_id, parse_volume_id};
 use super::sizes::{MIB, Room, bdev_bytes, lvol_unit};
 use super::store::{Found, Source, VolumeBackend};
 use crate::backend::{
     ADRFAM_KEY, BACKEND_KEY, Kind, NVMF, SUBNQN_KEY, TRADDR_KEY, TRSVCID_KEY, TRTYPE_KEY,
 };
-use crate::qos::{self, QosLimits};
+use crate::errors::{Failure, is_absent, is_taken};
+use crate::qos::QosLimits;
 
 /// Subsystem NQNs are this and the volume id.
 pub const NQN_PREFIX: &str = "nqn.2024-01.io.snap-csi:";
@@ -177,7 +177,7 @@ impl NvmfTarget {
                      RPC; hack/spdk's patch adds it) ({e})"
                 )))
             }
-            Err(e) => Err(errors::spdk(&format!("pausing {}", pause.nqn), &e)),
+            Err(e) => Err(Failure::target(format!("pausing {}", pause.nqn), e).into()),
         }
     }
 
@@ -192,7 +192,7 @@ impl NvmfTarget {
                 Err(e) if e.code() == Some(code::INVALID_PARAMS) => Ok(()),
                 Err(e) => {
                     tracing::error!(%nqn, "resuming a paused subsystem failed: {e}");
-                    Err(errors::spdk(&format!("resuming {nqn}"), &e))
+                    Err(Failure::target(format!("resuming {nqn}"), e).into())
                 }
             }
         }))
@@ -243,10 +243,9 @@ impl NvmfTarget {
         match self.rpc.call_until(&query, deadline).await {
             Ok(bdevs) => Ok(bdevs.into_iter().next()),
             Err(e) if is_absent(&e) => Ok(None),
-            Err(e) => Err(errors::spdk(
-                &format!("looking up lvol {}", self.alias(name)),
-                &e,
-            )),
+            Err(e) => {
+                Err(Failure::target(format!("looking up lvol {}", self.alias(name)), e).into())
+            }
         }
     }
 
@@ -256,7 +255,7 @@ impl NvmfTarget {
             .rpc
             .call_until(&BdevGetBdevs::default(), deadline)
             .await
-            .map_err(|e| errors::spdk("listing the target's bdevs", &e))?;
+            .map_err(|e| Failure::target("listing the target's bdevs", e))?;
         let prefix = format!("{}/", self.lvstore);
         Ok(bdevs
             .into_iter()
@@ -278,10 +277,9 @@ impl NvmfTarget {
         match self.rpc.call_until(&query, deadline).await {
             Ok(list) => Ok(list.into_iter().next()),
             Err(e) if is_absent(&e) => Ok(None),
-            Err(e) => Err(errors::spdk(
-                &format!("looking up subsystem {}", nqn(volume_id)),
-                &e,
-            )),
+            Err(e) => {
+                Err(Failure::target(format!("looking up subsystem {}", nqn(volume_id)), e).into())
+            }
         }
     }
 
@@ -321,10 +319,11 @@ impl NvmfTarget {
                 match self.rpc.call_until(&create, deadline).await {
                     Ok(_) => Ok(()),
                     Err(e) if is_taken(&e) => Ok(()),
-                    Err(e) => Err(errors::spdk(
-                        &format!("creating lvol {}", self.alias(volume_id)),
-                        &e,
-                    )),
+                    Err(e) => Err(Failure::target(
+                        format!("creating lvol {}", self.alias(volume_id)),
+                        e,
+                    )
+                    .into()),
                 }
             }
             Some(Source::Snapshot(snapshot_id)) => {
@@ -355,10 +354,11 @@ impl NvmfTarget {
                 "snapshot {} is gone",
                 self.alias(snapshot)
             ))),
-            Err(e) => Err(errors::spdk(
-                &format!("cloning {} into {volume_id}", self.alias(snapshot)),
-                &e,
-            )),
+            Err(e) => Err(Failure::target(
+                format!("cloning {} into {volume_id}", self.alias(snapshot)),
+                e,
+            )
+            .into()),
         }
     }
 
@@ -382,7 +382,7 @@ impl NvmfTarget {
             self.rpc
                 .call_until(&decouple, deadline)
                 .await
-                .map_err(|e| errors::spdk(&format!("decoupling {}", self.alias(volume_id)), &e))?;
+                .map_err(|e| Failure::target(format!("decoupling {}", self.alias(volume_id)), e))?;
         }
         Err(Status::internal(format!(
             "lvol {} still has a parent after {MAX_DECOUPLES} decouplings",
@@ -397,10 +397,7 @@ impl NvmfTarget {
         match self.rpc.call_until(&delete, deadline).await {
             Ok(_) => Ok(()),
             Err(e) if is_absent(&e) => Ok(()),
-            Err(e) => Err(errors::spdk(
-                &format!("deleting lvol {}", self.alias(name)),
-                &e,
-            )),
+            Err(e) => Err(Failure::target(format!("deleting lvol {}", self.alias(name)), e).into()),
         }
     }
 
@@ -422,10 +419,12 @@ impl NvmfTarget {
                 // "Unable to create subsystem": taken, or refused; look.
                 Err(e) if e.code() == Some(code::INTERNAL_ERROR) => {
                     if self.subsystem(volume_id, deadline).await?.is_none() {
-                        return Err(errors::spdk(&format!("creating subsystem {nqn}"), &e));
+                        return Err(Failure::target(format!("creating subsystem {nqn}"), e).into());
                     }
                 }
-                Err(e) => return Err(errors::spdk(&format!("creating subsystem {nqn}"), &e)),
+                Err(e) => {
+                    return Err(Failure::target(format!("creating subsystem {nqn}"), e).into());
+                }
             }
             subsystem = self.subsystem(volume_id, deadline).await?;
         }
@@ -449,10 +448,11 @@ impl NvmfTarget {
                         .await?
                         .is_some_and(|s| Self::has_namespace(&s, bdev));
                 if !there {
-                    return Err(errors::spdk(
-                        &format!("adding {} to {nqn}", self.alias(volume_id)),
-                        &e,
-                    ));
+                    return Err(Failure::target(
+                        format!("adding {} to {nqn}", self.alias(volume_id)),
+                        e,
+                    )
+                    .into());
                 }
             }
         }
@@ -464,7 +464,7 @@ impl NvmfTarget {
                 Ok(_) => {}
                 // "Transport type 'TCP' already exists".
                 Err(e) if e.code() == Some(code::INTERNAL_ERROR) => {}
-                Err(e) => return Err(errors::spdk("creating the TCP transport", &e)),
+                Err(e) => return Err(Failure::target("creating the TCP transport", e).into()),
             }
             let add = NvmfSubsystemAddListener {
                 nqn: nqn.clone(),
@@ -477,10 +477,11 @@ impl NvmfTarget {
                         .await?
                         .is_some_and(|s| self.has_listener(&s));
                 if !there {
-                    return Err(errors::spdk(
-                        &format!("adding listener {} to {nqn}", self.listen),
-                        &e,
-                    ));
+                    return Err(Failure::target(
+                        format!("adding listener {} to {nqn}", self.listen),
+                        e,
+                    )
+                    .into());
                 }
             }
         }
@@ -527,7 +528,7 @@ impl VolumeBackend for NvmfTarget {
                     self.lvstore
                 )));
             }
-            Err(e) => return Err(errors::spdk("reading the lvstore", &e)),
+            Err(e) => return Err(Failure::target("reading the lvstore", e).into()),
         };
         let store = stores.into_iter().next().ok_or_else(|| {
             Status::internal(format!("bdev_lvol_get_lvstores gave no {}", self.lvstore))
@@ -611,7 +612,7 @@ impl VolumeBackend for NvmfTarget {
             Err(e) if is_absent(&e) => Err(Status::not_found(format!(
                 "volume {volume_id} has no lvol {lvol}"
             ))),
-            Err(e) => Err(qos::set_status(&lvol, &e)),
+            Err(e) => Err(Failure::qos(&lvol, e).into()),
         }
     }
 
@@ -621,7 +622,7 @@ impl VolumeBackend for NvmfTarget {
         match self.rpc.call_until(&delete, deadline).await {
             Ok(_) => {}
             Err(e) if is_absent(&e) || e.code() == Some(code::INVALID_PARAMS) => {}
-            Err(e) => return Err(errors::spdk(&format!("deleting subsystem {nqn}"), &e)),
+            Err(e) => return Err(Failure::target(format!("deleting subsystem {nqn}"), e).into()),
         }
         self.delete_lvol(volume_id, deadline).await?;
         // Left by a CreateVolume from a volume that was interrupted and given up.
@@ -639,10 +640,7 @@ impl VolumeBackend for NvmfTarget {
                 "volume {volume_id} has no lvol {}",
                 self.alias(volume_id)
             ))),
-            Err(e) => Err(errors::spdk(
-                &format!("resizing {}", self.alias(volume_id)),
-                &e,
-            )),
+            Err(e) => Err(Failure::target(format!("resizing {}", self.alias(volume_id)), e).into()),
         }
     }
 
@@ -666,14 +664,15 @@ impl VolumeBackend for NvmfTarget {
                 "volume {volume_id} has no lvol {}",
                 self.alias(volume_id)
             ))),
-            Err(e) => Err(errors::spdk(
-                &format!(
+            Err(e) => Err(Failure::target(
+                format!(
                     "snapshotting {} as {}",
                     self.alias(volume_id),
                     self.alias(snapshot_id)
                 ),
-                &e,
-            )),
+                e,
+            )
+            .into()),
         }
     }
 
@@ -722,13 +721,13 @@ impl VolumeBackend for NvmfTarget {
         };
         self.intents
             .store(key, &intent)
-            .map_err(|e| errors::record("writing the pause intent", &e))?;
+            .map_err(|e| Failure::record("writing the pause intent", e))?;
         let result = self.paused_snapshots(members, deadline).await;
         let resumed = self.resume_all(&nqns).await;
         if resumed.is_ok() {
             self.intents
                 .remove(key)
-                .map_err(|e| errors::record("removing the pause intent", &e))?;
+                .map_err(|e| Failure::record("removing the pause intent", e))?;
         }
         result.and(resumed)
     }
@@ -737,15 +736,15 @@ impl VolumeBackend for NvmfTarget {
         let intents = self
             .intents
             .all::<PauseIntent>()
-            .map_err(|e| errors::record("reading pause intents", &e))?;
+            .map_err(|e| Failure::record("reading pause intents", e))?;
         for intent in intents {
             let intent = intent.map_err(|(path, e)| {
-                errors::record(&format!("reading pause intent {}", path.display()), &e)
+                Failure::record(format!("reading pause intent {}", path.display()), e)
             })?;
             self.resume_all(&intent.nqns).await?;
             self.intents
                 .remove(&intent.group_snapshot_id)
-                .map_err(|e| errors::record("removing the pause intent", &e))?;
+                .map_err(|e| Failure::record("removing the pause intent", e))?;
             tracing::warn!(
                 subsystems = ?intent.nqns,
                 "resumed the subsystems an interrupted group snapshot had paused"

@@ -18,7 +18,8 @@ use tonic::{Request, Response, Status};
 use super::controller::volume_key;
 use super::ids::{check_name, group_id, is_group_id, parse_volume_id};
 use super::params::only_co_metadata;
-use super::{CsiController, errors, max_entries};
+use super::{CsiController, max_entries};
+use crate::errors::Failure;
 use crate::paging::{page_by, parse_token_of};
 
 /// One group.
@@ -42,14 +43,14 @@ impl CsiController {
         self.inner
             .groups
             .load(id)
-            .map_err(|e| errors::record("reading the volume group", &e))
+            .map_err(|e| Failure::record("reading the volume group", e).into())
     }
 
     fn store_group(&self, record: &GroupRecord) -> Result<(), Status> {
         self.inner
             .groups
             .store(&record.group_id, record)
-            .map_err(|e| errors::record("writing the volume group", &e))
+            .map_err(|e| Failure::record("writing the volume group", e).into())
     }
 
     /// The group as the API shows it: members with their size and context
@@ -198,7 +199,7 @@ impl vg::controller_server::Controller for CsiController {
         self.inner
             .groups
             .remove(&record.group_id)
-            .map_err(|e| errors::record("removing the volume group", &e))?;
+            .map_err(|e| Failure::record("removing the volume group", e))?;
         tracing::info!(volume_group_id = %record.group_id, "volume group deleted");
         Ok(Response::new(vg::DeleteVolumeGroupResponse {}))
     }
@@ -215,7 +216,7 @@ impl vg::controller_server::Controller for CsiController {
             .inner
             .groups
             .all()
-            .map_err(|e| errors::record("reading volume groups", &e))?
+            .map_err(|e| Failure::record("reading volume groups", e))?
             .into_iter()
             .flatten()
             .collect();

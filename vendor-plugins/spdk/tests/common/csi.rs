@@ -221,7 +221,7 @@ impl Csi {
             service: ServiceConfig {
                 snap_provider: String::new(),
                 call_timeout: Duration::from_secs(30),
-                qos_follow_period: Duration::ZERO,
+                aio_follow_period: Duration::ZERO,
             },
             csi: Some(CsiConfig {
                 socket: socket.clone(),
@@ -344,21 +344,7 @@ impl Csi {
         required: u64,
         capability: Option<csi::VolumeCapability>,
     ) -> Result<csi::ControllerExpandVolumeResponse, Status> {
-        let request = csi::ControllerExpandVolumeRequest {
-            volume_id: volume_id.into(),
-            capacity_range: Some(csi::CapacityRange {
-                required_bytes: required as i64,
-                limit_bytes: 0,
-            }),
-            secrets: HashMap::new(),
-            volume_capability: capability,
-        };
-        Ok(self
-            .controller
-            .clone()
-            .controller_expand_volume(timed(request, TIMEOUT))
-            .await?
-            .into_inner())
+        expand_through(&self.controller, volume_id, required, capability).await
     }
 
     pub async fn modify(&self, volume_id: &str, pairs: &[(&str, &str)]) -> Result<(), Status> {
@@ -502,24 +488,29 @@ impl Csi {
         }
     }
 
+    /// An NVMe-oF volume as a real initiator reaches it over NVMe/TCP;
+    /// `None` for an AIO volume or without a real initiator (the emulator's).
+    pub fn remote<'a>(&'a self, volume: &'a csi::Volume) -> Option<Remote<'a>> {
+        if volume.volume_context["backend"] != "nvmf" {
+            return None;
+        }
+        self.target.as_ref()?.remote(volume)
+    }
+
     /// Writes a volume's bytes as its user would: through NVMe/TCP when a
     /// real initiator is there, else to the file behind it.
     pub async fn write(&self, volume: &csi::Volume, offset: u64, bytes: &[u8]) {
-        match self.target.as_ref().and_then(|t| t.remote(volume)) {
-            Some(remote) if volume.volume_context["backend"] == "nvmf" => {
-                remote.write(offset, bytes).await
-            }
-            _ => write_at(&self.backing(volume).await, offset, bytes),
+        match self.remote(volume) {
+            Some(remote) => remote.write(offset, bytes).await,
+            None => write_at(&self.backing(volume).await, offset, bytes),
         }
     }
 
     /// Reads a volume's bytes, as [`Csi::write`] writes them.
     pub async fn read(&self, volume: &csi::Volume, offset: u64, len: usize) -> Vec<u8> {
-        match self.target.as_ref().and_then(|t| t.remote(volume)) {
-            Some(remote) if volume.volume_context["backend"] == "nvmf" => {
-                remote.read(offset, len).await
-            }
-            _ => read_at(&self.backing(volume).await, offset, len),
+        match self.remote(volume) {
+            Some(remote) => remote.read(offset, len).await,
+            None => read_at(&self.backing(volume).await, offset, len),
         }
     }
 
@@ -618,6 +609,30 @@ pub fn mount() -> csi::VolumeCapability {
         }),
         Mode::SingleNodeWriter,
     )
+}
+
+/// ControllerExpandVolume to `required` bytes through `controller` (the
+/// sample controller's, or the proxy's in front of it).
+pub async fn expand_through(
+    controller: &ControllerClient<Channel>,
+    volume_id: &str,
+    required: u64,
+    capability: Option<csi::VolumeCapability>,
+) -> Result<csi::ControllerExpandVolumeResponse, Status> {
+    let request = csi::ControllerExpandVolumeRequest {
+        volume_id: volume_id.into(),
+        capacity_range: Some(csi::CapacityRange {
+            required_bytes: required as i64,
+            limit_bytes: 0,
+        }),
+        secrets: HashMap::new(),
+        volume_capability: capability,
+    };
+    Ok(controller
+        .clone()
+        .controller_expand_volume(timed(request, TIMEOUT))
+        .await?
+        .into_inner())
 }
 
 pub fn block() -> csi::VolumeCapability {

@@ -205,18 +205,26 @@ impl Spdk {
     /// Waits until a bdev's QoS limits are `want` (something outside the
     /// call being tested sets them: the plugin's follower).
     pub async fn rate_limits_become(&self, bdev: &str, want: [u64; 4]) {
-        let deadline = tokio::time::Instant::now() + TIMEOUT;
-        loop {
-            let now = self.rate_limits(bdev).await;
-            if now == want {
-                return;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "{bdev}: QoS limits {now:?}, not {want:?}, after {TIMEOUT:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        let what = format!("{bdev}'s QoS limits");
+        eventually(&what, || async {
+            equal(self.rate_limits(bdev).await, want)
+        })
+        .await;
+    }
+
+    /// A bdev's size in blocks.
+    pub async fn num_blocks(&self, bdev: &str) -> u64 {
+        let query = BdevGetBdevs {
+            name: Some(bdev.into()),
+            timeout: None,
+        };
+        self.client().call(&query).await.unwrap()[0].num_blocks
+    }
+
+    /// Waits until a bdev has `want` blocks (the plugin's follower grows it).
+    pub async fn num_blocks_become(&self, bdev: &str, want: u64) {
+        let what = format!("{bdev}'s blocks");
+        eventually(&what, || async { equal(self.num_blocks(bdev).await, want) }).await;
     }
 
     /// The NVMe-oF controllers SPDK has attached.
@@ -226,6 +234,42 @@ impl Spdk {
             .await
             .unwrap()
     }
+}
+
+/// Polls `check` every 20 ms until it answers `Ok`, for what something
+/// outside the call being tested does (the plugin's follower); fails after
+/// [`TIMEOUT`] with `what` and the last answer.
+pub async fn eventually<T, F>(what: &str, mut check: impl FnMut() -> F) -> T
+where
+    F: Future<Output = Result<T, String>>,
+{
+    let deadline = tokio::time::Instant::now() + TIMEOUT;
+    loop {
+        match check().await {
+            Ok(done) => return done,
+            Err(now) => assert!(
+                tokio::time::Instant::now() < deadline,
+                "{what}: {now} after {TIMEOUT:?}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// For [`eventually`]: done when `now` is `want`, else what it is.
+pub fn equal<T: PartialEq + std::fmt::Debug>(now: T, want: T) -> Result<(), String> {
+    if now == want {
+        Ok(())
+    } else {
+        Err(format!("{now:?}, not {want:?}"))
+    }
+}
+
+/// Grows the file at `path` to `size` bytes, keeping what it holds (as
+/// ControllerExpandVolume grows an AIO volume's file).
+pub fn grow(path: &Path, size: u64) {
+    let file = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    file.set_len(size).unwrap();
 }
 
 /// The plugin served in-process; stops when dropped.
@@ -256,13 +300,14 @@ impl Plugin {
         Plugin::serve(spdk_socket, provider, Duration::ZERO).await
     }
 
-    /// A plugin that reads AIO volumes' QoS records every `period` (the
-    /// others do not: a background call would upset round-trip counts).
+    /// A plugin that follows attached AIO volumes (their files' sizes and
+    /// QoS records) every `period`; the others do not: a background call
+    /// would upset round-trip counts.
     pub async fn start_following(spdk_socket: &Path, period: Duration) -> Plugin {
         Plugin::serve(spdk_socket, "", period).await
     }
 
-    async fn serve(spdk_socket: &Path, provider: &str, qos_follow_period: Duration) -> Plugin {
+    async fn serve(spdk_socket: &Path, provider: &str, aio_follow_period: Duration) -> Plugin {
         let dir = tempfile::tempdir().unwrap();
         let socket = dir.path().join("plugins/spdk/dpu.sock");
         let config = Config {
@@ -271,7 +316,7 @@ impl Plugin {
             service: ServiceConfig {
                 snap_provider: provider.into(),
                 call_timeout: Duration::from_secs(30),
-                qos_follow_period,
+                aio_follow_period,
             },
             csi: None,
             metrics_address: None,

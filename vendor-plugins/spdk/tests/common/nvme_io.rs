@@ -78,6 +78,7 @@ impl Remote<'_> {
         Session {
             initiator: &self.initiator,
             name: name.to_string(),
+            bdev: bdev.name.clone(),
             block_size: u64::from(bdev.block_size),
         }
     }
@@ -87,6 +88,8 @@ impl Remote<'_> {
 pub struct Session<'a> {
     initiator: &'a RpcClient,
     name: String,
+    /// The initiator's bdev of the namespace.
+    bdev: String,
     block_size: u64,
 }
 
@@ -117,6 +120,15 @@ impl Session<'_> {
 
     pub fn block_size(&self) -> u64 {
         self.block_size
+    }
+
+    /// The namespace's size as the initiator's bdev has it now.
+    pub async fn size(&self) -> u64 {
+        let query = BdevGetBdevs {
+            name: Some(self.bdev.clone()),
+            timeout: None,
+        };
+        self.initiator.call(&query).await.unwrap()[0].num_blocks * self.block_size
     }
 
     pub async fn detach(self) {

@@ -3,7 +3,8 @@
 //! `spdk_tgt` processes (`real_spdk.rs`): over real gRPC, every RPC for both
 //! backends, idempotency of create and delete, NOT_FOUND, paging and its
 //! tokens, bad input refused with nothing created, AIO QoS limits set at
-//! attach, and `plugin-check`.
+//! attach, AIO bdevs grown with their files (`bdev_aio_rescan`), and
+//! `plugin-check`.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -18,7 +19,8 @@ use snap_csi_spdk_plugin::service::{CAPABILITIES, PLUGIN_NAME};
 use tonic::Code;
 
 use super::{
-    Plugin, SIZE, Source, TIMEOUT, aio_context, export, free_tcp_port, listen, nvmf_context, timed,
+    Plugin, SIZE, Source, TIMEOUT, aio_context, export, free_tcp_port, grow, listen, nvmf_context,
+    timed,
 };
 
 /// Defines one `#[tokio::test]` per scenario of a group (`aio`, `nvmf`,
@@ -36,6 +38,7 @@ macro_rules! plugin_scenario_tests {
             list_pages_one_at_a_time_and_aborts_foreign_tokens,
             bad_input_is_invalid_argument_and_creates_nothing,
             aio_qos_limits_are_set_at_attach_from_the_record,
+            aio_bdevs_grow_with_their_files,
         );
     };
     (nvmf, $source:expr) => {
@@ -371,6 +374,52 @@ pub async fn aio_qos_limits_are_set_at_attach_from_the_record(source: &Source) {
     records.store("vol-q", &live).unwrap();
     snap.rate_limits_become(&device, [0, 40, 5, 0]).await;
     plugin.delete("vol-q", &device).await.unwrap();
+    assert!(plugin.list_all(0).await.is_empty());
+}
+
+/// Online expansion of AIO volumes: a followed bdev grows with its file
+/// (ControllerExpandVolume's) within periods, with no call to the plugin;
+/// so does one whose file grew while no plugin ran (listed at the next
+/// start), and one CreateDevice found there without knowing its size (made
+/// by another plugin since that start).
+pub async fn aio_bdevs_grow_with_their_files(source: &Source) {
+    const BLOCK: u64 = 512;
+    let period = Duration::from_millis(50);
+    let snap = source.snap().await;
+    let plugin = Plugin::start_following(snap.socket(), period).await;
+    let file = snap.file("vol-g.img");
+    let context = aio_context(&file);
+    let device = plugin.create("vol-g", context.clone()).await.unwrap();
+    assert_eq!(snap.num_blocks(&device).await, SIZE / BLOCK);
+    grow(&file, 2 * SIZE);
+    snap.num_blocks_become(&device, 2 * SIZE / BLOCK).await;
+
+    plugin.stop().await;
+    grow(&file, 3 * SIZE);
+    assert_eq!(snap.num_blocks(&device).await, 2 * SIZE / BLOCK);
+    let plugin = Plugin::start_following(snap.socket(), period).await;
+    snap.num_blocks_become(&device, 3 * SIZE / BLOCK).await;
+
+    // Made by a plugin that does not follow, after this one listed SNAP's
+    // bdevs; the file grows before this one's CreateDevice finds the bdev.
+    let other = Plugin::start(snap.socket()).await;
+    let late = snap.file("vol-late.img");
+    let late_device = other.create("vol-late", aio_context(&late)).await.unwrap();
+    other.stop().await;
+    grow(&late, 2 * SIZE);
+    assert_eq!(
+        plugin.create("vol-late", aio_context(&late)).await.unwrap(),
+        late_device
+    );
+    snap.num_blocks_become(&late_device, 2 * SIZE / BLOCK).await;
+    // The first one still followed, after a CreateDevice that found it.
+    assert_eq!(plugin.create("vol-g", context).await.unwrap(), device);
+    grow(&file, 4 * SIZE);
+    snap.num_blocks_become(&device, 4 * SIZE / BLOCK).await;
+
+    for (volume, name) in [("vol-g", &device), ("vol-late", &late_device)] {
+        plugin.delete(volume, name).await.unwrap();
+    }
     assert!(plugin.list_all(0).await.is_empty());
 }
 

@@ -14,7 +14,7 @@ use super::csi::*;
 pub use super::group_snapshots::group_snapshots_restore_and_go_together;
 #[allow(unused_imports)]
 pub use super::qos_scenarios::qos_limits_are_created_modified_and_checked;
-use super::{TIMEOUT, timed};
+use super::{TIMEOUT, equal, eventually, timed};
 use csi::volume_capability::AccessType;
 use csi::volume_capability::access_mode::Mode;
 
@@ -397,6 +397,14 @@ pub async fn volumes_expand(csi: &Csi, backend: &str) {
         .create(volume("pvc-x", backend, 16 * MIB, 0))
         .await
         .unwrap();
+    // Attached over NVMe/TCP by a real initiator (the emulator's fabric is
+    // none), the volume grows online: SPDK's bdev_nvme sees the target's
+    // namespace grow. (AIO online growth is the plugin's: `plugin_scenarios`.)
+    let remote = csi.remote(&v);
+    let attached = match &remote {
+        Some(remote) => Some(remote.attach("online").await),
+        None => None,
+    };
     let grown = csi
         .expand(&v.volume_id, 32 * MIB, Some(mount()))
         .await
@@ -413,6 +421,13 @@ pub async fn volumes_expand(csi: &Csi, backend: &str) {
         .unwrap();
     assert_eq!(block_grown.capacity_bytes, (40 * MIB) as i64);
     assert!(!block_grown.node_expansion_required);
+    if let Some(session) = attached {
+        eventually("the attached namespace's bytes", || async {
+            equal(session.size().await, 40 * MIB)
+        })
+        .await;
+        session.detach().await;
+    }
     // Asking for less than it has: done, never shrunk.
     let same = csi.expand(&v.volume_id, 8 * MIB, None).await.unwrap();
     assert_eq!(same.capacity_bytes, (40 * MIB) as i64);
