@@ -24,6 +24,7 @@
 
 pub mod colocated;
 pub mod crypto;
+mod emulation;
 mod endpoint;
 mod functions;
 mod inventory;
@@ -35,6 +36,7 @@ pub mod remote;
 mod virtio;
 pub mod wire;
 
+pub use emulation::Emulation;
 pub use packed::DEFAULT_NAMESPACES_PER_CONTROLLER;
 pub use plugin::plugin_access_mode;
 // Shared with the controller proxy; children reach it as `super::retry`.
@@ -46,13 +48,6 @@ use tokio::time::Instant;
 
 /// The I/O counters of every bdev ([`DpuAttach::io_stats`]).
 pub use crate::spdk::bdev::{BdevIostat, Iostat as IoStats};
-
-/// How SNAP presents the volume to the host.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Emulation {
-    Nvme,
-    VirtioBlk,
-}
 
 /// Whether the volume is used as a raw block device or carries a filesystem.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,7 +78,8 @@ pub struct AttachRequest {
     pub volume_context: HashMap<String, String>,
     pub storage_parameters: HashMap<String, String>,
     pub emulation: Emulation,
-    /// NVMe only; virtio-blk volumes are always dedicated.
+    /// Packed only for an emulation that [`Emulation::packs`]; the others are
+    /// always dedicated.
     pub placement: Placement,
     /// The caller attached this volume before (it is retrying a stage): SNAP
     /// most likely has everything, so the attach reads SNAP's state first.

@@ -21,12 +21,12 @@ use tokio::time::Instant;
 use super::endpoint::SnapEndpoint;
 use super::functions::FunctionListing;
 use super::names::{NSID, VolumeNames};
-use super::{DpuError, HostLocator};
+use super::{DpuError, Emulation, HostLocator};
 use crate::jsonrpc::code;
 use crate::spdk::snap::{
-    EmulationType, NvmeController, NvmeControllerAttachNs, NvmeControllerCreate,
-    NvmeControllerDestroy, NvmeControllerDetachNs, NvmeControllerResume, NvmeNamespaceCreate,
-    NvmeNamespaceDestroy, NvmeSubsystem, NvmeSubsystemCreate, NvmeSubsystemDestroy,
+    NvmeController, NvmeControllerAttachNs, NvmeControllerCreate, NvmeControllerDestroy,
+    NvmeControllerDetachNs, NvmeControllerResume, NvmeNamespaceCreate, NvmeNamespaceDestroy,
+    NvmeSubsystem, NvmeSubsystemCreate, NvmeSubsystemDestroy,
 };
 
 /// The only `bdev_type` of a namespace backed by an SPDK bdev.
@@ -152,7 +152,7 @@ pub(crate) async fn expose(
         }
         let what = format!("creating a controller for {nqn}");
         let (ctrl_id, bdf) = snap
-            .create_on_free_function(EmulationType::Nvme, functions, &what, deadline, |pci_bdf| {
+            .create_on_free_function(Emulation::Nvme, functions, &what, deadline, |pci_bdf| {
                 let create = NvmeControllerCreate {
                     nqn: nqn.clone(),
                     pci_bdf: Some(pci_bdf),
@@ -283,7 +283,7 @@ fn existing_controller(
         return Ok(None);
     };
     let bdf = functions
-        .bdf_of(EmulationType::Nvme, &c.ctrl_id, c.vhca_id)
+        .bdf_of(Emulation::Nvme, &c.ctrl_id, c.vhca_id)
         .ok_or_else(|| {
             DpuError::Internal(format!(
                 "SNAP at {}: controller {} of {} sits on no listed NVMe function",

@@ -42,12 +42,12 @@ use super::endpoint::SnapEndpoint;
 use super::functions::{Claims, FunctionListing};
 use super::names::{VolumeNames, pool_index, pool_nqn};
 use super::nvme::{self, SubsystemListing};
-use super::{DpuError, HostLocator};
+use super::{DpuError, Emulation, HostLocator};
 use crate::jsonrpc::code;
 use crate::spdk::snap::{
-    EmulationType, NvmeController, NvmeControllerAttachNs, NvmeControllerCreate,
-    NvmeControllerDetachNs, NvmeControllerResume, NvmeNamespaceDestroy, NvmeSubsystem,
-    NvmeSubsystemCreate, NvmeSubsystemNamespace,
+    NvmeController, NvmeControllerAttachNs, NvmeControllerCreate, NvmeControllerDetachNs,
+    NvmeControllerResume, NvmeNamespaceDestroy, NvmeSubsystem, NvmeSubsystemCreate,
+    NvmeSubsystemNamespace,
 };
 
 /// Namespaces per pool controller when the caller does not say (the node's
@@ -427,7 +427,7 @@ impl Stage<'_> {
                 let what = format!("creating the controller of pool {nqn}");
                 let (ctrl_id, bdf) = snap
                     .create_on_free_function(
-                        EmulationType::Nvme,
+                        Emulation::Nvme,
                         functions.clone(),
                         &what,
                         deadline,
@@ -510,7 +510,7 @@ impl Stage<'_> {
         functions: &mut Arc<FunctionListing>,
     ) -> Result<String, DpuError> {
         let find = |f: &FunctionListing| {
-            f.bdf_of(EmulationType::Nvme, &controller.ctrl_id, controller.vhca_id)
+            f.bdf_of(Emulation::Nvme, &controller.ctrl_id, controller.vhca_id)
         };
         if let Some(bdf) = find(functions) {
             return Ok(bdf);

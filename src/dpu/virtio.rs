@@ -10,10 +10,10 @@ use std::sync::Arc;
 
 use super::functions::FunctionListing;
 use super::names::VolumeNames;
-use super::{DpuError, HostLocator};
+use super::{DpuError, Emulation, HostLocator};
 use crate::jsonrpc::code;
 use crate::spdk::snap::{
-    EmulationType, VirtioBlkController, VirtioBlkControllerBdevAttach, VirtioBlkControllerCreate,
+    VirtioBlkController, VirtioBlkControllerBdevAttach, VirtioBlkControllerCreate,
     VirtioBlkControllerDestroy, VirtioBlkControllerList,
 };
 
@@ -75,7 +75,7 @@ pub(crate) async fn expose(
             }
             functions
                 .bdf_of(
-                    EmulationType::VirtioBlk,
+                    Emulation::VirtioBlk,
                     &controller.ctrl_id,
                     controller.vhca_id,
                 )
@@ -92,7 +92,7 @@ pub(crate) async fn expose(
             let what = format!("creating a virtio-blk controller for serial {serial}");
             let (ctrl_id, bdf) = snap
                 .create_on_free_function(
-                    EmulationType::VirtioBlk,
+                    Emulation::VirtioBlk,
                     functions,
                     &what,
                     deadline,

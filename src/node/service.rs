@@ -235,7 +235,7 @@ impl NodeService {
             publish_context: stage.publish_context.clone(),
             volume_context: stage.volume_context.clone(),
             storage_parameters: stage.volume_context.clone(),
-            emulation: emulation.into(),
+            emulation,
             placement: placement.with(self.inner.config.namespaces_per_controller),
             attached_before,
             secrets: stage.secrets.clone(),
