@@ -108,22 +108,9 @@ impl std::fmt::Debug for AttachRequest {
     }
 }
 
-/// Where the host finds the attached volume.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub enum HostLocator {
-    Nvme {
-        /// Host PCI address, without domain (`"26:00.1"`).
-        bdf: String,
-        nsid: u32,
-        /// Namespace UUID when known (verifies a reused function).
-        uuid: Option<String>,
-    },
-    VirtioBlk {
-        bdf: String,
-        serial: String,
-    },
-}
+/// Where the host finds the attached volume (it lives with the host's
+/// lookup, which it drives).
+pub use crate::host::HostLocator;
 
 /// The result of an attach.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
