@@ -9,15 +9,26 @@
 //! reaches through [`remote::RemoteDpu`] over mutual TLS. The node only ever
 //! sees the [`DpuAttach`] trait.
 //!
+//! Every submodule:
 //! - [`plugin`]: the vendor plugin client, CSI → plugin access modes, and the
 //!   SNAP provider → socket mapping.
-//! - [`colocated`]: [`DpuAttach`] over the plugin and SNAP, with `nvme` and
-//!   `virtio` (the SNAP steps of each emulation), `functions` (choosing a free
-//!   emulated function under concurrency) and `endpoint` (one SNAP socket).
+//! - [`colocated`]: [`DpuAttach`] over the plugin and SNAP: it chooses how a
+//!   volume is exposed and does the plugin's steps around that.
+//! - `exposure`: the seam between the two, the `Exposure` trait and the
+//!   registry of its implementations, one per emulation and placement:
+//!   `nvme` (dedicated NVMe: a subsystem and a function per volume),
+//!   `packed` (packed NVMe: a namespace on a pool controller shared with
+//!   other volumes) and `virtio` (virtio-blk).
+//! - `emulation`: [`Emulation`], each emulation described once.
+//! - `endpoint` (one SNAP socket: its client, function pools and the
+//!   listings concurrent calls share), `functions` (choosing a free emulated
+//!   function, or a pool's namespace slot, under concurrency) and `inventory`
+//!   (SNAP's listings joined into the [`Inventory`]).
+//! - [`crypto`]: encryption on the DPU (SPDK's accel key and a crypto vbdev
+//!   that whichever exposure serves).
+//! - [`names`]: the SNAP names derived from a volume id.
 //! - [`remote`]: [`DpuAttach`] as calls to the DPU agent; [`wire`]: the
 //!   agent API's messages and statuses to and from these types, for both ends.
-//! - [`crypto`]: encryption on the DPU (SPDK's accel key and crypto vbdev).
-//! - [`names`]: the SNAP names derived from a volume id.
 //!
 //! Besides attaching, the layer reads SNAP's per-bdev I/O counters in one
 //! call ([`DpuAttach::io_stats`]) for the node's per-volume metrics.
@@ -26,6 +37,7 @@ pub mod colocated;
 pub mod crypto;
 mod emulation;
 mod endpoint;
+mod exposure;
 mod functions;
 mod inventory;
 pub mod names;
