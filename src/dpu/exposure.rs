@@ -18,7 +18,8 @@
 //! Adding an emulation: a file implementing [`Exposure`], its line in
 //! [`Exposures::new`], its variant in [`Emulation`] and in
 //! [`super::HostLocator`] (and the agent API's `Emulation` and
-//! `HostLocator`, `wire.rs`).
+//! `HostLocator`, `wire.rs`). The node's census (`inventory`) still reads
+//! SNAP's listings of each emulation itself.
 
 use std::sync::Arc;
 
