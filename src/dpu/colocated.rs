@@ -2,6 +2,11 @@
 //! reachable: in the node process (co-located mode: tests, the demo, a DPU
 //! acting as its own node) or in the DPU agent (split mode).
 //!
+//! It only chooses how a volume is exposed (`exposure`: the request's
+//! emulation and placement, or where an earlier stage put the volume) and
+//! does the vendor plugin's steps around that: CreateDevice and DeleteDevice,
+//! and the crypto layer between the plugin's device and SNAP.
+//!
 //! Round trips, since each dependent SNAP call costs a poll period (~8 ms on
 //! a real DPU): an attach first asks the plugin's CreateDevice and reads
 //! SNAP's listings, all at once, then runs only the steps the listings show
@@ -23,15 +28,15 @@
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-use futures::future::try_join_all;
+use futures::future::{join_all, try_join_all};
 use tokio::time::Instant;
 
 use super::endpoint::SnapEndpoint;
+use super::exposure::{Choice, Exposures, Read};
 use super::names::VolumeNames;
 use super::plugin::PluginClient;
 use super::{
-    AttachRequest, Attachment, DpuAttach, DpuError, Emulation, Inventory, IoStats, Placement,
-    crypto, inventory, nvme, packed, retry, virtio,
+    AttachRequest, Attachment, DpuAttach, DpuError, Inventory, IoStats, crypto, inventory, retry,
 };
 use crate::proto::nvidia::storage::plugins::v1::storage_plugin_service_capability::rpc::Type as Capability;
 use crate::spdk::app::SpdkGetVersion;
@@ -43,8 +48,9 @@ pub struct Colocated {
     plugin: PluginClient,
     /// The SNAP the plugin names; fixed once the plugin has described itself.
     snap: OnceLock<SnapEndpoint>,
-    /// Namespace slots and pools being placed by packed stages here.
-    packing: packed::Packing,
+    /// Every way of exposing a volume, with what each holds in memory (the
+    /// namespace slots and pools packed stages here are placing).
+    exposures: Exposures,
 }
 
 impl Colocated {
@@ -55,7 +61,7 @@ impl Colocated {
         Colocated {
             plugin: PluginClient::new(plugin_socket, snap_socket_template),
             snap: OnceLock::new(),
-            packing: packed::Packing::default(),
+            exposures: Exposures::new(),
         }
     }
 
@@ -71,6 +77,7 @@ impl Colocated {
     async fn attach_once(
         &self,
         request: &AttachRequest,
+        choice: &Choice<'_>,
         deadline: Instant,
     ) -> Result<Attachment, DpuError> {
         // Listings shared with other volumes' calls must be asked for after
@@ -92,87 +99,32 @@ impl Colocated {
             let device = device?;
             keyed.map(|()| device)
         };
-        let (device_name, locator) = match (request.emulation, request.placement) {
-            (Emulation::Nvme, placement) => {
-                // Packed stages place from the listing; retries continue from it.
-                let read = request.attached_before || placement != Placement::Dedicated;
-                let listing = async {
-                    match read {
-                        true => snap.list_subsystems(began, deadline).await.map(Some),
-                        false => Ok(None),
-                    }
-                };
-                let (device, listing, functions) =
-                    tokio::join!(create, listing, snap.list_functions(deadline));
-                let device = created(device, &functions)?;
-                crate::failpoint::step("attach:create-device");
-                let exposed = exposed_bdev(snap, &names, &device, key.is_some(), deadline).await?;
-                let (listing, functions) = (listing?, functions?);
-                // A volume stays where its first stage placed it, also when
-                // the node's default placement has changed since.
-                let dedicated = listing.as_ref().and_then(|l| l.find(&names.nqn));
-                let packed_before = listing.as_ref().is_some_and(|l| packed::holds(l, &names));
-                let locator = match (placement, listing) {
-                    (_, Some(_)) if dedicated.is_some() => {
-                        let known = nvme::Known::Listed(dedicated);
-                        nvme::expose(snap, &names, &exposed, known, functions, deadline).await?
-                    }
-                    (Placement::Dedicated, Some(listing)) if packed_before => {
-                        let pools = packed::DEFAULT_NAMESPACES_PER_CONTROLLER;
-                        packed::expose(
-                            snap,
-                            &self.packing,
-                            &names,
-                            &exposed,
-                            pools,
-                            listing,
-                            functions,
-                            deadline,
-                        )
-                        .await?
-                    }
-                    (
-                        Placement::Packed {
-                            namespaces_per_controller,
-                        },
-                        Some(listing),
-                    ) => {
-                        packed::expose(
-                            snap,
-                            &self.packing,
-                            &names,
-                            &exposed,
-                            namespaces_per_controller,
-                            listing,
-                            functions,
-                            deadline,
-                        )
-                        .await?
-                    }
-                    (_, listing) => {
-                        let known = match listing {
-                            Some(_) => nvme::Known::Listed(None),
-                            None => nvme::Known::Unread,
-                        };
-                        nvme::expose(snap, &names, &exposed, known, functions, deadline).await?
-                    }
-                };
-                (device, locator)
-            }
-            (Emulation::VirtioBlk, _) => {
-                let (device, found, functions) = tokio::join!(
-                    create,
-                    virtio::find(snap, &names.serial, deadline),
-                    snap.list_functions(deadline)
-                );
-                let device = created(device, &functions)?;
-                crate::failpoint::step("attach:create-device");
-                let exposed = exposed_bdev(snap, &names, &device, key.is_some(), deadline).await?;
-                let locator =
-                    virtio::expose(snap, &names, &exposed, found?, functions?, deadline).await?;
-                (device, locator)
-            }
+        let read = choice.read(request, began);
+        let found = async {
+            let found = join_all(
+                choice
+                    .family
+                    .iter()
+                    .map(|e| e.find(snap, &names, read, deadline)),
+            );
+            found.await.into_iter().collect::<Result<Vec<_>, _>>()
         };
+        let (device, found, functions) = tokio::join!(create, found, snap.list_functions(deadline));
+        let device_name = created(device, &functions)?;
+        crate::failpoint::step("attach:create-device");
+        let exposed =
+            crypto::exposed_bdev(snap, &names, &device_name, key.is_some(), deadline).await?;
+        let (mut found, functions) = (found?, functions?);
+        // A volume stays where its first stage placed it.
+        let at = found
+            .iter()
+            .position(|f| f.holds())
+            .unwrap_or(choice.requested);
+        let chosen = found.swap_remove(at);
+        drop(found);
+        let locator = chosen
+            .expose(request.placement, &exposed, functions, deadline)
+            .await?;
         tracing::info!(volume_id = %request.volume_id, device = %device_name, ?locator, "volume attached");
         Ok(Attachment {
             device_name,
@@ -189,31 +141,24 @@ impl Colocated {
         let began = Instant::now();
         let snap = self.snap(deadline).await?;
         let names = VolumeNames::new(volume_id);
-        // The caller does not say how the volume was exposed: look for every
-        // way (its own subsystem, a namespace in a pool, a virtio-blk controller).
-        let (listing, controllers, encryption) = tokio::join!(
-            snap.list_subsystems(began, deadline),
-            virtio::find(snap, &names.serial, deadline),
-            crypto::find(snap, &names, deadline)
+        // The caller does not say how the volume was exposed: ask every way.
+        let found = join_all(
+            self.exposures
+                .all()
+                .map(|e| e.find(snap, &names, Read::ToRelease(began), deadline)),
         );
-        let (listing, controllers, encryption) = (listing?, controllers?, encryption?);
-        let subsystem = listing.find(&names.nqn);
-        // The listing is shared and holds every subsystem on the DPU: keep
-        // only this volume's part while the calls below wait on SNAP, or 64
-        // concurrent detaches pin listings worth tens of MiB.
-        let pools = packed::pools_of(&listing, &names);
-        drop(listing);
+        let (found, encryption) = tokio::join!(found, crypto::find(snap, &names, deadline));
+        let found = found.into_iter().collect::<Result<Vec<_>, _>>()?;
+        let encryption = encryption?;
 
         // Read before SNAP lets go of them: the bdevs SNAP served are the
         // plugin's devices even when the caller lost the name.
         let mut devices: Vec<String> = device_name.map(str::to_string).into_iter().collect();
         // An encrypted volume's SNAP objects serve its crypto vbdev, whose
         // base is the plugin's device.
-        let seen = subsystem
+        let seen = found
             .iter()
-            .flat_map(|s| s.bdevs())
-            .chain(packed::bdevs(&pools, &names))
-            .chain(controllers.iter().filter_map(virtio::bdev_of))
+            .flat_map(|f| f.bdevs())
             .filter(|bdev| *bdev != names.crypto_bdev)
             .chain(encryption.base.as_deref());
         for bdev in seen {
@@ -222,30 +167,14 @@ impl Colocated {
             }
         }
 
-        let (nvme_released, packed_released, virtio_released) = tokio::join!(
-            async {
-                match &subsystem {
-                    Some(s) => nvme::release(snap, s, deadline).await,
-                    None => Ok(()),
-                }
-            },
-            packed::release(snap, &pools, &names, deadline),
-            virtio::release(snap, &controllers, deadline)
-        );
-        nvme_released?;
-        packed_released?;
-        virtio_released?;
+        every(join_all(found.iter().map(|f| f.release(deadline))).await)?;
         crate::failpoint::step("detach:unexpose");
 
-        // SNAP no longer uses the device: the empty subsystem and the device
-        // (after the crypto vbdev over it, if any) can go at the same time.
-        let (subsystem_destroyed, deleted) = tokio::join!(
-            async {
-                match &subsystem {
-                    Some(s) => nvme::destroy_subsystem(snap, &s.listed.nqn, deadline).await,
-                    None => Ok(()),
-                }
-            },
+        // SNAP no longer uses the device: what the release left (an empty
+        // subsystem) and the device (after the crypto vbdev over it, if any)
+        // can go at the same time.
+        let (rest_removed, deleted) = tokio::join!(
+            join_all(found.iter().map(|f| f.remove_rest(deadline))),
             async {
                 if encryption.base.is_some() {
                     crypto::delete_vbdev(snap, &names, deadline).await?;
@@ -262,7 +191,7 @@ impl Colocated {
                 deleted.and(unkeyed)
             }
         );
-        subsystem_destroyed?;
+        every(rest_removed)?;
         deleted?;
         crate::failpoint::step("detach:delete-device");
         tracing::info!(%volume_id, ?devices, "volume detached");
@@ -337,23 +266,6 @@ impl Colocated {
     }
 }
 
-/// The bdev SNAP exposes: the plugin's device, or for an encrypted volume
-/// the crypto vbdev made over it.
-async fn exposed_bdev(
-    snap: &SnapEndpoint,
-    names: &VolumeNames,
-    device: &str,
-    encrypted: bool,
-    deadline: Instant,
-) -> Result<String, DpuError> {
-    if !encrypted {
-        return Ok(device.to_string());
-    }
-    let vbdev = crypto::create_vbdev(snap, names, device, deadline).await?;
-    crate::failpoint::step("attach:crypto-bdev");
-    Ok(vbdev)
-}
-
 /// The plugin's CreateDevice, which ran beside SNAP's listing: when both
 /// found their peer unreachable, the error names both, since a plugin waits
 /// for SNAP too (a SNAP that is down or stuck first shows as a plugin that
@@ -369,6 +281,12 @@ fn created<T>(
         }
         (device, _) => device,
     }
+}
+
+/// The first failure of steps that all ran to their end, in the order they
+/// were started.
+fn every(results: Vec<Result<(), DpuError>>) -> Result<(), DpuError> {
+    results.into_iter().collect()
 }
 
 fn retryable(error: &DpuError) -> bool {
@@ -387,12 +305,11 @@ impl DpuAttach for Colocated {
         if request.volume_id.is_empty() {
             return Err(DpuError::InvalidArgument("the volume id is empty".into()));
         }
-        if request.emulation == Emulation::VirtioBlk && request.placement != Placement::Dedicated {
-            return Err(DpuError::InvalidArgument(
-                "a virtio-blk function carries one disk: the packed placement is NVMe only".into(),
-            ));
-        }
-        retry::until_deadline(deadline, retryable, || self.attach_once(request, deadline)).await
+        let choice = self.exposures.for_attach(request)?;
+        retry::until_deadline(deadline, retryable, || {
+            self.attach_once(request, &choice, deadline)
+        })
+        .await
     }
 
     async fn detach(

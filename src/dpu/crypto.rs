@@ -157,8 +157,25 @@ fn is_dek_exists(e: &RpcError) -> bool {
     e.code() == Some(code::INVALID_PARAMS) && e.to_string().ends_with("rc -17")
 }
 
+/// The bdev SNAP exposes, whichever way: the plugin's `device`, or for an
+/// encrypted volume the crypto vbdev made over it (one round trip more).
+pub(crate) async fn exposed_bdev(
+    snap: &SnapEndpoint,
+    names: &VolumeNames,
+    device: &str,
+    encrypted: bool,
+    deadline: Instant,
+) -> Result<String, DpuError> {
+    if !encrypted {
+        return Ok(device.to_string());
+    }
+    let vbdev = create_vbdev(snap, names, device, deadline).await?;
+    crate::failpoint::step("attach:crypto-bdev");
+    Ok(vbdev)
+}
+
 /// The crypto vbdev over the plugin's `device`, which SNAP then exposes.
-pub(crate) async fn create_vbdev(
+async fn create_vbdev(
     snap: &SnapEndpoint,
     names: &VolumeNames,
     device: &str,

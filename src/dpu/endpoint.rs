@@ -1,8 +1,8 @@
-//! One SNAP process as the attach layer uses it: its JSON-RPC client, the
-//! function pools of its two emulation types, and SPDK errors turned into
+//! One SNAP process as the attach layer uses it: its JSON-RPC client, a
+//! function pool per emulation, and SPDK errors turned into
 //! [`DpuError`]s that name the socket.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -10,9 +10,9 @@ use futures::FutureExt;
 use futures::future::{BoxFuture, Shared};
 use tokio::time::Instant;
 
-use super::DpuError;
 use super::functions::{FunctionListing, FunctionPool};
 use super::nvme::SubsystemListing;
+use super::{DpuError, Emulation};
 use crate::jsonrpc::{Method, RpcClient, RpcError, code};
 use crate::spdk::snap::{
     ControllerCreated, EmulationFunctionList, EmulationType, NvmeSubsystemList,
@@ -21,8 +21,8 @@ use crate::spdk::snap::{
 #[derive(Debug)]
 pub(crate) struct SnapEndpoint {
     rpc: RpcClient,
-    nvme: FunctionPool,
-    virtio_blk: FunctionPool,
+    /// The functions each kind of them this process has just claimed.
+    pools: HashMap<EmulationType, FunctionPool>,
     /// The function listing in flight, which attaches that need one join
     /// instead of asking SNAP again: in a burst of stages SNAP renders its
     /// (long) listing once rather than once per volume, and one parsed copy
@@ -90,8 +90,9 @@ impl SnapEndpoint {
     pub fn new(socket: PathBuf) -> Self {
         SnapEndpoint {
             rpc: RpcClient::new(socket),
-            nvme: FunctionPool::default(),
-            virtio_blk: FunctionPool::default(),
+            pools: Emulation::ALL
+                .map(|e| (e.function_kind(), FunctionPool::default()))
+                .into(),
             functions: SharedListing::default(),
             subsystems: SharedListing::default(),
         }
@@ -169,7 +170,7 @@ impl SnapEndpoint {
     }
 
     /// Creates a controller with `create(pci_bdf)` on a free function of
-    /// `kind`, starting from `listing`; returns the controller and its BDF.
+    /// `emulation`, starting from `listing`; returns the controller and its BDF.
     ///
     /// A function SNAP calls busy (-16, or -17) was taken by someone else
     /// since the listing: list again and take the next one. Each function is
@@ -177,7 +178,7 @@ impl SnapEndpoint {
     /// disagree.
     pub async fn create_on_free_function<F, Fut>(
         &self,
-        kind: EmulationType,
+        emulation: Emulation,
         mut listing: Arc<FunctionListing>,
         what: &str,
         deadline: Instant,
@@ -187,10 +188,8 @@ impl SnapEndpoint {
         F: FnMut(String) -> Fut,
         Fut: Future<Output = Result<ControllerCreated, RpcError>>,
     {
-        let pool = match kind {
-            EmulationType::Nvme => &self.nvme,
-            EmulationType::VirtioBlk => &self.virtio_blk,
-        };
+        let kind = emulation.function_kind();
+        let pool = &self.pools[&kind];
         let mut tried = HashSet::new();
         let mut fresh = false;
         loop {
@@ -200,7 +199,7 @@ impl SnapEndpoint {
                     return Err(DpuError::Exhausted(format!(
                         "SNAP at {}: no free {} function for {what}: all {total} carry a controller",
                         self.socket().display(),
-                        kind_name(kind),
+                        emulation.label(),
                     )));
                 }
                 // Our listing may predate functions freed since: ask once more.
@@ -294,11 +293,4 @@ async fn listed<M: Method>(
         .await
         .map_err(|e| classify(rpc.socket(), what, e))?;
     Ok((answer, asked_at))
-}
-
-pub(crate) fn kind_name(kind: EmulationType) -> &'static str {
-    match kind {
-        EmulationType::Nvme => "NVMe",
-        EmulationType::VirtioBlk => "virtio-blk",
-    }
 }

@@ -20,6 +20,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::Emulation;
 use crate::spdk::snap::{EmulationFunction, EmulationType};
 
 /// How long a claim outlives its create call. A listing read before a
@@ -72,7 +73,8 @@ impl FunctionListing {
 
     /// The host address of the function carrying controller `ctrl_id`
     /// (matched by name, or by the vhca the controller reports).
-    pub fn bdf_of(&self, kind: EmulationType, ctrl_id: &str, vhca_id: u32) -> Option<String> {
+    pub fn bdf_of(&self, emulation: Emulation, ctrl_id: &str, vhca_id: u32) -> Option<String> {
+        let kind = emulation.function_kind();
         let mine = || self.iter().filter(|f| f.emulation_type == kind);
         mine()
             .find(|f| f.ctrl_id.as_deref() == Some(ctrl_id))
@@ -302,17 +304,14 @@ mod tests {
         let mut listing = listing(&[true, false]);
         listing.functions[0].vfs[0].ctrl_id = Some("NVMeCtrl7".into());
         assert_eq!(
-            listing.bdf_of(EmulationType::Nvme, "NVMeCtrl7", 0),
+            listing.bdf_of(Emulation::Nvme, "NVMeCtrl7", 0),
             Some("26:00.1".to_string())
         );
         assert_eq!(
-            listing.bdf_of(EmulationType::Nvme, "other", 2),
+            listing.bdf_of(Emulation::Nvme, "other", 2),
             Some("26:00.0".to_string())
         );
-        assert_eq!(
-            listing.bdf_of(EmulationType::VirtioBlk, "NVMeCtrl7", 3),
-            None
-        );
+        assert_eq!(listing.bdf_of(Emulation::VirtioBlk, "NVMeCtrl7", 3), None);
         assert_eq!(listing.iter().count(), 2);
     }
 }

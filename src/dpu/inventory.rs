@@ -65,7 +65,7 @@ fn join(
     let functions = listing
         .iter()
         .map(|f| FunctionUse {
-            emulation: emulation(f.emulation_type),
+            emulation: Emulation::from(f.emulation_type),
             volume_key: f
                 .ctrl_id
                 .as_deref()
@@ -84,7 +84,7 @@ fn join(
     let first_bdf = |s: &NvmeSubsystem| {
         s.controllers
             .first()
-            .and_then(|c| listing.bdf_of(EmulationType::Nvme, &c.ctrl_id, c.vhca_id))
+            .and_then(|c| listing.bdf_of(Emulation::Nvme, &c.ctrl_id, c.vhca_id))
     };
     let pooled: Vec<(&NvmeSubsystem, u32)> = subsystems
         .iter()
@@ -130,20 +130,13 @@ fn join(
             bdf: c
                 .pci_bdf
                 .clone()
-                .or_else(|| listing.bdf_of(EmulationType::VirtioBlk, &c.ctrl_id, c.vhca_id)),
+                .or_else(|| listing.bdf_of(Emulation::VirtioBlk, &c.ctrl_id, c.vhca_id)),
         })
     });
     Inventory {
         functions,
         volumes: nvme.chain(packed_volumes).chain(virtio_blk).collect(),
         pools,
-    }
-}
-
-fn emulation(kind: EmulationType) -> Emulation {
-    match kind {
-        EmulationType::Nvme => Emulation::Nvme,
-        EmulationType::VirtioBlk => Emulation::VirtioBlk,
     }
 }
 

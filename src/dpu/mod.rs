@@ -9,22 +9,35 @@
 //! reaches through [`remote::RemoteDpu`] over mutual TLS. The node only ever
 //! sees the [`DpuAttach`] trait.
 //!
+//! Every submodule:
 //! - [`plugin`]: the vendor plugin client, CSI → plugin access modes, and the
 //!   SNAP provider → socket mapping.
-//! - [`colocated`]: [`DpuAttach`] over the plugin and SNAP, with `nvme` and
-//!   `virtio` (the SNAP steps of each emulation), `functions` (choosing a free
-//!   emulated function under concurrency) and `endpoint` (one SNAP socket).
+//! - [`colocated`]: [`DpuAttach`] over the plugin and SNAP: it chooses how a
+//!   volume is exposed and does the plugin's steps around that.
+//! - `exposure`: the seam between the two, the `Exposure` trait and the
+//!   registry of its implementations, one per emulation and placement:
+//!   `nvme` (dedicated NVMe: a subsystem and a function per volume),
+//!   `packed` (packed NVMe: a namespace on a pool controller shared with
+//!   other volumes) and `virtio` (virtio-blk).
+//! - `emulation`: [`Emulation`], each emulation described once.
+//! - `endpoint` (one SNAP socket: its client, function pools and the
+//!   listings concurrent calls share), `functions` (choosing a free emulated
+//!   function, or a pool's namespace slot, under concurrency) and `inventory`
+//!   (SNAP's listings joined into the [`Inventory`]).
+//! - [`crypto`]: encryption on the DPU (SPDK's accel key and a crypto vbdev
+//!   that whichever exposure serves).
+//! - [`names`]: the SNAP names derived from a volume id.
 //! - [`remote`]: [`DpuAttach`] as calls to the DPU agent; [`wire`]: the
 //!   agent API's messages and statuses to and from these types, for both ends.
-//! - [`crypto`]: encryption on the DPU (SPDK's accel key and crypto vbdev).
-//! - [`names`]: the SNAP names derived from a volume id.
 //!
 //! Besides attaching, the layer reads SNAP's per-bdev I/O counters in one
 //! call ([`DpuAttach::io_stats`]) for the node's per-volume metrics.
 
 pub mod colocated;
 pub mod crypto;
+mod emulation;
 mod endpoint;
+mod exposure;
 mod functions;
 mod inventory;
 pub mod names;
@@ -35,6 +48,7 @@ pub mod remote;
 mod virtio;
 pub mod wire;
 
+pub use emulation::Emulation;
 pub use packed::DEFAULT_NAMESPACES_PER_CONTROLLER;
 pub use plugin::plugin_access_mode;
 // Shared with the controller proxy; children reach it as `super::retry`.
@@ -46,13 +60,6 @@ use tokio::time::Instant;
 
 /// The I/O counters of every bdev ([`DpuAttach::io_stats`]).
 pub use crate::spdk::bdev::{BdevIostat, Iostat as IoStats};
-
-/// How SNAP presents the volume to the host.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Emulation {
-    Nvme,
-    VirtioBlk,
-}
 
 /// Whether the volume is used as a raw block device or carries a filesystem.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,7 +90,8 @@ pub struct AttachRequest {
     pub volume_context: HashMap<String, String>,
     pub storage_parameters: HashMap<String, String>,
     pub emulation: Emulation,
-    /// NVMe only; virtio-blk volumes are always dedicated.
+    /// Packed only for an emulation that [`Emulation::packs`]; the others are
+    /// always dedicated.
     pub placement: Placement,
     /// The caller attached this volume before (it is retrying a stage): SNAP
     /// most likely has everything, so the attach reads SNAP's state first.
@@ -112,22 +120,9 @@ impl std::fmt::Debug for AttachRequest {
     }
 }
 
-/// Where the host finds the attached volume.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub enum HostLocator {
-    Nvme {
-        /// Host PCI address, without domain (`"26:00.1"`).
-        bdf: String,
-        nsid: u32,
-        /// Namespace UUID when known (verifies a reused function).
-        uuid: Option<String>,
-    },
-    VirtioBlk {
-        bdf: String,
-        serial: String,
-    },
-}
+/// Where the host finds the attached volume (it lives with the host's
+/// lookup, which it drives).
+pub use crate::host::HostLocator;
 
 /// The result of an attach.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

@@ -1,6 +1,8 @@
-//! Exposing a bdev as an NVMe namespace, in NVIDIA's order (one subsystem per
-//! volume, namespace 1 with our UUID, a controller created suspended on a
-//! free function, attach, resume), and taking it away again.
+//! [`Dedicated`]: exposing a bdev as an NVMe namespace of its own, in
+//! NVIDIA's order (one subsystem per volume, namespace 1 with our UUID, a
+//! controller created suspended on a free function, attach, resume), and
+//! taking it away again. Also the NVMe pieces the packed placement shares
+//! (`packed`): the subsystem listing, a namespace's creation, "running".
 //!
 //! Both directions continue from whatever state a previous, perhaps crashed,
 //! attempt left: each step runs only if SNAP's listing says it is missing.
@@ -19,28 +21,124 @@ use futures::future::try_join_all;
 use tokio::time::Instant;
 
 use super::endpoint::SnapEndpoint;
+use super::exposure::{Exposure, Found, Read};
 use super::functions::FunctionListing;
 use super::names::{NSID, VolumeNames};
-use super::{DpuError, HostLocator};
+use super::{DpuError, Emulation, HostLocator, Placement};
 use crate::jsonrpc::code;
 use crate::spdk::snap::{
-    EmulationType, NvmeController, NvmeControllerAttachNs, NvmeControllerCreate,
-    NvmeControllerDestroy, NvmeControllerDetachNs, NvmeControllerResume, NvmeNamespaceCreate,
-    NvmeNamespaceDestroy, NvmeSubsystem, NvmeSubsystemCreate, NvmeSubsystemDestroy,
+    NvmeController, NvmeControllerAttachNs, NvmeControllerCreate, NvmeControllerDestroy,
+    NvmeControllerDetachNs, NvmeControllerResume, NvmeNamespaceCreate, NvmeNamespaceDestroy,
+    NvmeSubsystem, NvmeSubsystemCreate, NvmeSubsystemDestroy,
 };
 
 /// The only `bdev_type` of a namespace backed by an SPDK bdev.
 const BDEV_TYPE_SPDK: &str = "spdk";
 
+/// Dedicated NVMe: a subsystem of its own per volume, with namespace
+/// [`NSID`] on the volume's bdev and a controller on a function of its own.
+#[derive(Debug)]
+pub(crate) struct Dedicated;
+
+#[async_trait::async_trait]
+impl Exposure for Dedicated {
+    fn emulation(&self) -> Emulation {
+        Emulation::Nvme
+    }
+
+    fn packed(&self) -> bool {
+        false
+    }
+
+    /// A new volume's subsystem is created before anything is read: SNAP's
+    /// -17 says when there is state to read, and a created one is empty.
+    fn reads_first(&self) -> bool {
+        false
+    }
+
+    async fn find<'a>(
+        &'a self,
+        snap: &'a SnapEndpoint,
+        names: &'a VolumeNames,
+        read: Read,
+        deadline: Instant,
+    ) -> Result<Box<dyn Found + 'a>, DpuError> {
+        let known = match read.since() {
+            Some(since) => Known::Listed(
+                snap.list_subsystems(since, deadline)
+                    .await?
+                    .find(&names.nqn),
+            ),
+            None => Known::Unread,
+        };
+        Ok(Box::new(Held { snap, names, known }))
+    }
+}
+
+/// The volume's subsystem as far as it was read.
+struct Held<'a> {
+    snap: &'a SnapEndpoint,
+    names: &'a VolumeNames,
+    known: Known,
+}
+
+impl Held<'_> {
+    fn subsystem(&self) -> Option<&Subsystem> {
+        match &self.known {
+            Known::Listed(subsystem) => subsystem.as_ref(),
+            Known::Unread => None,
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Found for Held<'_> {
+    fn holds(&self) -> bool {
+        self.subsystem().is_some()
+    }
+
+    fn bdevs(&self) -> Vec<&str> {
+        self.subsystem()
+            .into_iter()
+            .flat_map(Subsystem::bdevs)
+            .collect()
+    }
+
+    async fn expose(
+        self: Box<Self>,
+        _placement: Placement,
+        bdev: &str,
+        functions: Arc<FunctionListing>,
+        deadline: Instant,
+    ) -> Result<HostLocator, DpuError> {
+        expose(self.snap, self.names, bdev, self.known, functions, deadline).await
+    }
+
+    async fn release(&self, deadline: Instant) -> Result<(), DpuError> {
+        match self.subsystem() {
+            Some(subsystem) => release(self.snap, subsystem, deadline).await,
+            None => Ok(()),
+        }
+    }
+
+    /// The subsystem, empty once released.
+    async fn remove_rest(&self, deadline: Instant) -> Result<(), DpuError> {
+        match self.subsystem() {
+            Some(subsystem) => destroy_subsystem(self.snap, &subsystem.listed.nqn, deadline).await,
+            None => Ok(()),
+        }
+    }
+}
+
 /// A volume's subsystem as SNAP lists it.
 #[derive(Debug, Clone)]
-pub(crate) struct Subsystem {
-    pub listed: NvmeSubsystem,
+struct Subsystem {
+    listed: NvmeSubsystem,
 }
 
 impl Subsystem {
     /// The bdevs its namespaces serve (normally one: the plugin's device).
-    pub fn bdevs(&self) -> impl Iterator<Item = &str> {
+    fn bdevs(&self) -> impl Iterator<Item = &str> {
         self.listed.namespaces.iter().map(|n| n.bdev.as_str())
     }
 
@@ -73,7 +171,7 @@ pub(crate) struct SubsystemListing {
 
 impl SubsystemListing {
     /// The subsystem named `nqn`, if listed.
-    pub fn find(&self, nqn: &str) -> Option<Subsystem> {
+    fn find(&self, nqn: &str) -> Option<Subsystem> {
         self.subsystems
             .iter()
             .find(|s| s.nqn == nqn)
@@ -85,7 +183,7 @@ impl SubsystemListing {
 
 /// What an attach knows of the volume's subsystem when it starts.
 #[derive(Debug)]
-pub(crate) enum Known {
+enum Known {
     /// SNAP's listing was read: the subsystem as listed, or none.
     Listed(Option<Subsystem>),
     /// Not read: the volume is most likely new to SNAP.
@@ -104,7 +202,7 @@ struct Controller {
 /// Exposes `device` under the volume's subsystem and returns where the host
 /// finds it. `known` and `functions` were read together with the plugin's
 /// CreateDevice.
-pub(crate) async fn expose(
+async fn expose(
     snap: &SnapEndpoint,
     names: &VolumeNames,
     device: &str,
@@ -152,7 +250,7 @@ pub(crate) async fn expose(
         }
         let what = format!("creating a controller for {nqn}");
         let (ctrl_id, bdf) = snap
-            .create_on_free_function(EmulationType::Nvme, functions, &what, deadline, |pci_bdf| {
+            .create_on_free_function(Emulation::Nvme, functions, &what, deadline, |pci_bdf| {
                 let create = NvmeControllerCreate {
                     nqn: nqn.clone(),
                     pci_bdf: Some(pci_bdf),
@@ -283,7 +381,7 @@ fn existing_controller(
         return Ok(None);
     };
     let bdf = functions
-        .bdf_of(EmulationType::Nvme, &c.ctrl_id, c.vhca_id)
+        .bdf_of(Emulation::Nvme, &c.ctrl_id, c.vhca_id)
         .ok_or_else(|| {
             DpuError::Internal(format!(
                 "SNAP at {}: controller {} of {} sits on no listed NVMe function",
@@ -304,7 +402,7 @@ fn existing_controller(
 /// its namespaces, each skipped when already gone. Afterwards SNAP no longer
 /// uses the plugin's device; the empty subsystem is left for
 /// [`destroy_subsystem`], which can run alongside DeleteDevice.
-pub(crate) async fn release(
+async fn release(
     snap: &SnapEndpoint,
     subsystem: &Subsystem,
     deadline: Instant,
@@ -372,7 +470,7 @@ async fn destroy_controller(
     Ok(())
 }
 
-pub(crate) async fn destroy_subsystem(
+async fn destroy_subsystem(
     snap: &SnapEndpoint,
     nqn: &str,
     deadline: Instant,

@@ -39,15 +39,16 @@ use std::sync::{Arc, Mutex};
 use tokio::time::Instant;
 
 use super::endpoint::SnapEndpoint;
+use super::exposure::{Exposure, Found, Read};
 use super::functions::{Claims, FunctionListing};
 use super::names::{VolumeNames, pool_index, pool_nqn};
 use super::nvme::{self, SubsystemListing};
-use super::{DpuError, HostLocator};
+use super::{DpuError, Emulation, HostLocator, Placement};
 use crate::jsonrpc::code;
 use crate::spdk::snap::{
-    EmulationType, NvmeController, NvmeControllerAttachNs, NvmeControllerCreate,
-    NvmeControllerDetachNs, NvmeControllerResume, NvmeNamespaceDestroy, NvmeSubsystem,
-    NvmeSubsystemCreate, NvmeSubsystemNamespace,
+    NvmeController, NvmeControllerAttachNs, NvmeControllerCreate, NvmeControllerDetachNs,
+    NvmeControllerResume, NvmeNamespaceDestroy, NvmeSubsystem, NvmeSubsystemCreate,
+    NvmeSubsystemNamespace,
 };
 
 /// Namespaces per pool controller when the caller does not say (the node's
@@ -60,10 +61,121 @@ pub const DEFAULT_NAMESPACES_PER_CONTROLLER: u32 = 32;
 /// with Unavailable, which its caller retries within the deadline.
 const PLACEMENT_ATTEMPTS: usize = 8;
 
+/// Packed NVMe: the volume is one namespace on a pool controller shared
+/// with other volumes.
+#[derive(Debug, Default)]
+pub(crate) struct Packed {
+    packing: Packing,
+}
+
+#[async_trait::async_trait]
+impl Exposure for Packed {
+    fn emulation(&self) -> Emulation {
+        Emulation::Nvme
+    }
+
+    fn packed(&self) -> bool {
+        true
+    }
+
+    /// A stage picks its slot from the pools SNAP lists.
+    fn reads_first(&self) -> bool {
+        true
+    }
+
+    async fn find<'a>(
+        &'a self,
+        snap: &'a SnapEndpoint,
+        names: &'a VolumeNames,
+        read: Read,
+        deadline: Instant,
+    ) -> Result<Box<dyn Found + 'a>, DpuError> {
+        let listing = match read {
+            Read::Skip => None,
+            Read::ToPlace(since) => Some(snap.list_subsystems(since, deadline).await?),
+            Read::ToRelease(since) => {
+                let listing = snap.list_subsystems(since, deadline).await?;
+                Some(Arc::new(pools_of(&listing, names)))
+            }
+        };
+        Ok(Box::new(Held {
+            snap,
+            packing: &self.packing,
+            names,
+            listing,
+        }))
+    }
+}
+
+/// The pools as read for the volume (all of them to place it, only its own
+/// to release it); `None`: not read.
+struct Held<'a> {
+    snap: &'a SnapEndpoint,
+    packing: &'a Packing,
+    names: &'a VolumeNames,
+    listing: Option<Arc<SubsystemListing>>,
+}
+
+#[async_trait::async_trait]
+impl Found for Held<'_> {
+    fn holds(&self) -> bool {
+        self.listing
+            .as_deref()
+            .is_some_and(|listing| !namespaces_of(listing, &self.names.namespace_uuid).is_empty())
+    }
+
+    fn bdevs(&self) -> Vec<&str> {
+        self.listing
+            .as_deref()
+            .map(|listing| bdevs(listing, self.names))
+            .unwrap_or_default()
+    }
+
+    /// A volume an earlier stage packed continues in its pool under any
+    /// placement asked for now; a pool built meanwhile gets the requested
+    /// size, or the default one.
+    async fn expose(
+        self: Box<Self>,
+        placement: Placement,
+        bdev: &str,
+        functions: Arc<FunctionListing>,
+        deadline: Instant,
+    ) -> Result<HostLocator, DpuError> {
+        let per_controller = match placement {
+            Placement::Packed {
+                namespaces_per_controller,
+            } => namespaces_per_controller,
+            Placement::Dedicated => DEFAULT_NAMESPACES_PER_CONTROLLER,
+        };
+        let listing = match self.listing {
+            Some(listing) => listing,
+            None => self.snap.list_subsystems(Instant::now(), deadline).await?,
+        };
+        expose(
+            self.snap,
+            self.packing,
+            self.names,
+            bdev,
+            per_controller,
+            listing,
+            functions,
+            deadline,
+        )
+        .await
+    }
+
+    async fn release(&self, deadline: Instant) -> Result<(), DpuError> {
+        match &self.listing {
+            Some(listing) => release(self.snap, listing, self.names, deadline).await,
+            None => Ok(()),
+        }
+    }
+}
+
 /// What this process knows beyond SNAP's listing: the slots it has just
 /// claimed, and the pools a stage here is building.
 #[derive(Debug, Default)]
-pub(crate) struct Packing {
+struct Packing {
     /// (pool k, NSID) of namespaces being created here.
     slots: Claims<(u32, u32)>,
     /// Pool k -> held by the stage building it; others wait on it.
@@ -209,7 +321,7 @@ enum Pass {
 /// Exposes `device` as one namespace on a pool and returns where the host
 /// finds it. `listing` and `functions` were read with the plugin's CreateDevice.
 #[allow(clippy::too_many_arguments)]
-pub(crate) async fn expose(
+async fn expose(
     snap: &SnapEndpoint,
     packing: &Packing,
     names: &VolumeNames,
@@ -427,7 +539,7 @@ impl Stage<'_> {
                 let what = format!("creating the controller of pool {nqn}");
                 let (ctrl_id, bdf) = snap
                     .create_on_free_function(
-                        EmulationType::Nvme,
+                        Emulation::Nvme,
                         functions.clone(),
                         &what,
                         deadline,
@@ -510,7 +622,7 @@ impl Stage<'_> {
         functions: &mut Arc<FunctionListing>,
     ) -> Result<String, DpuError> {
         let find = |f: &FunctionListing| {
-            f.bdf_of(EmulationType::Nvme, &controller.ctrl_id, controller.vhca_id)
+            f.bdf_of(Emulation::Nvme, &controller.ctrl_id, controller.vhca_id)
         };
         if let Some(bdf) = find(functions) {
             return Ok(bdf);
@@ -560,13 +672,8 @@ impl Drop for Built<'_> {
     }
 }
 
-/// Whether the volume has a namespace in a pool.
-pub(crate) fn holds(listing: &SubsystemListing, names: &VolumeNames) -> bool {
-    !namespaces_of(listing, &names.namespace_uuid).is_empty()
-}
-
 /// The bdevs of the volume's packed namespaces, read before they go.
-pub(crate) fn bdevs<'a>(listing: &'a SubsystemListing, names: &VolumeNames) -> Vec<&'a str> {
+fn bdevs<'a>(listing: &'a SubsystemListing, names: &VolumeNames) -> Vec<&'a str> {
     namespaces_of(listing, &names.namespace_uuid)
         .into_iter()
         .map(|(_, n)| n.bdev.as_str())
@@ -574,7 +681,7 @@ pub(crate) fn bdevs<'a>(listing: &'a SubsystemListing, names: &VolumeNames) -> V
 }
 
 /// The pools holding the volume's namespaces, alone.
-pub(crate) fn pools_of(listing: &SubsystemListing, names: &VolumeNames) -> SubsystemListing {
+fn pools_of(listing: &SubsystemListing, names: &VolumeNames) -> SubsystemListing {
     let mine = namespaces_of(listing, &names.namespace_uuid);
     SubsystemListing {
         subsystems: listing
@@ -589,7 +696,7 @@ pub(crate) fn pools_of(listing: &SubsystemListing, names: &VolumeNames) -> Subsy
 
 /// Takes the volume's namespaces out of their pools (normally one), each
 /// step skipped when already done; the pools and their controllers stay.
-pub(crate) async fn release(
+async fn release(
     snap: &SnapEndpoint,
     listing: &SubsystemListing,
     names: &VolumeNames,

@@ -1,24 +1,107 @@
-//! Exposing a bdev as a virtio-blk disk: one controller per volume on a free
-//! function, recognised by its serial (`vblk_id`), which is derived from the
-//! volume id and is what the host reads from `/sys/block/vdX/serial`.
+//! [`VirtioBlk`]: exposing a bdev as a virtio-blk disk: one controller per
+//! volume on a free function, recognised by its serial (`vblk_id`), which is
+//! derived from the volume id and is what the host reads from
+//! `/sys/block/vdX/serial`.
+
+use std::sync::Arc;
 
 use futures::future::try_join_all;
 use tokio::time::Instant;
 
 use super::endpoint::SnapEndpoint;
-use std::sync::Arc;
-
+use super::exposure::{Exposure, Found, Read};
 use super::functions::FunctionListing;
 use super::names::VolumeNames;
-use super::{DpuError, HostLocator};
+use super::{DpuError, Emulation, HostLocator, Placement};
 use crate::jsonrpc::code;
 use crate::spdk::snap::{
-    EmulationType, VirtioBlkController, VirtioBlkControllerBdevAttach, VirtioBlkControllerCreate,
+    VirtioBlkController, VirtioBlkControllerBdevAttach, VirtioBlkControllerCreate,
     VirtioBlkControllerDestroy, VirtioBlkControllerList,
 };
 
+/// virtio-blk: a controller of its own per volume, serving its bdev.
+#[derive(Debug)]
+pub(crate) struct VirtioBlk;
+
+#[async_trait::async_trait]
+impl Exposure for VirtioBlk {
+    fn emulation(&self) -> Emulation {
+        Emulation::VirtioBlk
+    }
+
+    fn packed(&self) -> bool {
+        false
+    }
+
+    /// Nothing SNAP answers a controller's creation with says the volume has
+    /// one already: its controllers are read first.
+    fn reads_first(&self) -> bool {
+        true
+    }
+
+    async fn find<'a>(
+        &'a self,
+        snap: &'a SnapEndpoint,
+        names: &'a VolumeNames,
+        read: Read,
+        deadline: Instant,
+    ) -> Result<Box<dyn Found + 'a>, DpuError> {
+        let controllers = match read.since() {
+            Some(_) => Some(find(snap, &names.serial, deadline).await?),
+            None => None,
+        };
+        Ok(Box::new(Held {
+            snap,
+            names,
+            controllers,
+        }))
+    }
+}
+
+/// The volume's controllers as read; `None`: not read.
+struct Held<'a> {
+    snap: &'a SnapEndpoint,
+    names: &'a VolumeNames,
+    controllers: Option<Vec<VirtioBlkController>>,
+}
+
+impl Held<'_> {
+    fn controllers(&self) -> &[VirtioBlkController] {
+        self.controllers.as_deref().unwrap_or_default()
+    }
+}
+
+#[async_trait::async_trait]
+impl Found for Held<'_> {
+    fn holds(&self) -> bool {
+        !self.controllers().is_empty()
+    }
+
+    fn bdevs(&self) -> Vec<&str> {
+        self.controllers().iter().filter_map(bdev_of).collect()
+    }
+
+    async fn expose(
+        self: Box<Self>,
+        _placement: Placement,
+        bdev: &str,
+        functions: Arc<FunctionListing>,
+        deadline: Instant,
+    ) -> Result<HostLocator, DpuError> {
+        let found = match self.controllers {
+            Some(controllers) => controllers,
+            None => find(self.snap, &self.names.serial, deadline).await?,
+        };
+        expose(self.snap, self.names, bdev, found, functions, deadline).await
+    }
+
+    async fn release(&self, deadline: Instant) -> Result<(), DpuError> {
+        release(self.snap, self.controllers(), deadline).await
+    }
+}
+
 /// The volume's controllers (normally at most one), found by serial.
-pub(crate) async fn find(
+async fn find(
     snap: &SnapEndpoint,
     serial: &str,
     deadline: Instant,
@@ -41,7 +124,7 @@ pub(crate) fn bdev_of(controller: &VirtioBlkController) -> Option<&str> {
 
 /// Exposes `device` on the volume's controller, creating the controller on a
 /// free function if a previous attempt did not.
-pub(crate) async fn expose(
+async fn expose(
     snap: &SnapEndpoint,
     names: &VolumeNames,
     device: &str,
@@ -75,7 +158,7 @@ pub(crate) async fn expose(
             }
             functions
                 .bdf_of(
-                    EmulationType::VirtioBlk,
+                    Emulation::VirtioBlk,
                     &controller.ctrl_id,
                     controller.vhca_id,
                 )
@@ -92,7 +175,7 @@ pub(crate) async fn expose(
             let what = format!("creating a virtio-blk controller for serial {serial}");
             let (ctrl_id, bdf) = snap
                 .create_on_free_function(
-                    EmulationType::VirtioBlk,
+                    Emulation::VirtioBlk,
                     functions,
                     &what,
                     deadline,
@@ -120,7 +203,7 @@ pub(crate) async fn expose(
 
 /// Destroys the volume's controllers; `force` because they still serve the
 /// bdev (the host has let go of the disk by now).
-pub(crate) async fn release(
+async fn release(
     snap: &SnapEndpoint,
     controllers: &[VirtioBlkController],
     deadline: Instant,

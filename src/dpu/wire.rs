@@ -24,7 +24,10 @@ fn emulation(value: i32) -> Result<Emulation, String> {
     match api::Emulation::try_from(value) {
         Ok(api::Emulation::Nvme) => Ok(Emulation::Nvme),
         Ok(api::Emulation::VirtioBlk) => Ok(Emulation::VirtioBlk),
-        _ => Err(format!("emulation {value} is not NVMe or virtio-blk")),
+        _ => Err(format!(
+            "emulation {value} is not {}",
+            Emulation::listed(Emulation::ALL, Emulation::label)
+        )),
     }
 }
 

@@ -12,19 +12,18 @@
 //! virtio-blk functions 34 NVMe volumes. A node that mixes emulations or
 //! placements needs `--max-volumes-per-node`, which overrides the count.
 
-use super::config::{EmulationSetting, NodeConfig, PlacementSetting};
-use crate::dpu::{Emulation, Inventory};
+use super::config::{NodeConfig, PlacementSetting};
+use crate::dpu::Inventory;
 
 /// The limit to report for `config` on the DPU `inventory` describes.
 pub(super) fn max_volumes(config: &NodeConfig, inventory: &Inventory) -> i64 {
-    let emulation = Emulation::from(config.emulation);
     let functions = inventory
         .functions
         .iter()
-        .filter(|f| f.emulation == emulation)
+        .filter(|f| f.emulation == config.emulation)
         .count() as u64;
-    let per_function = match (config.emulation, config.placement) {
-        (EmulationSetting::Nvme, PlacementSetting::Packed) => inventory
+    let per_function = match config.placement {
+        PlacementSetting::Packed if config.emulation.packs() => inventory
             .pools
             .iter()
             .map(|p| p.capacity)
@@ -37,7 +36,7 @@ pub(super) fn max_volumes(config: &NodeConfig, inventory: &Inventory) -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dpu::{FunctionUse, PoolUse};
+    use crate::dpu::{Emulation, FunctionUse, PoolUse};
 
     fn inventory(nvme: usize, virtio: usize, pools: &[u32]) -> Inventory {
         let function = |emulation, i| FunctionUse {
@@ -72,7 +71,7 @@ mod tests {
         // The node that over-committed: 17 NVMe and 17 virtio-blk functions.
         let seen = inventory(17, 17, &[]);
         assert_eq!(max_volumes(&config, &seen), 17);
-        config.emulation = EmulationSetting::VirtioBlk;
+        config.emulation = Emulation::VirtioBlk;
         assert_eq!(max_volumes(&config, &seen), 17);
         config.placement = PlacementSetting::Packed;
         assert_eq!(
@@ -81,7 +80,7 @@ mod tests {
             "virtio-blk is never packed"
         );
 
-        config.emulation = EmulationSetting::Nvme;
+        config.emulation = Emulation::Nvme;
         config.namespaces_per_controller = 32;
         assert_eq!(max_volumes(&config, &seen), 17 * 32);
         assert_eq!(

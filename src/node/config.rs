@@ -36,7 +36,7 @@ pub struct NodeConfig {
     /// SNAP socket path for a provider name; `{provider}` is replaced.
     pub snap_socket_template: String,
     /// How volumes are exposed unless the volume context says otherwise.
-    pub emulation: EmulationSetting,
+    pub emulation: Emulation,
     /// How NVMe volumes are placed unless the volume context says otherwise
     /// (virtio-blk volumes are always dedicated).
     pub placement: PlacementSetting,
@@ -70,23 +70,10 @@ pub struct NodeConfig {
     pub unstage_orphans: bool,
 }
 
-/// `nvme` or `virtio-blk` in files, flags and volume contexts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum EmulationSetting {
-    Nvme,
-    VirtioBlk,
-}
-
-impl EmulationSetting {
-    pub fn parse(value: &str) -> Option<EmulationSetting> {
-        match value {
-            "nvme" => Some(EmulationSetting::Nvme),
-            "virtio-blk" => Some(EmulationSetting::VirtioBlk),
-            _ => None,
-        }
-    }
-}
+/// The node's emulation setting is the DPU side's [`Emulation`], which
+/// names itself in files, flags and volume contexts (the node's suites
+/// know it by this name).
+pub use crate::dpu::Emulation as EmulationSetting;
 
 /// `dedicated` or `packed` in files, flags and volume contexts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -121,15 +108,6 @@ impl PlacementSetting {
 /// one gets. A SNAP that allows fewer lists less, and NodeGetInfo counts that.
 pub const MAX_NAMESPACES_PER_CONTROLLER: u32 = 1024;
 
-impl From<EmulationSetting> for Emulation {
-    fn from(value: EmulationSetting) -> Self {
-        match value {
-            EmulationSetting::Nvme => Emulation::Nvme,
-            EmulationSetting::VirtioBlk => Emulation::VirtioBlk,
-        }
-    }
-}
-
 impl Default for NodeConfig {
     fn default() -> Self {
         NodeConfig {
@@ -141,7 +119,7 @@ impl Default for NodeConfig {
             sysfs_root: "/sys".into(),
             plugin_socket: "/var/lib/nvidia/storage/snap/plugins/spdk/dpu.sock".into(),
             snap_socket_template: DEFAULT_SNAP_SOCKET_TEMPLATE.into(),
-            emulation: EmulationSetting::Nvme,
+            emulation: Emulation::Nvme,
             placement: PlacementSetting::Dedicated,
             namespaces_per_controller: crate::dpu::DEFAULT_NAMESPACES_PER_CONTROLLER,
             max_volumes_per_node: None,
@@ -227,7 +205,7 @@ pub struct NodeArgs {
     #[arg(long, env = "SNAP_CSI_SNAP_SOCKET_TEMPLATE")]
     pub snap_socket_template: Option<String>,
     /// Default emulation: nvme or virtio-blk.
-    #[arg(long, env = "SNAP_CSI_EMULATION", value_parser = ["nvme", "virtio-blk"])]
+    #[arg(long, env = "SNAP_CSI_EMULATION", value_parser = Emulation::ALL.map(Emulation::name))]
     pub emulation: Option<String>,
     /// Default placement of NVMe volumes: dedicated (a function each) or packed (namespaces on shared pool controllers).
     #[arg(long, env = "SNAP_CSI_PLACEMENT", value_parser = ["dedicated", "packed"])]
@@ -300,7 +278,7 @@ impl NodeArgs {
         }
         resolved.dpu_link().map_err(config::ConfigError::Message)?;
         if let Some(value) = &self.emulation {
-            resolved.emulation = EmulationSetting::parse(value).ok_or_else(|| {
+            resolved.emulation = Emulation::parse(value).ok_or_else(|| {
                 config::ConfigError::Message(format!("unknown emulation {value}"))
             })?;
         }
@@ -341,7 +319,7 @@ mod tests {
         let config = args.resolve().unwrap();
         assert_eq!(config.driver_name, "from.file");
         assert_eq!(config.node_id, "flag-node");
-        assert_eq!(config.emulation, EmulationSetting::VirtioBlk);
+        assert_eq!(config.emulation, Emulation::VirtioBlk);
         assert_eq!(config.device_wait, Duration::from_millis(2500));
         assert_eq!(config.kubelet_dir, PathBuf::from("/var/lib/kubelet"));
         assert_eq!(

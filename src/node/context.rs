@@ -6,10 +6,10 @@ use std::collections::HashMap;
 
 use tonic::Status;
 
-use super::config::{EmulationSetting, NodeConfig, PlacementSetting};
-use crate::dpu::HostLocator;
+use super::config::{NodeConfig, PlacementSetting};
+use crate::dpu::{Emulation, HostLocator};
 
-/// Volume context key choosing the emulation (`nvme` or `virtio-blk`).
+/// Volume context key choosing the emulation ([`Emulation::name`]).
 pub const EMULATION_KEY: &str = "snap-csi.io/emulation";
 /// Volume context key choosing the placement (`dedicated` or `packed`).
 pub const PLACEMENT_KEY: &str = "snap-csi.io/placement";
@@ -32,12 +32,11 @@ pub(super) const METADATA_LABELS: [(&str, &str); 3] = [
 pub(super) fn emulation_and_placement(
     volume_context: &HashMap<String, String>,
     config: &NodeConfig,
-) -> Result<(EmulationSetting, PlacementSetting), Status> {
+) -> Result<(Emulation, PlacementSetting), Status> {
     let emulation = match volume_context.get(EMULATION_KEY) {
-        Some(value) => EmulationSetting::parse(value).ok_or_else(|| {
-            Status::invalid_argument(format!(
-                "{EMULATION_KEY} must be nvme or virtio-blk, not {value:?}"
-            ))
+        Some(value) => Emulation::parse(value).ok_or_else(|| {
+            let names = Emulation::listed(Emulation::ALL, Emulation::name);
+            Status::invalid_argument(format!("{EMULATION_KEY} must be {names}, not {value:?}"))
         })?,
         None => config.emulation,
     };
@@ -47,14 +46,18 @@ pub(super) fn emulation_and_placement(
                 "{PLACEMENT_KEY} must be dedicated or packed, not {value:?}"
             ))
         })?,
-        // The node's default is for NVMe volumes; virtio-blk has only one.
-        None if emulation == EmulationSetting::VirtioBlk => PlacementSetting::Dedicated,
+        // The node's default is for emulations that pack; the others have
+        // only one.
+        None if !emulation.packs() => PlacementSetting::Dedicated,
         None => config.placement,
     };
-    if placement == PlacementSetting::Packed && emulation == EmulationSetting::VirtioBlk {
+    if placement == PlacementSetting::Packed && !emulation.packs() {
         return Err(Status::invalid_argument(format!(
-            "{PLACEMENT_KEY} packed needs NVMe: a virtio-blk function carries one disk \
-             (set {EMULATION_KEY}: nvme, or {PLACEMENT_KEY}: dedicated)"
+            "{PLACEMENT_KEY} packed needs {}: a {} function carries one disk \
+             (set {EMULATION_KEY}: {}, or {PLACEMENT_KEY}: dedicated)",
+            Emulation::listed(Emulation::packing(), Emulation::label),
+            emulation.label(),
+            Emulation::listed(Emulation::packing(), Emulation::name),
         )));
     }
     Ok((emulation, placement))

@@ -241,20 +241,9 @@ impl NodeService {
         };
         Err(Status::failed_precondition(format!(
             "volume {volume_id}: the staging mount at {} is on device {major}:{minor}, {now}; \
-             the volume's device ({}) {volume}. Unstage the volume and stage it again",
+             the volume's device ({locator}) {volume}. Unstage the volume and stage it again",
             staging.display(),
-            describe_locator(locator),
         )))
-    }
-}
-
-fn describe_locator(locator: &HostLocator) -> String {
-    match locator {
-        HostLocator::Nvme { bdf, nsid, uuid } => format!(
-            "function {bdf}, NSID {nsid}, UUID {}",
-            uuid.as_deref().unwrap_or("not checked")
-        ),
-        HostLocator::VirtioBlk { bdf, serial } => format!("function {bdf}, serial {serial:?}"),
     }
 }
 

@@ -163,15 +163,9 @@ impl NodeService {
 
     /// The host device at `locator`, if sysfs shows it now.
     pub(super) fn find_device(&self, locator: &HostLocator) -> Result<Option<BlockDevice>, Status> {
-        match locator {
-            HostLocator::Nvme { bdf, nsid, uuid } => {
-                self.inner
-                    .sysfs
-                    .find_nvme_namespace(bdf, *nsid, uuid.as_deref())
-            }
-            HostLocator::VirtioBlk { bdf, serial } => self.inner.sysfs.find_virtio_blk(bdf, serial),
-        }
-        .map_err(|e| Status::internal(format!("looking for the host device: {e}")))
+        locator
+            .find(&self.inner.sysfs)
+            .map_err(|e| Status::internal(format!("looking for the host device: {e}")))
     }
 
     /// Waits (polling, with the deadline) until sysfs shows the device.
@@ -235,7 +229,7 @@ impl NodeService {
             publish_context: stage.publish_context.clone(),
             volume_context: stage.volume_context.clone(),
             storage_parameters: stage.volume_context.clone(),
-            emulation: emulation.into(),
+            emulation,
             placement: placement.with(self.inner.config.namespaces_per_controller),
             attached_before,
             secrets: stage.secrets.clone(),

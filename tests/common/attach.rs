@@ -110,15 +110,7 @@ impl Stack {
 
     /// The host's block device for a locator, if it sees one.
     pub fn host_device(&self, locator: &HostLocator) -> Option<snap_csi::host::BlockDevice> {
-        match locator {
-            HostLocator::Nvme { bdf, nsid, uuid } => self
-                .sysfs
-                .find_nvme_namespace(bdf, *nsid, uuid.as_deref())
-                .unwrap(),
-            HostLocator::VirtioBlk { bdf, serial } => {
-                self.sysfs.find_virtio_blk(bdf, serial).unwrap()
-            }
-        }
+        locator.find(&self.sysfs).unwrap()
     }
 
     /// Waits for the host to discover the disk, as the node does.

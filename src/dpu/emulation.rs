@@ -1,0 +1,132 @@
+//! The emulations, each described once: how files, flags and volume
+//! contexts name it, how messages name it, which kind of SNAP function it
+//! runs on, and whether several volumes can share one of its functions.
+//! Every `match` over [`Emulation`] that says something about an emulation
+//! is here or at a boundary that must spell it (the agent API in `wire.rs`),
+//! so the compiler lists them all when one is added.
+
+use crate::spdk::snap::EmulationType;
+
+/// How SNAP presents a volume to the host; `nvme` or `virtio-blk` in files,
+/// flags and volume contexts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Deserialize)]
+#[serde(try_from = "String")]
+pub enum Emulation {
+    Nvme,
+    VirtioBlk,
+}
+
+impl Emulation {
+    /// Every emulation, in the order messages list them.
+    pub const ALL: [Emulation; 2] = [Emulation::Nvme, Emulation::VirtioBlk];
+
+    /// Its name in files, flags and volume contexts.
+    pub fn name(self) -> &'static str {
+        match self {
+            Emulation::Nvme => "nvme",
+            Emulation::VirtioBlk => "virtio-blk",
+        }
+    }
+
+    /// How messages and logs name it.
+    pub fn label(self) -> &'static str {
+        match self {
+            Emulation::Nvme => "NVMe",
+            Emulation::VirtioBlk => "virtio-blk",
+        }
+    }
+
+    /// The kind of emulated function SNAP runs it on.
+    pub fn function_kind(self) -> EmulationType {
+        match self {
+            Emulation::Nvme => EmulationType::Nvme,
+            Emulation::VirtioBlk => EmulationType::VirtioBlk,
+        }
+    }
+
+    /// Whether one function can carry several volumes (the packed
+    /// placement): NVMe's namespaces. A virtio-blk function carries one disk.
+    pub fn packs(self) -> bool {
+        match self {
+            Emulation::Nvme => true,
+            Emulation::VirtioBlk => false,
+        }
+    }
+
+    /// The emulation [`Emulation::name`] names.
+    pub fn parse(value: &str) -> Option<Emulation> {
+        Emulation::ALL.into_iter().find(|e| e.name() == value)
+    }
+
+    /// The emulations that pack.
+    pub fn packing() -> impl Iterator<Item = Emulation> {
+        Emulation::ALL.into_iter().filter(|e| e.packs())
+    }
+
+    /// `what` of each of `emulations` as a message lists choices:
+    /// `listed(Emulation::ALL, Emulation::name)` is "nvme or virtio-blk".
+    pub fn listed(
+        emulations: impl IntoIterator<Item = Emulation>,
+        what: fn(Emulation) -> &'static str,
+    ) -> String {
+        let items: Vec<&str> = emulations.into_iter().map(what).collect();
+        match items.split_last() {
+            Some((last, [])) => last.to_string(),
+            Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+            None => String::new(),
+        }
+    }
+}
+
+/// The emulation running on functions of `kind`.
+impl From<EmulationType> for Emulation {
+    fn from(kind: EmulationType) -> Self {
+        match kind {
+            EmulationType::Nvme => Emulation::Nvme,
+            EmulationType::VirtioBlk => Emulation::VirtioBlk,
+        }
+    }
+}
+
+impl TryFrom<String> for Emulation {
+    type Error = String;
+
+    fn try_from(value: String) -> Result<Self, String> {
+        Emulation::parse(&value).ok_or_else(|| {
+            let names = Emulation::listed(Emulation::ALL, Emulation::name);
+            format!("emulation must be {names}, not {value:?}")
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_emulation_is_named_once_and_parsed_back() {
+        for emulation in Emulation::ALL {
+            assert_eq!(Emulation::parse(emulation.name()), Some(emulation));
+            assert_eq!(Emulation::from(emulation.function_kind()), emulation);
+            let json = serde_json::Value::String(emulation.name().into());
+            assert_eq!(
+                serde_json::from_value::<Emulation>(json).unwrap(),
+                emulation
+            );
+        }
+        assert_eq!(Emulation::parse("NVMe"), None);
+        assert_eq!(
+            Emulation::listed(Emulation::ALL, Emulation::name),
+            "nvme or virtio-blk"
+        );
+        assert_eq!(
+            Emulation::listed(Emulation::packing(), Emulation::label),
+            "NVMe"
+        );
+        let refused = serde_json::from_value::<Emulation>("scsi".into()).unwrap_err();
+        assert!(
+            refused.to_string().contains("must be nvme or virtio-blk"),
+            "{refused}"
+        );
+    }
+}

@@ -1,0 +1,91 @@
+//! [`HostLocator`]: where the host finds a volume the DPU exposed, one
+//! variant per emulation. It knows how to find itself in sysfs and how to
+//! describe itself in a message, so the node asks it rather than matching
+//! on emulations. It crosses the DPU agent link (`dpu/wire.rs`) and is kept
+//! in the node's per-volume records as JSON (`{"kind": "nvme", ...}`): a new
+//! variant is a new `kind`, and the existing ones keep their fields.
+
+use super::{BlockDevice, HostError, Sysfs};
+
+/// Where the host finds the attached volume: a function and the identity
+/// of the volume's disk on it, never a kernel name.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum HostLocator {
+    Nvme {
+        /// Host PCI address, without domain (`"26:00.1"`).
+        bdf: String,
+        nsid: u32,
+        /// Namespace UUID when known (verifies a reused function).
+        uuid: Option<String>,
+    },
+    VirtioBlk {
+        bdf: String,
+        serial: String,
+    },
+}
+
+impl HostLocator {
+    /// The volume's device, if the host shows it ready now.
+    pub fn find(&self, sysfs: &Sysfs) -> Result<Option<BlockDevice>, HostError> {
+        match self {
+            HostLocator::Nvme { bdf, nsid, uuid } => {
+                sysfs.find_nvme_namespace(bdf, *nsid, uuid.as_deref())
+            }
+            HostLocator::VirtioBlk { bdf, serial } => sysfs.find_virtio_blk(bdf, serial),
+        }
+    }
+}
+
+/// The function and the identity the host checks, for messages.
+impl std::fmt::Display for HostLocator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            HostLocator::Nvme { bdf, nsid, uuid } => write!(
+                f,
+                "function {bdf}, NSID {nsid}, UUID {}",
+                uuid.as_deref().unwrap_or("not checked")
+            ),
+            HostLocator::VirtioBlk { bdf, serial } => {
+                write!(f, "function {bdf}, serial {serial:?}")
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_of_every_kind_keep_their_json() {
+        // Records written by earlier nodes hold exactly these.
+        let nvme: HostLocator = serde_json::from_str(
+            r#"{"kind":"nvme","bdf":"26:00.1","nsid":1,"uuid":"6aaea650-8ef7-5653-a05a-0aea9d997ec8"}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            nvme.to_string(),
+            "function 26:00.1, NSID 1, UUID 6aaea650-8ef7-5653-a05a-0aea9d997ec8"
+        );
+        let unchecked: HostLocator =
+            serde_json::from_str(r#"{"kind":"nvme","bdf":"26:00.1","nsid":2,"uuid":null}"#)
+                .unwrap();
+        assert_eq!(
+            unchecked.to_string(),
+            "function 26:00.1, NSID 2, UUID not checked"
+        );
+        let virtio: HostLocator = serde_json::from_str(
+            r#"{"kind":"virtio_blk","bdf":"27:00.2","serial":"sc-6aaea6508ef75653a"}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            virtio.to_string(),
+            "function 27:00.2, serial \"sc-6aaea6508ef75653a\""
+        );
+        for locator in [nvme, unchecked, virtio] {
+            let json = serde_json::to_string(&locator).unwrap();
+            assert_eq!(serde_json::from_str::<HostLocator>(&json).unwrap(), locator);
+        }
+    }
+}
