@@ -5,5 +5,6 @@
 //! when it unstages).
 
 pub mod csi;
+pub mod kills;
 pub mod kubelet;
 pub mod stack;
