@@ -219,26 +219,13 @@ async fn one_round(
         length.as_secs()
     );
     let before = tally.totals();
-    let options = StackOptions {
-        poll_period_us: configuration.poll_period_us,
-        nvme_functions: None,
-        split: configuration.split,
-        supervise: true,
-        namespaces_per_controller: Some(args.namespaces_per_controller),
-        data_path: None,
-    };
-    let stack_dir = std::env::temp_dir().join(format!("snap-csi-chaos-{seed}-{name}"));
-    let stack = Stack::start(
-        &name,
-        &args.local_up,
-        &args.profile,
-        stack_dir,
-        logs,
-        &options,
+    let (stack, clients) = start_stack(
+        args,
+        (seed, logs, &name),
+        configuration.poll_period_us,
+        configuration.split,
     )
     .await?;
-    let mut clients = Clients::connect(&stack.controller, &stack.node).await?;
-    clients.deadline = args.call_deadline;
     let stop = Arc::new(AtomicBool::new(false));
     let workers: Vec<_> = (0..args.volumes)
         .map(|id| {
@@ -311,6 +298,37 @@ async fn one_round(
         eprintln!("chaos: {name}:   {what}: {count}{first}");
     }
     Ok(())
+}
+
+/// A fresh supervised stack named `name` (SNAP polling every
+/// `poll_period_us`; `split`: split mode), and its clients.
+pub(crate) async fn start_stack(
+    args: &Args,
+    (seed, logs, name): (u64, &Path, &str),
+    poll_period_us: u64,
+    split: bool,
+) -> anyhow::Result<(Stack, Clients)> {
+    let options = StackOptions {
+        poll_period_us,
+        nvme_functions: None,
+        split,
+        supervise: true,
+        namespaces_per_controller: Some(args.namespaces_per_controller),
+        data_path: None,
+    };
+    let stack_dir = std::env::temp_dir().join(format!("snap-csi-chaos-{seed}-{name}"));
+    let stack = Stack::start(
+        name,
+        &args.local_up,
+        &args.profile,
+        stack_dir,
+        logs,
+        &options,
+    )
+    .await?;
+    let mut clients = Clients::connect(&stack.controller, &stack.node).await?;
+    clients.deadline = args.call_deadline;
+    Ok((stack, clients))
 }
 
 /// The stack's own logs (local-up removes them with its directory), before

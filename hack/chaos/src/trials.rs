@@ -28,10 +28,9 @@ use std::time::Duration;
 use anyhow::Context;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
-use snap_csi_harness::csi::Clients;
 use snap_csi_harness::kills::{Cells, Landed, Switch, Verdict};
 use snap_csi_harness::kubelet::{Backoff, Call};
-use snap_csi_harness::stack::{Stack, StackOptions, read_pid};
+use snap_csi_harness::stack::read_pid;
 use tokio::time::Instant;
 
 use crate::Args;
@@ -194,26 +193,7 @@ pub async fn run(
 ) -> anyhow::Result<Cells> {
     let name = format!("kills-{}", if split { "split" } else { "colocated" });
     eprintln!("chaos: {name}: {} kill trials", args.kill_trials);
-    let options = StackOptions {
-        poll_period_us: 0,
-        nvme_functions: None,
-        split,
-        supervise: true,
-        namespaces_per_controller: Some(args.namespaces_per_controller),
-        data_path: None,
-    };
-    let stack_dir = std::env::temp_dir().join(format!("snap-csi-chaos-{seed}-{name}"));
-    let stack = Stack::start(
-        &name,
-        &args.local_up,
-        &args.profile,
-        stack_dir,
-        logs,
-        &options,
-    )
-    .await?;
-    let mut clients = Clients::connect(&stack.controller, &stack.node).await?;
-    clients.deadline = args.call_deadline;
+    let (stack, clients) = crate::start_stack(args, (seed, logs, &name), 0, split).await?;
     let switch = Arc::new(KillSwitch::new(stack.dir.clone()));
     let stream = if split { 2_000_000 } else { 1_000_000 };
     let mut rng = Rng::fork(seed, stream);
