@@ -46,7 +46,9 @@
 # kubelet restarts a crashed container: same command line, a short pause) and
 # keeps the pid of each one running now in DIR/pids/NAME (NAME: target, snap,
 # plugin, controller, agent, node), so that a chaos run can kill any of them;
-# its log gains a line per restart.
+# its log gains a line per restart. The pause before a restart is 0.2 s, or
+# the seconds in DIR/pids/NAME.restart-delay when that file exists (read at
+# each restart).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
@@ -140,7 +142,7 @@ start() {
 # supervised NAME COMMAND...: runs COMMAND again whenever it exits, its pid in
 # pids/NAME, until SIGTERM, which it passes on to COMMAND and waits for.
 supervised() {
-  local name=$1 child= stopping=0
+  local name=$1 child= stopping=0 pause
   shift
   mkdir -p "$dir/pids"
   trap 'stopping=1; [ -n "$child" ] && kill -TERM "$child" 2>/dev/null' TERM
@@ -153,8 +155,12 @@ supervised() {
     # A trapped signal ends wait early: wait again until the child is gone.
     while kill -0 "$child" 2>/dev/null; do wait "$child" || true; done
     ((stopping)) && exit 0
-    echo "local-up: $name exited; restarting it" >>"$dir/logs/$name.log"
-    sleep 0.2
+    # The pause before the restart: 0.2 s, or what pids/NAME.restart-delay
+    # says (seconds; a chaos run varies when a successor arrives).
+    pause=0.2
+    [ -f "$dir/pids/$name.restart-delay" ] && pause=$(<"$dir/pids/$name.restart-delay")
+    echo "local-up: $name exited; restarting it in $pause s" >>"$dir/logs/$name.log"
+    sleep "$pause"
   done
 }
 

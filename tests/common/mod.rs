@@ -10,8 +10,15 @@
 
 pub mod attach;
 pub mod broken_plugin;
+pub mod crash;
 pub mod csi_v1_11;
 pub mod dpu;
+// kubelet's rules and the kills at random instants, shared with the chaos
+// soak (`hack/harness`).
+#[path = "../../hack/harness/src/kills.rs"]
+pub mod kills;
+#[path = "../../hack/harness/src/kubelet.rs"]
+pub mod kubelet;
 pub mod node;
 pub mod pki;
 pub mod plugin;

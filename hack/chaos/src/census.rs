@@ -167,6 +167,28 @@ pub async fn census(stack: &Stack, clients: &Clients, max_pools: usize) -> anyho
     Ok(Found { leaks: left, kept })
 }
 
+/// The census once every process answers: a process killed last may still
+/// be starting, so it is asked again, once a second, up to 30 times.
+pub async fn when_quiet(
+    stack: &Stack,
+    clients: &Clients,
+    max_pools: usize,
+    name: &str,
+) -> anyhow::Result<Found> {
+    let mut asked = 0;
+    loop {
+        asked += 1;
+        match census(stack, clients, max_pools).await {
+            Ok(found) => return Ok(found),
+            Err(error) if asked < 30 => {
+                eprintln!("chaos: {name}: census: {error:#}; asking again");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            Err(error) => return Err(error.context("the census")),
+        }
+    }
+}
+
 /// SNAP's NVMe subsystems and controllers with every volume gone. A
 /// dedicated volume's subsystem and controller are leaks. A pool subsystem
 /// and its controllers are kept on purpose (the next packed volume attaches

@@ -99,37 +99,10 @@ impl Injector<'_> {
         let pid = self.stack.pid(victim)?;
         kill(pid, Signal::SIGKILL).with_context(|| format!("SIGKILL to {victim} ({pid})"))?;
         self.tally.fault(&format!("kill {victim}"));
-        let socket = match victim {
-            "node" => Some(self.stack.node_socket()),
-            "plugin" => Some(self.stack.plugin_socket()),
-            "controller" => Some(self.stack.controller_socket()),
-            "snap" => Some(self.stack.snap_socket()),
-            _ => None,
-        };
-        let started = Instant::now();
-        loop {
-            let successor = self.stack.pid(victim).ok().filter(|&p| p != pid);
-            let alive = successor.is_some_and(|p| kill(p, None).is_ok());
-            let answers = match &socket {
-                Some(path) => UnixStream::connect(path).await.is_ok(),
-                None => true,
-            };
-            if alive && answers {
-                return Ok(());
-            }
-            if started.elapsed() > RESTART_BUDGET {
-                let log = self.stack.dir.join("logs").join(format!("{victim}.log"));
-                let tail = std::fs::read_to_string(&log).unwrap_or_default();
-                let tail: Vec<&str> = tail.lines().rev().take(15).collect();
-                self.tally.stuck(format!(
-                    "{victim} did not come back within {RESTART_BUDGET:?} of its SIGKILL \
-                     (successor {successor:?}, alive {alive}, answering {answers}); its log ends:\n{}",
-                    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-                ));
-                return Ok(());
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+        if let Err(why) = successor(self.stack, victim, pid).await {
+            self.tally.stuck(why);
         }
+        Ok(())
     }
 
     async fn stall_snap(&mut self) -> anyhow::Result<()> {
@@ -228,6 +201,43 @@ impl Injector<'_> {
             .context("removing the squatters' subsystem")?;
         }
         Ok(())
+    }
+}
+
+/// Waits until the process local-up `--supervise` started after `victim`'s
+/// `pid` runs and answers on its socket; says why not when it has not
+/// within [`RESTART_BUDGET`].
+pub async fn successor(stack: &Stack, victim: &str, pid: Pid) -> Result<(), String> {
+    let socket = match victim {
+        "node" => Some(stack.node_socket()),
+        "plugin" => Some(stack.plugin_socket()),
+        "controller" => Some(stack.controller_socket()),
+        "snap" => Some(stack.snap_socket()),
+        "target" => Some(stack.target_socket()),
+        _ => None,
+    };
+    let started = Instant::now();
+    loop {
+        let successor = stack.pid(victim).ok().filter(|&p| p != pid);
+        let alive = successor.is_some_and(|p| kill(p, None).is_ok());
+        let answers = match &socket {
+            Some(path) => UnixStream::connect(path).await.is_ok(),
+            None => true,
+        };
+        if alive && answers {
+            return Ok(());
+        }
+        if started.elapsed() > RESTART_BUDGET {
+            let log = stack.dir.join("logs").join(format!("{victim}.log"));
+            let tail = std::fs::read_to_string(&log).unwrap_or_default();
+            let tail: Vec<&str> = tail.lines().rev().take(15).collect();
+            return Err(format!(
+                "{victim} did not come back within {RESTART_BUDGET:?} of its SIGKILL \
+                 (successor {successor:?}, alive {alive}, answering {answers}); its log ends:\n{}",
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 

@@ -1,10 +1,18 @@
 //! One worker: volume after volume through a random life, playing
-//! external-provisioner and kubelet. Like kubelet, every failed call is
-//! retried (with backoff) until it succeeds; one that has not succeeded
-//! within [`BUDGET`] is a failure, reported with its last error, and the
-//! volume is still torn down. Unpublish and unstage are followed by a look
-//! at the mount table (an OK that left the mount behind is a leak), and
-//! every restage by reading the volume's pattern back.
+//! external-provisioner (every failed CreateVolume and DeleteVolume tried
+//! again, with backoff, until it succeeds or [`BUDGET`] has passed) and
+//! kubelet by kubelet's rules (`snap_csi_harness::kubelet`): a pod starts
+//! (stage, publish) and goes (unpublish, unstage), each failed call tried
+//! again or not, and NodeUnstageVolume made only when kubelet would make it.
+//! A call kubelet would go on making for ever (still failing after
+//! [`BUDGET`]) makes the volume stuck: reported with its last answer and
+//! kubelet's view of the volume, the pod then goes as kubelet lets it, and
+//! only after that does an operator clean up by hand (NodeUnpublish and
+//! NodeUnstage until they succeed), so that the rest of the round and its
+//! census are about the next volumes. Unpublish and unstage are followed by
+//! a look at the mount table (an OK that left the mount behind is a leak),
+//! and every restage by reading the volume's pattern back. A kill trial's
+//! worker also kills a process inside one step ([`KillSwitch`]).
 
 use std::future::Future;
 use std::path::Path;
@@ -15,16 +23,24 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use snap_csi_harness::csi::{Clients, Kind, Volume, parameters};
+use snap_csi_harness::kubelet::{self, Backoff, Call, Failure};
 
 use crate::data::{Pattern, Verdict};
 use crate::rng::Rng;
 use crate::tally::Tally;
+use crate::trials::KillSwitch;
 
 /// How long a call may keep failing before it counts as not converging.
 pub const BUDGET: Duration = Duration::from_secs(60);
-/// The longest pause between two attempts (kubelet's backoff grows further;
-/// a short cap finds a convergence sooner).
-const MAX_PAUSE: Duration = Duration::from_secs(2);
+/// kubelet's retries at a quicker pace than its own (500 ms doubling to
+/// 2 min 2 s): a short cap finds a convergence sooner.
+pub const BACKOFF: Backoff = Backoff {
+    first: Duration::from_millis(100),
+    max: Duration::from_secs(2),
+    patience: BUDGET,
+};
+/// The most restages a kill trial's life makes waiting for its kill.
+const KILL_RESTAGES: u64 = 3;
 /// Every volume is big enough for xfs (Debian 12's mkfs.xfs wants 300 MiB).
 const SIZE_MIB: i64 = 320;
 
@@ -39,6 +55,63 @@ pub struct Worker {
     pub rng: Rng,
     /// Percent of unpublishes that meet a process holding the mount.
     pub holder_percent: u64,
+    /// The pace of kubelet's retries, and how long a call may fail.
+    pub backoff: Backoff,
+    /// Restages in each life (`None`: one to three at random); a kill
+    /// trial's life restages up to [`KILL_RESTAGES`] times until its kill
+    /// has landed.
+    pub restages: Option<u64>,
+    /// A kill trial's: a process killed inside one step.
+    pub kill: Option<Arc<KillSwitch>>,
+}
+
+/// A volume's StorageClass and kind.
+#[derive(Debug, Clone)]
+pub struct Shape {
+    /// The sample controller's backend: `aio` or `nvmf`.
+    pub backend: &'static str,
+    pub emulation: &'static str,
+    /// NVMe: `dedicated` or `packed`; a virtio-blk function has one disk.
+    pub placement: &'static str,
+    pub kind: Kind,
+}
+
+impl Shape {
+    pub fn random(rng: &mut Rng) -> Shape {
+        let backend = *rng.pick(&["aio", "nvmf"]);
+        let emulation = *rng.pick(&["nvme", "virtio-blk"]);
+        let placement = match emulation {
+            "nvme" => *rng.pick(&["dedicated", "packed"]),
+            _ => "dedicated",
+        };
+        let kind = rng
+            .pick(&[
+                Kind::Block,
+                Kind::Filesystem("ext4".into()),
+                Kind::Filesystem("xfs".into()),
+            ])
+            .clone();
+        Shape {
+            backend,
+            emulation,
+            placement,
+            kind,
+        }
+    }
+}
+
+impl std::fmt::Display for Shape {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kind = match &self.kind {
+            Kind::Block => "block",
+            Kind::Filesystem(fs) => fs,
+        };
+        write!(
+            f,
+            "{}, {} {}, {kind}",
+            self.backend, self.emulation, self.placement
+        )
+    }
 }
 
 /// Runs `call` until it succeeds or [`BUDGET`] has passed since the first
@@ -54,7 +127,7 @@ where
     Fut: Future<Output = anyhow::Result<T>>,
 {
     let started = Instant::now();
-    let mut pause = Duration::from_millis(100);
+    let mut pause = BACKOFF.first;
     loop {
         match attempt().await {
             Ok(value) => {
@@ -62,11 +135,8 @@ where
                 return Ok(value);
             }
             Err(error) => {
-                let (code, message) = match error.downcast_ref::<tonic::Status>() {
-                    Some(status) => (format!("{:?}", status.code()), status.message().to_string()),
-                    None => ("not a gRPC status".to_string(), format!("{error:#}")),
-                };
-                tally.attempt_failed(call, &code, &message);
+                let failure = failure(&error);
+                tally.attempt_failed(call, &code_name(&failure), &failure.message);
                 if started.elapsed() + pause >= BUDGET {
                     return Err(error.context(format!(
                         "{call} {subject}: still failing after {:.0} s",
@@ -74,10 +144,28 @@ where
                     )));
                 }
                 tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(MAX_PAUSE);
+                pause = (pause * 2).min(BACKOFF.max);
             }
         }
     }
+}
+
+/// A failed call as kubelet sees it.
+fn failure(error: &anyhow::Error) -> Failure {
+    match error.downcast_ref::<tonic::Status>() {
+        Some(status) => Failure::of(status),
+        None => Failure {
+            code: None,
+            message: format!("{error:#}"),
+        },
+    }
+}
+
+fn code_name(failure: &Failure) -> String {
+    failure.code.map_or_else(
+        || "not a gRPC status".to_string(),
+        |code| format!("{code:?}"),
+    )
 }
 
 impl Worker {
@@ -85,34 +173,20 @@ impl Worker {
         let mut serial = 0;
         while !self.stop.load(Ordering::Relaxed) {
             serial += 1;
-            self.lifecycle(serial).await;
+            let shape = Shape::random(&mut self.rng);
+            self.life(serial, &shape).await;
         }
     }
 
-    async fn lifecycle(&mut self, serial: u64) {
-        let backend = *self.rng.pick(&["aio", "nvmf"]);
-        let emulation = *self.rng.pick(&["nvme", "virtio-blk"]);
-        // A virtio-blk function has one disk: only NVMe packs.
-        let placement = match emulation {
-            "nvme" => *self.rng.pick(&["dedicated", "packed"]),
-            _ => "dedicated",
-        };
-        let kind = self
-            .rng
-            .pick(&[
-                Kind::Block,
-                Kind::Filesystem("ext4".into()),
-                Kind::Filesystem("xfs".into()),
-            ])
-            .clone();
+    /// One volume: created, used by pods as kubelet would, deleted.
+    pub async fn life(&mut self, serial: u64, shape: &Shape) {
         let name = format!("chaos-w{}-{serial}", self.id);
-        let shape = format!("{backend}, {emulation} {placement}, {}", kind_name(&kind));
-        self.tally.volume(&shape);
+        self.tally.volume(&shape.to_string());
         let label = format!("{name} ({shape})");
         let created = converge(&self.tally, "CreateVolume", &label, || {
             let mut clients = self.clients.clone();
-            let (kubelet, name, kind) = (self.kubelet.clone(), name.clone(), kind.clone());
-            let parameters = parameters(backend, emulation, Some(placement));
+            let (kubelet, name, kind) = (self.kubelet.clone(), name.clone(), shape.kind.clone());
+            let parameters = parameters(shape.backend, shape.emulation, Some(shape.placement));
             async move {
                 clients
                     .create_with(&kubelet, &name, &kind, SIZE_MIB, parameters)
@@ -124,15 +198,22 @@ impl Worker {
             Ok(volume) => volume,
             Err(error) => return self.tally.stuck(format!("{error:#}")),
         };
-        if let Err(error) = self.exercise(&volume, &label).await {
+        let mut seen = kubelet::Volume::default();
+        let mut stuck = false;
+        if let Err(error) = self.exercise(&volume, shape, &label, &mut seen).await {
+            stuck = true;
             self.tally.stuck(format!("{label}: {error:#}"));
         }
-        // Torn down whatever happened: every step is idempotent.
-        if let Err(error) = self.unpublish(&volume, &label, false).await {
-            self.tally.stuck(format!("{error:#}"));
+        // The pod goes, whatever happened, and kubelet does what it does then.
+        if let Err(error) = self
+            .pod_goes(&volume, shape, &label, &mut seen, (0, false))
+            .await
+        {
+            stuck = true;
+            self.tally.stuck(format!("{label}: {error:#}"));
         }
-        if let Err(error) = self.unstage(&volume, &label).await {
-            self.tally.stuck(format!("{error:#}"));
+        if stuck {
+            self.clean_by_hand(&volume, &label).await;
         }
         let deleted = converge(&self.tally, "DeleteVolume", &label, || {
             let (mut clients, volume) = (self.clients.clone(), volume.clone());
@@ -144,23 +225,39 @@ impl Worker {
         }
     }
 
-    /// Stage, publish, write; then one to three times: maybe read back while
-    /// published, unpublish (maybe against a holder), unstage, restage,
-    /// republish, read back, maybe write a new pattern.
-    async fn exercise(&mut self, volume: &Volume, label: &str) -> anyhow::Result<()> {
+    /// A pod starts (stage, publish) and writes; then one to three times
+    /// (or [`Worker::restages`]): maybe read back while published, the pod
+    /// goes (unpublish, maybe against a holder; unstage), a new one starts
+    /// and reads back, maybe writing a new pattern.
+    async fn exercise(
+        &mut self,
+        volume: &Volume,
+        shape: &Shape,
+        label: &str,
+        seen: &mut kubelet::Volume,
+    ) -> anyhow::Result<()> {
         let block = volume.kind == Kind::Block;
-        self.stage_and_publish(volume, label).await?;
+        self.pod_starts(volume, shape, label, seen, 1).await?;
         let mut pattern = Pattern::new(&mut self.rng, block);
         self.write(volume, &pattern).await?;
-        for restage in 1..=self.rng.range(1, 3) {
+        let restages = match self.restages {
+            Some(restages) => restages,
+            None => self.rng.range(1, 3),
+        };
+        let mut restage = 0;
+        while restage < restages
+            || restage < KILL_RESTAGES && self.kill.as_ref().is_some_and(|k| k.pending())
+        {
+            restage += 1;
             if self.rng.chance(30) {
                 self.verify(volume, label, &pattern, "while published")
                     .await?;
             }
             let held = self.rng.chance(self.holder_percent);
-            self.unpublish(volume, label, held).await?;
-            self.unstage(volume, label).await?;
-            self.stage_and_publish(volume, label).await?;
+            self.pod_goes(volume, shape, label, seen, (restage, held))
+                .await?;
+            self.pod_starts(volume, shape, label, seen, restage + 1)
+                .await?;
             self.verify(volume, label, &pattern, &format!("after restage {restage}"))
                 .await?;
             if self.rng.chance(50) {
@@ -171,24 +268,36 @@ impl Worker {
         Ok(())
     }
 
-    async fn stage_and_publish(&self, volume: &Volume, label: &str) -> anyhow::Result<()> {
-        converge(&self.tally, "NodeStageVolume", label, || {
-            let (mut clients, volume) = (self.clients.clone(), volume.clone());
-            async move { clients.stage(&volume).await }
+    /// The volume's `pod`th pod is scheduled here: kubelet's calls until it
+    /// runs.
+    async fn pod_starts(
+        &self,
+        volume: &Volume,
+        shape: &Shape,
+        label: &str,
+        seen: &mut kubelet::Volume,
+        pod: u64,
+    ) -> anyhow::Result<()> {
+        seen.wanted = true;
+        kubelet::settle(seen, &self.backoff, |call| {
+            self.node_call(call, volume, shape, label, pod)
         })
-        .await?;
-        converge(&self.tally, "NodePublishVolume", label, || {
-            let (mut clients, volume) = (self.clients.clone(), volume.clone());
-            async move { clients.publish(&volume).await }
-        })
-        .await?;
-        Ok(())
+        .await
+        .map_err(|stuck| anyhow::anyhow!("the pod never starts: {stuck}"))
     }
 
-    /// NodeUnpublish until it succeeds; with `held`, a process keeps the
-    /// published mount busy (its working directory there, or the block
-    /// device open) for a random while, as a pod's straggler would.
-    async fn unpublish(&mut self, volume: &Volume, label: &str, held: bool) -> anyhow::Result<()> {
+    /// The volume's `pod`th pod goes: kubelet's calls until it is done with
+    /// the volume. With `held`, a process keeps the published mount busy
+    /// (its working directory there, or the block device open) for a random
+    /// while, as a pod's straggler would.
+    async fn pod_goes(
+        &mut self,
+        volume: &Volume,
+        shape: &Shape,
+        label: &str,
+        seen: &mut kubelet::Volume,
+        (pod, held): (u64, bool),
+    ) -> anyhow::Result<()> {
         let holder = if held {
             let hold = self.rng.millis(300, 5000);
             match hold_mount(&volume.target, volume.kind == Kind::Block, hold) {
@@ -202,40 +311,118 @@ impl Worker {
         } else {
             None
         };
-        let unpublished = converge(&self.tally, "NodeUnpublishVolume", label, || {
-            let (mut clients, volume) = (self.clients.clone(), volume.clone());
-            async move { clients.unpublish(&volume).await }
+        seen.wanted = false;
+        let settled = kubelet::settle(seen, &self.backoff, |call| {
+            self.node_call(call, volume, shape, label, pod)
         });
-        let result = match holder {
+        let settled = match holder {
             Some(mut child) => {
-                let (result, _) = tokio::join!(unpublished, child.wait());
-                result
+                let (settled, _) = tokio::join!(settled, child.wait());
+                settled
             }
-            None => unpublished.await,
+            None => settled.await,
         };
-        result?;
-        self.expect_unmounted(&volume.target, label, "NodeUnpublishVolume");
-        Ok(())
+        settled.map_err(|stuck| anyhow::anyhow!("the pod's teardown never ends: {stuck}"))
     }
 
-    async fn unstage(&self, volume: &Volume, label: &str) -> anyhow::Result<()> {
-        converge(&self.tally, "NodeUnstageVolume", label, || {
-            let (mut clients, volume) = (self.clients.clone(), volume.clone());
-            async move { clients.unstage(&volume).await }
-        })
-        .await?;
-        self.expect_unmounted(&volume.staging, label, "NodeUnstageVolume");
-        Ok(())
+    /// One call kubelet makes for the volume's `pod`th pod, counted: a
+    /// success as an operation (and an unpublish or unstage followed by a
+    /// look at the mount table), a failure under its code. In a kill trial,
+    /// the call may be the one a process is killed in; the first pod's stage
+    /// is timed apart from the later ones (only the first formats).
+    fn node_call(
+        &self,
+        call: Call,
+        volume: &Volume,
+        shape: &Shape,
+        label: &str,
+        pod: u64,
+    ) -> impl Future<Output = Result<(), Failure>> + 'static {
+        let (mut clients, volume, tally) =
+            (self.clients.clone(), volume.clone(), self.tally.clone());
+        let step = |first: bool| match (call, first) {
+            (Call::Stage, true) => format!("stage {shape}, first"),
+            (Call::Stage, false) => format!("stage {shape}, again"),
+            _ => format!("{} {shape}", call.step()),
+        };
+        let (kill, label, steps) = (
+            self.kill.clone(),
+            label.to_string(),
+            [step(pod == 1), step(pod != 1)],
+        );
+        async move {
+            let attempt = async {
+                match call {
+                    Call::Stage => clients.stage(&volume).await,
+                    Call::Publish => clients.publish(&volume).await,
+                    Call::Unpublish => clients.unpublish(&volume).await,
+                    Call::Unstage => clients.unstage(&volume).await,
+                }
+            };
+            let result = match &kill {
+                Some(kill) => kill.around(call, &steps, attempt).await,
+                None => attempt.await,
+            };
+            match result {
+                Ok(()) => {
+                    tally.operation();
+                    match call {
+                        Call::Unpublish => expect_unmounted(&tally, &volume.target, &label, call),
+                        Call::Unstage => expect_unmounted(&tally, &volume.staging, &label, call),
+                        Call::Stage | Call::Publish => {}
+                    }
+                    Ok(())
+                }
+                Err(error) => {
+                    let failure = failure(&error);
+                    tally.attempt_failed(call.name(), &code_name(&failure), &failure.message);
+                    Err(failure)
+                }
+            }
+        }
     }
 
-    fn expect_unmounted(&self, path: &Path, label: &str, call: &str) {
-        match mounted_at(path) {
-            Ok(false) => {}
-            Ok(true) => self.tally.leak(format!(
-                "{label}: {call} answered OK but {} is still mounted",
-                path.display()
-            )),
-            Err(error) => self.tally.leak(format!("{label}: {error:#}")),
+    /// After a stuck volume: what kubelet left on the node, then an
+    /// operator's NodeUnpublish and NodeUnstage (calls kubelet would not
+    /// make), each tried until it succeeds, so that the round goes on with a
+    /// clean node.
+    async fn clean_by_hand(&self, volume: &Volume, label: &str) {
+        let left: Vec<String> = [&volume.target, &volume.staging]
+            .into_iter()
+            .filter(|path| mounted_at(path).unwrap_or(true))
+            .map(|path| path.display().to_string())
+            .collect();
+        eprintln!(
+            "chaos: {label}: kubelet is done with it; still mounted: {}; an operator unpublishes and unstages it",
+            if left.is_empty() {
+                "nothing".to_string()
+            } else {
+                left.join(", ")
+            }
+        );
+        self.tally.cleaned_by_hand(label);
+        for call in [Call::Unpublish, Call::Unstage] {
+            let cleaned = converge(&self.tally, call.name(), label, || {
+                let (mut clients, volume) = (self.clients.clone(), volume.clone());
+                async move {
+                    match call {
+                        Call::Unpublish => clients.unpublish(&volume).await,
+                        _ => clients.unstage(&volume).await,
+                    }
+                }
+            })
+            .await;
+            match cleaned {
+                Ok(()) => {
+                    let path = if call == Call::Unpublish {
+                        &volume.target
+                    } else {
+                        &volume.staging
+                    };
+                    expect_unmounted(&self.tally, path, label, call);
+                }
+                Err(error) => self.tally.stuck(format!("{label}: by hand: {error:#}")),
+            }
         }
     }
 
@@ -283,10 +470,16 @@ impl Worker {
     }
 }
 
-fn kind_name(kind: &Kind) -> &str {
-    match kind {
-        Kind::Block => "block",
-        Kind::Filesystem(fs) => fs,
+/// An OK from `call` with `path` still mounted is a leak.
+fn expect_unmounted(tally: &Tally, path: &Path, label: &str, call: Call) {
+    match mounted_at(path) {
+        Ok(false) => {}
+        Ok(true) => tally.leak(format!(
+            "{label}: {} answered OK but {} is still mounted",
+            call.name(),
+            path.display()
+        )),
+        Err(error) => tally.leak(format!("{label}: {error:#}")),
     }
 }
 

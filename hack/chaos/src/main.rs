@@ -21,6 +21,7 @@ mod faults;
 mod lifecycle;
 mod rng;
 mod tally;
+mod trials;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -76,6 +77,28 @@ struct Args {
     /// 8000 is real SPDK's pace).
     #[arg(long, value_delimiter = ',', default_value = "0,8000")]
     poll_periods_us: Vec<u64>,
+    /// Kill trials per mode (after the rounds): each one volume's life with
+    /// one process killed at a random instant inside one step, then a census.
+    #[arg(long, default_value_t = 0)]
+    kill_trials: usize,
+    /// The processes kill trials kill, comma separated (node, plugin, snap,
+    /// target: the NVMe-oF target, agent: split mode only). Not the target
+    /// by default: a restarted target has lost the pool and lvstore local-up
+    /// made, so every NVMe-oF volume after its kill is stuck (a run says so).
+    #[arg(long, value_delimiter = ',', default_value = "node,plugin,snap,agent")]
+    kill_processes: Vec<String>,
+    /// The steps kill trials kill in, comma separated (stage, publish,
+    /// unpublish, unstage).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "stage,publish,unpublish,unstage"
+    )]
+    kill_steps: Vec<String>,
+    /// How long a kill trial's call may keep failing before the volume
+    /// counts as stuck (same units).
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    kill_patience: Duration,
     /// The stack launcher.
     #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../local-up.sh"))]
     local_up: PathBuf,
@@ -165,6 +188,18 @@ async fn run(args: &Args, seed: u64, logs: &Path, tally: &Arc<Tally>) -> anyhow:
         .await?;
         round += 1;
     }
+    if args.kill_trials > 0 {
+        // Configuration::all has checked the modes.
+        for mode in &args.modes {
+            let cells = trials::run(args, seed, logs, tally, mode == "split").await?;
+            eprintln!(
+                "{}",
+                cells.table(&format!(
+                    "chaos: kill trials, {mode} (kills: inside the step; missed: the step ended before its instant, no kill)"
+                ))
+            );
+        }
+    }
     Ok(())
 }
 
@@ -184,26 +219,13 @@ async fn one_round(
         length.as_secs()
     );
     let before = tally.totals();
-    let options = StackOptions {
-        poll_period_us: configuration.poll_period_us,
-        nvme_functions: None,
-        split: configuration.split,
-        supervise: true,
-        namespaces_per_controller: Some(args.namespaces_per_controller),
-        data_path: None,
-    };
-    let stack_dir = std::env::temp_dir().join(format!("snap-csi-chaos-{seed}-{name}"));
-    let stack = Stack::start(
-        &name,
-        &args.local_up,
-        &args.profile,
-        stack_dir,
-        logs,
-        &options,
+    let (stack, clients) = start_stack(
+        args,
+        (seed, logs, &name),
+        configuration.poll_period_us,
+        configuration.split,
     )
     .await?;
-    let mut clients = Clients::connect(&stack.controller, &stack.node).await?;
-    clients.deadline = args.call_deadline;
     let stop = Arc::new(AtomicBool::new(false));
     let workers: Vec<_> = (0..args.volumes)
         .map(|id| {
@@ -215,6 +237,9 @@ async fn one_round(
                 stop: stop.clone(),
                 rng: Rng::fork(seed, round * 1000 + 1 + id as u64),
                 holder_percent: args.holder_percent,
+                backoff: lifecycle::BACKOFF,
+                restages: None,
+                kill: None,
             };
             tokio::spawn(worker.run())
         })
@@ -240,24 +265,12 @@ async fn one_round(
     finished?;
 
     keep_logs(&stack, &logs.join(&name));
-    // Quiet: no fault in flight, every volume deleted. A process killed last
-    // may still be starting: the census is asked again until all answer.
-    // Each worker has one volume at a time.
+    // Quiet: no fault in flight, every volume deleted. Each worker has one
+    // volume at a time.
     let max_pools = args
         .volumes
         .div_ceil(usize::try_from(args.namespaces_per_controller)?);
-    let mut asked = 0;
-    let found = loop {
-        asked += 1;
-        match census::census(&stack, &clients, max_pools).await {
-            Ok(found) => break found,
-            Err(error) if asked < 30 => {
-                eprintln!("chaos: {name}: census: {error:#}; asking again");
-                tokio::time::sleep(Duration::from_secs(1)).await;
-            }
-            Err(error) => return Err(error.context("the census")),
-        }
-    };
+    let found = census::when_quiet(&stack, &clients, max_pools, &name).await?;
     for leak in found.leaks {
         tally.leak(format!("{name}: {leak}"));
     }
@@ -287,9 +300,40 @@ async fn one_round(
     Ok(())
 }
 
+/// A fresh supervised stack named `name` (SNAP polling every
+/// `poll_period_us`; `split`: split mode), and its clients.
+pub(crate) async fn start_stack(
+    args: &Args,
+    (seed, logs, name): (u64, &Path, &str),
+    poll_period_us: u64,
+    split: bool,
+) -> anyhow::Result<(Stack, Clients)> {
+    let options = StackOptions {
+        poll_period_us,
+        nvme_functions: None,
+        split,
+        supervise: true,
+        namespaces_per_controller: Some(args.namespaces_per_controller),
+        data_path: None,
+    };
+    let stack_dir = std::env::temp_dir().join(format!("snap-csi-chaos-{seed}-{name}"));
+    let stack = Stack::start(
+        name,
+        &args.local_up,
+        &args.profile,
+        stack_dir,
+        logs,
+        &options,
+    )
+    .await?;
+    let mut clients = Clients::connect(&stack.controller, &stack.node).await?;
+    clients.deadline = args.call_deadline;
+    Ok((stack, clients))
+}
+
 /// The stack's own logs (local-up removes them with its directory), before
 /// the census, whose failure ends the run.
-fn keep_logs(stack: &Stack, to: &Path) {
+pub(crate) fn keep_logs(stack: &Stack, to: &Path) {
     let from = stack.dir.join("logs");
     let Ok(read) = std::fs::read_dir(&from) else {
         return;

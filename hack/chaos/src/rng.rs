@@ -43,6 +43,14 @@ impl Rng {
         &items[usize::try_from(index).unwrap_or(0)]
     }
 
+    /// Puts `items` in a random order (Fisher-Yates).
+    pub fn shuffle<T>(&mut self, items: &mut [T]) {
+        for i in (1..items.len()).rev() {
+            let j = self.range(0, i as u64);
+            items.swap(i, usize::try_from(j).unwrap_or(0));
+        }
+    }
+
     /// Uniform between `low` and `high` milliseconds.
     pub fn millis(&mut self, low: u64, high: u64) -> Duration {
         Duration::from_millis(self.range(low, high))

@@ -63,6 +63,11 @@ impl Tally {
         eprintln!("chaos: LEAK: {what}");
     }
 
+    /// A stuck volume an operator unpublished and unstaged by hand.
+    pub fn cleaned_by_hand(&self, label: &str) {
+        self.note("stuck volumes cleaned up by hand".to_string(), label);
+    }
+
     /// Something the census found that the design keeps on purpose.
     pub fn kept(&self, what: &str) {
         self.note("census: kept by design (packed pool)".to_string(), what);

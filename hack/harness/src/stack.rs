@@ -203,14 +203,7 @@ impl Stack {
     /// The process that runs as local-up's `name` (`node`, `plugin`, `snap`,
     /// `agent`, ...) now; only with [`StackOptions::supervise`].
     pub fn pid(&self, name: &str) -> anyhow::Result<Pid> {
-        let path = self.dir.join("pids").join(name);
-        let text = std::fs::read_to_string(&path)
-            .with_context(|| format!("reading {}", path.display()))?;
-        let pid = text
-            .trim()
-            .parse()
-            .with_context(|| format!("{}: not a pid: {text:?}", path.display()))?;
-        Ok(Pid::from_raw(pid))
+        read_pid(&self.dir, name)
     }
 
     /// The node's CSI socket path.
@@ -304,6 +297,18 @@ impl Drop for Stack {
     fn drop(&mut self) {
         self.shutdown();
     }
+}
+
+/// The pid local-up `--supervise` keeps for `name` in the stack at `dir`.
+pub fn read_pid(dir: &Path, name: &str) -> anyhow::Result<Pid> {
+    let path = dir.join("pids").join(name);
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let pid = text
+        .trim()
+        .parse()
+        .with_context(|| format!("{}: not a pid: {text:?}", path.display()))?;
+    Ok(Pid::from_raw(pid))
 }
 
 fn read_until_ready(stdout: ChildStdout) -> anyhow::Result<(Vec<String>, ChildStdout)> {
