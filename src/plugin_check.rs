@@ -27,7 +27,8 @@ use tokio::time::Instant;
 use tonic::transport::Channel;
 use tonic::{Code, Status};
 
-use crate::dpu::plugin::{LIST_PAGE, VOLUME_MODE_BLOCK, call_until, unix_channel};
+use crate::dpu::plugin::{LIST_PAGE, VOLUME_MODE_BLOCK};
+use crate::grpc::{call_until, unix_channel};
 use crate::proto::nvidia::storage::plugins::v1 as api;
 use api::identity_service_client::IdentityServiceClient;
 use api::storage_plugin_service_capability::rpc::Type as Capability;

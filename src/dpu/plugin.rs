@@ -1,11 +1,10 @@
 //! The vendor plugin client (`nvidia.storage.plugins.v1` over a UNIX socket).
 //!
 //! One lazily connected tonic channel serves both services; tonic reconnects
-//! it after the plugin restarts. Every call carries the caller's deadline
-//! (sent as `grpc-timeout` and enforced here as well, since a tonic client
-//! does not enforce the header itself), and UNAVAILABLE / DEADLINE_EXCEEDED
-//! answers are retried with backoff inside it: the API makes every RPC
-//! idempotent and explicitly allows retries.
+//! it after the plugin restarts. Every call carries the caller's deadline,
+//! and a call the plugin did not answer, or answered UNAVAILABLE or
+//! DEADLINE_EXCEEDED, is retried with backoff inside it ([`crate::grpc`]):
+//! the API makes every RPC idempotent and explicitly allows retries.
 //!
 //! What the plugin says about itself (GetPluginInfo, its capabilities, its
 //! SNAP provider) is asked once and kept for the life of the client; Probe is
@@ -15,14 +14,13 @@
 
 use std::path::{Path, PathBuf};
 
-use hyper_util::rt::TokioIo;
-use tokio::net::UnixStream;
 use tokio::sync::OnceCell;
 use tokio::time::Instant;
-use tonic::transport::{Channel, Endpoint, Uri};
+use tonic::transport::Channel;
 use tonic::{Code, Status};
 
-use super::{AttachRequest, DpuError, retry};
+use super::{AttachRequest, DpuError};
+use crate::grpc::{self, Failed};
 use crate::proto::csi::v1::volume_capability::access_mode::Mode;
 use crate::proto::nvidia::storage::plugins::v1 as api;
 use api::identity_service_client::IdentityServiceClient;
@@ -131,7 +129,7 @@ impl PluginClient {
     /// Must be called inside a Tokio runtime: the channel spawns its worker.
     pub fn new(socket: impl Into<PathBuf>, snap_socket_template: impl Into<String>) -> Self {
         let socket = socket.into();
-        let channel = unix_channel(socket.clone());
+        let channel = grpc::unix_channel(socket.clone());
         PluginClient {
             socket,
             snap_socket_template: snap_socket_template.into(),
@@ -285,8 +283,8 @@ impl PluginClient {
             .await;
         match result {
             Ok(device) => Ok(Some(device)),
-            Err(status) if status.code() == Code::NotFound => Ok(None),
-            Err(status) => Err(self.error("GetDevice", status)),
+            Err(failed) if failed.status.code() == Code::NotFound => Ok(None),
+            Err(failed) => Err(self.error("GetDevice", failed)),
         }
     }
 
@@ -348,37 +346,42 @@ impl PluginClient {
     {
         self.call(rpc, deadline, message, send)
             .await
-            .map_err(|status| self.error(rpc, status))
+            .map_err(|failed| self.error(rpc, failed))
     }
 
-    /// One RPC with the deadline on every attempt and retries of transient
-    /// answers inside it.
+    /// One RPC with the deadline on every attempt and retries inside it of
+    /// the calls the plugin did not answer, and of its UNAVAILABLE and
+    /// DEADLINE_EXCEEDED (a dependency of its own that timed out).
     async fn call<Req, Resp, F, Fut>(
         &self,
         rpc: &'static str,
         deadline: Instant,
         message: Req,
         send: F,
-    ) -> Result<Resp, Status>
+    ) -> Result<Resp, Failed>
     where
         Req: Clone,
         F: Fn(Clients, tonic::Request<Req>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<Resp>, Status>>,
     {
-        let transient = |s: &Status| unreached(s);
-        call_retried("plugin", rpc, deadline, &message, transient, |request| {
-            let clients = Clients {
-                identity: self.identity.clone(),
-                storage: self.storage.clone(),
-            };
-            send(clients, request)
-        })
-        .await
+        let transient = |s: &Status| {
+            grpc::unanswered(s) || matches!(s.code(), Code::Unavailable | Code::DeadlineExceeded)
+        };
+        let (response, _attempts) =
+            grpc::call_retried("plugin", rpc, deadline, &message, transient, |request| {
+                let clients = Clients {
+                    identity: self.identity.clone(),
+                    storage: self.storage.clone(),
+                };
+                send(clients, request)
+            })
+            .await?;
+        Ok(response)
     }
 
-    fn error(&self, rpc: &str, status: Status) -> DpuError {
+    fn error(&self, rpc: &str, Failed { status, .. }: Failed) -> DpuError {
         let socket = self.socket.display();
-        if super::unanswered(&status) {
+        if grpc::unanswered(&status) {
             return DpuError::Unavailable(format!(
                 "vendor plugin at {socket}: {rpc}: no gRPC answer: {}",
                 status.message()
@@ -397,82 +400,6 @@ impl PluginClient {
 struct Clients {
     identity: IdentityServiceClient<Channel>,
     storage: StoragePluginServiceClient<Channel>,
-}
-
-/// The plugin was not reached or did not answer: UNAVAILABLE or
-/// DEADLINE_EXCEEDED, or a transport error (such as a peer that does not
-/// speak HTTP/2, whose code, INTERNAL for an h2 protocol error, says nothing
-/// about the plugin).
-fn unreached(status: &Status) -> bool {
-    matches!(status.code(), Code::Unavailable | Code::DeadlineExceeded) || super::unanswered(status)
-}
-
-/// One unary call to `target`, retried with backoff inside `deadline` while
-/// `retryable` says so, each attempt bounded by it ([`call_until`]), and
-/// recorded as one outbound call.
-pub(crate) async fn call_retried<Req, Resp, Fut>(
-    target: &'static str,
-    rpc: &'static str,
-    deadline: Instant,
-    message: &Req,
-    retryable: impl FnMut(&Status) -> bool,
-    send: impl Fn(tonic::Request<Req>) -> Fut,
-) -> Result<Resp, Status>
-where
-    Req: Clone,
-    Fut: Future<Output = Result<tonic::Response<Resp>, Status>>,
-{
-    let started = std::time::Instant::now();
-    let attempt = || call_until(rpc, deadline, message.clone(), &send);
-    let result = retry::until_deadline(deadline, retryable, attempt).await;
-    let outcome = match &result {
-        Ok(_) => "ok".to_string(),
-        Err(status) => format!("{:?}", status.code()),
-    };
-    crate::metrics::observe_outbound(target, rpc, &outcome, started.elapsed());
-    result
-}
-
-/// One unary call, once, bounded by `deadline`: sent as `grpc-timeout` and
-/// enforced here as well, since a tonic client does not enforce the header.
-pub async fn call_until<Req, Resp, Fut>(
-    rpc: &str,
-    deadline: Instant,
-    message: Req,
-    send: impl FnOnce(tonic::Request<Req>) -> Fut,
-) -> Result<Resp, Status>
-where
-    Fut: Future<Output = Result<tonic::Response<Resp>, Status>>,
-{
-    let remaining = deadline.saturating_duration_since(Instant::now());
-    if remaining.is_zero() {
-        return Err(Status::deadline_exceeded(format!(
-            "{rpc}: deadline already passed"
-        )));
-    }
-    let mut request = tonic::Request::new(message);
-    request.set_timeout(remaining);
-    match tokio::time::timeout_at(deadline, send(request)).await {
-        Ok(result) => result.map(tonic::Response::into_inner),
-        Err(_) => Err(Status::deadline_exceeded(format!(
-            "{rpc}: no answer within {remaining:?}"
-        ))),
-    }
-}
-
-/// A channel to a UNIX socket, connected on first use and after each break.
-/// Must be called inside a Tokio runtime: the channel spawns its worker.
-pub fn unix_channel(socket: PathBuf) -> Channel {
-    // The URI only fills the :authority header; the connector ignores it.
-    unix_channel_with(Endpoint::from_static("http://vendor-plugin"), socket)
-}
-
-/// [`unix_channel`] with `endpoint`'s connection settings.
-pub fn unix_channel_with(endpoint: Endpoint, socket: PathBuf) -> Channel {
-    endpoint.connect_with_connector_lazy(tower::service_fn(move |_: Uri| {
-        let socket = socket.clone();
-        async move { UnixStream::connect(socket).await.map(TokioIo::new) }
-    }))
 }
 
 #[cfg(test)]

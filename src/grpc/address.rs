@@ -1,6 +1,5 @@
-//! Addresses of the link between the node and its DPU agent, written the
-//! same way on both ends: the agent's `--listen` and the node's
-//! `--dpu-endpoint`.
+//! Addresses of a gRPC link, written the same way by every setting that
+//! names one: the DPU agent's `--listen` and the node's `--dpu-endpoint`.
 //!
 //! - `https://HOST:PORT`: mutual TLS over TCP, the only way across a network.
 //! - `unix:///PATH`: plaintext on a local socket (a DPU that is its own node,
