@@ -10,11 +10,13 @@
 
 pub mod attach;
 pub mod broken_plugin;
+pub mod csi_samples;
 pub mod csi_v1_11;
 pub mod dpu;
 pub mod node;
 pub mod pki;
 pub mod plugin;
+pub mod proxy;
 pub mod real_spdk;
 pub mod shared;
 pub mod vendor_controller;
