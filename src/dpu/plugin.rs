@@ -13,8 +13,8 @@
 //! Request contexts may carry sensitive values: nothing here logs a request.
 
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
-use tokio::sync::OnceCell;
 use tokio::time::Instant;
 use tonic::transport::Channel;
 use tonic::{Code, Status};
@@ -120,7 +120,7 @@ pub struct PluginClient {
     snap_socket_template: String,
     identity: IdentityServiceClient<Channel>,
     storage: StoragePluginServiceClient<Channel>,
-    description: OnceCell<PluginDescription>,
+    description: OnceLock<PluginDescription>,
 }
 
 impl PluginClient {
@@ -135,7 +135,7 @@ impl PluginClient {
             snap_socket_template: snap_socket_template.into(),
             identity: IdentityServiceClient::new(channel.clone()),
             storage: StoragePluginServiceClient::new(channel),
-            description: OnceCell::new(),
+            description: OnceLock::new(),
         }
     }
 
@@ -145,58 +145,68 @@ impl PluginClient {
 
     /// GetPluginInfo, capabilities and SNAP provider, asked together on first
     /// use and kept; a failure is not kept, the next call asks again.
+    ///
+    /// Each caller asks under its own deadline: waiting behind another
+    /// caller's first ask would hold this call to that one's deadline (a
+    /// node's start-up inventory has a longer one than a stage), and a stage
+    /// would then end without an answer instead of with the plugin's reason.
+    /// Callers that meet before the first answer each ask; the first
+    /// description is kept.
     pub async fn describe(&self, deadline: Instant) -> Result<&PluginDescription, DpuError> {
-        self.description
-            .get_or_try_init(|| async {
-                let (info, capabilities, provider) = tokio::join!(
-                    self.unary(
-                        "GetPluginInfo",
-                        deadline,
-                        api::GetPluginInfoRequest {},
-                        |mut c, r| async move { c.identity.get_plugin_info(r).await }
-                    ),
-                    self.unary(
-                        "StoragePluginGetCapabilities",
-                        deadline,
-                        api::StoragePluginGetCapabilitiesRequest {},
-                        |mut c, r| async move { c.storage.storage_plugin_get_capabilities(r).await }
-                    ),
-                    self.unary(
-                        "GetSNAPProvider",
-                        deadline,
-                        api::GetSnapProviderRequest {},
-                        |mut c, r| async move { c.storage.get_snap_provider(r).await }
-                    ),
-                );
-                let (info, capabilities, provider) = (info?, capabilities?, provider?);
-                let description = PluginDescription {
-                    name: info.name,
-                    vendor_version: info.vendor_version,
-                    capabilities: capabilities
-                        .capabilities
-                        .iter()
-                        .filter_map(|c| match c.r#type {
-                            Some(api::storage_plugin_service_capability::Type::Rpc(rpc)) => {
-                                Capability::try_from(rpc.r#type).ok()
-                            }
-                            None => None,
-                        })
-                        .collect(),
-                    snap_socket: snap_socket_path(
-                        &self.snap_socket_template,
-                        &provider.provider_name,
-                    )?,
-                };
-                tracing::info!(
-                    plugin = %description.name,
-                    version = %description.vendor_version,
-                    capabilities = ?description.capabilities,
-                    snap_socket = %description.snap_socket.display(),
-                    "vendor plugin described itself"
-                );
-                Ok(description)
-            })
-            .await
+        if let Some(description) = self.description.get() {
+            return Ok(description);
+        }
+        let (info, capabilities, provider) = tokio::join!(
+            self.unary(
+                "GetPluginInfo",
+                deadline,
+                api::GetPluginInfoRequest {},
+                |mut c, r| async move { c.identity.get_plugin_info(r).await }
+            ),
+            self.unary(
+                "StoragePluginGetCapabilities",
+                deadline,
+                api::StoragePluginGetCapabilitiesRequest {},
+                |mut c, r| async move { c.storage.storage_plugin_get_capabilities(r).await }
+            ),
+            self.unary(
+                "GetSNAPProvider",
+                deadline,
+                api::GetSnapProviderRequest {},
+                |mut c, r| async move { c.storage.get_snap_provider(r).await }
+            ),
+        );
+        let (info, capabilities, provider) = (info?, capabilities?, provider?);
+        let description = PluginDescription {
+            name: info.name,
+            vendor_version: info.vendor_version,
+            capabilities: capabilities
+                .capabilities
+                .iter()
+                .filter_map(|c| match c.r#type {
+                    Some(api::storage_plugin_service_capability::Type::Rpc(rpc)) => {
+                        Capability::try_from(rpc.r#type).ok()
+                    }
+                    None => None,
+                })
+                .collect(),
+            snap_socket: snap_socket_path(&self.snap_socket_template, &provider.provider_name)?,
+        };
+        if self.description.set(description).is_ok()
+            && let Some(description) = self.description.get()
+        {
+            tracing::info!(
+                plugin = %description.name,
+                version = %description.vendor_version,
+                capabilities = ?description.capabilities,
+                snap_socket = %description.snap_socket.display(),
+                "vendor plugin described itself"
+            );
+        }
+        Ok(self
+            .description
+            .get()
+            .expect("set by this call or by another that met it"))
     }
 
     /// Whether the plugin says it is ready. An unset `ready` counts as ready,
@@ -450,5 +460,41 @@ mod tests {
                 "{bad:?}"
             );
         }
+    }
+
+    /// A first call that waits on a silent plugin under a long deadline (a
+    /// node's start-up inventory) does not hold a later call past its own
+    /// shorter one (a stage): that one ends by its deadline with the
+    /// plugin's name, while the first still waits.
+    #[tokio::test]
+    async fn a_call_asks_for_the_description_under_its_own_deadline() {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("plugin.sock");
+        // Accepted by the kernel, never answered: a plugin that hangs.
+        let _silent = tokio::net::UnixListener::bind(&socket).unwrap();
+        let client = std::sync::Arc::new(PluginClient::new(&socket, DEFAULT_SNAP_SOCKET_TEMPLATE));
+        let first = tokio::spawn({
+            let client = client.clone();
+            async move {
+                let deadline = Instant::now() + std::time::Duration::from_secs(600);
+                client.describe(deadline).await.map(drop)
+            }
+        });
+        tokio::task::yield_now().await;
+        let deadline = Instant::now() + std::time::Duration::from_millis(300);
+        // Only a guard against a hang: the call ends by its deadline.
+        let error = tokio::time::timeout(
+            std::time::Duration::from_secs(60),
+            client.describe(deadline),
+        )
+        .await
+        .expect("the call waited behind the first one")
+        .unwrap_err();
+        assert!(
+            matches!(&error, DpuError::Unavailable(m) if m.contains(&socket.display().to_string())),
+            "{error:?}"
+        );
+        assert!(!first.is_finished(), "the first call still waits");
+        first.abort();
     }
 }
