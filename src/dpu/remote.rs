@@ -9,19 +9,23 @@
 //! files change, the next call opens a new connection with them; calls in
 //! flight finish on the old one.
 //!
-//! Every call carries the caller's deadline (the agent answers before it).
-//! A call the link lost (the connection refused or reset: no answer from
-//! the agent) is retried with backoff inside the deadline, since every agent
-//! call is idempotent. What the agent answered is final, as the agent has
-//! already retried its own dependencies; so is a handshake TLS refused. The
-//! link going down (with the reason) and coming back is logged once each.
+//! Every call carries a deadline shorter than the caller's
+//! ([`crate::deadline::relayed`]): the agent answers before it, and when no
+//! answer comes the node still has time to say so, with the last reason the
+//! agent gave for the DPU being unavailable (a plugin that has been down for
+//! a while makes a loaded agent late as well). A call the link lost (the
+//! connection refused or reset: no answer from the agent) is retried with
+//! backoff inside the deadline, since every agent call is idempotent. What
+//! the agent answered is final, as the agent has already retried its own
+//! dependencies; so is a handshake TLS refused. The link going down (with
+//! the reason) and coming back is logged once each.
 
 use std::sync::Mutex;
 use std::time::Duration;
 
 use tokio::time::Instant;
-use tonic::Status;
 use tonic::transport::{Channel, Endpoint};
+use tonic::{Code, Status};
 
 use super::{AttachRequest, Attachment, DpuAttach, DpuError, Inventory, IoStats};
 use crate::grpc::{self, Failed, Link, LinkAddress};
@@ -41,6 +45,10 @@ pub struct RemoteDpu {
     link: Link,
     /// Why the link is down, as last logged; `None` while it answers.
     down: Mutex<Option<String>>,
+    /// The agent's last UNAVAILABLE and when it came: what the node still
+    /// knows of the DPU when a later call gets no answer. Forgotten when a
+    /// call succeeds.
+    last_word: Mutex<Option<(Instant, String)>>,
 }
 
 impl RemoteDpu {
@@ -58,6 +66,7 @@ impl RemoteDpu {
         Ok(RemoteDpu {
             link: Link::new(address, dpu_name, tls, endpoint)?,
             down: Mutex::new(None),
+            last_word: Mutex::new(None),
         })
     }
 
@@ -65,7 +74,8 @@ impl RemoteDpu {
         self.link.address()
     }
 
-    /// One agent RPC under `deadline`, retried while the link loses it.
+    /// One agent RPC under `deadline` (less a reserve for our answer),
+    /// retried while the link loses it.
     async fn call<Req, Resp, F, Fut>(
         &self,
         rpc: &'static str,
@@ -78,10 +88,12 @@ impl RemoteDpu {
         F: Fn(DpuAgentClient<Channel>, tonic::Request<Req>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<Resp>, Status>>,
     {
+        let link_deadline = crate::deadline::relayed(deadline);
+        let budget = link_deadline.saturating_duration_since(Instant::now());
         let result = grpc::call_retried(
             "dpu-agent",
             rpc,
-            deadline,
+            link_deadline,
             &message,
             grpc::lost,
             |request| send(DpuAgentClient::new(self.link.channel()), request),
@@ -90,49 +102,57 @@ impl RemoteDpu {
         match result {
             Ok((response, _attempts)) => {
                 self.link_answers();
+                *lock(&self.last_word) = None;
                 Ok(response)
             }
-            Err(failed) => Err(self.error(rpc, failed)),
+            Err(failed) => Err(self.error(rpc, failed, budget)),
         }
     }
 
     fn link_answers(&self) {
-        let mut down = self.down.lock().unwrap_or_else(|e| e.into_inner());
+        let mut down = lock(&self.down);
         if down.take().is_some() {
             tracing::info!(agent = %self.address(), "the DPU agent answers again");
         }
     }
 
-    /// Classifies a failed call; one the agent did not answer marks the link
-    /// down, logged when the reason is new.
-    fn error(&self, rpc: &str, Failed { status, .. }: Failed) -> DpuError {
+    /// Classifies a failed call that had `budget`; one the agent did not
+    /// answer marks the link down, logged when the reason is new.
+    fn error(&self, rpc: &str, Failed { status, .. }: Failed, budget: Duration) -> DpuError {
+        let agent = self.address();
         if !grpc::unanswered(&status) {
             self.link_answers();
-            return DpuError::from_code(
-                status.code(),
-                format!(
-                    "DPU agent at {}: {rpc}: {}",
-                    self.address(),
-                    status.message()
-                ),
-            );
+            let message = format!("DPU agent at {agent}: {rpc}: {}", status.message());
+            if status.code() == Code::Unavailable {
+                *lock(&self.last_word) = Some((Instant::now(), message.clone()));
+            }
+            return DpuError::from_code(status.code(), message);
         }
-        let mut reason = grpc::cause(&status);
+        let mut reason = if !grpc::timed_out(&status) {
+            grpc::cause(&status)
+        } else if budget.is_zero() {
+            "no time was left to ask it".to_string()
+        } else {
+            format!("no answer within {budget:.1?}")
+        };
         if reason.contains("received fatal alert") {
             reason.push_str(" (the agent refused this node's certificate: see the agent's log)");
         }
-        let mut down = self.down.lock().unwrap_or_else(|e| e.into_inner());
+        let mut down = lock(&self.down);
         if down.as_deref() != Some(reason.as_str()) {
-            tracing::warn!(agent = %self.address(), "the DPU agent does not answer: {reason}");
+            tracing::warn!(agent = %agent, "the DPU agent does not answer: {reason}");
             *down = Some(reason.clone());
         }
-        // Our own timeout already names the call.
-        if reason.starts_with(rpc) {
-            DpuError::Unavailable(format!("DPU agent at {}: {reason}", self.address()))
-        } else {
-            DpuError::Unavailable(format!("DPU agent at {}: {rpc}: {reason}", self.address()))
-        }
+        let known = match lock(&self.last_word).as_ref() {
+            Some((when, word)) => format!("; its last answer, {:.1?} ago: {word}", when.elapsed()),
+            None => String::new(),
+        };
+        DpuError::Unavailable(format!("DPU agent at {agent}: {rpc}: {reason}{known}"))
     }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 #[async_trait::async_trait]
