@@ -9,6 +9,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::csi_samples::*;
+use common::pki::{Pki, Role, rotate};
 use common::proxy::{
     CALL_TIMEOUT, Proxy, answered_within, assert_refused_alike, assert_unreachable,
     capabilities_through, check_roundtrip, plugin_info, proxied_vendor, proxy_process,
@@ -20,6 +21,7 @@ use snap_csi::proto::csi::v1::controller_client::ControllerClient;
 use snap_csi::proto::csi::v1::group_controller_client::GroupControllerClient;
 use snap_csi::proto::volumegroup as vg;
 use snap_csi::proto::volumegroup::controller_client::ControllerClient as VolumeGroupClient;
+use snap_csi::tls::TlsFiles;
 use tonic::Code;
 
 /// [`check_roundtrip`] through one client method.
@@ -1134,4 +1136,127 @@ async fn an_id_or_name_past_csis_limit_is_refused_before_the_vendor_hears_of_it(
         .await
         .unwrap();
     proxy.stop().await;
+}
+
+/// The DNS names of the two ends of a TLS link to the vendor.
+const VENDOR_NAME: &str = "csi.vendor.test";
+const PROXY_NAME: &str = "controller-proxy.test";
+
+/// The proxy's TLS files at fixed paths (as a mounted Secret), holding
+/// `cert`'s certificate and key and trusting `ca`.
+fn proxy_files(dir: &Path, cert: &TlsFiles, ca: &Path) -> TlsFiles {
+    std::fs::create_dir_all(dir).unwrap();
+    let files = TlsFiles {
+        cert: dir.join("proxy.crt"),
+        key: dir.join("proxy.key"),
+        ca: dir.join("proxy-ca.crt"),
+    };
+    let source = TlsFiles {
+        ca: ca.to_path_buf(),
+        ..cert.clone()
+    };
+    rotate(&source, &files);
+    files
+}
+
+/// Secrets cross the link to the vendor, so across a network it is mutual
+/// TLS, as the DPU link is: a vendor that does not accept the proxy's
+/// certificate, or whose own certificate names another host, hears nothing
+/// and the caller gets UNAVAILABLE naming it; new files (a renewed
+/// certificate) take effect without a restart.
+#[tokio::test]
+async fn the_vendor_over_mutual_tls_hears_only_a_proxy_it_trusts_and_files_are_followed() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(&dir.path().join("pki"), "vendor-ca");
+    let stranger = Pki::new(&dir.path().join("stranger"), "stranger-ca");
+    let vendor = FakeVendor::tls(
+        Services::ALL,
+        pki.issue(Role::Agent, VENDOR_NAME),
+        PROXY_NAME,
+    )
+    .await;
+    let start = |vendor_name: &'static str, files: TlsFiles| {
+        Proxy::start_with(&vendor.endpoint, move |c| {
+            c.vendor_name = vendor_name.into();
+            c.vendor_tls = files;
+        })
+    };
+
+    // A server certificate that names another host: the proxy refuses it.
+    let trusted = proxy_files(
+        &dir.path().join("trusted"),
+        &pki.issue(Role::Node, PROXY_NAME),
+        &pki.ca_file(),
+    );
+    let misnamed = start("another.vendor.test", trusted.clone()).await;
+    assert_unreachable(&misnamed, &vendor.endpoint).await;
+    misnamed.stop().await;
+
+    // A client certificate from a CA the vendor does not trust: the vendor
+    // refuses it.
+    let files = proxy_files(
+        &dir.path().join("rotated"),
+        &stranger.issue(Role::Node, PROXY_NAME),
+        &pki.ca_file(),
+    );
+    let proxy = start(VENDOR_NAME, files.clone()).await;
+    assert_unreachable(&proxy, &vendor.endpoint).await;
+    assert_eq!(vendor.call_count(), 0, "the vendor heard a refused proxy");
+
+    // Renewed by the vendor's CA: the next connection uses the new files.
+    rotate(&trusted, &files);
+    let request = csi::CreateVolumeRequest {
+        name: "pvc-tls".into(),
+        secrets: secrets(),
+        ..Default::default()
+    };
+    let mut controller = proxy.controller.clone();
+    let renewed = async {
+        loop {
+            let call = controller.create_volume(timed(request.clone(), Duration::from_secs(5)));
+            match call.await {
+                Ok(_) => return,
+                Err(status) => assert_eq!(status.code(), Code::Unavailable, "{status:?}"),
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(30), renewed)
+        .await
+        .expect("the proxy never moved to its renewed certificate");
+    assert_eq!(
+        vendor.received::<csi::CreateVolumeRequest>("CreateVolume"),
+        vec![request],
+        "the request, secrets and all, reached the vendor once, over TLS"
+    );
+    proxy.stop().await;
+}
+
+/// Plaintext over a network is refused when the proxy starts, even with the
+/// flag that allows it on loopback.
+#[tokio::test]
+async fn a_plaintext_vendor_endpoint_off_loopback_is_refused_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let log_path = dir.path().join("controller.log");
+    for (endpoint, insecure, refusal) in [
+        ("http://192.0.2.7:5000", true, "non-loopback"),
+        ("http://192.0.2.7:5000", false, "https://"),
+        (
+            "http://127.0.0.1:5000",
+            false,
+            "--vendor-insecure-plaintext",
+        ),
+    ] {
+        let mut command = proxy_process(&dir.path().join("csi.sock"), endpoint, &log_path);
+        if insecure {
+            command.arg("--vendor-insecure-plaintext");
+        }
+        let status = command.status().unwrap();
+        let log = std::fs::read_to_string(&log_path).unwrap();
+        assert!(!status.success(), "{endpoint}: the proxy started");
+        assert!(log.contains(refusal), "{endpoint}: {log}");
+        assert!(
+            !dir.path().join("csi.sock").exists(),
+            "{endpoint}: it listened"
+        );
+    }
 }

@@ -7,19 +7,32 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
+use tonic::transport::Channel;
 use tonic::{Code, Request, Response, Status};
 
 use super::subject::Subject;
 use crate::deadline::call_deadline;
-use crate::grpc::{self, Failed};
+use crate::grpc::{self, Failed, Link};
 
 /// One service's client of the vendor's CSI controller, and how to call it.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Forwarder<C> {
-    client: C,
-    /// As configured (`unix:///...` or `http://...`), for messages.
-    endpoint: Arc<str>,
+    /// Shared by every service: one connection, moved to new TLS files when
+    /// they change ([`Link::channel`]).
+    link: Arc<Link>,
+    /// The service's generated client over the link's channel.
+    client: fn(Channel) -> C,
     call_timeout: Duration,
+}
+
+impl<C> Clone for Forwarder<C> {
+    fn clone(&self) -> Self {
+        Forwarder {
+            link: Arc::clone(&self.link),
+            client: self.client,
+            call_timeout: self.call_timeout,
+        }
+    }
 }
 
 /// UNAVAILABLE is the one answer that means "try again"; any other code is
@@ -30,11 +43,11 @@ fn retryable(status: &Status) -> bool {
     grpc::lost(status) || (!grpc::unanswered(status) && status.code() == Code::Unavailable)
 }
 
-impl<C: Clone> Forwarder<C> {
-    pub fn new(client: C, endpoint: impl Into<Arc<str>>, call_timeout: Duration) -> Self {
+impl<C> Forwarder<C> {
+    pub fn new(link: Arc<Link>, client: fn(Channel) -> C, call_timeout: Duration) -> Self {
         Forwarder {
+            link,
             client,
-            endpoint: endpoint.into(),
             call_timeout,
         }
     }
@@ -73,7 +86,7 @@ impl<C: Clone> Forwarder<C> {
             crate::csi_limits::within_string_limit(value, field)?;
         }
         let result = grpc::call_retried("vendor", rpc, deadline, &message, retryable, |request| {
-            send(self.client.clone(), request)
+            send((self.client)(self.link.channel()), request)
         })
         .await;
         let latency = started.elapsed();
@@ -115,7 +128,7 @@ impl<C: Clone> Forwarder<C> {
         tracing::warn!(
             method = rpc,
             subject = %Shown(subject),
-            vendor = %self.endpoint,
+            vendor = %self.link.address(),
             attempts,
             ?latency,
             "vendor CSI controller did not answer: {reason}"
@@ -124,7 +137,7 @@ impl<C: Clone> Forwarder<C> {
         Err(Status::unavailable(format!(
             "{rpc}: vendor CSI controller at {} did not answer \
              ({attempts} attempt{plural} in {latency:.1?}): {reason}",
-            self.endpoint
+            self.link.address()
         )))
     }
 }

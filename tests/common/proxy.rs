@@ -51,6 +51,8 @@ impl Proxy {
         let mut config = ControllerConfig {
             endpoint: dir.path().join("csi.sock"),
             vendor_endpoint: vendor_endpoint.into(),
+            // The tests' TCP vendors listen on loopback.
+            vendor_insecure_plaintext: vendor_endpoint.starts_with("http://"),
             call_timeout: CALL_TIMEOUT,
             ..Default::default()
         };
@@ -96,8 +98,10 @@ pub async fn proxied_vendor(dir: &Path) -> (FakeVendor, Proxy) {
 /// Waits for an answer the proxy must give by the caller's deadline
 /// `limit`, give or take [`DEADLINE_SLACK`] for a loaded machine: a proxy
 /// that ignored the deadline would answer only at its own [`CALL_TIMEOUT`],
-/// later than that. (A tonic client does not enforce its own deadline, so
-/// without this a hanging proxy would hang the test.)
+/// later than that. (tonic 0.14's client enforces the deadline it sends and
+/// answers CANCELLED "Timeout expired" when its timer wins, which fails the
+/// callers' code checks; this bound only keeps a call without one, or a
+/// stalled test, from hanging.)
 pub async fn answered_within<T>(limit: Duration, call: impl Future<Output = T>) -> T {
     const { assert!(CALL_TIMEOUT.as_secs() > 2 + DEADLINE_SLACK.as_secs()) };
     tokio::time::timeout(limit + DEADLINE_SLACK, call)
@@ -227,6 +231,7 @@ pub fn proxy_process(endpoint: &Path, vendor_endpoint: &str, log: &Path) -> std:
         .arg("--vendor-endpoint")
         .arg(vendor_endpoint)
         .env_remove("SNAP_CSI_CONFIG")
+        .env_remove("SNAP_CSI_VENDOR_INSECURE_PLAINTEXT")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(log).unwrap());
