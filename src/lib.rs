@@ -20,7 +20,9 @@
 //! - [`controller`]: the controller proxy: CSI Identity, Controller,
 //!   GroupController and VolumeGroup forwarded to the vendor's CSI controller.
 //! - [`server`]: serving gRPC on a UNIX socket (0600, stale socket, shutdown);
-//!   [`deadline`]: the deadline of an incoming call, for every call it makes.
+//!   [`deadline`]: the deadline of an incoming call, for every call it makes;
+//!   [`grpc`]: the one gRPC client core (addresses, connecting, a deadline
+//!   on every call, retries inside it) every client of ours is built on.
 //! - [`json_dir`]: small JSON records written atomically, one file per key
 //!   (the node's volume records, the sample plugin's controller state).
 //! - `retry` (backoff inside a deadline) and `settings` (config file and
@@ -38,6 +40,7 @@ pub mod csi_limits;
 pub mod deadline;
 pub mod dpu;
 pub mod failpoint;
+pub mod grpc;
 pub mod guard;
 pub mod host;
 pub mod json_dir;

@@ -1,6 +1,6 @@
-//! Retrying with backoff inside a caller's deadline, shared by the vendor
-//! plugin client, the attach flows and the controller proxy, so that all of
-//! them back off the same way.
+//! Retrying with backoff inside a caller's deadline, shared by every gRPC
+//! client ([`crate::grpc::call_retried`]) and the attach flows, so that all
+//! of them back off the same way.
 
 use std::future::Future;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};

@@ -5,281 +5,24 @@
 mod common;
 
 use std::collections::HashMap;
-use std::fmt::Debug;
-use std::future::Future;
 use std::path::Path;
 use std::time::Duration;
 
-use common::shared::DEADLINE_SLACK;
+use common::csi_samples::*;
+use common::pki::{Pki, Role, rotate};
+use common::proxy::{
+    CALL_TIMEOUT, Proxy, answered_within, assert_refused_alike, assert_unreachable,
+    capabilities_through, check_roundtrip, plugin_info, proxied_vendor, proxy_process,
+};
 use common::vendor_controller::{Answer, FakeVendor, Services};
 use common::{free_tcp_port, timed};
-use snap_csi::controller::ControllerConfig;
 use snap_csi::proto::csi::v1 as csi;
 use snap_csi::proto::csi::v1::controller_client::ControllerClient;
 use snap_csi::proto::csi::v1::group_controller_client::GroupControllerClient;
-use snap_csi::proto::csi::v1::identity_client::IdentityClient;
 use snap_csi::proto::volumegroup as vg;
 use snap_csi::proto::volumegroup::controller_client::ControllerClient as VolumeGroupClient;
-use tempfile::TempDir;
-use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
-use tonic::transport::Channel;
-use tonic::{Code, Status};
-
-use csi::volume_capability::access_mode::Mode;
-
-/// What secrets and parameters hold in every request here: distinctive
-/// strings, so that a log can be searched for them.
-const SECRET: &str = "s3cr3t-hunter2-value";
-const PARAMETER: &str = "param-value-7f3a";
-
-/// The call timeout the proxies here are configured with.
-const CALL_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// The proxy in-process, with a client of each service it serves.
-struct Proxy {
-    identity: IdentityClient<Channel>,
-    controller: ControllerClient<Channel>,
-    group: GroupControllerClient<Channel>,
-    volume_group: VolumeGroupClient<Channel>,
-    stop: Option<oneshot::Sender<()>>,
-    task: Option<JoinHandle<anyhow::Result<()>>>,
-    _dir: TempDir,
-}
-
-impl Proxy {
-    async fn start(vendor_endpoint: &str) -> Proxy {
-        Proxy::start_with(vendor_endpoint, |_| {}).await
-    }
-
-    /// A proxy with the settings `configure` makes over the defaults.
-    async fn start_with(
-        vendor_endpoint: &str,
-        configure: impl FnOnce(&mut ControllerConfig),
-    ) -> Proxy {
-        let dir = tempfile::tempdir().unwrap();
-        let mut config = ControllerConfig {
-            endpoint: dir.path().join("csi.sock"),
-            vendor_endpoint: vendor_endpoint.into(),
-            call_timeout: CALL_TIMEOUT,
-            ..Default::default()
-        };
-        configure(&mut config);
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(snap_csi::controller::run(config.clone(), async move {
-            let _ = stopped.await;
-        }));
-        let channel = common::node::connect(&config.endpoint).await;
-        Proxy {
-            identity: IdentityClient::new(channel.clone()),
-            controller: ControllerClient::new(channel.clone()),
-            group: GroupControllerClient::new(channel.clone()),
-            volume_group: VolumeGroupClient::new(channel),
-            stop: Some(stop),
-            task: Some(task),
-            _dir: dir,
-        }
-    }
-
-    /// Stops the proxy and checks that it shut down cleanly.
-    async fn stop(mut self) {
-        let _ = self.stop.take().unwrap().send(());
-        self.task.take().unwrap().await.unwrap().unwrap();
-    }
-}
-
-impl Drop for Proxy {
-    fn drop(&mut self) {
-        if let Some(task) = &self.task {
-            task.abort();
-        }
-    }
-}
-
-/// A fake vendor serving everything on a socket in `dir`, and a proxy to it.
-async fn proxied_vendor(dir: &Path) -> (FakeVendor, Proxy) {
-    let vendor = FakeVendor::unix(dir, Services::ALL).await;
-    let proxy = Proxy::start(&vendor.endpoint).await;
-    (vendor, proxy)
-}
-
-/// Waits for an answer the proxy must give by the caller's deadline
-/// `limit`, give or take [`DEADLINE_SLACK`] for a loaded machine: a proxy
-/// that ignored the deadline would answer only at its own [`CALL_TIMEOUT`],
-/// later than that. (A tonic client does not enforce its own deadline, so
-/// without this a hanging proxy would hang the test.)
-async fn answered_within<T>(limit: Duration, call: impl Future<Output = T>) -> T {
-    const { assert!(CALL_TIMEOUT.as_secs() > 2 + DEADLINE_SLACK.as_secs()) };
-    tokio::time::timeout(limit + DEADLINE_SLACK, call)
-        .await
-        .unwrap_or_else(|_| panic!("no answer within {limit:?} and {DEADLINE_SLACK:?} more"))
-}
-
-fn secrets() -> HashMap<String, String> {
-    HashMap::from([
-        ("username".to_string(), "admin".to_string()),
-        ("password".to_string(), SECRET.to_string()),
-    ])
-}
-
-fn parameters() -> HashMap<String, String> {
-    HashMap::from([
-        ("backend".to_string(), "nvmf".to_string()),
-        ("pool".to_string(), PARAMETER.to_string()),
-    ])
-}
-
-fn context() -> HashMap<String, String> {
-    HashMap::from([(
-        "target".to_string(),
-        "nqn.2024-01.io.example:pvc-1".to_string(),
-    )])
-}
-
-fn topology(zone: &str) -> csi::Topology {
-    csi::Topology {
-        segments: HashMap::from([("topology.snap-csi.io/dpu".to_string(), zone.to_string())]),
-    }
-}
-
-fn mount_capability() -> csi::VolumeCapability {
-    csi::VolumeCapability {
-        access_type: Some(csi::volume_capability::AccessType::Mount(
-            csi::volume_capability::MountVolume {
-                fs_type: "xfs".into(),
-                mount_flags: vec!["noatime".into(), "nodiscard".into()],
-                volume_mount_group: "2000".into(),
-            },
-        )),
-        access_mode: Some(csi::volume_capability::AccessMode {
-            mode: Mode::SingleNodeMultiWriter as i32,
-        }),
-    }
-}
-
-fn block_capability() -> csi::VolumeCapability {
-    csi::VolumeCapability {
-        access_type: Some(csi::volume_capability::AccessType::Block(
-            csi::volume_capability::BlockVolume {},
-        )),
-        access_mode: Some(csi::volume_capability::AccessMode {
-            mode: Mode::MultiNodeReaderOnly as i32,
-        }),
-    }
-}
-
-fn capacity() -> csi::CapacityRange {
-    csi::CapacityRange {
-        required_bytes: 1 << 30,
-        limit_bytes: 2 << 30,
-    }
-}
-
-fn from_snapshot(id: &str) -> csi::VolumeContentSource {
-    csi::VolumeContentSource {
-        r#type: Some(csi::volume_content_source::Type::Snapshot(
-            csi::volume_content_source::SnapshotSource {
-                snapshot_id: id.into(),
-            },
-        )),
-    }
-}
-
-fn volume(id: &str) -> csi::Volume {
-    csi::Volume {
-        capacity_bytes: 3 << 30,
-        volume_id: id.into(),
-        volume_context: context(),
-        content_source: Some(from_snapshot("snap-1")),
-        accessible_topology: vec![topology("dpu-a"), topology("dpu-b")],
-    }
-}
-
-fn timestamp() -> prost_types::Timestamp {
-    prost_types::Timestamp {
-        seconds: 1_700_000_000,
-        nanos: 123_456_789,
-    }
-}
-
-fn snapshot(id: &str) -> csi::Snapshot {
-    csi::Snapshot {
-        size_bytes: 3 << 30,
-        snapshot_id: id.into(),
-        source_volume_id: "vol-1".into(),
-        creation_time: Some(timestamp()),
-        ready_to_use: true,
-        group_snapshot_id: "gsnap-1".into(),
-    }
-}
-
-fn condition() -> csi::VolumeCondition {
-    csi::VolumeCondition {
-        abnormal: true,
-        message: "one path down".into(),
-    }
-}
-
-fn group_snapshot() -> csi::VolumeGroupSnapshot {
-    csi::VolumeGroupSnapshot {
-        group_snapshot_id: "gsnap-1".into(),
-        snapshots: vec![snapshot("snap-1"), snapshot("snap-2")],
-        creation_time: Some(timestamp()),
-        ready_to_use: true,
-    }
-}
-
-fn volume_group() -> vg::VolumeGroup {
-    vg::VolumeGroup {
-        volume_group_id: "group-1".into(),
-        volume_group_context: context(),
-        volumes: vec![vg::VgVolume {
-            capacity_bytes: 1 << 30,
-            volume_id: "vol-1".into(),
-            volume_context: context(),
-            content_source: Some(vg::VgVolumeContentSource {
-                r#type: Some(vg::vg_volume_content_source::Type::Volume(
-                    vg::vg_volume_content_source::VolumeSource {
-                        volume_id: "vol-0".into(),
-                    },
-                )),
-            }),
-            accessible_topology: vec![vg::VgTopology {
-                segments: HashMap::from([("zone".to_string(), "a".to_string())]),
-            }],
-        }],
-    }
-}
-
-/// Sends `request` through the proxy with `call` while the vendor is
-/// scripted to answer `response`; both must arrive exactly as sent.
-async fn check_roundtrip<Req, Resp, Fut>(
-    vendor: &FakeVendor,
-    method: &'static str,
-    request: Req,
-    response: Resp,
-    call: impl FnOnce(tonic::Request<Req>) -> Fut,
-) where
-    Req: Clone + PartialEq + Debug + 'static,
-    Resp: Clone + PartialEq + Debug + Send + 'static,
-    Fut: Future<Output = Result<tonic::Response<Resp>, Status>>,
-{
-    vendor.script(method, [Answer::reply(response.clone())]);
-    let answer = answered_within(
-        CALL_TIMEOUT,
-        call(timed(request.clone(), Duration::from_secs(5))),
-    )
-    .await;
-    let got = answer
-        .unwrap_or_else(|s| panic!("{method}: {s:?}"))
-        .into_inner();
-    assert_eq!(got, response, "{method}: the response changed on the way");
-    assert_eq!(
-        vendor.received::<Req>(method),
-        vec![request],
-        "{method}: the request changed on the way (or was sent more than once)"
-    );
-}
+use snap_csi::tls::TlsFiles;
+use tonic::Code;
 
 /// [`check_roundtrip`] through one client method.
 macro_rules! roundtrip {
@@ -660,56 +403,6 @@ async fn every_group_and_volume_group_rpc_reaches_the_vendor_intact_and_its_answ
     proxy.stop().await;
 }
 
-fn plugin_capabilities() -> csi::GetPluginCapabilitiesResponse {
-    use csi::plugin_capability::{Service, Type, VolumeExpansion, service, volume_expansion};
-    let service = |t: service::Type| csi::PluginCapability {
-        r#type: Some(Type::Service(Service { r#type: t as i32 })),
-    };
-    csi::GetPluginCapabilitiesResponse {
-        capabilities: vec![
-            service(service::Type::ControllerService),
-            service(service::Type::VolumeAccessibilityConstraints),
-            service(service::Type::GroupControllerService),
-            csi::PluginCapability {
-                r#type: Some(Type::VolumeExpansion(VolumeExpansion {
-                    r#type: volume_expansion::Type::Online as i32,
-                })),
-            },
-        ],
-    }
-}
-
-fn controller_capabilities() -> csi::ControllerGetCapabilitiesResponse {
-    use csi::controller_service_capability::{Rpc, Type, rpc};
-    csi::ControllerGetCapabilitiesResponse {
-        capabilities: [
-            rpc::Type::CreateDeleteVolume,
-            rpc::Type::CreateDeleteSnapshot,
-            rpc::Type::ListSnapshots,
-            rpc::Type::CloneVolume,
-            rpc::Type::ExpandVolume,
-            rpc::Type::ListVolumes,
-            rpc::Type::GetCapacity,
-        ]
-        .into_iter()
-        .map(|t| csi::ControllerServiceCapability {
-            r#type: Some(Type::Rpc(Rpc { r#type: t as i32 })),
-        })
-        .collect(),
-    }
-}
-
-fn group_capabilities() -> csi::GroupControllerGetCapabilitiesResponse {
-    use csi::group_controller_service_capability::{Rpc, Type, rpc};
-    csi::GroupControllerGetCapabilitiesResponse {
-        capabilities: vec![csi::GroupControllerServiceCapability {
-            r#type: Some(Type::Rpc(Rpc {
-                r#type: rpc::Type::CreateDeleteGetVolumeGroupSnapshot as i32,
-            })),
-        }],
-    }
-}
-
 /// (Every value here is one CSI v1.11 defines; newer ones are the next test's.)
 #[tokio::test]
 async fn capabilities_are_exactly_the_vendors() {
@@ -761,89 +454,6 @@ async fn capabilities_are_exactly_the_vendors() {
     let none = ask_controller().await;
     assert!(none.capabilities.is_empty(), "{none:?}");
     proxy.stop().await;
-}
-
-/// Capability replies with every value from 0 to 20 of each capability enum:
-/// CSI v1.11's, CSI 1.12's GET_SNAPSHOT (15), and values no CSI has yet.
-fn every_capability_value() -> (
-    csi::GetPluginCapabilitiesResponse,
-    csi::ControllerGetCapabilitiesResponse,
-    csi::GroupControllerGetCapabilitiesResponse,
-) {
-    use csi::plugin_capability::{Service, Type, VolumeExpansion};
-    let values = 0..=20;
-    let plugin = values
-        .clone()
-        .flat_map(|v| {
-            [
-                Type::Service(Service { r#type: v }),
-                Type::VolumeExpansion(VolumeExpansion { r#type: v }),
-            ]
-        })
-        .map(|t| csi::PluginCapability { r#type: Some(t) })
-        .collect();
-    let controller = values
-        .clone()
-        .map(|v| csi::ControllerServiceCapability {
-            r#type: Some(csi::controller_service_capability::Type::Rpc(
-                csi::controller_service_capability::Rpc { r#type: v },
-            )),
-        })
-        .collect();
-    let group = values
-        .map(|v| csi::GroupControllerServiceCapability {
-            r#type: Some(csi::group_controller_service_capability::Type::Rpc(
-                csi::group_controller_service_capability::Rpc { r#type: v },
-            )),
-        })
-        .collect();
-    (
-        csi::GetPluginCapabilitiesResponse {
-            capabilities: plugin,
-        },
-        csi::ControllerGetCapabilitiesResponse {
-            capabilities: controller,
-        },
-        csi::GroupControllerGetCapabilitiesResponse {
-            capabilities: group,
-        },
-    )
-}
-
-/// The three capability replies through `proxy`, each answered by `vendor`
-/// with [`every_capability_value`].
-async fn capabilities_through(
-    vendor: &FakeVendor,
-    proxy: &Proxy,
-) -> (
-    csi::GetPluginCapabilitiesResponse,
-    csi::ControllerGetCapabilitiesResponse,
-    csi::GroupControllerGetCapabilitiesResponse,
-) {
-    let (plugin, controller, group) = every_capability_value();
-    vendor.script("GetPluginCapabilities", [Answer::reply(plugin)]);
-    vendor.script("ControllerGetCapabilities", [Answer::reply(controller)]);
-    vendor.script("GroupControllerGetCapabilities", [Answer::reply(group)]);
-    let plugin = proxy
-        .identity
-        .clone()
-        .get_plugin_capabilities(csi::GetPluginCapabilitiesRequest {})
-        .await;
-    let controller = proxy
-        .controller
-        .clone()
-        .controller_get_capabilities(csi::ControllerGetCapabilitiesRequest {})
-        .await;
-    let group = proxy
-        .group
-        .clone()
-        .group_controller_get_capabilities(csi::GroupControllerGetCapabilitiesRequest {})
-        .await;
-    (
-        plugin.unwrap().into_inner(),
-        controller.unwrap().into_inner(),
-        group.unwrap().into_inner(),
-    )
 }
 
 /// Sidecars built on CSI v1.11 crash on an enum value they do not know, so
@@ -916,16 +526,6 @@ async fn capabilities_newer_than_csi_v1_11_reach_sidecars_only_when_forwarded() 
         "the v1.11 check sees GET_SNAPSHOT: {unknown:?}"
     );
     forwarding.stop().await;
-}
-
-async fn plugin_info(proxy: &Proxy) -> csi::GetPluginInfoResponse {
-    proxy
-        .identity
-        .clone()
-        .get_plugin_info(csi::GetPluginInfoRequest {})
-        .await
-        .unwrap()
-        .into_inner()
 }
 
 /// One driver name for the whole deployment: the node's unless configured,
@@ -1147,30 +747,6 @@ async fn a_vendor_that_stays_unavailable_has_its_last_answer_returned_within_the
     proxy.stop().await;
 }
 
-/// The proxy's answer when its vendor at `endpoint` does not answer: UNAVAILABLE
-/// naming the endpoint, before the caller's deadline.
-async fn assert_unreachable(proxy: &Proxy, endpoint: &str) {
-    let deadline = Duration::from_millis(1500);
-    let answer = answered_within(
-        deadline,
-        proxy.controller.clone().create_volume(timed(
-            csi::CreateVolumeRequest {
-                name: "pvc-1".into(),
-                secrets: secrets(),
-                ..Default::default()
-            },
-            deadline,
-        )),
-    )
-    .await;
-    let status = answer.unwrap_err();
-    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
-    assert!(
-        status.message().contains(endpoint),
-        "the message names the vendor endpoint {endpoint}: {status:?}"
-    );
-}
-
 #[tokio::test]
 async fn a_vendor_that_is_down_gives_unavailable_naming_it_and_is_reconnected_when_back() {
     let dir = tempfile::tempdir().unwrap();
@@ -1256,16 +832,6 @@ async fn the_vendor_gets_the_callers_deadline_a_little_short_and_capped() {
         );
     }
     proxy.stop().await;
-}
-
-/// The proxy's refusal of a service the vendor lacks (`ours`) is the
-/// vendor's own (`theirs`): UNIMPLEMENTED, with the vendor's message.
-fn assert_refused_alike(ours: &Status, theirs: &Status) {
-    assert_eq!(ours.code(), Code::Unimplemented, "{ours:?}");
-    assert_eq!(
-        (ours.code(), ours.message()),
-        (theirs.code(), theirs.message())
-    );
 }
 
 #[tokio::test]
@@ -1365,24 +931,6 @@ async fn a_tcp_vendor_works_like_a_unix_one() {
         2
     );
     proxy.stop().await;
-}
-
-/// The `snap-csi controller` binary as an operator starts it, serving
-/// `endpoint` for the vendor at `vendor_endpoint`, logging to `log`.
-fn proxy_process(endpoint: &Path, vendor_endpoint: &str, log: &Path) -> std::process::Command {
-    use std::process::Stdio;
-    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_snap-csi"));
-    command
-        .arg("controller")
-        .arg("--endpoint")
-        .arg(endpoint)
-        .arg("--vendor-endpoint")
-        .arg(vendor_endpoint)
-        .env_remove("SNAP_CSI_CONFIG")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(log).unwrap());
-    command
 }
 
 #[tokio::test]
@@ -1588,4 +1136,127 @@ async fn an_id_or_name_past_csis_limit_is_refused_before_the_vendor_hears_of_it(
         .await
         .unwrap();
     proxy.stop().await;
+}
+
+/// The DNS names of the two ends of a TLS link to the vendor.
+const VENDOR_NAME: &str = "csi.vendor.test";
+const PROXY_NAME: &str = "controller-proxy.test";
+
+/// The proxy's TLS files at fixed paths (as a mounted Secret), holding
+/// `cert`'s certificate and key and trusting `ca`.
+fn proxy_files(dir: &Path, cert: &TlsFiles, ca: &Path) -> TlsFiles {
+    std::fs::create_dir_all(dir).unwrap();
+    let files = TlsFiles {
+        cert: dir.join("proxy.crt"),
+        key: dir.join("proxy.key"),
+        ca: dir.join("proxy-ca.crt"),
+    };
+    let source = TlsFiles {
+        ca: ca.to_path_buf(),
+        ..cert.clone()
+    };
+    rotate(&source, &files);
+    files
+}
+
+/// Secrets cross the link to the vendor, so across a network it is mutual
+/// TLS, as the DPU link is: a vendor that does not accept the proxy's
+/// certificate, or whose own certificate names another host, hears nothing
+/// and the caller gets UNAVAILABLE naming it; new files (a renewed
+/// certificate) take effect without a restart.
+#[tokio::test]
+async fn the_vendor_over_mutual_tls_hears_only_a_proxy_it_trusts_and_files_are_followed() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(&dir.path().join("pki"), "vendor-ca");
+    let stranger = Pki::new(&dir.path().join("stranger"), "stranger-ca");
+    let vendor = FakeVendor::tls(
+        Services::ALL,
+        pki.issue(Role::Agent, VENDOR_NAME),
+        PROXY_NAME,
+    )
+    .await;
+    let start = |vendor_name: &'static str, files: TlsFiles| {
+        Proxy::start_with(&vendor.endpoint, move |c| {
+            c.vendor_name = vendor_name.into();
+            c.vendor_tls = files;
+        })
+    };
+
+    // A server certificate that names another host: the proxy refuses it.
+    let trusted = proxy_files(
+        &dir.path().join("trusted"),
+        &pki.issue(Role::Node, PROXY_NAME),
+        &pki.ca_file(),
+    );
+    let misnamed = start("another.vendor.test", trusted.clone()).await;
+    assert_unreachable(&misnamed, &vendor.endpoint).await;
+    misnamed.stop().await;
+
+    // A client certificate from a CA the vendor does not trust: the vendor
+    // refuses it.
+    let files = proxy_files(
+        &dir.path().join("rotated"),
+        &stranger.issue(Role::Node, PROXY_NAME),
+        &pki.ca_file(),
+    );
+    let proxy = start(VENDOR_NAME, files.clone()).await;
+    assert_unreachable(&proxy, &vendor.endpoint).await;
+    assert_eq!(vendor.call_count(), 0, "the vendor heard a refused proxy");
+
+    // Renewed by the vendor's CA: the next connection uses the new files.
+    rotate(&trusted, &files);
+    let request = csi::CreateVolumeRequest {
+        name: "pvc-tls".into(),
+        secrets: secrets(),
+        ..Default::default()
+    };
+    let mut controller = proxy.controller.clone();
+    let renewed = async {
+        loop {
+            let call = controller.create_volume(timed(request.clone(), Duration::from_secs(5)));
+            match call.await {
+                Ok(_) => return,
+                Err(status) => assert_eq!(status.code(), Code::Unavailable, "{status:?}"),
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(30), renewed)
+        .await
+        .expect("the proxy never moved to its renewed certificate");
+    assert_eq!(
+        vendor.received::<csi::CreateVolumeRequest>("CreateVolume"),
+        vec![request],
+        "the request, secrets and all, reached the vendor once, over TLS"
+    );
+    proxy.stop().await;
+}
+
+/// Plaintext over a network is refused when the proxy starts, even with the
+/// flag that allows it on loopback.
+#[tokio::test]
+async fn a_plaintext_vendor_endpoint_off_loopback_is_refused_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let log_path = dir.path().join("controller.log");
+    for (endpoint, insecure, refusal) in [
+        ("http://192.0.2.7:5000", true, "non-loopback"),
+        ("http://192.0.2.7:5000", false, "https://"),
+        (
+            "http://127.0.0.1:5000",
+            false,
+            "--vendor-insecure-plaintext",
+        ),
+    ] {
+        let mut command = proxy_process(&dir.path().join("csi.sock"), endpoint, &log_path);
+        if insecure {
+            command.arg("--vendor-insecure-plaintext");
+        }
+        let status = command.status().unwrap();
+        let log = std::fs::read_to_string(&log_path).unwrap();
+        assert!(!status.success(), "{endpoint}: the proxy started");
+        assert!(log.contains(refusal), "{endpoint}: {log}");
+        assert!(
+            !dir.path().join("csi.sock").exists(),
+            "{endpoint}: it listened"
+        );
+    }
 }

@@ -18,10 +18,10 @@ use common::node::{block_capability, connect, mounts_under, stage_request};
 use common::pki::{Pki, Role};
 use common::shared::KillOnDrop;
 use common::{Emulator, loop_devices_of, timed};
-use snap_csi::agent::address::LinkAddress;
 use snap_csi::dpu::DpuAttach;
 use snap_csi::dpu::names::VolumeNames;
 use snap_csi::dpu::remote::RemoteDpu;
+use snap_csi::grpc::LinkAddress;
 use snap_csi::node::NodeConfig;
 use snap_csi::node::config::EmulationSetting;
 use snap_csi::proto::csi::v1 as csi;
@@ -285,7 +285,6 @@ impl Stack {
         T: Send + 'static,
     {
         let closed = self.plugin.gate.close().await;
-        let started = Instant::now();
         let running = tokio::spawn(call);
         // The call is on the DPU, inside the plugin, its answer still to come.
         self.plugin.gate.entered().await;
@@ -295,17 +294,14 @@ impl Stack {
             Ok(_) => panic!("a call cut in the middle cannot succeed"),
             Err(status) => status,
         };
-        let took = started.elapsed();
         self.network.heal();
+        // The client enforces the deadline it sent (tonic answers CANCELLED
+        // "Timeout expired" when its own timer wins), so an answer from the
+        // node, with its code, is one that came within the deadline.
         assert!(
-            matches!(status.code(), Code::Unavailable | Code::DeadlineExceeded),
-            "{status:?}"
-        );
-        assert!(
-            // The node answers before the deadline; the margin is for a
-            // loaded machine's scheduling, not for the node.
-            took <= CUT_CALL + Duration::from_secs(1),
-            "the call ends within its deadline: {took:?}"
+            matches!(status.code(), Code::Unavailable | Code::DeadlineExceeded)
+                && !snap_csi::grpc::unanswered(&status),
+            "the node answers within the deadline: {status:?}"
         );
         status
     }

@@ -107,7 +107,7 @@ async fn a_node_without_a_certificate_is_refused_in_the_handshake() {
     let dir = tempfile::tempdir().unwrap();
     let (config, node_tls, _) = test_config(dir.path());
     let agent = agent(config, node_tls.clone()).await;
-    let snap_csi::agent::address::LinkAddress::Tls(host_port) = &agent.address else {
+    let snap_csi::grpc::LinkAddress::Tls(host_port) = &agent.address else {
         unreachable!()
     };
     let roots = node_tls.load().unwrap().roots;
@@ -180,10 +180,10 @@ async fn plaintext_is_refused_unless_explicitly_allowed_on_loopback() {
     let _agent = agent(plain, node_tls.clone()).await;
     let node = RemoteDpu::new(address.clone(), DPU_NAME, &node_tls).unwrap();
     assert!(node.probe(soon()).await.unwrap());
-    let snap_csi::agent::address::LinkAddress::Plaintext(socket) = address else {
+    let snap_csi::grpc::LinkAddress::Plaintext(socket) = address else {
         unreachable!()
     };
-    let tls_to_plain = snap_csi::agent::address::LinkAddress::Tls(socket.to_string());
+    let tls_to_plain = snap_csi::grpc::LinkAddress::Tls(socket.to_string());
     let node = RemoteDpu::new(tls_to_plain, DPU_NAME, &node_tls).unwrap();
     assert!(node.probe(soon()).await.is_err());
 }

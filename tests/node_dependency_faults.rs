@@ -141,43 +141,38 @@ impl Scene {
         }
     }
 
+    /// The client enforces the deadline it sends, so an answer is one that
+    /// came within it.
     async fn ready(&mut self) -> bool {
-        let started = Instant::now();
         let probe = self
             .identity
             .probe(timed(csi::ProbeRequest {}, KUBELET_TIMEOUT))
             .await
-            .expect("Probe answers, ready or not");
-        assert!(
-            started.elapsed() < KUBELET_TIMEOUT + SLACK,
-            "Probe took {:?}",
-            started.elapsed()
-        );
+            .expect("Probe answers within its deadline, ready or not");
         probe.into_inner().ready == Some(true)
     }
 }
 
 /// Asserts that `call` failed as a dependency failure should: in time, with
 /// UNAVAILABLE or DEADLINE_EXCEEDED, naming the dependency and its socket.
+/// In time is the client's own event: it enforces the deadline it sent
+/// (tonic answers CANCELLED "Timeout expired" when its timer wins), so a
+/// status the node sent is one that came before the deadline.
 fn assert_dependency_failure<T: std::fmt::Debug>(
     what: &str,
     result: Result<T, tonic::Status>,
-    took: Duration,
     (dependency, socket): &(String, String),
 ) {
     let status = result.expect_err(what);
     assert!(
-        matches!(status.code(), Code::Unavailable | Code::DeadlineExceeded),
-        "{what}: {status:?}"
+        matches!(status.code(), Code::Unavailable | Code::DeadlineExceeded)
+            && !snap_csi::grpc::unanswered(&status),
+        "{what}: not the node's answer within the deadline: {status:?}"
     );
     assert!(
         status.message().contains(dependency.as_str())
             && status.message().contains(socket.as_str()),
         "{what}: the message names neither {dependency} nor {socket}: {status:?}"
-    );
-    assert!(
-        took < KUBELET_TIMEOUT + SLACK,
-        "{what}: answered after {took:?}, deadline {KUBELET_TIMEOUT:?}"
     );
 }
 
@@ -219,9 +214,10 @@ async fn survives(fault: Fault) {
     scene.inject(fault).await;
     let named = scene.named(fault);
     let stage = stage_request("pvc-new", &new_staging, capability.clone(), &new_backing);
-    let (result, took) =
-        timed_call(node.node_stage_volume(timed(stage.clone(), KUBELET_TIMEOUT))).await;
-    assert_dependency_failure("NodeStageVolume", result, took, &named);
+    let result = node
+        .node_stage_volume(timed(stage.clone(), KUBELET_TIMEOUT))
+        .await;
+    assert_dependency_failure("NodeStageVolume", result, &named);
 
     // Unpublish is the host's alone; unstage needs the DPU.
     unpublish(&mut node, "pvc-old", &old_target).await;
@@ -229,15 +225,16 @@ async fn survives(fault: Fault) {
         volume_id: "pvc-old".into(),
         staging_target_path: old_staging.display().to_string(),
     };
-    let (result, took) =
-        timed_call(node.node_unstage_volume(timed(unstage_request.clone(), KUBELET_TIMEOUT))).await;
-    assert_dependency_failure("NodeUnstageVolume", result, took, &named);
+    let result = node
+        .node_unstage_volume(timed(unstage_request.clone(), KUBELET_TIMEOUT))
+        .await;
+    assert_dependency_failure("NodeUnstageVolume", result, &named);
     if fault.snap() {
         // The plugin's description is kept, so only SNAP's listing is asked.
-        let (result, took) =
-            timed_call(node.node_get_info(timed(csi::NodeGetInfoRequest {}, KUBELET_TIMEOUT)))
-                .await;
-        assert_dependency_failure("NodeGetInfo", result, took, &named);
+        let result = node
+            .node_get_info(timed(csi::NodeGetInfoRequest {}, KUBELET_TIMEOUT))
+            .await;
+        assert_dependency_failure("NodeGetInfo", result, &named);
     }
     assert!(!scene.ready().await, "Probe says not ready under {fault:?}");
 

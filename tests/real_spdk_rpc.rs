@@ -14,6 +14,9 @@ use snap_csi::spdk::bdev::{BdevGetBdevs, BdevGetIostat, BdevNullCreate, BdevNull
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+/// How long SPDK holds the call of the deadline test.
+const HOLD_MS: u32 = 5000;
+
 /// A `bdev_get_bdevs` that real SPDK holds for `ms` before answering -19:
 /// it waits that long for the bdev to appear.
 fn held_for(ms: u32) -> BdevGetBdevs {
@@ -32,8 +35,10 @@ async fn a_deadline_is_honoured_while_spdk_holds_the_call() {
     let client = RpcClient::new(&spdk.socket);
 
     let started = Instant::now();
+    // SPDK holds the call far longer than its deadline, so that an answer
+    // before the hold ends is the deadline's doing, however loaded the host.
     let error = client
-        .call_until(&held_for(2000), started + Duration::from_millis(300))
+        .call_until(&held_for(HOLD_MS), started + Duration::from_millis(300))
         .await
         .unwrap_err();
     assert!(
@@ -42,13 +47,18 @@ async fn a_deadline_is_honoured_while_spdk_holds_the_call() {
     );
     let waited = started.elapsed();
     assert!(waited >= Duration::from_millis(300), "{waited:?}");
-    assert!(waited < Duration::from_millis(1500), "{waited:?}");
+    assert!(
+        waited < Duration::from_millis(u64::from(HOLD_MS)),
+        "{waited:?}"
+    );
 
     // The connection serves on meanwhile, and SPDK's late answer to the
     // forgotten call is dropped rather than given to a later one.
     let version = client.call(&SpdkGetVersion {}).await.unwrap();
     assert_eq!(version.version, "SPDK v24.09");
-    tokio::time::sleep(Duration::from_millis(2000)).await;
+    // SPDK answers the held call when its hold ends: after it, its late
+    // answer is in (or behind) whatever comes next on the connection.
+    tokio::time::sleep_until(started + Duration::from_millis(u64::from(HOLD_MS) + 500)).await;
     let error = client.call(&held_for(0)).await.unwrap_err();
     assert_eq!(error.code(), Some(code::ENODEV), "{error:?}");
     assert_eq!(
@@ -162,8 +172,9 @@ async fn a_killed_target_fails_calls_in_flight_and_its_successor_is_reached() {
         assert!(error.to_string().contains("bdev_get_bdevs"), "{error}");
         assert!(error.is_transient());
     }
+    // Well before SPDK would have answered (20 s): the kill ended them.
     assert!(
-        killed.elapsed() < Duration::from_secs(2),
+        killed.elapsed() < Duration::from_secs(10),
         "calls in flight failed promptly: {:?}",
         killed.elapsed()
     );

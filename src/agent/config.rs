@@ -7,8 +7,8 @@ use std::time::Duration;
 use config::ConfigError;
 use serde::Deserialize;
 
-use super::address::LinkAddress;
 use crate::dpu::plugin::DEFAULT_SNAP_SOCKET_TEMPLATE;
+use crate::grpc::LinkAddress;
 use crate::settings::{defaults_or_file, flags_over, seconds, seconds_flag};
 use crate::tls::TlsFiles;
 

@@ -9,13 +9,11 @@
 //! restarted agent carries on where the last one stopped.
 //!
 //! - `config`: settings (defaults, config file, env, flags).
-//! - `address`: the link's addresses, shared with the node's `--dpu-endpoint`.
 //! - `service`: the gRPC service over a [`DpuAttach`].
 //!
 //! Across a network the link is mutual TLS ([`crate::tls`]): the agent
 //! accepts only a client certificate naming its host.
 
-pub mod address;
 pub mod config;
 pub mod service;
 
@@ -26,8 +24,8 @@ use std::sync::Arc;
 
 use tokio_stream::wrappers::TcpListenerStream;
 
-use self::address::LinkAddress;
 use crate::dpu::DpuAttach;
+use crate::grpc::LinkAddress;
 use crate::proto::snapcsi::dpu::v1::dpu_agent_server::DpuAgentServer;
 use crate::tls::{Reloading, listen, peer_name, server_config};
 

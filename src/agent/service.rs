@@ -9,16 +9,10 @@ use tokio::time::Instant;
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
-use crate::deadline::call_deadline;
+use crate::deadline::{call_deadline, relayed};
 use crate::dpu::{AttachRequest, DpuAttach};
 use crate::guard::{Held, VolumeGuard};
 use crate::proto::snapcsi::dpu::v1 as api;
-
-/// A fifth of a call's time, at most this much, is kept back beyond what
-/// [`call_deadline`] keeps, so the node can relay the agent's answer (with
-/// its reason) before its own deadline, also on a busy link or machine:
-/// the node can only say "no answer" for an answer that comes late.
-const RELAY_MARGIN: Duration = Duration::from_secs(1);
 
 #[derive(Debug, Clone)]
 pub struct AgentService {
@@ -36,10 +30,12 @@ impl AgentService {
         }
     }
 
+    /// The deadline of the DPU's work on a call: the node's less a reserve
+    /// for our answer, less another for the plugin's or SNAP's, so that what
+    /// they said (or that they said nothing) still reaches the node in time
+    /// ([`crate::deadline`]).
     fn deadline<T>(&self, request: &Request<T>) -> Instant {
-        let deadline = call_deadline(request, self.call_timeout);
-        let left = deadline.saturating_duration_since(Instant::now());
-        deadline - (left / 5).min(RELAY_MARGIN)
+        relayed(call_deadline(request, self.call_timeout))
     }
 
     /// One call per volume at a time. A second one is a retry of a call the

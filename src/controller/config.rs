@@ -1,15 +1,19 @@
 //! Controller proxy settings, layered like the node's: built-in defaults,
 //! then a config file, then environment variables and flags (clap).
 
-use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use config::ConfigError;
 use serde::Deserialize;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Endpoint;
 
+use crate::grpc::{Link, LinkAddress};
 use crate::settings::{defaults_or_file, flags_over, seconds, seconds_flag};
+use crate::tls::TlsFiles;
+
+/// The flag that allows plaintext to a loopback vendor endpoint.
+pub const VENDOR_INSECURE_FLAG: &str = "--vendor-insecure-plaintext";
 
 /// Everything the controller proxy can be told.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -17,9 +21,21 @@ use crate::settings::{defaults_or_file, flags_over, seconds, seconds_flag};
 pub struct ControllerConfig {
     /// Our CSI socket, where the external-provisioner and the other sidecars call.
     pub endpoint: PathBuf,
-    /// The vendor's CSI controller: `unix:///path` or `http://host:port`.
-    /// Required; checked by [`VendorEndpoint::parse`].
+    /// The vendor's CSI controller: `https://HOST:PORT` (mutual TLS),
+    /// `unix:///PATH`, or `http://LOOPBACK-IP:PORT` with
+    /// `vendor_insecure_plaintext`. Required; checked by
+    /// [`ControllerConfig::vendor_link`]. Its calls carry the StorageClass's
+    /// secrets: across a network they are authenticated both ways and
+    /// private.
     pub vendor_endpoint: String,
+    /// The DNS name (or IP) the vendor's server certificate must carry;
+    /// empty: the endpoint's host.
+    pub vendor_name: String,
+    /// Allow plaintext over TCP to a loopback address (no authentication).
+    pub vendor_insecure_plaintext: bool,
+    /// Our client certificate, its key, and the CA that signs the vendor's
+    /// certificate, re-read when they change (as the DPU link's).
+    pub vendor_tls: TlsFiles,
     /// Upper bound on one forwarded call, retries included; the caller's
     /// deadline shortens it.
     #[serde(with = "seconds")]
@@ -39,6 +55,9 @@ impl Default for ControllerConfig {
         ControllerConfig {
             endpoint: "/csi/csi.sock".into(),
             vendor_endpoint: String::new(),
+            vendor_name: String::new(),
+            vendor_insecure_plaintext: false,
+            vendor_tls: TlsFiles::default(),
             call_timeout: Duration::from_secs(120),
             driver_name: crate::DRIVER_NAME.into(),
             forward_newer_capabilities: false,
@@ -47,70 +66,38 @@ impl Default for ControllerConfig {
     }
 }
 
-/// Where the vendor's CSI controller listens.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum VendorEndpoint {
-    /// `unix:///path`: a socket shared in the pod.
-    Unix(PathBuf),
-    /// `http://host:port`: plain gRPC over TCP (no TLS; for a sidecar on
-    /// localhost or a trusted network).
-    Tcp(String),
-}
-
-impl VendorEndpoint {
-    pub fn parse(endpoint: &str) -> Result<VendorEndpoint, String> {
-        let expected = "expected unix:///absolute/path or http://host:port";
-        let parsed = if let Some(path) = endpoint.strip_prefix("unix://") {
-            if !path.starts_with('/') {
-                return Err(format!("vendor endpoint {endpoint:?}: {expected}"));
-            }
-            VendorEndpoint::Unix(path.into())
-        } else if let Some(authority) = endpoint.strip_prefix("http://") {
-            let uri: tonic::transport::Uri = endpoint
-                .parse()
-                .map_err(|e| format!("vendor endpoint {endpoint:?}: {e}; {expected}"))?;
-            // A path would be silently dropped by the channel: refuse it
-            // rather than connect somewhere other than what was written.
-            if uri.port().is_none() || authority.contains('/') {
-                return Err(format!("vendor endpoint {endpoint:?}: {expected}"));
-            }
-            VendorEndpoint::Tcp(endpoint.to_string())
-        } else {
-            return Err(format!("vendor endpoint {endpoint:?}: {expected}"));
-        };
-        // Whatever tonic would refuse when the proxy starts is refused here,
-        // with the setting named, so that `channel` cannot fail.
-        parsed
-            .endpoint()
-            .map_err(|e| format!("vendor endpoint {endpoint:?}: {e}; {expected}"))?;
-        Ok(parsed)
+impl ControllerConfig {
+    /// The vendor's address, checked: `https://` (mutual TLS), a UNIX
+    /// socket, or plaintext on loopback with the insecure flag.
+    pub fn vendor_link(&self) -> Result<LinkAddress, String> {
+        LinkAddress::parse(
+            &self.vendor_endpoint,
+            self.vendor_insecure_plaintext,
+            VENDOR_INSECURE_FLAG,
+        )
+        .map_err(|e| format!("--vendor-endpoint {e}"))
     }
 
-    fn endpoint(&self) -> Result<Endpoint, tonic::transport::Error> {
-        match self {
-            VendorEndpoint::Unix(path) => {
-                Endpoint::from_shared(format!("unix://{}", path.display()))
-            }
-            VendorEndpoint::Tcp(uri) => Endpoint::from_shared(uri.clone()),
+    /// The name the vendor's server certificate must carry: the configured
+    /// one, else the endpoint's host.
+    pub fn vendor_peer_name(&self, link: &LinkAddress) -> String {
+        match (self.vendor_name.as_str(), link.tls_host()) {
+            ("", Some(host)) => host.to_string(),
+            (name, _) => name.to_string(),
         }
     }
 
-    /// A channel that connects on first use and again after each break, so
-    /// the proxy can start before the vendor and outlive its restarts.
-    /// Must be called inside a Tokio runtime: the channel spawns its worker.
-    pub fn channel(&self) -> Channel {
-        self.endpoint()
-            .expect("VendorEndpoint::parse admits only endpoints tonic accepts")
-            .connect_lazy()
-    }
-}
-
-impl fmt::Display for VendorEndpoint {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            VendorEndpoint::Unix(path) => write!(f, "unix://{}", path.display()),
-            VendorEndpoint::Tcp(uri) => f.write_str(uri),
-        }
+    /// The link to the vendor, connected on first use and again after each
+    /// break, so that the proxy can start before the vendor and outlive its
+    /// restarts. Over TLS its certificate files are read now (bad ones are
+    /// a configuration error) and followed afterwards.
+    pub fn vendor(&self) -> Result<Link, String> {
+        let link = self.vendor_link()?;
+        let peer = self.vendor_peer_name(&link);
+        // The URI only fills the :authority header; the address decides.
+        let endpoint = Endpoint::from_static("http://vendor-csi-controller");
+        Link::new(link, &peer, &self.vendor_tls, endpoint)
+            .map_err(|e| format!("--vendor-tls-*: {e}"))
     }
 }
 
@@ -124,9 +111,28 @@ pub struct ControllerArgs {
     /// Our CSI socket path [default: /csi/csi.sock].
     #[arg(long, env = "SNAP_CSI_ENDPOINT")]
     pub endpoint: Option<PathBuf>,
-    /// The vendor's CSI controller: unix:///path or http://host:port (required).
+    /// The vendor's CSI controller (required): https://HOST:PORT (mutual
+    /// TLS), unix:///PATH, or http://LOOPBACK-IP:PORT with
+    /// --vendor-insecure-plaintext.
     #[arg(long, env = "SNAP_CSI_VENDOR_ENDPOINT")]
     pub vendor_endpoint: Option<String>,
+    /// The name the vendor's server certificate must carry (default: the
+    /// endpoint's host).
+    #[arg(long, env = "SNAP_CSI_VENDOR_NAME")]
+    pub vendor_name: Option<String>,
+    /// Allow a plaintext http://LOOPBACK-IP:PORT vendor endpoint (no
+    /// authentication; refuses any other address).
+    #[arg(long, env = "SNAP_CSI_VENDOR_INSECURE_PLAINTEXT")]
+    pub vendor_insecure_plaintext: bool,
+    /// The proxy's client certificate chain for the vendor (PEM).
+    #[arg(long, env = "SNAP_CSI_VENDOR_TLS_CERT")]
+    pub vendor_tls_cert: Option<PathBuf>,
+    /// Its private key (PEM).
+    #[arg(long, env = "SNAP_CSI_VENDOR_TLS_KEY")]
+    pub vendor_tls_key: Option<PathBuf>,
+    /// The CA that signs the vendor's server certificate (PEM).
+    #[arg(long, env = "SNAP_CSI_VENDOR_TLS_CA")]
+    pub vendor_tls_ca: Option<PathBuf>,
     /// Seconds one call may take, retries included, when the caller allows
     /// more (or sets no deadline) [default: 120].
     #[arg(long, env = "SNAP_CSI_CALL_TIMEOUT")]
@@ -151,9 +157,11 @@ impl ControllerArgs {
         let mut resolved: ControllerConfig = defaults_or_file(self.config.as_deref())?;
         flags_over!(
             self => resolved,
-            [endpoint, vendor_endpoint, driver_name],
+            [endpoint, vendor_endpoint, vendor_name, driver_name],
             optional [metrics_address]
         );
+        flags_over!(self => resolved.vendor_tls, [vendor_tls_cert => cert, vendor_tls_key => key, vendor_tls_ca => ca]);
+        resolved.vendor_insecure_plaintext |= self.vendor_insecure_plaintext;
         // A flag can turn forwarding on, not off: absent, the file decides.
         resolved.forward_newer_capabilities |= self.forward_newer_capabilities;
         seconds_flag(
@@ -163,10 +171,14 @@ impl ControllerArgs {
         )?;
         if resolved.vendor_endpoint.is_empty() {
             return Err(ConfigError::Message(
-                "--vendor-endpoint is required (unix:///path or http://host:port)".into(),
+                "--vendor-endpoint is required (https://HOST:PORT or unix:///PATH)".into(),
             ));
         }
-        VendorEndpoint::parse(&resolved.vendor_endpoint).map_err(ConfigError::Message)?;
+        let link = resolved.vendor_link().map_err(ConfigError::Message)?;
+        if matches!(link, LinkAddress::Tls(_)) {
+            crate::tls::peer_name(&resolved.vendor_peer_name(&link))
+                .map_err(|e| ConfigError::Message(format!("--vendor-name: {e}")))?;
+        }
         if resolved.call_timeout.is_zero() {
             return Err(ConfigError::Message(
                 "--call-timeout must be more than zero".into(),
@@ -237,7 +249,8 @@ mod tests {
             "tcp://127.0.0.1:5000",
             "http://127.0.0.1",
             "http://127.0.0.1:5000/csi",
-            "https://vendor:443",
+            "https://vendor:443/csi",
+            "https://vendor",
             "http://vendor host:5000",
         ] {
             let args = ControllerArgs {
@@ -248,9 +261,58 @@ mod tests {
         }
     }
 
-    /// What parses makes a channel without a panic; a socket path may hold
-    /// anything a file name can (tonic takes a `unix://` path as it is, not
-    /// as a URI).
+    /// Secrets cross this link: plaintext only where nothing else can read
+    /// it, and only when asked for by name.
+    #[test]
+    fn plaintext_to_the_vendor_needs_the_flag_and_loopback() {
+        let resolve = |endpoint: &str, insecure: bool| {
+            ControllerArgs {
+                vendor_endpoint: Some(endpoint.into()),
+                vendor_insecure_plaintext: insecure,
+                ..Default::default()
+            }
+            .resolve()
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+        };
+        let error = resolve("http://10.0.0.7:5000", false).unwrap_err();
+        assert!(error.contains("https://"), "{error}");
+        let error = resolve("http://10.0.0.7:5000", true).unwrap_err();
+        assert!(error.contains("non-loopback"), "{error}");
+        let error = resolve("http://127.0.0.1:5000", false).unwrap_err();
+        assert!(error.contains(VENDOR_INSECURE_FLAG), "{error}");
+        resolve("http://127.0.0.1:5000", true).unwrap();
+        resolve("http://[::1]:5000", true).unwrap();
+        resolve("unix:///run/vendor.sock", false).unwrap();
+        resolve("https://vendor.example:5000", false).unwrap();
+    }
+
+    #[test]
+    fn the_vendors_certificate_name_is_the_hosts_unless_given() {
+        let args = ControllerArgs {
+            vendor_endpoint: Some("https://10.0.0.7:5000".into()),
+            vendor_tls_ca: Some("/flag/ca.pem".into()),
+            ..Default::default()
+        };
+        let config = args.resolve().unwrap();
+        let link = config.vendor_link().unwrap();
+        assert_eq!(config.vendor_peer_name(&link), "10.0.0.7");
+        assert_eq!(config.vendor_tls.ca, PathBuf::from("/flag/ca.pem"));
+        let named = ControllerArgs {
+            vendor_name: Some("csi.vendor.example".into()),
+            ..args
+        };
+        let config = named.resolve().unwrap();
+        assert_eq!(config.vendor_peer_name(&link), "csi.vendor.example");
+        let bad = ControllerArgs {
+            vendor_name: Some("not a name".into()),
+            ..named
+        };
+        assert!(bad.resolve().is_err());
+    }
+
+    /// What parses makes a link without a panic; a socket path may hold
+    /// anything a file name can (it is connected to by path, not as a URI).
     #[tokio::test]
     async fn every_endpoint_that_parses_makes_a_channel() {
         for endpoint in [
@@ -259,28 +321,16 @@ mod tests {
             "unix:///run/100%/{vendor}.sock",
             "http://127.0.0.1:5000",
             "http://[::1]:5000",
-            "http://vendor.example:5000",
         ] {
-            let parsed = VendorEndpoint::parse(endpoint).unwrap();
-            assert_eq!(parsed.to_string(), endpoint);
-            drop(parsed.channel());
+            let config = ControllerConfig {
+                vendor_endpoint: endpoint.into(),
+                vendor_insecure_plaintext: endpoint.starts_with("http://"),
+                ..Default::default()
+            };
+            let link = config.vendor().unwrap();
+            assert_eq!(link.address().to_string(), endpoint);
+            drop(link.channel());
         }
-    }
-
-    #[test]
-    fn unix_and_tcp_endpoints_parse_and_print_as_written() {
-        for good in [
-            "unix:///run/vendor.sock",
-            "http://127.0.0.1:5000",
-            "http://vendor:9000",
-        ] {
-            let endpoint = VendorEndpoint::parse(good).unwrap();
-            assert_eq!(endpoint.to_string(), good);
-        }
-        assert_eq!(
-            VendorEndpoint::parse("unix:///run/v.sock").unwrap(),
-            VendorEndpoint::Unix("/run/v.sock".into())
-        );
     }
 
     #[test]

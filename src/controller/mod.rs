@@ -15,8 +15,10 @@
 //! request's contents. All four services are always served; for a service
 //! the vendor lacks, its UNIMPLEMENTED is what the CO gets.
 //!
-//! - `config`: settings (defaults, config file, env, flags) and the vendor
-//!   endpoint (`unix:///path` or `http://host:port`).
+//! - `config`: settings (defaults, config file, env, flags) and the link to
+//!   the vendor ([`crate::grpc::Link`]): `https://` with mutual TLS, a UNIX
+//!   socket, or plaintext on loopback only with an insecure flag, as the
+//!   DPU link (the calls carry the StorageClass's secrets).
 //! - `forward`: the one forwarding helper every RPC goes through.
 //! - `subject`: which request field names the object of a call, for the log.
 //! - `capabilities`: what a CSI v1.11 client can decode in a capability reply.
@@ -36,11 +38,12 @@ pub mod identity;
 pub mod subject;
 pub mod volume_group;
 
-pub use config::{ControllerArgs, ControllerConfig, VendorEndpoint};
+pub use config::{ControllerArgs, ControllerConfig};
 
 use std::future::Future;
 use std::sync::Arc;
 
+use crate::grpc::LinkAddress;
 use crate::proto::csi::v1::controller_client::ControllerClient;
 use crate::proto::csi::v1::controller_server::ControllerServer;
 use crate::proto::csi::v1::group_controller_client::GroupControllerClient;
@@ -63,9 +66,7 @@ pub async fn run(
     config: ControllerConfig,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
-    let vendor = VendorEndpoint::parse(&config.vendor_endpoint).map_err(anyhow::Error::msg)?;
-    let channel = vendor.channel();
-    let label: Arc<str> = vendor.to_string().into();
+    let vendor = Arc::new(config.vendor().map_err(anyhow::Error::msg)?);
     let timeout = config.call_timeout;
     let capabilities = CapabilityFilter {
         forward_newer: config.forward_newer_capabilities,
@@ -73,37 +74,32 @@ pub async fn run(
     let listener = crate::server::bind(&config.endpoint)?;
     tracing::info!(
         endpoint = %config.endpoint.display(),
-        vendor = %vendor,
+        vendor = %vendor.address(),
         call_timeout = ?config.call_timeout,
         driver_name = %config.driver_name,
         forward_newer_capabilities = config.forward_newer_capabilities,
         "controller proxy listening"
     );
+    if matches!(vendor.address(), LinkAddress::Plaintext(_)) {
+        tracing::warn!(vendor = %vendor.address(), "the vendor is reached in plaintext, without authentication");
+    }
     let router = crate::server::builder()
         .add_service(IdentityServer::new(IdentityProxy::new(
-            Forwarder::new(IdentityClient::new(channel.clone()), label.clone(), timeout),
+            Forwarder::new(vendor.clone(), IdentityClient::new, timeout),
             config.driver_name.clone(),
             capabilities,
         )))
         .add_service(ControllerServer::new(ControllerProxy(
-            Forwarder::new(
-                ControllerClient::new(channel.clone()),
-                label.clone(),
-                timeout,
-            ),
+            Forwarder::new(vendor.clone(), ControllerClient::new, timeout),
             capabilities,
         )))
         .add_service(GroupControllerServer::new(GroupControllerProxy(
-            Forwarder::new(
-                GroupControllerClient::new(channel.clone()),
-                label.clone(),
-                timeout,
-            ),
+            Forwarder::new(vendor.clone(), GroupControllerClient::new, timeout),
             capabilities,
         )))
         .add_service(VolumeGroupServer::new(VolumeGroupProxy(Forwarder::new(
-            VolumeGroupClient::new(channel),
-            label.clone(),
+            vendor,
+            VolumeGroupClient::new,
             timeout,
         ))));
     let metrics = crate::metrics::bind(config.metrics_address).await?;

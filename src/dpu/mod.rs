@@ -51,7 +51,7 @@ pub mod wire;
 pub use emulation::Emulation;
 pub use packed::DEFAULT_NAMESPACES_PER_CONTROLLER;
 pub use plugin::plugin_access_mode;
-// Shared with the controller proxy; children reach it as `super::retry`.
+// Shared with the gRPC clients; `colocated` reaches it as `super::retry`.
 use crate::retry;
 
 use std::collections::HashMap;
@@ -234,13 +234,6 @@ impl From<DpuError> for tonic::Status {
             DpuError::Internal(m) => tonic::Status::internal(m),
         }
     }
-}
-
-/// Whether tonic made `status` from a transport error (a connection refused,
-/// reset or timed out, a peer that does not speak HTTP/2): the peer did not
-/// answer. A status a peer sent carries no source.
-pub(crate) fn unanswered(status: &tonic::Status) -> bool {
-    std::error::Error::source(status).is_some()
 }
 
 /// The seam between the node service and whatever attaches volumes on the DPU.

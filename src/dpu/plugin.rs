@@ -1,11 +1,10 @@
 //! The vendor plugin client (`nvidia.storage.plugins.v1` over a UNIX socket).
 //!
 //! One lazily connected tonic channel serves both services; tonic reconnects
-//! it after the plugin restarts. Every call carries the caller's deadline
-//! (sent as `grpc-timeout` and enforced here as well, since a tonic client
-//! does not enforce the header itself), and UNAVAILABLE / DEADLINE_EXCEEDED
-//! answers are retried with backoff inside it: the API makes every RPC
-//! idempotent and explicitly allows retries.
+//! it after the plugin restarts. Every call carries the caller's deadline,
+//! and a call the plugin did not answer, or answered UNAVAILABLE or
+//! DEADLINE_EXCEEDED, is retried with backoff inside it ([`crate::grpc`]):
+//! the API makes every RPC idempotent and explicitly allows retries.
 //!
 //! What the plugin says about itself (GetPluginInfo, its capabilities, its
 //! SNAP provider) is asked once and kept for the life of the client; Probe is
@@ -14,15 +13,14 @@
 //! Request contexts may carry sensitive values: nothing here logs a request.
 
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
-use hyper_util::rt::TokioIo;
-use tokio::net::UnixStream;
-use tokio::sync::OnceCell;
 use tokio::time::Instant;
-use tonic::transport::{Channel, Endpoint, Uri};
+use tonic::transport::Channel;
 use tonic::{Code, Status};
 
-use super::{AttachRequest, DpuError, retry};
+use super::{AttachRequest, DpuError};
+use crate::grpc::{self, Failed};
 use crate::proto::csi::v1::volume_capability::access_mode::Mode;
 use crate::proto::nvidia::storage::plugins::v1 as api;
 use api::identity_service_client::IdentityServiceClient;
@@ -122,7 +120,7 @@ pub struct PluginClient {
     snap_socket_template: String,
     identity: IdentityServiceClient<Channel>,
     storage: StoragePluginServiceClient<Channel>,
-    description: OnceCell<PluginDescription>,
+    description: OnceLock<PluginDescription>,
 }
 
 impl PluginClient {
@@ -131,13 +129,13 @@ impl PluginClient {
     /// Must be called inside a Tokio runtime: the channel spawns its worker.
     pub fn new(socket: impl Into<PathBuf>, snap_socket_template: impl Into<String>) -> Self {
         let socket = socket.into();
-        let channel = unix_channel(socket.clone());
+        let channel = grpc::unix_channel(socket.clone());
         PluginClient {
             socket,
             snap_socket_template: snap_socket_template.into(),
             identity: IdentityServiceClient::new(channel.clone()),
             storage: StoragePluginServiceClient::new(channel),
-            description: OnceCell::new(),
+            description: OnceLock::new(),
         }
     }
 
@@ -147,58 +145,68 @@ impl PluginClient {
 
     /// GetPluginInfo, capabilities and SNAP provider, asked together on first
     /// use and kept; a failure is not kept, the next call asks again.
+    ///
+    /// Each caller asks under its own deadline: waiting behind another
+    /// caller's first ask would hold this call to that one's deadline (a
+    /// node's start-up inventory has a longer one than a stage), and a stage
+    /// would then end without an answer instead of with the plugin's reason.
+    /// Callers that meet before the first answer each ask; the first
+    /// description is kept.
     pub async fn describe(&self, deadline: Instant) -> Result<&PluginDescription, DpuError> {
-        self.description
-            .get_or_try_init(|| async {
-                let (info, capabilities, provider) = tokio::join!(
-                    self.unary(
-                        "GetPluginInfo",
-                        deadline,
-                        api::GetPluginInfoRequest {},
-                        |mut c, r| async move { c.identity.get_plugin_info(r).await }
-                    ),
-                    self.unary(
-                        "StoragePluginGetCapabilities",
-                        deadline,
-                        api::StoragePluginGetCapabilitiesRequest {},
-                        |mut c, r| async move { c.storage.storage_plugin_get_capabilities(r).await }
-                    ),
-                    self.unary(
-                        "GetSNAPProvider",
-                        deadline,
-                        api::GetSnapProviderRequest {},
-                        |mut c, r| async move { c.storage.get_snap_provider(r).await }
-                    ),
-                );
-                let (info, capabilities, provider) = (info?, capabilities?, provider?);
-                let description = PluginDescription {
-                    name: info.name,
-                    vendor_version: info.vendor_version,
-                    capabilities: capabilities
-                        .capabilities
-                        .iter()
-                        .filter_map(|c| match c.r#type {
-                            Some(api::storage_plugin_service_capability::Type::Rpc(rpc)) => {
-                                Capability::try_from(rpc.r#type).ok()
-                            }
-                            None => None,
-                        })
-                        .collect(),
-                    snap_socket: snap_socket_path(
-                        &self.snap_socket_template,
-                        &provider.provider_name,
-                    )?,
-                };
-                tracing::info!(
-                    plugin = %description.name,
-                    version = %description.vendor_version,
-                    capabilities = ?description.capabilities,
-                    snap_socket = %description.snap_socket.display(),
-                    "vendor plugin described itself"
-                );
-                Ok(description)
-            })
-            .await
+        if let Some(description) = self.description.get() {
+            return Ok(description);
+        }
+        let (info, capabilities, provider) = tokio::join!(
+            self.unary(
+                "GetPluginInfo",
+                deadline,
+                api::GetPluginInfoRequest {},
+                |mut c, r| async move { c.identity.get_plugin_info(r).await }
+            ),
+            self.unary(
+                "StoragePluginGetCapabilities",
+                deadline,
+                api::StoragePluginGetCapabilitiesRequest {},
+                |mut c, r| async move { c.storage.storage_plugin_get_capabilities(r).await }
+            ),
+            self.unary(
+                "GetSNAPProvider",
+                deadline,
+                api::GetSnapProviderRequest {},
+                |mut c, r| async move { c.storage.get_snap_provider(r).await }
+            ),
+        );
+        let (info, capabilities, provider) = (info?, capabilities?, provider?);
+        let description = PluginDescription {
+            name: info.name,
+            vendor_version: info.vendor_version,
+            capabilities: capabilities
+                .capabilities
+                .iter()
+                .filter_map(|c| match c.r#type {
+                    Some(api::storage_plugin_service_capability::Type::Rpc(rpc)) => {
+                        Capability::try_from(rpc.r#type).ok()
+                    }
+                    None => None,
+                })
+                .collect(),
+            snap_socket: snap_socket_path(&self.snap_socket_template, &provider.provider_name)?,
+        };
+        if self.description.set(description).is_ok()
+            && let Some(description) = self.description.get()
+        {
+            tracing::info!(
+                plugin = %description.name,
+                version = %description.vendor_version,
+                capabilities = ?description.capabilities,
+                snap_socket = %description.snap_socket.display(),
+                "vendor plugin described itself"
+            );
+        }
+        Ok(self
+            .description
+            .get()
+            .expect("set by this call or by another that met it"))
     }
 
     /// Whether the plugin says it is ready. An unset `ready` counts as ready,
@@ -285,8 +293,8 @@ impl PluginClient {
             .await;
         match result {
             Ok(device) => Ok(Some(device)),
-            Err(status) if status.code() == Code::NotFound => Ok(None),
-            Err(status) => Err(self.error("GetDevice", status)),
+            Err(failed) if failed.status.code() == Code::NotFound => Ok(None),
+            Err(failed) => Err(self.error("GetDevice", failed)),
         }
     }
 
@@ -348,37 +356,42 @@ impl PluginClient {
     {
         self.call(rpc, deadline, message, send)
             .await
-            .map_err(|status| self.error(rpc, status))
+            .map_err(|failed| self.error(rpc, failed))
     }
 
-    /// One RPC with the deadline on every attempt and retries of transient
-    /// answers inside it.
+    /// One RPC with the deadline on every attempt and retries inside it of
+    /// the calls the plugin did not answer, and of its UNAVAILABLE and
+    /// DEADLINE_EXCEEDED (a dependency of its own that timed out).
     async fn call<Req, Resp, F, Fut>(
         &self,
         rpc: &'static str,
         deadline: Instant,
         message: Req,
         send: F,
-    ) -> Result<Resp, Status>
+    ) -> Result<Resp, Failed>
     where
         Req: Clone,
         F: Fn(Clients, tonic::Request<Req>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<Resp>, Status>>,
     {
-        let transient = |s: &Status| unreached(s);
-        call_retried("plugin", rpc, deadline, &message, transient, |request| {
-            let clients = Clients {
-                identity: self.identity.clone(),
-                storage: self.storage.clone(),
-            };
-            send(clients, request)
-        })
-        .await
+        let transient = |s: &Status| {
+            grpc::unanswered(s) || matches!(s.code(), Code::Unavailable | Code::DeadlineExceeded)
+        };
+        let (response, _attempts) =
+            grpc::call_retried("plugin", rpc, deadline, &message, transient, |request| {
+                let clients = Clients {
+                    identity: self.identity.clone(),
+                    storage: self.storage.clone(),
+                };
+                send(clients, request)
+            })
+            .await?;
+        Ok(response)
     }
 
-    fn error(&self, rpc: &str, status: Status) -> DpuError {
+    fn error(&self, rpc: &str, Failed { status, .. }: Failed) -> DpuError {
         let socket = self.socket.display();
-        if super::unanswered(&status) {
+        if grpc::unanswered(&status) {
             return DpuError::Unavailable(format!(
                 "vendor plugin at {socket}: {rpc}: no gRPC answer: {}",
                 status.message()
@@ -397,82 +410,6 @@ impl PluginClient {
 struct Clients {
     identity: IdentityServiceClient<Channel>,
     storage: StoragePluginServiceClient<Channel>,
-}
-
-/// The plugin was not reached or did not answer: UNAVAILABLE or
-/// DEADLINE_EXCEEDED, or a transport error (such as a peer that does not
-/// speak HTTP/2, whose code, INTERNAL for an h2 protocol error, says nothing
-/// about the plugin).
-fn unreached(status: &Status) -> bool {
-    matches!(status.code(), Code::Unavailable | Code::DeadlineExceeded) || super::unanswered(status)
-}
-
-/// One unary call to `target`, retried with backoff inside `deadline` while
-/// `retryable` says so, each attempt bounded by it ([`call_until`]), and
-/// recorded as one outbound call.
-pub(crate) async fn call_retried<Req, Resp, Fut>(
-    target: &'static str,
-    rpc: &'static str,
-    deadline: Instant,
-    message: &Req,
-    retryable: impl FnMut(&Status) -> bool,
-    send: impl Fn(tonic::Request<Req>) -> Fut,
-) -> Result<Resp, Status>
-where
-    Req: Clone,
-    Fut: Future<Output = Result<tonic::Response<Resp>, Status>>,
-{
-    let started = std::time::Instant::now();
-    let attempt = || call_until(rpc, deadline, message.clone(), &send);
-    let result = retry::until_deadline(deadline, retryable, attempt).await;
-    let outcome = match &result {
-        Ok(_) => "ok".to_string(),
-        Err(status) => format!("{:?}", status.code()),
-    };
-    crate::metrics::observe_outbound(target, rpc, &outcome, started.elapsed());
-    result
-}
-
-/// One unary call, once, bounded by `deadline`: sent as `grpc-timeout` and
-/// enforced here as well, since a tonic client does not enforce the header.
-pub async fn call_until<Req, Resp, Fut>(
-    rpc: &str,
-    deadline: Instant,
-    message: Req,
-    send: impl FnOnce(tonic::Request<Req>) -> Fut,
-) -> Result<Resp, Status>
-where
-    Fut: Future<Output = Result<tonic::Response<Resp>, Status>>,
-{
-    let remaining = deadline.saturating_duration_since(Instant::now());
-    if remaining.is_zero() {
-        return Err(Status::deadline_exceeded(format!(
-            "{rpc}: deadline already passed"
-        )));
-    }
-    let mut request = tonic::Request::new(message);
-    request.set_timeout(remaining);
-    match tokio::time::timeout_at(deadline, send(request)).await {
-        Ok(result) => result.map(tonic::Response::into_inner),
-        Err(_) => Err(Status::deadline_exceeded(format!(
-            "{rpc}: no answer within {remaining:?}"
-        ))),
-    }
-}
-
-/// A channel to a UNIX socket, connected on first use and after each break.
-/// Must be called inside a Tokio runtime: the channel spawns its worker.
-pub fn unix_channel(socket: PathBuf) -> Channel {
-    // The URI only fills the :authority header; the connector ignores it.
-    unix_channel_with(Endpoint::from_static("http://vendor-plugin"), socket)
-}
-
-/// [`unix_channel`] with `endpoint`'s connection settings.
-pub fn unix_channel_with(endpoint: Endpoint, socket: PathBuf) -> Channel {
-    endpoint.connect_with_connector_lazy(tower::service_fn(move |_: Uri| {
-        let socket = socket.clone();
-        async move { UnixStream::connect(socket).await.map(TokioIo::new) }
-    }))
 }
 
 #[cfg(test)]
@@ -523,5 +460,41 @@ mod tests {
                 "{bad:?}"
             );
         }
+    }
+
+    /// A first call that waits on a silent plugin under a long deadline (a
+    /// node's start-up inventory) does not hold a later call past its own
+    /// shorter one (a stage): that one ends by its deadline with the
+    /// plugin's name, while the first still waits.
+    #[tokio::test]
+    async fn a_call_asks_for_the_description_under_its_own_deadline() {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("plugin.sock");
+        // Accepted by the kernel, never answered: a plugin that hangs.
+        let _silent = tokio::net::UnixListener::bind(&socket).unwrap();
+        let client = std::sync::Arc::new(PluginClient::new(&socket, DEFAULT_SNAP_SOCKET_TEMPLATE));
+        let first = tokio::spawn({
+            let client = client.clone();
+            async move {
+                let deadline = Instant::now() + std::time::Duration::from_secs(600);
+                client.describe(deadline).await.map(drop)
+            }
+        });
+        tokio::task::yield_now().await;
+        let deadline = Instant::now() + std::time::Duration::from_millis(300);
+        // Only a guard against a hang: the call ends by its deadline.
+        let error = tokio::time::timeout(
+            std::time::Duration::from_secs(60),
+            client.describe(deadline),
+        )
+        .await
+        .expect("the call waited behind the first one")
+        .unwrap_err();
+        assert!(
+            matches!(&error, DpuError::Unavailable(m) if m.contains(&socket.display().to_string())),
+            "{error:?}"
+        );
+        assert!(!first.is_finished(), "the first call still waits");
+        first.abort();
     }
 }

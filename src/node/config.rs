@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::agent::address::LinkAddress;
 use crate::dpu::plugin::DEFAULT_SNAP_SOCKET_TEMPLATE;
 use crate::dpu::{Emulation, Placement};
+use crate::grpc::LinkAddress;
 use crate::settings::{defaults_or_file, flags_over, seconds, seconds_flag};
 use crate::tls::TlsFiles;
 

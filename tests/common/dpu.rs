@@ -11,12 +11,12 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use snap_csi::agent::AgentConfig;
-use snap_csi::agent::address::LinkAddress;
 use snap_csi::dpu::colocated::Colocated;
 use snap_csi::dpu::remote::RemoteDpu;
 use snap_csi::dpu::{
     AttachRequest, Attachment, DpuAttach, DpuError, HostLocator, Inventory, IoStats,
 };
+use snap_csi::grpc::LinkAddress;
 use snap_csi::tls::TlsFiles;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use tokio::sync::{Semaphore, oneshot};

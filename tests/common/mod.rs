@@ -11,6 +11,7 @@
 pub mod attach;
 pub mod broken_plugin;
 pub mod crash;
+pub mod csi_samples;
 pub mod csi_v1_11;
 pub mod dpu;
 // kubelet's rules and the kills at random instants, shared with the chaos
@@ -22,6 +23,7 @@ pub mod kubelet;
 pub mod node;
 pub mod pki;
 pub mod plugin;
+pub mod proxy;
 pub mod real_spdk;
 pub mod shared;
 pub mod vendor_controller;

@@ -1,6 +1,6 @@
 //! A scripted vendor CSI controller for the controller proxy's tests: CSI
 //! Identity, Controller and (optionally) GroupController and the VolumeGroup
-//! Controller over real gRPC, on a UNIX socket or TCP.
+//! Controller over real gRPC, on a UNIX socket, TCP, or TCP with mutual TLS.
 //!
 //! Every call is recorded (the request as received, and the `grpc-timeout`
 //! it came with) and answered from a per-method script: a response, a status
@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use snap_csi::proto::csi::v1 as csi;
 use snap_csi::proto::volumegroup as vg;
+use snap_csi::tls::TlsFiles;
 use tokio::sync::oneshot;
 use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
 use tonic::transport::server::Router;
@@ -94,6 +95,9 @@ pub struct FakeVendor {
 enum Listener {
     Unix(std::os::unix::net::UnixListener),
     Tcp(std::net::TcpListener),
+    /// Mutual TLS with these files, accepting only a client certificate
+    /// naming the host given.
+    Tls(std::net::TcpListener, TlsFiles, String),
 }
 
 impl FakeVendor {
@@ -114,6 +118,16 @@ impl FakeVendor {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let endpoint = format!("http://{}", listener.local_addr().unwrap());
         FakeVendor::serve(endpoint, Listener::Tcp(listener), services)
+    }
+
+    /// A vendor on a free TCP port of 127.0.0.1 that speaks mutual TLS only:
+    /// it presents `files`' certificate and accepts only a client
+    /// certificate signed by their CA that names `client`.
+    pub async fn tls(services: Services, files: TlsFiles, client: &str) -> FakeVendor {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let endpoint = format!("https://{}", listener.local_addr().unwrap());
+        let listener = Listener::Tls(listener, files, client.to_string());
+        FakeVendor::serve(endpoint, listener, services)
     }
 
     /// Serves on a runtime of its own, so that dropping it ends every
@@ -140,6 +154,15 @@ impl FakeVendor {
                             l.set_nonblocking(true).unwrap();
                             let l = tokio::net::TcpListener::from_std(l).unwrap();
                             router.serve_with_incoming(TcpListenerStream::new(l)).await
+                        }
+                        Listener::Tls(l, files, client) => {
+                            use snap_csi::tls::{Reloading, listen, peer_name, server_config};
+                            l.set_nonblocking(true).unwrap();
+                            let l = tokio::net::TcpListener::from_std(l).unwrap();
+                            let name = peer_name(&client).unwrap();
+                            let tls = Reloading::new(files, server_config(name)).unwrap();
+                            let incoming = listen::incoming(l, Arc::new(tls), client);
+                            router.serve_with_incoming(incoming).await
                         }
                     }
                 };

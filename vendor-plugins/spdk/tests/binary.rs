@@ -13,7 +13,7 @@ use nix::unistd::Pid;
 
 use api::storage_plugin_service_client::StoragePluginServiceClient;
 use common::{Spdk, TIMEOUT, timed};
-use snap_csi::dpu::plugin::unix_channel;
+use snap_csi::grpc::unix_channel;
 use snap_csi::proto::nvidia::storage::plugins::v1 as api;
 
 const BINARY: &str = env!("CARGO_BIN_EXE_snap-csi-spdk-plugin");
@@ -82,7 +82,7 @@ async fn serves_until_sigterm_and_cleans_up() {
 
     let logs = terminate(child, "the plugin stops on SIGTERM").await;
     assert!(
-        logs.lines().all(|l| l.starts_with('{')),
+        logs.lines().next().is_some() && logs.lines().all(|l| l.starts_with('{')),
         "JSON log lines: {logs}"
     );
     assert!(!socket.exists(), "the socket is removed on SIGTERM");

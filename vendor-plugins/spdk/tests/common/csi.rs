@@ -9,7 +9,7 @@ use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use snap_csi::dpu::plugin::unix_channel;
+use snap_csi::grpc::unix_channel;
 use snap_csi::proto::csi::v1 as csi;
 use snap_csi::proto::volumegroup as vg;
 use snap_csi::spdk::bdev::{BdevAioCreate, BdevGetBdevs};

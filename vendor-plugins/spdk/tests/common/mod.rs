@@ -37,7 +37,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use snap_csi::dpu::plugin::unix_channel;
+use snap_csi::grpc::unix_channel;
 use snap_csi::jsonrpc::RpcClient;
 use snap_csi::proto::nvidia::storage::plugins::v1 as api;
 use snap_csi::spdk::bdev::{BdevAioCreate, BdevGetBdevs};

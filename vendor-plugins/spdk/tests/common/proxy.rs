@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use snap_csi::controller::ControllerConfig;
-use snap_csi::dpu::plugin::unix_channel;
+use snap_csi::grpc::unix_channel;
 use snap_csi::proto::csi::v1 as csi;
 use snap_csi::proto::volumegroup as vg;
 use tonic::transport::Channel;

@@ -1,6 +1,6 @@
-//! Addresses of the link between the node and its DPU agent, written the
-//! same way on both ends: the agent's `--listen` and the node's
-//! `--dpu-endpoint`.
+//! Addresses of a gRPC link, written the same way by every setting that
+//! names one: the DPU agent's `--listen`, the node's `--dpu-endpoint` and
+//! the controller proxy's `--vendor-endpoint`.
 //!
 //! - `https://HOST:PORT`: mutual TLS over TCP, the only way across a network.
 //! - `unix:///PATH`: plaintext on a local socket (a DPU that is its own node,
@@ -44,8 +44,8 @@ impl LinkAddress {
         } else if let Some(socket) = address.strip_prefix("http://") {
             if !insecure {
                 return Err(format!(
-                    "{address:?}: plaintext over TCP would let anyone on the network attach and \
-                     detach volumes; use https:// (mutual TLS), or give {flag} for a loopback test"
+                    "{address:?}: plaintext over TCP would let anyone on the network read and \
+                     make its calls; use https:// (mutual TLS), or give {flag} for a loopback test"
                 ));
             }
             let socket: SocketAddr = socket
@@ -66,6 +66,21 @@ impl LinkAddress {
             ));
         }
         Ok(parsed)
+    }
+}
+
+impl LinkAddress {
+    /// The host of an `https://` address, as written (an IPv6 address
+    /// without its brackets): the name a peer's certificate is expected to
+    /// carry when no other is configured.
+    pub fn tls_host(&self) -> Option<&str> {
+        let LinkAddress::Tls(host_port) = self else {
+            return None;
+        };
+        let host = host_port
+            .rsplit_once(':')
+            .map_or(host_port.as_str(), |(host, _)| host);
+        Some(host.trim_start_matches('[').trim_end_matches(']'))
     }
 }
 
@@ -105,6 +120,11 @@ mod tests {
         );
         let shown = LinkAddress::parse("https://10.0.0.2:9830", false, FLAG).unwrap();
         assert_eq!(shown.to_string(), "https://10.0.0.2:9830");
+        assert_eq!(shown.tls_host(), Some("10.0.0.2"));
+        let v6 = LinkAddress::parse("https://[fd00::2]:9830", false, FLAG).unwrap();
+        assert_eq!(v6.tls_host(), Some("fd00::2"));
+        let unix = LinkAddress::parse("unix:///x.sock", false, FLAG).unwrap();
+        assert_eq!(unix.tls_host(), None);
     }
 
     #[test]

@@ -1,0 +1,206 @@
+//! The calls the checks make, each once under the check's deadline, and how
+//! their answers are written in the results.
+
+use std::collections::{HashMap, HashSet};
+
+use tokio::time::Instant;
+use tonic::{Code, Status};
+
+use super::{Checker, Device, Listing};
+use crate::dpu::plugin::VOLUME_MODE_BLOCK;
+use crate::grpc::call_until;
+use crate::proto::nvidia::storage::plugins::v1 as api;
+use api::storage_plugin_service_capability::rpc::Type as Capability;
+
+impl Checker<'_> {
+    pub(super) async fn call_create(
+        &self,
+        volume_id: &str,
+        deadline: Instant,
+    ) -> Result<api::CreateDeviceResponse, Status> {
+        let request = api::CreateDeviceRequest {
+            volume_id: volume_id.to_string(),
+            access_modes: vec![api::AccessMode::Rwo as i32],
+            volume_mode: VOLUME_MODE_BLOCK.to_string(),
+            publish_context: HashMap::new(),
+            volume_context: self.config.volume_context.clone(),
+            storage_parameters: HashMap::new(),
+        };
+        let mut c = self.storage.clone();
+        call_until("CreateDevice", deadline, request, |r| async move {
+            c.create_device(r).await
+        })
+        .await
+    }
+
+    pub(super) async fn call_delete(
+        &self,
+        device: &Device,
+        deadline: Instant,
+    ) -> Result<(), Status> {
+        let request = api::DeleteDeviceRequest {
+            volume_id: device.volume_id.clone(),
+            device_name: device.device_name.clone(),
+        };
+        let mut c = self.storage.clone();
+        call_until("DeleteDevice", deadline, request, |r| async move {
+            c.delete_device(r).await
+        })
+        .await
+        .map(drop)
+    }
+
+    pub(super) async fn call_get(
+        &self,
+        device: &Device,
+        deadline: Instant,
+    ) -> Result<api::GetDeviceResponse, Status> {
+        let request = api::GetDeviceRequest {
+            volume_id: device.volume_id.clone(),
+            device_name: device.device_name.clone(),
+        };
+        let mut c = self.storage.clone();
+        call_until("GetDevice", deadline, request, |r| async move {
+            c.get_device(r).await
+        })
+        .await
+    }
+
+    pub(super) async fn call_list(
+        &self,
+        max_entries: i32,
+        starting_token: String,
+        deadline: Instant,
+    ) -> Result<api::ListDevicesResponse, Status> {
+        let request = api::ListDevicesRequest {
+            max_entries,
+            starting_token,
+        };
+        let mut c = self.storage.clone();
+        call_until("ListDevices", deadline, request, |r| async move {
+            c.list_devices(r).await
+        })
+        .await
+    }
+
+    /// Every page, following next_token; the error says what went wrong.
+    pub(super) async fn list_all(
+        &self,
+        max_entries: i32,
+        deadline: Instant,
+    ) -> Result<Listing, String> {
+        let mut listing = Listing {
+            entries: Vec::new(),
+            pages: 0,
+            largest_page: 0,
+        };
+        let mut token = String::new();
+        let mut handed_out = HashSet::new();
+        loop {
+            let page = self
+                .call_list(max_entries, token.clone(), deadline)
+                .await
+                .map_err(|status| {
+                    format!(
+                        "expected 0 OK, ListDevices (max_entries {max_entries}, starting_token \
+                         {token:?}, page {}) answered {}",
+                        listing.pages + 1,
+                        show(&status)
+                    )
+                })?;
+            listing.pages += 1;
+            listing.largest_page = listing.largest_page.max(page.entries.len());
+            listing.entries.extend(page.entries);
+            if page.next_token.is_empty() {
+                return Ok(listing);
+            }
+            // A token handed out twice makes paging endless.
+            if !handed_out.insert(page.next_token.clone()) {
+                return Err(format!(
+                    "ListDevices (max_entries {max_entries}) handed out next_token {:?} a \
+                     second time, after {}: paging through it never ends",
+                    page.next_token,
+                    counted(listing.pages, "page", "pages")
+                ));
+            }
+            token = page.next_token;
+        }
+    }
+}
+
+/// `LIST_DEVICES`, as the API text spells capabilities.
+pub(super) fn capability_name(capability: Capability) -> &'static str {
+    let name = capability.as_str_name();
+    name.strip_prefix("TYPE_").unwrap_or(name)
+}
+
+/// A status as the API text writes codes (`5 NOT_FOUND`), with its message.
+pub(super) fn show(status: &Status) -> String {
+    let code = status.code();
+    let name = match code {
+        Code::Ok => "OK",
+        Code::Cancelled => "CANCELLED",
+        Code::Unknown => "UNKNOWN",
+        Code::InvalidArgument => "INVALID_ARGUMENT",
+        Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
+        Code::NotFound => "NOT_FOUND",
+        Code::AlreadyExists => "ALREADY_EXISTS",
+        Code::PermissionDenied => "PERMISSION_DENIED",
+        Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
+        Code::FailedPrecondition => "FAILED_PRECONDITION",
+        Code::Aborted => "ABORTED",
+        Code::OutOfRange => "OUT_OF_RANGE",
+        Code::Unimplemented => "UNIMPLEMENTED",
+        Code::Internal => "INTERNAL",
+        Code::Unavailable => "UNAVAILABLE",
+        Code::DataLoss => "DATA_LOSS",
+        Code::Unauthenticated => "UNAUTHENTICATED",
+    };
+    if status.message().is_empty() {
+        format!("{} {name}", code as i32)
+    } else {
+        format!("{} {name} ({:?})", code as i32, status.message())
+    }
+}
+
+pub(super) fn show_entries(entries: &[api::list_devices_response::Entry]) -> String {
+    if entries.is_empty() {
+        return "nothing".to_string();
+    }
+    entries
+        .iter()
+        .map(|e| {
+            Device {
+                volume_id: e.volume_id.clone(),
+                device_name: e.device_name.clone(),
+            }
+            .to_string()
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// `1 page`, `2 pages`.
+pub(super) fn counted(n: usize, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
+/// One result is one line, whatever a plugin puts in its messages.
+pub(super) fn one_line(s: &str) -> String {
+    s.split(['\n', '\r']).collect::<Vec<_>>().join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_read_as_the_api_text_writes_them() {
+        assert_eq!(show(&Status::not_found("")), "5 NOT_FOUND");
+        assert_eq!(
+            show(&Status::unimplemented("no")),
+            "12 UNIMPLEMENTED (\"no\")"
+        );
+        assert_eq!(capability_name(Capability::ListDevices), "LIST_DEVICES");
+    }
+}

@@ -1,0 +1,177 @@
+//! What a run is told: the plugin's socket, the volume context its devices
+//! need, and how long each check may take; and the subcommand around a run.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use super::run;
+
+/// What a run needs.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The plugin's UNIX socket.
+    pub socket: PathBuf,
+    /// The volume_context CreateDevice gets; the plugin needs it to find the
+    /// storage (e.g. `backend=aio`, `path=/tmp/x.img`).
+    pub volume_context: HashMap<String, String>,
+    /// How long each check may take, all its calls together.
+    pub timeout: Duration,
+}
+
+/// A run that could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckError {
+    #[error("invalid arguments: {0}")]
+    Usage(String),
+    #[error("cannot connect to the plugin at {socket}: {reason}")]
+    Unreachable { socket: String, reason: String },
+}
+
+/// `snap-csi plugin-check`.
+#[derive(Debug, clap::Args)]
+pub struct PluginCheckArgs {
+    /// The plugin's socket: `unix:///path/to/plugin.sock`.
+    #[arg(long)]
+    pub endpoint: String,
+    /// A volume_context entry the plugin needs to create a device; repeat for more.
+    #[arg(long = "volume-context", value_name = "KEY=VALUE", value_parser = parse_key_value)]
+    pub volume_context: Vec<(String, String)>,
+    /// Seconds each check may take, all its calls together.
+    #[arg(long, default_value_t = 30.0)]
+    pub timeout: f64,
+}
+
+impl PluginCheckArgs {
+    pub fn resolve(&self) -> Result<Config, CheckError> {
+        let socket = parse_endpoint(&self.endpoint)?;
+        let timeout = crate::settings::duration_from_secs(self.timeout)
+            .ok()
+            .filter(|t| !t.is_zero())
+            .ok_or_else(|| {
+                CheckError::Usage(format!(
+                    "--timeout {} is not a positive number of seconds up to {} (a year)",
+                    self.timeout,
+                    crate::settings::MAX_SECONDS
+                ))
+            })?;
+        let mut volume_context = HashMap::new();
+        for (key, value) in &self.volume_context {
+            if volume_context.insert(key.clone(), value.clone()).is_some() {
+                return Err(CheckError::Usage(format!(
+                    "--volume-context {key} is given twice"
+                )));
+            }
+        }
+        Ok(Config {
+            socket,
+            volume_context,
+            timeout,
+        })
+    }
+}
+
+/// The subcommand: prints each result as it comes, then the summary; exits 1
+/// when a check failed and 2 when the run could not start.
+pub async fn run_cli(args: &PluginCheckArgs) -> ExitCode {
+    let report = match args.resolve() {
+        Ok(config) => run(&config, &mut |result| println!("{result}")).await,
+        Err(e) => Err(e),
+    };
+    match report {
+        Ok(report) => {
+            println!("{}", report.summary());
+            if report.failed() == 0 {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+        Err(e) => {
+            eprintln!("plugin-check: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// `unix:///abs/path` or `unix:path`, as gRPC names UNIX sockets.
+pub fn parse_endpoint(endpoint: &str) -> Result<PathBuf, CheckError> {
+    let path = endpoint
+        .strip_prefix("unix://")
+        .or_else(|| endpoint.strip_prefix("unix:"))
+        .filter(|p| !p.is_empty())
+        .ok_or_else(|| {
+            CheckError::Usage(format!(
+                "--endpoint {endpoint:?}: expected unix:///path/to/plugin.sock \
+                 (plugins serve nvidia.storage.plugins.v1 on a UNIX socket)"
+            ))
+        })?;
+    Ok(PathBuf::from(path))
+}
+
+fn parse_key_value(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((key, value)) if !key.is_empty() => Ok((key.to_string(), value.to_string())),
+        _ => Err(format!("{s:?} is not KEY=VALUE")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoints_are_unix_sockets() {
+        assert_eq!(
+            parse_endpoint("unix:///run/plugin.sock").unwrap(),
+            PathBuf::from("/run/plugin.sock")
+        );
+        assert_eq!(
+            parse_endpoint("unix:plugin.sock").unwrap(),
+            PathBuf::from("plugin.sock")
+        );
+        for bad in ["/run/plugin.sock", "tcp://1.2.3.4:5", "unix://", ""] {
+            assert!(parse_endpoint(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn volume_context_entries_are_key_value() {
+        assert_eq!(
+            parse_key_value("path=/tmp/x=y.img").unwrap(),
+            ("path".to_string(), "/tmp/x=y.img".to_string())
+        );
+        assert_eq!(
+            parse_key_value("empty=").unwrap(),
+            ("empty".to_string(), String::new())
+        );
+        assert!(parse_key_value("novalue").is_err());
+        assert!(parse_key_value("=value").is_err());
+    }
+
+    #[test]
+    fn a_key_given_twice_is_refused() {
+        let args = PluginCheckArgs {
+            endpoint: "unix:///x.sock".into(),
+            volume_context: vec![("a".into(), "1".into()), ("a".into(), "2".into())],
+            timeout: 5.0,
+        };
+        assert!(matches!(args.resolve(), Err(CheckError::Usage(_))));
+    }
+
+    #[test]
+    fn a_timeout_must_be_positive() {
+        for timeout in [0.0, -1.0, f64::NAN] {
+            let args = PluginCheckArgs {
+                endpoint: "unix:///x.sock".into(),
+                volume_context: vec![],
+                timeout,
+            };
+            assert!(
+                matches!(args.resolve(), Err(CheckError::Usage(_))),
+                "{timeout}"
+            );
+        }
+    }
+}
