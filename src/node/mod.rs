@@ -9,7 +9,7 @@
 //! - `context`: the volume and publish context keys the node reads;
 //!   `volume_stats`: NodeGetVolumeStats' usage and condition;
 //!   `volume_io`: the per-volume I/O series of the metrics page.
-//! - `error`: internal errors to CSI status codes, in one place.
+//! - `error`: the node's error and its CSI codes, in one place.
 //! - host operations, split by concern: `command` (external tools with a
 //!   deadline), `paths` (confining CO-supplied paths), `format` (probe and
 //!   mkfs), `mount` (mounts and bind mounts), `holders` (who keeps a mount
@@ -19,7 +19,7 @@ mod capacity;
 pub mod command;
 pub mod config;
 mod context;
-mod error;
+pub mod error;
 pub mod format;
 pub mod holders;
 pub mod identity;

@@ -22,7 +22,8 @@ use nix::mount::{MntFlags, MsFlags};
 use nix::sys::statvfs::FsFlags;
 use tokio::time::Instant;
 
-use super::command::{self, HostOpError};
+use super::command;
+use super::error::NodeError;
 use super::format::{self, FsType, Probe};
 use super::holders;
 use super::mountinfo::{self, MountEntry};
@@ -49,7 +50,7 @@ pub async fn mount_filesystem(
     flags: &[String],
     read_only: bool,
     deadline: Instant,
-) -> Result<bool, HostOpError> {
+) -> Result<bool, NodeError> {
     let options = MountOptions::parse(flags, read_only)?;
     let read_only = options.flags.contains(MsFlags::MS_RDONLY);
     let what = format!("mount {} at {}", device.display(), target.display());
@@ -96,7 +97,7 @@ pub async fn mount_filesystem(
         Ok(()) => Ok(true),
         Err(Errno::EINVAL) => Err(explain_einval(device, target, fs, &names, deadline).await),
         // Preening trusts a filesystem marked clean; the kernel found otherwise.
-        Err(Errno::EUCLEAN) => Err(HostOpError::FailedPrecondition(format!(
+        Err(Errno::EUCLEAN) => Err(NodeError::FailedPrecondition(format!(
             "the {fs} filesystem on {} is corrupted (the kernel refused it: {}); it is not \
              mounted. Repair it by hand ({})",
             device.display(),
@@ -106,7 +107,7 @@ pub async fn mount_filesystem(
                 FsType::Xfs => "xfs_repair",
             }
         ))),
-        Err(errno) => Err(HostOpError::errno(what, errno)),
+        Err(errno) => Err(NodeError::errno(what, errno)),
     }
 }
 
@@ -119,10 +120,10 @@ async fn explain_einval(
     fs: FsType,
     names: &[String],
     deadline: Instant,
-) -> HostOpError {
+) -> NodeError {
     match format::probe(device, deadline).await {
         Ok(Probe::Filesystem(found)) if found == fs.as_str() && !names.is_empty() => {
-            HostOpError::InvalidArgument(format!(
+            NodeError::InvalidArgument(format!(
                 "the kernel refused to mount {} ({fs}) with the given mount flags: one of \
                  the options {} is unknown to {fs} or has a bad value (values not shown)",
                 device.display(),
@@ -130,18 +131,18 @@ async fn explain_einval(
             ))
         }
         Ok(Probe::Filesystem(found)) if found == fs.as_str() => {
-            HostOpError::FailedPrecondition(format!(
+            NodeError::FailedPrecondition(format!(
                 "the kernel refused to mount the {fs} filesystem on {} at {}: it may be \
                  damaged (the kernel log says why)",
                 device.display(),
                 target.display()
             ))
         }
-        Ok(found) => HostOpError::FailedPrecondition(format!(
+        Ok(found) => NodeError::FailedPrecondition(format!(
             "{} carries {found}, so it cannot be mounted as {fs}",
             device.display()
         )),
-        Err(err) => HostOpError::failed(
+        Err(err) => NodeError::failed(
             format!("mount {} at {}", device.display(), target.display()),
             format!("invalid argument (EINVAL); probing the device to say why failed too: {err}"),
         ),
@@ -164,15 +165,15 @@ async fn explain_einval(
 /// already (a mounted filesystem's root, a device node) and reads or writes
 /// no volume, so unlike mount and umount it cannot hang on a sick device,
 /// and the trip to the blocking pool and back would cost more than the work.
-pub fn bind_mount(source: &Path, target: &Path, read_only: bool) -> Result<bool, HostOpError> {
+pub fn bind_mount(source: &Path, target: &Path, read_only: bool) -> Result<bool, NodeError> {
     let (src, tgt) = (source, target);
     crate::metrics::host_work("bind-mount", || {
         let source_meta = fs::metadata(src)
-            .map_err(|err| HostOpError::io(format!("bind mount source {}", src.display()), &err))?;
+            .map_err(|err| NodeError::io(format!("bind mount source {}", src.display()), &err))?;
         let ours = |_: &MountEntry| {
             // A bind mount shows the very inode of its source.
             let meta = fs::metadata(tgt)
-                .map_err(|err| HostOpError::io(format!("stat {}", tgt.display()), &err))?;
+                .map_err(|err| NodeError::io(format!("stat {}", tgt.display()), &err))?;
             Ok((meta.dev(), meta.ino()) == (source_meta.dev(), source_meta.ino()))
         };
         // A read-write bind of this very source where read-only is asked is
@@ -199,7 +200,7 @@ pub fn bind_mount(source: &Path, target: &Path, read_only: bool) -> Result<bool,
         crate::failpoint::step("publish:target");
         nix::mount::mount(Some(src), tgt, None::<&str>, MsFlags::MS_BIND, None::<&str>).map_err(
             |errno| {
-                HostOpError::errno(
+                NodeError::errno(
                     format!("bind {} at {}", src.display(), tgt.display()),
                     errno,
                 )
@@ -219,10 +220,10 @@ pub fn bind_mount(source: &Path, target: &Path, read_only: bool) -> Result<bool,
 /// remount. A bind remount sets the mount's flags to exactly those given, so
 /// nosuid/nodev/noexec inherited from the source are passed again (the
 /// kernel keeps the atime setting when no atime flag is given).
-fn remount_read_only(target: &Path) -> Result<(), HostOpError> {
+fn remount_read_only(target: &Path) -> Result<(), NodeError> {
     let what = || format!("remount {} read-only", target.display());
     let current =
-        nix::sys::statvfs::statvfs(target).map_err(|errno| HostOpError::errno(what(), errno))?;
+        nix::sys::statvfs::statvfs(target).map_err(|errno| NodeError::errno(what(), errno))?;
     let mut flags = MsFlags::MS_REMOUNT | MsFlags::MS_BIND | MsFlags::MS_RDONLY;
     for (kept, flag) in [
         (FsFlags::ST_NOSUID, MsFlags::MS_NOSUID),
@@ -234,7 +235,7 @@ fn remount_read_only(target: &Path) -> Result<(), HostOpError> {
         }
     }
     nix::mount::mount(None::<&str>, target, None::<&str>, flags, None::<&str>)
-        .map_err(|errno| HostOpError::errno(what(), errno))
+        .map_err(|errno| NodeError::errno(what(), errno))
 }
 
 /// Unmounts whatever is mounted at `target`, every layer if mounts are
@@ -251,7 +252,7 @@ fn remount_read_only(target: &Path) -> Result<(), HostOpError> {
 /// believes cleanly unmounted. Refusing keeps every step after the unmount
 /// (device, SNAP, record) in place, so the retry after the holder left
 /// converges.
-pub async fn unmount(target: &Path, deadline: Instant) -> Result<bool, HostOpError> {
+pub async fn unmount(target: &Path, deadline: Instant) -> Result<bool, NodeError> {
     /// Far more layers than any retry pattern makes; a bound so that a
     /// mount that keeps coming back cannot loop us forever.
     const MAX_LAYERS: usize = 64;
@@ -259,7 +260,7 @@ pub async fn unmount(target: &Path, deadline: Instant) -> Result<bool, HostOpErr
     let tgt = target.to_path_buf();
     let failed = {
         let what = what.clone();
-        move |message: String| HostOpError::failed(what.clone(), message)
+        move |message: String| NodeError::failed(what.clone(), message)
     };
     command::run_blocking("umount", &what, deadline, move || {
         let mut unmounted = false;
@@ -295,14 +296,14 @@ pub async fn unmount(target: &Path, deadline: Instant) -> Result<bool, HostOpErr
 }
 
 /// The error for a mount that stays busy, naming what holds it.
-fn busy(target: &Path) -> HostOpError {
+fn busy(target: &Path) -> NodeError {
     let found = holders::find(target);
     let holders = if found.is_empty() {
         "no process this node can see holds it (one in another PID namespace may)".to_string()
     } else {
         holders::describe(&found)
     };
-    HostOpError::FailedPrecondition(format!(
+    NodeError::FailedPrecondition(format!(
         "{} is busy: {holders}. It stays mounted; retry once they are gone",
         target.display()
     ))
@@ -318,7 +319,7 @@ pub async fn set_block_device_read_only(
     device: &Path,
     read_only: bool,
     deadline: Instant,
-) -> Result<(), HostOpError> {
+) -> Result<(), NodeError> {
     let (major, minor) = block_device_number(device)?;
     if kernel_read_only(major, minor) == Some(read_only) {
         return Ok(());
@@ -354,14 +355,14 @@ fn already_mounted(
     target: &Path,
     existing: Option<MountEntry>,
     read_only: bool,
-    ours: impl Fn(&MountEntry) -> Result<bool, HostOpError>,
-) -> Result<bool, HostOpError> {
+    ours: impl Fn(&MountEntry) -> Result<bool, NodeError>,
+) -> Result<bool, NodeError> {
     let Some(mount) = existing else {
         return Ok(false);
     };
     let word = |ro: bool| if ro { "read-only" } else { "read-write" };
     if !ours(&mount)? {
-        return Err(HostOpError::AlreadyExists(format!(
+        return Err(NodeError::AlreadyExists(format!(
             "{} already has something else mounted: {} ({}, {})",
             target.display(),
             mount.source,
@@ -370,7 +371,7 @@ fn already_mounted(
         )));
     }
     if mount.is_read_only() != read_only {
-        return Err(HostOpError::AlreadyExists(format!(
+        return Err(NodeError::AlreadyExists(format!(
             "{} is already mounted {}, but {} was requested",
             target.display(),
             word(mount.is_read_only()),
@@ -382,7 +383,7 @@ fn already_mounted(
 
 /// Creates the directory `target` if missing (not its parents: the CO
 /// creates those). Something else at that path is a failed precondition.
-fn ensure_directory(target: &Path) -> Result<(), HostOpError> {
+fn ensure_directory(target: &Path) -> Result<(), NodeError> {
     ensure(
         target,
         "directory",
@@ -393,7 +394,7 @@ fn ensure_directory(target: &Path) -> Result<(), HostOpError> {
 
 /// Creates the empty regular file `target` if missing; an existing one is
 /// never opened (it could be a device node) and must be a regular file.
-fn ensure_file(target: &Path) -> Result<(), HostOpError> {
+fn ensure_file(target: &Path) -> Result<(), NodeError> {
     let create = || {
         OpenOptions::new()
             .write(true)
@@ -413,34 +414,34 @@ fn ensure(
     kind: &str,
     create: impl FnOnce() -> io::Result<()>,
     is_kind: impl FnOnce(&fs::Metadata) -> bool,
-) -> Result<(), HostOpError> {
+) -> Result<(), NodeError> {
     match create() {
         Ok(()) => return Ok(()),
         Err(err) if err.kind() == io::ErrorKind::AlreadyExists => {}
         Err(err) => return Err(creation_error(target, kind, &err)),
     }
     let meta = fs::symlink_metadata(target)
-        .map_err(|err| HostOpError::io(format!("stat {}", target.display()), &err))?;
+        .map_err(|err| NodeError::io(format!("stat {}", target.display()), &err))?;
     if is_kind(&meta) {
         Ok(())
     } else {
-        Err(HostOpError::FailedPrecondition(format!(
+        Err(NodeError::FailedPrecondition(format!(
             "{} exists and is not a {kind}",
             target.display()
         )))
     }
 }
 
-fn creation_error(target: &Path, kind: &str, err: &io::Error) -> HostOpError {
+fn creation_error(target: &Path, kind: &str, err: &io::Error) -> NodeError {
     if err.kind() == io::ErrorKind::NotFound {
         let parent = target.parent().map(PathBuf::from).unwrap_or_default();
-        HostOpError::FailedPrecondition(format!(
+        NodeError::FailedPrecondition(format!(
             "cannot create the {kind} {}: its parent {} does not exist",
             target.display(),
             parent.display()
         ))
     } else {
-        HostOpError::io(format!("create the {kind} {}", target.display()), err)
+        NodeError::io(format!("create the {kind} {}", target.display()), err)
     }
 }
 
@@ -468,7 +469,7 @@ fn preen_verdict(code: i32) -> Preen {
 }
 
 /// `e2fsck -p DEVICE`: repairs what is safe to repair unattended.
-async fn preen_ext4(device: &Path, deadline: Instant) -> Result<(), HostOpError> {
+async fn preen_ext4(device: &Path, deadline: Instant) -> Result<(), NodeError> {
     let output =
         command::run_unchecked("e2fsck", &[OsStr::new("-p"), device.as_os_str()], deadline).await?;
     // run_unchecked makes a death by signal an error: there is a code.
@@ -485,13 +486,13 @@ async fn preen_ext4(device: &Path, deadline: Instant) -> Result<(), HostOpError>
             );
             Ok(())
         }
-        Preen::ErrorsLeft => Err(HostOpError::FailedPrecondition(format!(
+        Preen::ErrorsLeft => Err(NodeError::FailedPrecondition(format!(
             "the ext4 filesystem on {} has errors that e2fsck -p may not repair unattended \
              (exit status {code}); it is not mounted. Repair it by hand (e2fsck -f {}): {said}",
             device.display(),
             device.display()
         ))),
-        Preen::Failed => Err(HostOpError::failed(
+        Preen::Failed => Err(NodeError::failed(
             format!("e2fsck -p {}", device.display()),
             format!("exit status {code}: {said}"),
         )),
@@ -571,7 +572,7 @@ fn generic(option: &str) -> Option<Generic> {
 
 impl MountOptions {
     /// Each CSI flag may itself hold a comma-separated list, as in fstab.
-    fn parse(flags: &[String], read_only: bool) -> Result<MountOptions, HostOpError> {
+    fn parse(flags: &[String], read_only: bool) -> Result<MountOptions, NodeError> {
         let mut options = MountOptions {
             flags: MsFlags::empty(),
             data: Vec::new(),
@@ -581,7 +582,7 @@ impl MountOptions {
                 continue;
             }
             if option.contains('\0') {
-                return Err(HostOpError::InvalidArgument(
+                return Err(NodeError::InvalidArgument(
                     "a mount flag contains a NUL byte".into(),
                 ));
             }
@@ -592,7 +593,7 @@ impl MountOptions {
                 }
                 Some(Generic::Ignored) => {}
                 Some(Generic::Refused) => {
-                    return Err(HostOpError::InvalidArgument(format!(
+                    return Err(NodeError::InvalidArgument(format!(
                         "mount flag {option:?} is not allowed: the driver decides how the volume is mounted"
                     )));
                 }
@@ -696,13 +697,13 @@ mod tests {
         for bad in ["bind", "rbind", "remount", "move", "rshared", "private"] {
             let err = MountOptions::parse(&strings(&["noatime", bad]), false).err();
             assert!(
-                matches!(&err, Some(HostOpError::InvalidArgument(m)) if m.contains(bad)),
+                matches!(&err, Some(NodeError::InvalidArgument(m)) if m.contains(bad)),
                 "{bad}: {err:?}"
             );
         }
         let err = MountOptions::parse(&strings(&["a\0b"]), false).err();
         assert!(
-            matches!(err, Some(HostOpError::InvalidArgument(_))),
+            matches!(err, Some(NodeError::InvalidArgument(_))),
             "{err:?}"
         );
     }
@@ -790,7 +791,7 @@ mod tests {
         let err = mount_filesystem(&device, &staging, fs, &flags, true, deadline())
             .await
             .unwrap_err();
-        assert!(matches!(err, HostOpError::AlreadyExists(_)), "{err:?}");
+        assert!(matches!(err, NodeError::AlreadyExists(_)), "{err:?}");
 
         assert!(unmount(&staging, deadline()).await.unwrap());
         assert!(!unmount(&staging, deadline()).await.unwrap());
@@ -858,7 +859,7 @@ mod tests {
             .await
             .unwrap_err();
             assert!(
-                matches!(err, HostOpError::InvalidArgument(_)),
+                matches!(err, NodeError::InvalidArgument(_)),
                 "{bad:?}: {err:?}"
             );
             assert!(
@@ -878,7 +879,7 @@ mod tests {
             .await
             .unwrap_err();
         assert!(
-            matches!(&err, HostOpError::FailedPrecondition(m) if m.contains("no signature")),
+            matches!(&err, NodeError::FailedPrecondition(m) if m.contains("no signature")),
             "{err:?}"
         );
         format_if_blank(&device, FsType::Ext4, deadline())
@@ -888,7 +889,7 @@ mod tests {
             .await
             .unwrap_err();
         assert!(
-            matches!(&err, HostOpError::FailedPrecondition(m) if m.contains("existing ext4 filesystem")),
+            matches!(&err, NodeError::FailedPrecondition(m) if m.contains("existing ext4 filesystem")),
             "{err:?}"
         );
         assert!(mountinfo::at(&staging).unwrap().is_none());
@@ -912,7 +913,7 @@ mod tests {
             .await
             .unwrap_err();
         assert!(
-            matches!(&err, HostOpError::AlreadyExists(m) if m.contains(&*one.to_string_lossy())),
+            matches!(&err, NodeError::AlreadyExists(m) if m.contains(&*one.to_string_lossy())),
             "{err:?}"
         );
     }
@@ -929,7 +930,7 @@ mod tests {
             .await
             .unwrap_err();
         assert!(
-            matches!(&err, HostOpError::FailedPrecondition(m) if m.contains("corrupted")),
+            matches!(&err, NodeError::FailedPrecondition(m) if m.contains("corrupted")),
             "{err:?}"
         );
         // Marked not clean (a crash), preening checks and gives up.
@@ -937,7 +938,7 @@ mod tests {
         let err = mount_filesystem(&device, &staging, FsType::Ext4, &[], false, deadline())
             .await
             .unwrap_err();
-        let HostOpError::FailedPrecondition(message) = &err else {
+        let NodeError::FailedPrecondition(message) = &err else {
             panic!("{err:?}");
         };
         assert!(message.contains("UNEXPECTED INCONSISTENCY"), "{message}");
@@ -1004,11 +1005,11 @@ mod tests {
         assert!(!bind_mount(&staging, &rw, false).unwrap());
         assert!(!bind_mount(&staging, &ro, true).unwrap());
         let err = bind_mount(&staging, &ro, false).unwrap_err();
-        assert!(matches!(err, HostOpError::AlreadyExists(_)), "{err:?}");
+        assert!(matches!(err, NodeError::AlreadyExists(_)), "{err:?}");
         let elsewhere = scratch.path("elsewhere");
         fs::create_dir(&elsewhere).unwrap();
         let err = bind_mount(&elsewhere, &rw, false).unwrap_err();
-        assert!(matches!(err, HostOpError::AlreadyExists(_)), "{err:?}");
+        assert!(matches!(err, NodeError::AlreadyExists(_)), "{err:?}");
 
         for target in [&rw, &ro] {
             assert!(unmount(target, deadline()).await.unwrap());
@@ -1102,17 +1103,17 @@ mod tests {
         fs::create_dir(&dir).unwrap();
 
         let err = bind_mount(&device, &dir, false).unwrap_err();
-        assert!(matches!(err, HostOpError::FailedPrecondition(_)), "{err:?}");
+        assert!(matches!(err, NodeError::FailedPrecondition(_)), "{err:?}");
         let err = bind_mount(scratch.root(), &file, false).unwrap_err();
-        assert!(matches!(err, HostOpError::FailedPrecondition(_)), "{err:?}");
+        assert!(matches!(err, NodeError::FailedPrecondition(_)), "{err:?}");
         let orphan = scratch.path("missing-parent/target");
         let err = bind_mount(&device, &orphan, false).unwrap_err();
         assert!(
-            matches!(&err, HostOpError::FailedPrecondition(m) if m.contains("parent")),
+            matches!(&err, NodeError::FailedPrecondition(m) if m.contains("parent")),
             "{err:?}"
         );
         let err = bind_mount(&scratch.path("no-source"), &dir, false).unwrap_err();
-        assert!(matches!(err, HostOpError::NotFound(_)), "{err:?}");
+        assert!(matches!(err, NodeError::NotFound(_)), "{err:?}");
         assert!(scratch.mounts().is_empty());
     }
 
@@ -1200,7 +1201,7 @@ mod tests {
         let held = fs::File::open(&target).unwrap();
         let err = unmount(&target, deadline()).await.unwrap_err();
         assert!(
-            matches!(&err, HostOpError::FailedPrecondition(m) if m.contains("is busy: pid ")),
+            matches!(&err, NodeError::FailedPrecondition(m) if m.contains("is busy: pid ")),
             "{err:?}"
         );
         assert_eq!(scratch.mounts().len(), 1);

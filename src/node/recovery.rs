@@ -23,7 +23,6 @@ use std::path::{Path, PathBuf};
 use tokio::time::Instant;
 use tonic::Status;
 
-use super::error::host_status;
 use super::format::{self, FsType};
 use super::mountinfo::{self, MountEntry};
 use super::records::{StagedAs, VolumeRecord};
@@ -64,14 +63,12 @@ impl NodeService {
         // A read-only mount does not stop writes through the device node (a
         // block volume, or anything opening the device): the device flag
         // does. Set both ways: the flag outlives the device's last user.
-        mount::set_block_device_read_only(&device.node, read_only, deadline)
-            .await
-            .map_err(host_status)?;
+        mount::set_block_device_read_only(&device.node, read_only, deadline).await?;
 
         let Usage::Filesystem { fs, flags } = usage else {
             return Ok(device);
         };
-        if let Some(existing) = mountinfo::at(staging).map_err(host_status)? {
+        if let Some(existing) = mountinfo::at(staging)? {
             self.check_staging_mount(volume_id, staging, &existing, locator, Some(&device))?;
             if self
                 .keep_staged(volume_id, staging, &existing, deadline)
@@ -81,28 +78,20 @@ impl NodeService {
             }
         }
         if read_only {
-            if let format::Probe::Blank = format::probe(&device.node, deadline)
-                .await
-                .map_err(host_status)?
-            {
-                return Err(Status::failed_precondition(format!(
-                    "volume {volume_id} is blank and its access mode is read-only: nothing to mount"
-                )));
+            if let format::Probe::Blank = format::probe(&device.node, deadline).await? {
+                return Err(Refusal::BlankReadOnly {
+                    volume_id: volume_id.to_string(),
+                }
+                .into());
             }
         } else {
-            let formatted = format::format_if_blank(&device.node, *fs, deadline)
-                .await
-                .map_err(host_status)?;
+            let formatted = format::format_if_blank(&device.node, *fs, deadline).await?;
             crate::failpoint::step("stage:format");
             if !formatted && *fs == FsType::Ext4 {
-                stats::grow_ext4_offline(&device.node, deadline)
-                    .await
-                    .map_err(host_status)?;
+                stats::grow_ext4_offline(&device.node, deadline).await?;
             }
         }
-        mount::mount_filesystem(&device.node, staging, *fs, flags, read_only, deadline)
-            .await
-            .map_err(host_status)?;
+        mount::mount_filesystem(&device.node, staging, *fs, flags, read_only, deadline).await?;
         crate::failpoint::step("stage:mount");
         Ok(device)
     }
@@ -122,30 +111,25 @@ impl NodeService {
         existing: &mountinfo::MountEntry,
         deadline: Instant,
     ) -> Result<bool, Status> {
-        let Some(fault) = stats::filesystem_fault(staging, existing, deadline)
-            .await
-            .map_err(host_status)?
-        else {
+        let Some(fault) = stats::filesystem_fault(staging, existing, deadline).await? else {
             return Ok(true);
         };
-        let published: Vec<String> = mountinfo::read()
-            .map_err(host_status)?
+        let published: Vec<String> = mountinfo::read()?
             .iter()
             .filter(|m| (m.major, m.minor) == (existing.major, existing.minor))
             .filter(|m| m.mount_point != staging)
             .map(|m| m.mount_point.display().to_string())
             .collect();
         if !published.is_empty() {
-            return Err(Status::failed_precondition(format!(
-                "volume {volume_id} needs a repair: {fault}. It is still published at {}",
-                published.join(", ")
-            )));
+            return Err(Refusal::RepairWhilePublished {
+                volume_id: volume_id.to_string(),
+                fault,
+                published: published.join(", "),
+            }
+            .into());
         }
         tracing::warn!(%volume_id, "unmounting the staged filesystem to repair it: {fault}");
-        while mount::unmount(staging, deadline)
-            .await
-            .map_err(host_status)?
-        {}
+        while mount::unmount(staging, deadline).await? {}
         crate::metrics::forget_volume_condition(volume_id);
         Ok(false)
     }
@@ -163,13 +147,11 @@ impl NodeService {
     ) -> Result<PathBuf, Status> {
         let record = self.recorded(volume_id)?;
         if let Usage::Filesystem { .. } = usage
-            && let Some(existing) = mountinfo::at(staging).map_err(host_status)?
+            && let Some(existing) = mountinfo::at(staging)?
         {
-            let record = record.ok_or_else(|| {
-                Status::failed_precondition(format!(
-                    "volume {volume_id}: {} is mounted, but this node has no record of staging the volume there",
-                    staging.display()
-                ))
+            let record = record.ok_or_else(|| Refusal::MountedWithoutRecord {
+                volume_id: volume_id.to_string(),
+                staging: staging.to_path_buf(),
             })?;
             let device = self.find_device(&record.locator)?;
             self.check_staging_mount(
@@ -182,21 +164,18 @@ impl NodeService {
             return Ok(staging.to_path_buf());
         }
         let mode = super::service::access_mode(capability)?;
-        let record = record.ok_or_else(|| {
-            Status::failed_precondition(format!(
-                "volume {volume_id} is not staged at {} and this node has no record of it: NodeStageVolume first",
-                staging.display()
-            ))
+        let record = record.ok_or_else(|| Refusal::NotStaged {
+            volume_id: volume_id.to_string(),
+            staging: staging.to_path_buf(),
         })?;
-        disagreement(&record, staging, &staged_as(usage, mode), volume_context).map_or(
-            Ok(()),
-            |why| {
-                Err(Status::failed_precondition(format!(
-                    "volume {volume_id} is not staged at {} and cannot be staged again from its record: {why}",
-                    staging.display()
-                )))
-            },
-        )?;
+        if let Some(why) = disagreement(&record, staging, &staged_as(usage, mode), volume_context) {
+            return Err(Refusal::CannotRestage {
+                volume_id: volume_id.to_string(),
+                staging: staging.to_path_buf(),
+                why,
+            }
+            .into());
+        }
         if let Usage::Filesystem { .. } = usage {
             tracing::info!(%volume_id, staging = %staging.display(), "the staging mount is gone (a reboot?): staging the volume again from its record");
         }
@@ -225,7 +204,7 @@ impl NodeService {
         mounted: &MountEntry,
         locator: &HostLocator,
         expected: Option<&BlockDevice>,
-    ) -> Result<(), Status> {
+    ) -> Result<(), Refusal> {
         if expected.is_some_and(|d| (d.major, d.minor) == (mounted.major, mounted.minor)) {
             return Ok(());
         }
@@ -239,12 +218,65 @@ impl NodeService {
             Some(d) => format!("is {} ({}:{})", d.name, d.major, d.minor),
             None => "is not on the host".to_string(),
         };
-        Err(Status::failed_precondition(format!(
-            "volume {volume_id}: the staging mount at {} is on device {major}:{minor}, {now}; \
-             the volume's device ({}) {volume}. Unstage the volume and stage it again",
-            staging.display(),
-            describe_locator(locator),
-        )))
+        Err(Refusal::NotOnTheVolumesDevice {
+            volume_id: volume_id.to_string(),
+            staging: staging.to_path_buf(),
+            mounted: format!("{major}:{minor}, {now}"),
+            volume: format!("({}) {volume}", describe_locator(locator)),
+        })
+    }
+}
+
+/// What a stage or a publish refuses to do with a staged volume, each
+/// with the state that stops it; the CO's retry cannot change that state,
+/// so each is FAILED_PRECONDITION.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum Refusal {
+    #[error(
+        "volume {volume_id}: the staging mount at {} is on device {mounted}; \
+         the volume's device {volume}. Unstage the volume and stage it again",
+        staging.display()
+    )]
+    NotOnTheVolumesDevice {
+        volume_id: String,
+        staging: PathBuf,
+        /// The mount's device number, and what the host shows it as now.
+        mounted: String,
+        /// The volume's identity, and where the host shows it.
+        volume: String,
+    },
+    #[error("volume {volume_id} needs a repair: {fault}. It is still published at {published}")]
+    RepairWhilePublished {
+        volume_id: String,
+        fault: String,
+        published: String,
+    },
+    #[error("volume {volume_id} is blank and its access mode is read-only: nothing to mount")]
+    BlankReadOnly { volume_id: String },
+    #[error(
+        "volume {volume_id}: {} is mounted, but this node has no record of staging the volume there",
+        staging.display()
+    )]
+    MountedWithoutRecord { volume_id: String, staging: PathBuf },
+    #[error(
+        "volume {volume_id} is not staged at {} and this node has no record of it: NodeStageVolume first",
+        staging.display()
+    )]
+    NotStaged { volume_id: String, staging: PathBuf },
+    #[error(
+        "volume {volume_id} is not staged at {} and cannot be staged again from its record: {why}",
+        staging.display()
+    )]
+    CannotRestage {
+        volume_id: String,
+        staging: PathBuf,
+        why: String,
+    },
+}
+
+impl From<Refusal> for Status {
+    fn from(refusal: Refusal) -> Status {
+        Status::failed_precondition(refusal.to_string())
     }
 }
 

@@ -17,9 +17,9 @@ use tokio::time::Instant;
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
-use super::command::HostOpError;
 use super::config::NodeConfig;
-use super::error::{host_status, io_status};
+use super::error::NodeError;
+
 use super::format::FsType;
 use super::records::{Records, VolumeRecord};
 use super::recovery::staged_as;
@@ -103,20 +103,14 @@ impl NodeService {
     }
 
     /// Holds the whole volume: stage, unstage and expand.
-    pub(super) fn hold(&self, volume_id: &str) -> Result<Held, Status> {
-        self.inner
-            .guard
-            .try_hold(volume_id)
-            .map_err(|busy| busy_status(volume_id, None, &busy))
+    pub(super) fn hold(&self, volume_id: &str) -> Result<Held, Busy> {
+        self.inner.guard.try_hold(volume_id)
     }
 
     /// Holds one target path of the volume: publish and unpublish, which run
     /// together on different targets.
-    fn hold_target(&self, volume_id: &str, target: &Path) -> Result<Held, Status> {
-        self.inner
-            .guard
-            .try_hold_target(volume_id, target)
-            .map_err(|busy| busy_status(volume_id, Some(target), &busy))
+    fn hold_target(&self, volume_id: &str, target: &Path) -> Result<Held, Busy> {
+        self.inner.guard.try_hold_target(volume_id, target)
     }
 
     fn confine(&self, what: &str, path: &str) -> Result<PathBuf, Status> {
@@ -148,8 +142,8 @@ impl NodeService {
         };
         let path = match confine_path(&self.inner.config.kubelet_dir, volume_path) {
             Ok(path) => path,
-            Err(HostOpError::InvalidArgument(why)) => return Err(not_there(why)),
-            Err(e) => return Err(host_status(e)),
+            Err(NodeError::InvalidArgument(why)) => return Err(not_there(why)),
+            Err(e) => return Err(e.into()),
         };
         // Only absence: a filesystem that shut down answers EIO even for its
         // mount point, and that volume is there, in a bad state.
@@ -207,11 +201,11 @@ impl NodeService {
     }
 
     /// Where the volume's device is now, from its record (`None` if unstaged).
-    pub(super) fn recorded(&self, volume_id: &str) -> Result<Option<VolumeRecord>, Status> {
+    pub(super) fn recorded(&self, volume_id: &str) -> Result<Option<VolumeRecord>, NodeError> {
         self.inner
             .records
             .load(volume_id)
-            .map_err(|e| io_status("reading the volume record", e))
+            .map_err(|e| NodeError::state("reading the volume record", e))
     }
 
     fn attach_request(
@@ -241,20 +235,6 @@ impl NodeService {
             secrets: stage.secrets.clone(),
         })
     }
-}
-
-/// ABORTED, saying what runs: the CO retries later.
-fn busy_status(volume_id: &str, target: Option<&Path>, busy: &Busy) -> Status {
-    let running = match busy {
-        Busy::Whole => "a stage, unstage or expand is".to_string(),
-        Busy::Targets(1) => "1 publish or unpublish is".to_string(),
-        Busy::Targets(count) => format!("{count} publishes or unpublishes are"),
-        Busy::SameTarget => format!(
-            "a publish or unpublish at {} is",
-            target.unwrap_or(Path::new("")).display()
-        ),
-    };
-    Status::aborted(format!("volume {volume_id} is busy: {running} in progress"))
 }
 
 fn require<'a>(value: &'a str, what: &str) -> Result<&'a str, Status> {
@@ -417,7 +397,7 @@ impl NodeService {
             self.inner
                 .records
                 .store(&record)
-                .map_err(|e| io_status("writing the volume record", e))?;
+                .map_err(|e| NodeError::state("writing the volume record", e))?;
         }
         crate::failpoint::step("stage:record");
         self.count_staged();
@@ -447,19 +427,14 @@ impl NodeService {
         deadline: Instant,
     ) -> Result<(), Status> {
         // Stacked mounts (a stage retried after a crash) all go.
-        while mount::unmount(staging, deadline)
-            .await
-            .map_err(host_status)?
-        {}
+        while mount::unmount(staging, deadline).await? {}
         crate::failpoint::step("unstage:unmount");
         let record = self.recorded(volume_id)?;
         // Stage may have made the device read-only; give it back as found.
         if let Some(record) = &record
             && let Some(device) = self.find_device(&record.locator)?
         {
-            mount::set_block_device_read_only(&device.node, false, deadline)
-                .await
-                .map_err(host_status)?;
+            mount::set_block_device_read_only(&device.node, false, deadline).await?;
         }
         if !record.as_ref().is_some_and(|r| r.external_attach) {
             let device_name = record.as_ref().and_then(|r| r.device_name.as_deref());
@@ -473,7 +448,7 @@ impl NodeService {
         self.inner
             .records
             .remove(volume_id)
-            .map_err(|e| io_status("removing the volume record", e))?;
+            .map_err(|e| NodeError::state("removing the volume record", e))?;
         self.count_staged();
         crate::metrics::forget_volume_condition(volume_id);
         Ok(())
@@ -512,7 +487,7 @@ impl NodeService {
             .await?;
         // Already published here with the same source and setting: done;
         // anything else there is ALREADY_EXISTS (bind_mount looks once).
-        mount::bind_mount(&source, &target, read_only).map_err(host_status)?;
+        mount::bind_mount(&source, &target, read_only)?;
         Ok(Response::new(csi::NodePublishVolumeResponse {}))
     }
 
@@ -525,12 +500,9 @@ impl NodeService {
         let volume_id = required_id(&req.volume_id, "volume_id")?;
         let target = self.confine("target_path", &req.target_path)?;
         let _held = self.hold_target(volume_id, &target)?;
-        while mount::unmount(&target, deadline)
-            .await
-            .map_err(host_status)?
-        {}
+        while mount::unmount(&target, deadline).await? {}
         crate::failpoint::step("unpublish:unmount");
-        remove_mount_point(&target).map_err(|e| io_status("removing the target path", e))?;
+        remove_mount_point(&target).map_err(|e| NodeError::state("removing the target path", e))?;
         Ok(Response::new(csi::NodeUnpublishVolumeResponse {}))
     }
 
@@ -579,15 +551,12 @@ impl NodeService {
             )));
         }
         if path.is_dir() {
-            let entry = mountinfo::at(&path)
-                .map_err(host_status)?
+            let entry = mountinfo::at(&path)?
                 .ok_or_else(|| Status::not_found(format!("{} is not mounted", path.display())))?;
             let fs = FsType::from_csi(&entry.fs_type).map_err(|e| {
                 Status::failed_precondition(format!("cannot grow this filesystem: {e}"))
             })?;
-            stats::expand_filesystem(&device.node, &path, fs, deadline)
-                .await
-                .map_err(host_status)?;
+            stats::expand_filesystem(&device.node, &path, fs, deadline).await?;
         }
         Ok(Response::new(csi::NodeExpandVolumeResponse {
             capacity_bytes: i64::try_from(device.size_bytes).unwrap_or(i64::MAX),
@@ -767,9 +736,9 @@ async fn traced<T>(
 /// to an lstat of it) is taken when its parent confines and the mount table
 /// shows a mount exactly there: the root of a mount is a directory or a
 /// device node, never a link. Unpublish, unstage and stats must reach it.
-fn confine_path(root: &Path, requested: &str) -> Result<PathBuf, HostOpError> {
+fn confine_path(root: &Path, requested: &str) -> Result<PathBuf, NodeError> {
     let error = match paths::confine(root, requested) {
-        Err(error @ HostOpError::Failed { .. }) => error,
+        Err(error @ NodeError::Failed { .. }) => error,
         other => return other,
     };
     let requested = Path::new(requested);

@@ -8,7 +8,8 @@ use std::path::{Path, PathBuf};
 use nix::errno::Errno;
 use tokio::time::Instant;
 
-use super::command::{self, HostOpError};
+use super::command;
+use super::error::NodeError;
 use super::format::FsType;
 use super::mountinfo::{self, MountEntry};
 
@@ -25,9 +26,9 @@ pub struct Usage {
 }
 
 /// Bytes and inodes of the filesystem holding `path`, from statvfs(3).
-pub fn filesystem_usage(path: &Path) -> Result<Usage, HostOpError> {
+pub fn filesystem_usage(path: &Path) -> Result<Usage, NodeError> {
     let st = nix::sys::statvfs::statvfs(path)
-        .map_err(|errno| HostOpError::errno(format!("statvfs {}", path.display()), errno))?;
+        .map_err(|errno| NodeError::errno(format!("statvfs {}", path.display()), errno))?;
     // f_blocks, f_bfree and f_bavail count fragments, not f_bsize blocks.
     // (All of these are u64 on the 64-bit hosts a BlueField sits in.)
     let unit = st.fragment_size();
@@ -68,11 +69,11 @@ pub async fn filesystem_fault(
     path: &Path,
     entry: &MountEntry,
     deadline: Instant,
-) -> Result<Option<String>, HostOpError> {
+) -> Result<Option<String>, NodeError> {
     let (dir, mount) = (path.to_path_buf(), entry.clone());
     let what = format!("check the filesystem at {}", path.display());
     match command::run_blocking("fs-check", &what, deadline, move || fault(&dir, &mount)).await {
-        Err(HostOpError::Timeout { .. }) => Ok(Some(format!(
+        Err(NodeError::Timeout { .. }) => Ok(Some(format!(
             "the {} filesystem at {} did not answer a flush in time: its device may be stuck",
             entry.fs_type,
             path.display()
@@ -81,7 +82,7 @@ pub async fn filesystem_fault(
     }
 }
 
-fn fault(path: &Path, entry: &MountEntry) -> Result<Option<String>, HostOpError> {
+fn fault(path: &Path, entry: &MountEntry) -> Result<Option<String>, NodeError> {
     let fs = &entry.fs_type;
     match std::fs::File::open(path).and_then(|dir| dir.sync_all()) {
         Ok(()) => {}
@@ -93,7 +94,7 @@ fn fault(path: &Path, entry: &MountEntry) -> Result<Option<String>, HostOpError>
         }
         // A read-only filesystem may refuse the flush; the table says why.
         Err(err) if err.raw_os_error() == Some(Errno::EROFS as i32) => {}
-        Err(err) => return Err(HostOpError::io(format!("fsync {}", path.display()), &err)),
+        Err(err) => return Err(NodeError::io(format!("fsync {}", path.display()), &err)),
     }
     // Newer kernels (6.x) leave ext4's `rw` and add `emergency_ro`.
     let forced_read_only = entry
@@ -143,11 +144,11 @@ fn saturate(value: u64) -> i64 {
 /// `/dev/disk/by-id/...` works). A path that is there but not a block device,
 /// such as a block publish target whose bind mount is gone, is a failed
 /// precondition.
-pub fn block_device_number(device: &Path) -> Result<(u32, u32), HostOpError> {
+pub fn block_device_number(device: &Path) -> Result<(u32, u32), NodeError> {
     let meta = std::fs::metadata(device)
-        .map_err(|err| HostOpError::io(format!("stat {}", device.display()), &err))?;
+        .map_err(|err| NodeError::io(format!("stat {}", device.display()), &err))?;
     if !meta.file_type().is_block_device() {
-        return Err(HostOpError::FailedPrecondition(format!(
+        return Err(NodeError::FailedPrecondition(format!(
             "{} is not a block device",
             device.display()
         )));
@@ -155,7 +156,7 @@ pub fn block_device_number(device: &Path) -> Result<(u32, u32), HostOpError> {
     let rdev = meta.rdev();
     let part = |value: u64| {
         u32::try_from(value).map_err(|_| {
-            HostOpError::failed(
+            NodeError::failed(
                 format!("stat {}", device.display()),
                 format!("device number {rdev:#x} out of range"),
             )
@@ -170,16 +171,16 @@ pub fn block_device_number(device: &Path) -> Result<(u32, u32), HostOpError> {
 /// The size in bytes of the block device node `device`, from
 /// `/sys/dev/block/M:m/size` (always in 512-byte sectors, whatever the
 /// device's logical block size).
-pub fn block_device_size(device: &Path) -> Result<u64, HostOpError> {
+pub fn block_device_size(device: &Path) -> Result<u64, NodeError> {
     let (major, minor) = block_device_number(device)?;
     let size_file = format!("/sys/dev/block/{major}:{minor}/size");
     let what = || format!("size of {} ({size_file})", device.display());
-    let text = std::fs::read_to_string(&size_file).map_err(|err| HostOpError::io(what(), &err))?;
+    let text = std::fs::read_to_string(&size_file).map_err(|err| NodeError::io(what(), &err))?;
     text.trim()
         .parse::<u64>()
         .ok()
         .and_then(|sectors| sectors.checked_mul(512))
-        .ok_or_else(|| HostOpError::failed(what(), format!("unexpected content {text:?}")))
+        .ok_or_else(|| NodeError::failed(what(), format!("unexpected content {text:?}")))
 }
 
 /// Grows the filesystem on `device`, mounted at `mount_path`, to fill the
@@ -193,7 +194,7 @@ pub async fn expand_filesystem(
     mount_path: &Path,
     fs: FsType,
     deadline: Instant,
-) -> Result<(), HostOpError> {
+) -> Result<(), NodeError> {
     let (dev, mnt) = (device.to_path_buf(), mount_path.to_path_buf());
     command::run_blocking(
         "expand-check",
@@ -207,14 +208,14 @@ pub async fn expand_filesystem(
             let number = block_device_number(&dev)?;
             match mountinfo::at(&mnt)? {
                 Some(m) if (m.major, m.minor) == number => Ok(()),
-                Some(m) => Err(HostOpError::FailedPrecondition(format!(
+                Some(m) => Err(NodeError::FailedPrecondition(format!(
                     "{} holds {} ({}), not the filesystem of {}",
                     mnt.display(),
                     m.source,
                     m.fs_type,
                     dev.display()
                 ))),
-                None => Err(HostOpError::FailedPrecondition(format!(
+                None => Err(NodeError::FailedPrecondition(format!(
                     "nothing is mounted at {}; the filesystem of {} can only be grown online",
                     mnt.display(),
                     dev.display()
@@ -242,10 +243,10 @@ pub async fn expand_filesystem(
 /// Online ext4 resizing is an ioctl that wants CAP_SYS_RESOURCE; resize2fs
 /// only says "Permission denied", which reads like a file permission problem.
 /// The node's container lacks a capability: a precondition, not a bug.
-fn explain_resize2fs(err: HostOpError) -> HostOpError {
+fn explain_resize2fs(err: NodeError) -> NodeError {
     match err {
-        HostOpError::Failed { message, .. } if message.contains("Permission denied to resize") => {
-            HostOpError::FailedPrecondition(format!(
+        NodeError::Failed { message, .. } if message.contains("Permission denied to resize") => {
+            NodeError::FailedPrecondition(format!(
                 "{message} (online ext4 resizing needs CAP_SYS_RESOURCE, which this process lacks; \
                  the filesystem grows at its next stage instead)"
             ))
@@ -259,7 +260,7 @@ fn explain_resize2fs(err: HostOpError) -> HostOpError {
 /// This is how a volume expanded while unstaged gets its space: at the next
 /// stage, before mounting. Offline resizing needs no CAP_SYS_RESOURCE, and
 /// resize2fs insists on a forced check first. Returns whether it grew.
-pub async fn grow_ext4_offline(device: &Path, deadline: Instant) -> Result<bool, HostOpError> {
+pub async fn grow_ext4_offline(device: &Path, deadline: Instant) -> Result<bool, NodeError> {
     let header = command::run(
         "dumpe2fs",
         &[OsStr::new("-h"), device.as_os_str()],
@@ -274,7 +275,7 @@ pub async fn grow_ext4_offline(device: &Path, deadline: Instant) -> Result<bool,
             .and_then(|rest| rest.trim().parse().ok())
     };
     let (Some(blocks), Some(block_size)) = (field("Block count:"), field("Block size:")) else {
-        return Err(HostOpError::Failed {
+        return Err(NodeError::Failed {
             what: format!("reading the ext4 size of {}", device.display()),
             message: "dumpe2fs printed no block count or block size".into(),
         });
@@ -291,7 +292,7 @@ pub async fn grow_ext4_offline(device: &Path, deadline: Instant) -> Result<bool,
     .await?;
     // 0: clean, 1: errors corrected; anything else needs a human (e2fsck(8)).
     if !matches!(check.status.code(), Some(0 | 1)) {
-        return Err(HostOpError::FailedPrecondition(format!(
+        return Err(NodeError::FailedPrecondition(format!(
             "e2fsck -f -p {} before growing it: {}",
             device.display(),
             String::from_utf8_lossy(&check.stdout).trim()
@@ -328,16 +329,16 @@ mod tests {
     #[test]
     fn usage_of_a_missing_path_is_not_found() {
         let err = filesystem_usage(Path::new("/nonexistent-snap-csi")).unwrap_err();
-        assert!(matches!(err, HostOpError::NotFound(_)), "{err:?}");
+        assert!(matches!(err, NodeError::NotFound(_)), "{err:?}");
     }
 
     #[test]
     fn block_device_questions_about_non_devices() {
         let err = block_device_size(Path::new("/nonexistent-snap-csi")).unwrap_err();
-        assert!(matches!(err, HostOpError::NotFound(_)), "{err:?}");
+        assert!(matches!(err, NodeError::NotFound(_)), "{err:?}");
         let file = tempfile::NamedTempFile::new().unwrap();
         let err = block_device_size(file.path()).unwrap_err();
-        assert!(matches!(err, HostOpError::FailedPrecondition(_)), "{err:?}");
+        assert!(matches!(err, NodeError::FailedPrecondition(_)), "{err:?}");
     }
 
     #[test]
@@ -409,7 +410,7 @@ mod tests {
         let err = expand_filesystem(&device, &target, fs, deadline())
             .await
             .unwrap_err();
-        assert!(matches!(err, HostOpError::FailedPrecondition(_)), "{err:?}");
+        assert!(matches!(err, NodeError::FailedPrecondition(_)), "{err:?}");
     }
 
     #[tokio::test]
@@ -439,7 +440,7 @@ mod tests {
             .await
             .unwrap_err();
         assert!(
-            matches!(&err, HostOpError::FailedPrecondition(m) if m.contains("not the filesystem of")),
+            matches!(&err, NodeError::FailedPrecondition(m) if m.contains("not the filesystem of")),
             "{err:?}"
         );
     }

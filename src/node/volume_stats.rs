@@ -7,7 +7,6 @@ use std::path::Path;
 use tokio::time::Instant;
 use tonic::Status;
 
-use super::error::host_status;
 use super::{mountinfo, stats};
 use crate::proto::csi::v1 as csi;
 
@@ -17,7 +16,7 @@ pub(super) async fn volume_stats(
     path: &Path,
     deadline: Instant,
 ) -> Result<csi::NodeGetVolumeStatsResponse, Status> {
-    let Some(entry) = mountinfo::at(path).map_err(host_status)? else {
+    let Some(entry) = mountinfo::at(path)? else {
         return Ok(abnormal(format!(
             "{} is not mounted: the volume is not published there",
             path.display()
@@ -45,16 +44,14 @@ pub(super) async fn volume_stats(
             )),
         });
     }
-    let fault = stats::filesystem_fault(path, &entry, deadline)
-        .await
-        .map_err(host_status)?;
+    let fault = stats::filesystem_fault(path, &entry, deadline).await?;
     // statfs answers on a filesystem that shut down: usage stays reported.
     let usage = match stats::filesystem_usage(path) {
         Ok(usage) => usage,
         Err(e) => {
             return match fault {
                 Some(why) => Ok(abnormal(repair_hint(&why))),
-                None => Err(host_status(e)),
+                None => Err(e.into()),
             };
         }
     };
