@@ -14,8 +14,8 @@ use std::str::FromStr;
 use tokio::time::Instant;
 
 use super::command;
+use super::device::block_device_number;
 use super::error::NodeError;
-use super::stats::block_device_number;
 
 /// The filesystems we create and mount.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
