@@ -182,6 +182,30 @@ impl VolumeGuard {
     }
 }
 
+impl Held {
+    /// Widens a hold of one target path to the whole volume, for a publish
+    /// that must stage the volume again; refused while other publishes or
+    /// unpublishes hold it (they stand on what the restage would change).
+    pub fn widen(&mut self) -> Result<(), Busy> {
+        if self.target.is_none() {
+            return Ok(());
+        }
+        let mut busy = self.shared.lock();
+        // Our own hold keeps the entry: targets, ours among them.
+        if let Some(Holders::Targets(targets)) = busy.get(&self.volume_id)
+            && targets.len() > 1
+        {
+            return Err(Busy {
+                volume_id: self.volume_id.clone(),
+                running: Running::Targets(targets.len() - 1),
+            });
+        }
+        busy.insert(self.volume_id.clone(), Holders::Whole);
+        self.target = None;
+        Ok(())
+    }
+}
+
 impl Shared {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Holders>> {
         // The map stays consistent whatever panicked while holding it: every
@@ -256,6 +280,35 @@ mod tests {
         );
         drop(whole);
         assert!(guard.try_hold_target("pvc-1", a).is_ok());
+    }
+
+    #[test]
+    fn a_target_hold_widens_to_the_whole_volume_only_when_it_is_alone() {
+        let guard = VolumeGuard::default();
+        let (a, b) = (Path::new("/k/pods/a"), Path::new("/k/pods/b"));
+        let mut on_a = guard.try_hold_target("pvc-1", a).unwrap();
+        let on_b = guard.try_hold_target("pvc-1", b).unwrap();
+        assert_eq!(
+            on_a.widen().err().map(|b| b.running),
+            Some(Running::Targets(1))
+        );
+        assert_eq!(
+            running(guard.try_hold_target("pvc-1", a)),
+            Some(Running::SameTarget(a.to_path_buf())),
+            "a refused widening keeps the target held"
+        );
+        drop(on_b);
+        on_a.widen().unwrap();
+        assert_eq!(
+            running(guard.try_hold_target("pvc-1", b)),
+            Some(Running::Whole)
+        );
+        assert_eq!(running(guard.try_hold("pvc-1")), Some(Running::Whole));
+        drop(on_a);
+        assert!(
+            guard.try_hold("pvc-1").is_ok(),
+            "and freed whole when it ended"
+        );
     }
 
     #[tokio::test]

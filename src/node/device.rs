@@ -92,6 +92,14 @@ fn kernel_read_only(major: u32, minor: u32) -> Option<bool> {
     }
 }
 
+/// Whether `major:minor` names a block device the kernel removed: not an
+/// anonymous device (major 0: tmpfs, overlay, a bind of a device node shows
+/// its devtmpfs), and absent from the real `/sys/dev/block`, which the
+/// kernel keeps while the disk exists (whatever tree locates devices).
+pub fn removed(major: u32, minor: u32) -> bool {
+    major != 0 && !Path::new(&format!("/sys/dev/block/{major}:{minor}")).exists()
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::command::testing::Scratch;
@@ -104,6 +112,17 @@ mod tests {
         let file = tempfile::NamedTempFile::new().unwrap();
         let err = block_device_size(file.path()).unwrap_err();
         assert!(matches!(err, NodeError::FailedPrecondition(_)), "{err:?}");
+    }
+
+    #[test]
+    fn a_device_is_removed_only_when_the_kernel_no_longer_has_it() {
+        let mut scratch = Scratch::new();
+        let device = scratch.loop_device("disk.img", 16 << 20);
+        let (major, minor) = block_device_number(&device).unwrap();
+        assert!(!removed(major, minor), "an attached loop device");
+        assert!(!removed(0, 42), "anonymous devices are never block devices");
+        // Minors past what the loop driver hands out (1 << 20 is its limit).
+        assert!(removed(major, (1 << 20) + 7));
     }
 
     #[test]

@@ -27,6 +27,8 @@ use super::request::{
 };
 use super::service::NodeService;
 use crate::csi_limits::required_id;
+use crate::dpu::HostLocator;
+use crate::guard::Held;
 use crate::proto::csi::v1 as csi;
 
 impl NodeService {
@@ -50,16 +52,10 @@ impl NodeService {
         let target = self.confine("target_path", &req.target_path)?;
         let staging = self.confine("staging_target_path", &req.staging_target_path)?;
         let read_only = req.readonly || is_read_only_mode(access_mode(&capability)?);
-        let _held = self.hold_target(volume_id, &target)?;
+        let mut held = self.hold_target(volume_id, &target)?;
 
         let source = self
-            .staged_for_publish(
-                volume_id,
-                &staging,
-                (&capability, &usage),
-                &req.volume_context,
-                deadline,
-            )
+            .staged_for_publish(&req, (&staging, &mut held), (&capability, &usage), deadline)
             .await?;
         // Already published here with the same source and setting: done;
         // anything else there is ALREADY_EXISTS (bind_mount looks once).
@@ -83,32 +79,38 @@ impl NodeService {
     }
 
     /// What a publish binds onto its target: the staging mount (checked to
-    /// sit on the volume's device) or the block device; a volume whose
-    /// staging mount is gone (a reboot) is staged again from its record.
+    /// sit on the volume's device) or the block device. A volume whose
+    /// staging mount is gone (a reboot) or stale (see `recovery`), or whose
+    /// device the host lost, is staged again from its record, holding the
+    /// whole volume (`held` widened): attached again if the host lost the
+    /// device, since kubelet sends no stage for a volume it believes staged.
     pub(super) async fn staged_for_publish(
         &self,
-        volume_id: &str,
-        staging: &Path,
+        request: &csi::NodePublishVolumeRequest,
+        (staging, held): (&Path, &mut Held),
         (capability, usage): (&csi::VolumeCapability, &Usage),
-        volume_context: &HashMap<String, String>,
         deadline: Instant,
     ) -> Result<PathBuf, Status> {
+        let volume_id = request.volume_id.as_str();
         let record = self.recorded(volume_id)?;
-        if let Usage::Filesystem { .. } = usage
-            && let Some(existing) = mountinfo::at(staging)?
+        let staged = match usage {
+            Usage::Filesystem { .. } => mountinfo::at(staging)?,
+            Usage::Block => None,
+        };
+        let device = match (&staged, &record) {
+            (Some(_), None) => {
+                return Err(Refusal::MountedWithoutRecord {
+                    volume_id: volume_id.to_string(),
+                    staging: staging.to_path_buf(),
+                }
+                .into());
+            }
+            (_, Some(record)) => self.find_device(&record.locator)?,
+            (None, None) => None,
+        };
+        if let (Some(existing), Some(device)) = (&staged, &device)
+            && (existing.major, existing.minor) == (device.major, device.minor)
         {
-            let record = record.ok_or_else(|| Refusal::MountedWithoutRecord {
-                volume_id: volume_id.to_string(),
-                staging: staging.to_path_buf(),
-            })?;
-            let device = self.find_device(&record.locator)?;
-            self.check_staging_mount(
-                volume_id,
-                staging,
-                &existing,
-                &record.locator,
-                device.as_ref(),
-            )?;
             return Ok(staging.to_path_buf());
         }
         let mode = access_mode(capability)?;
@@ -116,7 +118,8 @@ impl NodeService {
             volume_id: volume_id.to_string(),
             staging: staging.to_path_buf(),
         })?;
-        if let Some(why) = disagreement(&record, staging, &staged_as(usage, mode), volume_context) {
+        let context = &request.volume_context;
+        if let Some(why) = disagreement(&record, staging, &staged_as(usage, mode), context) {
             return Err(Refusal::CannotRestage {
                 volume_id: volume_id.to_string(),
                 staging: staging.to_path_buf(),
@@ -124,14 +127,30 @@ impl NodeService {
             }
             .into());
         }
-        if let Usage::Filesystem { .. } = usage {
+        // A block volume whose device is there needs its flag checked only:
+        // that leaves its other publishes running beside this one.
+        if staged.is_some() || device.is_none() || matches!(usage, Usage::Filesystem { .. }) {
+            held.widen()?;
+        }
+        if let Some(existing) = &staged {
+            let here = (&record.locator, device.as_ref());
+            self.clear_stale_staging(volume_id, staging, existing, here, deadline)
+                .await?;
+        } else if let Usage::Filesystem { .. } = usage {
             tracing::info!(%volume_id, staging = %staging.display(), "the staging mount is gone (a reboot?): staging the volume again from its record");
         }
+        let locator = match device {
+            Some(_) => record.locator.clone(),
+            None => {
+                let asked = (&request.publish_context, (capability, usage));
+                self.locate_again(&record, asked, deadline).await?
+            }
+        };
         let device = self
             .stage_on_host(
                 volume_id,
                 staging,
-                &record.locator,
+                &locator,
                 usage,
                 is_read_only_mode(mode),
                 deadline,
@@ -141,6 +160,41 @@ impl NodeService {
             Usage::Block => device.node,
             Usage::Filesystem { .. } => staging.to_path_buf(),
         })
+    }
+
+    /// Where the volume is now that the host does not show its device at
+    /// the recorded identity: where a new attach puts it (recorded), SNAP
+    /// having come back empty or the function gone. DPF's attachments are
+    /// DPF's: for those the node can only wait for the device.
+    async fn locate_again(
+        &self,
+        record: &VolumeRecord,
+        (publish_context, capability): (&HashMap<String, String>, (&csi::VolumeCapability, &Usage)),
+        deadline: Instant,
+    ) -> Result<HostLocator, Status> {
+        let volume_id = &record.volume_id;
+        if record.external_attach {
+            return Ok(record.locator.clone());
+        }
+        // A publish carries no stage secrets, so no encryption key.
+        let no_secrets = HashMap::new();
+        if crate::dpu::crypto::requested(&record.volume_context, &no_secrets).is_err() {
+            return Err(Refusal::KeyOnlyAtStage {
+                volume_id: volume_id.clone(),
+            }
+            .into());
+        }
+        tracing::warn!(%volume_id, "the host does not show the volume's device: attaching it again");
+        let contexts = (publish_context, &record.volume_context, &no_secrets);
+        let attach = self.attach_request(volume_id, contexts, capability, true)?;
+        let attachment = self.attach(&attach, deadline).await?;
+        let record = VolumeRecord {
+            device_name: Some(attachment.device_name),
+            locator: attachment.locator,
+            ..record.clone()
+        };
+        self.keep_record(&record)?;
+        Ok(record.locator)
     }
 }
 

@@ -6,20 +6,21 @@
 //! if blank and mounts it at the staging path. Unstage undoes each step in
 //! reverse, each tolerating its object being gone.
 
+use std::collections::HashMap;
 use std::path::Path;
 
 use tokio::time::Instant;
-use tonic::{Request, Response, Status};
+use tonic::{Code, Request, Response, Status};
 
 use super::error::NodeError;
 use super::format::{self, FsType};
 use super::records::VolumeRecord;
-use super::recovery::Refusal;
+use super::recovery::{NotYet, Refusal, other_mounts};
 use super::request::{Usage, access_mode, is_read_only_mode, maps_within_limits, staged_as, usage};
 use super::service::NodeService;
 use super::{device, grow, health, mount, mountinfo};
 use crate::csi_limits::required_id;
-use crate::dpu::{AttachRequest, DpuError, HostLocator, VolumeMode};
+use crate::dpu::{AttachRequest, Attachment, DpuError, HostLocator, VolumeMode};
 use crate::host::BlockDevice;
 use crate::proto::csi::v1 as csi;
 
@@ -53,24 +54,14 @@ impl NodeService {
                 Some(locator) => (None, locator, true),
                 None => {
                     let staged_before = self.recorded(volume_id)?.is_some();
-                    let attach = self.attach_request(&req, &capability, &usage, staged_before)?;
-                    let attachment = match self.dpu().attach(&attach, deadline).await {
-                        Ok(attachment) => attachment,
-                        Err(e) => {
-                            // A definite refusal (no free function, bad
-                            // arguments): undo what this attempt made rather
-                            // than leave it for an unstage that may never come.
-                            // A transient failure is left for the retry.
-                            if !staged_before
-                                && !matches!(e, DpuError::Unavailable(_))
-                                && let Err(undo) =
-                                    self.dpu().detach(volume_id, None, deadline).await
-                            {
-                                tracing::warn!(%volume_id, "undoing a failed attach: {undo}");
-                            }
-                            return Err(Status::from(e));
-                        }
-                    };
+                    let contexts = (&req.publish_context, &req.volume_context, &req.secrets);
+                    let attach = self.attach_request(
+                        volume_id,
+                        contexts,
+                        (&capability, &usage),
+                        staged_before,
+                    )?;
+                    let attachment = self.attach(&attach, deadline).await?;
                     crate::failpoint::step("stage:attach");
                     (Some(attachment.device_name), attachment.locator, false)
                 }
@@ -84,11 +75,7 @@ impl NodeService {
             staged_as: Some(staged_as(&usage, access_mode(&capability)?)),
             volume_context: req.volume_context.clone(),
         };
-        if self.recorded(volume_id)?.as_ref() != Some(&record) {
-            self.records()
-                .store(&record)
-                .map_err(|e| NodeError::state("writing the volume record", e))?;
-        }
+        self.keep_record(&record)?;
         crate::failpoint::step("stage:record");
         self.count_staged();
         self.stage_on_host(volume_id, &staging, &locator, &usage, read_only, deadline)
@@ -142,37 +129,90 @@ impl NodeService {
         Ok(())
     }
 
-    fn attach_request(
+    /// Writes `record` unless the node holds the same already.
+    pub(super) fn keep_record(&self, record: &VolumeRecord) -> Result<(), NodeError> {
+        if self.recorded(&record.volume_id)?.as_ref() != Some(record) {
+            self.records()
+                .store(record)
+                .map_err(|e| NodeError::state("writing the volume record", e))?;
+        }
+        Ok(())
+    }
+
+    /// Attaches the volume on the DPU.
+    ///
+    /// An attach that fails for a reason the DPU cannot name (INTERNAL:
+    /// typically an SPDK object gone between two of its calls, as when SNAP
+    /// restarted in the middle and came back empty) is tried once more,
+    /// inside the deadline: attaching continues from whatever the DPU holds,
+    /// so the second attempt starts from SNAP's new state instead of
+    /// answering kubelet a final error for a moment's state.
+    ///
+    /// A definite refusal of a first attach (no free function, bad
+    /// arguments) undoes what the attempt made rather than leave it for an
+    /// unstage that may never come; a transient failure is left for the retry.
+    pub(super) async fn attach(
         &self,
-        stage: &csi::NodeStageVolumeRequest,
-        capability: &csi::VolumeCapability,
-        usage: &Usage,
+        request: &AttachRequest,
+        deadline: Instant,
+    ) -> Result<Attachment, Status> {
+        let volume_id = &request.volume_id;
+        let mut attached = self.dpu().attach(request, deadline).await;
+        if let Err(DpuError::Internal(why)) = &attached {
+            tracing::warn!(%volume_id, "attaching failed ({why}); trying once more from what the DPU holds now");
+            attached = self.dpu().attach(request, deadline).await;
+        }
+        let error = match attached {
+            Ok(attachment) => return Ok(attachment),
+            Err(error) => error,
+        };
+        if !request.attached_before
+            && !matches!(error, DpuError::Unavailable(_))
+            && let Err(undo) = self.dpu().detach(volume_id, None, deadline).await
+        {
+            tracing::warn!(%volume_id, "undoing a failed attach: {undo}");
+        }
+        Err(error.into())
+    }
+
+    /// What the DPU is asked to attach: the volume as `capability` and
+    /// `usage` use it, with the (publish, volume) contexts and the stage's
+    /// secrets.
+    pub(super) fn attach_request(
+        &self,
+        volume_id: &str,
+        (publish_context, volume_context, secrets): (&Contexts, &Contexts, &Contexts),
+        (capability, usage): (&csi::VolumeCapability, &Usage),
         attached_before: bool,
     ) -> Result<AttachRequest, Status> {
         let config = &self.config();
         let (emulation, placement) =
-            super::context::emulation_and_placement(&stage.volume_context, config)?;
+            super::context::emulation_and_placement(volume_context, config)?;
         let mode = access_mode(capability)?;
         Ok(AttachRequest {
-            volume_id: stage.volume_id.clone(),
+            volume_id: volume_id.to_string(),
             access_modes: vec![crate::dpu::plugin_access_mode(mode)],
             volume_mode: match usage {
                 Usage::Block => VolumeMode::Block,
                 Usage::Filesystem { .. } => VolumeMode::Filesystem,
             },
-            publish_context: stage.publish_context.clone(),
-            volume_context: stage.volume_context.clone(),
-            storage_parameters: stage.volume_context.clone(),
+            publish_context: publish_context.clone(),
+            volume_context: volume_context.clone(),
+            storage_parameters: volume_context.clone(),
             emulation: emulation.into(),
             placement: placement.with(self.config().namespaces_per_controller),
             attached_before,
-            secrets: stage.secrets.clone(),
+            secrets: secrets.clone(),
         })
     }
 
     /// Everything a stage does on the host once the volume is attached: the
     /// device found by its identity, its read-only flag, and for a filesystem
-    /// a format if blank and the staging mount. Also a publish's restage.
+    /// a format if blank and the staging mount (a stale one taken away
+    /// first). Also a publish's restage.
+    ///
+    /// A device that goes away meanwhile fails whatever comes next; that is
+    /// answered as its loss (UNAVAILABLE: the retry attaches it again).
     pub(super) async fn stage_on_host(
         &self,
         volume_id: &str,
@@ -183,23 +223,52 @@ impl NodeService {
         deadline: Instant,
     ) -> Result<BlockDevice, Status> {
         let device = self.wait_for_device(locator, deadline).await?;
+        let on_device = (locator, &device);
+        let staged = self
+            .stage_on_device(volume_id, staging, on_device, usage, read_only, deadline)
+            .await;
+        match staged {
+            // Host work answers UNAVAILABLE only for a loss it saw already.
+            Err(error) if error.code() != Code::Unavailable && self.lost(on_device) => {
+                Err(lost(volume_id, &device, error.message()))
+            }
+            other => other.map(|()| device),
+        }
+    }
+
+    /// [`Self::stage_on_host`] once the device is found.
+    async fn stage_on_device(
+        &self,
+        volume_id: &str,
+        staging: &Path,
+        (locator, device): (&HostLocator, &BlockDevice),
+        usage: &Usage,
+        read_only: bool,
+        deadline: Instant,
+    ) -> Result<(), Status> {
         // A read-only mount does not stop writes through the device node (a
         // block volume, or anything opening the device): the device flag
         // does. Set both ways: the flag outlives the device's last user.
         device::set_block_device_read_only(&device.node, read_only, deadline).await?;
 
         let Usage::Filesystem { fs, flags } = usage else {
-            return Ok(device);
+            return Ok(());
         };
         if let Some(existing) = mountinfo::at(staging)? {
-            self.check_staging_mount(volume_id, staging, &existing, locator, Some(&device))?;
+            let here = (locator, Some(device));
             if self
-                .keep_staged(volume_id, staging, &existing, deadline)
+                .clear_stale_staging(volume_id, staging, &existing, here, deadline)
                 .await?
+                && self
+                    .keep_staged(volume_id, staging, &existing, deadline)
+                    .await?
             {
-                return Ok(device);
+                return Ok(());
             }
         }
+        // A kernel name the device had may be another's by now: nothing is
+        // written through it unless sysfs still shows it as the volume's.
+        self.still_there(volume_id, (locator, device), "formatting")?;
         if read_only {
             if let format::Probe::Blank = format::probe(&device.node, deadline).await? {
                 return Err(Refusal::BlankReadOnly {
@@ -214,9 +283,36 @@ impl NodeService {
                 grow::grow_ext4_offline(&device.node, deadline).await?;
             }
         }
+        self.still_there(volume_id, (locator, device), "mounting")?;
         mount::mount_filesystem(&device.node, staging, *fs, flags, read_only, deadline).await?;
         crate::failpoint::step("stage:mount");
-        Ok(device)
+        Ok(())
+    }
+
+    /// Whether the host no longer shows `device` at the volume's identity
+    /// (gone, or another device there now); a look that fails counts as gone.
+    fn lost(&self, (locator, device): (&HostLocator, &BlockDevice)) -> bool {
+        !matches!(
+            self.find_device(locator),
+            Ok(Some(now)) if (now.major, now.minor) == (device.major, device.minor)
+        )
+    }
+
+    /// Refuses to go on to `next` with a device the host lost.
+    fn still_there(
+        &self,
+        volume_id: &str,
+        on_device: (&HostLocator, &BlockDevice),
+        next: &str,
+    ) -> Result<(), Status> {
+        match self.lost(on_device) {
+            true => Err(lost(
+                volume_id,
+                on_device.1,
+                &format!("it was gone before {next}"),
+            )),
+            false => Ok(()),
+        }
     }
 
     /// Whether the filesystem staged at `staging` (the mount `existing`)
@@ -237,12 +333,7 @@ impl NodeService {
         let Some(fault) = health::filesystem_fault(staging, existing, deadline).await? else {
             return Ok(true);
         };
-        let published: Vec<String> = mountinfo::read()?
-            .iter()
-            .filter(|m| (m.major, m.minor) == (existing.major, existing.minor))
-            .filter(|m| m.mount_point != staging)
-            .map(|m| m.mount_point.display().to_string())
-            .collect();
+        let published = other_mounts(existing, staging)?;
         if !published.is_empty() {
             return Err(Refusal::RepairWhilePublished {
                 volume_id: volume_id.to_string(),
@@ -256,4 +347,16 @@ impl NodeService {
         crate::metrics::forget_volume_condition(volume_id);
         Ok(false)
     }
+}
+
+/// The contexts a request carries, as maps.
+type Contexts = HashMap<String, String>;
+
+fn lost(volume_id: &str, device: &BlockDevice, error: &str) -> Status {
+    NotYet::DeviceLost {
+        volume_id: volume_id.to_string(),
+        device: format!("{} ({}:{})", device.name, device.major, device.minor),
+        error: error.to_string(),
+    }
+    .into()
 }

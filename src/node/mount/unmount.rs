@@ -8,7 +8,7 @@ use nix::mount::MntFlags;
 use tokio::time::Instant;
 
 use crate::node::error::NodeError;
-use crate::node::{command, holders, mountinfo};
+use crate::node::{command, device, holders, mountinfo};
 
 /// Unmounts whatever is mounted at `target`, every layer if mounts are
 /// stacked there (a retried mount that completed after its deadline leaves
@@ -17,13 +17,23 @@ use crate::node::{command, holders, mountinfo};
 ///
 /// A mount still in use (EBUSY, after a few short retries) is a
 /// `FailedPrecondition` naming the processes /proc shows holding it, and it
-/// stays mounted: never a lazy unmount (MNT_DETACH). A lazy unmount would
-/// report success while the filesystem lives on under its holders, and the
-/// unstage after it would take the device away from under a live
-/// filesystem: lost writes and a dirty filesystem on a volume kubelet
+/// stays mounted: no lazy unmount (MNT_DETACH) of a live filesystem. A lazy
+/// unmount would report success while the filesystem lives on under its
+/// holders, and the unstage after it would take the device away from under
+/// a live filesystem: lost writes and a dirty filesystem on a volume kubelet
 /// believes cleanly unmounted. Refusing keeps every step after the unmount
 /// (device, SNAP, record) in place, so the retry after the holder left
 /// converges.
+///
+/// The exception: a filesystem whose device the kernel removed (SNAP went
+/// away and the host lost the function, or it was unplugged). Every I/O to
+/// it fails at once (a removed disk's requests end with an error; ext4
+/// aborts its journal, xfs shuts down), so a normal unmount does not hang on
+/// it, but a holder keeps it busy, and waiting for the holder saves nothing:
+/// no write can reach that device again. It is detached lazily, and the
+/// stage that needs its mount point goes on. A loop device the emulator let
+/// go while mounted is not removed (the kernel keeps it until its last
+/// user closes it, and writes still reach its file): it stays refused.
 pub async fn unmount(target: &Path, deadline: Instant) -> Result<bool, NodeError> {
     /// Far more layers than any retry pattern makes; a bound so that a
     /// mount that keeps coming back cannot loop us forever.
@@ -56,6 +66,13 @@ pub async fn unmount(target: &Path, deadline: Instant) -> Result<bool, NodeError
                         crate::failpoint::step_on("unmount:busy", &tgt);
                         std::thread::sleep(pause);
                     }
+                    _ if on_removed_device(&tgt)? => {
+                        tracing::warn!(target = %tgt.display(), "busy, on a device the kernel removed: detaching it lazily");
+                        let flags = MntFlags::MNT_DETACH | MntFlags::UMOUNT_NOFOLLOW;
+                        nix::mount::umount2(tgt.as_path(), flags)
+                            .map_err(|errno| failed(errno.desc().into()))?;
+                        unmounted = true;
+                    }
                     _ => return Err(busy(&tgt)),
                 },
                 Err(errno) => return Err(failed(errno.desc().into())),
@@ -64,6 +81,12 @@ pub async fn unmount(target: &Path, deadline: Instant) -> Result<bool, NodeError
         Err(failed(format!("still mounted after {MAX_LAYERS} unmounts")))
     })
     .await
+}
+
+/// Whether the filesystem mounted at `target` is on a block device the
+/// kernel no longer has.
+fn on_removed_device(target: &Path) -> Result<bool, NodeError> {
+    Ok(mountinfo::at(target)?.is_some_and(|m| device::removed(m.major, m.minor)))
 }
 
 /// The error for a mount that stays busy, naming what holds it.
