@@ -164,27 +164,45 @@ impl NodeService {
         if let Some(device) = self.find_device(locator)? {
             return Ok(device);
         }
-        let device_deadline = deadline.min(Instant::now() + self.inner.config.device_wait);
         let started = Instant::now();
-        // A hot-plugged namespace shows up some milliseconds after SNAP's
-        // answer; a look costs a few sysfs reads, so look often at first.
-        let mut delay = Duration::from_millis(1);
-        let found = loop {
-            if Instant::now() + delay > device_deadline {
-                break Err(Status::deadline_exceeded(format!(
-                    "the host did not see the device at {locator:?} in time"
-                )));
-            }
-            tokio::time::sleep(delay).await;
-            delay = (delay * 3 / 2).min(Duration::from_millis(100));
-            if let Some(device) = self.find_device(locator)? {
-                break Ok(device);
-            }
-        };
+        let device_deadline = deadline.min(started + self.inner.config.device_wait);
+        let found = self.poll_device(locator, device_deadline, |_| true).await?;
         // Waiting for the host to discover a hot-plugged disk is host time.
         let outcome = if found.is_ok() { "ok" } else { "timeout" };
         crate::metrics::observe_outbound("host", "device-wait", outcome, started.elapsed());
-        found
+        found.map_err(|_| {
+            Status::deadline_exceeded(format!(
+                "the host did not see the device at {locator:?} in time"
+            ))
+        })
+    }
+
+    /// Looks at sysfs until it shows the device at `locator` in a state
+    /// `ready` accepts, or `until` passes: that device, or else the last one
+    /// seen (`None` if none was).
+    pub(super) async fn poll_device(
+        &self,
+        locator: &HostLocator,
+        until: Instant,
+        ready: impl Fn(&BlockDevice) -> bool,
+    ) -> Result<Result<BlockDevice, Option<BlockDevice>>, Status> {
+        // A hot-plugged namespace shows up some milliseconds after SNAP's
+        // answer; a look costs a few sysfs reads, so look often at first.
+        let mut delay = Duration::from_millis(1);
+        let mut last = None;
+        loop {
+            if let Some(device) = self.find_device(locator)? {
+                if ready(&device) {
+                    return Ok(Ok(device));
+                }
+                last = Some(device);
+            }
+            if Instant::now() + delay > until {
+                return Ok(Err(last));
+            }
+            tokio::time::sleep(delay).await;
+            delay = (delay * 3 / 2).min(Duration::from_millis(100));
+        }
     }
 
     /// Where the volume's device is now, from its record (`None` if unstaged).
