@@ -28,7 +28,7 @@ SNAP_CSI_TEST_DPU=split SNAP_CSI_CRASH_TRIALS=100 cargo test --locked \
   -p snap-csi --test dpu_attach --test dpu_packed --test node_lifecycle --test csi_node_conformance \
   --test node_metrics --test node_concurrency --test node_crash --test node_kill --test node_recovery \
   --test node_orphans --test node_dependency_faults --test node_kubelet_restart \
-  --test node_snap_live_update --test node_encryption --test node_volume_io \
+  --test node_snap_live_update --test node_encryption --test node_volume_io --test node_snap_crash \
   -p snap-csi-spdk-plugin --test node_attach --test csi_stack
 ./deploy/check.sh
 ./hack/demo.sh --profile debug

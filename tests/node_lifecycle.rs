@@ -9,7 +9,7 @@
 mod common;
 
 use std::fs;
-use std::io::Write;
+use std::io::{Seek, Write};
 use std::path::Path;
 
 use common::loop_devices_of;
@@ -369,10 +369,18 @@ async fn stats_report_usage_and_identity_and_info_answer() {
     stack.assert_nothing_left(&backing).await;
 }
 
+/// When the host sees a volume grow, against NodeExpandVolume.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Seen {
+    /// Before kubelet asks the node.
+    Before,
+    /// While the node waits for it (the vendor side rescans then).
+    WhileTheNodeWaits,
+}
+
 /// The vendor side grows the bdev (the backing file grows and SPDK rescans);
 /// NodeExpandVolume then grows the mounted filesystem online.
-async fn expand(emulation: EmulationSetting, fs_type: &str) {
-    use snap_csi::spdk::bdev::BdevAioRescan;
+async fn expand(emulation: EmulationSetting, fs_type: &str, seen: Seen) {
     let stack = NodeStack::start(emulation).await;
     let mut node = stack.client.clone();
     let backing = stack.backing_file("vol.img", SIZE);
@@ -409,40 +417,21 @@ async fn expand(emulation: EmulationSetting, fs_type: &str) {
             .into_inner(),
     );
 
-    fs::OpenOptions::new()
-        .write(true)
-        .open(&backing)
-        .unwrap()
-        .set_len(2 * SIZE)
-        .unwrap();
-    let bdev = stack
-        .emulator
-        .client()
-        .call(&BdevGetBdevs::default())
-        .await
-        .unwrap()
-        .remove(0)
-        .name;
-    stack
-        .emulator
-        .client()
-        .call(&BdevAioRescan { name: bdev })
-        .await
-        .unwrap();
-    let expand = csi::NodeExpandVolumeRequest {
-        volume_id: "pvc-e".into(),
-        volume_path: target.display().to_string(),
-        capacity_range: Some(csi::CapacityRange {
-            required_bytes: (2 * SIZE) as i64,
-            limit_bytes: 0,
-        }),
-        staging_target_path: staging.display().to_string(),
-        volume_capability: None,
-        secrets: Default::default(),
+    let expand = expand_request("pvc-e", &target, &staging, 2 * SIZE);
+    let expanded = match seen {
+        Seen::Before => {
+            grow_on_the_dpu(&stack, &backing, 2 * SIZE).await;
+            node.node_expand_volume(expand.clone())
+                .await
+                .map(tonic::Response::into_inner)
+        }
+        Seen::WhileTheNodeWaits => {
+            expand_grown_meanwhile(&stack, expand.clone(), &backing, 2 * SIZE).await
+        }
     };
-    match node.node_expand_volume(expand.clone()).await {
+    match expanded {
         Ok(response) => {
-            assert_eq!(response.into_inner().capacity_bytes, (2 * SIZE) as i64);
+            assert_eq!(response.capacity_bytes, (2 * SIZE) as i64);
             let again = node.node_expand_volume(expand.clone()).await.unwrap();
             assert_eq!(again.into_inner().capacity_bytes, (2 * SIZE) as i64);
         }
@@ -500,12 +489,163 @@ fn has_cap_sys_resource() -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn expand_ext4_over_nvme() {
-    expand(EmulationSetting::Nvme, "ext4").await;
+    expand(EmulationSetting::Nvme, "ext4", Seen::Before).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn expand_xfs_over_virtio_blk() {
-    expand(EmulationSetting::VirtioBlk, "xfs").await;
+    expand(EmulationSetting::VirtioBlk, "xfs", Seen::Before).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expand_waits_for_the_host_to_see_the_device_grow() {
+    expand(EmulationSetting::Nvme, "xfs", Seen::WhileTheNodeWaits).await;
+}
+
+/// A raw block volume published to a pod: NodeExpandVolume waits for the
+/// host to see the device grow and answers its new size, which the pod's
+/// device shows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expand_of_a_block_volume_waits_for_its_new_size() {
+    let stack = NodeStack::start(EmulationSetting::VirtioBlk).await;
+    let mut node = stack.client.clone();
+    let backing = stack.backing_file("vol.img", SIZE);
+    let staging = stack.path("staging/pvc-eb");
+    let target = stack.path("pods/eb/volumes/pvc-eb");
+    let capability = block_capability(Mode::SingleNodeWriter);
+    stage_and_publish(
+        &mut node,
+        "pvc-eb",
+        (&staging, &target),
+        capability,
+        &backing,
+        false,
+    )
+    .await;
+    let expand = expand_request("pvc-eb", &target, &staging, 2 * SIZE);
+    let response = expand_grown_meanwhile(&stack, expand, &backing, 2 * SIZE)
+        .await
+        .unwrap();
+    assert_eq!(response.capacity_bytes, (2 * SIZE) as i64);
+    let size = fs::File::open(&target)
+        .unwrap()
+        .seek(std::io::SeekFrom::End(0))
+        .unwrap();
+    assert_eq!(size, 2 * SIZE, "the pod's device shows the new size");
+    unpublish(&mut node, "pvc-eb", &target).await;
+    unstage(&mut node, "pvc-eb", &staging).await;
+    stack.assert_nothing_left(&backing).await;
+}
+
+/// A volume the controller grew whose new size never reaches the host: the
+/// node waits for it until its deadline, then names what is missing (the
+/// vendor side's rescan), not the controller expansion kubelet already did.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expand_that_the_host_never_sees_names_the_missing_rescan() {
+    let stack = NodeStack::start(EmulationSetting::Nvme).await;
+    let mut node = stack.client.clone();
+    let backing = stack.backing_file("vol.img", SIZE);
+    let staging = stack.path("staging/pvc-en");
+    fs::create_dir_all(&staging).unwrap();
+    let target = stack.path("pods/en/volumes/pvc-en");
+    let capability = mount_capability("ext4", Mode::SingleNodeWriter);
+    stage_and_publish(
+        &mut node,
+        "pvc-en",
+        (&staging, &target),
+        capability,
+        &backing,
+        false,
+    )
+    .await;
+    let expand = expand_request("pvc-en", &target, &staging, 2 * SIZE);
+    let status = node
+        .node_expand_volume(common::timed(expand, std::time::Duration::from_secs(3)))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::FailedPrecondition, "{status:?}");
+    for part in ["did not see it grow", "bdev_aio_rescan", "next stage"] {
+        assert!(
+            status.message().contains(part),
+            "{part:?} not in {status:?}"
+        );
+    }
+    assert!(
+        !status.message().contains("on the controller first"),
+        "{status:?}"
+    );
+    unpublish(&mut node, "pvc-en", &target).await;
+    unstage(&mut node, "pvc-en", &staging).await;
+    stack.assert_nothing_left(&backing).await;
+}
+
+fn expand_request(
+    volume_id: &str,
+    target: &Path,
+    staging: &Path,
+    required: u64,
+) -> csi::NodeExpandVolumeRequest {
+    csi::NodeExpandVolumeRequest {
+        volume_id: volume_id.into(),
+        volume_path: target.display().to_string(),
+        capacity_range: Some(csi::CapacityRange {
+            required_bytes: required as i64,
+            limit_bytes: 0,
+        }),
+        staging_target_path: staging.display().to_string(),
+        volume_capability: None,
+        secrets: Default::default(),
+    }
+}
+
+/// What the vendor side does when the controller grows an AIO volume: the
+/// backing file grows and SPDK rescans the bdev, which SNAP passes on to
+/// the host.
+async fn grow_on_the_dpu(stack: &NodeStack, backing: &Path, size: u64) {
+    use snap_csi::spdk::bdev::BdevAioRescan;
+    fs::OpenOptions::new()
+        .write(true)
+        .open(backing)
+        .unwrap()
+        .set_len(size)
+        .unwrap();
+    let bdev = stack
+        .emulator
+        .client()
+        .call(&BdevGetBdevs::default())
+        .await
+        .unwrap()
+        .remove(0)
+        .name;
+    stack
+        .emulator
+        .client()
+        .call(&BdevAioRescan { name: bdev })
+        .await
+        .unwrap();
+}
+
+/// NodeExpandVolume asked before the host saw the volume grow: the DPU
+/// grows it once the node is waiting for the new size.
+async fn expand_grown_meanwhile(
+    stack: &NodeStack,
+    expand: csi::NodeExpandVolumeRequest,
+    backing: &Path,
+    size: u64,
+) -> Result<csi::NodeExpandVolumeResponse, tonic::Status> {
+    let (waiting, node_waits) = tokio::sync::oneshot::channel::<()>();
+    let target = Path::new(&expand.volume_path);
+    snap_csi::failpoint::once("expand:wait-size", Some(target), move || {
+        let _ = waiting.send(());
+    });
+    let mut node = stack.client.clone();
+    let mut call = tokio::spawn(async move { node.node_expand_volume(expand).await });
+    tokio::select! {
+        waits = node_waits => waits.expect("the hook ran"),
+        answer = &mut call => panic!("the node did not wait for the new size: {answer:?}"),
+    }
+    grow_on_the_dpu(stack, backing, size).await;
+    call.await.unwrap().map(tonic::Response::into_inner)
 }
 
 /// A read-only bind mount of a device node does not stop writes to the

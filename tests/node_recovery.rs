@@ -7,7 +7,9 @@
 //!   not with FAILED_PRECONDITION, changing nothing.
 //! - A device renamed after a reconnect (same identity, new kernel name):
 //!   stage and publish converge. A staging mount whose device is no longer
-//!   the volume's (its function now carries another volume): refused.
+//!   the volume's (its function now carries another volume): refused with a
+//!   code kubelet retries while a pod still has the old filesystem mounted,
+//!   repaired by the next publish once it is unpublished.
 
 mod common;
 
@@ -247,9 +249,13 @@ async fn a_virtio_blk_disk_renamed_after_a_reconnect_converges() {
 
 /// The volume's controller is taken away on the DPU behind the node's back
 /// and its function handed to another volume: the staging mount now sits
-/// on a device that is not the volume's. Publish and a stage retry refuse.
+/// on a device that is not the volume's. While a pod still has the old
+/// filesystem mounted, publish and a stage retry refuse with ABORTED (not
+/// final: kubelet retries, and unstages the volume when its pods go); once
+/// it is unpublished, a publish repairs the volume: attached again, and the
+/// data written before is there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_staging_mount_no_longer_on_the_volumes_device_is_refused() {
+async fn a_staging_mount_no_longer_on_the_volumes_device_waits_for_its_pods_then_is_repaired() {
     let stack = NodeStack::start(EmulationSetting::Nvme).await;
     let mut node = stack.client.clone();
     let capability = mount_capability("ext4", Mode::SingleNodeWriter);
@@ -301,18 +307,25 @@ async fn a_staging_mount_no_longer_on_the_volumes_device_is_refused() {
     );
 
     let publish = publish_request("pvc-a", &staging_a, &pod_2, capability.clone(), false);
-    let error = node.node_publish_volume(publish).await.unwrap_err();
-    assert_eq!(error.code(), Code::FailedPrecondition, "{error}");
+    let error = node.node_publish_volume(publish.clone()).await.unwrap_err();
+    assert_eq!(error.code(), Code::Aborted, "{error}");
     let uuid_a = VolumeNames::new("pvc-a").namespace_uuid;
-    for part in ["staging mount", uuid_a.as_str(), "is not on the host"] {
+    let pod_1_path = pod_1.display().to_string();
+    for part in [
+        "staging mount",
+        uuid_a.as_str(),
+        "is not on the host",
+        "still mounted at",
+        &pod_1_path,
+    ] {
         assert!(error.message().contains(part), "{part:?} not in: {error}");
     }
     assert!(mounts_under(&pod_2).is_empty(), "a refused publish mounted");
 
     let retry = stage_request("pvc-a", &staging_a, capability.clone(), &backing_a);
     let error = node.node_stage_volume(retry).await.unwrap_err();
-    assert_eq!(error.code(), Code::FailedPrecondition, "{error}");
-    for part in ["staging mount", "no longer shows", "Unstage the volume"] {
+    assert_eq!(error.code(), Code::Aborted, "{error}");
+    for part in ["staging mount", "no longer shows", &pod_1_path] {
         assert!(error.message().contains(part), "{part:?} not in: {error}");
     }
     assert_eq!(
@@ -326,7 +339,18 @@ async fn a_staging_mount_no_longer_on_the_volumes_device_is_refused() {
         "the pod keeps its data"
     );
 
+    // The pod gone, the next pod's publish repairs the volume.
     unpublish(&mut node, "pvc-a", &pod_1).await;
+    node.node_publish_volume(publish)
+        .await
+        .expect("the publish repairs the volume");
+    assert_eq!(read_volume(&pod_2, 8), b"volume a", "the data is there");
+    assert_ne!(
+        controller_function(&stack, "pvc-a").await,
+        function_a,
+        "attached again, on a free function"
+    );
+    unpublish(&mut node, "pvc-a", &pod_2).await;
     unstage(&mut node, "pvc-a", &staging_a).await;
     unstage(&mut node, "pvc-b", &staging_b).await;
     stack.assert_nothing_left(&backing_a).await;

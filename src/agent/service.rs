@@ -11,7 +11,7 @@ use tracing::Instrument;
 
 use crate::deadline::{call_deadline, relayed};
 use crate::dpu::{AttachRequest, DpuAttach};
-use crate::guard::{Held, VolumeGuard};
+use crate::guard::{Held, StillBusy, VolumeGuard};
 use crate::proto::snapcsi::dpu::v1 as api;
 
 #[derive(Debug, Clone)]
@@ -40,15 +40,8 @@ impl AgentService {
 
     /// One call per volume at a time. A second one is a retry of a call the
     /// link lost while it still runs here: it waits for that one to end.
-    async fn hold(&self, volume_id: &str, deadline: Instant) -> Result<Held, Status> {
-        self.guard
-            .hold_until(volume_id, deadline)
-            .await
-            .ok_or_else(|| {
-                Status::unavailable(format!(
-                    "an earlier call for volume {volume_id} is still running on the DPU agent"
-                ))
-            })
+    async fn hold(&self, volume_id: &str, deadline: Instant) -> Result<Held, StillBusy> {
+        self.guard.hold_until(volume_id, deadline).await
     }
 
     async fn attach_inner(

@@ -1,5 +1,4 @@
-//! External tools and blocking syscalls under a deadline, and the one error
-//! type of the host-side operations.
+//! External tools and blocking syscalls under a deadline.
 //!
 //! Every tool runs with `kill_on_drop`, so a deadline that passes (or a
 //! caller that gives up) kills it instead of leaving it running. A blocking
@@ -13,56 +12,7 @@ use std::process::{Output, Stdio};
 
 use tokio::time::Instant;
 
-/// What went wrong in a host-side operation; the variant is what the caller
-/// needs to pick the CSI code, the message is meant for the CO's user.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum HostOpError {
-    /// The request itself is wrong (a path, an fs type, a mount option).
-    #[error("{0}")]
-    InvalidArgument(String),
-    /// The volume is not in a state the operation can work on, e.g. the
-    /// device carries another filesystem or a partition table, or its
-    /// filesystem has errors that preening could not fix.
-    #[error("{0}")]
-    FailedPrecondition(String),
-    /// The device or path does not exist.
-    #[error("{0}")]
-    NotFound(String),
-    /// Something else is already mounted at the target, or the same thing with
-    /// an incompatible read-only setting.
-    #[error("{0}")]
-    AlreadyExists(String),
-    /// The deadline passed; the work may still complete in the background.
-    #[error("{what} did not finish before the deadline")]
-    Timeout { what: String },
-    /// Anything else: a tool's non-zero exit (with its output), an I/O error.
-    #[error("{what} failed: {message}")]
-    Failed { what: String, message: String },
-}
-
-impl HostOpError {
-    pub(crate) fn failed(what: impl Into<String>, message: impl Into<String>) -> Self {
-        HostOpError::Failed {
-            what: what.into(),
-            message: message.into(),
-        }
-    }
-
-    /// The generic mapping of an I/O error (or an errno, through
-    /// `io::Error::from`): a missing file is `NotFound`, the rest `Failed`.
-    /// Callers that know better (EINVAL from mount(2)) map those first.
-    pub(crate) fn io(what: impl Into<String>, err: &io::Error) -> Self {
-        let what = what.into();
-        match err.kind() {
-            io::ErrorKind::NotFound => HostOpError::NotFound(format!("{what}: {err}")),
-            _ => HostOpError::failed(what, err.to_string()),
-        }
-    }
-
-    pub(crate) fn errno(what: impl Into<String>, errno: nix::errno::Errno) -> Self {
-        HostOpError::io(what, &io::Error::from(errno))
-    }
-}
+use super::error::NodeError;
 
 /// gRPC carries a status message in HTTP/2 headers, whose total size peers
 /// cap (16 KiB by default in tonic); a chatty tool must not push the status
@@ -71,12 +21,12 @@ const MAX_OUTPUT_IN_MESSAGE: usize = 3000;
 
 /// Runs `program` with `args` until `deadline`; a non-zero exit is an error
 /// carrying the tool's stderr (or stdout when stderr is empty).
-pub async fn run(program: &str, args: &[&OsStr], deadline: Instant) -> Result<Output, HostOpError> {
+pub async fn run(program: &str, args: &[&OsStr], deadline: Instant) -> Result<Output, NodeError> {
     let output = run_unchecked(program, args, deadline).await?;
     if output.status.success() {
         Ok(output)
     } else {
-        Err(HostOpError::failed(
+        Err(NodeError::failed(
             command_line(program, args),
             exit_message(&output),
         ))
@@ -90,13 +40,13 @@ pub async fn run_unchecked(
     program: &str,
     args: &[&OsStr],
     deadline: Instant,
-) -> Result<Output, HostOpError> {
+) -> Result<Output, NodeError> {
     let started = std::time::Instant::now();
     let result = spawn_and_wait(program, args, deadline).await;
     let outcome = match &result {
         Ok(output) if output.status.success() => "ok",
         Ok(_) => "nonzero",
-        Err(HostOpError::Timeout { .. }) => "timeout",
+        Err(NodeError::Timeout { .. }) => "timeout",
         Err(_) => "error",
     };
     // Host time, not the node's own: see `metrics` (target `host`).
@@ -108,10 +58,10 @@ async fn spawn_and_wait(
     program: &str,
     args: &[&OsStr],
     deadline: Instant,
-) -> Result<Output, HostOpError> {
+) -> Result<Output, NodeError> {
     let what = command_line(program, args);
     if Instant::now() >= deadline {
-        return Err(HostOpError::Timeout { what });
+        return Err(NodeError::Timeout { what });
     }
     let child = tokio::process::Command::new(program)
         .args(args)
@@ -124,21 +74,21 @@ async fn spawn_and_wait(
         .kill_on_drop(true)
         .spawn()
         .map_err(|err| match err.kind() {
-            io::ErrorKind::NotFound => HostOpError::failed(
+            io::ErrorKind::NotFound => NodeError::failed(
                 what.clone(),
                 format!("{program} is not installed (not found in PATH)"),
             ),
-            _ => HostOpError::failed(what.clone(), format!("cannot start {program}: {err}")),
+            _ => NodeError::failed(what.clone(), format!("cannot start {program}: {err}")),
         })?;
     tracing::debug!(command = %what, "running");
     // Dropping the wait future at the deadline drops the child, which kills it.
     let output = match tokio::time::timeout_at(deadline, child.wait_with_output()).await {
-        Err(_) => return Err(HostOpError::Timeout { what }),
-        Ok(Err(err)) => return Err(HostOpError::failed(what, err.to_string())),
+        Err(_) => return Err(NodeError::Timeout { what }),
+        Ok(Err(err)) => return Err(NodeError::failed(what, err.to_string())),
         Ok(Ok(output)) => output,
     };
     if output.status.code().is_none() {
-        return Err(HostOpError::failed(what, exit_message(&output)));
+        return Err(NodeError::failed(what, exit_message(&output)));
     }
     Ok(output)
 }
@@ -152,24 +102,21 @@ pub async fn run_blocking<T, F>(
     what: &str,
     deadline: Instant,
     work: F,
-) -> Result<T, HostOpError>
+) -> Result<T, NodeError>
 where
-    F: FnOnce() -> Result<T, HostOpError> + Send + 'static,
+    F: FnOnce() -> Result<T, NodeError> + Send + 'static,
     T: Send + 'static,
 {
     if Instant::now() >= deadline {
-        return Err(HostOpError::Timeout { what: what.into() });
+        return Err(NodeError::Timeout { what: what.into() });
     }
     let timed = move || {
         let started = std::time::Instant::now();
         (work(), started.elapsed())
     };
     match tokio::time::timeout_at(deadline, tokio::task::spawn_blocking(timed)).await {
-        Err(_) => Err(HostOpError::Timeout { what: what.into() }),
-        Ok(Err(join)) => Err(HostOpError::failed(
-            what,
-            format!("the worker died: {join}"),
-        )),
+        Err(_) => Err(NodeError::Timeout { what: what.into() }),
+        Ok(Err(join)) => Err(NodeError::failed(what, format!("the worker died: {join}"))),
         Ok(Ok((result, took))) => {
             // Recorded here, in the served call's task, not on the pool's thread.
             crate::metrics::observe_host(operation, &result, took);
@@ -279,7 +226,7 @@ mod tests {
         )
         .await
         .unwrap_err();
-        let HostOpError::Failed { what, message } = err else {
+        let NodeError::Failed { what, message } = err else {
             panic!("{err:?}");
         };
         assert_eq!(what, "sh -c echo out; echo boom >&2; exit 3");
@@ -326,7 +273,7 @@ mod tests {
         )
         .await
         .unwrap_err();
-        assert!(matches!(err, HostOpError::Timeout { .. }), "{err:?}");
+        assert!(matches!(err, NodeError::Timeout { .. }), "{err:?}");
         assert!(started.elapsed() < Duration::from_secs(2));
         // Killed, not merely abandoned: it never gets to write.
         std::thread::sleep(Duration::from_millis(2500));
@@ -336,11 +283,11 @@ mod tests {
     #[tokio::test]
     async fn a_passed_deadline_runs_nothing() {
         let err = run("true", &[], Instant::now()).await.unwrap_err();
-        assert!(matches!(err, HostOpError::Timeout { .. }), "{err:?}");
+        assert!(matches!(err, NodeError::Timeout { .. }), "{err:?}");
         let err = run_blocking("test", "nothing", Instant::now(), || Ok(()))
             .await
             .unwrap_err();
-        assert!(matches!(err, HostOpError::Timeout { .. }), "{err:?}");
+        assert!(matches!(err, NodeError::Timeout { .. }), "{err:?}");
     }
 
     #[tokio::test]
@@ -379,17 +326,6 @@ mod tests {
         assert!(cut.starts_with("aaaa") && cut.ends_with("zzzz"));
         assert!(cut.contains("bytes omitted"));
         assert_eq!(bounded("short"), "short");
-    }
-
-    #[test]
-    fn io_errors_map_missing_to_not_found() {
-        let missing = io::Error::from(io::ErrorKind::NotFound);
-        assert!(matches!(
-            HostOpError::io("stat /x", &missing),
-            HostOpError::NotFound(_)
-        ));
-        let other = HostOpError::errno("mount /x", nix::errno::Errno::EIO);
-        assert!(matches!(other, HostOpError::Failed { .. }), "{other:?}");
     }
 }
 

@@ -13,8 +13,9 @@ use std::str::FromStr;
 
 use tokio::time::Instant;
 
-use super::command::{self, HostOpError};
-use super::stats::block_device_number;
+use super::command;
+use super::device::block_device_number;
+use super::error::NodeError;
 
 /// The filesystems we create and mount.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -28,12 +29,12 @@ pub enum FsType {
 impl FsType {
     /// From a CSI `MountVolume.fs_type`: empty means the default (ext4);
     /// anything but ext4 and xfs is `InvalidArgument`.
-    pub fn from_csi(fs_type: &str) -> Result<FsType, HostOpError> {
+    pub fn from_csi(fs_type: &str) -> Result<FsType, NodeError> {
         match fs_type {
             "" => Ok(FsType::default()),
             "ext4" => Ok(FsType::Ext4),
             "xfs" => Ok(FsType::Xfs),
-            other => Err(HostOpError::InvalidArgument(format!(
+            other => Err(NodeError::InvalidArgument(format!(
                 "unsupported fs_type {other:?}: supported are \"ext4\" (the default) and \"xfs\""
             ))),
         }
@@ -49,9 +50,9 @@ impl FsType {
 }
 
 impl FromStr for FsType {
-    type Err = HostOpError;
+    type Err = NodeError;
 
-    fn from_str(s: &str) -> Result<FsType, HostOpError> {
+    fn from_str(s: &str) -> Result<FsType, NodeError> {
         FsType::from_csi(s)
     }
 }
@@ -93,7 +94,7 @@ const BLKID_AMBIVALENT: i32 = 4;
 
 /// Probes the block device `device` with `blkid -p -o export` (low-level:
 /// reads the device itself, no cache, partition tables included).
-pub async fn probe(device: &Path, deadline: Instant) -> Result<Probe, HostOpError> {
+pub async fn probe(device: &Path, deadline: Instant) -> Result<Probe, NodeError> {
     // blkid also says "nothing found" for a path that does not exist.
     block_device_number(device)?;
     let args = [
@@ -118,7 +119,7 @@ pub async fn probe(device: &Path, deadline: Instant) -> Result<Probe, HostOpErro
                 &said
             }
         ))),
-        _ => Err(HostOpError::failed(
+        _ => Err(NodeError::failed(
             format!("blkid -p {}", device.display()),
             format!("{}: {said}", output.status),
         )),
@@ -153,9 +154,9 @@ pub async fn format_if_blank(
     device: &Path,
     fs: FsType,
     deadline: Instant,
-) -> Result<bool, HostOpError> {
+) -> Result<bool, NodeError> {
     let refuse = |found: &Probe| {
-        HostOpError::FailedPrecondition(format!(
+        NodeError::FailedPrecondition(format!(
             "{} carries {found}; refusing to format it as {fs}",
             device.display()
         ))
@@ -211,7 +212,7 @@ mod tests {
         for bad in ["ext3", "EXT4", " xfs", "btrfs", "ntfs\0"] {
             let err = FsType::from_csi(bad).unwrap_err();
             assert!(
-                matches!(err, HostOpError::InvalidArgument(_)),
+                matches!(err, NodeError::InvalidArgument(_)),
                 "{bad:?}: {err:?}"
             );
         }
@@ -255,7 +256,7 @@ mod tests {
         let err = probe(Path::new("/dev/nonexistent-snap-csi"), deadline())
             .await
             .unwrap_err();
-        assert!(matches!(err, HostOpError::NotFound(_)), "{err:?}");
+        assert!(matches!(err, NodeError::NotFound(_)), "{err:?}");
     }
 
     fn uuid(device: &Path) -> String {
@@ -313,7 +314,7 @@ mod tests {
         let err = format_if_blank(&device, FsType::Xfs, deadline())
             .await
             .unwrap_err();
-        let HostOpError::FailedPrecondition(message) = &err else {
+        let NodeError::FailedPrecondition(message) = &err else {
             panic!("{err:?}");
         };
         assert!(
@@ -345,7 +346,7 @@ mod tests {
         let err = format_if_blank(&device, FsType::Ext4, deadline())
             .await
             .unwrap_err();
-        assert!(matches!(err, HostOpError::FailedPrecondition(_)), "{err:?}");
+        assert!(matches!(err, NodeError::FailedPrecondition(_)), "{err:?}");
         assert_eq!(uuid(&device), made);
     }
 
@@ -363,7 +364,7 @@ mod tests {
             for fs in [FsType::Ext4, FsType::Xfs] {
                 let err = format_if_blank(&device, fs, deadline()).await.unwrap_err();
                 assert!(
-                    matches!(&err, HostOpError::FailedPrecondition(m) if m.contains(&format!("a partition table ({label})"))),
+                    matches!(&err, NodeError::FailedPrecondition(m) if m.contains(&format!("a partition table ({label})"))),
                     "{err:?}"
                 );
             }
@@ -382,7 +383,7 @@ mod tests {
         let err = format_if_blank(&device, FsType::Ext4, deadline())
             .await
             .unwrap_err();
-        assert!(matches!(err, HostOpError::FailedPrecondition(_)), "{err:?}");
+        assert!(matches!(err, NodeError::FailedPrecondition(_)), "{err:?}");
         assert_eq!(
             probe(&device, deadline()).await.unwrap(),
             Probe::Other("swap (other)".into())
@@ -397,7 +398,7 @@ mod tests {
         let err = format_if_blank(&device, FsType::Xfs, deadline())
             .await
             .unwrap_err();
-        let HostOpError::Failed { what, message } = &err else {
+        let NodeError::Failed { what, message } = &err else {
             panic!("{err:?}");
         };
         assert!(what.starts_with("mkfs.xfs -q -K /dev/loop"), "{what}");

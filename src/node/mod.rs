@@ -1,37 +1,48 @@
 //! The CSI node service and the host-side operations it is made of.
 //!
-//! - `service`: the CSI Node RPCs; `identity`: the Identity RPCs.
+//! - `service`: [`NodeService`] and what its calls share; the calls by
+//!   family: `stage` (stage, unstage), `publish` (publish, unpublish, and a
+//!   publish's restage after a reboot), `expand`, `volume_stats`;
+//!   `identity`: the Identity RPCs.
+//! - `request`: what a stage or publish asks for, checked.
 //! - `config`: settings (defaults, config file, env, flags).
 //! - `records`: the small per-volume record of what cannot be derived;
 //!   `reconcile`: what an earlier run left, against the records and the DPU;
-//!   `recovery`: the host half of a stage, a publish's restage after a
-//!   reboot, and the check that a staging mount sits on the volume's device.
+//!   `recovery`: the check that a staging mount sits on the volume's device.
 //! - `context`: the volume and publish context keys the node reads;
-//!   `volume_stats`: NodeGetVolumeStats' usage and condition;
-//!   `volume_io`: the per-volume I/O series of the metrics page.
-//! - `error`: internal errors to CSI status codes, in one place.
+//!   `capacity`: how many volumes NodeGetInfo says fit;
+//!   `io_metrics`: the per-volume I/O series of the metrics page.
+//! - `error`: the node's error and its CSI codes, in one place.
 //! - host operations, split by concern: `command` (external tools with a
 //!   deadline), `paths` (confining CO-supplied paths), `format` (probe and
-//!   mkfs), `mount` (mounts and bind mounts), `holders` (who keeps a mount
-//!   busy), `mountinfo` (the mount table), `stats` (usage and expansion).
+//!   mkfs), `mount` (mounts, bind mounts, unmounts), `holders` (who keeps a
+//!   mount busy), `mountinfo` (the mount table), `device` (a block device's
+//!   number, size and read-only flag), `health` (a mounted filesystem's
+//!   usage and whether it still works), `grow` (growing a filesystem).
 
 mod capacity;
 pub mod command;
 pub mod config;
 mod context;
-mod error;
+pub mod device;
+pub mod error;
+mod expand;
 pub mod format;
+pub mod grow;
+pub mod health;
 pub mod holders;
 pub mod identity;
+mod io_metrics;
 pub mod mount;
 pub mod mountinfo;
 pub mod paths;
+mod publish;
 mod reconcile;
 pub mod records;
 mod recovery;
+mod request;
 pub mod service;
-pub mod stats;
-mod volume_io;
+mod stage;
 mod volume_stats;
 
 pub use config::{NodeArgs, NodeConfig};
@@ -64,7 +75,7 @@ pub async fn serve(
         tokio::spawn(node.clone().unstage_orphans(orphans));
     }
     tokio::spawn(node.clone().compare_with_dpu(records));
-    let _volume_io = crate::metrics::serve_volume_io(Arc::new(volume_io::NodeVolumeIo::new(
+    let _volume_io = crate::metrics::serve_volume_io(Arc::new(io_metrics::NodeVolumeIo::new(
         node.records().clone(),
         Arc::clone(&dpu),
     )));

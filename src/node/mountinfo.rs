@@ -18,7 +18,7 @@ use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-use super::command::HostOpError;
+use super::error::NodeError;
 
 const MOUNTINFO: &str = "/proc/self/mountinfo";
 
@@ -59,16 +59,16 @@ impl MountEntry {
 }
 
 /// The current mount table of this process's mount namespace.
-pub fn read() -> Result<Vec<MountEntry>, HostOpError> {
+pub fn read() -> Result<Vec<MountEntry>, NodeError> {
     parse(&read_text()?)
 }
 
-fn read_text() -> Result<Vec<u8>, HostOpError> {
-    std::fs::read(MOUNTINFO).map_err(|err| HostOpError::io(format!("read {MOUNTINFO}"), &err))
+fn read_text() -> Result<Vec<u8>, NodeError> {
+    std::fs::read(MOUNTINFO).map_err(|err| NodeError::io(format!("read {MOUNTINFO}"), &err))
 }
 
 /// Whether something is mounted at `path` (resolved as [`at`] does).
-pub fn is_mount_point(path: &Path) -> Result<bool, HostOpError> {
+pub fn is_mount_point(path: &Path) -> Result<bool, NodeError> {
     let Some(resolved) = resolve(path)? else {
         return Ok(false);
     };
@@ -80,7 +80,7 @@ pub fn is_mount_point(path: &Path) -> Result<bool, HostOpError> {
 
 /// The top-most mount whose mount point is exactly `path` (after resolving
 /// the links in its parent, as the kernel shows resolved paths), if any.
-pub fn at(path: &Path) -> Result<Option<MountEntry>, HostOpError> {
+pub fn at(path: &Path) -> Result<Option<MountEntry>, NodeError> {
     let Some(resolved) = resolve(path)? else {
         return Ok(None);
     };
@@ -112,7 +112,7 @@ fn is_mount_root(path: &Path) -> Option<bool> {
     }
 }
 
-fn table_at(resolved: &Path) -> Result<Option<MountEntry>, HostOpError> {
+fn table_at(resolved: &Path) -> Result<Option<MountEntry>, NodeError> {
     let text = read_text()?;
     let stacked = parse_lines(&text, |line| {
         mount_point_is(line, resolved.as_os_str().as_bytes())
@@ -156,7 +156,7 @@ pub fn top_most<'a>(table: &'a [MountEntry], mount_point: &Path) -> Option<&'a M
 /// the mount point itself may be a dead mount that cannot be stat'ed, and a
 /// link as last component is not followed (unmounting uses UMOUNT_NOFOLLOW).
 /// `None` when the parent does not exist: then nothing is mounted there.
-fn resolve(path: &Path) -> Result<Option<PathBuf>, HostOpError> {
+fn resolve(path: &Path) -> Result<Option<PathBuf>, NodeError> {
     let resolved = match (path.parent(), path.file_name()) {
         (Some(parent), Some(name)) => {
             let parent = if parent.as_os_str().is_empty() {
@@ -178,26 +178,23 @@ fn resolve(path: &Path) -> Result<Option<PathBuf>, HostOpError> {
         {
             Ok(None)
         }
-        Err(err) => Err(HostOpError::io(format!("resolve {}", path.display()), &err)),
+        Err(err) => Err(NodeError::io(format!("resolve {}", path.display()), &err)),
     }
 }
 
 /// Parses the text of a mountinfo file.
-pub fn parse(text: &[u8]) -> Result<Vec<MountEntry>, HostOpError> {
+pub fn parse(text: &[u8]) -> Result<Vec<MountEntry>, NodeError> {
     parse_lines(text, |_| true)
 }
 
 /// Parses the lines of a mountinfo file that `wanted` selects.
-fn parse_lines(
-    text: &[u8],
-    wanted: impl Fn(&[u8]) -> bool,
-) -> Result<Vec<MountEntry>, HostOpError> {
+fn parse_lines(text: &[u8], wanted: impl Fn(&[u8]) -> bool) -> Result<Vec<MountEntry>, NodeError> {
     text.split(|&b| b == b'\n')
         .enumerate()
         .filter(|(_, line)| !line.is_empty() && wanted(line))
         .map(|(index, line)| {
             parse_line(line).map_err(|why| {
-                HostOpError::failed(
+                NodeError::failed(
                     format!("parse {MOUNTINFO}"),
                     format!(
                         "line {}: {why}: {:?}",

@@ -14,7 +14,7 @@
 use std::io;
 use std::path::{Component, Path, PathBuf};
 
-use super::command::HostOpError;
+use super::error::NodeError;
 
 /// Linux's PATH_MAX counts the terminating NUL.
 const PATH_MAX: usize = 4096;
@@ -22,14 +22,14 @@ const PATH_MAX: usize = 4096;
 /// Returns `requested` in normal form (no `.`, no repeated or trailing `/`)
 /// after checking that it is absolute, has no `..`, lies strictly below
 /// `root`, and that no existing component below `root` is a symbolic link.
-pub fn confine(root: &Path, requested: &str) -> Result<PathBuf, HostOpError> {
-    let invalid = |why: &str| HostOpError::InvalidArgument(format!("path {requested:?} {why}"));
+pub fn confine(root: &Path, requested: &str) -> Result<PathBuf, NodeError> {
+    let invalid = |why: &str| NodeError::InvalidArgument(format!("path {requested:?} {why}"));
     if requested.is_empty() {
-        return Err(HostOpError::InvalidArgument("path is empty".into()));
+        return Err(NodeError::InvalidArgument("path is empty".into()));
     }
     // Before anything that quotes it: a message must not carry a huge path.
     if requested.len() >= PATH_MAX {
-        return Err(HostOpError::InvalidArgument(format!(
+        return Err(NodeError::InvalidArgument(format!(
             "path is {} bytes, longer than {}",
             requested.len(),
             PATH_MAX - 1
@@ -43,7 +43,7 @@ pub fn confine(root: &Path, requested: &str) -> Result<PathBuf, HostOpError> {
     }
     let path = normalize(Path::new(requested)).ok_or_else(|| invalid("contains '..'"))?;
     let root = normalize(root).filter(|r| r.is_absolute()).ok_or_else(|| {
-        HostOpError::failed(
+        NodeError::failed(
             "confine a path",
             format!(
                 "the configured root {:?} must be absolute and free of '..'",
@@ -78,7 +78,7 @@ pub fn confine(root: &Path, requested: &str) -> Result<PathBuf, HostOpError> {
                     walked.parent().unwrap_or(&walked).display()
                 )));
             }
-            Err(err) => return Err(HostOpError::io(format!("check {}", walked.display()), &err)),
+            Err(err) => return Err(NodeError::io(format!("check {}", walked.display()), &err)),
         }
     }
     Ok(path)
@@ -102,9 +102,9 @@ fn normalize(path: &Path) -> Option<PathBuf> {
 mod tests {
     use super::*;
 
-    fn code(result: Result<PathBuf, HostOpError>) -> String {
+    fn code(result: Result<PathBuf, NodeError>) -> String {
         match result {
-            Err(HostOpError::InvalidArgument(message)) => message,
+            Err(NodeError::InvalidArgument(message)) => message,
             other => panic!("expected InvalidArgument, got {other:?}"),
         }
     }
@@ -162,7 +162,7 @@ mod tests {
     #[test]
     fn a_relative_root_is_a_configuration_error() {
         let err = confine(Path::new("kubelet"), "/kubelet/x").unwrap_err();
-        assert!(matches!(err, HostOpError::Failed { .. }), "{err:?}");
+        assert!(matches!(err, NodeError::Failed { .. }), "{err:?}");
     }
 
     #[test]

@@ -27,7 +27,6 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tonic::Status;
 
-use super::error::host_status;
 use super::mountinfo::{self, MountEntry};
 use super::records::VolumeRecord;
 use super::service::NodeService;
@@ -102,7 +101,7 @@ impl NodeService {
     fn in_use(&self, record: &VolumeRecord, table: &[MountEntry]) -> Result<bool, Status> {
         let staging = &record.staging_target_path;
         let device = self.find_device(&record.locator)?;
-        let staging_mount = mountinfo::at(staging).map_err(host_status)?;
+        let staging_mount = mountinfo::at(staging)?;
         let block = record
             .staged_as
             .as_ref()
@@ -149,7 +148,7 @@ impl NodeService {
             let volume_id = &record.volume_id;
             let unstaged = async {
                 let _held = self.hold(volume_id)?;
-                let table = mountinfo::read().map_err(host_status)?;
+                let table = mountinfo::read()?;
                 if self.in_use(&record, &table)? {
                     return Ok(false);
                 }

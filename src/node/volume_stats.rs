@@ -1,23 +1,45 @@
-//! NodeGetVolumeStats' answer: usage in bytes and inodes, and the volume's
-//! condition, from what [`super::stats`] reads of the mount.
+//! NodeGetVolumeStats: usage in bytes and inodes, and the volume's
+//! condition, from what [`super::health`] reads of the mount.
 
 use std::os::unix::fs::FileTypeExt;
 use std::path::Path;
 
 use tokio::time::Instant;
-use tonic::Status;
+use tonic::{Request, Response, Status};
 
-use super::error::host_status;
-use super::{mountinfo, stats};
+use super::request::require;
+use super::service::NodeService;
+use super::{device, health, mountinfo};
+use crate::csi_limits::required_id;
 use crate::proto::csi::v1 as csi;
+
+impl NodeService {
+    pub(super) async fn node_get_volume_stats_inner(
+        &self,
+        request: Request<csi::NodeGetVolumeStatsRequest>,
+    ) -> Result<Response<csi::NodeGetVolumeStatsResponse>, Status> {
+        let deadline = self.deadline(&request);
+        let req = request.into_inner();
+        let volume_id = required_id(&req.volume_id, "volume_id")?;
+        require(&req.volume_path, "volume_path")?;
+        let (_, path) = self.staged_at(volume_id, &req.volume_path)?;
+        let response = volume_stats(&path, deadline).await?;
+        let abnormal = response
+            .volume_condition
+            .as_ref()
+            .is_some_and(|c| c.abnormal);
+        crate::metrics::set_volume_condition(volume_id, abnormal);
+        Ok(Response::new(response))
+    }
+}
 
 /// Usage and condition of the volume at `path`, a publish target or the
 /// staging path.
-pub(super) async fn volume_stats(
+async fn volume_stats(
     path: &Path,
     deadline: Instant,
 ) -> Result<csi::NodeGetVolumeStatsResponse, Status> {
-    let Some(entry) = mountinfo::at(path).map_err(host_status)? else {
+    let Some(entry) = mountinfo::at(path)? else {
         return Ok(abnormal(format!(
             "{} is not mounted: the volume is not published there",
             path.display()
@@ -27,7 +49,7 @@ pub(super) async fn volume_stats(
     // broken filesystem's mount point may answer stat(2) with EIO.
     let block = std::fs::metadata(path).is_ok_and(|m| m.file_type().is_block_device());
     if block {
-        return Ok(match stats::block_device_size(path) {
+        return Ok(match device::block_device_size(path) {
             Ok(size) => csi::NodeGetVolumeStatsResponse {
                 usage: vec![csi::VolumeUsage {
                     available: 0,
@@ -45,16 +67,14 @@ pub(super) async fn volume_stats(
             )),
         });
     }
-    let fault = stats::filesystem_fault(path, &entry, deadline)
-        .await
-        .map_err(host_status)?;
+    let fault = health::filesystem_fault(path, &entry, deadline).await?;
     // statfs answers on a filesystem that shut down: usage stays reported.
-    let usage = match stats::filesystem_usage(path) {
+    let usage = match health::filesystem_usage(path) {
         Ok(usage) => usage,
         Err(e) => {
             return match fault {
                 Some(why) => Ok(abnormal(repair_hint(&why))),
-                None => Err(host_status(e)),
+                None => Err(e.into()),
             };
         }
     };

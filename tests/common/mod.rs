@@ -41,6 +41,8 @@ use snap_csi::jsonrpc::RpcClient;
 
 pub struct Emulator {
     running: Option<snap_emu::InProcess>,
+    /// What it was started with, for a restart.
+    config: snap_emu::Config,
     root: PathBuf,
     pub socket: PathBuf,
     pub sysfs_root: PathBuf,
@@ -68,8 +70,9 @@ impl Emulator {
     /// An emulator with a given configuration; `root` is where tests put files.
     pub async fn start_with(config: snap_emu::Config, root: &Path) -> Emulator {
         let faults = config.faults.clone();
-        let running = snap_emu::InProcess::start(config).await.unwrap();
+        let running = snap_emu::InProcess::start(config.clone()).await.unwrap();
         Emulator {
+            config,
             faults,
             socket: running.socket().to_path_buf(),
             sysfs_root: running.sysfs_root().to_path_buf(),
@@ -122,6 +125,22 @@ impl Emulator {
                 .await
                 .unwrap_or_else(|e| panic!("{method} {params}: {e}"));
         }
+    }
+
+    /// SNAP crashed and started again: it comes back empty, as SPDK does,
+    /// on the same socket, and the host has lost every disk it exposed (a
+    /// restarted emulator detaches what the killed one left; stopping it
+    /// does that at once). A loop device still in use (mounted) stays until
+    /// its last user lets go, as the kernel keeps it, but the host's tree
+    /// no longer shows it on any function.
+    pub async fn restart_empty(&mut self) {
+        if let Some(running) = self.running.take() {
+            running.stop().expect("the emulator shuts down cleanly");
+        }
+        let running = snap_emu::InProcess::start(self.config.clone())
+            .await
+            .unwrap();
+        self.running = Some(running);
     }
 
     /// Stops the emulator gracefully and checks that it shut down cleanly
