@@ -29,6 +29,7 @@ use super::service::NodeService;
 use crate::csi_limits::required_id;
 use crate::dpu::HostLocator;
 use crate::guard::Held;
+use crate::host::BlockDevice;
 use crate::proto::csi::v1 as csi;
 
 impl NodeService {
@@ -105,7 +106,10 @@ impl NodeService {
                 }
                 .into());
             }
-            (_, Some(record)) => self.find_device(&record.locator)?,
+            (_, Some(record)) => match self.find_device(&record.locator)? {
+                Some(device) => Some(device),
+                None => self.shown_soon(&record.locator, deadline).await?,
+            },
             (None, None) => None,
         };
         if let (Some(existing), Some(device)) = (&staged, &device)
@@ -160,6 +164,21 @@ impl NodeService {
             Usage::Block => device.node,
             Usage::Filesystem { .. } => staging.to_path_buf(),
         })
+    }
+
+    /// The device at `locator` if the host shows it within `--device-wait`
+    /// and half the time left: a device not shown may be one still settling
+    /// (a hot-plug, a rescan), which the volume's other publishes wait for
+    /// beside this one; only one not shown by then was lost, and is attached
+    /// again under the whole volume's hold, with the other half left for it.
+    async fn shown_soon(
+        &self,
+        locator: &HostLocator,
+        deadline: Instant,
+    ) -> Result<Option<BlockDevice>, Status> {
+        let now = Instant::now();
+        let grace = (deadline.saturating_duration_since(now) / 2).min(self.config().device_wait);
+        Ok(self.poll_device(locator, now + grace, |_| true).await?.ok())
     }
 
     /// Where the volume is now that the host does not show its device at
