@@ -147,11 +147,16 @@ pub async fn census(stack: &Stack, clients: &Clients, max_pools: usize) -> anyho
     left.extend(kubelet_leftovers(&stack.kubelet)?);
 
     let dir = stack.dir.display().to_string();
+    // The emulator's data path is its own FUSE mount, up while it serves a
+    // volume that needs it and kept like its socket; what a volume would
+    // leave on it is a loop device, counted below.
+    let datapath = stack.dir.join("snap/host/datapath").display().to_string();
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").context("mountinfo")?;
     left.extend(
         mounts
             .lines()
             .filter(|l| l.contains(&dir))
+            .filter(|l| l.split(' ').nth(4) != Some(datapath.as_str()))
             .map(|l| format!("mount: {l}")),
     );
     let loops = std::process::Command::new("losetup")
