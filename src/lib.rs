@@ -13,8 +13,10 @@
 //! - [`spdk`]: typed params and results of every SPDK and SNAP-4 method we use.
 //! - [`host`]: finding the block device an emulated function carries, through
 //!   sysfs (root configurable, so the same code reads the emulator's tree).
-//! - [`dpu`]: the DPU attach layer behind the [`dpu::DpuAttach`] trait: vendor
-//!   plugin client and SNAP exposure (co-located mode).
+//! - [`dpu`]: the DPU attach layer behind the [`dpu::DpuAttach`] trait: the
+//!   vendor plugin client and one SNAP exposure per emulation and placement.
+//! - [`agent`]: `snap-csi dpu-agent`, that layer served to one host over
+//!   [`tls`] (mutual TLS whose settings follow their PEM files).
 //! - [`node`]: the CSI Identity and Node services and the host-side operations
 //!   (format, mount, mount table, stats) they are made of.
 //! - [`controller`]: the controller proxy: CSI Identity, Controller,
@@ -23,6 +25,10 @@
 //!   [`deadline`]: the deadline of an incoming call, for every call it makes;
 //!   [`grpc`]: the one gRPC client core (addresses, connecting, a deadline
 //!   on every call, retries inside it) every client of ours is built on.
+//! - [`guard`]: one operation per volume, and a busy volume's code;
+//!   [`csi_limits`]: CSI's size limits, checked before a request does
+//!   anything; [`failpoint`]: the crash points and steps tests arm.
+//! - [`metrics`]: the Prometheus registry, served-call and outbound timings.
 //! - [`json_dir`]: small JSON records written atomically, one file per key
 //!   (the node's volume records, the sample plugin's controller state).
 //! - `retry` (backoff inside a deadline) and `settings` (config file and
