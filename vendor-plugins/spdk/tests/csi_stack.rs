@@ -17,7 +17,7 @@ use common::csi::{
 };
 use common::dpu::TestDpu;
 use common::proxy::Proxy;
-use common::{Plugin, Spdk, TIMEOUT, eventually, every_page, loop_devices_of, timed};
+use common::{Plugin, Spdk, TIMEOUT, eventually, every_page, timed};
 use snap_csi::dpu::plugin::AccessMode;
 use snap_csi::dpu::{AttachRequest, Emulation, HostLocator, Placement, VolumeMode};
 use snap_csi::host::Sysfs;
@@ -422,12 +422,12 @@ async fn attach_created_volume(backend: &str, emulation: Emulation) {
         read_at(&device.node, 2 * MIB, 22),
         b"made by the controller"
     );
-    assert_eq!(loop_devices_of(&backing).len(), 1);
+    assert_eq!(snap.host_disks(&backing), 1);
 
     dpu.detach(&created.volume_id, Some(&attached.device_name), deadline())
         .await
         .unwrap();
-    assert!(loop_devices_of(&backing).is_empty());
+    assert_eq!(snap.host_disks(&backing), 0);
     assert!(snap.bdevs().await.is_empty());
     csi.delete(&created.volume_id).await.unwrap();
     assert!(csi.leftovers().await.is_empty());

@@ -61,18 +61,18 @@ async fn attach_and_detach(dpu: &TestDpu, snap: &Spdk, request: &AttachRequest, 
     .await;
     assert_eq!(device.size_bytes, common::SIZE);
     assert!(device.node.exists(), "{device:?}");
-    assert_eq!(loop_devices_of(backing).len(), 1);
+    assert_eq!(snap.host_disks(backing), 1);
 
     let again = dpu.attach.attach(request, deadline()).await.unwrap();
     assert_eq!(again, attached);
-    assert_eq!(loop_devices_of(backing).len(), 1);
+    assert_eq!(snap.host_disks(backing), 1);
 
     dpu.attach
         .detach(&request.volume_id, Some(&attached.device_name), deadline())
         .await
         .unwrap();
     assert_eq!(host_device(&sysfs, &attached.locator), None);
-    assert!(loop_devices_of(backing).is_empty());
+    assert_eq!(snap.host_disks(backing), 0);
     assert!(
         !snap.bdevs().await.contains(&attached.device_name),
         "bdev {} left",

@@ -25,6 +25,7 @@ pub mod real_spdk;
 mod shared;
 
 // Each test crate uses some of them, as with `dead_code` above.
+use shared::loop_devices_under;
 #[allow(unused_imports)]
 pub use shared::{
     ROUND_TRIP_PERIOD, assert_kept_deadline, discovered, free_tcp_port, loop_devices_of,
@@ -158,6 +159,14 @@ impl Spdk {
 
     pub fn client(&self) -> RpcClient {
         RpcClient::new(self.socket())
+    }
+
+    /// The host's disks of a volume on `backing`: loop devices over the file
+    /// itself, or over the file the emulator's data path serves it through
+    /// (NVMe-oF volumes under `--data-path auto`), below its state directory.
+    pub fn host_disks(&self, backing: &Path) -> usize {
+        let datapath = self.dir.path().join("state/host/datapath");
+        loop_devices_of(backing).len() + loop_devices_under(&datapath).len()
     }
 
     /// A sparse backing file under the directory.
