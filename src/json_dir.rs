@@ -29,10 +29,18 @@ pub struct JsonDir {
 }
 
 impl JsonDir {
-    /// Opens (creating) the directory.
+    /// Opens (creating) the directory, and removes what writes that crashed
+    /// before their rename left. Only here: a temp file found later may be a
+    /// write in flight (a metrics scan runs beside the node's RPCs).
     pub fn open(dir: impl Into<PathBuf>) -> io::Result<JsonDir> {
         let dir = dir.into();
         fs::create_dir_all(&dir)?;
+        for entry in fs::read_dir(&dir)? {
+            let path = entry?.path();
+            if is_temp(&path) {
+                let _ = fs::remove_file(&path);
+            }
+        }
         Ok(JsonDir { dir })
     }
 
@@ -101,9 +109,7 @@ impl JsonDir {
         let mut out = Vec::new();
         for entry in fs::read_dir(&self.dir)? {
             let path = entry?.path();
-            if path.extension().is_some_and(|e| e == "tmp") {
-                // A write that crashed before its rename: never a valid record.
-                let _ = fs::remove_file(&path);
+            if is_temp(&path) {
                 continue;
             }
             let parsed = fs::read(&path).and_then(|bytes| {
@@ -114,6 +120,11 @@ impl JsonDir {
         }
         Ok(out)
     }
+}
+
+/// A write not yet renamed into place: never a record.
+fn is_temp(path: &Path) -> bool {
+    path.extension().is_some_and(|e| e == "tmp")
 }
 
 fn sync_dir(dir: &Path) -> io::Result<()> {
@@ -149,9 +160,15 @@ mod tests {
             records.store(key, &key.to_string()).unwrap();
             assert_eq!(records.load::<String>(key).unwrap().as_deref(), Some(key));
         }
-        std::fs::write(records.dir().join("00.tmp"), b"{half").unwrap();
+        // A write in flight is no record, and a scan leaves it to finish;
+        // at the next start it is a crashed write's leftover, and goes.
+        let in_flight = records.dir().join("00.tmp");
+        std::fs::write(&in_flight, b"{half").unwrap();
         assert_eq!(records.all::<String>().unwrap().len(), 6);
-        assert!(!records.dir().join("00.tmp").exists());
+        assert!(in_flight.exists());
+        let records = JsonDir::open(records.dir()).unwrap();
+        assert!(!in_flight.exists());
+        assert_eq!(records.all::<String>().unwrap().len(), 6);
         for key in ["a/b/../c", &longest_csi_id] {
             records.remove(key).unwrap();
             records.remove(key).unwrap();
