@@ -20,6 +20,7 @@ use crate::bdev::nvme::NvmeInitiator;
 use crate::bdev::qos::QosLimits;
 use crate::faults::{Admit, Faults};
 use crate::framing::{self, Frame, to_json};
+use crate::fsdev::FsdevAio;
 use crate::nvmf::target::NvmfTarget;
 use crate::registry::{Family, Reply, Shared};
 use crate::rpc::{OnDecodeError, Rendered, RpcError, RpcResult, decode_opt, no_params};
@@ -54,6 +55,7 @@ pub(crate) fn families(files_dir: PathBuf, snap: Option<Snap>) -> Vec<Box<dyn Fa
         Box::new(QosLimits),
         Box::new(Iostat::new()),
         Box::new(Info),
+        Box::new(FsdevAio),
     ];
     if let Some(snap) = snap {
         families.push(Box::new(snap));
@@ -224,6 +226,8 @@ mod tests {
             "bdev_wait_for_examine",
             "framework_start_init",
             "framework_wait_init",
+            "fsdev_aio_create",
+            "fsdev_aio_delete",
             "nvmf_create_subsystem",
             "nvmf_create_transport",
             "nvmf_delete_subsystem",
