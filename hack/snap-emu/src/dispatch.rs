@@ -274,6 +274,22 @@ mod tests {
             api::VIRTIO_BLK_CONTROLLER_HOTUNPLUG,
             api::VIRTIO_BLK_CONTROLLER_SUSPEND,
             api::VIRTIO_BLK_CONTROLLER_RESUME,
+            api::VIRTIO_FS_GET_TRANSPORTS,
+            api::VIRTIO_FS_TRANSPORT_CREATE,
+            api::VIRTIO_FS_TRANSPORT_START,
+            api::VIRTIO_FS_DOCA_GET_MANAGERS,
+            api::VIRTIO_FS_DOCA_MANAGER_CREATE,
+            api::VIRTIO_FS_DOCA_FUNCTION_CREATE,
+            api::VIRTIO_FS_DOCA_GET_FUNCTIONS,
+            api::VIRTIO_FS_DOCA_FUNCTION_DESTROY,
+            api::VIRTIO_FS_DEVICE_CREATE,
+            api::VIRTIO_FS_DOCA_DEVICE_MODIFY,
+            api::VIRTIO_FS_DEVICE_START,
+            api::VIRTIO_FS_DEVICE_STOP,
+            api::VIRTIO_FS_DOCA_DEVICE_HOTPLUG,
+            api::VIRTIO_FS_DOCA_DEVICE_HOTUNPLUG,
+            api::VIRTIO_FS_DEVICE_DESTROY,
+            api::VIRTIO_FS_GET_DEVICES,
         ];
         let mut expected: Vec<&str> = spdk.iter().chain(snap.iter()).copied().collect();
         expected.sort_unstable();
