@@ -128,7 +128,9 @@ pub(crate) struct VirtioFsDeviceCreateParams {
     pub fsdev: String,
     pub num_request_queues: Option<u32>,
     pub queue_size: Option<u32>,
-    pub driver_platform: Option<String>,
+    /// The host's platform, for SNAP's DMA setup: nothing to emulate.
+    #[serde(default, rename = "driver_platform")]
+    pub _driver_platform: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

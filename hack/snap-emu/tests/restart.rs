@@ -1,5 +1,6 @@
 //! The binary: a SIGKILLed emulator's loop devices (and its dead data path
-//! mount) are cleaned up by the next one on the same state directory; SIGTERM shuts down gracefully; a second
+//! mount, its virtio-fs devices' mounts and sysfs entries) are cleaned up by
+//! the next one on the same state directory; SIGTERM shuts down gracefully; a second
 //! emulator on a busy state directory or a non-socket path is refused.
 
 mod common;
@@ -212,4 +213,57 @@ async fn a_live_socket_is_not_taken_over() {
     c.ok("spdk_get_version", serde_json::Value::Null).await;
     drop(c);
     first.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_cleans_up_a_killed_emulators_virtio_fs_devices() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("spdk.sock");
+    let state = dir.path().join("state");
+    let share = dir.path().join("share");
+    std::fs::create_dir(&share).unwrap();
+    let mountpoint = state.join("host/virtiofs/killed");
+    let entry = state.join("sysfs/fs/virtiofs/0");
+
+    let mut first = spawn(&socket, &state);
+    let mut c = connect(&socket, &mut first).await;
+    c.ok(
+        "fsdev_aio_create",
+        json!({"name": "fs0", "root_path": share}),
+    )
+    .await;
+    let doca = json!({"transport_name": "DOCA"});
+    c.ok("virtio_fs_transport_create", doca.clone()).await;
+    c.ok("virtio_fs_transport_start", doca).await;
+    let manager = json!({"manager": "mlx5_0"});
+    c.ok("virtio_fs_doca_manager_create", manager.clone()).await;
+    let vuid = c.ok("virtio_fs_doca_function_create", manager).await;
+    let device =
+        json!({"transport_name": "DOCA", "dev_name": "d", "tag": "killed", "fsdev": "fs0"});
+    c.ok("virtio_fs_device_create", device).await;
+    let bind = json!({"dev_name": "d", "manager": "mlx5_0", "vuid": vuid});
+    c.ok("virtio_fs_doca_device_modify", bind).await;
+    c.ok("virtio_fs_device_start", json!({"dev_name": "d"}))
+        .await;
+    let plug = json!({"dev_name": "d", "wait_for_done": true});
+    c.ok("virtio_fs_doca_device_hotplug", plug).await;
+    assert!(mounted(&mountpoint), "the device is mounted on the host");
+    assert_eq!(
+        std::fs::read_to_string(entry.join("tag")).unwrap(),
+        "killed\n"
+    );
+
+    drop(c);
+    first.kill().expect("SIGKILL");
+    first.wait().expect("reap");
+    assert!(mounted(&mountpoint), "SIGKILL leaves the mount, dead");
+
+    let mut again = spawn(&socket, &state);
+    let c = connect(&socket, &mut again).await;
+    assert!(!mounted(&mountpoint), "the restart unmounted it");
+    assert!(!entry.exists(), "the restart removed its sysfs entry");
+    drop(c);
+    let pid = i32::try_from(again.id()).unwrap();
+    kill(Pid::from_raw(pid), Signal::SIGTERM).expect("SIGTERM");
+    assert!(wait_exit(&mut again).success());
 }

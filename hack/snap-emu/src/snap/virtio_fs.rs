@@ -210,7 +210,6 @@ impl VirtioFs {
             running: false,
             shown: None,
         });
-        let _ = p.driver_platform;
         Ok(json!(true))
     }
 

@@ -143,8 +143,9 @@ impl Passthrough {
 
     /// The inode of `name` in `parent` after it was looked up or made.
     fn entry(&self, parent: INodeNo, name: &OsStr) -> Answer<FileAttr> {
-        let rel = self.path(parent)?.join(name);
-        let dir = self.dir(&self.path(parent)?)?;
+        let parent = self.path(parent)?;
+        let dir = self.dir(&parent)?;
+        let rel = parent.join(name);
         let st = fstatat(&dir, name, AtFlags::AT_SYMLINK_NOFOLLOW).map_err(err)?;
         let mut inodes = lock(&self.inodes);
         let ino = match inodes.by_id.get(&(st.st_dev, st.st_ino)) {
@@ -196,7 +197,6 @@ impl Passthrough {
         Ok(File::from(fd))
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn set(
         &self,
         ino: INodeNo,
