@@ -6,6 +6,9 @@
 //! a sysfs-shaped tree under `sysfs_root` that mirrors the kernel's layout
 //! (`tree`).
 //!
+//! A started, hot-plugged virtio-fs device is a kernel FUSE mount of its
+//! fsdev's tree and its entry under `fs/virtiofs` (`virtiofs`).
+//!
 //! The data path: a disk whose [`Source`] is [`Source::DataPath`] gets its
 //! loop device over a file the emulator serves through FUSE (see
 //! [`crate::datapath`]) instead of over the bdev's backing file; the file is

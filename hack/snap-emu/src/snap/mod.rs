@@ -1,7 +1,8 @@
 //! SNAP-4 emulation, split along the seam the node has: SNAP's model of its
 //! PCI functions (`model`), what the host can see of them (`visible`, over
 //! the host side), one file per emulation (`nvme`: subsystems, namespaces
-//! and NVMe controllers; `virtio_blk`: virtio-blk controllers), each behind
+//! and NVMe controllers; `virtio_blk`: virtio-blk controllers; `virtio_fs`:
+//! virtio-fs transports, managers and devices serving fsdevs), each behind
 //! [`emulation::Emulation`], and hot-plug, which every emulation's
 //! controllers share (`hotplug`). `crate::snap_api` knows SNAP's JSON names.
 //!
