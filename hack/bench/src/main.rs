@@ -22,6 +22,12 @@
 //! 9. the emulator's FUSE data path against the direct one: O_DIRECT
 //!    throughput and IOPS of a staged volume's host device (`datapath.rs`).
 //!
+//! Timing targets are ratios against floors sampled in turns with what they
+//! measure (`stats::Paired`), judged only when the run's own spread allows:
+//! a too-noisy run says so (NOISY) instead of passing or failing; the bench
+//! exits non-zero only on a target it could judge and that was missed.
+//! Targets and their thresholds are defined in `report.rs`.
+//!
 //! Stacks, one after the other: a (default emulator) for 1, 2, 3, 6 and 8; b
 //! (poller at 8 ms) for 3 and 6; b2 (poller at 50 ms) to count dependent
 //! round trips; c (an NVMe function for every scale volume) for 4 and 5; d

@@ -66,6 +66,11 @@ pub struct Paired {
 /// median alone.
 pub const NOISE: f64 = 0.10;
 
+/// Fewer pairs than this never count as steady: the interval of a median
+/// of n samples covers it with probability 1 - 2^(1-n) at best (the whole
+/// range; 97% at 6), so a few close quotients say nothing about the next run.
+pub const STEADY_PAIRS: usize = 8;
+
 impl Paired {
     /// `floor[i]` is the floor sample taken just before `measured[i]`.
     pub fn of(floor_ms: &[f64], measured_ms: &[f64]) -> Paired {
@@ -104,13 +109,18 @@ impl Paired {
         (self.high - self.low) / 2.0 * std::f64::consts::SQRT_2 / self.ratio
     }
 
+    /// Whether the run is steady enough to judge by the median alone.
+    pub fn steady(&self) -> bool {
+        self.pairs >= STEADY_PAIRS && self.run_to_run() <= NOISE
+    }
+
     /// Whether this run can say if the ratio is at most `most`: by the
-    /// median while the run is steady (`run_to_run` within [`NOISE`]);
-    /// otherwise only when the whole interval is on one side of it.
+    /// median while the run is [steady](Self::steady); otherwise only when
+    /// the whole interval is on one side of it.
     pub fn at_most(&self, most: f64) -> Verdict {
         if self.pairs == 0 {
             Verdict::Noisy
-        } else if self.run_to_run() <= NOISE {
+        } else if self.steady() {
             Verdict::of(self.ratio <= most)
         } else if self.high <= most {
             Verdict::Met
@@ -242,8 +252,12 @@ mod tests {
         // Too noisy for the median, yet on one side of it whole.
         assert_eq!(few.at_most(2.5), Verdict::Met);
         assert_eq!(few.at_most(0.9), Verdict::Missed);
-        // Nothing measured is no pass.
+        // Nothing measured is no pass; two close pairs are no steady run.
         assert_eq!(Paired::of(&[], &[]).at_most(10.0), Verdict::Noisy);
+        let two = Paired::of(&[1.0, 1.0], &[1.50, 1.51]);
+        assert!(!two.steady() && two.run_to_run() < NOISE, "{two:?}");
+        assert_eq!(two.at_most(1.505), Verdict::Noisy);
+        assert_eq!(two.at_most(1.6), Verdict::Met);
     }
 
     #[test]
