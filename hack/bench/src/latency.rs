@@ -35,14 +35,10 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, bail};
 use serde::Serialize;
-use snap_csi::jsonrpc::JsonFramer;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::UnixStream;
 
 use crate::csi::{Clients, Kind, Volume};
-use crate::probe::{self, Probe};
+use crate::probe::{self, Probe, RawRpc};
 use crate::prom::{Outbound, scrape};
 use crate::stack::Stack;
 use crate::stats::{Paired, Spread, Summary, mean, percentile_of};
@@ -171,50 +167,11 @@ struct Recorder<'a> {
     stack: &'a Stack,
     clients: Clients,
     steps: Vec<(String, Step)>,
-    /// A connection to SNAP for waiting for a poll tick, when counting.
-    ticks: Option<Ticks>,
+    /// A connection to SNAP for waiting for a poll tick, when counting: the
+    /// reply to a `spdk_get_version` leaves SNAP just after one.
+    ticks: Option<RawRpc>,
     /// The floors sampled before every call (section 1).
     probe: Option<Probe>,
-}
-
-/// Finds the emulator's poll ticks: a reply leaves SNAP just after one.
-struct Ticks {
-    stream: UnixStream,
-    framer: JsonFramer,
-    id: u64,
-}
-
-impl Ticks {
-    async fn connect(socket: &Path) -> anyhow::Result<Ticks> {
-        Ok(Ticks {
-            stream: UnixStream::connect(socket)
-                .await
-                .with_context(|| format!("connecting to {}", socket.display()))?,
-            framer: JsonFramer::default(),
-            id: 0,
-        })
-    }
-
-    /// Returns just after the next poll tick.
-    async fn next(&mut self) -> anyhow::Result<()> {
-        self.id += 1;
-        let request = format!(
-            r#"{{"jsonrpc":"2.0","method":"spdk_get_version","id":{}}}"#,
-            self.id
-        );
-        self.stream.write_all(request.as_bytes()).await?;
-        let mut chunk = [0u8; 4096];
-        loop {
-            if self.framer.next_value()?.is_some() {
-                return Ok(());
-            }
-            let n = self.stream.read(&mut chunk).await?;
-            if n == 0 {
-                bail!("SNAP closed the connection");
-            }
-            self.framer.extend(&chunk[..n]);
-        }
-    }
 }
 
 impl Recorder<'_> {
@@ -238,7 +195,7 @@ impl Recorder<'_> {
         let before = self.pages().await?;
         let floor = self.floor().await?;
         if let Some(ticks) = &mut self.ticks {
-            ticks.next().await?;
+            ticks.round_trip().await?;
         }
         let started = Instant::now();
         match op {
@@ -379,7 +336,7 @@ pub async fn side_by_side(
     let mut recorders = Vec::new();
     for (k, (stack, clients)) in stacks.iter().enumerate() {
         let ticks = match count_period {
-            Some(_) => Some(Ticks::connect(&stack.snap_socket()).await?),
+            Some(_) => Some(RawRpc::connect(&stack.snap_socket()).await?),
             None => None,
         };
         let probe = match probe_dir {

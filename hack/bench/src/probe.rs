@@ -143,7 +143,7 @@ pub async fn capabilities(identity: &mut IdentityClient<Channel>) -> anyhow::Res
 }
 
 /// A raw JSON-RPC connection: one request written, its reply read whole.
-struct RawRpc {
+pub struct RawRpc {
     stream: UnixStream,
     framer: JsonFramer,
     chunk: Vec<u8>,
@@ -151,7 +151,7 @@ struct RawRpc {
 }
 
 impl RawRpc {
-    async fn connect(socket: &Path) -> anyhow::Result<RawRpc> {
+    pub async fn connect(socket: &Path) -> anyhow::Result<RawRpc> {
         Ok(RawRpc {
             stream: UnixStream::connect(socket)
                 .await
@@ -163,7 +163,7 @@ impl RawRpc {
     }
 
     /// One timed `spdk_get_version`.
-    async fn round_trip(&mut self) -> anyhow::Result<Duration> {
+    pub async fn round_trip(&mut self) -> anyhow::Result<Duration> {
         self.id += 1;
         let request = format!(
             r#"{{"jsonrpc":"2.0","method":"spdk_get_version","id":{}}}"#,
