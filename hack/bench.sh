@@ -11,6 +11,10 @@
 #   ./hack/bench.sh --sections 1,2 --volumes 8
 #   ./hack/bench.sh --sections 8,9 --io-seconds 2
 #   ./hack/bench.sh --sections 7
+#   ./hack/bench.sh --profile debug --sections 1,2   # builds and runs debug
+# It exits non-zero when a target it could judge was missed; a run too noisy
+# to judge a target says NOISY and does not fail (README "Ratios, noise and
+# verdicts").
 # Run as root: the emulator makes loop devices and the node mounts.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,6 +22,19 @@ if [ "$(id -u)" -ne 0 ]; then
   echo "bench: run as root (loop devices and mounts)" >&2
   exit 1
 fi
+# The bench's --profile names the binaries' directory: build the same.
+profile=release
+previous=
+for arg in "$@"; do
+  case "$previous" in --profile) profile=$arg ;; esac
+  case "$arg" in --profile=*) profile=${arg#--profile=} ;; esac
+  previous=$arg
+done
+case "$profile" in
+  release) build=(--release) ;;
+  debug) build=() ;;
+  *) build=(--profile "$profile") ;;
+esac
 ./hack/setup.sh >&2
-cargo build --release --locked --quiet -p snap-csi -p snap-emu -p snap-csi-spdk-plugin -p snap-csi-bench >&2
-exec ./target/release/snap-csi-bench "$@"
+cargo build "${build[@]}" --locked --quiet -p snap-csi -p snap-emu -p snap-csi-spdk-plugin -p snap-csi-bench >&2
+exec "./target/$profile/snap-csi-bench" "$@"

@@ -45,6 +45,9 @@ SNAP_CSI_TEST_DPU=split SNAP_CSI_CRASH_TRIALS=100 cargo test --locked \
 # split mode changes, and one backend drives all of them.
 ./hack/csi-sanity.sh --profile debug --no-build --backend aio -- --mode split
 cargo build --locked -p snap-csi -p snap-emu -p snap-csi-spdk-plugin -p snap-csi-bench
+# The bench in debug on a few volumes: every section runs and cleans up, and
+# it fails on a target missed beyond its samples' doubt (debug ratio targets
+# x2); too few samples or a loaded machine give NOISY, which does not fail.
 ./target/debug/snap-csi-bench --profile debug --volumes 2 --poll-volumes 1 --count-volumes 1 \
   --floor-iterations 20 --scale-volumes 8 --concurrency 1,4 --rpc-seconds 0.2 --rpc-repeats 1
 # The chaos soak for two minutes (README "Chaos soak"): random volume lives while the stack's

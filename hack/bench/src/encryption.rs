@@ -19,7 +19,7 @@ use crate::packed::list;
 use crate::prom::{Outbound, scrape};
 use crate::report::{Report, Target};
 use crate::stack::Stack;
-use crate::stats::{Summary, percentile};
+use crate::stats::{Summary, Verdict, percentile};
 use crate::table::{Table, ms, num};
 use crate::trips::{EncryptionTrips, count_encryption};
 use crate::{Args, Work};
@@ -206,7 +206,7 @@ impl Report {
                 "encrypted NodeStage = plain + {EXTRA_STAGE_TRIPS} dependent SNAP round trip"
             ),
             measured: format!("{} vs {}", list(&t.encrypted_attach), list(&t.plain_attach)),
-            met: steady && *encrypted == plain + EXTRA_STAGE_TRIPS,
+            verdict: Verdict::of(steady && *encrypted == plain + EXTRA_STAGE_TRIPS),
         }]
     }
 }

@@ -2,14 +2,9 @@
 //! the bench itself in the same run, so that each RPC can be stated as a
 //! multiple of its floor on however noisy a machine.
 //!
-//! - Empty gRPC round trip: a trivial CSI Identity server that the bench
-//!   serves itself on a UNIX socket, on its own thread and runtime (so a
-//!   call crosses threads as it crosses processes to the node), answering
-//!   GetPluginCapabilities with an empty list. For comparison the node's own
-//!   GetPluginCapabilities (no I/O, but its tower layers and runtime).
-//! - JSON-RPC round trip: `spdk_get_version` to the stack's SNAP emulator
-//!   over a blocking `UnixStream`, replies split by the same streaming JSON
-//!   framer the client uses.
+//! - Empty gRPC round trip and JSON-RPC round trip (`probe.rs`); for
+//!   comparison the node's own GetPluginCapabilities (no I/O, but its tower
+//!   layers and runtime).
 //! - Bind mount: what publish and unpublish must do at the least, on the
 //!   same kind of paths: create the target (a directory for a filesystem
 //!   volume, a file for a block one), bind-mount the source onto it (the
@@ -17,32 +12,26 @@
 //!   unmount and remove it.
 //!
 //! Then the node's own NodePublish and NodeUnpublish, repeated on one
-//! filesystem and one block volume, for a p50 on as many samples.
+//! filesystem and one block volume.
 //!
 //! Every iteration takes one sample of each, in turn, so that background
-//! load (a CI run on the same two cores) falls on floors and RPCs alike and
-//! their ratio holds.
+//! load (a CI run on the same two cores) falls on floors and RPCs alike:
+//! each RPC sample is divided by the floor sampled in the same iteration
+//! just before it, and the target is on the median quotient (`Paired`).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use nix::mount::{MntFlags, MsFlags, mount, umount2};
 use serde::Serialize;
-use snap_csi::jsonrpc::JsonFramer;
-use snap_csi::proto::csi::v1 as csi;
 use snap_csi::proto::csi::v1::identity_client::IdentityClient;
-use snap_csi::proto::csi::v1::identity_server::{Identity, IdentityServer};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{UnixListener, UnixStream};
-use tokio_stream::wrappers::UnixListenerStream;
-use tonic::transport::Channel;
-use tonic::{Request, Response, Status};
 
 use crate::csi::{Clients, Kind, channel};
+use crate::probe::{Probe, capabilities};
 use crate::prom::scrape;
 use crate::stack::Stack;
-use crate::stats::Summary;
+use crate::stats::{Paired, Summary};
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Floors {
@@ -74,139 +63,13 @@ pub struct Floors {
     /// Of those, the mean time by the node's own clock (its gRPC layer).
     pub node_served_publish_ms: f64,
     pub node_served_unpublish_ms: f64,
-}
-
-/// The trivial Identity service: no I/O, nothing to look up.
-#[derive(Debug, Clone, Copy)]
-struct Empty;
-
-#[tonic::async_trait]
-impl Identity for Empty {
-    async fn get_plugin_info(
-        &self,
-        _request: Request<csi::GetPluginInfoRequest>,
-    ) -> Result<Response<csi::GetPluginInfoResponse>, Status> {
-        Ok(Response::new(csi::GetPluginInfoResponse::default()))
-    }
-
-    async fn get_plugin_capabilities(
-        &self,
-        _request: Request<csi::GetPluginCapabilitiesRequest>,
-    ) -> Result<Response<csi::GetPluginCapabilitiesResponse>, Status> {
-        Ok(Response::new(csi::GetPluginCapabilitiesResponse::default()))
-    }
-
-    async fn probe(
-        &self,
-        _request: Request<csi::ProbeRequest>,
-    ) -> Result<Response<csi::ProbeResponse>, Status> {
-        Ok(Response::new(csi::ProbeResponse { ready: Some(true) }))
-    }
-}
-
-/// The trivial server on its own thread; stops when dropped.
-struct EmptyServer {
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl EmptyServer {
-    fn start(socket: PathBuf) -> anyhow::Result<EmptyServer> {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?;
-        let listener = {
-            let _entered = runtime.enter();
-            UnixListener::bind(&socket).with_context(|| format!("binding {}", socket.display()))?
-        };
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let thread = std::thread::spawn(move || {
-            runtime.block_on(async move {
-                let served = tonic::transport::Server::builder()
-                    .add_service(IdentityServer::new(Empty))
-                    .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async {
-                        let _ = stopped.await;
-                    })
-                    .await;
-                if let Err(e) = served {
-                    eprintln!("bench: the empty gRPC server failed: {e}");
-                }
-            });
-            let _ = std::fs::remove_file(&socket);
-        });
-        Ok(EmptyServer {
-            stop: Some(stop),
-            thread: Some(thread),
-        })
-    }
-}
-
-impl Drop for EmptyServer {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-    }
-}
-
-/// One timed GetPluginCapabilities.
-async fn capabilities(identity: &mut IdentityClient<Channel>) -> anyhow::Result<Duration> {
-    let started = Instant::now();
-    identity
-        .get_plugin_capabilities(csi::GetPluginCapabilitiesRequest {})
-        .await?;
-    Ok(started.elapsed())
-}
-
-/// A raw JSON-RPC connection: one request written, its reply read whole.
-struct RawRpc {
-    stream: UnixStream,
-    framer: JsonFramer,
-    chunk: Vec<u8>,
-    id: u64,
-}
-
-impl RawRpc {
-    async fn connect(socket: &Path) -> anyhow::Result<RawRpc> {
-        Ok(RawRpc {
-            stream: UnixStream::connect(socket)
-                .await
-                .with_context(|| format!("connecting to {}", socket.display()))?,
-            framer: JsonFramer::default(),
-            chunk: vec![0u8; 64 * 1024],
-            id: 0,
-        })
-    }
-
-    /// One timed `spdk_get_version`.
-    async fn round_trip(&mut self) -> anyhow::Result<Duration> {
-        self.id += 1;
-        let request = format!(
-            r#"{{"jsonrpc":"2.0","method":"spdk_get_version","id":{}}}"#,
-            self.id
-        );
-        let started = Instant::now();
-        self.stream.write_all(request.as_bytes()).await?;
-        let reply = loop {
-            if let Some(value) = self.framer.next_value()? {
-                break value;
-            }
-            let n = self.stream.read(&mut self.chunk).await?;
-            if n == 0 {
-                bail!("the emulator closed the connection");
-            }
-            self.framer.extend(&self.chunk[..n]);
-        };
-        let elapsed = started.elapsed();
-        let reply: serde_json::Value = serde_json::from_slice(&reply)?;
-        if reply.get("result").is_none() {
-            bail!("spdk_get_version failed: {reply}");
-        }
-        Ok(elapsed)
-    }
+    /// Each of the node's calls above against its floor sampled in the same
+    /// iteration: gRPC + create + bind (publish), gRPC + umount + remove
+    /// (unpublish).
+    pub publish_block_ratio: Paired,
+    pub unpublish_block_ratio: Paired,
+    pub publish_fs_ratio: Paired,
+    pub unpublish_fs_ratio: Paired,
 }
 
 /// Publish's and unpublish's least work, once: create the target, bind
@@ -275,11 +138,8 @@ pub async fn run(
     size_mib: i64,
     iterations: usize,
 ) -> anyhow::Result<Floors> {
-    let socket = work.join("empty-grpc.sock");
-    let server = EmptyServer::start(socket.clone())?;
-    let mut empty = IdentityClient::new(channel(&format!("unix://{}", socket.display())).await?);
+    let mut probe = Probe::start(work.join("empty-grpc.sock"), &stack.snap_socket()).await?;
     let mut node_identity = IdentityClient::new(channel(&stack.node).await?);
-    let mut raw = RawRpc::connect(&stack.snap_socket()).await?;
 
     let mut clients = clients.clone();
     let kubelet = stack.kubelet.clone();
@@ -310,9 +170,8 @@ pub async fn run(
         // The first tenth warms up connections and caches, unrecorded.
         for i in 0..iterations + iterations / 10 {
             let keep = i >= iterations / 10;
-            let grpc = capabilities(&mut empty).await?;
+            let floor = probe.sample().await?;
             let node = capabilities(&mut node_identity).await?;
-            let json = raw.round_trip().await?;
             let dir = bind_cycle(&fs_volume.staging, &dir_target, true)?;
             let file = bind_cycle(&block_volume.target, &file_target, false)?;
             let mut rpcs = [Duration::ZERO; 4];
@@ -325,9 +184,9 @@ pub async fn run(
                 rpcs[at + 1] = published.elapsed();
             }
             if keep {
-                samples.grpc_empty.push(grpc);
+                samples.grpc_empty.push(floor.grpc);
                 samples.node_capabilities.push(node);
-                samples.jsonrpc.push(json);
+                samples.jsonrpc.push(floor.jsonrpc);
                 for (into, sample) in samples.dir.iter_mut().zip(dir) {
                     into.push(sample);
                 }
@@ -343,7 +202,7 @@ pub async fn run(
     }
     .await;
     let after = scrape(&stack.node_metrics).await?;
-    drop(server);
+    drop(probe);
     // Tear down before looking at the outcome: nothing stays mounted.
     let _ = std::fs::remove_dir(&floor_dir);
     clients.unpublish(&block_volume).await?;
@@ -371,6 +230,13 @@ pub async fn run(
     let [publish_file, unpublish_file, ..] = samples.file.each_ref().map(|v| Summary::of(v));
     let [publish_block, unpublish_block, publish_fs, unpublish_fs] =
         samples.node.each_ref().map(|v| Summary::of(v));
+    // Iteration by iteration: the gRPC floor plus the host's least work.
+    let ms = |v: &[Duration]| v.iter().map(|d| d.as_secs_f64() * 1e3).collect::<Vec<_>>();
+    let grpc = ms(&samples.grpc_empty);
+    let ratio = |host: &[Duration], node: &[Duration]| {
+        let floor: Vec<f64> = grpc.iter().zip(ms(host)).map(|(g, h)| g + h).collect();
+        Paired::of(&floor, &ms(node))
+    };
     Ok(Floors {
         grpc_empty: Summary::of(&samples.grpc_empty),
         node_get_plugin_capabilities: Summary::of(&samples.node_capabilities),
@@ -388,5 +254,9 @@ pub async fn run(
         node_unpublish_fs: unpublish_fs,
         node_served_publish_ms: served_ms("Node/NodePublishVolume"),
         node_served_unpublish_ms: served_ms("Node/NodeUnpublishVolume"),
+        publish_block_ratio: ratio(&samples.file[0], &samples.node[0]),
+        unpublish_block_ratio: ratio(&samples.file[1], &samples.node[1]),
+        publish_fs_ratio: ratio(&samples.dir[0], &samples.node[2]),
+        unpublish_fs_ratio: ratio(&samples.dir[1], &samples.node[3]),
     })
 }

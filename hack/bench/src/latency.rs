@@ -24,19 +24,54 @@
 //! in turn, so that background load falls on both alike. On a split stack
 //! the agent's page is read around every node RPC too: the calls that
 //! crossed the link.
+//!
+//! Section 1 samples its floors (`probe.rs`: an empty gRPC and a JSON-RPC
+//! round trip) right before every call, so that each call is stated against
+//! the floor of the same moment: CreateVolume and DeleteVolume against 2
+//! gRPC round trips (bench -> proxy -> vendor controller), a stage or an
+//! unstage against 2 gRPC and its design's dependent JSON-RPC round trips,
+//! and the node's own share of every node call against one gRPC round trip.
+//! Publish and unpublish are stated in section 2, against the bind mount.
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, bail};
 use serde::Serialize;
-use snap_csi::jsonrpc::JsonFramer;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::UnixStream;
 
 use crate::csi::{Clients, Kind, Volume};
+use crate::probe::{self, Probe, RawRpc};
 use crate::prom::{Outbound, scrape};
 use crate::stack::Stack;
-use crate::stats::{Spread, Summary, mean, percentile};
+use crate::stats::{Paired, Spread, Summary, mean, percentile_of};
+
+/// Dependent SNAP/SPDK round trips the design allows (issue 6): a new NVMe
+/// stage 5, a retry of a staged volume 1, an unstage 4.
+pub fn design_round_trips(rpc: &str) -> Option<u32> {
+    if rpc.starts_with("NodeStage") {
+        Some(if rpc.contains("retry") { 1 } else { 5 })
+    } else if rpc.starts_with("NodeUnstage") {
+        Some(4)
+    } else {
+        None
+    }
+}
+
+/// The least a call of the row `rpc` costs, in the floors sampled beside
+/// it: (gRPC round trips, JSON-RPC round trips, what that is).
+fn design_floor(rpc: &str, fs: &str) -> Option<(u32, u32, String)> {
+    if rpc == "CreateVolume" || rpc == "DeleteVolume" {
+        return Some((2, 0, "2 gRPC (bench -> proxy -> vendor controller)".into()));
+    }
+    // The plugin's gRPC hop rides along the first (stage) or last
+    // (unstage) round; each round is one JSON-RPC trip.
+    let trips = design_round_trips(rpc)?;
+    let mut what = format!("2 gRPC + {trips} JSON-RPC");
+    if rpc.starts_with("NodeStage") && rpc.contains(fs) {
+        what.push_str(" (mkfs, fsck, mount not included)");
+    } else if rpc.starts_with("NodeUnstage") && rpc.contains(fs) {
+        what.push_str(" (umount not included)");
+    }
+    Some((2, trips, what))
+}
 
 /// One timed RPC and the outbound calls made while it ran.
 #[derive(Debug, Clone, Copy)]
@@ -46,6 +81,8 @@ struct Step {
     plugin: Outbound,
     /// The DPU agent's (split mode; zero otherwise).
     agent: Outbound,
+    /// The floors sampled just before the call (section 1; `None` elsewhere).
+    floor: Option<probe::Sample>,
 }
 
 impl Step {
@@ -91,6 +128,12 @@ pub struct Row {
     /// calls the agent served (both zero co-located).
     pub link_calls: Spread,
     pub agent_calls: Spread,
+    /// Section 1: each call against the floor sampled before it, and what
+    /// that floor is (a row without a design floor has none).
+    pub ratio: Option<Paired>,
+    pub floor: Option<String>,
+    /// Section 1, node calls: the node's own share against the gRPC floor.
+    pub own_ratio: Option<Paired>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -124,48 +167,11 @@ struct Recorder<'a> {
     stack: &'a Stack,
     clients: Clients,
     steps: Vec<(String, Step)>,
-    /// A connection to SNAP for waiting for a poll tick, when counting.
-    ticks: Option<Ticks>,
-}
-
-/// Finds the emulator's poll ticks: a reply leaves SNAP just after one.
-struct Ticks {
-    stream: UnixStream,
-    framer: JsonFramer,
-    id: u64,
-}
-
-impl Ticks {
-    async fn connect(socket: &Path) -> anyhow::Result<Ticks> {
-        Ok(Ticks {
-            stream: UnixStream::connect(socket)
-                .await
-                .with_context(|| format!("connecting to {}", socket.display()))?,
-            framer: JsonFramer::default(),
-            id: 0,
-        })
-    }
-
-    /// Returns just after the next poll tick.
-    async fn next(&mut self) -> anyhow::Result<()> {
-        self.id += 1;
-        let request = format!(
-            r#"{{"jsonrpc":"2.0","method":"spdk_get_version","id":{}}}"#,
-            self.id
-        );
-        self.stream.write_all(request.as_bytes()).await?;
-        let mut chunk = [0u8; 4096];
-        loop {
-            if self.framer.next_value()?.is_some() {
-                return Ok(());
-            }
-            let n = self.stream.read(&mut chunk).await?;
-            if n == 0 {
-                bail!("SNAP closed the connection");
-            }
-            self.framer.extend(&chunk[..n]);
-        }
-    }
+    /// A connection to SNAP for waiting for a poll tick, when counting: the
+    /// reply to a `spdk_get_version` leaves SNAP just after one.
+    ticks: Option<RawRpc>,
+    /// The floors sampled before every call (section 1).
+    probe: Option<Probe>,
 }
 
 impl Recorder<'_> {
@@ -187,8 +193,9 @@ impl Recorder<'_> {
 
     async fn node(&mut self, row: &str, op: Op, volume: &Volume) -> anyhow::Result<()> {
         let before = self.pages().await?;
+        let floor = self.floor().await?;
         if let Some(ticks) = &mut self.ticks {
-            ticks.next().await?;
+            ticks.round_trip().await?;
         }
         let started = Instant::now();
         match op {
@@ -206,12 +213,21 @@ impl Recorder<'_> {
                 node: node.since(&before[0]),
                 plugin: plugin.since(&before[1]),
                 agent: agent.since(&before[2]),
+                floor,
             },
         ));
         Ok(())
     }
 
-    fn controller(&mut self, row: &str, latency: Duration) {
+    /// A sample of the floors, if this recorder takes them.
+    async fn floor(&mut self) -> anyhow::Result<Option<probe::Sample>> {
+        match &mut self.probe {
+            Some(probe) => Ok(Some(probe.sample().await?)),
+            None => Ok(None),
+        }
+    }
+
+    fn controller(&mut self, row: &str, latency: Duration, floor: Option<probe::Sample>) {
         self.steps.push((
             row.to_string(),
             Step {
@@ -219,18 +235,20 @@ impl Recorder<'_> {
                 node: Outbound::default(),
                 plugin: Outbound::default(),
                 agent: Outbound::default(),
+                floor,
             },
         ));
     }
 
     async fn block(&mut self, name: &str, size_mib: i64) -> anyhow::Result<()> {
         let kubelet = self.stack.kubelet.clone();
+        let floor = self.floor().await?;
         let started = Instant::now();
         let volume = self
             .clients
             .create(&kubelet, name, &Kind::Block, size_mib)
             .await?;
-        self.controller("CreateVolume", started.elapsed());
+        self.controller("CreateVolume", started.elapsed(), floor);
         self.node("NodeStage block (new)", Op::Stage, &volume)
             .await?;
         self.node("NodeStage block (retry, staged)", Op::Stage, &volume)
@@ -239,20 +257,22 @@ impl Recorder<'_> {
         self.node("NodeUnpublish block", Op::Unpublish, &volume)
             .await?;
         self.node("NodeUnstage block", Op::Unstage, &volume).await?;
+        let floor = self.floor().await?;
         let started = Instant::now();
         self.clients.delete(&volume).await?;
-        self.controller("DeleteVolume", started.elapsed());
+        self.controller("DeleteVolume", started.elapsed(), floor);
         Ok(())
     }
 
     async fn filesystem(&mut self, name: &str, fs: &str, size_mib: i64) -> anyhow::Result<()> {
         let kubelet = self.stack.kubelet.clone();
+        let floor = self.floor().await?;
         let started = Instant::now();
         let volume = self
             .clients
             .create(&kubelet, name, &Kind::Filesystem(fs.to_string()), size_mib)
             .await?;
-        self.controller("CreateVolume", started.elapsed());
+        self.controller("CreateVolume", started.elapsed(), floor);
         self.node(&format!("NodeStage {fs} (mkfs)"), Op::Stage, &volume)
             .await?;
         self.node(&format!("NodePublish {fs}"), Op::Publish, &volume)
@@ -265,9 +285,10 @@ impl Recorder<'_> {
             .await?;
         self.node(&format!("NodeUnstage {fs}"), Op::Unstage, &volume)
             .await?;
+        let floor = self.floor().await?;
         let started = Instant::now();
         self.clients.delete(&volume).await?;
-        self.controller("DeleteVolume", started.elapsed());
+        self.controller("DeleteVolume", started.elapsed(), floor);
         Ok(())
     }
 }
@@ -275,7 +296,9 @@ impl Recorder<'_> {
 /// Takes `volumes` block and `volumes` filesystem volumes through their
 /// life, one at a time, and summarises each RPC kind. With `count_period`
 /// (the emulator's poller period) every node RPC starts right after a tick
-/// and its dependent SNAP round trips are counted.
+/// and its dependent SNAP round trips are counted; with `probe_dir` the
+/// floors are sampled before every call (their server's socket there).
+#[allow(clippy::too_many_arguments)]
 pub async fn run(
     stack: &Stack,
     clients: &Clients,
@@ -284,6 +307,7 @@ pub async fn run(
     size_mib: i64,
     prefix: &str,
     count_period: Option<Duration>,
+    probe_dir: Option<&Path>,
 ) -> anyhow::Result<Vec<Row>> {
     let mut rows = side_by_side(
         &[(stack, clients)],
@@ -292,6 +316,7 @@ pub async fn run(
         size_mib,
         prefix,
         count_period,
+        probe_dir,
     )
     .await?;
     Ok(rows.remove(0))
@@ -306,11 +331,19 @@ pub async fn side_by_side(
     size_mib: i64,
     prefix: &str,
     count_period: Option<Duration>,
+    probe_dir: Option<&Path>,
 ) -> anyhow::Result<Vec<Vec<Row>>> {
     let mut recorders = Vec::new();
-    for (stack, clients) in stacks {
+    for (k, (stack, clients)) in stacks.iter().enumerate() {
         let ticks = match count_period {
-            Some(_) => Some(Ticks::connect(&stack.snap_socket()).await?),
+            Some(_) => Some(RawRpc::connect(&stack.snap_socket()).await?),
+            None => None,
+        };
+        let probe = match probe_dir {
+            Some(dir) => {
+                let socket = dir.join(format!("{prefix}-probe-{k}.sock"));
+                Some(Probe::start(socket, &stack.snap_socket()).await?)
+            }
             None => None,
         };
         recorders.push(Recorder {
@@ -318,6 +351,7 @@ pub async fn side_by_side(
             clients: (*clients).clone(),
             steps: Vec::new(),
             ticks,
+            probe,
         });
     }
     let n = recorders.len();
@@ -339,25 +373,62 @@ pub async fn side_by_side(
         .collect())
 }
 
+/// Each call's floor is the median of the floor samples taken before the
+/// calls this many either side of it (and its own): one sample of an empty
+/// round trip swings several-fold with a neighbour's burst, a median of 17
+/// taken over a second or two does not, and still follows the load.
+const FLOOR_WINDOW: usize = 8;
+
+/// `steps` with every floor replaced by the median of its window's.
+fn smoothed(steps: &[(String, Step)]) -> Vec<(String, Step)> {
+    let floors: Vec<probe::Sample> = steps.iter().filter_map(|(_, s)| s.floor).collect();
+    let mut at: usize = 0;
+    steps
+        .iter()
+        .map(|(row, step)| {
+            let mut step = *step;
+            if step.floor.is_some() {
+                let window = &floors
+                    [at.saturating_sub(FLOOR_WINDOW)..(at + FLOOR_WINDOW + 1).min(floors.len())];
+                let median = |f: fn(&probe::Sample) -> Duration| {
+                    Duration::from_secs_f64(percentile_of(
+                        &window
+                            .iter()
+                            .map(|s| f(s).as_secs_f64())
+                            .collect::<Vec<_>>(),
+                        0.5,
+                    ))
+                };
+                step.floor = Some(probe::Sample {
+                    grpc: median(|s| s.grpc),
+                    jsonrpc: median(|s| s.jsonrpc),
+                });
+                at += 1;
+            }
+            (row.clone(), step)
+        })
+        .collect()
+}
+
 impl Recorder<'_> {
     /// One row per RPC kind of what was recorded.
     fn rows(&self, fs: &str, count_period: Option<Duration>) -> Vec<Row> {
+        let steps = smoothed(&self.steps);
         row_names(fs)
             .into_iter()
             .map(|name| {
-                let steps: Vec<Step> = self
-                    .steps
+                let steps: Vec<Step> = steps
                     .iter()
                     .filter(|(row, _)| *row == name)
                     .map(|(_, step)| *step)
                     .collect();
-                summarise(name, &steps, count_period)
+                summarise(name, &steps, count_period, fs)
             })
             .collect()
     }
 }
 
-fn summarise(name: String, steps: &[Step], count_period: Option<Duration>) -> Row {
+fn summarise(name: String, steps: &[Step], count_period: Option<Duration>, fs: &str) -> Row {
     let values = |f: fn(&Step) -> f64| steps.iter().map(f).collect::<Vec<_>>();
     let of = |f: fn(&Step) -> f64| mean(&values(f));
     let node_rpc = steps
@@ -370,6 +441,7 @@ fn summarise(name: String, steps: &[Step], count_period: Option<Duration>) -> Ro
             .map(|s| (s.latency.as_secs_f64() / p.as_secs_f64()).floor())
             .collect()
     });
+    let (ratio, floor) = design_ratio(&name, fs, steps).unzip();
     Row {
         latency: Summary::of(&steps.iter().map(|s| s.latency).collect::<Vec<_>>()),
         dependent_round_trips: rounds.as_ref().map(|r| percentile_of(r, 0.5)),
@@ -396,12 +468,36 @@ fn summarise(name: String, steps: &[Step], count_period: Option<Duration>) -> Ro
         ),
         link_calls: Spread::of(&values(|s| s.node.link_calls)),
         agent_calls: Spread::of(&values(|s| s.agent.served_calls)),
+        ratio,
+        floor,
+        own_ratio: node_rpc.then(|| own_ratio(steps)).flatten(),
         rpc: name,
     }
 }
 
-fn percentile_of(values: &[f64], q: f64) -> f64 {
-    let mut sorted = values.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    percentile(&sorted, q)
+/// Each call's latency against its design floor in the floors sampled
+/// before it, if it has both.
+fn design_ratio(rpc: &str, fs: &str, steps: &[Step]) -> Option<(Paired, String)> {
+    let (grpc, json, what) = design_floor(rpc, fs)?;
+    let (floor, measured): (Vec<f64>, Vec<f64>) = steps
+        .iter()
+        .filter_map(|s| {
+            let f = s.floor?;
+            let floor =
+                f64::from(grpc) * f.grpc.as_secs_f64() + f64::from(json) * f.jsonrpc.as_secs_f64();
+            Some((floor * 1e3, s.latency.as_secs_f64() * 1e3))
+        })
+        .unzip();
+    (!floor.is_empty()).then(|| (Paired::of(&floor, &measured), what))
+}
+
+/// The node's own share of each call against the gRPC floor sampled
+/// before it.
+fn own_ratio(steps: &[Step]) -> Option<Paired> {
+    let (floor, own): (Vec<f64>, Vec<f64>) = steps
+        .iter()
+        .filter(|s| s.node.served_seconds > 0.0)
+        .filter_map(|s| Some((s.floor?.grpc.as_secs_f64() * 1e3, s.node.own_seconds * 1e3)))
+        .unzip();
+    (!floor.is_empty()).then(|| Paired::of(&floor, &own))
 }

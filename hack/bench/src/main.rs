@@ -22,6 +22,12 @@
 //! 9. the emulator's FUSE data path against the direct one: O_DIRECT
 //!    throughput and IOPS of a staged volume's host device (`datapath.rs`).
 //!
+//! Timing targets are ratios against floors sampled in turns with what they
+//! measure (`stats::Paired`), judged only when the run's own spread allows:
+//! a too-noisy run says so (NOISY) instead of passing or failing; the bench
+//! exits non-zero only on a target it could judge and that was missed.
+//! Targets and their thresholds are defined in `report.rs`.
+//!
 //! Stacks, one after the other: a (default emulator) for 1, 2, 3, 6 and 8; b
 //! (poller at 8 ms) for 3 and 6; b2 (poller at 50 ms) to count dependent
 //! round trips; c (an NVMe function for every scale volume) for 4 and 5; d
@@ -42,6 +48,7 @@ mod floors;
 mod latency;
 mod memory;
 mod packed;
+mod probe;
 mod prom;
 mod report;
 mod rounds;
@@ -70,7 +77,7 @@ use crate::stack::{Stack, StackOptions};
 pub struct Args {
     /// Volumes of each kind (block, filesystem) for the latency section,
     /// and of each kind (plain, encrypted) for section 8.
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = 64)]
     pub volumes: usize,
     /// Size of each latency-section volume in MiB (xfs needs 300).
     #[arg(long, default_value_t = 256)]
@@ -228,6 +235,7 @@ async fn run(args: &Args, work: &Work, report: &mut Report) -> anyhow::Result<()
                 args.size_mib,
                 "lat",
                 None,
+                Some(work.dir.path()),
             )
             .await?;
             report.latency = Some(rows);
@@ -326,6 +334,7 @@ async fn run(args: &Args, work: &Work, report: &mut Report) -> anyhow::Result<()
             args.size_mib,
             "count",
             Some(std::time::Duration::from_micros(args.count_period_us)),
+            None,
         )
         .await?;
         report.counted = Some(rows);
@@ -391,6 +400,7 @@ async fn poll_latency(
         args.size_mib,
         "poll",
         None,
+        None,
     )
     .await?
     .into_iter();
@@ -443,11 +453,15 @@ async fn main() -> anyhow::Result<()> {
         _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
         _ = term.recv() => Err(anyhow::anyhow!("terminated")),
     };
-    report.print_targets();
+    let missed = report.print_targets();
     report.save(&args)?;
     if let Err(e) = outcome {
         let kept = work.dir.keep();
         bail!("{e:#}\n(logs kept in {})", kept.display());
+    }
+    // A noisy target is neither: only a miss the run can stand behind fails.
+    if missed > 0 {
+        bail!("{missed} target(s) missed (see the Targets table)");
     }
     Ok(())
 }

@@ -24,7 +24,7 @@ use crate::prom::{Outbound, scrape};
 use crate::report::{Report, Target, print_methods};
 use crate::scale::{self, ByMethod, method_means};
 use crate::stack::{Stack, StackOptions};
-use crate::stats::Summary;
+use crate::stats::{Summary, Verdict};
 use crate::table::{Table, ms};
 use crate::{Args, Work, start, stop};
 
@@ -341,7 +341,7 @@ impl Report {
                     d.volumes, d.placement
                 ),
                 measured: format!("{staged:.1} MiB"),
-                met: staged < RSS_TARGET_MIB,
+                verdict: Verdict::unpaired(staged < RSS_TARGET_MIB),
             });
             // The same bound over their unstage too: a peak is a peak.
             targets.push(Target {
@@ -349,7 +349,7 @@ impl Report {
                     "node peak RSS < {RSS_TARGET_MIB} MiB through staging and unstaging them"
                 ),
                 measured: format!("{all:.1} MiB"),
-                met: all < RSS_TARGET_MIB,
+                verdict: Verdict::unpaired(all < RSS_TARGET_MIB),
             });
         }
         if let Some((trips, live)) = d.trips.as_ref().and_then(|t| Some((t, t.packed_live()?))) {
@@ -362,7 +362,7 @@ impl Report {
                     list(&trips.dedicated_attach),
                     list(&trips.packed_attach[..1])
                 ),
-                met: live <= PACKED_STAGE_TRIPS,
+                verdict: Verdict::of(live <= PACKED_STAGE_TRIPS),
             });
         }
         targets

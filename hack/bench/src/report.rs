@@ -6,42 +6,45 @@ use crate::Args;
 use crate::datapath::DataPath;
 use crate::encryption::Encryption;
 use crate::floors::Floors;
-use crate::latency::Row;
+use crate::latency::{Row, design_round_trips};
 use crate::memory::{Memory, Rss};
 use crate::packed::Density;
 use crate::rpc::Level;
 use crate::scale::{ByMethod, Round, pooled_rate};
 use crate::split::Split;
+use crate::stats::{NOISE, Paired, STEADY_PAIRS, Verdict};
 use crate::table::{Table, ms, num};
 
-/// One design target and whether this run met it.
+/// NodePublish's target: at most this many times its floor (gRPC + create
+/// + bind), by the median of the quotients sampled in turns (section 2).
+const PUBLISH_FLOOR_TIMES: f64 = 1.5;
+/// The node's own share of a node call (its clock minus its outbound calls
+/// and host work: records, sysfs, checks, its gRPC layers) at most this many
+/// empty gRPC round trips sampled just before it (section 1). It replaces
+/// "< 1 ms at p99", an absolute that 32 samples could not hold still.
+const OWN_SHARE_GRPC_TIMES: f64 = 3.0;
+/// A build other than release (CI's `--profile debug`) runs the node's own
+/// Rust unoptimised against floors that are mostly the kernel's: its ratio
+/// targets are this many times looser, so that CI fails on a regression
+/// (a process spawned, a lookup repeated per call) and not on the profile.
+const DEBUG_ALLOWANCE: f64 = 2.0;
+
+/// One design target and whether this run met it, missed it, or was too
+/// noisy to tell.
 #[derive(Debug, Clone, Serialize)]
 pub struct Target {
     pub target: String,
     pub measured: String,
-    pub met: bool,
+    pub verdict: Verdict,
 }
 
-/// An RPC's p50 against the floor of what it must do at the least.
+/// An RPC against the floor of what it must do at the least, sampled in
+/// turns with it.
 #[derive(Debug, Clone, Serialize)]
 pub struct Ratio {
     pub rpc: String,
-    pub p50_ms: f64,
-    pub floor_ms: f64,
     pub floor: String,
-    pub ratio: f64,
-}
-
-/// Dependent SNAP/SPDK round trips the design allows (issue 6): a new NVMe
-/// stage 5, a retry of a staged volume 1, an unstage 4.
-pub fn design_round_trips(rpc: &str) -> Option<u32> {
-    if rpc.starts_with("NodeStage") {
-        Some(if rpc.contains("retry") { 1 } else { 5 })
-    } else if rpc.starts_with("NodeUnstage") {
-        Some(4)
-    } else {
-        None
-    }
+    pub paired: Paired,
 }
 
 #[derive(Debug, Serialize)]
@@ -58,6 +61,7 @@ pub struct Settings {
     pub count_volumes: usize,
     pub sections: Vec<u8>,
     pub cpus: usize,
+    pub profile: String,
 }
 
 #[derive(Debug, Serialize)]
@@ -67,7 +71,10 @@ pub struct Report {
     pub latency: Option<Vec<Row>>,
     /// Section 2.
     pub floors: Option<Floors>,
+    /// Sections 1 and 2: each call against its floor.
     pub ratios: Vec<Ratio>,
+    /// Section 1: the node's own share against the gRPC floor.
+    pub own_shares: Vec<Ratio>,
     /// Section 3: the latency rows again, with the emulator's poller on.
     pub poll: Option<Vec<Row>>,
     /// Section 3: the rows of the counting run (long poll period, each node
@@ -111,10 +118,12 @@ impl Report {
                 count_volumes: args.count_volumes,
                 sections: args.sections.clone(),
                 cpus: std::thread::available_parallelism().map_or(0, |n| n.get()),
+                profile: args.profile.clone(),
             },
             latency: None,
             floors: None,
             ratios: Vec::new(),
+            own_shares: Vec::new(),
             poll: None,
             counted: None,
             scale: None,
@@ -140,7 +149,7 @@ impl Report {
         Ok(())
     }
 
-    pub fn print_latency(&self) {
+    pub fn print_latency(&mut self) {
         let Some(rows) = &self.latency else {
             return;
         };
@@ -163,11 +172,41 @@ impl Report {
             ]);
         }
         table.print();
+        let ratios: Vec<Ratio> = rows
+            .iter()
+            .filter_map(|r| {
+                Some(Ratio {
+                    rpc: r.rpc.clone(),
+                    floor: r.floor.clone()?,
+                    paired: r.ratio?,
+                })
+            })
+            .collect();
+        print_ratios(
+            "Each call against its floor sampled just before it (empty gRPC and JSON-RPC round trips)",
+            &ratios,
+        );
+        let own: Vec<Ratio> = rows
+            .iter()
+            .filter_map(|r| {
+                Some(Ratio {
+                    rpc: r.rpc.clone(),
+                    floor: "1 empty gRPC round trip".into(),
+                    paired: r.own_ratio?,
+                })
+            })
+            .collect();
+        print_ratios(
+            "The node's own share of each node call (its clock minus outbound calls and host work) against the gRPC floor",
+            &own,
+        );
+        self.ratios.extend(ratios);
+        self.own_shares = own;
     }
 
     /// Section 2: the floors, then each RPC as a multiple of its floor.
     pub fn print_floors(&mut self) {
-        let (Some(f), Some(rows)) = (&self.floors, &self.latency) else {
+        let Some(f) = &self.floors else {
             return;
         };
         println!();
@@ -212,91 +251,39 @@ impl Report {
             );
         }
 
-        let (grpc, json) = (f.grpc_empty.p50_ms, f.jsonrpc_round_trip.p50_ms);
         let fs = &self.settings.fs;
-        let mut ratios = Vec::new();
-        let repeated = [
-            ("NodePublish block", f.node_publish_block),
-            (&*format!("NodePublish {fs}"), f.node_publish_fs),
-            ("NodeUnpublish block", f.node_unpublish_block),
-            (&*format!("NodeUnpublish {fs}"), f.node_unpublish_fs),
-        ]
-        .map(|(rpc, s)| (format!("{rpc} (interleaved with the floors)"), s));
-        let rows = rows
-            .iter()
-            .map(|r| (r.rpc.clone(), r.latency))
-            .chain(repeated.iter().filter(|(_, s)| s.samples > 0).cloned())
-            .collect::<Vec<_>>();
-        // First match wins: the block rows before their filesystem twins.
-        let bind_floors = [
+        let ratios = [
             (
-                "NodePublish block",
-                f.publish_file.p50_ms,
+                "NodePublish block".to_string(),
                 "gRPC + create file + bind",
+                f.publish_block_ratio,
             ),
-            ("NodePublish", f.publish_dir.p50_ms, "gRPC + mkdir + bind"),
             (
-                "NodeUnpublish block",
-                f.unpublish_file.p50_ms,
+                format!("NodePublish {fs}"),
+                "gRPC + mkdir + bind",
+                f.publish_fs_ratio,
+            ),
+            (
+                "NodeUnpublish block".to_string(),
                 "gRPC + umount + unlink",
+                f.unpublish_block_ratio,
             ),
             (
-                "NodeUnpublish",
-                f.unpublish_dir.p50_ms,
+                format!("NodeUnpublish {fs}"),
                 "gRPC + umount + rmdir",
+                f.unpublish_fs_ratio,
             ),
-        ];
-        for (rpc, latency) in &rows {
-            let rpc = rpc.as_str();
-            let (floor_ms, floor) = if rpc == "CreateVolume" || rpc == "DeleteVolume" {
-                (
-                    2.0 * grpc,
-                    "2 gRPC (bench -> proxy -> vendor controller)".to_string(),
-                )
-            } else if let Some((_, host_ms, what)) = bind_floors
-                .iter()
-                .find(|(prefix, ..)| rpc.starts_with(prefix))
-            {
-                (grpc + host_ms, what.to_string())
-            } else if let Some(trips) = design_round_trips(rpc) {
-                // The plugin's gRPC hop rides along the first (stage) or
-                // last (unstage) round; each round is one JSON-RPC trip.
-                let mut ms = 2.0 * grpc + f64::from(trips) * json;
-                let mut what = format!("2 gRPC + {trips} JSON-RPC");
-                if rpc == format!("NodeUnstage {fs}") {
-                    ms += f.umount_alone.p50_ms;
-                    what.push_str(" + umount");
-                } else if rpc.contains(fs.as_str()) {
-                    what.push_str(" (mkfs, fsck, mount not included)");
-                }
-                (ms, what)
-            } else {
-                continue;
-            };
-            ratios.push(Ratio {
-                rpc: rpc.to_string(),
-                p50_ms: latency.p50_ms,
-                floor_ms,
-                floor,
-                ratio: latency.p50_ms / floor_ms,
-            });
-        }
-        println!();
-        println!(
-            "   Each RPC's p50 as a multiple of its floor (floor = sum of the p50 floors above)"
+        ]
+        .map(|(rpc, floor, paired)| Ratio {
+            rpc: format!("{rpc} (interleaved with the floors)"),
+            floor: floor.to_string(),
+            paired,
+        });
+        print_ratios(
+            "The node's publish and unpublish against their floors sampled in the same iteration",
+            &ratios,
         );
-        let mut table = Table::new(&["rpc", "p50", "floor", "x floor", "floor is"]);
-        for r in &ratios {
-            table.row(vec![
-                r.rpc.clone(),
-                ms(r.p50_ms),
-                ms(r.floor_ms),
-                format!("{:.1}x", r.ratio),
-                r.floor.clone(),
-            ]);
-        }
-        table.print();
-        self.ratios = ratios;
+        self.ratios.extend(ratios);
     }
 
     /// Section 3: SNAP calls per node RPC, and the poller's effect.
@@ -520,61 +507,80 @@ impl Report {
         table.print();
     }
 
-    /// Checks every target the measured sections speak to, then prints them.
-    pub fn print_targets(&mut self) {
+    /// Checks every target the measured sections speak to, then prints
+    /// them; how many were missed (a noisy one is neither met nor missed).
+    pub fn print_targets(&mut self) -> usize {
         self.targets = self.check_targets();
-        if self.targets.is_empty() {
-            return;
+        let count = |v: Verdict| self.targets.iter().filter(|t| t.verdict == v).count();
+        let (met, missed, noisy) = (
+            count(Verdict::Met),
+            count(Verdict::Missed),
+            count(Verdict::Noisy),
+        );
+        if !self.targets.is_empty() {
+            println!();
+            println!("Targets");
+            let mut table = Table::new(&["target", "measured", "met"]);
+            for t in &self.targets {
+                let verdict = match t.verdict {
+                    Verdict::Met => "yes",
+                    Verdict::Missed => "NO",
+                    Verdict::Noisy => "NOISY: no verdict",
+                    Verdict::Unpaired(true) => "yes (unpaired, not judged)",
+                    Verdict::Unpaired(false) => "no (unpaired, not judged)",
+                };
+                table.row(vec![t.target.clone(), t.measured.clone(), verdict.into()]);
+            }
+            table.print();
+            let unpaired = self.targets.len() - met - missed - noisy;
+            println!(
+                "   {met} met, {missed} missed, {noisy} too noisy to judge, {unpaired} unpaired (shown, not judged)"
+            );
+            if noisy > 0 {
+                println!(
+                    "   NOISY: the run's own spread (+-%, how far another run may put the ratio) is over {:.0}% (or it has\n   fewer than {STEADY_PAIRS} pairs) and the target lies within it: neither met nor missed. Run again on a quieter\n   machine or with more samples.",
+                    NOISE * 100.0
+                );
+            }
         }
-        println!();
-        println!("Targets");
-        let mut table = Table::new(&["target", "measured", "met"]);
-        for t in &self.targets {
-            table.row(vec![
-                t.target.clone(),
-                t.measured.clone(),
-                if t.met { "yes" } else { "NO" }.to_string(),
-            ]);
-        }
-        table.print();
         for line in &self.cleanup {
             println!("cleanup: {line}");
         }
+        missed
     }
 
     fn check_targets(&self) -> Vec<Target> {
         let mut targets = Vec::new();
+        let (allowance, built) = if self.settings.profile == "release" {
+            (1.0, String::new())
+        } else {
+            (
+                DEBUG_ALLOWANCE,
+                format!(" ({} build: x{DEBUG_ALLOWANCE})", self.settings.profile),
+            )
+        };
+        // Only the interleaved rows: section 1's publishes are too few.
         for r in self
             .ratios
             .iter()
-            .filter(|r| r.rpc.starts_with("NodePublish"))
+            .filter(|r| r.rpc.starts_with("NodePublish") && r.rpc.contains("interleaved"))
         {
+            let most = PUBLISH_FLOOR_TIMES * allowance;
             targets.push(Target {
-                target: format!("{} p50 <= 1.5x its floor", r.rpc),
-                measured: format!(
-                    "{:.2}x ({} ms vs {} ms)",
-                    r.ratio,
-                    ms(r.p50_ms),
-                    ms(r.floor_ms)
-                ),
-                met: r.ratio <= 1.5,
+                target: format!("{}: <= {most}x its floor{built}", r.rpc),
+                measured: shown(&r.paired),
+                verdict: r.paired.at_most(most),
             });
         }
-        // The driver's own share of every node RPC (host work subtracted).
-        for row in self
-            .latency
-            .iter()
-            .flatten()
-            .filter(|r| r.rpc.starts_with("Node"))
-        {
+        for r in &self.own_shares {
+            let most = OWN_SHARE_GRPC_TIMES * allowance;
             targets.push(Target {
-                target: format!("{}: node's own share < 1 ms at p99", row.rpc),
-                measured: format!(
-                    "{} ms (p50 {})",
-                    ms(row.node_outside_calls.p99_ms),
-                    ms(row.node_outside_calls.p50_ms)
+                target: format!(
+                    "{}: node's own share <= {most}x an empty gRPC round trip{built}",
+                    r.rpc
                 ),
-                met: row.node_outside_calls.p99_ms < 1.0,
+                measured: shown(&r.paired),
+                verdict: r.paired.at_most(most),
             });
         }
         for (rounds, how) in [(&self.scale, ""), (&self.scale_poll, ", poller on")] {
@@ -586,12 +592,12 @@ impl Report {
                         "concurrency 64 >= 1.8x the throughput of concurrency 1 (block{how})"
                     ),
                     measured: format!("{:.2}x ({many:.1} vs {one:.1} volumes/s)", many / one),
-                    met: many >= 1.8 * one,
+                    verdict: Verdict::unpaired(many >= 1.8 * one),
                 });
                 targets.push(Target {
                     target: format!("concurrency 64 never slower than concurrency 8{how}"),
                     measured: format!("{many:.1} vs {eight:.1} volumes/s"),
-                    met: many >= eight,
+                    verdict: Verdict::unpaired(many >= eight),
                 });
             }
         }
@@ -602,7 +608,7 @@ impl Report {
                     m.staged_volumes
                 ),
                 measured: format!("{:.1} MiB", m.node_staged.peak_mib),
-                met: m.node_staged.peak_mib < 20.0,
+                verdict: Verdict::unpaired(m.node_staged.peak_mib < 20.0),
             });
             targets.extend(restart_target("node", m));
         }
@@ -616,7 +622,7 @@ impl Report {
                     "{:.2}x ({:.0} vs {:.0} calls/s)",
                     l.ratio, l.client_per_s, l.raw_per_s
                 ),
-                met: l.ratio >= 0.8,
+                verdict: Verdict::unpaired(l.ratio >= 0.8),
             });
         }
         for l in self.jsonrpc_poll.iter().flatten() {
@@ -629,7 +635,7 @@ impl Report {
                     "{:.2}x ({:.0} vs {:.0} calls/s)",
                     l.ratio, l.client_per_s, l.raw_per_s
                 ),
-                met: l.ratio >= 0.8,
+                verdict: Verdict::unpaired(l.ratio >= 0.8),
             });
         }
         if let Some(on) = &self.counted {
@@ -669,7 +675,16 @@ impl Report {
                                 self.settings.poll_period_us
                             ))
                     ),
-                    met: trips <= f64::from(budget),
+                    // floor(latency / period) can only count too many (host
+                    // work or a descheduled call past a period, under load),
+                    // never too few: within budget proves the target, over
+                    // it proves nothing (the emulator's exact counts of
+                    // sections 7 and 8 do).
+                    verdict: if trips <= f64::from(budget) {
+                        Verdict::Met
+                    } else {
+                        Verdict::Noisy
+                    },
                 });
             }
         }
@@ -678,6 +693,59 @@ impl Report {
         targets.extend(self.encryption_targets());
         targets
     }
+}
+
+/// "1.23x (+-4%; 0.81 ms vs 0.66 ms p50, 500 pairs)".
+fn shown(p: &Paired) -> String {
+    format!(
+        "{}; {} ms vs {} ms p50, {} pairs",
+        p.show(),
+        ms(p.measured_p50_ms),
+        ms(p.floor_p50_ms),
+        p.pairs
+    )
+}
+
+/// Ratios as a table: the median quotient, its 95% interval, and how far
+/// another run may put it.
+fn print_ratios(title: &str, ratios: &[Ratio]) {
+    if ratios.is_empty() {
+        return;
+    }
+    println!();
+    println!("   {title}");
+    let mut table = Table::new(&[
+        "rpc",
+        "pairs",
+        "p50",
+        "floor p50",
+        "x floor",
+        "95% in",
+        "run to run",
+        "floor is",
+    ]);
+    for r in ratios {
+        let p = &r.paired;
+        table.row(vec![
+            r.rpc.clone(),
+            p.pairs.to_string(),
+            ms(p.measured_p50_ms),
+            ms(p.floor_p50_ms),
+            format!("{:.2}x", p.ratio),
+            format!("{:.2}-{:.2}", p.low, p.high),
+            format!(
+                "+-{:.0}%{}",
+                (p.run_to_run() * 100.0).min(999.0),
+                if p.steady() { "" } else { " noisy" }
+            ),
+            r.floor.clone(),
+        ]);
+    }
+    table.print();
+    println!(
+        "   (x floor: the median of each call divided by its own floor sample; 95% in: that median's interval (order\n    statistics); run to run: how far another run may put it, the interval's half-width x sqrt 2; over {:.0}%, or\n    fewer than {STEADY_PAIRS} pairs, is noisy)",
+        NOISE * 100.0
+    );
 }
 
 /// The target on the restarted `node`'s time to ready, when `m` measured a restart.
@@ -689,7 +757,7 @@ pub fn restart_target(node: &str, m: &Memory) -> Option<Target> {
             m.staged_volumes
         ),
         measured: format!("{} ms", ms(ready)),
-        met: ready <= 300.0,
+        verdict: Verdict::unpaired(ready <= 300.0),
     })
 }
 

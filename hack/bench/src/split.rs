@@ -21,7 +21,7 @@ use crate::prom::{Outbound, scrape};
 use crate::report::{Report, Target, print_memory_table, print_rounds, restart_target};
 use crate::scale::{Round, levels, pooled_rate};
 use crate::stack::Stack;
-use crate::stats::{Spread, mean};
+use crate::stats::{Spread, Verdict, mean};
 use crate::table::{Table, ms, num};
 
 /// Split mode's figures; each one's co-located counterpart is the
@@ -213,7 +213,7 @@ impl Report {
                         ms(row.latency.p50_ms),
                         ms(base.latency.p50_ms)
                     ),
-                    met: ratio <= 1.1,
+                    verdict: Verdict::unpaired(ratio <= 1.1),
                 });
             }
             for (kind, budget) in LINK_BUDGETS {
@@ -235,10 +235,12 @@ impl Report {
                         range(node.0, node.1),
                         range(agent.0, agent.1)
                     ),
-                    met: calls > 0
-                        && [node.0, node.1, agent.0, agent.1]
-                            .iter()
-                            .all(|&n| n == budget),
+                    verdict: Verdict::of(
+                        calls > 0
+                            && [node.0, node.1, agent.0, agent.1]
+                                .iter()
+                                .all(|&n| n == budget),
+                    ),
                 });
             }
         }
@@ -262,7 +264,7 @@ impl Report {
                     num(h.node),
                     num(h.link_calls)
                 ),
-                met: h.agent == 1.0 && h.node == 1.0,
+                verdict: Verdict::of(h.agent == 1.0 && h.node == 1.0),
             });
         }
         for (base, rounds, how) in [
@@ -280,7 +282,7 @@ impl Report {
                         self.settings.scale_volumes
                     ),
                     measured: format!("{ratio:.2}x ({split:.1} vs {colocated:.1} volumes/s)"),
-                    met: ratio >= 0.9,
+                    verdict: Verdict::unpaired(ratio >= 0.9),
                 });
             }
         }
@@ -292,7 +294,7 @@ impl Report {
                         m.staged_volumes
                     ),
                     measured: format!("{:.1} MiB", agent.peak_mib),
-                    met: agent.peak_mib < 20.0,
+                    verdict: Verdict::unpaired(agent.peak_mib < 20.0),
                 });
             }
             targets.extend(restart_target("split node", m));

@@ -43,6 +43,130 @@ impl Summary {
     }
 }
 
+/// A time against its floor, sampled in turns (floor, measured, floor,
+/// measured, ...): each measured sample is divided by the floor sample
+/// taken just before it, so that load from outside the bench (other builds
+/// on the same cores) falls on both sides of each quotient alike.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct Paired {
+    pub pairs: usize,
+    /// The median quotient.
+    pub ratio: f64,
+    /// A distribution-free 95% confidence interval of that median: the
+    /// quotients at the ranks the binomial distribution gives (order
+    /// statistics; no assumption about the shape of the distribution).
+    pub low: f64,
+    pub high: f64,
+    pub measured_p50_ms: f64,
+    pub floor_p50_ms: f64,
+}
+
+/// A run whose ratios could move more than this from one run to the next
+/// (see [`Paired::run_to_run`]) is too noisy to judge a target by its
+/// median alone.
+pub const NOISE: f64 = 0.10;
+
+/// Fewer pairs than this never count as steady: the interval of a median
+/// of n samples covers it with probability 1 - 2^(1-n) at best (the whole
+/// range; 97% at 6), so a few close quotients say nothing about the next run.
+pub const STEADY_PAIRS: usize = 8;
+
+impl Paired {
+    /// `floor[i]` is the floor sample taken just before `measured[i]`.
+    pub fn of(floor_ms: &[f64], measured_ms: &[f64]) -> Paired {
+        let mut quotients: Vec<f64> = floor_ms
+            .iter()
+            .zip(measured_ms)
+            .filter(|(floor, _)| **floor > 0.0)
+            .map(|(floor, measured)| measured / floor)
+            .collect();
+        if quotients.is_empty() {
+            return Paired::default();
+        }
+        quotients.sort_by(f64::total_cmp);
+        let n = quotients.len();
+        // Ranks n/2 -+ 1.96 * sqrt(n)/2 (the normal approximation of the
+        // binomial), 1-based, widened outward and clamped to the samples.
+        let half = 0.98 * (n as f64).sqrt();
+        let low = ((n as f64 / 2.0 - half).floor() as usize).max(1);
+        let high = ((n as f64 / 2.0 + half).ceil() as usize + 1).min(n);
+        Paired {
+            pairs: n,
+            ratio: percentile(&quotients, 0.5),
+            low: quotients[low - 1],
+            high: quotients[high - 1],
+            measured_p50_ms: percentile_of(measured_ms, 0.5),
+            floor_p50_ms: percentile_of(floor_ms, 0.5),
+        }
+    }
+
+    /// How far another run like this one may put the ratio, relative (95%):
+    /// two medians each within +-h of the truth differ by up to h * sqrt(2).
+    pub fn run_to_run(&self) -> f64 {
+        if self.ratio <= 0.0 {
+            return f64::INFINITY;
+        }
+        (self.high - self.low) / 2.0 * std::f64::consts::SQRT_2 / self.ratio
+    }
+
+    /// Whether the run is steady enough to judge by the median alone.
+    pub fn steady(&self) -> bool {
+        self.pairs >= STEADY_PAIRS && self.run_to_run() <= NOISE
+    }
+
+    /// Whether this run can say if the ratio is at most `most`: by the
+    /// median while the run is [steady](Self::steady); otherwise only when
+    /// the whole interval is on one side of it.
+    pub fn at_most(&self, most: f64) -> Verdict {
+        if self.pairs == 0 {
+            Verdict::Noisy
+        } else if self.steady() {
+            Verdict::of(self.ratio <= most)
+        } else if self.high <= most {
+            Verdict::Met
+        } else if self.low > most {
+            Verdict::Missed
+        } else {
+            Verdict::Noisy
+        }
+    }
+
+    /// "1.23x (+-4%)": the ratio and how far another run may put it.
+    pub fn show(&self) -> String {
+        format!(
+            "{:.2}x (+-{:.0}%)",
+            self.ratio,
+            (self.run_to_run() * 100.0).min(999.0)
+        )
+    }
+}
+
+/// Whether a run met a target, missed it, or was too noisy to tell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Verdict {
+    Met,
+    Missed,
+    /// Neither: the run's own spread is over [`NOISE`] and its interval
+    /// straddles the target. Not a pass, not a failure.
+    Noisy,
+    /// A figure not sampled in turns with a floor (throughput at two
+    /// concurrencies, memory, a restart): whether it met its target, shown
+    /// but not judged, since the run cannot tell its noise.
+    Unpaired(bool),
+}
+
+impl Verdict {
+    /// An exact count's verdict (round trips, link calls): no noise.
+    pub fn of(met: bool) -> Verdict {
+        if met { Verdict::Met } else { Verdict::Missed }
+    }
+
+    pub fn unpaired(met: bool) -> Verdict {
+        Verdict::Unpaired(met)
+    }
+}
+
 /// The least, the mean and the most of a count taken once per call.
 #[derive(Debug, Clone, Copy, Default, Serialize)]
 pub struct Spread {
@@ -70,6 +194,13 @@ pub fn percentile(sorted: &[f64], q: f64) -> f64 {
     sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
+/// Nearest-rank percentile of unsorted values.
+pub fn percentile_of(values: &[f64], q: f64) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    percentile(&sorted, q)
+}
+
 /// The mean of `values`, 0 for none.
 pub fn mean(values: &[f64]) -> f64 {
     if values.is_empty() {
@@ -93,6 +224,40 @@ mod tests {
             (s.p50_ms, s.p99_ms, s.min_ms, s.max_ms),
             (2.0, 3.0, 1.0, 3.0)
         );
+    }
+
+    #[test]
+    fn a_ratio_is_judged_by_its_median_only_when_the_run_is_steady() {
+        // Floors that wander 4x with the load, a measured side that moves
+        // with them: every quotient is 1.4, and so is the verdict.
+        let floor: Vec<f64> = (0..400).map(|i| 1.0 + f64::from(i % 4)).collect();
+        let steady: Vec<f64> = floor.iter().map(|f| 1.4 * f).collect();
+        let p = Paired::of(&floor, &steady);
+        assert_eq!((p.pairs, p.ratio, p.low, p.high), (400, 1.4, 1.4, 1.4));
+        assert_eq!(p.at_most(1.5), Verdict::Met);
+        assert_eq!(p.at_most(1.3), Verdict::Missed);
+
+        // Quotients spread 1..2 evenly: the median 1.5 is known to about
+        // +-0.05 on 400 pairs (run to run +-7%), to +-0.25 on 16.
+        let spread = |n: usize| -> Paired {
+            let q: Vec<f64> = (0..n).map(|i| 1.0 + i as f64 / n as f64).collect();
+            Paired::of(&vec![1.0; n], &q)
+        };
+        let many = spread(400);
+        assert!(many.run_to_run() < NOISE, "{many:?}");
+        assert_eq!(many.at_most(1.45), Verdict::Missed);
+        let few = spread(16);
+        assert!(few.run_to_run() > NOISE, "{few:?}");
+        assert_eq!(few.at_most(1.5), Verdict::Noisy, "{few:?}");
+        // Too noisy for the median, yet on one side of it whole.
+        assert_eq!(few.at_most(2.5), Verdict::Met);
+        assert_eq!(few.at_most(0.9), Verdict::Missed);
+        // Nothing measured is no pass; two close pairs are no steady run.
+        assert_eq!(Paired::of(&[], &[]).at_most(10.0), Verdict::Noisy);
+        let two = Paired::of(&[1.0, 1.0], &[1.50, 1.51]);
+        assert!(!two.steady() && two.run_to_run() < NOISE, "{two:?}");
+        assert_eq!(two.at_most(1.505), Verdict::Noisy);
+        assert_eq!(two.at_most(1.6), Verdict::Met);
     }
 
     #[test]
