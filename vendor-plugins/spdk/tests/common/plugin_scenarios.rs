@@ -63,6 +63,12 @@ macro_rules! plugin_scenario_tests {
     (check, $source:expr) => {
         $crate::plugin_scenario_tests!(@each $source, the_sample_plugin_passes_plugin_check,);
     };
+    (check_fs, $source:expr) => {
+        $crate::plugin_scenario_tests!(
+            @each $source,
+            plugin_check_judges_block_only_fs_only_and_both,
+        );
+    };
     (@each $source:expr, $($scenario:ident,)+) => {
         $(
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -585,6 +591,7 @@ pub async fn the_sample_plugin_passes_plugin_check(source: &Source) {
             (BACKEND_KEY.to_string(), AIO.to_string()),
             (PATH_KEY.to_string(), file.display().to_string()),
         ]),
+        fs_volume_context: HashMap::new(),
         timeout: Duration::from_secs(30),
     };
     let report = plugin_check::run(&config, &mut |result| println!("{result}"))
@@ -806,4 +813,59 @@ pub async fn fs_requests_it_cannot_serve_are_refused_and_create_nothing(source: 
     assert!(snap.fsdevs().await.is_empty());
     assert!(snap.bdevs().await.is_empty());
     assert!(plugin.list_all(0).await.is_empty());
+}
+
+/// plugin-check on the sample plugin making block devices only, filesystem
+/// devices only, and both: every check that applies passes, `fs-device` runs
+/// exactly where filesystem devices are advertised, `unoffered-kind-refused`
+/// where one kind is, and nothing is left behind.
+pub async fn plugin_check_judges_block_only_fs_only_and_both(source: &Source) {
+    let snap = source.snap().await;
+    let (share, fs_only) = share(&snap, false);
+    let both = Devices {
+        block: true,
+        ..fs_only.clone()
+    };
+    let file = snap.file("check.img");
+    let dir = volume_dir(&share, "check");
+    let block_context = aio_context(&file);
+    let cases = [
+        (Devices::default(), block_context.clone(), HashMap::new()),
+        // A plugin of one kind: --volume-context serves it.
+        (fs_only, fs_context(&dir), HashMap::new()),
+        (both, block_context, fs_context(&dir)),
+    ];
+    for (devices, volume_context, fs_volume_context) in cases {
+        let plugin = Plugin::start_making(snap.socket(), devices.clone()).await;
+        let config = plugin_check::Config {
+            socket: plugin.socket.clone(),
+            volume_context,
+            fs_volume_context,
+            timeout: Duration::from_secs(30),
+        };
+        let report = plugin_check::run(&config, &mut |result| println!("{result}"))
+            .await
+            .unwrap();
+        assert_eq!(report.failed(), 0, "{devices:?}\n{report}");
+        let passed = report.names(Verdict::Pass);
+        let fs = devices.fs_share.is_some();
+        assert_eq!(
+            passed.contains(&plugin_check::checks::FS_DEVICE),
+            fs,
+            "{devices:?}\n{report}"
+        );
+        assert_eq!(
+            passed.contains(&plugin_check::checks::CREATE_DEVICE),
+            devices.block,
+            "{devices:?}\n{report}"
+        );
+        assert_eq!(
+            passed.contains(&plugin_check::checks::UNOFFERED_KIND_REFUSED),
+            !(fs && devices.block),
+            "{devices:?}\n{report}"
+        );
+        assert!(passed.contains(&plugin_check::checks::DELETE_DEVICE_ABSENT));
+        assert!(snap.fsdevs().await.is_empty(), "{devices:?}");
+        assert!(snap.bdevs().await.is_empty(), "{devices:?}");
+    }
 }
