@@ -24,18 +24,20 @@ const ALL_CAPABILITIES: [Capability; 3] = [
     Capability::ListDevices,
 ];
 
-/// The checks that SKIP on a plugin advertising every capability: they
-/// only judge what is not advertised.
-const UNADVERTISED_ONLY: [&str; 3] = [
+/// The checks that SKIP on a plugin advertising every capability of block
+/// devices: they only judge what is not advertised (filesystem devices too).
+const UNADVERTISED_ONLY: [&str; 4] = [
     checks::CREATE_DELETE_UNIMPLEMENTED,
     checks::GET_DEVICE_UNIMPLEMENTED,
     checks::LIST_DEVICES_UNIMPLEMENTED,
+    checks::FS_DEVICE,
 ];
 
 async fn check(socket: &Path, volume_context: HashMap<String, String>) -> Report {
     let config = Config {
         socket: socket.to_path_buf(),
         volume_context,
+        fs_volume_context: HashMap::new(),
         timeout: TIMEOUT,
     };
     let mut printed = Vec::new();
@@ -116,6 +118,8 @@ async fn a_correct_plugin_passes_whatever_it_advertises() {
                 checks::DELETE_DEVICE_IDEMPOTENT,
                 checks::GET_DEVICE_AFTER_DELETE,
                 checks::LIST_DEVICES_AFTER_DELETE,
+                checks::FS_DEVICE,
+                checks::UNOFFERED_KIND_REFUSED,
                 checks::CLEANUP,
             ],
         ),
@@ -130,6 +134,7 @@ async fn a_correct_plugin_passes_whatever_it_advertises() {
                 checks::LIST_DEVICES_PAGING,
                 checks::GET_DEVICE_AFTER_DELETE,
                 checks::LIST_DEVICES_AFTER_DELETE,
+                checks::FS_DEVICE,
                 // Nothing left: the paging devices were never made.
                 checks::CLEANUP,
             ],
@@ -142,6 +147,7 @@ async fn a_correct_plugin_passes_whatever_it_advertises() {
                 checks::GET_DEVICE_NOT_FOUND,
                 checks::GET_DEVICE,
                 checks::GET_DEVICE_AFTER_DELETE,
+                checks::FS_DEVICE,
             ],
         ),
     ];

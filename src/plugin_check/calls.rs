@@ -13,17 +13,31 @@ use crate::proto::nvidia::storage::plugins::v1 as api;
 use api::storage_plugin_service_capability::rpc::Type as Capability;
 
 impl Checker<'_> {
+    /// CreateDevice of a block device.
     pub(super) async fn call_create(
         &self,
         volume_id: &str,
         deadline: Instant,
     ) -> Result<api::CreateDeviceResponse, Status> {
+        let context = &self.config.volume_context;
+        self.call_create_as(volume_id, VOLUME_MODE_BLOCK, context, deadline)
+            .await
+    }
+
+    /// CreateDevice with `volume_mode` `mode` and `volume_context` `context`.
+    pub(super) async fn call_create_as(
+        &self,
+        volume_id: &str,
+        mode: &str,
+        context: &HashMap<String, String>,
+        deadline: Instant,
+    ) -> Result<api::CreateDeviceResponse, Status> {
         let request = api::CreateDeviceRequest {
             volume_id: volume_id.to_string(),
             access_modes: vec![api::AccessMode::Rwo as i32],
-            volume_mode: VOLUME_MODE_BLOCK.to_string(),
+            volume_mode: mode.to_string(),
             publish_context: HashMap::new(),
-            volume_context: self.config.volume_context.clone(),
+            volume_context: context.clone(),
             storage_parameters: HashMap::new(),
         };
         let mut c = self.storage.clone();

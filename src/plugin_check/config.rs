@@ -16,8 +16,22 @@ pub struct Config {
     /// The volume_context CreateDevice gets; the plugin needs it to find the
     /// storage (e.g. `backend=aio`, `path=/tmp/x.img`).
     pub volume_context: HashMap<String, String>,
+    /// The volume_context of a filesystem device (volume_mode "Filesystem");
+    /// empty: [`Config::volume_context`] serves it too.
+    pub fs_volume_context: HashMap<String, String>,
     /// How long each check may take, all its calls together.
     pub timeout: Duration,
+}
+
+impl Config {
+    /// What a filesystem device's CreateDevice gets.
+    pub(super) fn fs_context(&self) -> &HashMap<String, String> {
+        if self.fs_volume_context.is_empty() {
+            &self.volume_context
+        } else {
+            &self.fs_volume_context
+        }
+    }
 }
 
 /// A run that could not start.
@@ -38,6 +52,10 @@ pub struct PluginCheckArgs {
     /// A volume_context entry the plugin needs to create a device; repeat for more.
     #[arg(long = "volume-context", value_name = "KEY=VALUE", value_parser = parse_key_value)]
     pub volume_context: Vec<(String, String)>,
+    /// A volume_context entry for a filesystem device (volume_mode
+    /// "Filesystem"), when it needs another than --volume-context's; repeat for more.
+    #[arg(long = "fs-volume-context", value_name = "KEY=VALUE", value_parser = parse_key_value)]
+    pub fs_volume_context: Vec<(String, String)>,
     /// Seconds each check may take, all its calls together.
     #[arg(long, default_value_t = 30.0)]
     pub timeout: f64,
@@ -56,20 +74,24 @@ impl PluginCheckArgs {
                     crate::settings::MAX_SECONDS
                 ))
             })?;
-        let mut volume_context = HashMap::new();
-        for (key, value) in &self.volume_context {
-            if volume_context.insert(key.clone(), value.clone()).is_some() {
-                return Err(CheckError::Usage(format!(
-                    "--volume-context {key} is given twice"
-                )));
-            }
-        }
         Ok(Config {
             socket,
-            volume_context,
+            volume_context: context("--volume-context", &self.volume_context)?,
+            fs_volume_context: context("--fs-volume-context", &self.fs_volume_context)?,
             timeout,
         })
     }
+}
+
+/// The entries of a repeated `flag`, each key once.
+fn context(flag: &str, pairs: &[(String, String)]) -> Result<HashMap<String, String>, CheckError> {
+    let mut context = HashMap::new();
+    for (key, value) in pairs {
+        if context.insert(key.clone(), value.clone()).is_some() {
+            return Err(CheckError::Usage(format!("{flag} {key} is given twice")));
+        }
+    }
+    Ok(context)
 }
 
 /// The subcommand: prints each result as it comes, then the summary; exits 1
@@ -155,9 +177,20 @@ mod tests {
         let args = PluginCheckArgs {
             endpoint: "unix:///x.sock".into(),
             volume_context: vec![("a".into(), "1".into()), ("a".into(), "2".into())],
+            fs_volume_context: vec![],
             timeout: 5.0,
         };
         assert!(matches!(args.resolve(), Err(CheckError::Usage(_))));
+        let args = PluginCheckArgs {
+            endpoint: "unix:///x.sock".into(),
+            volume_context: vec![],
+            fs_volume_context: vec![("a".into(), "1".into()), ("a".into(), "2".into())],
+            timeout: 5.0,
+        };
+        match args.resolve() {
+            Err(CheckError::Usage(why)) => assert!(why.contains("--fs-volume-context a"), "{why}"),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]
@@ -166,6 +199,7 @@ mod tests {
             let args = PluginCheckArgs {
                 endpoint: "unix:///x.sock".into(),
                 volume_context: vec![],
+                fs_volume_context: vec![],
                 timeout,
             };
             assert!(

@@ -13,12 +13,17 @@
 //!
 //! What it does not prove: behaviour under concurrent calls, a retry after a
 //! call that timed out half-way (its idempotency checks repeat calls that
-//! completed), filesystem devices (it asks for block devices, as snap-csi
-//! does), and that the device is usable inside SNAP.
+//! completed), and that the device is usable inside SNAP.
+//!
+//! Each kind of device the plugin advertises is checked: block devices
+//! (CREATE_DELETE_BLOCK_DEVICE, volume_mode "Block") by the device checks,
+//! filesystem devices (CREATE_DELETE_FS_DEVICE, volume_mode "Filesystem") by
+//! `fs-device`; a plugin of one kind must refuse a CreateDevice of the other.
 
 mod calls;
 mod config;
 mod device;
+mod filesystem;
 mod identity;
 mod listing;
 mod report;
@@ -62,9 +67,11 @@ pub mod checks {
     pub const DELETE_DEVICE_IDEMPOTENT: &str = "delete-device-idempotent";
     pub const GET_DEVICE_AFTER_DELETE: &str = "get-device-after-delete";
     pub const LIST_DEVICES_AFTER_DELETE: &str = "list-devices-after-delete";
+    pub const FS_DEVICE: &str = "fs-device";
+    pub const UNOFFERED_KIND_REFUSED: &str = "unoffered-kind-refused";
     pub const CLEANUP: &str = "cleanup";
 
-    pub const ALL: [&str; 20] = [
+    pub const ALL: [&str; 22] = [
         PLUGIN_INFO,
         PROBE,
         CAPABILITIES,
@@ -84,6 +91,8 @@ pub mod checks {
         DELETE_DEVICE_IDEMPOTENT,
         GET_DEVICE_AFTER_DELETE,
         LIST_DEVICES_AFTER_DELETE,
+        FS_DEVICE,
+        UNOFFERED_KIND_REFUSED,
         CLEANUP,
     ];
 }
@@ -211,12 +220,15 @@ impl Checker<'_> {
         self.list_devices_unimplemented(advertised).await;
 
         let no_block = lacking(advertised, Capability::CreateDeleteBlockDevice);
+        let no_fs = lacking(advertised, Capability::CreateDeleteFsDevice);
+        // DeleteDevice is implemented by a plugin of either kind.
+        let no_delete = no_block.clone().filter(|_| no_fs.is_some());
         let no_stats = lacking(advertised, Capability::GetDeviceStats);
         let no_list = lacking(advertised, Capability::ListDevices);
         if self.may_run(checks::GET_DEVICE_NOT_FOUND, &no_stats) {
             self.get_device_not_found().await;
         }
-        if self.may_run(checks::DELETE_DEVICE_ABSENT, &no_block) {
+        if self.may_run(checks::DELETE_DEVICE_ABSENT, &no_delete) {
             self.delete_device_absent().await;
         }
         if self.may_run(checks::LIST_DEVICES_BAD_TOKEN, &no_list) {
@@ -240,6 +252,10 @@ impl Checker<'_> {
                 }
             }
         }
+        if self.may_run(checks::FS_DEVICE, &no_fs) {
+            self.fs_device(&no_stats).await;
+        }
+        self.unoffered_kind_refused(advertised).await;
         self.cleanup().await;
     }
 

@@ -34,3 +34,8 @@ pub const LIST: &str = "A Storage vendor plugin must implement this API if it ha
     that it knows about.";
 pub const LIST_ABORTED: &str = "Return codes: [...] 10 ABORTED Indicates that starting_token \
     is not valid";
+pub const CREATE_UNABLE: &str = "If the plugin is unable to complete the CreateDevice call \
+    successfully, it MUST return a non-ok gRPC code in the gRPC status.";
+pub const CAPABILITY_KINDS: &str = "StoragePluginGetCapabilities answers \
+    CREATE_DELETE_BLOCK_DEVICE and/or CREATE_DELETE_FS_DEVICE; CreateDevice carries \
+    volume_mode.";

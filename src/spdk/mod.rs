@@ -10,6 +10,7 @@
 pub mod accel;
 pub mod app;
 pub mod bdev;
+pub mod fsdev;
 pub mod lvol;
 pub mod nvme;
 pub mod nvmf;

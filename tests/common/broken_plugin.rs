@@ -152,7 +152,15 @@ impl StoragePluginService for Broken {
         request: Request<api::CreateDeviceRequest>,
     ) -> Result<Response<api::CreateDeviceResponse>, Status> {
         self.gate(Capability::CreateDeleteBlockDevice, "CreateDevice")?;
-        let volume_id = request.into_inner().volume_id;
+        let request = request.into_inner();
+        // It makes block devices only, as it advertises.
+        if request.volume_mode != "Block" {
+            return Err(Status::failed_precondition(format!(
+                "volume_mode {:?}: this plugin makes block devices only",
+                request.volume_mode
+            )));
+        }
+        let volume_id = request.volume_id;
         let mut devices = self.devices.lock().unwrap();
         let existing = devices
             .by_name

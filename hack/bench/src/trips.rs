@@ -94,6 +94,7 @@ impl Rig {
                 call_timeout: CALL_DEADLINE,
                 // No background calls among the round trips counted.
                 aio_follow_period: Duration::ZERO,
+                devices: Default::default(),
             },
             csi: None,
             metrics_address: None,

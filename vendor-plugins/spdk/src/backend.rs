@@ -1,4 +1,5 @@
-//! What a volume's `volume_context` says about where its bytes are.
+//! What a volume's `volume_context` says about where its bytes are, and
+//! which kinds of device a plugin is configured to make.
 //!
 //! The CSI controller writes these keys when it creates the volume, so they
 //! are fixed for the volume's life. Keys we do not know are ignored: the
@@ -8,15 +9,20 @@
 //! request passes these checks.
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 
-/// Chooses the backend: [`AIO`] or [`NVMF`].
+/// Chooses the backend: [`AIO`], [`NVMF`] or [`FS`].
 pub const BACKEND_KEY: &str = "backend";
 /// A file or block device on the DPU behind an SPDK AIO bdev.
 pub const AIO: &str = "aio";
 /// A remote NVMe-oF subsystem attached by SPDK's NVMe bdev module.
 pub const NVMF: &str = "nvmf";
+/// A directory tree in the DPU's share served by an SPDK aio fsdev, which
+/// SNAP exposes to hosts as virtio-fs: a filesystem device.
+pub const FS: &str = "fs";
 
 /// AIO: the absolute path of the file or block device, as SNAP sees it.
+/// FS: the absolute path of the volume's directory, inside the share.
 pub const PATH_KEY: &str = "path";
 
 /// NVMe-oF: the transport (`tcp`, `rdma`, `fc`).
@@ -33,7 +39,7 @@ pub const SUBNQN_KEY: &str = "subnqn";
 pub const HOSTNQN_KEY: &str = "hostnqn";
 
 /// Every backend, as GetPluginInfo's manifest lists them.
-pub const BACKENDS: [&str; 2] = [AIO, NVMF];
+pub const BACKENDS: [&str; 3] = [AIO, NVMF, FS];
 
 /// SPDK's limits (`SPDK_NVMF_TRADDR_MAX_LEN`, `..._TRSVCID_MAX_LEN`, `..._NQN_MAX_LEN`).
 const TRADDR_MAX: usize = 256;
@@ -47,16 +53,74 @@ const PATH_MAX: usize = 4095;
 pub enum Kind {
     Aio,
     Nvmf,
+    Fs,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 2] = [Kind::Aio, Kind::Nvmf];
+    pub const ALL: [Kind; 3] = [Kind::Aio, Kind::Nvmf, Kind::Fs];
 
     /// The value of [`BACKEND_KEY`] that selects this kind.
     pub fn as_str(self) -> &'static str {
         match self {
             Kind::Aio => AIO,
             Kind::Nvmf => NVMF,
+            Kind::Fs => FS,
+        }
+    }
+
+    /// Whether its device is a block device (an SPDK bdev); else it is a
+    /// filesystem device (an SPDK fsdev).
+    pub fn is_block(self) -> bool {
+        self != Kind::Fs
+    }
+
+    /// The plugin API's `volume_mode` of its devices.
+    pub fn volume_mode(self) -> &'static str {
+        if self.is_block() {
+            VOLUME_MODE_BLOCK
+        } else {
+            VOLUME_MODE_FILESYSTEM
+        }
+    }
+}
+
+/// `volume_mode` of a block device (an SPDK bdev).
+pub const VOLUME_MODE_BLOCK: &str = "Block";
+/// `volume_mode` of a filesystem device (an SPDK fsdev).
+pub const VOLUME_MODE_FILESYSTEM: &str = "Filesystem";
+
+/// The kinds of device a plugin makes, and so advertises and accepts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Devices {
+    /// Block devices: AIO and NVMe-oF bdevs.
+    pub block: bool,
+    /// Filesystem devices, when set: every volume's directory must lie
+    /// inside this share (absolute, as SNAP sees it), so that a volume
+    /// context cannot hand a host any other directory of the DPU.
+    pub fs_share: Option<PathBuf>,
+}
+
+impl Default for Devices {
+    /// Block devices only, as before filesystem devices existed.
+    fn default() -> Devices {
+        Devices {
+            block: true,
+            fs_share: None,
+        }
+    }
+}
+
+impl Devices {
+    /// The backends these devices come from, in [`Kind::ALL`]'s order.
+    pub fn kinds(&self) -> Vec<Kind> {
+        Kind::ALL.into_iter().filter(|k| self.serves(*k)).collect()
+    }
+
+    pub fn serves(&self, kind: Kind) -> bool {
+        if kind.is_block() {
+            self.block
+        } else {
+            self.fs_share.is_some()
         }
     }
 }
@@ -66,6 +130,7 @@ impl Kind {
 pub enum Backend {
     Aio { path: String },
     Nvmf(NvmfTarget),
+    Fs { root: String },
 }
 
 /// Where a volume's NVMe-oF subsystem is, as `bdev_nvme_attach_controller` takes it.
@@ -92,6 +157,13 @@ impl Backend {
                 })
             }
             NVMF => Ok(Backend::Nvmf(NvmfTarget::from_context(context)?)),
+            FS => {
+                let root = required(context, FS, PATH_KEY)?;
+                check_path(root)?;
+                Ok(Backend::Fs {
+                    root: root.to_string(),
+                })
+            }
             "" => Err(format!(
                 "volume_context[{BACKEND_KEY:?}] is required: one of {}",
                 BACKENDS.join(", ")
@@ -107,6 +179,7 @@ impl Backend {
         match self {
             Backend::Aio { .. } => Kind::Aio,
             Backend::Nvmf(_) => Kind::Nvmf,
+            Backend::Fs { .. } => Kind::Fs,
         }
     }
 }
@@ -227,6 +300,39 @@ mod tests {
             (ADRFAM_KEY, "ipv4"),
             (SUBNQN_KEY, "nqn.2024-01.io.example:pvc-1"),
         ])
+    }
+
+    #[test]
+    fn fs_needs_an_absolute_plain_directory_path() {
+        let ok = context(&[(BACKEND_KEY, FS), (PATH_KEY, "/share/pvc-1")]);
+        let backend = Backend::from_context(&ok).unwrap();
+        assert_eq!(
+            backend,
+            Backend::Fs {
+                root: "/share/pvc-1".into()
+            }
+        );
+        assert_eq!(backend.kind().volume_mode(), VOLUME_MODE_FILESYSTEM);
+        for bad in ["", "pvc-1", "/share/../etc", "/share/./x"] {
+            let error =
+                Backend::from_context(&context(&[(BACKEND_KEY, FS), (PATH_KEY, bad)])).unwrap_err();
+            assert!(error.contains("path"), "{bad:?}: {error}");
+        }
+    }
+
+    #[test]
+    fn devices_serve_the_kinds_configured() {
+        assert_eq!(Devices::default().kinds(), [Kind::Aio, Kind::Nvmf]);
+        let fs_only = Devices {
+            block: false,
+            fs_share: Some("/share".into()),
+        };
+        assert_eq!(fs_only.kinds(), [Kind::Fs]);
+        let both = Devices {
+            block: true,
+            ..fs_only
+        };
+        assert_eq!(both.kinds(), Kind::ALL);
     }
 
     #[test]

@@ -7,7 +7,7 @@ use std::time::Duration;
 use snap_csi::dpu::plugin::{PROVIDER_PLACEHOLDER, snap_socket_path};
 use snap_csi::settings::MAX_SECONDS;
 
-use crate::backend::Kind;
+use crate::backend::{Devices, Kind};
 use crate::csi::{AioConfig, CsiConfig, NvmfConfig};
 use crate::service::ServiceConfig;
 
@@ -64,6 +64,14 @@ pub struct Args {
     /// ModifyVolume live (at least 1: the controller advertises online expansion).
     #[arg(long, env = "SPDK_PLUGIN_AIO_FOLLOW_PERIOD", default_value_t = 1)]
     pub aio_follow_period: u64,
+    /// Also make filesystem devices (backend `fs`, SPDK aio fsdevs SNAP serves
+    /// as virtio-fs) of volume directories inside this share (absolute, as
+    /// SNAP sees it; on a BlueField where the DPU mounted the NFS export).
+    #[arg(long, env = "SPDK_PLUGIN_FS_SHARE")]
+    pub fs_share: Option<PathBuf>,
+    /// Make no block devices (AIO, NVMe-oF): a plugin of filesystem devices only.
+    #[arg(long, env = "SPDK_PLUGIN_NO_BLOCK_DEVICES")]
+    pub no_block_devices: bool,
     /// Log line format (the filter is RUST_LOG, default "info").
     #[arg(long, env = "SPDK_PLUGIN_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -121,6 +129,7 @@ impl Args {
                  AIO volumes grow only while followed"
             ));
         }
+        let devices = self.devices()?;
         let call_timeout = Duration::from_secs(self.call_timeout);
         Ok(Config {
             plugin_socket: self.plugin_socket.clone(),
@@ -129,9 +138,28 @@ impl Args {
                 snap_provider: self.snap_provider.clone(),
                 call_timeout,
                 aio_follow_period: Duration::from_secs(self.aio_follow_period),
+                devices,
             },
             csi: self.csi(call_timeout)?,
             metrics_address: self.metrics_address,
+        })
+    }
+
+    fn devices(&self) -> Result<Devices, String> {
+        if let Some(share) = self.fs_share.as_ref().filter(|s| !s.is_absolute()) {
+            return Err(format!(
+                "--fs-share must be absolute (it is SNAP's path to the volumes), got {}",
+                share.display()
+            ));
+        }
+        if self.no_block_devices && self.fs_share.is_none() {
+            return Err(
+                "--no-block-devices needs --fs-share: the plugin would make nothing".into(),
+            );
+        }
+        Ok(Devices {
+            block: !self.no_block_devices,
+            fs_share: self.fs_share.clone(),
         })
     }
 
@@ -185,6 +213,7 @@ impl Args {
         let configured = match default_backend {
             Kind::Aio => aio.is_some(),
             Kind::Nvmf => nvmf.is_some(),
+            Kind::Fs => false,
         };
         if !configured {
             return Err(format!(
@@ -219,6 +248,29 @@ mod tests {
         assert_eq!(config.service.snap_provider, "");
         assert_eq!(config.service.call_timeout, Duration::from_secs(30));
         assert_eq!(config.service.aio_follow_period, Duration::from_secs(1));
+        assert_eq!(config.service.devices, Devices::default());
+    }
+
+    #[test]
+    fn filesystem_devices_need_an_absolute_share() {
+        let devices = |args: &[&str]| {
+            let mut all = vec!["p"];
+            all.extend_from_slice(args);
+            Args::try_parse_from(all)
+                .unwrap()
+                .resolve()
+                .map(|c| c.service.devices)
+        };
+        let fs_only = devices(&["--fs-share", "/share", "--no-block-devices"]).unwrap();
+        assert_eq!(fs_only.kinds(), [Kind::Fs]);
+        assert_eq!(
+            devices(&["--fs-share", "/share"]).unwrap().kinds(),
+            Kind::ALL
+        );
+        let error = devices(&["--fs-share", "share"]).unwrap_err();
+        assert!(error.contains("--fs-share must be absolute"), "{error}");
+        let error = devices(&["--no-block-devices"]).unwrap_err();
+        assert!(error.contains("needs --fs-share"), "{error}");
     }
 
     #[test]

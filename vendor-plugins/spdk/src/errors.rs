@@ -25,6 +25,7 @@
 //! | `bdev_set_qos_limit` ([`Failure::Qos`]) | -32602 "Resource temporarily unavailable" | UNAVAILABLE |
 //! | the target's ([`Failure::Target`]) | -28 or "No space left on device" (lvstore full) | RESOURCE_EXHAUSTED |
 //! | the target's | -32602 "Operation not permitted" (an lvol with more than one clone) | FAILED_PRECONDITION |
+//! | `fsdev_aio_create` ([`Failure::Fsdev`]) | -32603 "No such file or directory" or "Permission denied" (the volume's directory) | FAILED_PRECONDITION |
 //!
 //! -19 from attach is UNAVAILABLE and not FAILED_PRECONDITION because the
 //! common cause is a target that is restarting or not reachable yet; a wrong
@@ -44,8 +45,9 @@
 //! ([`Failure::Record`]) are INTERNAL: they should never fail.
 //!
 //! The answers that mean success or absence to one step (-17, -114, -19 on
-//! a delete or lookup) are handled where that step is taken, with
-//! [`is_taken`] and [`is_absent`] saying which they are.
+//! a delete or lookup, -32603 "File exists" from `fsdev_aio_create`) are
+//! handled where that step is taken, with [`is_taken`], [`is_fsdev_taken`]
+//! and [`is_absent`] saying which they are.
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -59,6 +61,8 @@ const NO_SPACE: &str = "No space left on device";
 const NOT_PERMITTED: &str = "Operation not permitted";
 const FILE_EXISTS: &str = "File exists";
 const TRY_AGAIN: &str = "Resource temporarily unavailable";
+const NO_SUCH_FILE: &str = "No such file or directory";
+const PERMISSION_DENIED: &str = "Permission denied";
 
 /// A failure on its way to the caller; `what` says what we were doing.
 #[derive(Debug)]
@@ -72,6 +76,9 @@ pub enum Failure {
     Qos { what: String, error: RpcError },
     /// A call to the NVMe-oF target (lvstore, lvols, subsystems).
     Target { what: String, error: RpcError },
+    /// `fsdev_aio_create` on SNAP, which answers every failure as -32603
+    /// with `strerror`'s words.
+    Fsdev { what: String, error: RpcError },
     /// A file of the AIO pool.
     File {
         what: String,
@@ -106,6 +113,13 @@ impl Failure {
 
     pub fn target(what: impl Into<String>, error: RpcError) -> Failure {
         Failure::Target {
+            what: what.into(),
+            error,
+        }
+    }
+
+    pub fn fsdev(what: impl Into<String>, error: RpcError) -> Failure {
+        Failure::Fsdev {
             what: what.into(),
             error,
         }
@@ -166,6 +180,18 @@ impl From<Failure> for Status {
                     spdk(&what, &error)
                 }
             }
+            Failure::Fsdev { what, error } => {
+                if is_server(&error, |c, m| {
+                    c == code::INTERNAL_ERROR && (m == NO_SUCH_FILE || m == PERMISSION_DENIED)
+                }) {
+                    Status::failed_precondition(format!(
+                        "{what}: SPDK cannot open the volume's directory: it was removed, or the \
+                         share is not mounted where SNAP looks ({error})"
+                    ))
+                } else {
+                    spdk(&what, &error)
+                }
+            }
             Failure::File { what, path, error } => {
                 let message = format!("{what} {}: {error}", path.display());
                 match error.kind() {
@@ -213,6 +239,11 @@ pub fn is_taken(error: &RpcError) -> bool {
     is_server(error, |c, m| {
         c == code::EEXIST || (c == code::INVALID_PARAMS && m == FILE_EXISTS)
     })
+}
+
+/// An fsdev name taken: `fsdev_aio_create`'s -32603 "File exists".
+pub fn is_fsdev_taken(error: &RpcError) -> bool {
+    is_server(error, |c, m| c == code::INTERNAL_ERROR && m == FILE_EXISTS)
 }
 
 /// The object is not there: -19 from lookups and deletes.
@@ -304,6 +335,21 @@ mod tests {
         assert!(is_taken(&server(-32602, FILE_EXISTS)));
         assert!(!is_taken(&server(-32602, "Invalid parameters")));
         assert!(is_absent(&server(-19, "No such device")));
+    }
+
+    #[test]
+    fn fsdev_answers_say_whose_fault() {
+        let missing = server(code::INTERNAL_ERROR, NO_SUCH_FILE);
+        let status = Status::from(Failure::fsdev("f", missing));
+        assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
+        assert!(status.message().contains("directory"), "{status:?}");
+        let other = server(code::INTERNAL_ERROR, "Cannot allocate memory");
+        assert_eq!(
+            Status::from(Failure::fsdev("f", other)).code(),
+            Code::Internal
+        );
+        assert!(is_fsdev_taken(&server(code::INTERNAL_ERROR, FILE_EXISTS)));
+        assert!(!is_fsdev_taken(&server(code::INTERNAL_ERROR, NO_SUCH_FILE)));
     }
 
     #[test]

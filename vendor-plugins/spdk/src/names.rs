@@ -8,6 +8,7 @@
 //! - AIO: the bdev `snapcsi-aio-<id>`; it is the device.
 //! - NVMe-oF: the controller `snapcsi-nvmf-<id>`; SPDK names the bdev of its
 //!   namespace 1 `snapcsi-nvmf-<id>n1`, and that bdev is the device.
+//! - FS: the fsdev `snapcsi-fs-<id>`; it is the device.
 //!
 //! `<id>` is the volume id itself when it is made of `[A-Za-z0-9_-]` and does
 //! not start with `_` (`pvc-0b9a...` stays readable); any other id is `_`
@@ -32,6 +33,7 @@ pub const MAX_VOLUME_ID_BYTES: usize = 128;
 pub const PREFIX: &str = "snapcsi-";
 const AIO_PREFIX: &str = "snapcsi-aio-";
 const NVMF_PREFIX: &str = "snapcsi-nvmf-";
+const FS_PREFIX: &str = "snapcsi-fs-";
 /// The bdev of namespace 1 of an NVMe controller: `<controller>n1`.
 const NAMESPACE_1: &str = "n1";
 /// Marks the base64url form of an id.
@@ -57,6 +59,7 @@ pub fn object_name(kind: Kind, volume_id: &str) -> String {
     let prefix = match kind {
         Kind::Aio => AIO_PREFIX,
         Kind::Nvmf => NVMF_PREFIX,
+        Kind::Fs => FS_PREFIX,
     };
     format!("{prefix}{}", encode(volume_id))
 }
@@ -65,7 +68,7 @@ pub fn object_name(kind: Kind, volume_id: &str) -> String {
 pub fn device_name(kind: Kind, volume_id: &str) -> String {
     let object = object_name(kind, volume_id);
     match kind {
-        Kind::Aio => object,
+        Kind::Aio | Kind::Fs => object,
         Kind::Nvmf => object + NAMESPACE_1,
     }
 }
@@ -74,6 +77,8 @@ pub fn device_name(kind: Kind, volume_id: &str) -> String {
 pub fn parse_device_name(name: &str) -> Option<(Kind, String)> {
     let (kind, body) = if let Some(rest) = name.strip_prefix(AIO_PREFIX) {
         (Kind::Aio, rest)
+    } else if let Some(rest) = name.strip_prefix(FS_PREFIX) {
+        (Kind::Fs, rest)
     } else {
         let rest = name.strip_prefix(NVMF_PREFIX)?;
         (Kind::Nvmf, rest.strip_suffix(NAMESPACE_1)?)
@@ -121,6 +126,7 @@ mod tests {
         assert_eq!(device_name(Kind::Nvmf, "vol_1"), "snapcsi-nvmf-vol_1n1");
         assert_eq!(device_name(Kind::Aio, "a/b"), "snapcsi-aio-_YS9i");
         assert_eq!(device_name(Kind::Aio, "_x"), "snapcsi-aio-_X3g");
+        assert_eq!(device_name(Kind::Fs, "pvc-1"), "snapcsi-fs-pvc-1");
     }
 
     #[test]

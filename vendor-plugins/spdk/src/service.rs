@@ -22,8 +22,17 @@
 //! No per-volume lock: every call is one SPDK call, and SPDK runs them one
 //! at a time; the node serialises the calls of each volume anyway.
 //!
-//! Contexts are not kept: GetDevice answers `volume_mode` "Block" and empty
-//! contexts. Nothing here logs a context or a request wholesale.
+//! Filesystem devices (backend `fs`, only with a share configured) are SPDK
+//! aio fsdevs over the volume's directory: `fsdev_aio_create` and
+//! `fsdev_aio_delete`, one round trip each too. SPDK v24.09 lists fsdevs
+//! only in `framework_get_config` of subsystem `fsdev`, which GetDevice and
+//! ListDevices read beside `bdev_get_bdevs` (sent at once). What a plugin
+//! offers is configured ([`Devices`]): it advertises CREATE_DELETE_BLOCK_DEVICE
+//! and CREATE_DELETE_FS_DEVICE for exactly the kinds it serves.
+//!
+//! Contexts are not kept: GetDevice answers the `volume_mode` of the kind of
+//! device it found, and empty contexts. Nothing here logs a context or a
+//! request wholesale.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -35,12 +44,13 @@ use snap_csi::jsonrpc::{RpcClient, code};
 use snap_csi::proto::nvidia::storage::plugins::v1 as api;
 use snap_csi::spdk::app::SpdkGetVersion;
 use snap_csi::spdk::bdev::{BdevAioCreate, BdevAioDelete, BdevGetBdevs};
+use snap_csi::spdk::fsdev::{ConfigCall, FrameworkGetConfig, FsdevAioCreate, FsdevAioDelete};
 use snap_csi::spdk::nvme::{BdevNvmeAttachController, BdevNvmeDetachController};
 use tokio::time::Instant;
 use tonic::{Request, Response, Status};
 
-use crate::backend::{BACKENDS, Backend, Kind, NvmfTarget};
-use crate::errors::Failure;
+use crate::backend::{Backend, Devices, Kind, NvmfTarget};
+use crate::errors::{Failure, is_fsdev_taken};
 use crate::follow::{self, Attached, Followed};
 use crate::names::{check_volume_id, device_name, object_name, parse_device_name};
 use crate::paging;
@@ -52,10 +62,6 @@ use api::storage_plugin_service_server::StoragePluginService;
 /// The name GetPluginInfo answers.
 pub const PLUGIN_NAME: &str = "spdk.snap-csi.io";
 
-/// The only volume mode we serve: the node makes filesystems on the host,
-/// so every device, also one for a filesystem volume, is a block device.
-pub const VOLUME_MODE_BLOCK: &str = "Block";
-
 /// A Probe answers within this even when its caller sets no deadline: a
 /// liveness check must not hang on a hung SPDK.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
@@ -63,12 +69,21 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
 /// AIO bdevs get 512-byte blocks: a regular file has none SPDK can detect.
 const AIO_BLOCK_SIZE: u32 = 512;
 
-/// What the plugin can do; every RPC of the API is implemented.
-pub const CAPABILITIES: [Capability; 3] = [
-    Capability::CreateDeleteBlockDevice,
-    Capability::GetDeviceStats,
-    Capability::ListDevices,
-];
+/// What a plugin serving `devices` can do; every RPC of the API is implemented.
+pub fn capabilities(devices: &Devices) -> Vec<Capability> {
+    let mut capabilities = vec![];
+    if devices.block {
+        capabilities.push(Capability::CreateDeleteBlockDevice);
+    }
+    if devices.fs_share.is_some() {
+        capabilities.push(Capability::CreateDeleteFsDevice);
+    }
+    capabilities.extend([Capability::GetDeviceStats, Capability::ListDevices]);
+    capabilities
+}
+
+/// The fsdev subsystem, whose configuration lists the fsdevs.
+const FSDEV_SUBSYSTEM: &str = "fsdev";
 
 /// Settings of the services.
 #[derive(Debug, Clone)]
@@ -83,6 +98,8 @@ pub struct ServiceConfig {
     /// (the controller advertises online expansion), and embedders use it
     /// only to keep SNAP free of background calls (tests counting round trips).
     pub aio_follow_period: Duration,
+    /// The kinds of device made and advertised.
+    pub devices: Devices,
 }
 
 /// Both services; cheap to clone into each server.
@@ -246,6 +263,45 @@ impl SpdkPlugin {
         }
     }
 
+    /// An fsdev over the volume's directory, which must lie inside the share.
+    async fn create_fs(
+        &self,
+        volume_id: &str,
+        root: &str,
+        deadline: Instant,
+    ) -> Result<String, Status> {
+        let name = device_name(Kind::Fs, volume_id);
+        let share = self.inner.config.devices.fs_share.as_deref();
+        let root_path = std::path::Path::new(root);
+        if !share.is_some_and(|share| root_path.starts_with(share) && root_path != share) {
+            return Err(Status::invalid_argument(format!(
+                "volume {volume_id}: the directory {root} is not inside this plugin's share {}",
+                share.map_or("(none)".into(), |s| s.display().to_string())
+            )));
+        }
+        // SPDK serves any root it can open, a regular file too, which the
+        // host would then fail to mount. One it cannot see is SPDK's to judge.
+        if std::fs::metadata(root_path).is_ok_and(|m| !m.is_dir()) {
+            return Err(Status::invalid_argument(format!(
+                "volume {volume_id}: {root} is not a directory"
+            )));
+        }
+        let create = FsdevAioCreate {
+            name: name.clone(),
+            root_path: root.to_string(),
+        };
+        match self.spdk().call_until(&create, deadline).await {
+            Ok(_) => tracing::info!(%volume_id, device = %name, "fsdev created"),
+            Err(e) if is_fsdev_taken(&e) => {
+                tracing::debug!(%volume_id, device = %name, "fsdev already there");
+            }
+            Err(e) => {
+                return Err(Failure::fsdev(format!("creating fsdev {name} over {root}"), e).into());
+            }
+        }
+        Ok(name)
+    }
+
     /// Removes what CreateDevice made for `kind`; absent is done.
     async fn delete_object(
         &self,
@@ -268,6 +324,13 @@ impl SpdkPlugin {
                     .await
                     .map(drop),
                 "detaching NVMe-oF controller",
+            ),
+            Kind::Fs => (
+                self.spdk()
+                    .call_until(&FsdevAioDelete { name: name.clone() }, deadline)
+                    .await
+                    .map(drop),
+                "deleting fsdev",
             ),
         };
         if kind == Kind::Aio
@@ -293,6 +356,9 @@ impl SpdkPlugin {
         deadline: Instant,
     ) -> Result<bool, Status> {
         let name = device_name(kind, volume_id);
+        if !kind.is_block() {
+            return Ok(self.fsdevs(deadline).await?.contains(&name));
+        }
         let query = BdevGetBdevs {
             name: Some(name.clone()),
             timeout: None,
@@ -303,18 +369,79 @@ impl SpdkPlugin {
             Err(e) => Err(Failure::snap(format!("looking up bdev {name}"), e).into()),
         }
     }
+
+    /// The names of SNAP's bdevs, or none when this plugin makes no block devices.
+    async fn bdevs(&self, deadline: Instant) -> Result<Vec<String>, Status> {
+        if !self.inner.config.devices.block {
+            return Ok(vec![]);
+        }
+        let bdevs = self
+            .spdk()
+            .call_until(&BdevGetBdevs::default(), deadline)
+            .await
+            .map_err(|e| Failure::snap("listing bdevs", e))?;
+        Ok(bdevs.into_iter().map(|b| b.name).collect())
+    }
+
+    /// The names of SNAP's aio fsdevs, or none when this plugin makes no
+    /// filesystem devices.
+    async fn fsdevs(&self, deadline: Instant) -> Result<Vec<String>, Status> {
+        if self.inner.config.devices.fs_share.is_none() {
+            return Ok(vec![]);
+        }
+        let query = FrameworkGetConfig {
+            name: FSDEV_SUBSYSTEM.into(),
+        };
+        let calls = self
+            .spdk()
+            .call_until(&query, deadline)
+            .await
+            .map_err(|e| Failure::snap("listing fsdevs", e))?;
+        Ok(calls
+            .iter()
+            .filter_map(ConfigCall::aio_fsdev)
+            .map(|(name, _)| name.to_string())
+            .collect())
+    }
+
+    /// The backends a request about `volume_id` and `device_name` may
+    /// concern: every one served without a name, the name's when it is this
+    /// volume's and of a kind served, none otherwise.
+    fn kinds_of(&self, volume_id: &str, device_name: &str) -> Vec<Kind> {
+        let served = self.inner.config.devices.kinds();
+        if device_name.is_empty() {
+            return served;
+        }
+        match parse_device_name(device_name) {
+            Some((kind, owner)) if owner == volume_id && served.contains(&kind) => vec![kind],
+            _ => vec![],
+        }
+    }
 }
 
-/// The backends a request about `volume_id` and `device_name` may concern: both
-/// without a name, the name's when it is this volume's, none when it is not.
-fn kinds_of(volume_id: &str, device_name: &str) -> Vec<Kind> {
-    if device_name.is_empty() {
-        return Kind::ALL.to_vec();
+/// Refuses a `volume_mode` the volume's backend does not make ("" lets the
+/// backend choose), and a backend this plugin does not serve.
+fn check_mode(devices: &Devices, volume_id: &str, mode: &str, kind: Kind) -> Result<(), Status> {
+    if !(mode.is_empty() || mode.eq_ignore_ascii_case(kind.volume_mode())) {
+        return Err(Status::invalid_argument(format!(
+            "volume {volume_id}: volume_mode {mode:?}, but its backend {} makes {} devices only",
+            kind.as_str(),
+            kind.volume_mode()
+        )));
     }
-    match parse_device_name(device_name) {
-        Some((kind, owner)) if owner == volume_id => vec![kind],
-        _ => vec![],
+    if !devices.serves(kind) {
+        return Err(Status::failed_precondition(format!(
+            "volume {volume_id}: backend {}: this plugin is not configured for {} devices ({})",
+            kind.as_str(),
+            kind.volume_mode(),
+            if kind.is_block() {
+                "it runs with --no-block-devices"
+            } else {
+                "it runs without --fs-share"
+            }
+        )));
     }
+    Ok(())
 }
 
 fn checked_volume_id(volume_id: &str) -> Result<(), Status> {
@@ -338,7 +465,17 @@ impl IdentityService for SpdkPlugin {
         Ok(Response::new(api::GetPluginInfoResponse {
             name: PLUGIN_NAME.into(),
             vendor_version: env!("CARGO_PKG_VERSION").into(),
-            manifest: HashMap::from([("backends".to_string(), BACKENDS.join(","))]),
+            manifest: HashMap::from([(
+                "backends".to_string(),
+                self.inner
+                    .config
+                    .devices
+                    .kinds()
+                    .into_iter()
+                    .map(Kind::as_str)
+                    .collect::<Vec<_>>()
+                    .join(","),
+            )]),
         }))
     }
 
@@ -367,7 +504,10 @@ impl StoragePluginService for SpdkPlugin {
         _: Request<api::StoragePluginGetCapabilitiesRequest>,
     ) -> Result<Response<api::StoragePluginGetCapabilitiesResponse>, Status> {
         Ok(Response::new(api::StoragePluginGetCapabilitiesResponse {
-            capabilities: CAPABILITIES.into_iter().map(capability).collect(),
+            capabilities: capabilities(&self.inner.config.devices)
+                .into_iter()
+                .map(capability)
+                .collect(),
         }))
     }
 
@@ -387,20 +527,21 @@ impl StoragePluginService for SpdkPlugin {
         let deadline = self.deadline(&request);
         let request = request.into_inner();
         checked_volume_id(&request.volume_id)?;
-        let mode = request.volume_mode.as_str();
-        if !(mode.is_empty() || mode.eq_ignore_ascii_case(VOLUME_MODE_BLOCK)) {
-            return Err(Status::invalid_argument(format!(
-                "volume_mode {mode:?}: this plugin makes block devices only"
-            )));
-        }
         let backend = Backend::from_context(&request.volume_context)
             .map_err(|e| Status::invalid_argument(format!("volume {}: {e}", request.volume_id)))?;
+        check_mode(
+            &self.inner.config.devices,
+            &request.volume_id,
+            &request.volume_mode,
+            backend.kind(),
+        )?;
         let device = match &backend {
             Backend::Aio { path } => {
                 self.create_aio(&request.volume_id, path, &request.volume_context, deadline)
                     .await
             }
             Backend::Nvmf(target) => self.create_nvmf(&request.volume_id, target, deadline).await,
+            Backend::Fs { root } => self.create_fs(&request.volume_id, root, deadline).await,
         }
         .inspect_err(
             |s| tracing::warn!(volume_id = %request.volume_id, "CreateDevice: {}", s.message()),
@@ -417,7 +558,7 @@ impl StoragePluginService for SpdkPlugin {
         let deadline = self.deadline(&request);
         let request = request.into_inner();
         checked_volume_id(&request.volume_id)?;
-        let kinds = kinds_of(&request.volume_id, &request.device_name);
+        let kinds = self.kinds_of(&request.volume_id, &request.device_name);
         if kinds.is_empty() {
             // Nothing of this volume has that name: the API says "done".
             tracing::warn!(
@@ -447,18 +588,19 @@ impl StoragePluginService for SpdkPlugin {
         let deadline = self.deadline(&request);
         let request = request.into_inner();
         checked_volume_id(&request.volume_id)?;
-        let kinds = kinds_of(&request.volume_id, &request.device_name);
-        let found = join_all(
-            kinds
-                .into_iter()
-                .map(|kind| self.device_exists(kind, &request.volume_id, deadline)),
-        )
+        let kinds = self.kinds_of(&request.volume_id, &request.device_name);
+        let volume_id = &request.volume_id;
+        let found = join_all(kinds.iter().map(|kind| async move {
+            self.device_exists(*kind, volume_id, deadline)
+                .await
+                .map(|exists| exists.then_some(*kind))
+        }))
         .await;
-        let mut exists = false;
+        let mut kind = None;
         for result in found {
-            exists |= result?;
+            kind = kind.or(result?);
         }
-        if !exists {
+        let Some(kind) = kind else {
             return Err(Status::not_found(format!(
                 "volume {} has no device{}",
                 request.volume_id,
@@ -468,9 +610,9 @@ impl StoragePluginService for SpdkPlugin {
                     format!(" {}", request.device_name)
                 }
             )));
-        }
+        };
         Ok(Response::new(api::GetDeviceResponse {
-            volume_mode: VOLUME_MODE_BLOCK.into(),
+            volume_mode: kind.volume_mode().into(),
             ..Default::default()
         }))
     }
@@ -488,18 +630,15 @@ impl StoragePluginService for SpdkPlugin {
             ))
         })?;
         let after = paging::parse_token(&request.starting_token)?;
-        let bdevs = self
-            .spdk()
-            .call_until(&BdevGetBdevs::default(), deadline)
-            .await
-            .map_err(|e| Failure::snap("listing bdevs", e))?;
-        let ours = bdevs
+        let (bdevs, fsdevs) = tokio::join!(self.bdevs(deadline), self.fsdevs(deadline));
+        let ours = bdevs?
             .into_iter()
-            .filter_map(|bdev| {
-                let (_, volume_id) = parse_device_name(&bdev.name)?;
+            .chain(fsdevs?)
+            .filter_map(|name| {
+                let (_, volume_id) = parse_device_name(&name)?;
                 Some(api::list_devices_response::Entry {
                     volume_id,
-                    device_name: bdev.name,
+                    device_name: name,
                 })
             })
             .collect();

@@ -17,7 +17,9 @@ mod plugin {
 
     crate::plugin_scenario_tests!(aio, Source::real());
     crate::plugin_scenario_tests!(nvmf, Source::real());
+    crate::plugin_scenario_tests!(fs, Source::real());
     crate::plugin_scenario_tests!(check, Source::real());
+    crate::plugin_scenario_tests!(check_fs, Source::real());
 }
 
 mod csi_nvmf {

@@ -79,11 +79,9 @@ fn snapshot_key(slug: &str) -> String {
     format!("snapshot {slug}")
 }
 
-pub(super) fn other(kind: Kind) -> Kind {
-    match kind {
-        Kind::Aio => Kind::Nvmf,
-        Kind::Nvmf => Kind::Aio,
-    }
+/// Every backend but `kind`.
+pub(super) fn others(kind: Kind) -> impl Iterator<Item = Kind> {
+    Kind::ALL.into_iter().filter(move |k| *k != kind)
 }
 
 fn bytes(size: u64) -> i64 {
@@ -175,15 +173,14 @@ impl CsiController {
         name: &str,
         deadline: tokio::time::Instant,
     ) -> Result<(), Status> {
-        let Some(backend) = self.backend(other(kind)) else {
-            return Ok(());
-        };
-        let id = volume_id(backend.kind(), name);
-        if backend.find(&id, deadline).await?.is_some() {
-            return Err(Status::already_exists(format!(
-                "a volume named {name:?} exists on the {} backend ({id})",
-                backend.kind().as_str()
-            )));
+        for backend in others(kind).filter_map(|k| self.backend(k)) {
+            let id = volume_id(backend.kind(), name);
+            if backend.find(&id, deadline).await?.is_some() {
+                return Err(Status::already_exists(format!(
+                    "a volume named {name:?} exists on the {} backend ({id})",
+                    backend.kind().as_str()
+                )));
+            }
         }
         Ok(())
     }
@@ -541,7 +538,7 @@ impl csi::controller_server::Controller for CsiController {
         let backend = self.backend(kind).ok_or_else(not_found)?;
         let id = snapshot_id(kind, &req.name);
         let _held = self.hold(snapshot_key(&slug(&req.name)))?;
-        if let Some(other) = self.backend(other(kind)) {
+        for other in others(kind).filter_map(|k| self.backend(k)) {
             let other_id = snapshot_id(other.kind(), &req.name);
             if self
                 .snapshot_of(other, &other_id, deadline)

@@ -36,7 +36,7 @@ use tokio::time::Instant;
 use tonic::{Request, Response, Status};
 
 use super::CsiController;
-use super::controller::{other, snapshot_message};
+use super::controller::{others, snapshot_message};
 use super::ids::{
     check_name, group_snapshot_id, member_snapshot_id, parse_group_snapshot_id, parse_volume_id,
     slug,
@@ -340,12 +340,13 @@ impl csi::group_controller_server::GroupController for CsiController {
         let id = group_snapshot_id(kind, &req.name);
         let _held = self.hold(group_key(&slug(&req.name)))?;
         let _turn = self.group_snapshot_turn(deadline).await?;
-        let other = group_snapshot_id(other(kind), &req.name);
-        if self.group_snapshot_record(&other)?.is_some() {
-            return Err(Status::already_exists(format!(
-                "a group snapshot named {:?} exists on the other backend ({other})",
-                req.name
-            )));
+        for other in others(kind).map(|k| group_snapshot_id(k, &req.name)) {
+            if self.group_snapshot_record(&other)?.is_some() {
+                return Err(Status::already_exists(format!(
+                    "a group snapshot named {:?} exists on another backend ({other})",
+                    req.name
+                )));
+            }
         }
         let parameters: BTreeMap<String, String> = req.parameters.into_iter().collect();
         let existing = self.group_snapshot_record(&id)?;

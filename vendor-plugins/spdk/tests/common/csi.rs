@@ -222,6 +222,7 @@ impl Csi {
                 snap_provider: String::new(),
                 call_timeout: Duration::from_secs(30),
                 aio_follow_period: Duration::ZERO,
+                devices: Default::default(),
             },
             csi: Some(CsiConfig {
                 socket: socket.clone(),

@@ -42,13 +42,15 @@ use snap_csi::grpc::unix_channel;
 use snap_csi::jsonrpc::RpcClient;
 use snap_csi::proto::nvidia::storage::plugins::v1 as api;
 use snap_csi::spdk::bdev::{BdevAioCreate, BdevGetBdevs};
+use snap_csi::spdk::fsdev::{ConfigCall, FrameworkGetConfig};
 use snap_csi::spdk::nvme::{BdevNvmeGetControllers, NvmeBdevController};
 use snap_csi::spdk::nvmf::{
     ListenAddress, NvmfCreateSubsystem, NvmfCreateTransport, NvmfNamespaceParams,
     NvmfSubsystemAddListener, NvmfSubsystemAddNs,
 };
 use snap_csi_spdk_plugin::backend::{
-    ADRFAM_KEY, AIO, BACKEND_KEY, NVMF, PATH_KEY, SUBNQN_KEY, TRADDR_KEY, TRSVCID_KEY, TRTYPE_KEY,
+    ADRFAM_KEY, AIO, BACKEND_KEY, Devices, FS, NVMF, PATH_KEY, SUBNQN_KEY, TRADDR_KEY, TRSVCID_KEY,
+    TRTYPE_KEY,
 };
 use snap_csi_spdk_plugin::config::Config;
 use snap_csi_spdk_plugin::service::ServiceConfig;
@@ -167,6 +169,20 @@ impl Spdk {
     pub fn host_disks(&self, backing: &Path) -> usize {
         let datapath = self.dir.path().join("state/host/datapath");
         loop_devices_of(backing).len() + loop_devices_under(&datapath).len()
+    }
+
+    /// The names of SNAP's aio fsdevs, from the fsdev subsystem's
+    /// configuration (SPDK v24.09 has no other listing).
+    pub async fn fsdevs(&self) -> Vec<String> {
+        let query = FrameworkGetConfig {
+            name: "fsdev".into(),
+        };
+        let calls = self.client().call(&query).await.unwrap();
+        calls
+            .iter()
+            .filter_map(ConfigCall::aio_fsdev)
+            .map(|(name, _)| name.to_string())
+            .collect()
     }
 
     /// A sparse backing file under the directory.
@@ -306,17 +322,27 @@ impl Plugin {
     }
 
     pub async fn start_with(spdk_socket: &Path, provider: &str) -> Plugin {
-        Plugin::serve(spdk_socket, provider, Duration::ZERO).await
+        Plugin::serve(spdk_socket, provider, Duration::ZERO, Devices::default()).await
+    }
+
+    /// A plugin making the kinds of device `devices` says.
+    pub async fn start_making(spdk_socket: &Path, devices: Devices) -> Plugin {
+        Plugin::serve(spdk_socket, "", Duration::ZERO, devices).await
     }
 
     /// A plugin that follows attached AIO volumes (their files' sizes and
     /// QoS records) every `period`; the others do not: a background call
     /// would upset round-trip counts.
     pub async fn start_following(spdk_socket: &Path, period: Duration) -> Plugin {
-        Plugin::serve(spdk_socket, "", period).await
+        Plugin::serve(spdk_socket, "", period, Devices::default()).await
     }
 
-    async fn serve(spdk_socket: &Path, provider: &str, aio_follow_period: Duration) -> Plugin {
+    async fn serve(
+        spdk_socket: &Path,
+        provider: &str,
+        aio_follow_period: Duration,
+        devices: Devices,
+    ) -> Plugin {
         let dir = tempfile::tempdir().unwrap();
         let socket = dir.path().join("plugins/spdk/dpu.sock");
         let config = Config {
@@ -326,6 +352,7 @@ impl Plugin {
                 snap_provider: provider.into(),
                 call_timeout: Duration::from_secs(30),
                 aio_follow_period,
+                devices,
             },
             csi: None,
             metrics_address: None,
@@ -368,10 +395,20 @@ impl Plugin {
         volume_id: &str,
         context: HashMap<String, String>,
     ) -> Result<String, Status> {
+        self.create_as(volume_id, "Block", context).await
+    }
+
+    /// CreateDevice with `volume_mode` `mode`.
+    pub async fn create_as(
+        &self,
+        volume_id: &str,
+        mode: &str,
+        context: HashMap<String, String>,
+    ) -> Result<String, Status> {
         let request = api::CreateDeviceRequest {
             volume_id: volume_id.into(),
             access_modes: vec![api::AccessMode::Rwo as i32],
-            volume_mode: "Block".into(),
+            volume_mode: mode.into(),
             publish_context: HashMap::new(),
             volume_context: context,
             storage_parameters: HashMap::new(),
@@ -506,6 +543,13 @@ pub fn aio_context(path: &Path) -> HashMap<String, String> {
     HashMap::from([
         (BACKEND_KEY.to_string(), AIO.to_string()),
         (PATH_KEY.to_string(), path.display().to_string()),
+    ])
+}
+
+pub fn fs_context(dir: &Path) -> HashMap<String, String> {
+    HashMap::from([
+        (BACKEND_KEY.to_string(), FS.to_string()),
+        (PATH_KEY.to_string(), dir.display().to_string()),
     ])
 }
 

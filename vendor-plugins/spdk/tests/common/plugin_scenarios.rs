@@ -15,12 +15,14 @@ use snap_csi::spdk::bdev::BdevGetBdevs;
 use snap_csi::spdk::nvmf::{NvmfCreateSubsystem, NvmfCreateTransport};
 use snap_csi_spdk_plugin::backend::{AIO, BACKEND_KEY, PATH_KEY};
 use snap_csi_spdk_plugin::qos::{self, QosLimits};
-use snap_csi_spdk_plugin::service::{CAPABILITIES, PLUGIN_NAME};
+use snap_csi_spdk_plugin::service::PLUGIN_NAME;
 use tonic::Code;
 
+use snap_csi_spdk_plugin::backend::Devices;
+
 use super::{
-    Plugin, SIZE, Source, TIMEOUT, aio_context, export, free_tcp_port, grow, listen, nvmf_context,
-    timed,
+    Plugin, SIZE, Source, Spdk, TIMEOUT, aio_context, export, free_tcp_port, fs_context, grow,
+    listen, nvmf_context, timed,
 };
 
 /// Defines one `#[tokio::test]` per scenario of a group (`aio`, `nvmf`,
@@ -50,8 +52,22 @@ macro_rules! plugin_scenario_tests {
             both_backends_list_together,
         );
     };
+    (fs, $source:expr) => {
+        $crate::plugin_scenario_tests!(
+            @each $source,
+            fs_devices_are_made_found_and_removed_idempotently,
+            each_plugin_advertises_and_accepts_the_kinds_it_makes,
+            fs_requests_it_cannot_serve_are_refused_and_create_nothing,
+        );
+    };
     (check, $source:expr) => {
         $crate::plugin_scenario_tests!(@each $source, the_sample_plugin_passes_plugin_check,);
+    };
+    (check_fs, $source:expr) => {
+        $crate::plugin_scenario_tests!(
+            @each $source,
+            plugin_check_judges_block_only_fs_only_and_both,
+        );
     };
     (@each $source:expr, $($scenario:ident,)+) => {
         $(
@@ -101,7 +117,13 @@ pub async fn identity_capabilities_and_provider(source: &Source) {
             None => panic!("capability without a type"),
         })
         .collect();
-    assert_eq!(types, CAPABILITIES.map(|c| c as i32));
+    use api::storage_plugin_service_capability::rpc::Type;
+    let block_only = [
+        Type::CreateDeleteBlockDevice,
+        Type::GetDeviceStats,
+        Type::ListDevices,
+    ];
+    assert_eq!(types, block_only.map(|c| c as i32));
 
     assert_eq!(plugin.provider().await.unwrap(), "acme-snap");
     plugin.stop().await;
@@ -569,6 +591,7 @@ pub async fn the_sample_plugin_passes_plugin_check(source: &Source) {
             (BACKEND_KEY.to_string(), AIO.to_string()),
             (PATH_KEY.to_string(), file.display().to_string()),
         ]),
+        fs_volume_context: HashMap::new(),
         timeout: Duration::from_secs(30),
     };
     let report = plugin_check::run(&config, &mut |result| println!("{result}"))
@@ -581,4 +604,268 @@ pub async fn the_sample_plugin_passes_plugin_check(source: &Source) {
         snap.bdevs().await.is_empty(),
         "plugin-check cleaned up after itself"
     );
+}
+
+/// A share in `snap`'s directory and the devices of a plugin serving it,
+/// with block devices or without.
+fn share(snap: &Spdk, block: bool) -> (std::path::PathBuf, Devices) {
+    let share = snap.dir.path().join("share");
+    std::fs::create_dir_all(&share).unwrap();
+    let devices = Devices {
+        block,
+        fs_share: Some(share.clone()),
+    };
+    (share, devices)
+}
+
+/// A volume's directory in the share, with a file in it.
+fn volume_dir(share: &std::path::Path, volume_id: &str) -> std::path::PathBuf {
+    let dir = share.join(volume_id);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("hello"), b"kept").unwrap();
+    dir
+}
+
+/// Filesystem devices: `fsdev_aio_create` over the volume's directory,
+/// found by GetDevice (volume_mode "Filesystem") and ListDevices beside
+/// block devices, made and removed once however often asked, across a
+/// plugin restart; the tree is the volume's and stays.
+pub async fn fs_devices_are_made_found_and_removed_idempotently(source: &Source) {
+    let snap = source.snap().await;
+    let (share, devices) = share(&snap, true);
+    let plugin = Plugin::start_making(snap.socket(), devices.clone()).await;
+    let dir = volume_dir(&share, "pvc-fs");
+
+    let device = plugin
+        .create_as("pvc-fs", "Filesystem", fs_context(&dir))
+        .await
+        .unwrap();
+    assert_eq!(device, "snapcsi-fs-pvc-fs");
+    let again = plugin
+        .create_as("pvc-fs", "Filesystem", fs_context(&dir))
+        .await
+        .unwrap();
+    assert_eq!(again, device);
+    assert_eq!(snap.fsdevs().await, std::slice::from_ref(&device));
+    assert!(snap.bdevs().await.is_empty());
+
+    let found = plugin.get("pvc-fs", &device).await.unwrap();
+    assert_eq!(found.volume_mode, "Filesystem");
+    assert_eq!(
+        plugin.get("pvc-fs", "").await.unwrap().volume_mode,
+        "Filesystem"
+    );
+    let status = plugin.get("pvc-other", "").await.unwrap_err();
+    assert_eq!(status.code(), Code::NotFound, "{status:?}");
+
+    // Listed with a block device, in name order.
+    let file = snap.file("blk.img");
+    let block = plugin.create("pvc-blk", aio_context(&file)).await.unwrap();
+    assert_eq!(
+        plugin.list_all(1).await,
+        [
+            ("pvc-blk".to_string(), block.clone()),
+            ("pvc-fs".to_string(), device.clone())
+        ]
+    );
+    assert_eq!(
+        plugin.get("pvc-blk", "").await.unwrap().volume_mode,
+        "Block"
+    );
+
+    // Derived, not remembered: a restarted plugin finds it.
+    plugin.stop().await;
+    let plugin = Plugin::start_making(snap.socket(), devices).await;
+    assert_eq!(
+        plugin
+            .create_as("pvc-fs", "Filesystem", fs_context(&dir))
+            .await
+            .unwrap(),
+        device
+    );
+
+    plugin.delete("pvc-fs", &device).await.unwrap();
+    assert!(snap.fsdevs().await.is_empty());
+    plugin.delete("pvc-fs", &device).await.unwrap();
+    plugin.delete("pvc-fs", "").await.unwrap();
+    let status = plugin.get("pvc-fs", &device).await.unwrap_err();
+    assert_eq!(status.code(), Code::NotFound, "{status:?}");
+    // The device goes, the volume's data stays.
+    assert_eq!(std::fs::read(dir.join("hello")).unwrap(), b"kept");
+
+    // Without a device name, DeleteDevice finds either kind.
+    plugin
+        .create_as("pvc-fs", "Filesystem", fs_context(&dir))
+        .await
+        .unwrap();
+    plugin.delete("pvc-fs", "").await.unwrap();
+    plugin.delete("pvc-blk", "").await.unwrap();
+    assert!(snap.fsdevs().await.is_empty());
+    assert!(snap.bdevs().await.is_empty());
+    assert!(plugin.list_all(0).await.is_empty());
+}
+
+/// Block only, filesystem only, or both: StoragePluginGetCapabilities and
+/// the manifest name what the plugin makes, and CreateDevice makes only that.
+pub async fn each_plugin_advertises_and_accepts_the_kinds_it_makes(source: &Source) {
+    use api::storage_plugin_service_capability::rpc::Type;
+    let snap = source.snap().await;
+    let (share, fs_only) = share(&snap, false);
+    let both = Devices {
+        block: true,
+        ..fs_only.clone()
+    };
+    let dir = volume_dir(&share, "pvc-k");
+    let file = snap.file("k.img");
+    let fs = Type::CreateDeleteFsDevice;
+    let block = Type::CreateDeleteBlockDevice;
+    let cases = [
+        (Devices::default(), vec![block], "aio,nvmf"),
+        (fs_only, vec![fs], "fs"),
+        (both, vec![block, fs], "aio,nvmf,fs"),
+    ];
+    for (devices, makes, backends) in cases {
+        let plugin = Plugin::start_making(snap.socket(), devices.clone()).await;
+        let info = plugin
+            .identity
+            .clone()
+            .get_plugin_info(timed(api::GetPluginInfoRequest {}, TIMEOUT))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(info.manifest["backends"], backends);
+        let capabilities: Vec<i32> = plugin
+            .storage
+            .clone()
+            .storage_plugin_get_capabilities(timed(
+                api::StoragePluginGetCapabilitiesRequest {},
+                TIMEOUT,
+            ))
+            .await
+            .unwrap()
+            .into_inner()
+            .capabilities
+            .into_iter()
+            .map(|c| match c.r#type {
+                Some(api::storage_plugin_service_capability::Type::Rpc(rpc)) => rpc.r#type,
+                None => panic!("capability without a type"),
+            })
+            .collect();
+        let mut expected: Vec<i32> = makes.iter().map(|t| *t as i32).collect();
+        expected.extend([Type::GetDeviceStats as i32, Type::ListDevices as i32]);
+        assert_eq!(capabilities, expected, "{devices:?}");
+
+        let made_fs = plugin
+            .create_as("pvc-k", "Filesystem", fs_context(&dir))
+            .await;
+        let made_block = plugin.create("pvc-b", aio_context(&file)).await;
+        for (made, kind) in [(made_fs, fs), (made_block, block)] {
+            if makes.contains(&kind) {
+                made.unwrap();
+            } else {
+                let status = made.unwrap_err();
+                assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
+                assert!(status.message().contains("not configured"), "{status:?}");
+            }
+        }
+        plugin.delete("pvc-k", "").await.unwrap();
+        plugin.delete("pvc-b", "").await.unwrap();
+        assert!(plugin.list_all(0).await.is_empty(), "{devices:?}");
+    }
+    assert!(snap.fsdevs().await.is_empty());
+    assert!(snap.bdevs().await.is_empty());
+}
+
+/// The wrong volume_mode for the backend, a directory outside the share, a
+/// file, a missing directory: refused with a code that says whose fault,
+/// and nothing made.
+pub async fn fs_requests_it_cannot_serve_are_refused_and_create_nothing(source: &Source) {
+    let snap = source.snap().await;
+    let (share, devices) = share(&snap, true);
+    let plugin = Plugin::start_making(snap.socket(), devices).await;
+    let dir = volume_dir(&share, "pvc-r");
+    let file = snap.file("r.img");
+    let outside = snap.dir.path().join("outside");
+    std::fs::create_dir_all(&outside).unwrap();
+    let not_a_dir = share.join("file");
+    std::fs::write(&not_a_dir, b"x").unwrap();
+
+    let invalid = [
+        ("Filesystem", aio_context(&file), "makes Block devices only"),
+        ("Block", fs_context(&dir), "makes Filesystem devices only"),
+        ("Filesystem", fs_context(&outside), "not inside"),
+        ("Filesystem", fs_context(&share), "not inside"),
+        ("Filesystem", fs_context(&not_a_dir), "not a directory"),
+    ];
+    for (mode, context, says) in invalid {
+        let status = plugin.create_as("pvc-r", mode, context).await.unwrap_err();
+        assert_eq!(status.code(), Code::InvalidArgument, "{says}: {status:?}");
+        assert!(status.message().contains(says), "{says}: {status:?}");
+    }
+    // SPDK's refusal: a directory that is gone (or a share not mounted).
+    let status = plugin
+        .create_as("pvc-r", "Filesystem", fs_context(&share.join("gone")))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
+    assert!(status.message().contains("directory"), "{status:?}");
+
+    assert!(snap.fsdevs().await.is_empty());
+    assert!(snap.bdevs().await.is_empty());
+    assert!(plugin.list_all(0).await.is_empty());
+}
+
+/// plugin-check on the sample plugin making block devices only, filesystem
+/// devices only, and both: every check that applies passes, `fs-device` runs
+/// exactly where filesystem devices are advertised, `unoffered-kind-refused`
+/// where one kind is, and nothing is left behind.
+pub async fn plugin_check_judges_block_only_fs_only_and_both(source: &Source) {
+    let snap = source.snap().await;
+    let (share, fs_only) = share(&snap, false);
+    let both = Devices {
+        block: true,
+        ..fs_only.clone()
+    };
+    let file = snap.file("check.img");
+    let dir = volume_dir(&share, "check");
+    let block_context = aio_context(&file);
+    let cases = [
+        (Devices::default(), block_context.clone(), HashMap::new()),
+        // A plugin of one kind: --volume-context serves it.
+        (fs_only, fs_context(&dir), HashMap::new()),
+        (both, block_context, fs_context(&dir)),
+    ];
+    for (devices, volume_context, fs_volume_context) in cases {
+        let plugin = Plugin::start_making(snap.socket(), devices.clone()).await;
+        let config = plugin_check::Config {
+            socket: plugin.socket.clone(),
+            volume_context,
+            fs_volume_context,
+            timeout: Duration::from_secs(30),
+        };
+        let report = plugin_check::run(&config, &mut |result| println!("{result}"))
+            .await
+            .unwrap();
+        assert_eq!(report.failed(), 0, "{devices:?}\n{report}");
+        let passed = report.names(Verdict::Pass);
+        let fs = devices.fs_share.is_some();
+        assert_eq!(
+            passed.contains(&plugin_check::checks::FS_DEVICE),
+            fs,
+            "{devices:?}\n{report}"
+        );
+        assert_eq!(
+            passed.contains(&plugin_check::checks::CREATE_DEVICE),
+            devices.block,
+            "{devices:?}\n{report}"
+        );
+        assert_eq!(
+            passed.contains(&plugin_check::checks::UNOFFERED_KIND_REFUSED),
+            !(fs && devices.block),
+            "{devices:?}\n{report}"
+        );
+        assert!(passed.contains(&plugin_check::checks::DELETE_DEVICE_ABSENT));
+        assert!(snap.fsdevs().await.is_empty(), "{devices:?}");
+        assert!(snap.bdevs().await.is_empty(), "{devices:?}");
+    }
 }
