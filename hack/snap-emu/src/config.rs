@@ -125,6 +125,18 @@ impl Config {
             .unwrap_or_else(|| self.state_dir.join("sysfs"))
     }
 
+    /// Where the host side mounts virtio-fs devices, one directory per tag
+    /// (`<state_dir>/host/virtiofs`): a host here bind-mounts `<it>/<tag>`
+    /// where a real one mounts `-t virtiofs <tag>`.
+    pub fn effective_virtiofs_dir(&self) -> PathBuf {
+        self.host_dir().join(crate::host::VIRTIOFS_DIR)
+    }
+
+    /// The host side's own state (its records, its mounts).
+    pub(crate) fn host_dir(&self) -> PathBuf {
+        self.state_dir.join("host")
+    }
+
     pub(crate) fn validate(&self) -> anyhow::Result<()> {
         if self.reply_on_next_tick && self.poll_period.is_none() {
             bail!("replies on the next tick need a poll period");

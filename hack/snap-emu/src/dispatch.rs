@@ -20,6 +20,7 @@ use crate::bdev::nvme::NvmeInitiator;
 use crate::bdev::qos::QosLimits;
 use crate::faults::{Admit, Faults};
 use crate::framing::{self, Frame, to_json};
+use crate::fsdev::FsdevAio;
 use crate::nvmf::target::NvmfTarget;
 use crate::registry::{Family, Reply, Shared};
 use crate::rpc::{OnDecodeError, Rendered, RpcError, RpcResult, decode_opt, no_params};
@@ -54,6 +55,7 @@ pub(crate) fn families(files_dir: PathBuf, snap: Option<Snap>) -> Vec<Box<dyn Fa
         Box::new(QosLimits),
         Box::new(Iostat::new()),
         Box::new(Info),
+        Box::new(FsdevAio),
     ];
     if let Some(snap) = snap {
         families.push(Box::new(snap));
@@ -224,6 +226,8 @@ mod tests {
             "bdev_wait_for_examine",
             "framework_start_init",
             "framework_wait_init",
+            "fsdev_aio_create",
+            "fsdev_aio_delete",
             "nvmf_create_subsystem",
             "nvmf_create_transport",
             "nvmf_delete_subsystem",
@@ -270,6 +274,22 @@ mod tests {
             api::VIRTIO_BLK_CONTROLLER_HOTUNPLUG,
             api::VIRTIO_BLK_CONTROLLER_SUSPEND,
             api::VIRTIO_BLK_CONTROLLER_RESUME,
+            api::VIRTIO_FS_GET_TRANSPORTS,
+            api::VIRTIO_FS_TRANSPORT_CREATE,
+            api::VIRTIO_FS_TRANSPORT_START,
+            api::VIRTIO_FS_DOCA_GET_MANAGERS,
+            api::VIRTIO_FS_DOCA_MANAGER_CREATE,
+            api::VIRTIO_FS_DOCA_FUNCTION_CREATE,
+            api::VIRTIO_FS_DOCA_GET_FUNCTIONS,
+            api::VIRTIO_FS_DOCA_FUNCTION_DESTROY,
+            api::VIRTIO_FS_DEVICE_CREATE,
+            api::VIRTIO_FS_DOCA_DEVICE_MODIFY,
+            api::VIRTIO_FS_DEVICE_START,
+            api::VIRTIO_FS_DEVICE_STOP,
+            api::VIRTIO_FS_DOCA_DEVICE_HOTPLUG,
+            api::VIRTIO_FS_DOCA_DEVICE_HOTUNPLUG,
+            api::VIRTIO_FS_DEVICE_DESTROY,
+            api::VIRTIO_FS_GET_DEVICES,
         ];
         let mut expected: Vec<&str> = spdk.iter().chain(snap.iter()).copied().collect();
         expected.sort_unstable();

@@ -21,6 +21,7 @@ pub struct InProcess {
     thread: Option<JoinHandle<anyhow::Result<()>>>,
     socket: PathBuf,
     sysfs_root: PathBuf,
+    virtiofs_dir: PathBuf,
     rounds: Rounds,
 }
 
@@ -29,6 +30,7 @@ impl InProcess {
     pub async fn start(config: Config) -> anyhow::Result<InProcess> {
         let socket = config.socket.clone();
         let sysfs_root = config.effective_sysfs_root();
+        let virtiofs_dir = config.effective_virtiofs_dir();
         let (stop, stopped) = oneshot::channel::<()>();
         let (bound, listening) = oneshot::channel::<anyhow::Result<Rounds>>();
         let thread = std::thread::spawn(move || {
@@ -58,6 +60,7 @@ impl InProcess {
             thread: Some(thread),
             socket,
             sysfs_root,
+            virtiofs_dir,
             rounds: Rounds::default(),
         };
         match listening.await {
@@ -85,6 +88,13 @@ impl InProcess {
     /// The root of the sysfs-shaped tree the host side writes.
     pub fn sysfs_root(&self) -> &Path {
         &self.sysfs_root
+    }
+
+    /// Where the host mounts virtio-fs devices, one directory per tag: a
+    /// host here bind-mounts `<it>/<tag>` where a real one mounts
+    /// `-t virtiofs <tag>` (see [`Config::effective_virtiofs_dir`]).
+    pub fn virtiofs_dir(&self) -> &Path {
+        &self.virtiofs_dir
     }
 
     /// The dependent round trips clients have made so far, counted by the

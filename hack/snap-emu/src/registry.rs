@@ -38,6 +38,7 @@ use tokio::sync::Mutex;
 
 use crate::bdev::registry::{Bdev, Bdevs};
 use crate::datapath::volume::Volume;
+use crate::fsdev::registry::{Fsdev, Fsdevs};
 use crate::host::BlockStat;
 use crate::rpc::{RpcError, RpcResult};
 
@@ -86,6 +87,9 @@ pub(crate) trait Family: BdevModule + BdevUser + Any + Send + fmt::Debug {
     /// Graceful shutdown: listeners stop, connections close, the host side
     /// lets go of its disks.
     fn shutdown(&mut self) {}
+
+    /// `SPDK_FSDEV_EVENT_REMOVE`: `fsdev` is going; its users let go of it.
+    fn fsdev_removed(&mut self, _fsdev: &Fsdev) {}
 }
 
 /// What the bdev layer asks of a module that makes bdevs (SPDK's
@@ -143,6 +147,8 @@ pub(crate) trait BdevUser {
 /// family through the bdev layer's callbacks.
 pub(crate) struct Cx<'a> {
     pub bdevs: &'a mut Bdevs,
+    /// The fsdev layer's registry.
+    pub fsdevs: &'a mut Fsdevs,
     /// The families registered before and after the one called.
     before: &'a mut [Box<dyn Family>],
     after: &'a mut [Box<dyn Family>],
@@ -191,6 +197,15 @@ impl Cx<'_> {
         self.each(me, |f, bdevs| f.release(&bdev, bdevs));
         self.bdevs.remove(&bdev.name);
         self.each(me, |f, bdevs| f.destruct(&bdev, bdevs));
+    }
+
+    /// Unregisters an fsdev (`spdk_fsdev_unregister`): its users let go of
+    /// it first, in every family.
+    pub(crate) fn unregister_fsdev(&mut self, me: &mut dyn Family, name: &str) {
+        let Some(fsdev) = self.fsdevs.remove(name) else {
+            return;
+        };
+        self.each(me, |f, _| f.fsdev_removed(&fsdev));
     }
 
     /// Tells the users of a bdev that its size changed.
@@ -275,6 +290,7 @@ impl Shared {
         Arc::new_cyclic(|me| Shared {
             state: Arc::new(Mutex::new(State {
                 bdevs: Bdevs::default(),
+                fsdevs: Fsdevs::default(),
                 families,
                 me: me.clone(),
                 files_dir,
@@ -299,6 +315,7 @@ impl Shared {
 #[derive(Debug)]
 pub(crate) struct State {
     pub bdevs: Bdevs,
+    fsdevs: Fsdevs,
     families: Vec<Box<dyn Family>>,
     me: Weak<Shared>,
     files_dir: PathBuf,
@@ -315,6 +332,7 @@ impl State {
             .expect("a route leads to a registered family");
         let mut cx = Cx {
             bdevs: &mut self.bdevs,
+            fsdevs: &mut self.fsdevs,
             before,
             after,
             shared: &self.me,
@@ -339,6 +357,7 @@ impl State {
         let me = (me.as_mut() as &mut dyn Any).downcast_mut::<T>()?;
         let cx = Cx {
             bdevs: &mut self.bdevs,
+            fsdevs: &mut self.fsdevs,
             before,
             after,
             shared: &self.me,

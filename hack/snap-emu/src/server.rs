@@ -97,7 +97,7 @@ pub async fn bind(config: Config) -> anyhow::Result<Server> {
     // left on files we are about to remove.
     let host = if config.snap {
         let sysfs = config.effective_sysfs_root();
-        let host_dir = state_dir.join("host");
+        let host_dir = config.host_dir();
         let faults = config.faults.clone();
         let host = tokio::task::spawn_blocking(move || {
             HostSide::open(&sysfs, &host_dir).map(|h| h.with_faults(faults))
@@ -111,7 +111,7 @@ pub async fn bind(config: Config) -> anyhow::Result<Server> {
     } else {
         // A plain target needs no host side, but a SNAP run on this state
         // directory may have died with loop devices attached.
-        let host_dir = state_dir.join("host");
+        let host_dir = config.host_dir();
         if host_dir.exists() {
             let sysfs = config.effective_sysfs_root();
             tokio::task::spawn_blocking(move || {

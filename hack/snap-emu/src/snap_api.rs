@@ -38,6 +38,30 @@ pub(crate) const VIRTIO_BLK_CONTROLLER_HOTUNPLUG: &str = "virtio_blk_controller_
 pub(crate) const VIRTIO_BLK_CONTROLLER_SUSPEND: &str = "virtio_blk_controller_suspend";
 pub(crate) const VIRTIO_BLK_CONTROLLER_RESUME: &str = "virtio_blk_controller_resume";
 
+/// virtio-fs, as NVIDIA DPF's storage client drives it (see
+/// `docs/virtio-fs.md`): a transport, DOCA managers and their hot-pluggable
+/// functions, and devices serving an fsdev under a tag.
+pub(crate) const VIRTIO_FS_GET_TRANSPORTS: &str = "virtio_fs_get_transports";
+pub(crate) const VIRTIO_FS_TRANSPORT_CREATE: &str = "virtio_fs_transport_create";
+pub(crate) const VIRTIO_FS_TRANSPORT_START: &str = "virtio_fs_transport_start";
+pub(crate) const VIRTIO_FS_DOCA_GET_MANAGERS: &str = "virtio_fs_doca_get_managers";
+pub(crate) const VIRTIO_FS_DOCA_MANAGER_CREATE: &str = "virtio_fs_doca_manager_create";
+pub(crate) const VIRTIO_FS_DOCA_FUNCTION_CREATE: &str = "virtio_fs_doca_function_create";
+pub(crate) const VIRTIO_FS_DOCA_GET_FUNCTIONS: &str = "virtio_fs_doca_get_functions";
+pub(crate) const VIRTIO_FS_DOCA_FUNCTION_DESTROY: &str = "virtio_fs_doca_function_destroy";
+pub(crate) const VIRTIO_FS_DEVICE_CREATE: &str = "virtio_fs_device_create";
+pub(crate) const VIRTIO_FS_DOCA_DEVICE_MODIFY: &str = "virtio_fs_doca_device_modify";
+pub(crate) const VIRTIO_FS_DEVICE_START: &str = "virtio_fs_device_start";
+pub(crate) const VIRTIO_FS_DEVICE_STOP: &str = "virtio_fs_device_stop";
+pub(crate) const VIRTIO_FS_DOCA_DEVICE_HOTPLUG: &str = "virtio_fs_doca_device_hotplug";
+pub(crate) const VIRTIO_FS_DOCA_DEVICE_HOTUNPLUG: &str = "virtio_fs_doca_device_hotunplug";
+pub(crate) const VIRTIO_FS_DEVICE_DESTROY: &str = "virtio_fs_device_destroy";
+pub(crate) const VIRTIO_FS_GET_DEVICES: &str = "virtio_fs_get_devices";
+/// The one transport SNAP's virtio-fs has.
+pub(crate) const VIRTIO_FS_TRANSPORT_DOCA: &str = "DOCA";
+/// `struct virtio_fs_config`'s tag field.
+pub(crate) const VIRTIO_FS_TAG_MAX: usize = 36;
+
 /// Emulator-only test knobs, in the controller families they act on; no
 /// SNAP has them and `rpc_get_methods` does not list them. They do what a
 /// real host does on its own: here, name a controller's disks anew after a
@@ -50,6 +74,8 @@ pub(crate) const VIRTIO_BLK_CONTROLLER_EMU_RENAME: &str = "virtio_blk_controller
 pub(crate) enum Emulation {
     Nvme,
     VirtioBlk,
+    /// Listed by `virtio_fs_doca_get_functions` only.
+    VirtioFs,
 }
 
 /// Value of `emulation_type`.
@@ -57,6 +83,7 @@ pub(crate) fn emulation_type(e: Emulation) -> &'static str {
     match e {
         Emulation::Nvme => "NVME",
         Emulation::VirtioBlk => "VBLK",
+        Emulation::VirtioFs => "VIRTIOFS",
     }
 }
 
@@ -72,6 +99,110 @@ pub(crate) const DEFAULT_MNAN: u32 = 1024;
 pub(crate) const BDEV_TYPE_SPDK: &str = "spdk";
 
 // ---- parameters -------------------------------------------------------------
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct VirtioFsTransportParams {
+    pub transport_name: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct VirtioFsManagerParams {
+    pub manager: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct VirtioFsFunctionParams {
+    pub manager: String,
+    pub vuid: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct VirtioFsDeviceCreateParams {
+    pub transport_name: String,
+    pub dev_name: String,
+    pub tag: String,
+    pub fsdev: String,
+    pub num_request_queues: Option<u32>,
+    pub queue_size: Option<u32>,
+    pub driver_platform: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct VirtioFsDeviceModifyParams {
+    pub dev_name: String,
+    pub manager: String,
+    pub vuid: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct VirtioFsDeviceParams {
+    pub dev_name: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct VirtioFsHotplugParams {
+    pub dev_name: String,
+    /// SNAP answers once the host saw the change either way here.
+    #[serde(default, rename = "wait_for_done")]
+    pub _wait_for_done: bool,
+}
+
+/// A transport as `virtio_fs_get_transports` lists it.
+pub(crate) fn virtio_fs_transport_json(name: &str, started: bool, managers: &[String]) -> Value {
+    let managers: Vec<Value> = managers.iter().map(|m| json!({"name": m})).collect();
+    json!({
+        "name": name,
+        "state": if started { "started" } else { "created" },
+        "managers": managers,
+    })
+}
+
+/// A manager's functions as `virtio_fs_doca_get_functions` lists them;
+/// `functions` are `(pci_address, vuid)`.
+pub(crate) fn virtio_fs_functions_json(manager: &str, functions: &[(String, &str)]) -> Value {
+    let list: Vec<Value> = functions
+        .iter()
+        .map(|(pci_address, vuid)| {
+            json!({
+                "hot pluggable": true,
+                "pci_address": pci_address,
+                "vuid": vuid,
+                "function_type": "PF",
+            })
+        })
+        .collect();
+    json!({"manager": manager, "Function List": list})
+}
+
+/// A device as `virtio_fs_get_devices` lists it.
+pub(crate) struct VirtioFsDeviceView<'a> {
+    pub name: &'a str,
+    pub transport_name: &'a str,
+    pub running: bool,
+    pub fsdev: &'a str,
+    pub tag: &'a str,
+    pub queue_size: u32,
+    pub num_request_queues: u32,
+}
+
+pub(crate) fn virtio_fs_device_json(d: VirtioFsDeviceView) -> Value {
+    json!({
+        "name": d.name,
+        "transport_name": d.transport_name,
+        "state": if d.running { "running" } else { "stopped" },
+        "fsdev": d.fsdev,
+        "tag": d.tag,
+        "queue_size": d.queue_size,
+        "num_request_queues": d.num_request_queues,
+    })
+}
 
 #[derive(Debug, Deserialize, Default)]
 #[serde(deny_unknown_fields)]

@@ -32,9 +32,9 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("configuration", &["config"]),
     (
         "the bdev layer and the families' seam",
-        &["bdev::registry", "registry"],
+        &["bdev::registry", "fsdev::registry", "registry"],
     ),
-    ("the families", &["bdev", "nvmf", "snap"]),
+    ("the families", &["bdev", "fsdev", "nvmf", "snap"]),
     ("routing", &["dispatch"]),
     ("serving", &["poller", "server", "in_process"]),
     ("the library", &[""]),

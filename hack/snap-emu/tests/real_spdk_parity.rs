@@ -100,6 +100,7 @@ impl Side {
         sparse_file(&dir.join("empty.img"), 0);
         sparse_file(&dir.join("odd.img"), 4096 + 512);
         sparse_file(&dir.join("small.img"), 4 * MIB);
+        std::fs::create_dir(dir.join("fs")).unwrap();
         let vars = HashMap::from([
             ("port".to_string(), free_port().to_string()),
             ("closed".to_string(), free_port().to_string()),

@@ -265,7 +265,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 /// Lazily unmounts every FUSE mount (dead or not: none can be a live
 /// emulator's, the host side's lock sees to that) stacked at `mountpoint`.
-fn unmount_stale(mountpoint: &Path) -> anyhow::Result<()> {
+pub(crate) fn unmount_stale(mountpoint: &Path) -> anyhow::Result<()> {
     loop {
         match statfs(mountpoint) {
             Ok(s) if s.filesystem_type() != FUSE_SUPER_MAGIC => return Ok(()),

@@ -11,6 +11,8 @@
 //!   layer's [`IoStats`] (`stats`), which `bdev_get_iostat` reports, as SPDK
 //!   counts an I/O at each bdev it passes. A crypto bdev's blocks pass its
 //!   `cipher` (AES-XTS), an NVMe-oF namespace's go to its target (`remote`).
+//! - `passthrough`: a directory tree served through FUSE as it is (an
+//!   fsdev's tree, which the host mounts as a virtio-fs device).
 //! - `fuse`: the FUSE mount (one per host side, `<host state>/datapath`),
 //!   one file per exposure, and the crash clean-up of a dead mount.
 //! - [`DataPathMode`]: which exposures go through it (`--data-path`; SNAP
@@ -28,6 +30,7 @@
 
 pub(crate) mod cipher;
 pub(crate) mod fuse;
+pub(crate) mod passthrough;
 pub(crate) mod qos;
 pub(crate) mod remote;
 pub(crate) mod stats;

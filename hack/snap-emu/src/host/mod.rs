@@ -47,10 +47,11 @@ mod recovery;
 #[cfg(test)]
 mod tests;
 mod tree;
+mod virtiofs;
 
 use std::fs::{self, File, TryLockError};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -67,6 +68,7 @@ use tree::{
     DiskAttrs, DiskId, SECTOR, Tree, key_bdf, nvme_disk, remove_dir_all_if_present, validate_bdf,
     validate_disk_name, virtio_disk,
 };
+use virtiofs::VirtioFs;
 
 pub use tree::{DiskRef, FunctionKind, HostDisk};
 
@@ -129,6 +131,8 @@ pub struct HostSide {
     missed: Missed,
     /// Serves the disks whose source is the data path.
     datapath: DataPath,
+    /// The virtio-fs devices the host sees and their mounts.
+    virtiofs: Mutex<VirtioFs>,
     /// Held (flock) for our lifetime; the kernel drops it when the process dies.
     _lock: File,
 }
@@ -137,6 +141,8 @@ const RECORDS_DIR: &str = "host-disks";
 const LOCK_FILE: &str = "host.lock";
 /// The data path's FUSE mount point.
 const DATAPATH_DIR: &str = "datapath";
+/// Where virtio-fs devices are mounted, one directory per tag.
+pub const VIRTIOFS_DIR: &str = "virtiofs";
 
 impl HostSide {
     /// Opens the host side and removes whatever an earlier run left behind:
@@ -188,10 +194,12 @@ impl HostSide {
             faults: Faults::default(),
             missed: Missed::default(),
             datapath: DataPath::new(state_dir.join(DATAPATH_DIR)),
+            virtiofs: Mutex::new(VirtioFs::new(state_dir.join(VIRTIOFS_DIR))),
             _lock: lock,
         };
         host.release_everything()
             .and_then(|()| host.datapath.unmount_stale())
+            .and_then(|()| host.virtiofs().clean_up(&host.tree))
             .with_context(|| {
                 format!(
                     "cleaning up what an earlier run left (records in {}, tree under {})",
@@ -451,10 +459,37 @@ impl HostSide {
         Ok(())
     }
 
+    /// The directory holding a mount per virtio-fs device on the host,
+    /// named by its tag: a host here bind-mounts `<it>/<tag>` where a real
+    /// one mounts `-t virtiofs <tag>`.
+    pub fn virtiofs_dir(&self) -> PathBuf {
+        self.virtiofs().mounts_dir().to_owned()
+    }
+
+    /// A started virtio-fs device of the function at `bdf` appears on the
+    /// host, serving the tree at `root` under `tag`; returns the `<n>` of
+    /// `fs/virtiofs/<n>`.
+    pub fn show_virtiofs(&self, bdf: &str, tag: &str, root: &Path) -> anyhow::Result<u32> {
+        validate_bdf(bdf)?;
+        let _guard = self.queue.lock(bdf);
+        self.virtiofs().show(&self.tree, bdf, tag, root)
+    }
+
+    /// Virtio-fs device `<n>` leaves the host; whoever still has it mounted
+    /// gets ENOTCONN.
+    pub fn hide_virtiofs(&self, n: u32) {
+        self.virtiofs().hide(&self.tree, n);
+    }
+
+    fn virtiofs(&self) -> std::sync::MutexGuard<'_, VirtioFs> {
+        self.virtiofs.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     /// Waits for the queued attaches, then detaches every disk and removes the
     /// whole tree (graceful shutdown).
     pub fn shutdown(&self) -> anyhow::Result<()> {
         self.queue.wait_idle();
+        self.virtiofs().hide_all(&self.tree);
         // Loop devices first: detaching one closes its data path file.
         self.release_everything()
             .and_then(|()| self.datapath.unmount())

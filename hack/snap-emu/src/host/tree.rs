@@ -248,7 +248,18 @@ impl Tree {
 
     /// Puts a directory with exactly `files` at `dir`, replacing what is there,
     /// in one rename so that readers see all of it or none of it.
-    fn install_dir(&self, dir: &Path, files: &[(&str, Vec<u8>)]) -> anyhow::Result<()> {
+    pub(super) fn install_dir(&self, dir: &Path, files: &[(&str, Vec<u8>)]) -> anyhow::Result<()> {
+        self.install(dir, files, &[])
+    }
+
+    /// [`install_dir`](Self::install_dir) with symlinks too: `links` are
+    /// `(name, target)`.
+    pub(super) fn install(
+        &self,
+        dir: &Path,
+        files: &[(&str, Vec<u8>)],
+        links: &[(&str, &Path)],
+    ) -> anyhow::Result<()> {
         let tmp_root = self.root.join(TMP_DIR);
         fs::create_dir_all(&tmp_root)
             .with_context(|| format!("creating {}", tmp_root.display()))?;
@@ -261,6 +272,9 @@ impl Tree {
             fs::create_dir(&tmp)?;
             for (name, contents) in files {
                 fs::write(tmp.join(name), contents)?;
+            }
+            for (name, target) in links {
+                std::os::unix::fs::symlink(target, tmp.join(name))?;
             }
             if let Some(parent) = dir.parent() {
                 fs::create_dir_all(parent)?;
@@ -283,6 +297,7 @@ impl Tree {
 pub enum FunctionKind {
     Nvme,
     VirtioBlk,
+    VirtioFs,
 }
 
 impl FunctionKind {
@@ -298,6 +313,9 @@ impl FunctionKind {
             // the modern virtio-blk device id, shown with class 0x010000 (SCSI
             // storage controller) as QEMU shows it.
             FunctionKind::VirtioBlk => (0x1af4, 0x1042, 0x010000),
+            // 0x105a: the modern virtio-fs device id (0x1040 + 26), with
+            // class 0x018000 (other mass storage), as QEMU shows it.
+            FunctionKind::VirtioFs => (0x1af4, 0x105a, 0x018000),
         }
     }
 
@@ -305,6 +323,7 @@ impl FunctionKind {
         match self {
             FunctionKind::Nvme => "NVMe",
             FunctionKind::VirtioBlk => "virtio-blk",
+            FunctionKind::VirtioFs => "virtio-fs",
         }
     }
 }
@@ -315,7 +334,11 @@ fn function_kind(dir: &Path) -> anyhow::Result<Option<FunctionKind>> {
     let read = |name: &str| fs::read_to_string(dir.join(name));
     match (read("vendor"), read("device"), read("class")) {
         (Ok(vendor), Ok(device), Ok(class)) => {
-            for kind in [FunctionKind::Nvme, FunctionKind::VirtioBlk] {
+            for kind in [
+                FunctionKind::Nvme,
+                FunctionKind::VirtioBlk,
+                FunctionKind::VirtioFs,
+            ] {
                 let (v, d, c) = kind.ids();
                 if vendor == format!("0x{v:04x}\n")
                     && device == format!("0x{d:04x}\n")

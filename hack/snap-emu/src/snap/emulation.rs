@@ -53,6 +53,10 @@ pub(super) trait Emulation: Send + fmt::Debug {
 
     /// The host disks that show `bdev`, or are on their way there.
     fn disks_of(&self, bdev: &str) -> Vec<DiskRef>;
+
+    /// `fsdev` is going (SPDK_FSDEV_EVENT_REMOVE): what serves it leaves the
+    /// host.
+    fn fsdev_removed(&mut self, _fsdev: &str, _visible: &Visible) {}
 }
 
 /// What the steps common to every emulation need of its controllers, by

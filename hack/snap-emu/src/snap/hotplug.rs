@@ -75,7 +75,11 @@ pub(super) fn hotunplug(c: &mut impl Controllers, ci: usize, cx: &mut SnapCx<'_,
 }
 
 /// Makes a hot-plugged PF visible to the host (it gets its address).
-fn plug_function(functions: &mut Functions, visible: &Visible, vuid: &str) -> Result<(), RpcError> {
+pub(super) fn plug_function(
+    functions: &mut Functions,
+    visible: &Visible,
+    vuid: &str,
+) -> Result<(), RpcError> {
     let f = functions.get(vuid).ok_or(RpcError::errno(ENODEV))?;
     if !f.hotplugged {
         return Err(RpcError::errno(EINVAL));
@@ -95,7 +99,7 @@ fn plug_function(functions: &mut Functions, visible: &Visible, vuid: &str) -> Re
 }
 
 /// Takes a hot-plugged PF away from the host (its disks must be gone).
-fn unplug_function(
+pub(super) fn unplug_function(
     functions: &mut Functions,
     visible: &Visible,
     vuid: &str,

@@ -34,6 +34,7 @@ pub(crate) mod hotplug;
 pub(crate) mod model;
 pub(crate) mod nvme;
 pub(crate) mod virtio_blk;
+pub(crate) mod virtio_fs;
 pub(crate) mod visible;
 
 use std::sync::Arc;
@@ -43,6 +44,7 @@ use serde_json::Value;
 use crate::bdev::registry::{Bdev, Bdevs};
 use crate::datapath::DataPathMode;
 use crate::framing::to_json;
+use crate::fsdev::registry::Fsdev;
 use crate::host::{BlockStat, DiskRef, HostSide};
 use crate::registry::{Answer, BdevModule, BdevUser, Cx, Family, Reply};
 use crate::rpc::{OnDecodeError, RpcError, decode_opt};
@@ -51,6 +53,7 @@ use emulation::{Emulation, SnapCx};
 use model::Functions;
 use nvme::Nvme;
 use virtio_blk::VirtioBlk;
+use virtio_fs::VirtioFs;
 use visible::Visible;
 
 /// SNAP: its functions, the host side, and its emulations.
@@ -72,7 +75,11 @@ impl Snap {
         Self {
             functions,
             visible: Visible::new(host, data_path),
-            emulations: vec![Box::new(Nvme::default()), Box::new(VirtioBlk::default())],
+            emulations: vec![
+                Box::new(Nvme::default()),
+                Box::new(VirtioBlk::default()),
+                Box::new(VirtioFs::default()),
+            ],
         }
     }
 
@@ -81,7 +88,8 @@ impl Snap {
         let fns = &self.functions;
         let out = fns
             .iter()
-            .filter(|f| f.is_pf())
+            // virtio-fs functions are its manager's (`virtio_fs_doca_get_functions`).
+            .filter(|f| f.is_pf() && f.emulation != api::Emulation::VirtioFs)
             .map(|pf| {
                 let vfs = fns
                     .iter()
@@ -151,6 +159,12 @@ impl Family for Snap {
 
     fn shutdown(&mut self) {
         self.visible.shutdown();
+    }
+
+    fn fsdev_removed(&mut self, fsdev: &Fsdev) {
+        for e in &mut self.emulations {
+            e.fsdev_removed(&fsdev.name, &self.visible);
+        }
     }
 }
 

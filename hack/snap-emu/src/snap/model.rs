@@ -22,6 +22,7 @@ pub(crate) fn host_kind(e: Emulation) -> FunctionKind {
     match e {
         Emulation::Nvme => FunctionKind::Nvme,
         Emulation::VirtioBlk => FunctionKind::VirtioBlk,
+        Emulation::VirtioFs => FunctionKind::VirtioFs,
     }
 }
 
@@ -43,6 +44,13 @@ pub(crate) struct Function {
 impl Function {
     pub fn is_pf(&self) -> bool {
         self.vf_index.is_none()
+    }
+
+    /// The PCI address it has on the host, or will have once plugged
+    /// (`0000:` and its BDF).
+    pub fn pci_address(&self) -> String {
+        let bdf = format_bdf(self.bus, self.vf_index.map_or(0, |v| v + 1));
+        format!("0000:{bdf}")
     }
 
     /// What `emulation_function_list` prints for an unenumerated function.

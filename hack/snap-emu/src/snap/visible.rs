@@ -175,6 +175,30 @@ impl Visible {
         }
     }
 
+    /// A virtio-fs device of the function at `bdf` serving `root` under
+    /// `tag` appears on the host: its `<n>`, `None` without a host.
+    pub(super) fn show_virtiofs(
+        &self,
+        bdf: &str,
+        tag: &str,
+        root: &std::path::Path,
+    ) -> Result<Option<u32>, RpcError> {
+        match &self.host {
+            Some(host) => host
+                .show_virtiofs(bdf, tag, root)
+                .map(Some)
+                .map_err(|e| host_error("show a virtio-fs device", &e)),
+            None => Ok(None),
+        }
+    }
+
+    /// Virtio-fs device `<n>` leaves the host.
+    pub(super) fn hide_virtiofs(&self, n: u32) {
+        if let Some(host) = &self.host {
+            host.hide_virtiofs(n);
+        }
+    }
+
     /// Graceful shutdown: the host side detaches every disk.
     pub(super) fn shutdown(&mut self) {
         if let Some(host) = self.host.take()
