@@ -46,6 +46,8 @@ pub struct Emulator {
     root: PathBuf,
     pub socket: PathBuf,
     pub sysfs_root: PathBuf,
+    /// Where the emulated host mounts each hot-plugged virtio-fs tag.
+    pub virtiofs_dir: PathBuf,
     /// Faults the test switches on while it runs (`snap_emu::faults`).
     pub faults: snap_emu::Faults,
     // Declared last: removed only after the emulator has stopped.
@@ -76,6 +78,7 @@ impl Emulator {
             faults,
             socket: running.socket().to_path_buf(),
             sysfs_root: running.sysfs_root().to_path_buf(),
+            virtiofs_dir: running.virtiofs_dir().to_path_buf(),
             running: Some(running),
             root: root.to_path_buf(),
             _owned: None,
