@@ -323,6 +323,28 @@ async fn a_capability_a_filesystem_device_cannot_serve_is_refused_and_changes_no
     host.assert_nothing_left().await;
 }
 
+/// The wrong-device guard: a staging path that holds another volume's tag
+/// is not taken for this volume's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_volumes_tag_at_the_staging_path_is_refused() {
+    let host = Host::start().await;
+    let (share, other_share) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let rwo = capability("", Mode::SingleNodeWriter);
+    host.stage(rwo.clone(), share.path()).await.unwrap();
+    let mut node = host.stack.client.clone();
+    let other = stage_request("pvc-other", &host.staging, rwo, other_share.path());
+    let error = node.node_stage_volume(other).await.unwrap_err();
+    assert_eq!(error.code(), Code::AlreadyExists, "{error:?}");
+    let ours = snap_csi::dpu::names::VolumeNames::new("pvc-fs").fs_tag;
+    assert!(error.message().contains(&ours), "{error:?}");
+    assert_eq!(fs_type_at(&host.staging), "fuse.virtiofs");
+    // The other volume was never mounted: its unstage elsewhere detaches it.
+    let elsewhere = host.stack.path("plugins/staging/pvc-other");
+    unstage(&mut node, "pvc-other", &elsewhere).await;
+    unstage(&mut node, "pvc-fs", &host.staging).await;
+    host.assert_nothing_left().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_plugin_without_filesystem_devices_is_named_in_a_failed_precondition() {
     let block_only: Vec<Capability> = CAPABILITIES
