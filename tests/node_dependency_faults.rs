@@ -317,6 +317,7 @@ async fn a_disk_the_host_never_sees_fails_the_stage_in_time_and_the_retry_conver
             let identity = match emulation {
                 EmulationSetting::Nvme => names.namespace_uuid.clone(),
                 EmulationSetting::VirtioBlk => names.serial.clone(),
+                EmulationSetting::VirtioFs => unreachable!("a block emulation"),
             };
             let backing = stack.backing_file(&format!("{volume_id}.img"), SIZE);
             let staging = stack.path(&format!("staging/{volume_id}"));

@@ -672,11 +672,20 @@ def check_host_cluster(
         t.check(p is None or p in placements, where, f"snap-csi.io/placement {p} is not one the node takes {sorted(placements)}")
         t.check(p != "packed" or e == "nvme", where, "snap-csi.io/placement packed needs snap-csi.io/emulation nvme")
         fs = params.get("csi.storage.k8s.io/fstype")
-        t.check(fs is None or fs in fs_types, where, f"fstype {fs} is not one the node formats {sorted(fs_types)}")
+        fs_ok = fs in fs_types or (e == "virtio-fs" and fs == "virtiofs")
+        t.check(fs is None or fs_ok, where, f"fstype {fs} is not one the node formats {sorted(fs_types)}")
         t.check(o.get("allowVolumeExpansion") is True, where, "allowVolumeExpansion must be true (the node grows ext4 and xfs)")
         t.check(o.get("volumeBindingMode") == "WaitForFirstConsumer", where, "volumeBindingMode must be WaitForFirstConsumer")
         seen.add((b, e))
-    missing = sorted({(b, e) for b in backends for e in emulations} - seen)
+    # A filesystem emulation (virtio-fs) takes a filesystem backend's fsdevs,
+    # the block emulations the other backends' bdevs.
+    fs_emulations, fs_backends = {"virtio-fs"}, {"fs"}
+    wanted = {(b, e) for b in backends - fs_backends for e in emulations - fs_emulations}
+    wanted |= {(b, e) for b in backends & fs_backends for e in emulations & fs_emulations}
+    for b, e in seen:
+        t.check((e in fs_emulations) == (b in fs_backends), f"StorageClass ({b}, {e})",
+                "a filesystem emulation needs a filesystem backend, a block one a block backend")
+    missing = sorted(wanted - seen)
     t.check(not missing, f"{root}: StorageClasses", f"no class for (backend, emulation) {missing}")
     t.check(any(o.get("kind") == "VolumeSnapshotClass" for o in objs), f"{root}: VolumeSnapshotClass", "none defined")
 

@@ -343,7 +343,7 @@ impl DpuAttach for Colocated {
     }
 
     async fn inventory(&self, deadline: Instant) -> Result<Inventory, DpuError> {
-        inventory::read(self.snap(deadline).await?, deadline).await
+        inventory::read(self.snap(deadline).await?, &self.exposures, deadline).await
     }
 
     async fn io_stats(&self, deadline: Instant) -> Result<IoStats, DpuError> {

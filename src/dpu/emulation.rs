@@ -7,24 +7,28 @@
 
 use crate::spdk::snap::EmulationType;
 
-/// How SNAP presents a volume to the host; `nvme` or `virtio-blk` in files,
-/// flags and volume contexts.
+/// How SNAP presents a volume to the host; `nvme`, `virtio-blk` or
+/// `virtio-fs` in files, flags and volume contexts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Deserialize)]
 #[serde(try_from = "String")]
 pub enum Emulation {
     Nvme,
     VirtioBlk,
+    /// A filesystem device: SNAP serves the plugin's fsdev to the host, which
+    /// mounts it by tag (`docs/virtio-fs.md`).
+    VirtioFs,
 }
 
 impl Emulation {
     /// Every emulation, in the order messages list them.
-    pub const ALL: [Emulation; 2] = [Emulation::Nvme, Emulation::VirtioBlk];
+    pub const ALL: [Emulation; 3] = [Emulation::Nvme, Emulation::VirtioBlk, Emulation::VirtioFs];
 
     /// Its name in files, flags and volume contexts.
     pub fn name(self) -> &'static str {
         match self {
             Emulation::Nvme => "nvme",
             Emulation::VirtioBlk => "virtio-blk",
+            Emulation::VirtioFs => "virtio-fs",
         }
     }
 
@@ -33,23 +37,38 @@ impl Emulation {
         match self {
             Emulation::Nvme => "NVMe",
             Emulation::VirtioBlk => "virtio-blk",
+            Emulation::VirtioFs => "virtio-fs",
         }
     }
 
-    /// The kind of emulated function SNAP runs it on.
-    pub fn function_kind(self) -> EmulationType {
+    /// The kind of emulated function SNAP lists it on in
+    /// `emulation_function_list`; `None` for virtio-fs, whose functions are
+    /// hot-plugged per volume and listed by its own service.
+    pub fn function_kind(self) -> Option<EmulationType> {
         match self {
-            Emulation::Nvme => EmulationType::Nvme,
-            Emulation::VirtioBlk => EmulationType::VirtioBlk,
+            Emulation::Nvme => Some(EmulationType::Nvme),
+            Emulation::VirtioBlk => Some(EmulationType::VirtioBlk),
+            Emulation::VirtioFs => None,
         }
     }
 
     /// Whether one function can carry several volumes (the packed
-    /// placement): NVMe's namespaces. A virtio-blk function carries one disk.
+    /// placement): NVMe's namespaces. A virtio-blk function carries one
+    /// disk, a virtio-fs function one tag.
     pub fn packs(self) -> bool {
         match self {
             Emulation::Nvme => true,
-            Emulation::VirtioBlk => false,
+            Emulation::VirtioBlk | Emulation::VirtioFs => false,
+        }
+    }
+
+    /// Whether the host gets a filesystem rather than a disk: the plugin
+    /// makes a filesystem device, the host mounts it and formats nothing,
+    /// and several hosts may mount it at once.
+    pub fn serves_files(self) -> bool {
+        match self {
+            Emulation::Nvme | Emulation::VirtioBlk => false,
+            Emulation::VirtioFs => true,
         }
     }
 
@@ -64,7 +83,7 @@ impl Emulation {
     }
 
     /// `what` of each of `emulations` as a message lists choices:
-    /// `listed(Emulation::ALL, Emulation::name)` is "nvme or virtio-blk".
+    /// `listed(Emulation::ALL, Emulation::name)` is "nvme, virtio-blk or virtio-fs".
     pub fn listed(
         emulations: impl IntoIterator<Item = Emulation>,
         what: fn(Emulation) -> &'static str,
@@ -107,7 +126,9 @@ mod tests {
     fn each_emulation_is_named_once_and_parsed_back() {
         for emulation in Emulation::ALL {
             assert_eq!(Emulation::parse(emulation.name()), Some(emulation));
-            assert_eq!(Emulation::from(emulation.function_kind()), emulation);
+            if let Some(kind) = emulation.function_kind() {
+                assert_eq!(Emulation::from(kind), emulation);
+            }
             let json = serde_json::Value::String(emulation.name().into());
             assert_eq!(
                 serde_json::from_value::<Emulation>(json).unwrap(),
@@ -117,7 +138,7 @@ mod tests {
         assert_eq!(Emulation::parse("NVMe"), None);
         assert_eq!(
             Emulation::listed(Emulation::ALL, Emulation::name),
-            "nvme or virtio-blk"
+            "nvme, virtio-blk or virtio-fs"
         );
         assert_eq!(
             Emulation::listed(Emulation::packing(), Emulation::label),
@@ -125,7 +146,9 @@ mod tests {
         );
         let refused = serde_json::from_value::<Emulation>("scsi".into()).unwrap_err();
         assert!(
-            refused.to_string().contains("must be nvme or virtio-blk"),
+            refused
+                .to_string()
+                .contains("must be nvme, virtio-blk or virtio-fs"),
             "{refused}"
         );
     }

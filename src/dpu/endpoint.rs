@@ -91,8 +91,9 @@ impl SnapEndpoint {
         SnapEndpoint {
             rpc: RpcClient::new(socket),
             pools: Emulation::ALL
-                .map(|e| (e.function_kind(), FunctionPool::default()))
-                .into(),
+                .into_iter()
+                .filter_map(|e| Some((e.function_kind()?, FunctionPool::default())))
+                .collect(),
             functions: SharedListing::default(),
             subsystems: SharedListing::default(),
         }
@@ -188,8 +189,15 @@ impl SnapEndpoint {
         F: FnMut(String) -> Fut,
         Fut: Future<Output = Result<ControllerCreated, RpcError>>,
     {
-        let kind = emulation.function_kind();
-        let pool = &self.pools[&kind];
+        let Some((kind, pool)) = emulation
+            .function_kind()
+            .and_then(|k| Some((k, self.pools.get(&k)?)))
+        else {
+            return Err(DpuError::Internal(format!(
+                "{what}: SNAP lists no {} functions in emulation_function_list",
+                emulation.label()
+            )));
+        };
         let mut tried = HashSet::new();
         let mut fresh = false;
         loop {

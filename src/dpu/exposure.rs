@@ -15,11 +15,10 @@
 //! detach does not know how the volume was exposed: it asks every exposure
 //! and releases what each holds.
 //!
-//! Adding an emulation: a file implementing [`Exposure`], its line in
-//! [`Exposures::new`], its variant in [`Emulation`] and in
-//! [`super::HostLocator`] (and the agent API's `Emulation` and
-//! `HostLocator`, `wire.rs`). The node's census (`inventory`) still reads
-//! SNAP's listings of each emulation itself.
+//! Adding an emulation: a file implementing [`Exposure`] (with its
+//! [`Exposure::census`]), its line in [`Exposures::new`], its variant in
+//! [`Emulation`] and in [`super::HostLocator`] (and the agent API's
+//! `Emulation` and `HostLocator`, `wire.rs`).
 
 use std::sync::Arc;
 
@@ -28,7 +27,10 @@ use tokio::time::Instant;
 use super::endpoint::SnapEndpoint;
 use super::functions::FunctionListing;
 use super::names::VolumeNames;
-use super::{AttachRequest, DpuError, Emulation, HostLocator, Placement, nvme, packed, virtio};
+use super::{
+    AttachRequest, DpuError, Emulation, ExposedVolume, FunctionUse, HostLocator, Placement,
+    PoolUse, nvme, packed, virtio, virtiofs,
+};
 
 /// How much of SNAP's state [`Exposure::find`] reads.
 #[derive(Debug, Clone, Copy)]
@@ -66,7 +68,9 @@ pub(crate) trait Exposure: Send + Sync + std::fmt::Debug {
 
     /// Whether it is the packed placement (several volumes on one function)
     /// rather than the dedicated one.
-    fn packed(&self) -> bool;
+    fn packed(&self) -> bool {
+        false
+    }
 
     /// Whether placing a volume that is new to SNAP needs this exposure's
     /// state first; `false` where the first create's answer says when there
@@ -81,6 +85,22 @@ pub(crate) trait Exposure: Send + Sync + std::fmt::Debug {
         read: Read,
         deadline: Instant,
     ) -> Result<Box<dyn Found + 'a>, DpuError>;
+
+    /// What SNAP holds this way beyond the functions of
+    /// `emulation_function_list` and what `inventory` joins from them: the
+    /// emulation's own functions and every volume it exposes under our names
+    /// (also half-made ones), for the node's census.
+    async fn census(&self, _snap: &SnapEndpoint, _deadline: Instant) -> Result<Census, DpuError> {
+        Ok(Census::default())
+    }
+}
+
+/// One exposure's part of the [`super::Inventory`].
+#[derive(Debug, Default)]
+pub(crate) struct Census {
+    pub functions: Vec<FunctionUse>,
+    pub volumes: Vec<ExposedVolume>,
+    pub pools: Vec<PoolUse>,
 }
 
 /// What SNAP holds of one volume one way, as [`Exposure::find`] read it.
@@ -125,6 +145,7 @@ impl Exposures {
             Box::new(nvme::Dedicated),
             Box::new(packed::Packed::default()),
             Box::new(virtio::VirtioBlk),
+            Box::new(virtiofs::VirtioFs),
         ])
     }
 

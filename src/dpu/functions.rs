@@ -74,7 +74,7 @@ impl FunctionListing {
     /// The host address of the function carrying controller `ctrl_id`
     /// (matched by name, or by the vhca the controller reports).
     pub fn bdf_of(&self, emulation: Emulation, ctrl_id: &str, vhca_id: u32) -> Option<String> {
-        let kind = emulation.function_kind();
+        let kind = emulation.function_kind()?;
         let mine = || self.iter().filter(|f| f.emulation_type == kind);
         mine()
             .find(|f| f.ctrl_id.as_deref() == Some(ctrl_id))

@@ -1,13 +1,18 @@
 //! The [`Inventory`]: SNAP's three listings (functions, NVMe subsystems,
 //! virtio-blk controllers) joined into what each function carries, which of
 //! our volumes SNAP exposes (a packed one by its namespace UUID, in whichever
-//! pool it is) and the pools. Read together, in one round trip.
+//! pool it is) and the pools, with every exposure's own [`Census`] (an
+//! emulation with functions and listings of its own, virtio-fs). Read
+//! together, in one round trip.
 
 use std::collections::HashMap;
 
 use tokio::time::Instant;
 
+use futures::future::try_join_all;
+
 use super::endpoint::SnapEndpoint;
+use super::exposure::{Census, Exposures};
 use super::functions::FunctionListing;
 use super::names::{is_our_nqn, is_our_serial};
 use super::{DpuError, Emulation, ExposedVolume, FunctionUse, Inventory, PoolUse, packed, virtio};
@@ -15,15 +20,31 @@ use crate::spdk::snap::{
     EmulationType, NvmeSubsystem, NvmeSubsystemList, VirtioBlkController, VirtioBlkControllerList,
 };
 
-pub(crate) async fn read(snap: &SnapEndpoint, deadline: Instant) -> Result<Inventory, DpuError> {
-    let (functions, subsystems, controllers) = tokio::join!(
+pub(crate) async fn read(
+    snap: &SnapEndpoint,
+    exposures: &Exposures,
+    deadline: Instant,
+) -> Result<Inventory, DpuError> {
+    let (functions, subsystems, controllers, censuses) = tokio::join!(
         snap.list_functions_fresh(deadline),
         snap.call(&NvmeSubsystemList {}, deadline),
         snap.call(&VirtioBlkControllerList {}, deadline),
+        try_join_all(exposures.all().map(|e| e.census(snap, deadline))),
     );
     let subsystems = subsystems.map_err(|e| snap.error("listing NVMe subsystems", e))?;
     let controllers = controllers.map_err(|e| snap.error("listing virtio-blk controllers", e))?;
-    Ok(join(&*functions?, &subsystems, &controllers))
+    let mut inventory = join(&*functions?, &subsystems, &controllers);
+    for Census {
+        functions,
+        volumes,
+        pools,
+    } in censuses?
+    {
+        inventory.functions.extend(functions);
+        inventory.volumes.extend(volumes);
+        inventory.pools.extend(pools);
+    }
+    Ok(inventory)
 }
 
 fn join(

@@ -18,7 +18,8 @@
 //!   registry of its implementations, one per emulation and placement:
 //!   `nvme` (dedicated NVMe: a subsystem and a function per volume),
 //!   `packed` (packed NVMe: a namespace on a pool controller shared with
-//!   other volumes) and `virtio` (virtio-blk).
+//!   other volumes), `virtio` (virtio-blk) and `virtiofs` (virtio-fs: the
+//!   plugin's fsdev on a hot-plugged function, mounted by tag).
 //! - `emulation`: [`Emulation`], each emulation described once.
 //! - `endpoint` (one SNAP socket: its client, function pools and the
 //!   listings concurrent calls share), `functions` (choosing a free emulated
@@ -46,6 +47,7 @@ mod packed;
 pub mod plugin;
 pub mod remote;
 mod virtio;
+mod virtiofs;
 pub mod wire;
 
 pub use emulation::Emulation;

@@ -29,6 +29,13 @@ pub const NQN_PREFIX: &str = "nqn.2022-10.io.snap-csi:vol-";
 const CRYPTO_BDEV_PREFIX: &str = "snapcsi-crypt-";
 const CRYPTO_KEY_PREFIX: &str = "snapcsi-key-";
 
+/// A virtio-fs tag is at most 36 bytes (`struct virtio_fs_config`).
+const TAG_MAX: usize = 36;
+const TAG_PREFIX: &str = "sc-";
+const _: () = assert!(TAG_PREFIX.len() + 32 <= TAG_MAX);
+/// Prefix of a volume's virtio-fs device in SNAP.
+const FS_DEVICE_PREFIX: &str = "snapcsi-fs-";
+
 /// virtio-blk carries the serial in VIRTIO_BLK_ID_BYTES (20 bytes).
 const SERIAL_MAX: usize = 20;
 const SERIAL_PREFIX: &str = "sc-";
@@ -42,6 +49,10 @@ pub struct VolumeNames {
     pub namespace_uuid: String,
     /// virtio-blk `vblk_id` and NVMe subsystem serial number (20 bytes).
     pub serial: String,
+    /// virtio-fs tag the host mounts by (35 bytes: the digest's 32 hex).
+    pub fs_tag: String,
+    /// SNAP's virtio-fs device serving the volume's fsdev under the tag.
+    pub fs_device: String,
     /// The crypto vbdev SNAP exposes instead of the plugin's bdev when the
     /// volume is encrypted on the DPU.
     pub crypto_bdev: String,
@@ -63,6 +74,8 @@ impl VolumeNames {
             nqn: format!("{NQN_PREFIX}{hex}"),
             namespace_uuid: digest.hyphenated().to_string(),
             serial,
+            fs_tag: format!("{TAG_PREFIX}{hex}"),
+            fs_device: format!("{FS_DEVICE_PREFIX}{hex}"),
         }
     }
 }
@@ -89,6 +102,22 @@ pub fn is_our_serial(serial: &str) -> bool {
     serial.len() == SERIAL_MAX
         && serial
             .strip_prefix(SERIAL_PREFIX)
+            .is_some_and(|hex| hex.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
+impl VolumeNames {
+    /// Every key under which the census (`ExposedVolume::key`) may show the
+    /// volume, one per way SNAP exposes it.
+    pub fn keys(&self) -> [&str; 4] {
+        [&self.nqn, &self.serial, &self.namespace_uuid, &self.fs_tag]
+    }
+}
+
+/// Whether a virtio-fs tag is one this project derived from a volume id.
+pub fn is_our_tag(tag: &str) -> bool {
+    tag.len() == TAG_PREFIX.len() + 32
+        && tag
+            .strip_prefix(TAG_PREFIX)
             .is_some_and(|hex| hex.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
@@ -147,6 +176,20 @@ mod tests {
             names.crypto_key,
             "snapcsi-key-6aaea6508ef75653a05a0aea9d997ec8"
         );
+        assert_eq!(names.fs_tag, "sc-6aaea6508ef75653a05a0aea9d997ec8");
+        assert_eq!(
+            names.fs_device,
+            "snapcsi-fs-6aaea6508ef75653a05a0aea9d997ec8"
+        );
+    }
+
+    #[test]
+    fn tags_fit_virtio_fs_and_are_recognised() {
+        let names = VolumeNames::new(&"y".repeat(10_000));
+        assert!(names.fs_tag.len() <= TAG_MAX && names.fs_tag.is_ascii());
+        assert!(is_our_tag(&names.fs_tag));
+        assert!(!is_our_tag(&names.serial) && !is_our_tag("myfs"));
+        assert!(names.keys().contains(&names.fs_tag.as_str()));
     }
 
     #[test]

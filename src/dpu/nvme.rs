@@ -46,10 +46,6 @@ impl Exposure for Dedicated {
         Emulation::Nvme
     }
 
-    fn packed(&self) -> bool {
-        false
-    }
-
     /// A new volume's subsystem is created before anything is read: SNAP's
     /// -17 says when there is state to read, and a created one is empty.
     fn reads_first(&self) -> bool {

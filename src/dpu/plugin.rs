@@ -41,10 +41,12 @@ pub const PROVIDER_PLACEHOLDER: &str = "{provider}";
 
 /// `volume_mode` of a CreateDevice that must yield an SPDK bdev. DPF sends
 /// Kubernetes' spelling, "Block" or "Filesystem", and a DPF plugin answers
-/// "Filesystem" with an fsdev for virtio-fs. We always expose a bdev (NVMe or
-/// virtio-blk) and make filesystems on the host, so every volume, also a
+/// "Filesystem" with an fsdev for virtio-fs. NVMe and virtio-blk expose a
+/// bdev and the host makes the filesystem, so for them every volume, also a
 /// filesystem volume, is a "Block" device to the plugin.
 pub const VOLUME_MODE_BLOCK: &str = "Block";
+/// `volume_mode` of a CreateDevice that must yield an SPDK fsdev (virtio-fs).
+pub const VOLUME_MODE_FILESYSTEM: &str = "Filesystem";
 
 /// ListDevices page size we ask for; the plugin may answer fewer.
 pub const LIST_PAGE: i32 = 256;
@@ -223,19 +225,33 @@ impl PluginClient {
         Ok(response.ready.unwrap_or(true))
     }
 
-    /// CreateDevice: the plugin makes (or finds, it is idempotent) the bdev
-    /// of the volume inside SNAP and names it.
+    /// CreateDevice: the plugin makes (or finds, it is idempotent) the
+    /// device of the volume inside SNAP and names it: a bdev, or an fsdev
+    /// for an emulation that serves files, each only from a plugin that
+    /// advertises that kind of device.
     pub async fn create_device(
         &self,
         request: &AttachRequest,
         deadline: Instant,
     ) -> Result<String, DpuError> {
-        self.require(Capability::CreateDeleteBlockDevice, deadline)
-            .await?;
+        let (volume_mode, capability) = match request.emulation.serves_files() {
+            true => (VOLUME_MODE_FILESYSTEM, Capability::CreateDeleteFsDevice),
+            false => (VOLUME_MODE_BLOCK, Capability::CreateDeleteBlockDevice),
+        };
+        self.require(capability, deadline)
+            .await
+            .map_err(|e| match e {
+                DpuError::FailedPrecondition(m) => DpuError::FailedPrecondition(format!(
+                    "{m}: a {} volume needs a {} device from it",
+                    request.emulation.label(),
+                    volume_mode.to_lowercase()
+                )),
+                other => other,
+            })?;
         let message = api::CreateDeviceRequest {
             volume_id: request.volume_id.clone(),
             access_modes: request.access_modes.iter().map(|m| *m as i32).collect(),
-            volume_mode: VOLUME_MODE_BLOCK.to_string(),
+            volume_mode: volume_mode.to_string(),
             publish_context: request.publish_context.clone(),
             volume_context: request.volume_context.clone(),
             storage_parameters: request.storage_parameters.clone(),

@@ -29,10 +29,6 @@ impl Exposure for VirtioBlk {
         Emulation::VirtioBlk
     }
 
-    fn packed(&self) -> bool {
-        false
-    }
-
     /// Nothing SNAP answers a controller's creation with says the volume has
     /// one already: its controllers are read first.
     fn reads_first(&self) -> bool {

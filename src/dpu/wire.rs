@@ -16,6 +16,7 @@ impl From<Emulation> for api::Emulation {
         match value {
             Emulation::Nvme => api::Emulation::Nvme,
             Emulation::VirtioBlk => api::Emulation::VirtioBlk,
+            Emulation::VirtioFs => api::Emulation::VirtioFs,
         }
     }
 }
@@ -24,6 +25,7 @@ fn emulation(value: i32) -> Result<Emulation, String> {
     match api::Emulation::try_from(value) {
         Ok(api::Emulation::Nvme) => Ok(Emulation::Nvme),
         Ok(api::Emulation::VirtioBlk) => Ok(Emulation::VirtioBlk),
+        Ok(api::Emulation::VirtioFs) => Ok(Emulation::VirtioFs),
         _ => Err(format!(
             "emulation {value} is not {}",
             Emulation::listed(Emulation::ALL, Emulation::label)
@@ -124,6 +126,9 @@ impl From<Attachment> for api::AttachResponse {
             HostLocator::VirtioBlk { bdf, serial } => {
                 api::host_locator::Kind::VirtioBlk(api::VirtioBlkLocator { bdf, serial })
             }
+            HostLocator::VirtioFs { tag } => {
+                api::host_locator::Kind::VirtioFs(api::VirtioFsLocator { tag })
+            }
         };
         api::AttachResponse {
             device_name: attachment.device_name,
@@ -146,6 +151,7 @@ impl TryFrom<api::AttachResponse> for Attachment {
                 bdf: virtio.bdf,
                 serial: virtio.serial,
             },
+            Some(api::host_locator::Kind::VirtioFs(fs)) => HostLocator::VirtioFs { tag: fs.tag },
             None => {
                 return Err(DpuError::Internal(
                     "the DPU agent answered an attach without a host locator".into(),
@@ -321,6 +327,15 @@ mod tests {
         };
         let sent = api::AttachRequest::from(&packed);
         assert_eq!(AttachRequest::try_from(sent).unwrap(), packed);
+        let shared = AttachRequest {
+            emulation: Emulation::VirtioFs,
+            volume_mode: VolumeMode::Filesystem,
+            access_modes: vec![AccessMode::Rwx],
+            placement: Placement::Dedicated,
+            ..packed
+        };
+        let sent = api::AttachRequest::from(&shared);
+        assert_eq!(AttachRequest::try_from(sent).unwrap(), shared);
 
         for locator in [
             HostLocator::Nvme {
@@ -336,6 +351,9 @@ mod tests {
             HostLocator::VirtioBlk {
                 bdf: "27:00.2".into(),
                 serial: "sc-0123456789abcdef0".into(),
+            },
+            HostLocator::VirtioFs {
+                tag: "sc-6aaea6508ef75653a05a0aea9d997ec8".into(),
             },
         ] {
             let attachment = Attachment {

@@ -23,16 +23,30 @@ pub enum HostLocator {
         bdf: String,
         serial: String,
     },
+    /// A filesystem device: no disk, the host mounts it by its tag.
+    VirtioFs {
+        tag: String,
+    },
 }
 
 impl HostLocator {
-    /// The volume's device, if the host shows it ready now.
+    /// The volume's block device, if the host shows it ready now; a
+    /// filesystem device has none.
     pub fn find(&self, sysfs: &Sysfs) -> Result<Option<BlockDevice>, HostError> {
         match self {
             HostLocator::Nvme { bdf, nsid, uuid } => {
                 sysfs.find_nvme_namespace(bdf, *nsid, uuid.as_deref())
             }
             HostLocator::VirtioBlk { bdf, serial } => sysfs.find_virtio_blk(bdf, serial),
+            HostLocator::VirtioFs { .. } => Ok(None),
+        }
+    }
+
+    /// The tag a filesystem device is mounted by; `None` for a disk.
+    pub fn tag(&self) -> Option<&str> {
+        match self {
+            HostLocator::VirtioFs { tag } => Some(tag),
+            HostLocator::Nvme { .. } | HostLocator::VirtioBlk { .. } => None,
         }
     }
 }
@@ -49,6 +63,7 @@ impl std::fmt::Display for HostLocator {
             HostLocator::VirtioBlk { bdf, serial } => {
                 write!(f, "function {bdf}, serial {serial:?}")
             }
+            HostLocator::VirtioFs { tag } => write!(f, "virtio-fs tag {tag:?}"),
         }
     }
 }
@@ -83,7 +98,15 @@ mod tests {
             virtio.to_string(),
             "function 27:00.2, serial \"sc-6aaea6508ef75653a\""
         );
-        for locator in [nvme, unchecked, virtio] {
+        let fs: HostLocator = serde_json::from_str(
+            r#"{"kind":"virtio_fs","tag":"sc-6aaea6508ef75653a05a0aea9d997ec8"}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            fs.to_string(),
+            "virtio-fs tag \"sc-6aaea6508ef75653a05a0aea9d997ec8\""
+        );
+        for locator in [nvme, unchecked, virtio, fs] {
             let json = serde_json::to_string(&locator).unwrap();
             assert_eq!(serde_json::from_str::<HostLocator>(&json).unwrap(), locator);
         }

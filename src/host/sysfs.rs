@@ -9,6 +9,8 @@
 //!   the head `nvmeXnZ` under `<root>/block`.
 //! - virtio-blk: `<root>/bus/pci/devices/<BDF>/virtio*/block/*` whose `serial`
 //!   matches.
+//! - virtio-fs (no block device): `<root>/fs/virtiofs/<n>/tag` names each
+//!   device's tag, where the kernel has it (6.9+).
 //!
 //! The root is configurable so that the same code reads the SNAP emulator's
 //! tree. The device node is resolved from the `dev` major:minor through the
@@ -246,6 +248,24 @@ impl Sysfs {
 
 /// `"26:00.1"` or `"0000:26:00.1"` -> `"0000:26:00.1"` (sysfs names carry the
 /// PCI domain; SNAP reports addresses without it).
+impl Sysfs {
+    /// Whether the host shows a virtio-fs device with `tag`; `None` when the
+    /// tree has no `fs/virtiofs` (a kernel before 6.9, or no virtio-fs
+    /// device yet): then only a mount can tell.
+    pub fn virtio_fs_tag_shown(&self, tag: &str) -> Result<Option<bool>, HostError> {
+        let dir = self.root.join("fs/virtiofs");
+        if !dir.is_dir() {
+            return Ok(None);
+        }
+        for device in subdirs(&dir)? {
+            if read_optional(&device.join("tag"))?.is_some_and(|t| t.trim_end() == tag) {
+                return Ok(Some(true));
+            }
+        }
+        Ok(Some(false))
+    }
+}
+
 pub fn normalize_bdf(bdf: &str) -> String {
     let bdf = bdf.trim().to_ascii_lowercase();
     if bdf.matches(':').count() >= 2 {
@@ -457,6 +477,18 @@ mod tests {
             sysfs.describe_device(major, minor).unwrap().as_deref(),
             Some("vdb of function 0000:36:00.1, serial \"other\"")
         );
+    }
+
+    #[test]
+    fn finds_a_virtio_fs_device_by_tag_where_the_kernel_lists_tags() {
+        let root = tempfile::tempdir().unwrap();
+        let sysfs = Sysfs::new(root.path());
+        assert_eq!(sysfs.virtio_fs_tag_shown("sc-1").unwrap(), None);
+        write(&root.path().join("fs/virtiofs/0/tag"), "sc-0\n");
+        assert_eq!(sysfs.virtio_fs_tag_shown("sc-1").unwrap(), Some(false));
+        write(&root.path().join("fs/virtiofs/1/tag"), "sc-1\n");
+        assert_eq!(sysfs.virtio_fs_tag_shown("sc-1").unwrap(), Some(true));
+        assert_eq!(sysfs.virtio_fs_tag_shown("sc-").unwrap(), Some(false));
     }
 
     #[test]

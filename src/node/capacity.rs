@@ -11,12 +11,25 @@
 //! both emulations (as this once did) promised a node with 17 NVMe and 17
 //! virtio-blk functions 34 NVMe volumes. A node that mixes emulations or
 //! placements needs `--max-volumes-per-node`, which overrides the count.
+//!
+//! virtio-fs functions do not exist until a stage hot-plugs one, so there
+//! is nothing to count: the bound is the BlueField's emulated PCIe switch,
+//! which hot-plugs at most `PCI_SWITCH_EMULATION_NUM_PORT - 1` = 31 PFs
+//! (DOCA SNAP's firmware configuration; one port is the static PFs'). That
+//! is the most a node can stage; hot-plugged NVMe functions share those
+//! ports, so a node mixing them needs the flag too.
 
 use super::config::{NodeConfig, PlacementSetting};
 use crate::dpu::Inventory;
 
+/// The most PFs a BlueField hot-plugs (its emulated switch's ports less one).
+const HOT_PLUGGED_FUNCTIONS: i64 = 31;
+
 /// The limit to report for `config` on the DPU `inventory` describes.
 pub(super) fn max_volumes(config: &NodeConfig, inventory: &Inventory) -> i64 {
+    if config.emulation.function_kind().is_none() {
+        return HOT_PLUGGED_FUNCTIONS;
+    }
     let functions = inventory
         .functions
         .iter()
@@ -87,6 +100,14 @@ mod tests {
             max_volumes(&config, &inventory(17, 17, &[1024, 16])),
             17 * 16,
             "a pool SNAP lets carry fewer bounds the count"
+        );
+
+        config.emulation = Emulation::VirtioFs;
+        config.placement = PlacementSetting::Dedicated;
+        assert_eq!(
+            max_volumes(&config, &seen),
+            31,
+            "virtio-fs: the hot-plug ports, whatever functions exist now"
         );
     }
 }

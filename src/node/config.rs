@@ -68,6 +68,12 @@ pub struct NodeConfig {
     /// At start, unstage the volumes staged here that nothing under the
     /// kubelet directory uses (NodeUnstage never came); off: only report them.
     pub unstage_orphans: bool,
+    /// For the emulator only: the directory where the emulated host mounts
+    /// each hot-plugged virtio-fs device's tree (`<dir>/<tag>`, a FUSE
+    /// mount). Set, a stage binds that mount instead of mounting the tag with
+    /// the kernel's virtiofs, which a host without real virtio-fs functions
+    /// cannot. Unset on a real host.
+    pub virtiofs_emulated_dir: Option<PathBuf>,
 }
 
 /// The node's emulation setting is the DPU side's [`Emulation`], which
@@ -131,6 +137,7 @@ impl Default for NodeConfig {
             call_timeout: Duration::from_secs(120),
             metrics_address: None,
             unstage_orphans: false,
+            virtiofs_emulated_dir: None,
         }
     }
 }
@@ -204,7 +211,7 @@ pub struct NodeArgs {
     /// SNAP socket template (`{provider}` is replaced by the plugin's provider).
     #[arg(long, env = "SNAP_CSI_SNAP_SOCKET_TEMPLATE")]
     pub snap_socket_template: Option<String>,
-    /// Default emulation: nvme or virtio-blk.
+    /// Default emulation: nvme, virtio-blk or virtio-fs.
     #[arg(long, env = "SNAP_CSI_EMULATION", value_parser = Emulation::ALL.map(Emulation::name))]
     pub emulation: Option<String>,
     /// Default placement of NVMe volumes: dedicated (a function each) or packed (namespaces on shared pool controllers).
@@ -246,6 +253,9 @@ pub struct NodeArgs {
     /// At start, unstage staged volumes nothing under the kubelet directory uses (default: only report them).
     #[arg(long, env = "SNAP_CSI_UNSTAGE_ORPHANS")]
     pub unstage_orphans: bool,
+    /// For the emulator only: where the emulated host mounts each virtio-fs tag's tree (<dir>/<tag>); unset on a real host.
+    #[arg(long, env = "SNAP_CSI_VIRTIOFS_EMULATED_DIR")]
+    pub virtiofs_emulated_dir: Option<PathBuf>,
 }
 
 impl NodeArgs {
@@ -265,7 +275,7 @@ impl NodeArgs {
                 snap_socket_template,
                 dpu_name,
             ],
-            optional [metrics_address, dpu_endpoint, max_volumes_per_node]
+            optional [metrics_address, dpu_endpoint, max_volumes_per_node, virtiofs_emulated_dir]
         );
         if let Some(value) = self.namespaces_per_controller {
             resolved.namespaces_per_controller = value;

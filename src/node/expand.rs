@@ -32,7 +32,6 @@ impl NodeService {
         require(&req.volume_path, "volume_path")?;
         let _held = self.hold(volume_id)?;
         let (record, path) = self.staged_at(volume_id, &req.volume_path)?;
-        let device = self.wait_for_device(&record.locator, deadline).await?;
         let required = match &req.capacity_range {
             None => 0,
             Some(range) => u64::try_from(range.required_bytes).map_err(|_| {
@@ -42,6 +41,12 @@ impl NodeService {
                 ))
             })?,
         };
+        if record.locator.tag().is_some() {
+            return Ok(Response::new(super::shared_fs::expanded(
+                &record, &path, required,
+            )?));
+        }
+        let device = self.wait_for_device(&record.locator, deadline).await?;
         let device = if device.size_bytes >= required {
             device
         } else {

@@ -3,7 +3,8 @@
 //! - `service`: [`NodeService`] and what its calls share; the calls by
 //!   family: `stage` (stage, unstage), `publish` (publish, unpublish, and a
 //!   publish's restage after a reboot), `expand`, `volume_stats`;
-//!   `identity`: the Identity RPCs.
+//!   `shared_fs`: their host half for a filesystem device (virtio-fs,
+//!   mounted by tag); `identity`: the Identity RPCs.
 //! - `request`: what a stage or publish asks for, checked.
 //! - `config`: settings (defaults, config file, env, flags).
 //! - `records`: the small per-volume record of what cannot be derived;
@@ -42,6 +43,7 @@ pub mod records;
 mod recovery;
 mod request;
 pub mod service;
+mod shared_fs;
 mod stage;
 mod volume_stats;
 

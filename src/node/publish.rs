@@ -44,7 +44,8 @@ impl NodeService {
         let volume_id = required_id(&req.volume_id, "volume_id")?;
         maps_within_limits(&req.volume_context, &req.publish_context, &req.secrets)?;
         require(&req.target_path, "target_path")?;
-        let (capability, usage) = usage(req.volume_capability.as_ref())?;
+        let emulation = self.emulation_of(volume_id, &req.volume_context)?;
+        let (capability, usage) = usage(req.volume_capability.as_ref(), emulation)?;
         if req.staging_target_path.is_empty() {
             return Err(Status::failed_precondition(
                 "staging_target_path is required: this plugin stages volumes (STAGE_UNSTAGE_VOLUME)",
@@ -55,9 +56,17 @@ impl NodeService {
         let read_only = req.readonly || is_read_only_mode(access_mode(&capability)?);
         let mut held = self.hold_target(volume_id, &target)?;
 
-        let source = self
-            .staged_for_publish(&req, (&staging, &mut held), (&capability, &usage), deadline)
-            .await?;
+        let staged = (staging.as_path(), &mut held);
+        let source = match usage {
+            Usage::Shared { .. } => {
+                self.shared_for_publish(&req, staged, (&capability, &usage), deadline)
+                    .await?
+            }
+            _ => {
+                self.staged_for_publish(&req, staged, (&capability, &usage), deadline)
+                    .await?
+            }
+        };
         // Already published here with the same source and setting: done;
         // anything else there is ALREADY_EXISTS (bind_mount looks once).
         mount::bind_mount(&source, &target, read_only)?;
@@ -95,7 +104,7 @@ impl NodeService {
         let volume_id = request.volume_id.as_str();
         let record = self.recorded(volume_id)?;
         let staged = match usage {
-            Usage::Filesystem { .. } => mountinfo::at(staging)?,
+            Usage::Filesystem { .. } | Usage::Shared { .. } => mountinfo::at(staging)?,
             Usage::Block => None,
         };
         let device = match (&staged, &record) {
@@ -162,7 +171,7 @@ impl NodeService {
             .await?;
         Ok(match usage {
             Usage::Block => device.node,
-            Usage::Filesystem { .. } => staging.to_path_buf(),
+            Usage::Filesystem { .. } | Usage::Shared { .. } => staging.to_path_buf(),
         })
     }
 
@@ -221,7 +230,7 @@ impl NodeService {
 /// not. The volume context agrees when every key both carry has the same
 /// value: kubelet adds keys at publish (pod information) that the stage
 /// never saw, and CSI makes a publish's context optional.
-fn disagreement(
+pub(super) fn disagreement(
     record: &VolumeRecord,
     staging: &Path,
     requested: &StagedAs,

@@ -223,11 +223,11 @@ impl<'a> Drift<'a> {
         for record in records.iter().filter(|r| !r.external_attach) {
             let names = VolumeNames::new(&record.volume_id);
             // A packed volume is exposed under its namespace UUID.
-            let keys = [names.nqn, names.serial, names.namespace_uuid];
-            if !keys.iter().any(|k| exposed.contains(k.as_str())) {
+            let keys = names.keys();
+            if !keys.iter().any(|k| exposed.contains(k)) {
                 unattached.push(record);
             }
-            recorded.extend(keys);
+            recorded.extend(keys.map(str::to_string));
         }
         let unrecorded = inventory
             .volumes

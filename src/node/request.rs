@@ -6,8 +6,10 @@ use std::collections::HashMap;
 use tonic::Status;
 
 use super::format::FsType;
+use super::mount::VIRTIOFS;
 use super::records::StagedAs;
 use crate::csi_limits::{MAX_MAP_BYTES, within_map_limit, within_string_limit};
+use crate::dpu::Emulation;
 use crate::proto::csi::v1 as csi;
 use crate::proto::csi::v1::volume_capability::access_mode::Mode;
 use crate::proto::csi::v1::volume_capability::{AccessType, MountVolume};
@@ -16,7 +18,14 @@ use crate::proto::csi::v1::volume_capability::{AccessType, MountVolume};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum Usage {
     Block,
-    Filesystem { fs: FsType, flags: Vec<String> },
+    Filesystem {
+        fs: FsType,
+        flags: Vec<String>,
+    },
+    /// A filesystem device's tree (virtio-fs), mounted by tag.
+    Shared {
+        flags: Vec<String>,
+    },
 }
 
 pub(super) fn require<'a>(value: &'a str, what: &str) -> Result<&'a str, Status> {
@@ -60,14 +69,20 @@ pub(super) fn is_read_only_mode(mode: Mode) -> bool {
     matches!(mode, Mode::SingleNodeReaderOnly | Mode::MultiNodeReaderOnly)
 }
 
-/// Validates the capability and says how the volume will be used.
+/// Validates the capability for a volume of `emulation` and says how the
+/// volume will be used.
 pub(super) fn usage(
     capability: Option<&csi::VolumeCapability>,
+    emulation: Emulation,
 ) -> Result<(csi::VolumeCapability, Usage), Status> {
     let capability = capability
         .ok_or_else(|| Status::invalid_argument("volume_capability is required"))?
         .clone();
     let mode = access_mode(&capability)?;
+    if emulation.serves_files() {
+        let usage = shared_usage(&capability, emulation)?;
+        return Ok((capability, usage));
+    }
     let usage = match &capability.access_type {
         Some(AccessType::Block(_)) => Usage::Block,
         Some(AccessType::Mount(MountVolume {
@@ -113,11 +128,50 @@ pub(super) fn usage(
     Ok((capability, usage))
 }
 
+/// A filesystem device's capability: a mount, fs_type `virtiofs` or empty,
+/// any access mode (every host gets its own function on the same tree).
+fn shared_usage(capability: &csi::VolumeCapability, emulation: Emulation) -> Result<Usage, Status> {
+    let Some(AccessType::Mount(MountVolume {
+        fs_type,
+        mount_flags,
+        volume_mount_group,
+    })) = &capability.access_type
+    else {
+        return Err(Status::invalid_argument(format!(
+            "a {} volume is a filesystem device: it needs a mount capability, not a block one",
+            emulation.label()
+        )));
+    };
+    if !volume_mount_group.is_empty() {
+        return Err(Status::invalid_argument(
+            "volume_mount_group is not supported (no VOLUME_MOUNT_GROUP capability)",
+        ));
+    }
+    within_string_limit(fs_type, "fs_type")?;
+    if !fs_type.is_empty() && fs_type != VIRTIOFS {
+        return Err(Status::invalid_argument(format!(
+            "fs_type {fs_type:?}: a {} volume is the DPU's filesystem, mounted as {VIRTIOFS}; \
+             give {VIRTIOFS} or nothing",
+            emulation.label()
+        )));
+    }
+    let flags_size: usize = mount_flags.iter().map(String::len).sum();
+    if flags_size > MAX_MAP_BYTES {
+        return Err(Status::invalid_argument(format!(
+            "mount_flags hold {flags_size} bytes; CSI limits them to {MAX_MAP_BYTES}"
+        )));
+    }
+    Ok(Usage::Shared {
+        flags: mount_flags.clone(),
+    })
+}
+
 /// How a capability uses the volume, as a record keeps it.
 pub(super) fn staged_as(usage: &Usage, mode: Mode) -> StagedAs {
     let (fs_type, mount_flags) = match usage {
         Usage::Block => (None, Vec::new()),
         Usage::Filesystem { fs, flags } => (Some(fs.as_str().to_string()), flags.clone()),
+        Usage::Shared { flags } => (Some(VIRTIOFS.to_string()), flags.clone()),
     };
     StagedAs {
         fs_type,

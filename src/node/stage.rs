@@ -33,10 +33,14 @@ impl NodeService {
         let req = request.into_inner();
         let volume_id = required_id(&req.volume_id, "volume_id")?;
         maps_within_limits(&req.volume_context, &req.publish_context, &req.secrets)?;
+        let emulation = self.emulation_of(volume_id, &req.volume_context)?;
+        if emulation.serves_files() {
+            super::shared_fs::refuse_block_only(volume_id, &req.volume_context)?;
+        }
         // Checked here too, not only on the DPU: a refused key changes nothing.
         let encrypted = crate::dpu::crypto::requested(&req.volume_context, &req.secrets)?.is_some();
         let staging = self.confine("staging_target_path", &req.staging_target_path)?;
-        let (capability, usage) = usage(req.volume_capability.as_ref())?;
+        let (capability, usage) = usage(req.volume_capability.as_ref(), emulation)?;
         let read_only = is_read_only_mode(access_mode(&capability)?);
         let _held = self.hold(volume_id)?;
 
@@ -78,8 +82,22 @@ impl NodeService {
         self.keep_record(&record)?;
         crate::failpoint::step("stage:record");
         self.count_staged();
-        self.stage_on_host(volume_id, &staging, &locator, &usage, read_only, deadline)
-            .await?;
+        match (&usage, locator.tag()) {
+            (Usage::Shared { flags }, Some(tag)) => {
+                self.mount_shared(&staging, tag, (flags, read_only), deadline)
+                    .await?;
+            }
+            (Usage::Shared { .. }, None) => {
+                return Err(Status::internal(format!(
+                    "volume {volume_id} is a filesystem device, but it was attached as a disk \
+                     ({locator})"
+                )));
+            }
+            _ => {
+                self.stage_on_host(volume_id, &staging, &locator, &usage, read_only, deadline)
+                    .await?;
+            }
+        }
         Ok(Response::new(csi::NodeStageVolumeResponse {}))
     }
 
@@ -194,7 +212,7 @@ impl NodeService {
             access_modes: vec![crate::dpu::plugin_access_mode(mode)],
             volume_mode: match usage {
                 Usage::Block => VolumeMode::Block,
-                Usage::Filesystem { .. } => VolumeMode::Filesystem,
+                Usage::Filesystem { .. } | Usage::Shared { .. } => VolumeMode::Filesystem,
             },
             publish_context: publish_context.clone(),
             volume_context: volume_context.clone(),
@@ -251,8 +269,14 @@ impl NodeService {
         // does. Set both ways: the flag outlives the device's last user.
         device::set_block_device_read_only(&device.node, read_only, deadline).await?;
 
-        let Usage::Filesystem { fs, flags } = usage else {
-            return Ok(());
+        let (fs, flags) = match usage {
+            Usage::Block => return Ok(()),
+            Usage::Filesystem { fs, flags } => (fs, flags),
+            Usage::Shared { .. } => {
+                return Err(Status::internal(format!(
+                    "volume {volume_id} is a filesystem device, but the host found a disk for it"
+                )));
+            }
         };
         if let Some(existing) = mountinfo::at(staging)? {
             let here = (locator, Some(device));

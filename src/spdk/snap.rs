@@ -1,10 +1,13 @@
 //! SNAP-4 (BlueField-3) emulation methods: the emulated PCI functions and the
-//! NVMe and virtio-blk controllers on them.
+//! NVMe and virtio-blk controllers on them, and SNAP's virtio-fs service
+//! (transport, DOCA manager, hot-plugged functions, devices serving an fsdev).
 //!
 //! This is the one place that knows SNAP's method and parameter names, so a
 //! SNAP version difference is one place to change. The NVMe names are the ones
 //! NVIDIA's own DPF code sends (verified); the virtio-blk JSON names are
-//! inferred from the public CLI spelling (`reference/snap4-rpc.md`).
+//! inferred from the public CLI spelling (`reference/snap4-rpc.md`). The
+//! virtio-fs names are the ones NVIDIA's DPF storage sends (`docs/virtio-fs.md`
+//! says where they come from).
 
 use serde::{Deserialize, Serialize};
 
@@ -364,3 +367,163 @@ pub struct VirtioBlkControllerHotunplug {
     pub wait_for_done: Option<bool>,
 }
 method!(VirtioBlkControllerHotunplug => "virtio_blk_controller_hotunplug", serde_json::Value);
+
+/// `virtio_fs_get_transports`: SNAP's virtio-fs transports, with their managers.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct VirtioFsGetTransports {}
+method!(VirtioFsGetTransports => "virtio_fs_get_transports", Vec<VirtioFsTransport>);
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct VirtioFsTransport {
+    pub name: String,
+    /// `"started"` once `virtio_fs_transport_start` ran.
+    #[serde(default)]
+    pub state: Option<String>,
+}
+
+/// The one transport DPF's storage uses on a BlueField.
+pub const VIRTIO_FS_TRANSPORT: &str = "DOCA";
+
+/// `virtio_fs_transport_create`.
+#[derive(Debug, Clone, Serialize)]
+pub struct VirtioFsTransportCreate {
+    pub transport_name: String,
+}
+method!(VirtioFsTransportCreate => "virtio_fs_transport_create", serde_json::Value);
+
+/// `virtio_fs_transport_start`.
+#[derive(Debug, Clone, Serialize)]
+pub struct VirtioFsTransportStart {
+    pub transport_name: String,
+}
+method!(VirtioFsTransportStart => "virtio_fs_transport_start", serde_json::Value);
+
+/// `virtio_fs_doca_get_managers`: the DOCA devices that emulate functions.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct VirtioFsDocaGetManagers {}
+method!(VirtioFsDocaGetManagers => "virtio_fs_doca_get_managers", Vec<VirtioFsManager>);
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct VirtioFsManager {
+    pub name: String,
+}
+
+/// `virtio_fs_doca_manager_create` (`manager`: a DOCA device, `mlx5_0`).
+#[derive(Debug, Clone, Serialize)]
+pub struct VirtioFsDocaManagerCreate {
+    pub manager: String,
+}
+method!(VirtioFsDocaManagerCreate => "virtio_fs_doca_manager_create", serde_json::Value);
+
+/// `virtio_fs_doca_function_create`: a new hot-pluggable virtio-fs PF; SNAP
+/// answers its VUID.
+#[derive(Debug, Clone, Serialize)]
+pub struct VirtioFsDocaFunctionCreate {
+    pub manager: String,
+}
+method!(VirtioFsDocaFunctionCreate => "virtio_fs_doca_function_create", String);
+
+/// `virtio_fs_doca_function_destroy`.
+#[derive(Debug, Clone, Serialize)]
+pub struct VirtioFsDocaFunctionDestroy {
+    pub manager: String,
+    pub vuid: String,
+}
+method!(VirtioFsDocaFunctionDestroy => "virtio_fs_doca_function_destroy", serde_json::Value);
+
+/// `virtio_fs_doca_get_functions`: every manager's virtio-fs functions.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct VirtioFsDocaGetFunctions {}
+method!(VirtioFsDocaGetFunctions => "virtio_fs_doca_get_functions", Vec<VirtioFsManagerFunctions>);
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct VirtioFsManagerFunctions {
+    pub manager: String,
+    #[serde(rename = "Function List", default)]
+    pub functions: Vec<VirtioFsFunction>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct VirtioFsFunction {
+    /// Host address; SNAP's own spelling, with or without the PCI domain.
+    #[serde(default)]
+    pub pci_address: Option<String>,
+    pub vuid: String,
+}
+
+/// `virtio_fs_device_create`: a device serving `fsdev` to the host under `tag`.
+#[derive(Debug, Clone, Serialize)]
+pub struct VirtioFsDeviceCreate {
+    pub transport_name: String,
+    pub dev_name: String,
+    pub tag: String,
+    pub fsdev: String,
+    pub num_request_queues: u32,
+    pub queue_size: u32,
+    /// DPF sends `"x86_64"`: the host's architecture.
+    pub driver_platform: String,
+}
+method!(VirtioFsDeviceCreate => "virtio_fs_device_create", serde_json::Value);
+
+/// `virtio_fs_doca_device_modify`: binds the device to the function `vuid`.
+#[derive(Debug, Clone, Serialize)]
+pub struct VirtioFsDocaDeviceModify {
+    pub dev_name: String,
+    pub manager: String,
+    pub vuid: String,
+}
+method!(VirtioFsDocaDeviceModify => "virtio_fs_doca_device_modify", serde_json::Value);
+
+/// `virtio_fs_device_start`.
+#[derive(Debug, Clone, Serialize)]
+pub struct VirtioFsDeviceStart {
+    pub dev_name: String,
+}
+method!(VirtioFsDeviceStart => "virtio_fs_device_start", serde_json::Value);
+
+/// `virtio_fs_device_stop`.
+#[derive(Debug, Clone, Serialize)]
+pub struct VirtioFsDeviceStop {
+    pub dev_name: String,
+}
+method!(VirtioFsDeviceStop => "virtio_fs_device_stop", serde_json::Value);
+
+/// `virtio_fs_doca_device_hotplug`: the host sees the function.
+#[derive(Debug, Clone, Serialize)]
+pub struct VirtioFsDocaDeviceHotplug {
+    pub dev_name: String,
+    pub wait_for_done: bool,
+}
+method!(VirtioFsDocaDeviceHotplug => "virtio_fs_doca_device_hotplug", serde_json::Value);
+
+/// `virtio_fs_doca_device_hotunplug`.
+#[derive(Debug, Clone, Serialize)]
+pub struct VirtioFsDocaDeviceHotunplug {
+    pub dev_name: String,
+    pub wait_for_done: bool,
+}
+method!(VirtioFsDocaDeviceHotunplug => "virtio_fs_doca_device_hotunplug", serde_json::Value);
+
+/// `virtio_fs_device_destroy`.
+#[derive(Debug, Clone, Serialize)]
+pub struct VirtioFsDeviceDestroy {
+    pub dev_name: String,
+}
+method!(VirtioFsDeviceDestroy => "virtio_fs_device_destroy", serde_json::Value);
+
+/// `virtio_fs_get_devices`.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct VirtioFsGetDevices {}
+method!(VirtioFsGetDevices => "virtio_fs_get_devices", Vec<VirtioFsDevice>);
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct VirtioFsDevice {
+    pub name: String,
+    /// `"running"` once started, else `"stopped"`.
+    #[serde(default)]
+    pub state: Option<String>,
+    #[serde(default)]
+    pub fsdev: Option<String>,
+    #[serde(default)]
+    pub tag: Option<String>,
+}

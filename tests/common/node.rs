@@ -53,6 +53,8 @@ pub struct Tweaks {
     pub placement: Option<PlacementSetting>,
     /// Namespaces per pool controller (32 otherwise).
     pub namespaces_per_controller: Option<u32>,
+    /// What the test plugin advertises (`plugin::CAPABILITIES` otherwise).
+    pub plugin_capabilities: Option<Vec<super::plugin::Capability>>,
 }
 
 pub type WrapDpu = Box<dyn FnOnce(Arc<dyn DpuAttach>) -> Arc<dyn DpuAttach> + Send>;
@@ -65,7 +67,10 @@ impl NodeStack {
     pub async fn start_with(emulation: EmulationSetting, tweaks: Tweaks) -> NodeStack {
         let emulator = Emulator::start().await;
         let root = emulator.root().to_path_buf();
-        let plugin = super::plugin::start(&emulator.socket, &root).await;
+        let capabilities = tweaks
+            .plugin_capabilities
+            .unwrap_or(super::plugin::CAPABILITIES.to_vec());
+        let plugin = super::plugin::start_with(&emulator.socket, &root, &capabilities).await;
         let kubelet = root.join("kubelet");
         std::fs::create_dir_all(&kubelet).unwrap();
         let snap_template = emulator.socket.display().to_string();
@@ -96,6 +101,7 @@ impl NodeStack {
             call_timeout: Duration::from_secs(60),
             metrics_address: Some(free_local_address()),
             unstage_orphans: false,
+            virtiofs_emulated_dir: Some(emulator.virtiofs_dir.clone()),
         };
         let (stop, thread) = spawn_node(config.clone(), tweaks.wrap_dpu);
         let client = NodeClient::new(connect(&config.endpoint).await);

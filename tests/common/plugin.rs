@@ -3,7 +3,9 @@
 //! until the sample plugin exists.
 //!
 //! CreateDevice makes bdev `aio-<volume id>` over the file named by the
-//! volume context's `path`; DeleteDevice removes it; GetDevice and
+//! volume context's `path`, or for a filesystem device (`volume_mode`
+//! "Filesystem") fsdev `fs-<volume id>` over the directory it names
+//! (`fsdev_aio_create`); DeleteDevice removes it; GetDevice and
 //! ListDevices read `bdev_get_bdevs` (ListDevices in pages, see [`page`]).
 //! The default SNAP provider (empty name).
 
@@ -21,11 +23,13 @@ use tokio_stream::wrappers::UnixListenerStream;
 use tonic::{Request, Response, Status};
 
 use api::identity_service_server::{IdentityService, IdentityServiceServer};
-use api::storage_plugin_service_capability::rpc::Type as Capability;
+pub use api::storage_plugin_service_capability::rpc::Type as Capability;
 use api::storage_plugin_service_server::{StoragePluginService, StoragePluginServiceServer};
 
 /// Prefix of every bdev this plugin makes.
 pub const DEVICE_PREFIX: &str = "aio-";
+/// Prefix of every fsdev this plugin makes.
+pub const FS_DEVICE_PREFIX: &str = "fs-";
 /// The volume context key naming the backing file.
 pub const PATH_KEY: &str = "path";
 pub const PLUGIN_NAME: &str = "test-plugin.snap-csi.io";
@@ -46,7 +50,37 @@ pub struct TestPlugin {
 
 /// The bdev name for a volume: its id with anything SPDK might mind replaced.
 pub fn device_name(volume_id: &str) -> String {
-    let safe: String = volume_id
+    format!("{DEVICE_PREFIX}{}", safe_name(volume_id))
+}
+
+/// The fsdev name for a filesystem device's volume.
+pub fn fs_device_name(volume_id: &str) -> String {
+    format!("{FS_DEVICE_PREFIX}{}", safe_name(volume_id))
+}
+
+/// SPDK's `fsdev_aio_create` (SPDK v24.09 `python/spdk/rpc/fsdev.py`).
+#[derive(serde::Serialize)]
+struct FsdevAioCreate {
+    name: String,
+    root_path: String,
+}
+impl snap_csi::jsonrpc::Method for FsdevAioCreate {
+    const NAME: &'static str = "fsdev_aio_create";
+    type Output = serde_json::Value;
+}
+
+/// SPDK's `fsdev_aio_delete`.
+#[derive(serde::Serialize)]
+struct FsdevAioDelete {
+    name: String,
+}
+impl snap_csi::jsonrpc::Method for FsdevAioDelete {
+    const NAME: &'static str = "fsdev_aio_delete";
+    type Output = serde_json::Value;
+}
+
+fn safe_name(volume_id: &str) -> String {
+    volume_id
         .chars()
         .map(|c| {
             if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
@@ -55,13 +89,13 @@ pub fn device_name(volume_id: &str) -> String {
                 '_'
             }
         })
-        .collect();
-    format!("{DEVICE_PREFIX}{safe}")
+        .collect()
 }
 
 /// What the plugin can do unless a test says otherwise.
-pub const CAPABILITIES: [Capability; 3] = [
+pub const CAPABILITIES: [Capability; 4] = [
     Capability::CreateDeleteBlockDevice,
+    Capability::CreateDeleteFsDevice,
     Capability::GetDeviceStats,
     Capability::ListDevices,
 ];
@@ -336,17 +370,33 @@ impl StoragePluginService for Plugin {
         if request.volume_id.is_empty() {
             return Err(Status::invalid_argument("volume_id is required"));
         }
-        if request.volume_mode != "Block" {
-            return Err(Status::invalid_argument(format!(
-                "volume_mode {:?}: this plugin makes block devices only",
-                request.volume_mode
-            )));
-        }
         let Some(path) = request.volume_context.get(PATH_KEY) else {
             return Err(Status::invalid_argument(format!(
                 "volume_context[{PATH_KEY:?}] is required"
             )));
         };
+        match request.volume_mode.as_str() {
+            "Block" => {}
+            "Filesystem" => {
+                let name = fs_device_name(&request.volume_id);
+                let create = FsdevAioCreate {
+                    name: name.clone(),
+                    root_path: path.clone(),
+                };
+                match self.spdk.call(&create).await {
+                    Ok(_) => {}
+                    // SPDK answers a name in use with -32603 "File exists".
+                    Err(e) if e.is_exists() || e.to_string().contains("File exists") => {}
+                    Err(e) => return Err(spdk_status("fsdev_aio_create", e)),
+                }
+                return Ok(Response::new(api::CreateDeviceResponse {
+                    device_name: name,
+                }));
+            }
+            other => {
+                return Err(Status::invalid_argument(format!("volume_mode {other:?}")));
+            }
+        }
         let name = device_name(&request.volume_id);
         let create = BdevAioCreate {
             name: name.clone(),
@@ -377,15 +427,23 @@ impl StoragePluginService for Plugin {
             request.volume_id, request.device_name
         ));
         self.gate.pass().await;
-        let name = if request.device_name.is_empty() {
-            device_name(&request.volume_id)
-        } else {
-            request.device_name
+        let names = match request.device_name.is_empty() {
+            true => vec![
+                device_name(&request.volume_id),
+                fs_device_name(&request.volume_id),
+            ],
+            false => vec![request.device_name],
         };
-        match self.spdk.call(&BdevAioDelete { name }).await {
-            Ok(_) => {}
-            Err(e) if e.is_no_such_device() => {}
-            Err(e) => return Err(spdk_status("bdev_aio_delete", e)),
+        for name in names {
+            let deleted = match name.starts_with(FS_DEVICE_PREFIX) {
+                true => self.spdk.call(&FsdevAioDelete { name }).await.map(drop),
+                false => self.spdk.call(&BdevAioDelete { name }).await.map(drop),
+            };
+            match deleted {
+                Ok(_) => {}
+                Err(e) if e.is_no_such_device() => {}
+                Err(e) => return Err(spdk_status("deleting the device", e)),
+            }
         }
         Ok(Response::new(api::DeleteDeviceResponse {}))
     }

@@ -11,6 +11,7 @@
 //!
 //! - `filesystem`: a volume's filesystem at its staging path, preened first;
 //!   `options`: the CO's mount flags as mount(2) arguments;
+//! - `virtiofs`: a virtio-fs device's tree at its staging path, by tag;
 //! - `bind`: bind mounts of a staged filesystem or a device node (publish);
 //! - `unmount`: every layer at a path, and who holds a busy one;
 //! - `target`: what each of them finds or makes at its target.
@@ -22,7 +23,9 @@ mod target;
 #[cfg(test)]
 mod tests;
 mod unmount;
+mod virtiofs;
 
 pub use bind::bind_mount;
 pub use filesystem::mount_filesystem;
 pub use unmount::unmount;
+pub use virtiofs::{VIRTIOFS, is_tag_mount, mount_virtio_fs};

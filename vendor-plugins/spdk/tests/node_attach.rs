@@ -43,12 +43,7 @@ fn request(
 }
 
 fn host_device(sysfs: &Sysfs, locator: &HostLocator) -> Option<BlockDevice> {
-    match locator {
-        HostLocator::Nvme { bdf, nsid, uuid } => sysfs
-            .find_nvme_namespace(bdf, *nsid, uuid.as_deref())
-            .unwrap(),
-        HostLocator::VirtioBlk { bdf, serial } => sysfs.find_virtio_blk(bdf, serial).unwrap(),
-    }
+    locator.find(sysfs).unwrap()
 }
 
 async fn attach_and_detach(dpu: &TestDpu, snap: &Spdk, request: &AttachRequest, backing: &Path) {

@@ -1,0 +1,149 @@
+//! A virtio-fs device's filesystem mounted at its staging path by its tag:
+//! `mount(tag, staging, "virtiofs")`, the kernel's virtio-fs client. No
+//! device node, no filesystem to make or preen: the DPU serves the tree.
+//!
+//! On the emulator (`--virtiofs-emulated-dir`), the emulated host has
+//! already mounted each hot-plugged device's tree at `<dir>/<tag>` (a real
+//! kernel FUSE mount, `fuse.virtiofs`, source the tag: virtio-fs is FUSE over
+//! virtqueues), and the stage binds that mount instead. That is the whole
+//! seam; everything around it is the code a BlueField host runs.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use nix::errno::Errno;
+use nix::mount::MsFlags;
+use tokio::time::Instant;
+
+use super::options::MountOptions;
+use super::target::{already_mounted, ensure_directory};
+use crate::node::command;
+use crate::node::error::NodeError;
+use crate::node::mountinfo::{self, MountEntry};
+
+/// The kernel's virtio-fs filesystem type.
+pub const VIRTIOFS: &str = "virtiofs";
+/// What mountinfo shows for the emulated host's FUSE mount of a tag.
+const EMULATED_VIRTIOFS: &str = "fuse.virtiofs";
+
+/// Whether `entry` is a mount of the virtio-fs device with `tag`.
+pub fn is_tag_mount(entry: &MountEntry, tag: &str) -> bool {
+    entry.source == tag && [VIRTIOFS, EMULATED_VIRTIOFS].contains(&entry.fs_type.as_str())
+}
+
+/// Mounts the virtio-fs device with `tag` at the directory `target`, with
+/// the CSI `flags`, read-only when asked. A freshly hot-plugged device may
+/// answer "tag not found" for seconds (DOCA's release notes): the mount is
+/// tried again until `until`. `emulated` is the emulator's directory of
+/// tag mounts, `None` on a real host.
+///
+/// `Ok(false)`: the tag was already mounted there with the same setting;
+/// another mount there is `AlreadyExists` (a different tag: not this
+/// volume's filesystem).
+pub async fn mount_virtio_fs(
+    tag: &str,
+    target: &Path,
+    (flags, read_only): (&[String], bool),
+    emulated: Option<&Path>,
+    until: Instant,
+    deadline: Instant,
+) -> Result<bool, NodeError> {
+    let options = MountOptions::parse(flags, read_only)?;
+    let read_only = options.flags.contains(MsFlags::MS_RDONLY);
+    let what = format!("mount virtio-fs tag {tag} at {}", target.display());
+    let (name, tgt) = (tag.to_string(), target.to_path_buf());
+    let mounted = command::run_blocking("mount-prepare", &what, deadline, move || {
+        let ours = |m: &MountEntry| Ok(is_tag_mount(m, &name));
+        if already_mounted(&tgt, mountinfo::at(&tgt)?, read_only, ours)? {
+            return Ok(true);
+        }
+        ensure_directory(&tgt)?;
+        Ok(false)
+    })
+    .await?;
+    if mounted {
+        return Ok(false);
+    }
+    let source = match emulated {
+        Some(dir) => Source::Emulated(dir.join(tag)),
+        None => Source::Kernel(tag.to_string()),
+    };
+    let data = options.data_string();
+    let mut delay = Duration::from_millis(5);
+    loop {
+        let (source, tgt, sent) = (source.clone(), target.to_path_buf(), data.clone());
+        let flags = options.flags;
+        let tried = command::run_blocking("mount", &what, deadline, move || {
+            Ok(source.mount(&tgt, flags, sent.as_deref()))
+        })
+        .await?;
+        let errno = match tried {
+            Ok(()) => return Ok(true),
+            Err(errno) => errno,
+        };
+        // The kernel answers a tag it does not know with ENOENT (older
+        // kernels: EINVAL, which a bad option also gives: retried only
+        // without options).
+        let not_found = errno == Errno::ENOENT || (errno == Errno::EINVAL && data.is_none());
+        if !not_found {
+            return Err(NodeError::errno(what, errno));
+        }
+        if Instant::now() + delay > until.min(deadline) {
+            return Err(NodeError::Timeout {
+                what: format!(
+                    "{what}: the host does not find the tag ({}); the device was hot-plugged \
+                     but the host's virtio-fs driver has not taken it yet",
+                    errno.desc()
+                ),
+            });
+        }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(Duration::from_millis(200));
+    }
+}
+
+/// Where a tag's filesystem comes from.
+#[derive(Debug, Clone)]
+enum Source {
+    /// The kernel's virtio-fs client finds the device by tag.
+    Kernel(String),
+    /// The emulated host's FUSE mount of the tag.
+    Emulated(PathBuf),
+}
+
+impl Source {
+    fn mount(&self, target: &Path, flags: MsFlags, data: Option<&str>) -> Result<(), Errno> {
+        match self {
+            Source::Kernel(tag) => {
+                nix::mount::mount(Some(tag.as_str()), target, Some(VIRTIOFS), flags, data)
+            }
+            Source::Emulated(tree) => {
+                // Not there yet is what the kernel says of an unknown tag.
+                let tag = tree.file_name().and_then(|t| t.to_str()).unwrap_or("");
+                match mountinfo::at(tree) {
+                    Ok(Some(entry)) if is_tag_mount(&entry, tag) => {}
+                    _ => return Err(Errno::ENOENT),
+                }
+                nix::mount::mount(
+                    Some(tree),
+                    target,
+                    None::<&str>,
+                    MsFlags::MS_BIND,
+                    None::<&str>,
+                )?;
+                // A bind takes the CO's flags (read-only among them) only
+                // on a remount.
+                let flags = flags & !MsFlags::MS_BIND;
+                if flags.is_empty() {
+                    return Ok(());
+                }
+                let remount = MsFlags::MS_REMOUNT | MsFlags::MS_BIND | flags;
+                nix::mount::mount(None::<&str>, target, None::<&str>, remount, None::<&str>)
+                    .inspect_err(|_| {
+                        // A writable bind where read-only was asked must not stay.
+                        let _ = nix::mount::umount2(target, nix::mount::MntFlags::MNT_DETACH);
+                    })
+            }
+        }
+    }
+}

@@ -1,0 +1,435 @@
+//! Filesystem devices (virtio-fs) as kubelet drives the node: the test
+//! plugin makes an SPDK fsdev over a directory (`fsdev_aio_create`), SNAP's
+//! emulator serves it as a hot-plugged virtio-fs device whose tree the
+//! emulated host mounts (a real kernel FUSE mount, `docs/virtio-fs.md`), and
+//! the node mounts it by tag, binds it into pods, and takes it all down.
+//! Several node stacks (each its own kubelet directory, its own emulated DPU
+//! with its own functions) share one backing directory as hosts share a
+//! ReadWriteMany volume. `SNAP_CSI_TEST_DPU=split` runs the same through DPU
+//! agents.
+
+mod common;
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use common::node::{NodeStack, Tweaks, block_capability, mounts_under, unpublish, unstage};
+use common::plugin::{CAPABILITIES, Capability, PLUGIN_NAME};
+use snap_csi::node::config::EmulationSetting;
+use snap_csi::node::service::EMULATION_KEY;
+use snap_csi::proto::csi::v1 as csi;
+use snap_csi::proto::csi::v1::volume_capability::access_mode::Mode;
+use snap_csi::proto::csi::v1::volume_capability::{AccessMode, AccessType, MountVolume};
+use snap_csi::spdk::snap::{VirtioFsDocaGetFunctions, VirtioFsGetDevices};
+use tonic::Code;
+
+fn capability(fs_type: &str, mode: Mode) -> csi::VolumeCapability {
+    csi::VolumeCapability {
+        access_type: Some(AccessType::Mount(MountVolume {
+            fs_type: fs_type.into(),
+            mount_flags: vec!["noatime".into()],
+            volume_mount_group: String::new(),
+        })),
+        access_mode: Some(AccessMode { mode: mode as i32 }),
+    }
+}
+
+/// The volume's context as the StorageClass gives it: virtio-fs over `share`.
+fn context(share: &Path) -> HashMap<String, String> {
+    [
+        (EMULATION_KEY.to_string(), "virtio-fs".to_string()),
+        ("path".to_string(), share.display().to_string()),
+    ]
+    .into()
+}
+
+fn stage_request(
+    volume_id: &str,
+    staging: &Path,
+    capability: csi::VolumeCapability,
+    share: &Path,
+) -> csi::NodeStageVolumeRequest {
+    csi::NodeStageVolumeRequest {
+        volume_id: volume_id.into(),
+        publish_context: HashMap::new(),
+        staging_target_path: staging.display().to_string(),
+        volume_capability: Some(capability),
+        secrets: HashMap::new(),
+        volume_context: context(share),
+    }
+}
+
+fn publish_request(
+    volume_id: &str,
+    (staging, target): (&Path, &Path),
+    capability: csi::VolumeCapability,
+    share: &Path,
+    readonly: bool,
+) -> csi::NodePublishVolumeRequest {
+    csi::NodePublishVolumeRequest {
+        volume_id: volume_id.into(),
+        publish_context: HashMap::new(),
+        staging_target_path: staging.display().to_string(),
+        target_path: target.display().to_string(),
+        volume_capability: Some(capability),
+        readonly,
+        secrets: HashMap::new(),
+        volume_context: context(share),
+    }
+}
+
+/// One host: a node stack and the paths kubelet gives one volume there.
+struct Host {
+    stack: NodeStack,
+    staging: PathBuf,
+    target: PathBuf,
+}
+
+impl Host {
+    async fn start() -> Host {
+        Host::start_with(Tweaks::default()).await
+    }
+
+    async fn start_with(tweaks: Tweaks) -> Host {
+        let stack = NodeStack::start_with(EmulationSetting::Nvme, tweaks).await;
+        let staging = stack.path("plugins/staging/pvc-fs");
+        let target = stack.path("pods/a/volumes/pvc-fs");
+        Host {
+            stack,
+            staging,
+            target,
+        }
+    }
+
+    async fn stage(
+        &self,
+        capability: csi::VolumeCapability,
+        share: &Path,
+    ) -> Result<(), tonic::Status> {
+        let request = stage_request("pvc-fs", &self.staging, capability, share);
+        self.stack
+            .client
+            .clone()
+            .node_stage_volume(request)
+            .await
+            .map(drop)
+    }
+
+    async fn publish(
+        &self,
+        capability: csi::VolumeCapability,
+        share: &Path,
+        readonly: bool,
+    ) -> Result<(), tonic::Status> {
+        let paths = (self.staging.as_path(), self.target.as_path());
+        let request = publish_request("pvc-fs", paths, capability, share, readonly);
+        self.stack
+            .client
+            .clone()
+            .node_publish_volume(request)
+            .await
+            .map(drop)
+    }
+
+    async fn stage_and_publish(&self, capability: csi::VolumeCapability, share: &Path) {
+        self.stage(capability.clone(), share).await.unwrap();
+        self.publish(capability, share, false).await.unwrap();
+    }
+
+    async fn take_down(&self) {
+        let mut node = self.stack.client.clone();
+        unpublish(&mut node, "pvc-fs", &self.target).await;
+        unstage(&mut node, "pvc-fs", &self.staging).await;
+    }
+
+    /// SNAP's virtio-fs devices and functions, the plugin's fsdevs' owner's
+    /// census: how many of each this host's DPU holds.
+    async fn snap_objects(&self) -> (usize, usize) {
+        let snap = self.stack.emulator.client();
+        let devices = snap.call(&VirtioFsGetDevices {}).await.unwrap();
+        let functions = snap.call(&VirtioFsDocaGetFunctions {}).await.unwrap();
+        let functions = functions.iter().map(|m| m.functions.len()).sum();
+        (devices.len(), functions)
+    }
+
+    /// Nothing of the volume is left on this host or its DPU.
+    async fn assert_nothing_left(&self) {
+        assert_eq!(
+            self.snap_objects().await,
+            (0, 0),
+            "a virtio-fs device or function is left"
+        );
+        assert!(
+            mounts_under(&self.stack.kubelet).is_empty(),
+            "a mount is left"
+        );
+        assert_eq!(self.stack.records(), 0, "a volume record is left");
+        let calls = self.stack.plugin.as_ref().unwrap().calls();
+        let created = calls
+            .iter()
+            .filter(|c| c.starts_with("CreateDevice"))
+            .count();
+        let deleted = calls
+            .iter()
+            .filter(|c| c.starts_with("DeleteDevice"))
+            .count();
+        assert!(
+            deleted >= usize::from(created > 0),
+            "DeleteDevice never came: {calls:?}"
+        );
+    }
+}
+
+fn fs_type_at(path: &Path) -> String {
+    let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let point = path.display().to_string();
+    let line = table
+        .lines()
+        .rfind(|l| l.split(' ').nth(4) == Some(point.as_str()))
+        .unwrap_or_else(|| panic!("nothing mounted at {point}"));
+    let after = line.split(" - ").nth(1).unwrap();
+    after.split(' ').next().unwrap().to_string()
+}
+
+/// Writes `data` to `name` under `dir` as a pod would before another reads
+/// it: written, fsynced, closed.
+fn write_file(dir: &Path, name: &str, data: &[u8]) {
+    let mut file = std::fs::File::create(dir.join(name)).unwrap();
+    file.write_all(data).unwrap();
+    file.sync_all().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_filesystem_device_is_staged_published_used_and_taken_down_idempotently() {
+    let host = Host::start().await;
+    let share = tempfile::tempdir().unwrap();
+    let rwo = capability("", Mode::SingleNodeWriter);
+    for _ in 0..2 {
+        host.stage(rwo.clone(), share.path()).await.unwrap();
+    }
+    assert_eq!(
+        host.snap_objects().await,
+        (1, 1),
+        "one device on one function"
+    );
+    assert_eq!(fs_type_at(&host.staging), "fuse.virtiofs");
+    for _ in 0..2 {
+        host.publish(rwo.clone(), share.path(), false)
+            .await
+            .unwrap();
+    }
+    let data: Vec<u8> = (0..64 * 1024u32).map(|i| (i % 251) as u8).collect();
+    write_file(&host.target, "data.bin", &data);
+    assert_eq!(
+        std::fs::read(share.path().join("data.bin")).unwrap(),
+        data,
+        "the backend holds it"
+    );
+    assert_eq!(std::fs::read(host.staging.join("data.bin")).unwrap(), data);
+
+    let mut node = host.stack.client.clone();
+    let stats = node
+        .node_get_volume_stats(csi::NodeGetVolumeStatsRequest {
+            volume_id: "pvc-fs".into(),
+            volume_path: host.target.display().to_string(),
+            staging_target_path: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let condition = stats.volume_condition.unwrap();
+    assert!(!condition.abnormal, "{condition:?}");
+    let bytes = stats
+        .usage
+        .iter()
+        .find(|u| u.unit == csi::volume_usage::Unit::Bytes as i32)
+        .unwrap();
+    assert!(bytes.total > 0 && bytes.used > 0, "{bytes:?}");
+    // Nothing grows on the host: the size it shows is the backend's.
+    let expanded = node
+        .node_expand_volume(csi::NodeExpandVolumeRequest {
+            volume_id: "pvc-fs".into(),
+            volume_path: host.target.display().to_string(),
+            capacity_range: Some(csi::CapacityRange {
+                required_bytes: bytes.total,
+                limit_bytes: 0,
+            }),
+            staging_target_path: host.staging.display().to_string(),
+            volume_capability: Some(rwo.clone()),
+            secrets: HashMap::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(expanded.capacity_bytes, bytes.total);
+
+    for _ in 0..2 {
+        host.take_down().await;
+    }
+    host.assert_nothing_left().await;
+    assert_eq!(
+        std::fs::read(share.path().join("data.bin")).unwrap(),
+        data,
+        "the data stays in the share"
+    );
+
+    // Staged again, the same tree is there.
+    host.stage_and_publish(rwo, share.path()).await;
+    assert_eq!(std::fs::read(host.target.join("data.bin")).unwrap(), data);
+    host.take_down().await;
+    host.assert_nothing_left().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_capability_a_filesystem_device_cannot_serve_is_refused_and_changes_nothing() {
+    let host = Host::start().await;
+    let share = tempfile::tempdir().unwrap();
+    let refused = [
+        (capability("ext4", Mode::SingleNodeWriter), "fs_type"),
+        (block_capability(Mode::SingleNodeWriter), "mount capability"),
+    ];
+    for (capability, says) in refused {
+        let error = host.stage(capability, share.path()).await.unwrap_err();
+        assert_eq!(error.code(), Code::InvalidArgument, "{error:?}");
+        assert!(error.message().contains(says), "{error:?}");
+    }
+    let mut encrypted = stage_request(
+        "pvc-fs",
+        &host.staging,
+        capability("virtiofs", Mode::SingleNodeWriter),
+        share.path(),
+    );
+    encrypted
+        .volume_context
+        .insert("snap-csi.io/encryption".into(), "aes-xts".into());
+    let error = host
+        .stack
+        .client
+        .clone()
+        .node_stage_volume(encrypted)
+        .await
+        .unwrap_err();
+    assert_eq!(error.code(), Code::InvalidArgument, "{error:?}");
+    assert!(
+        error.message().contains("snap-csi.io/encryption"),
+        "{error:?}"
+    );
+
+    assert!(
+        host.stack.plugin.as_ref().unwrap().calls().is_empty(),
+        "the plugin was asked"
+    );
+    host.assert_nothing_left().await;
+}
+
+/// The wrong-device guard: a staging path that holds another volume's tag
+/// is not taken for this volume's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_volumes_tag_at_the_staging_path_is_refused() {
+    let host = Host::start().await;
+    let (share, other_share) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let rwo = capability("", Mode::SingleNodeWriter);
+    host.stage(rwo.clone(), share.path()).await.unwrap();
+    let mut node = host.stack.client.clone();
+    let other = stage_request("pvc-other", &host.staging, rwo, other_share.path());
+    let error = node.node_stage_volume(other).await.unwrap_err();
+    assert_eq!(error.code(), Code::AlreadyExists, "{error:?}");
+    let ours = snap_csi::dpu::names::VolumeNames::new("pvc-fs").fs_tag;
+    assert!(error.message().contains(&ours), "{error:?}");
+    assert_eq!(fs_type_at(&host.staging), "fuse.virtiofs");
+    // The other volume was never mounted: its unstage elsewhere detaches it.
+    let elsewhere = host.stack.path("plugins/staging/pvc-other");
+    unstage(&mut node, "pvc-other", &elsewhere).await;
+    unstage(&mut node, "pvc-fs", &host.staging).await;
+    host.assert_nothing_left().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_without_filesystem_devices_is_named_in_a_failed_precondition() {
+    let block_only: Vec<Capability> = CAPABILITIES
+        .into_iter()
+        .filter(|c| *c != Capability::CreateDeleteFsDevice)
+        .collect();
+    let host = Host::start_with(Tweaks {
+        plugin_capabilities: Some(block_only),
+        ..Tweaks::default()
+    })
+    .await;
+    let share = tempfile::tempdir().unwrap();
+    let error = host
+        .stage(capability("virtiofs", Mode::SingleNodeWriter), share.path())
+        .await
+        .unwrap_err();
+    assert_eq!(error.code(), Code::FailedPrecondition, "{error:?}");
+    assert!(
+        error.message().contains(PLUGIN_NAME)
+            && error.message().contains("CREATE_DELETE_FS_DEVICE"),
+        "{error:?}"
+    );
+    let calls = host.stack.plugin.as_ref().unwrap().calls();
+    assert!(
+        !calls.iter().any(|c| c.starts_with("CreateDevice")),
+        "{calls:?}"
+    );
+    host.assert_nothing_left().await;
+}
+
+/// Three hosts, each with its own DPU, over one share: two write and read
+/// each other's files; one unstages while the other keeps writing; a third
+/// mounts read-only and cannot write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hosts_share_a_read_write_many_volume_and_a_read_only_one_cannot_write() {
+    let (a, b, c) = tokio::join!(Host::start(), Host::start(), Host::start());
+    let share = tempfile::tempdir().unwrap();
+    let rwx = capability("virtiofs", Mode::MultiNodeMultiWriter);
+    tokio::join!(
+        a.stage_and_publish(rwx.clone(), share.path()),
+        b.stage_and_publish(rwx.clone(), share.path())
+    );
+    write_file(&a.target, "from-a", b"written on host a");
+    assert_eq!(
+        std::fs::read(b.target.join("from-a")).unwrap(),
+        b"written on host a"
+    );
+    write_file(&b.target, "from-b", b"written on host b");
+    assert_eq!(
+        std::fs::read(a.target.join("from-b")).unwrap(),
+        b"written on host b"
+    );
+
+    let rox = capability("", Mode::MultiNodeReaderOnly);
+    c.stage(rox.clone(), share.path()).await.unwrap();
+    c.publish(rox, share.path(), true).await.unwrap();
+    assert_eq!(
+        std::fs::read(c.target.join("from-b")).unwrap(),
+        b"written on host b"
+    );
+    let refused = std::fs::write(c.target.join("from-c"), b"no");
+    let erofs = nix::errno::Errno::EROFS as i32;
+    assert_eq!(
+        refused.unwrap_err().raw_os_error(),
+        Some(erofs),
+        "a read-only pod wrote"
+    );
+
+    // a goes away; b keeps writing, and c reads what b wrote after.
+    a.take_down().await;
+    a.assert_nothing_left().await;
+    write_file(&b.target, "after-a", b"b still writes");
+    assert_eq!(
+        std::fs::read(c.target.join("after-a")).unwrap(),
+        b"b still writes"
+    );
+    assert_eq!(b.snap_objects().await, (1, 1));
+
+    tokio::join!(b.take_down(), c.take_down());
+    b.assert_nothing_left().await;
+    c.assert_nothing_left().await;
+    let mut kept: Vec<String> = std::fs::read_dir(share.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    kept.sort();
+    assert_eq!(kept, ["after-a", "from-a", "from-b"]);
+}
