@@ -12,9 +12,7 @@ mod direct_io;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::{Client, Emu, dev_node, wait_for_disk};
 use direct_io::{Aligned, assert_within_10_percent, open_direct, steady_write_rate};
