@@ -469,24 +469,7 @@ async fn aio_qos_limits_reach_snap_live_or_at_the_next_attach() {
         [3000, 0, 0, 0]
     );
 
-    let modify = |pairs: &[(&str, &str)]| {
-        let request = csi::ControllerModifyVolumeRequest {
-            volume_id: created.volume_id.clone(),
-            secrets: HashMap::new(),
-            mutable_parameters: pairs
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-        };
-        let mut controller = proxy.controller.clone();
-        async move {
-            controller
-                .controller_modify_volume(timed(request, TIMEOUT))
-                .await
-                .unwrap();
-        }
-    };
-    modify(&[(W_MBYTES_KEY, "40")]).await;
+    modify(&proxy, &created.volume_id, &[(W_MBYTES_KEY, "40")]).await;
     // Not following: the bdev attached keeps its limits until the next attach.
     assert_eq!(
         snap.rate_limits(&attached.device_name).await,
@@ -502,7 +485,12 @@ async fn aio_qos_limits_reach_snap_live_or_at_the_next_attach() {
     );
     // Following (the binary's default): live.
     let follower = Plugin::start_following(snap.socket(), Duration::from_millis(50)).await;
-    modify(&[(RW_IOPS_KEY, "0"), (W_MBYTES_KEY, "15")]).await;
+    modify(
+        &proxy,
+        &created.volume_id,
+        &[(RW_IOPS_KEY, "0"), (W_MBYTES_KEY, "15")],
+    )
+    .await;
     snap.rate_limits_become(&attached.device_name, [0, 0, 0, 15])
         .await;
     follower.stop().await;
@@ -517,6 +505,25 @@ async fn aio_qos_limits_reach_snap_live_or_at_the_next_attach() {
 }
 
 /// The node's attach of a block volume the controller made.
+/// A ControllerModifyVolume of `volume_id` through the proxy, setting
+/// `limits` (QoS keys and values).
+async fn modify(proxy: &Proxy, volume_id: &str, limits: &[(&str, &str)]) {
+    let request = csi::ControllerModifyVolumeRequest {
+        volume_id: volume_id.to_string(),
+        secrets: HashMap::new(),
+        mutable_parameters: limits
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+    };
+    proxy
+        .controller
+        .clone()
+        .controller_modify_volume(timed(request, TIMEOUT))
+        .await
+        .unwrap();
+}
+
 fn block_attach(created: &csi::Volume, emulation: Emulation) -> AttachRequest {
     AttachRequest {
         volume_id: created.volume_id.clone(),
@@ -585,23 +592,6 @@ async fn host_writes_run_at_the_limit_and_at_the_new_one_after_a_modify() {
                 .unwrap()
         }
     };
-    let modify = |limits: [(&str, &str); 2]| {
-        let request = csi::ControllerModifyVolumeRequest {
-            volume_id: created.volume_id.clone(),
-            secrets: HashMap::new(),
-            mutable_parameters: limits
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-        };
-        let mut controller = proxy.controller.clone();
-        async move {
-            controller
-                .controller_modify_volume(timed(request, TIMEOUT))
-                .await
-                .unwrap()
-        }
-    };
 
     let iops = rate(4096).await;
     println!("4 KiB writes under 1000 IOPS: {iops:.1} a second");
@@ -610,14 +600,24 @@ async fn host_writes_run_at_the_limit_and_at_the_new_one_after_a_modify() {
         "IOPS: measured {iops:.1}, limit 1000"
     );
 
-    modify([(RW_IOPS_KEY, "0"), (W_MBYTES_KEY, "4")]).await;
+    modify(
+        &proxy,
+        &created.volume_id,
+        &[(RW_IOPS_KEY, "0"), (W_MBYTES_KEY, "4")],
+    )
+    .await;
     snap.rate_limits_become(&attached.device_name, [0, 0, 0, 4])
         .await;
     let mib_per_sec = rate(128 << 10).await * (128 << 10) as f64 / MIB as f64;
     println!("128 KiB writes under 4 MiB/s: {mib_per_sec:.2} MiB/s");
     assert_within_10_percent("MiB/s", mib_per_sec, 4.0);
 
-    modify([(RW_IOPS_KEY, "0"), (W_MBYTES_KEY, "0")]).await;
+    modify(
+        &proxy,
+        &created.volume_id,
+        &[(RW_IOPS_KEY, "0"), (W_MBYTES_KEY, "0")],
+    )
+    .await;
     snap.rate_limits_become(&attached.device_name, [0, 0, 0, 0])
         .await;
     let free = rate(4096).await;
