@@ -6,8 +6,9 @@
 # known pattern read back after every restage, kills and restarts the node,
 # the plugin, the controller proxy, SNAP and the DPU agent, stalls SNAP,
 # fills the function pool and holds mounts busy, then counts what leaked.
-# Its last line is `chaos: N operations, F faults, L leaks, D data errors`;
-# it exits non-zero when L or D is not zero or a call never converged.
+# Its last line is `chaos: N operations, F faults, L leaks, D data errors, R I/O
+# refused (pod restarted)`; it exits non-zero when L or D is not zero or a call
+# never converged.
 # Every stack is stopped and removed on the way out (also on Ctrl-C).
 #
 # Usage (as root): hack/chaos.sh [--profile release|debug] [CHAOS-ARGS...]

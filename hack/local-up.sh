@@ -349,8 +349,13 @@ else
   dpu=(--plugin-socket "$dir/plugin.sock" --snap-socket-template "$dir/snap.sock")
 fi
 
+# The emulated host sees a new function within milliseconds: a stage whose
+# attach SNAP lost (it restarted empty just after answering) gives up waiting
+# for the device after 5 s, not the 30 s a real host's hot-plug may need,
+# and kubelet's retry attaches it again.
 start node "$bin/snap-csi" node \
   --endpoint "$dir/node.sock" \
+  --device-wait 5 \
   --node-id local-node \
   --kubelet-dir "$kubelet" \
   --state-dir "$dir/node-state" \

@@ -54,9 +54,12 @@ cargo build --locked -p snap-csi -p snap-emu -p snap-csi-spdk-plugin -p snap-csi
 # processes are killed, SNAP stalls and functions run out; then 180 kill trials per mode (one
 # volume's life, the node, plugin or agent killed at a random instant inside one step, a census
 # after each; about 7 minutes per mode in debug). Fails on a leak, a data error or a call that
-# never converges as kubelet makes it. Its seed (printed first) replays the same script. SNAP is
-# left out of the kill trials (the run prints "NOT KILLING snap, target") until the node heals a
-# device a SNAP restart left stale: a kill of SNAP inside a publish can leave a block volume whose
-# writes fail (EINVAL); add snap to --kill-processes once it does.
+# never converges as kubelet makes it; a pod's I/O refused while a SNAP restart took its device
+# away is counted apart and the pod restarted (unpublish, unstage, stage, publish), its data then
+# read back. Its seed (printed first) replays the same script. SNAP and the target are left out
+# of the kill trials (the run prints "NOT KILLING snap, target"): a SNAP kill inside a first
+# stage's mkfs.xfs leaves a half-made filesystem the node refuses to mount or format
+# (FAILED_PRECONDITION, final: the pod never starts), and nothing recreates a restarted
+# target's pool, lvstore and subsystems. Add them to --kill-processes once those converge.
 ./hack/chaos.sh --profile debug --duration 2m --round 30s --kill-trials 180 \
   --kill-processes node,plugin,agent

@@ -44,6 +44,13 @@ impl JsonDir {
         Ok(JsonDir { dir })
     }
 
+    /// Another process's directory, to read: neither created nor swept, as
+    /// a temp file in it may be its writer's write in flight (the sample
+    /// plugin reads the QoS records its controller writes, every period).
+    pub fn of_another(dir: impl Into<PathBuf>) -> JsonDir {
+        JsonDir { dir: dir.into() }
+    }
+
     pub fn dir(&self) -> &Path {
         &self.dir
     }
@@ -169,6 +176,15 @@ mod tests {
         let records = JsonDir::open(records.dir()).unwrap();
         assert!(!in_flight.exists());
         assert_eq!(records.all::<String>().unwrap().len(), 6);
+        // A reader of another process's directory leaves its writes in flight.
+        std::fs::write(&in_flight, b"{half").unwrap();
+        let reader = JsonDir::of_another(records.dir());
+        assert_eq!(
+            reader.load::<String>("g-1").unwrap().as_deref(),
+            Some("g-1")
+        );
+        assert!(in_flight.exists());
+        std::fs::remove_file(&in_flight).unwrap();
         for key in ["a/b/../c", &longest_csi_id] {
             records.remove(key).unwrap();
             records.remove(key).unwrap();

@@ -22,6 +22,10 @@
 //! - `snap_csi_tls_handshakes`: TLS handshakes on the DPU link, by role
 //!   (`server`: the agent, `client`: the node) and outcome; one per
 //!   connection, not per call.
+//! - `snap_csi_tls_reloads`: rotations of the TLS files taken up, by the
+//!   certificate file and outcome (`ok`, or `unusable`: caught half-rotated
+//!   or invalid, the last good files kept), so a rotation can be seen to
+//!   have taken effect without a restart.
 //! - Per staged volume, read at scrape time when a [`VolumeIoSource`] is
 //!   registered (the node): `snap_csi_volume_read_bytes_total`,
 //!   `..._written_bytes_total`, `..._reads_completed_total`,
@@ -100,6 +104,12 @@ struct HandshakeLabels {
     outcome: &'static str,
 }
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReloadLabels {
+    cert: String,
+    outcome: &'static str,
+}
+
 /// Every metric this process records.
 #[derive(Debug)]
 struct Metrics {
@@ -114,6 +124,7 @@ struct Metrics {
     dpu_drift: Family<DriftLabels, Gauge>,
     orphaned_volumes: Gauge,
     tls_handshakes: Family<HandshakeLabels, Counter>,
+    tls_reloads: Family<ReloadLabels, Counter>,
     volume_condition_abnormal: Family<VolumeLabels, Gauge>,
     volume_io_errors: Counter,
 }
@@ -141,6 +152,7 @@ fn metrics() -> &'static Metrics {
         let dpu_drift = Family::<DriftLabels, Gauge>::default();
         let orphaned_volumes = Gauge::default();
         let tls_handshakes = Family::<HandshakeLabels, Counter>::default();
+        let tls_reloads = Family::<ReloadLabels, Counter>::default();
         let volume_condition_abnormal = Family::<VolumeLabels, Gauge>::default();
         let volume_io_errors = Counter::default();
         registry.register(
@@ -194,6 +206,11 @@ fn metrics() -> &'static Metrics {
             tls_handshakes.clone(),
         );
         registry.register(
+            "tls_reloads",
+            "Changes of the TLS files taken up (ok) or refused as unusable, by certificate file",
+            tls_reloads.clone(),
+        );
+        registry.register(
             "volume_condition_abnormal",
             "1 when the last NodeGetVolumeStats found the volume abnormal (its filesystem shut \
              down or read-only after errors, its device gone), else 0; by volume, while staged",
@@ -216,6 +233,7 @@ fn metrics() -> &'static Metrics {
             dpu_drift,
             orphaned_volumes,
             tls_handshakes,
+            tls_reloads,
             volume_condition_abnormal,
             volume_io_errors,
         }
@@ -336,6 +354,18 @@ pub fn observe_handshake(role: &'static str, outcome: &'static str) {
     metrics()
         .tls_handshakes
         .get_or_create(&HandshakeLabels { role, outcome })
+        .inc();
+}
+
+/// Records that the TLS files whose certificate is `cert` changed and were
+/// taken up (`ok`) or refused (`unusable`).
+pub fn observe_tls_reload(cert: &std::path::Path, outcome: &'static str) {
+    metrics()
+        .tls_reloads
+        .get_or_create(&ReloadLabels {
+            cert: cert.display().to_string(),
+            outcome,
+        })
         .inc();
 }
 

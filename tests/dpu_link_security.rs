@@ -220,8 +220,19 @@ async fn rotated_files_take_effect_without_a_restart_and_a_call_in_flight_finish
     let renewed = Pki::new(&dir.path().join("renewed"), "renewed-ca");
     rotate(&renewed.issue(Role::Agent, DPU_NAME), &config.tls);
     rotate(&renewed.issue(Role::Node, HOST_NAME), &node_tls);
-    // Files are looked at again at most once a second.
-    tokio::time::sleep(Duration::from_millis(1100)).await;
+    // Each end looks at its files again before a new connection, at most
+    // once a second; the node's calls drive both (the node's new connection
+    // is the agent's next handshake). Until both took up their new files,
+    // the node's probe may answer on its old connection or fail a handshake.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while reloads(&node_tls.cert).await == 0 || reloads(&config.tls.cert).await == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the rotated files were not taken up"
+        );
+        let _ = node.probe(soon()).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 
     assert!(
         node.probe(soon()).await.unwrap(),
@@ -239,6 +250,20 @@ async fn rotated_files_take_effect_without_a_restart_and_a_call_in_flight_finish
         .unwrap()
         .expect("the call in flight finishes");
     assert_eq!(attached.device_name, "gated");
+}
+
+/// How many times the TLS files whose certificate is `cert` were reloaded
+/// (this process's `snap_csi_tls_reloads_total`, outcome ok).
+async fn reloads(cert: &std::path::Path) -> u64 {
+    let series = format!(
+        "snap_csi_tls_reloads_total{{cert=\"{}\",outcome=\"ok\"}} ",
+        cert.display()
+    );
+    snap_csi::metrics::render()
+        .await
+        .lines()
+        .find_map(|line| line.strip_prefix(&series))
+        .map_or(0, |count| count.parse().unwrap())
 }
 
 /// Runs `snap-csi ARGS...`, its log (stderr) going to `log`.

@@ -208,21 +208,42 @@ async fn each_staged_volume_has_io_series_from_one_iostat_per_scrape() {
     }
     let page = after;
 
-    // Scrapes that come together share one read.
+    // Scrapes that come together share one read: at most one per interval
+    // they spread over (eight at once on a loaded machine may straddle the
+    // end of one).
     let calls = iostat_calls(&page);
+    let together = Instant::now();
     let pages = futures::future::join_all((0..8).map(|_| scrape(address))).await;
+    let spread = together.elapsed();
     let after = pages.iter().map(|p| iostat_calls(p)).fold(0.0, f64::max);
+    let most = 1.0 + (spread.as_secs_f64() / FRESH_FOR.as_secs_f64()).floor();
     assert!(
-        after - calls <= 1.0,
-        "8 scrapes made {} reads",
+        after - calls <= most,
+        "8 scrapes over {spread:?} made {} reads",
         after - calls
     );
     assert!(pages.iter().all(|p| p.contains(r#"volume_id="pvc-vblk""#)));
-    // Past the interval a scrape reads again, once; the next one shares it.
-    tokio::time::sleep(FRESH_FOR).await;
-    let calls = iostat_calls(&scrape(address).await);
-    assert_eq!(calls, after + 1.0);
-    assert_eq!(iostat_calls(&scrape(address).await), calls);
+    // Past the interval a scrape reads again, once; the next one shares it
+    // if it is answered within the interval of the first one's start. A
+    // pair that a loaded machine spread wider says nothing of sharing: it is
+    // tried again (its first scrape is checked all the same).
+    let mut calls = after;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        tokio::time::sleep(FRESH_FOR).await;
+        let first = Instant::now();
+        let read = iostat_calls(&scrape(address).await);
+        assert_eq!(read, calls + 1.0, "a scrape past the interval reads again");
+        calls = iostat_calls(&scrape(address).await);
+        if first.elapsed() < FRESH_FOR {
+            assert_eq!(calls, read, "a scrape within the interval shares the read");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no two scrapes within {FRESH_FOR:?} of each other"
+        );
+    }
 
     // SNAP holds its answers: the scrape answers by the read's deadline,
     // without the series rather than with old counts.

@@ -226,12 +226,16 @@ impl<T> Reloading<T> {
                     Ok(config) => {
                         state.config = Arc::new(config);
                         state.generation += 1;
+                        crate::metrics::observe_tls_reload(&self.files.cert, "ok");
                         tracing::info!(cert = %self.files.cert.display(), "TLS files changed: new connections use them");
                     }
-                    Err(e) => tracing::warn!(
-                        cert = %self.files.cert.display(),
-                        "TLS files changed but cannot be used ({e}); keeping the previous ones until they change again"
-                    ),
+                    Err(e) => {
+                        crate::metrics::observe_tls_reload(&self.files.cert, "unusable");
+                        tracing::warn!(
+                            cert = %self.files.cert.display(),
+                            "TLS files changed but cannot be used ({e}); keeping the previous ones until they change again"
+                        )
+                    }
                 }
             }
         }

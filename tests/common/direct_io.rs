@@ -8,6 +8,8 @@
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use nix::fcntl::OFlag;
@@ -47,30 +49,47 @@ pub fn open_direct(dev: &Path) -> File {
         .expect("open the host device with O_DIRECT")
 }
 
-/// Writes `size`-byte O_DIRECT writes back to back for `span` from eight
-/// threads, as a host keeps a queue of I/O in flight (so that quotas are
-/// used as soon as they come, not missed for one writer's turnaround);
-/// returns the I/Os done and the time they took.
-pub fn write_flat_out(dev: &Path, size: usize, span: Duration) -> (u64, Duration) {
-    let start = Instant::now();
-    let writers: Vec<_> = (0..8u64)
+/// How many `size`-byte O_DIRECT writes a second `writers` threads get
+/// through `dev`, writing back to back (each in a MiB of its own), as a
+/// host keeps a queue of I/O in flight: counted over `window` once they
+/// have run for `warmup`, so that the rate is the steady one, not a short
+/// run's start and end, and a loaded machine slows the writers without
+/// moving the figure while they still keep the device busy.
+pub fn steady_write_rate(
+    dev: &Path,
+    size: usize,
+    writers: u64,
+    warmup: Duration,
+    window: Duration,
+) -> f64 {
+    let done = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let threads: Vec<_> = (0..writers)
         .map(|w| {
             let f = open_direct(dev);
+            let (done, stop) = (Arc::clone(&done), Arc::clone(&stop));
             std::thread::spawn(move || {
                 let buf = Aligned::new(size, 0x5a);
                 let slots = (1 << 20) / size as u64;
-                let mut ios = 0;
-                while start.elapsed() < span {
-                    let at = (w * slots + ios % slots) * size as u64;
+                let mut n = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    let at = (w * slots + n % slots) * size as u64;
                     f.write_all_at(buf.get(), at).unwrap();
-                    ios += 1;
+                    done.fetch_add(1, Ordering::Relaxed);
+                    n += 1;
                 }
-                ios
             })
         })
         .collect();
-    let ios = writers.into_iter().map(|w| w.join().unwrap()).sum();
-    (ios, start.elapsed())
+    std::thread::sleep(warmup);
+    let (before, start) = (done.load(Ordering::Relaxed), Instant::now());
+    std::thread::sleep(window);
+    let (after, end) = (done.load(Ordering::Relaxed), Instant::now());
+    stop.store(true, Ordering::Relaxed);
+    for t in threads {
+        t.join().unwrap();
+    }
+    (after - before) as f64 / (end - start).as_secs_f64()
 }
 
 pub fn assert_within_10_percent(what: &str, measured: f64, limit: f64) {

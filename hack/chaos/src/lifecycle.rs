@@ -13,6 +13,16 @@
 //! a look at the mount table (an OK that left the mount behind is a leak),
 //! and every restage by reading the volume's pattern back. A kill trial's
 //! worker also kills a process inside one step ([`KillSwitch`]).
+//!
+//! A pod's read or write that fails (EIO: SNAP restarted empty and the device
+//! went away under the published volume, as on a DPU whose SNAP crashed) is
+//! what Kubernetes answers with a pod restart (the container fails, the pod
+//! is deleted and made again: kubelet unpublishes and unstages, then stages
+//! and publishes for the new pod, and the node attaches the volume again).
+//! The worker does that and the new pod does the I/O again: only what it
+//! finds counts. Bytes that differ are data lost, and a second refusal a
+//! device that never came back: data errors. The first refusal is counted
+//! apart, expected.
 
 use std::future::Future;
 use std::path::Path;
@@ -238,8 +248,9 @@ impl Worker {
     ) -> anyhow::Result<()> {
         let block = volume.kind == Kind::Block;
         self.pod_starts(volume, shape, label, seen, 1).await?;
+        let pod = (volume, shape, label);
         let mut pattern = Pattern::new(&mut self.rng, block);
-        self.write(volume, &pattern).await?;
+        self.io(pod, seen, Io::Write(&pattern)).await?;
         let restages = match self.restages {
             Some(restages) => restages,
             None => self.rng.range(1, 3),
@@ -250,7 +261,7 @@ impl Worker {
         {
             restage += 1;
             if self.rng.chance(30) {
-                self.verify(volume, label, &pattern, "while published")
+                self.io(pod, seen, Io::Verify(&pattern, "while published"))
                     .await?;
             }
             let held = self.rng.chance(self.holder_percent);
@@ -258,11 +269,11 @@ impl Worker {
                 .await?;
             self.pod_starts(volume, shape, label, seen, restage + 1)
                 .await?;
-            self.verify(volume, label, &pattern, &format!("after restage {restage}"))
-                .await?;
+            let when = format!("after restage {restage}");
+            self.io(pod, seen, Io::Verify(&pattern, &when)).await?;
             if self.rng.chance(50) {
                 pattern = Pattern::new(&mut self.rng, block);
-                self.write(volume, &pattern).await?;
+                self.io(pod, seen, Io::Write(&pattern)).await?;
             }
         }
         Ok(())
@@ -426,48 +437,78 @@ impl Worker {
         }
     }
 
-    async fn write(&self, volume: &Volume, pattern: &Pattern) -> anyhow::Result<()> {
-        let (target, block, pattern) = (
-            volume.target.clone(),
-            volume.kind == Kind::Block,
-            pattern.clone(),
-        );
-        let written = tokio::task::spawn_blocking(move || pattern.write(&target, block)).await?;
-        match written {
-            Ok(()) => self.tally.operation(),
-            Err(error) => self
-                .tally
-                .data_error(format!("{}: write failed: {error:#}", volume.id)),
+    /// The pod's read or write of its pattern; refused (the device went away
+    /// under it), the pod restarts and does it again (see the module's
+    /// comment).
+    async fn io(
+        &mut self,
+        (volume, shape, label): (&Volume, &Shape, &str),
+        seen: &mut kubelet::Volume,
+        io: Io<'_>,
+    ) -> anyhow::Result<()> {
+        let Err(refused) = self.try_io(volume, label, io).await? else {
+            return Ok(());
+        };
+        self.tally.refused(format!("{label}: {refused}"));
+        // The pod goes and a new one starts (never the first: it formats no
+        // more).
+        self.pod_goes(volume, shape, label, seen, (2, false))
+            .await?;
+        self.pod_starts(volume, shape, label, seen, 2).await?;
+        if let Err(again) = self.try_io(volume, label, io).await? {
+            self.tally.data_error(format!(
+                "{label}: refused again after the pod restarted: {again}"
+            ));
         }
         Ok(())
     }
 
-    async fn verify(
+    /// One read or write through the published volume: `Err` when the host
+    /// refused it (an I/O error); bytes that differ are a data error here.
+    async fn try_io(
         &self,
         volume: &Volume,
         label: &str,
-        pattern: &Pattern,
-        when: &str,
-    ) -> anyhow::Result<()> {
-        let (target, block, copy) = (
-            volume.target.clone(),
-            volume.kind == Kind::Block,
-            pattern.clone(),
-        );
-        let verdict = tokio::task::spawn_blocking(move || copy.verify(&target, block)).await?;
-        match verdict {
-            Ok(Verdict::Intact) => self.tally.operation(),
-            Ok(Verdict::Differs { bytes, first }) => self.tally.data_error(format!(
-                "{label} {when}: {bytes} bytes differ, the first at +{first}, of {}",
-                pattern.describe()
-            )),
-            Err(error) => self.tally.data_error(format!(
-                "{label} {when}: reading {} failed: {error:#}",
-                pattern.describe()
-            )),
+        io: Io<'_>,
+    ) -> anyhow::Result<Result<(), String>> {
+        let (target, block) = (volume.target.clone(), volume.kind == Kind::Block);
+        let outcome = match io {
+            Io::Write(pattern) => {
+                let copy = pattern.clone();
+                tokio::task::spawn_blocking(move || copy.write(&target, block))
+                    .await?
+                    .map_err(|error| format!("writing {}: {error:#}", pattern.describe()))
+            }
+            Io::Verify(pattern, when) => {
+                let copy = pattern.clone();
+                match tokio::task::spawn_blocking(move || copy.verify(&target, block)).await? {
+                    Ok(Verdict::Intact) => Ok(()),
+                    Ok(Verdict::Differs { bytes, first }) => {
+                        self.tally.data_error(format!(
+                            "{label} {when}: {bytes} bytes differ, the first at +{first}, of {}",
+                            pattern.describe()
+                        ));
+                        return Ok(Ok(()));
+                    }
+                    Err(error) => Err(format!(
+                        "{when}: reading {} failed: {error:#}",
+                        pattern.describe()
+                    )),
+                }
+            }
+        };
+        if outcome.is_ok() {
+            self.tally.operation();
         }
-        Ok(())
+        Ok(outcome)
     }
+}
+
+/// What a pod does with its pattern: write it, or read it back (when).
+#[derive(Debug, Clone, Copy)]
+enum Io<'a> {
+    Write(&'a Pattern),
+    Verify(&'a Pattern, &'a str),
 }
 
 /// An OK from `call` with `path` still mounted is a leak.

@@ -11,9 +11,10 @@
 //! the faults stop, the workers finish their volumes, and a census
 //! (`census`) counts whatever is left; so does stopping the stack.
 //!
-//! Prints last `chaos: N operations, F faults, L leaks, D data errors`, and
-//! exits non-zero when L or D is not zero, when a call did not converge, or
-//! when the stack itself failed. `--seed` repeats every random choice.
+//! Prints last `chaos: N operations, F faults, L leaks, D data errors, R I/O
+//! refused (pod restarted)`, and exits non-zero when L or D is not zero, when
+//! a call did not converge, or when the stack itself failed (R, I/O a pod
+//! had refused while its device was gone, is expected: see `lifecycle`). `--seed` repeats every random choice.
 
 mod census;
 mod data;
@@ -282,11 +283,12 @@ async fn one_round(
     }
     let after = tally.totals();
     eprintln!(
-        "chaos: {name}: {} operations, {} faults, {} leaks, {} data errors, {} calls that did not converge",
+        "chaos: {name}: {} operations, {} faults, {} leaks, {} data errors, {} I/O refused (pod restarted), {} calls that did not converge",
         after.operations - before.operations,
         after.faults - before.faults,
         after.leaks - before.leaks,
         after.data_errors - before.data_errors,
+        after.refused - before.refused,
         after.stuck - before.stuck,
     );
     for (what, (count, first)) in tally.take_detail() {
@@ -382,8 +384,8 @@ async fn main() -> anyhow::Result<()> {
         eprintln!("chaos: {} calls did not converge", totals.stuck);
     }
     println!(
-        "chaos: {} operations, {} faults, {} leaks, {} data errors",
-        totals.operations, totals.faults, totals.leaks, totals.data_errors
+        "chaos: {} operations, {} faults, {} leaks, {} data errors, {} I/O refused (pod restarted)",
+        totals.operations, totals.faults, totals.leaks, totals.data_errors, totals.refused
     );
     let failed = outcome.is_err() || totals.stuck > 0 || totals.leaks > 0 || totals.data_errors > 0;
     std::process::exit(i32::from(failed));

@@ -1,5 +1,7 @@
 //! What the run counts: operations that converged, faults injected, data that
-//! came back wrong, calls that never converged, and leaks found by the census;
+//! came back wrong, I/O refused while a volume's device was gone (a pod
+//! restart then finds its data: expected, counted), calls that never
+//! converged, and leaks found by the census;
 //! with the codes the stack answered on the way, for the round's summary.
 
 use std::collections::BTreeMap;
@@ -11,6 +13,7 @@ pub struct Tally {
     operations: AtomicU64,
     faults: AtomicU64,
     data_errors: AtomicU64,
+    refused: AtomicU64,
     stuck: AtomicU64,
     leaks: AtomicU64,
     /// Faults by kind, and failed attempts by call and code, each with the
@@ -25,6 +28,7 @@ pub struct Totals {
     pub faults: u64,
     pub leaks: u64,
     pub data_errors: u64,
+    pub refused: u64,
     pub stuck: u64,
 }
 
@@ -51,6 +55,14 @@ impl Tally {
     pub fn data_error(&self, what: String) {
         self.data_errors.fetch_add(1, Ordering::Relaxed);
         eprintln!("chaos: DATA ERROR: {what}");
+    }
+
+    /// A pod's I/O refused because its device went away under it (SNAP
+    /// restarted empty): the pod restarts, not a failure unless the new pod
+    /// finds its data lost or is refused again.
+    pub fn refused(&self, what: String) {
+        self.refused.fetch_add(1, Ordering::Relaxed);
+        eprintln!("chaos: I/O refused, the pod restarts: {what}");
     }
 
     pub fn stuck(&self, what: String) {
@@ -92,6 +104,7 @@ impl Tally {
             faults: self.faults.load(Ordering::Relaxed),
             leaks: self.leaks.load(Ordering::Relaxed),
             data_errors: self.data_errors.load(Ordering::Relaxed),
+            refused: self.refused.load(Ordering::Relaxed),
             stuck: self.stuck.load(Ordering::Relaxed),
         }
     }

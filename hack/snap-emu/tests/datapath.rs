@@ -12,12 +12,10 @@ mod direct_io;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::{Client, Emu, dev_node, wait_for_disk};
-use direct_io::{Aligned, assert_within_10_percent, open_direct};
+use direct_io::{Aligned, assert_within_10_percent, open_direct, steady_write_rate};
 use serde_json::{Value, json};
 use snap_emu::{Config, DataPathMode};
 
@@ -87,49 +85,6 @@ fn backing_file_of(dev: &Path) -> String {
         .unwrap()
         .trim()
         .to_owned()
-}
-
-/// How many `size`-byte O_DIRECT writes a second `writers` threads get
-/// through `dev`, writing back to back (each in a MiB of its own), as a
-/// host keeps a queue of I/O in flight: counted over `window` once they
-/// have run for `warmup`, so that the rate is the steady one, not a short
-/// run's start and end, and a loaded machine slows the writers without
-/// moving the figure while they still keep the device busy.
-fn steady_write_rate(
-    dev: &Path,
-    size: usize,
-    writers: u64,
-    warmup: Duration,
-    window: Duration,
-) -> f64 {
-    let done = Arc::new(AtomicU64::new(0));
-    let stop = Arc::new(AtomicBool::new(false));
-    let threads: Vec<_> = (0..writers)
-        .map(|w| {
-            let f = open_direct(dev);
-            let (done, stop) = (Arc::clone(&done), Arc::clone(&stop));
-            std::thread::spawn(move || {
-                let buf = Aligned::new(size, 0x5a);
-                let slots = (1 << 20) / size as u64;
-                let mut n = 0;
-                while !stop.load(Ordering::Relaxed) {
-                    let at = (w * slots + n % slots) * size as u64;
-                    f.write_all_at(buf.get(), at).unwrap();
-                    done.fetch_add(1, Ordering::Relaxed);
-                    n += 1;
-                }
-            })
-        })
-        .collect();
-    std::thread::sleep(warmup);
-    let (before, start) = (done.load(Ordering::Relaxed), Instant::now());
-    std::thread::sleep(window);
-    let (after, end) = (done.load(Ordering::Relaxed), Instant::now());
-    stop.store(true, Ordering::Relaxed);
-    for t in threads {
-        t.join().unwrap();
-    }
-    (after - before) as f64 / (end - start).as_secs_f64()
 }
 
 async fn iostat(c: &mut Client, bdev: &str) -> Value {

@@ -218,7 +218,8 @@ pub fn recorded(dir: &Path, volume_id: &str) -> std::io::Result<Option<QosLimits
     if !dir.is_dir() {
         return Ok(None);
     }
-    JsonDir::open(dir)?.load(volume_id)
+    // The controller's directory: its temp files are its writes in flight.
+    JsonDir::of_another(dir).load(volume_id)
 }
 
 #[cfg(test)]
@@ -363,10 +364,15 @@ mod tests {
             ..Default::default()
         };
         records.store("aio-v", &modified).unwrap();
+        // The controller's next write, in flight while the plugin reads: the
+        // read leaves it to be renamed into place.
+        let in_flight = records.dir().join("61696f2d76.tmp");
+        std::fs::write(&in_flight, b"{").unwrap();
         assert_eq!(
             with_record(given, "aio-v", &file).unwrap(),
             given.overlaid(modified)
         );
+        assert!(in_flight.exists(), "a read removed the controller's write");
         let context = HashMap::from([(RW_IOPS_KEY.to_string(), "7".to_string())]);
         let status = context_limits("aio-v", &context).unwrap_err();
         assert_eq!(status.code(), tonic::Code::InvalidArgument);
