@@ -224,6 +224,7 @@ mod tests {
             "bdev_nvme_get_controllers",
             "bdev_set_qos_limit",
             "bdev_wait_for_examine",
+            "framework_get_config",
             "framework_start_init",
             "framework_wait_init",
             "fsdev_aio_create",

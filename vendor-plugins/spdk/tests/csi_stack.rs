@@ -410,11 +410,8 @@ async fn attach_created_volume(backend: &str, emulation: Emulation) {
     assert!(dpu.probe(deadline()).await.unwrap());
     let attached = dpu.attach(&request, deadline()).await.unwrap();
     let sysfs = Sysfs::new(snap.emulator().sysfs_root());
-    let device = common::discovered("the host sees the volume", || match &attached.locator {
-        HostLocator::Nvme { bdf, nsid, uuid } => sysfs
-            .find_nvme_namespace(bdf, *nsid, uuid.as_deref())
-            .unwrap(),
-        HostLocator::VirtioBlk { bdf, serial } => sysfs.find_virtio_blk(bdf, serial).unwrap(),
+    let device = common::discovered("the host sees the volume", || {
+        attached.locator.find(&sysfs).unwrap()
     })
     .await;
     assert_eq!(device.size_bytes, 24 * MIB);
@@ -577,9 +574,9 @@ async fn host_writes_run_at_the_limit_and_at_the_new_one_after_a_modify() {
     let attach = block_attach(&created, Emulation::VirtioBlk);
     let attached = dpu.attach(&attach, deadline()).await.unwrap();
     let sysfs = Sysfs::new(snap.emulator().sysfs_root());
-    let device = common::discovered("the host sees the volume", || match &attached.locator {
-        HostLocator::VirtioBlk { bdf, serial } => sysfs.find_virtio_blk(bdf, serial).unwrap(),
-        HostLocator::Nvme { .. } => unreachable!("asked for virtio-blk"),
+    assert!(matches!(attached.locator, HostLocator::VirtioBlk { .. }));
+    let device = common::discovered("the host sees the volume", || {
+        attached.locator.find(&sysfs).unwrap()
     })
     .await;
     // Writes of `size` a second.
@@ -665,12 +662,8 @@ async fn an_attached_aio_volume_grows_online_while_written() {
         .await
         .unwrap();
     let sysfs = Sysfs::new(snap.emulator().sysfs_root());
-    let find = || match &attached.locator {
-        HostLocator::Nvme { bdf, nsid, uuid } => sysfs
-            .find_nvme_namespace(bdf, *nsid, uuid.as_deref())
-            .unwrap(),
-        HostLocator::VirtioBlk { .. } => unreachable!("asked for NVMe"),
-    };
+    assert!(matches!(attached.locator, HostLocator::Nvme { .. }));
+    let find = || attached.locator.find(&sysfs).unwrap();
     let device = common::discovered("the host sees the volume", find).await;
     assert_eq!(device.size_bytes, 24 * MIB);
 

@@ -7,6 +7,13 @@
 //! file or directory", and a regular file is accepted, as SPDK accepts it),
 //! then the name is registered (-32603 "File exists"); deleting a name that
 //! is not an fsdev is -19 "No such device".
+//!
+//! SPDK v24.09 lists fsdevs nowhere but in `framework_get_config` of the
+//! `fsdev` subsystem (`lib/fsdev/fsdev.c`: the layer's options, then one
+//! `fsdev_aio_create` per fsdev in registration order), so this family
+//! answers that method too, for that subsystem only: the emulator does not
+//! keep the others' configuration, and says so rather than answering with an
+//! empty one.
 
 pub(crate) mod registry;
 
@@ -25,6 +32,33 @@ use registry::Fsdev;
 
 const CREATE: &str = "fsdev_aio_create";
 const DELETE: &str = "fsdev_aio_delete";
+const GET_CONFIG: &str = "framework_get_config";
+/// The fsdev layer's options as `spdk_tgt` starts with them
+/// (`SPDK_FSDEV_IO_POOL_SIZE`, `SPDK_FSDEV_IO_CACHE_SIZE`).
+const IO_POOL_SIZE: u32 = 64 * 1024 - 1;
+const IO_CACHE_SIZE: u32 = 256;
+/// `fsdev_aio.c`'s `DEFAULT_WRITEBACK_CACHE` and `DEFAULT_MAX_WRITE`.
+const DEFAULT_WRITEBACK_CACHE: bool = true;
+const DEFAULT_MAX_WRITE: u32 = 0x0002_0000;
+/// The subsystems `spdk_tgt` has besides `fsdev`, whose configuration the
+/// emulator does not keep.
+const OTHER_SUBSYSTEMS: &[&str] = &[
+    "accel",
+    "bdev",
+    "iobuf",
+    "iscsi",
+    "keyring",
+    "nbd",
+    "nvmf",
+    "scheduler",
+    "scsi",
+    "sock",
+    "ublk",
+    "vfio_user_target",
+    "vhost_blk",
+    "vhost_scsi",
+    "vmd",
+];
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -34,16 +68,23 @@ struct CreateParams {
     #[serde(default)]
     enable_xattr: bool,
     /// Kept by SPDK for the FUSE session it negotiates; the emulator's host
-    /// mount never caches writes (see `datapath::passthrough`).
-    #[serde(default, rename = "enable_writeback_cache")]
-    _writeback_cache: Option<bool>,
-    #[serde(default, rename = "max_write")]
-    _max_write: Option<u32>,
+    /// mount never caches writes (see `datapath::passthrough`), and only
+    /// writes them back in the configuration.
+    #[serde(default)]
+    enable_writeback_cache: Option<bool>,
+    #[serde(default)]
+    max_write: Option<u32>,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct DeleteParams {
+    name: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GetConfigParams {
     name: String,
 }
 
@@ -75,6 +116,8 @@ impl FsdevAio {
                 name: p.name.clone(),
                 root_path: p.root_path,
                 root,
+                writeback_cache: p.enable_writeback_cache.unwrap_or(DEFAULT_WRITEBACK_CACHE),
+                max_write: p.max_write.unwrap_or(DEFAULT_MAX_WRITE),
             })
             .map_err(|e| RpcError::internal(e.message))?;
         Ok(json!(p.name))
@@ -89,17 +132,55 @@ impl FsdevAio {
         cx.unregister_fsdev(self, &p.name);
         Ok(json!(true))
     }
+
+    /// `framework_get_config`, as `subsystem_rpc.c` answers it.
+    fn get_config(&mut self, params: Option<Value>, cx: &mut Cx<'_>) -> RpcResult {
+        let p: GetConfigParams = decode(params, OnDecodeError::InvalidParams)
+            .map_err(|_| RpcError::invalid_params_msg("Invalid arguments"))?;
+        if OTHER_SUBSYSTEMS.contains(&p.name.as_str()) {
+            return Err(RpcError::internal(format!(
+                "the emulator does not keep subsystem '{}''s configuration",
+                p.name
+            )));
+        }
+        if p.name != "fsdev" {
+            return Err(RpcError::invalid_params_msg(format!(
+                "Subsystem '{}' not found",
+                p.name
+            )));
+        }
+        let options = json!({
+            "method": "fsdev_set_opts",
+            "params": {"fsdev_io_pool_size": IO_POOL_SIZE, "fsdev_io_cache_size": IO_CACHE_SIZE},
+        });
+        let fsdevs = cx.fsdevs.iter().map(|f| {
+            json!({
+                "method": CREATE,
+                "params": {
+                    "name": f.name,
+                    "root_path": f.root_path,
+                    "enable_xattr": false,
+                    "enable_writeback_cache": f.writeback_cache,
+                    "max_write": f.max_write,
+                },
+            })
+        });
+        Ok(Value::Array(
+            std::iter::once(options).chain(fsdevs).collect(),
+        ))
+    }
 }
 
 impl Family for FsdevAio {
     fn methods(&self) -> Vec<&'static str> {
-        vec![CREATE, DELETE]
+        vec![CREATE, DELETE, GET_CONFIG]
     }
 
     fn call(&mut self, method: &str, params: Option<Value>, cx: &mut Cx<'_>) -> Answer {
         match method {
             CREATE => self.create(params, cx),
             DELETE => self.delete(params, cx),
+            GET_CONFIG => self.get_config(params, cx),
             _ => Err(RpcError::method_not_found()),
         }
         .map(Into::into)

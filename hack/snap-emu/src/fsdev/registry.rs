@@ -3,7 +3,6 @@
 //! machine. A module registers its fsdevs here; a user (SNAP's virtio-fs
 //! devices) opens one by name and serves its tree.
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use crate::rpc::{EEXIST, RpcError};
@@ -17,29 +16,39 @@ pub(crate) struct Fsdev {
     /// The tree it serves, resolved when it was registered (SPDK opens it
     /// with `O_PATH` then and keeps the descriptor).
     pub root: PathBuf,
+    /// The FUSE session options the module was given (or its defaults),
+    /// which SPDK only keeps and writes back in its configuration.
+    pub writeback_cache: bool,
+    pub max_write: u32,
 }
 
-/// The registry of fsdevs.
+/// The registry of fsdevs, in the order they were registered (SPDK's
+/// list, which its configuration walks).
 #[derive(Debug, Default)]
 pub(crate) struct Fsdevs {
-    by_name: BTreeMap<String, Fsdev>,
+    registered: Vec<Fsdev>,
 }
 
 impl Fsdevs {
     pub(crate) fn get(&self, name: &str) -> Option<&Fsdev> {
-        self.by_name.get(name)
+        self.registered.iter().find(|f| f.name == name)
+    }
+
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &Fsdev> {
+        self.registered.iter()
     }
 
     /// `spdk_fsdev_register`: -EEXIST for a name that is taken.
     pub(crate) fn register(&mut self, fsdev: Fsdev) -> Result<(), RpcError> {
-        if self.by_name.contains_key(&fsdev.name) {
+        if self.get(&fsdev.name).is_some() {
             return Err(RpcError::errno(EEXIST));
         }
-        self.by_name.insert(fsdev.name.clone(), fsdev);
+        self.registered.push(fsdev);
         Ok(())
     }
 
     pub(crate) fn remove(&mut self, name: &str) -> Option<Fsdev> {
-        self.by_name.remove(name)
+        let at = self.registered.iter().position(|f| f.name == name)?;
+        Some(self.registered.remove(at))
     }
 }
