@@ -6,7 +6,8 @@
 //! volume context's `path`, or for a filesystem device (`volume_mode`
 //! "Filesystem") fsdev `fs-<volume id>` over the directory it names
 //! (`fsdev_aio_create`); DeleteDevice removes it; GetDevice and
-//! ListDevices read `bdev_get_bdevs` (ListDevices in pages, see [`page`]).
+//! ListDevices read `bdev_get_bdevs` and the fsdev subsystem's configuration
+//! (ListDevices in pages, see [`page`]).
 //! The default SNAP provider (empty name).
 
 use std::path::{Path, PathBuf};
@@ -16,6 +17,7 @@ use std::time::Duration;
 use snap_csi::jsonrpc::{RpcClient, RpcError};
 use snap_csi::proto::nvidia::storage::plugins::v1 as api;
 use snap_csi::spdk::bdev::{BdevAioCreate, BdevAioDelete, BdevGetBdevs};
+use snap_csi::spdk::fsdev::{FrameworkGetConfig, FsdevAioCreate, FsdevAioDelete};
 use tokio::net::UnixListener;
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
@@ -58,25 +60,20 @@ pub fn fs_device_name(volume_id: &str) -> String {
     format!("{FS_DEVICE_PREFIX}{}", safe_name(volume_id))
 }
 
-/// SPDK's `fsdev_aio_create` (SPDK v24.09 `python/spdk/rpc/fsdev.py`).
-#[derive(serde::Serialize)]
-struct FsdevAioCreate {
-    name: String,
-    root_path: String,
-}
-impl snap_csi::jsonrpc::Method for FsdevAioCreate {
-    const NAME: &'static str = "fsdev_aio_create";
-    type Output = serde_json::Value;
-}
-
-/// SPDK's `fsdev_aio_delete`.
-#[derive(serde::Serialize)]
-struct FsdevAioDelete {
-    name: String,
-}
-impl snap_csi::jsonrpc::Method for FsdevAioDelete {
-    const NAME: &'static str = "fsdev_aio_delete";
-    type Output = serde_json::Value;
+/// The fsdevs SPDK holds, by name: `framework_get_config` of subsystem
+/// `fsdev` is SPDK v24.09's only listing of them.
+async fn fsdev_names(spdk: &RpcClient) -> Result<Vec<String>, Status> {
+    let config = FrameworkGetConfig {
+        name: "fsdev".into(),
+    };
+    let calls = spdk
+        .call(&config)
+        .await
+        .map_err(|e| spdk_status("framework_get_config", e))?;
+    Ok(calls
+        .iter()
+        .filter_map(|c| c.aio_fsdev().map(|(name, _)| name.to_string()))
+        .collect())
 }
 
 fn safe_name(volume_id: &str) -> String {
@@ -463,6 +460,15 @@ impl StoragePluginService for Plugin {
         } else {
             request.device_name
         };
+        if name.starts_with(FS_DEVICE_PREFIX) {
+            return match fsdev_names(&self.spdk).await?.contains(&name) {
+                true => Ok(Response::new(api::GetDeviceResponse {
+                    volume_mode: "Filesystem".into(),
+                    ..Default::default()
+                })),
+                false => Err(Status::not_found(format!("no device {name}"))),
+            };
+        }
         let query = BdevGetBdevs {
             name: Some(name.clone()),
             timeout: None,
@@ -488,13 +494,16 @@ impl StoragePluginService for Plugin {
             .call(&BdevGetBdevs::default())
             .await
             .map_err(|e| spdk_status("bdev_get_bdevs", e))?;
+        let fsdevs = fsdev_names(&self.spdk).await?;
         let entries = bdevs
             .into_iter()
-            .filter_map(|b| {
-                let volume_id = b.name.strip_prefix(DEVICE_PREFIX)?.to_string();
+            .map(|b| (DEVICE_PREFIX, b.name))
+            .chain(fsdevs.into_iter().map(|name| (FS_DEVICE_PREFIX, name)))
+            .filter_map(|(prefix, name)| {
+                let volume_id = name.strip_prefix(prefix)?.to_string();
                 Some(api::list_devices_response::Entry {
                     volume_id,
-                    device_name: b.name,
+                    device_name: name,
                 })
             })
             .collect();
