@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use common::node::{NodeStack, Tweaks, block_capability, mounts_under, unpublish, unstage};
+use common::node::{self, NodeStack, Tweaks, block_capability, mounts_under, unpublish, unstage};
 use common::plugin::{CAPABILITIES, Capability, PLUGIN_NAME};
 use snap_csi::node::config::EmulationSetting;
 use snap_csi::node::service::EMULATION_KEY;
@@ -44,6 +44,8 @@ fn context(share: &Path) -> HashMap<String, String> {
     .into()
 }
 
+/// The common stage request, with the StorageClass's virtio-fs context and
+/// no secrets.
 fn stage_request(
     volume_id: &str,
     staging: &Path,
@@ -51,15 +53,13 @@ fn stage_request(
     share: &Path,
 ) -> csi::NodeStageVolumeRequest {
     csi::NodeStageVolumeRequest {
-        volume_id: volume_id.into(),
-        publish_context: HashMap::new(),
-        staging_target_path: staging.display().to_string(),
-        volume_capability: Some(capability),
         secrets: HashMap::new(),
         volume_context: context(share),
+        ..node::stage_request(volume_id, staging, capability, share)
     }
 }
 
+/// The common publish request, with the StorageClass's virtio-fs context.
 fn publish_request(
     volume_id: &str,
     (staging, target): (&Path, &Path),
@@ -68,14 +68,8 @@ fn publish_request(
     readonly: bool,
 ) -> csi::NodePublishVolumeRequest {
     csi::NodePublishVolumeRequest {
-        volume_id: volume_id.into(),
-        publish_context: HashMap::new(),
-        staging_target_path: staging.display().to_string(),
-        target_path: target.display().to_string(),
-        volume_capability: Some(capability),
-        readonly,
-        secrets: HashMap::new(),
         volume_context: context(share),
+        ..node::publish_request(volume_id, staging, target, capability, readonly)
     }
 }
 
