@@ -180,23 +180,18 @@ impl NodeService {
         until: Instant,
         ready: impl Fn(&BlockDevice) -> bool,
     ) -> Result<Result<BlockDevice, Option<BlockDevice>>, Status> {
-        // A hot-plugged namespace shows up some milliseconds after SNAP's
-        // answer; a look costs a few sysfs reads, so look often at first.
-        let mut delay = Duration::from_millis(1);
         let mut last = None;
-        loop {
-            if let Some(device) = self.find_device(locator)? {
-                if ready(&device) {
-                    return Ok(Ok(device));
+        let found = poll_until(until, || {
+            Ok(match self.find_device(locator)? {
+                Some(device) if ready(&device) => Some(device),
+                seen => {
+                    last = seen.or(last.take());
+                    None
                 }
-                last = Some(device);
-            }
-            if Instant::now() + delay > until {
-                return Ok(Err(last));
-            }
-            tokio::time::sleep(delay).await;
-            delay = (delay * 3 / 2).min(Duration::from_millis(100));
-        }
+            })
+        })
+        .await?;
+        Ok(found.ok_or(last))
     }
 
     /// Where the volume's device is now, from its record (`None` if unstaged).
@@ -396,5 +391,26 @@ fn confine_path(root: &Path, requested: &str) -> Result<PathBuf, NodeError> {
     match mountinfo::at(&path) {
         Ok(Some(_)) => Ok(path),
         _ => Err(error),
+    }
+}
+
+/// Looks until `look` finds what it looks for or `until` passes: what it
+/// found, or `None`. Something hot-plugged shows up on the host some
+/// milliseconds after SNAP's answer and a look costs a few sysfs reads, so
+/// it looks often at first.
+pub(super) async fn poll_until<T>(
+    until: Instant,
+    mut look: impl FnMut() -> Result<Option<T>, Status>,
+) -> Result<Option<T>, Status> {
+    let mut delay = Duration::from_millis(1);
+    loop {
+        if let Some(found) = look()? {
+            return Ok(Some(found));
+        }
+        if Instant::now() + delay > until {
+            return Ok(None);
+        }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 3 / 2).min(Duration::from_millis(100));
     }
 }

@@ -14,7 +14,7 @@ use tonic::Status;
 use super::records::VolumeRecord;
 use super::recovery::Refusal;
 use super::request::{Usage, access_mode, is_read_only_mode, staged_as};
-use super::service::NodeService;
+use super::service::{NodeService, poll_until};
 use super::{health, mount, mountinfo};
 use crate::dpu::Emulation;
 use crate::guard::Held;
@@ -63,15 +63,13 @@ impl NodeService {
                 .map(|shown| shown != Some(false))
                 .map_err(|e| Status::internal(format!("looking for virtio-fs tag {tag}: {e}")))
         };
-        let mut delay = std::time::Duration::from_millis(1);
-        while !shown()? {
-            if Instant::now() + delay > until.min(deadline) {
-                return Err(Status::deadline_exceeded(format!(
-                    "the host did not show virtio-fs tag {tag} in time"
-                )));
-            }
-            tokio::time::sleep(delay).await;
-            delay = (delay * 3 / 2).min(std::time::Duration::from_millis(100));
+        if poll_until(until.min(deadline), || Ok(shown()?.then_some(())))
+            .await?
+            .is_none()
+        {
+            return Err(Status::deadline_exceeded(format!(
+                "the host did not show virtio-fs tag {tag} in time"
+            )));
         }
         let emulated = self.config().virtiofs_emulated_dir.as_deref();
         mount::mount_virtio_fs(tag, staging, (flags, read_only), emulated, until, deadline).await?;
