@@ -3,6 +3,7 @@
 #
 #   snap-emu (as the DPU's SNAP)          <- JSON-RPC <- sample plugin (plugins.v1 + CSI controller)
 #   snap-emu --no-snap (NVMe-oF target)   <- JSON-RPC <- sample plugin's CSI controller (lvols, subsystems)
+#   DIR/fs-share (btrfs on a loop file, quotas on) <- the controller's fs volumes, SNAP's fsdevs
 #   snap-csi controller (proxy)           -> CSI     -> sample plugin's CSI controller
 #   snap-csi node (co-located DPU attach) -> plugins.v1 -> sample plugin; JSON-RPC -> SNAP emulator
 #
@@ -31,7 +32,11 @@
 # pair)), then READY, and stays in the foreground. SIGINT or SIGTERM stops
 # everything and removes what it created, the namespace and veth pair included.
 #
-# Usage (as root): hack/local-up.sh [--mode colocated|split] [--backend aio|nvmf] [--dir DIR]
+# The sample plugin serves all three backends; --backend names the one a
+# volume gets when its parameters name none (fs: filesystem volumes, which
+# the emulated host mounts as virtio-fs).
+#
+# Usage (as root): hack/local-up.sh [--mode colocated|split] [--backend aio|nvmf|fs] [--dir DIR]
 #   [--profile release|debug] [--no-build] [--snap-poll-period-us N] [--snap-nvme-pfs N]
 #   [--snap-nvme-vfs-per-pf N] [--snap-data-path auto|fuse|direct] [--allow-node-restart]
 #   [--supervise]
@@ -74,12 +79,12 @@ while (($#)); do
     --snap-data-path) snap_args+=(--data-path "$2"); shift 2 ;;
     --allow-node-restart) allow_node_restart=1; shift ;;
     --supervise) supervise=1; shift ;;
-    -h | --help) sed -n '2,49p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,54p' "$0"; exit 0 ;;
     *) echo "local-up: unknown argument $1" >&2; exit 2 ;;
   esac
 done
 case $mode in colocated | split) ;; *) echo "local-up: --mode must be colocated or split" >&2; exit 2 ;; esac
-case $backend in aio | nvmf) ;; *) echo "local-up: --backend must be aio or nvmf" >&2; exit 2 ;; esac
+case $backend in aio | nvmf | fs) ;; *) echo "local-up: --backend must be aio, nvmf or fs" >&2; exit 2 ;; esac
 case $profile in release | debug) ;; *) echo "local-up: --profile must be release or debug" >&2; exit 2 ;; esac
 
 if ((build)); then
@@ -120,6 +125,8 @@ cleanup() {
   grep -o " ${kubelet}[^ ]*" /proc/self/mountinfo | sort -r | while read -r m; do
     umount -l "$m"
   done
+  # The share's loop device goes with its mount (autoclear).
+  mountpoint -q "$dir/fs-share" && umount "$dir/fs-share"
   rm -rf "$dir"
 }
 trap cleanup EXIT
@@ -294,6 +301,16 @@ node_metrics=127.0.0.1:$(free_port)
 controller_metrics=127.0.0.1:$(free_port)
 plugin_metrics=127.0.0.1:$(free_port)
 
+# The filesystem share: the controller's fs volumes are its subvolumes, each
+# held to its size by a quota; SNAP's fsdevs serve them (README: Filesystem
+# devices).
+truncate -s 2G "$dir/fs-share.img"
+mkdir "$dir/fs-share"
+mkfs.btrfs -q "$dir/fs-share.img" >"$dir/logs/fs-share.log" 2>&1 &&
+  mount -o loop "$dir/fs-share.img" "$dir/fs-share" &&
+  btrfs quota enable "$dir/fs-share" >>"$dir/logs/fs-share.log" 2>&1 ||
+  gave_up "could not make the filesystem share (btrfs on a loop file, with quotas)"
+
 # The DPU's SNAP.
 start snap "$bin/snap-emu" --socket "$dir/snap.sock" --state-dir "$dir/snap" "${snap_args[@]}"
 wait_for_socket "$dir/snap.sock"
@@ -308,6 +325,7 @@ start plugin "$bin/snap-csi-spdk-plugin" \
   --nvmf-target-socket "$dir/target.sock" \
   --nvmf-lvstore lvs0 \
   --nvmf-listen "127.0.0.1:$port" \
+  --fs-share "$dir/fs-share" \
   --default-backend "$backend" \
   --metrics-address "$plugin_metrics"
 wait_for_socket "$dir/plugin.sock"
@@ -360,6 +378,7 @@ start node "$bin/snap-csi" node \
   --kubelet-dir "$kubelet" \
   --state-dir "$dir/node-state" \
   --sysfs-root "$dir/snap/sysfs" \
+  --virtiofs-emulated-dir "$dir/snap/host/virtiofs" \
   "${dpu[@]}" \
   --dpu-name local-dpu \
   --metrics-address "$node_metrics"

@@ -6,7 +6,7 @@
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 
-packages=(protobuf-compiler libprotobuf-dev nftables libudev-dev pkg-config e2fsprogs xfsprogs util-linux mount fdisk kmod python3-venv)
+packages=(protobuf-compiler libprotobuf-dev nftables libudev-dev pkg-config e2fsprogs xfsprogs btrfs-progs util-linux mount fdisk kmod python3-venv)
 # What a minimal Debian 12 lacks (hack/fresh-root-check.sh finds these): the C
 # compiler and libc's startup files rustc links with (`cc`), and the CA bundle
 # cargo (crates.io) and pip (PyPI) verify TLS with.

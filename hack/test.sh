@@ -34,16 +34,18 @@ SNAP_CSI_TEST_DPU=split SNAP_CSI_CRASH_TRIALS=100 cargo test --locked \
 ./hack/demo.sh --profile debug
 # csi-sanity (built once from csi-test's pinned source, then cached): fails on
 # any failed spec, and on any skip not explained by a capability we lack.
+# Every backend: AIO, NVMe-oF and fs (filesystem volumes, staged as virtio-fs).
 ./hack/csi-sanity.sh --profile debug
 # And with csi-sanity's default flags, no mutable parameters: its
 # ControllerModifyVolume then asks for nothing, which must succeed: ModifyVolume
 # is held to the suite with parameters and without.
-./hack/csi-sanity.sh --profile debug --no-build --no-mutable-parameters
+./hack/csi-sanity.sh --profile debug --no-build --no-mutable-parameters --backend aio --backend nvmf
 # csi-sanity again in split mode (the node reaching a DPU agent in its own
-# network namespace over mutual TLS), AIO only: the backend is the plugin's
-# concern, the same in both modes; the node's calls and the link are what
-# split mode changes, and one backend drives all of them.
-./hack/csi-sanity.sh --profile debug --no-build --backend aio -- --mode split
+# network namespace over mutual TLS), one block backend and fs: the backend
+# is the plugin's concern, the same in both modes; the node's calls and the
+# link are what split mode changes, and one backend of each kind of device
+# (block, filesystem) drives all of them.
+./hack/csi-sanity.sh --profile debug --no-build --backend aio --backend fs -- --mode split
 cargo build --locked -p snap-csi -p snap-emu -p snap-csi-spdk-plugin -p snap-csi-bench
 # The bench in debug on a few volumes: every section runs and cleans up, and
 # it fails on a target missed beyond its samples' doubt (debug ratio targets

@@ -8,7 +8,7 @@ use snap_csi::dpu::plugin::{PROVIDER_PLACEHOLDER, snap_socket_path};
 use snap_csi::settings::MAX_SECONDS;
 
 use crate::backend::{Devices, Kind};
-use crate::csi::{AioConfig, CsiConfig, NvmfConfig};
+use crate::csi::{AioConfig, CsiConfig, FsConfig, NvmfConfig};
 use crate::service::ServiceConfig;
 
 /// Where DPF looks for this plugin (`plugins/<plugin-name>/dpu.sock`).
@@ -67,8 +67,13 @@ pub struct Args {
     /// Also make filesystem devices (backend `fs`, SPDK aio fsdevs SNAP serves
     /// as virtio-fs) of volume directories inside this share (absolute, as
     /// SNAP sees it; on a BlueField where the DPU mounted the NFS export).
+    /// With --csi-socket, the controller also makes the fs backend's volumes
+    /// there: btrfs subvolumes with quotas (btrfs with `btrfs quota enable`).
     #[arg(long, env = "SPDK_PLUGIN_FS_SHARE")]
     pub fs_share: Option<PathBuf>,
+    /// CSI controller: bytes the filesystem share may hold [default: the filesystem's size].
+    #[arg(long, env = "SPDK_PLUGIN_FS_SHARE_CAPACITY")]
+    pub fs_share_capacity: Option<u64>,
     /// Make no block devices (AIO, NVMe-oF): a plugin of filesystem devices only.
     #[arg(long, env = "SPDK_PLUGIN_NO_BLOCK_DEVICES")]
     pub no_block_devices: bool,
@@ -101,8 +106,8 @@ pub struct Args {
     #[arg(long, env = "SPDK_PLUGIN_NVMF_LISTEN")]
     pub nvmf_listen: Option<SocketAddr>,
     /// CSI controller: the backend of volumes whose parameters name none
-    /// [default: aio when configured, else nvmf].
-    #[arg(long, env = "SPDK_PLUGIN_DEFAULT_BACKEND", value_parser = ["aio", "nvmf"])]
+    /// [default: aio when configured, else nvmf when configured, else fs].
+    #[arg(long, env = "SPDK_PLUGIN_DEFAULT_BACKEND", value_parser = ["aio", "nvmf", "fs"])]
     pub default_backend: Option<String>,
     /// CSI controller: list GET_SNAPSHOT (CSI 1.12) in ControllerGetCapabilities;
     /// sidecars built on CSI v1.11 crash on it, so only for sidecars built on 1.12.
@@ -204,21 +209,30 @@ impl Args {
                 );
             }
         };
+        if self.fs_share_capacity.is_some() && self.fs_share.is_none() {
+            return Err("--fs-share-capacity needs --fs-share".into());
+        }
+        let fs = self.fs_share.as_ref().map(|share| FsConfig {
+            share: share.clone(),
+            capacity: self.fs_share_capacity,
+        });
         let default_backend = match self.default_backend.as_deref() {
             Some("aio") => Kind::Aio,
-            Some(_) => Kind::Nvmf,
+            Some("nvmf") => Kind::Nvmf,
+            Some(_) => Kind::Fs,
             None if aio.is_some() => Kind::Aio,
-            None => Kind::Nvmf,
+            None if nvmf.is_some() => Kind::Nvmf,
+            None => Kind::Fs,
         };
         let configured = match default_backend {
             Kind::Aio => aio.is_some(),
             Kind::Nvmf => nvmf.is_some(),
-            Kind::Fs => false,
+            Kind::Fs => fs.is_some(),
         };
         if !configured {
             return Err(format!(
-                "--csi-socket needs a backend: --aio-pool-dir, or the --nvmf-* flags \
-                 (the default backend {} is not configured)",
+                "--csi-socket needs a backend: --aio-pool-dir, the --nvmf-* flags or \
+                 --fs-share (the default backend {} is not configured)",
                 default_backend.as_str()
             ));
         }
@@ -227,6 +241,7 @@ impl Args {
             state_dir: self.state_dir.clone(),
             aio,
             nvmf,
+            fs,
             default_backend,
             call_timeout,
             advertise_get_snapshot: self.advertise_get_snapshot,

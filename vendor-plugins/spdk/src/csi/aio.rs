@@ -238,7 +238,7 @@ fn images(dir: &Path, ours: impl Fn(&str) -> bool) -> io::Result<Vec<(String, u6
     clippy::useless_conversion,
     reason = "statvfs's field types are narrower than u64 on some targets"
 )]
-fn free_and_total(stat: &nix::sys::statvfs::Statvfs) -> (u64, u64) {
+pub(super) fn free_and_total(stat: &nix::sys::statvfs::Statvfs) -> (u64, u64) {
     let frsize = u64::from(stat.fragment_size());
     (
         u64::from(stat.blocks_available()).saturating_mul(frsize),
@@ -247,7 +247,7 @@ fn free_and_total(stat: &nix::sys::statvfs::Statvfs) -> (u64, u64) {
 }
 
 /// Runs blocking file work off the async workers.
-async fn blocking<T: Send + 'static>(
+pub(super) async fn blocking<T: Send + 'static>(
     work: impl FnOnce() -> Result<T, Status> + Send + 'static,
 ) -> Result<T, Status> {
     tokio::task::spawn_blocking(work)

@@ -13,7 +13,8 @@
 //! beside SNAP, which looks at every attached AIO volume's file each period
 //! ([`crate::follow`]), `bdev_aio_rescan`s its bdev (the controller has no
 //! socket to SNAP). The node then grows a filesystem (node_expansion_required
-//! unless the volume is a raw block device).
+//! unless the volume is a raw block device). Filesystem volumes: the
+//! share's quota rises ([`super::fs`]), which every host sees at once.
 //!
 //! CSI's FAILED_PRECONDITION for a volume in use is for a plugin that cannot
 //! grow one online. This controller never answers it: the plugin grows
@@ -268,13 +269,14 @@ impl csi::controller_server::Controller for CsiController {
         let deadline = self.deadline(&request);
         let req = request.into_inner();
         check_name("name", &req.name).map_err(Status::invalid_argument)?;
-        check_capabilities(&req.volume_capabilities).map_err(Status::invalid_argument)?;
+        if req.volume_capabilities.is_empty() {
+            return Err(Status::invalid_argument("volume_capabilities is required"));
+        }
         let mut params = Params::parse(&req.parameters).map_err(Status::invalid_argument)?;
         // CSI: mutable parameters take precedence over the parameters.
         params.qos = params.qos.overlaid(
             QosLimits::from_mutable(&req.mutable_parameters).map_err(Status::invalid_argument)?,
         );
-        params.passed.extend(params.qos.context());
         let wanted = Wanted::from_range(req.capacity_range.as_ref())?;
         let source = req
             .volume_content_source
@@ -282,9 +284,10 @@ impl csi::controller_server::Controller for CsiController {
             .map(parse_source)
             .transpose()?;
         let kind = params
-            .backend
-            .or(source.as_ref().map(|(k, _)| *k))
-            .unwrap_or(self.inner.default_backend);
+            .kind(source.as_ref().map(|(k, _)| *k), self.inner.default_backend)
+            .map_err(Status::invalid_argument)?;
+        check_capabilities(kind, &req.volume_capabilities).map_err(Status::invalid_argument)?;
+        params.passed.extend(params.qos.context());
         if let Some((source_kind, _)) = &source
             && *source_kind != kind
         {
@@ -420,9 +423,13 @@ impl csi::controller_server::Controller for CsiController {
             .find(&req.volume_id, deadline)
             .await?
             .ok_or_else(not_found)?;
-        let verdict = check_capabilities(&req.volume_capabilities)
-            .and_then(|()| Params::parse(&req.parameters).map(drop))
-            .and_then(|()| QosLimits::from_mutable(&req.mutable_parameters).map(drop));
+        let verdict = check_capabilities(kind, &req.volume_capabilities).and_then(|()| {
+            let mut params = Params::parse(&req.parameters)?;
+            params.qos = params
+                .qos
+                .overlaid(QosLimits::from_mutable(&req.mutable_parameters)?);
+            params.check_for(kind)
+        });
         let response = match verdict {
             Ok(()) => csi::ValidateVolumeCapabilitiesResponse {
                 confirmed: Some(csi::validate_volume_capabilities_response::Confirmed {
@@ -481,8 +488,9 @@ impl csi::controller_server::Controller for CsiController {
     ) -> Result<Response<csi::GetCapacityResponse>, Status> {
         let deadline = self.deadline(&request);
         let req = request.into_inner();
-        let params = Params::parse(&req.parameters).map_err(Status::invalid_argument)?;
-        let kind = params.backend.unwrap_or(self.inner.default_backend);
+        let kind = Params::parse(&req.parameters)
+            .and_then(|p| p.kind(None, self.inner.default_backend))
+            .map_err(Status::invalid_argument)?;
         let nothing = Response::new(csi::GetCapacityResponse {
             available_capacity: 0,
             maximum_volume_size: None,
@@ -492,7 +500,7 @@ impl csi::controller_server::Controller for CsiController {
             return Ok(nothing);
         };
         if !req.volume_capabilities.is_empty()
-            && check_capabilities(&req.volume_capabilities).is_err()
+            && check_capabilities(kind, &req.volume_capabilities).is_err()
         {
             return Ok(nothing);
         }
@@ -713,12 +721,12 @@ impl csi::controller_server::Controller for CsiController {
             .as_ref()
             .ok_or_else(|| Status::invalid_argument("capacity_range is required"))?;
         let wanted = Wanted::from_range(Some(range))?;
-        if let Some(capability) = &req.volume_capability {
-            check_capabilities(std::slice::from_ref(capability))
-                .map_err(Status::invalid_argument)?;
-        }
         let not_found = || Status::not_found(format!("volume {} does not exist", req.volume_id));
         let (kind, slug) = parse_volume_id(&req.volume_id).ok_or_else(not_found)?;
+        if let Some(capability) = &req.volume_capability {
+            check_capabilities(kind, std::slice::from_ref(capability))
+                .map_err(Status::invalid_argument)?;
+        }
         let backend = self.backend(kind).ok_or_else(not_found)?;
         let _held = self.hold(volume_key(slug))?;
         let found = backend
@@ -728,7 +736,9 @@ impl csi::controller_server::Controller for CsiController {
         let reply = |size| {
             Ok(Response::new(csi::ControllerExpandVolumeResponse {
                 capacity_bytes: bytes(size),
-                node_expansion_required: !is_block(req.volume_capability.as_ref()),
+                // A filesystem volume's quota is its size: nothing to grow on the node.
+                node_expansion_required: kind.is_block()
+                    && !is_block(req.volume_capability.as_ref()),
             }))
         };
         if found.size >= wanted.required {

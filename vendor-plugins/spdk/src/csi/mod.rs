@@ -5,6 +5,8 @@
 //! - AIO ([`aio`]): volumes are sparse files in a pool directory.
 //! - NVMe-oF ([`nvmf`]): volumes are thin lvols on a remote SPDK target's
 //!   lvstore, each exported through its own subsystem.
+//! - Filesystem ([`fs`]): volumes are btrfs subvolumes in a share, each
+//!   limited by a quota, served as filesystem devices (virtio-fs).
 //!
 //! Volumes keep no state of ours: their ids are derived from their names
 //! ([`ids`]) and their objects are found in the backends under those ids, so
@@ -22,6 +24,7 @@
 
 pub mod aio;
 pub mod controller;
+pub mod fs;
 pub mod group_snapshot;
 pub mod identity;
 pub mod ids;
@@ -58,6 +61,7 @@ pub struct CsiConfig {
     pub state_dir: PathBuf,
     pub aio: Option<AioConfig>,
     pub nvmf: Option<NvmfConfig>,
+    pub fs: Option<FsConfig>,
     /// The backend of a volume whose parameters and source name none.
     pub default_backend: Kind,
     /// Cap on a call, and the time of one without a deadline.
@@ -83,6 +87,15 @@ pub struct NvmfConfig {
     pub lvstore: String,
     /// The target's TCP listener, as initiators reach it.
     pub listen: SocketAddr,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FsConfig {
+    /// Absolute: it goes into volume contexts as SNAP's path to the trees.
+    pub share: PathBuf,
+    /// Bytes of volumes and snapshots the share may hold; `None`: the
+    /// filesystem's size.
+    pub capacity: Option<u64>,
 }
 
 /// The three services' shared state; cheap to clone into each server.
@@ -130,6 +143,12 @@ impl CsiController {
                     records,
                     intents,
                 )),
+            );
+        }
+        if let Some(fs) = &config.fs {
+            backends.insert(
+                Kind::Fs,
+                Box::new(fs::FsShare::open(&fs.share, fs.capacity)?),
             );
         }
         Ok(CsiController {

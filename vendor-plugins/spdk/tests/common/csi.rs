@@ -236,6 +236,7 @@ impl Csi {
                     lvstore: LVSTORE.into(),
                     listen: format!("127.0.0.1:{}", t.listen_port).parse().unwrap(),
                 }),
+                fs: None,
                 default_backend: snap_csi_spdk_plugin::csi::params::parse_backend(backends.default)
                     .unwrap(),
                 call_timeout: Duration::from_secs(30),

@@ -11,6 +11,7 @@ pub mod plugin_scenarios;
 pub mod proxy;
 pub mod qos_scenarios;
 pub mod scenarios;
+pub mod share;
 
 // Helpers the root crate's tests use too (another crate: included by path).
 #[path = "../../../../tests/common/csi_v1_11.rs"]
