@@ -6,9 +6,11 @@
 //! everything exists (bdev, subsystem or controller, loop device, mounts),
 //! and after unstage nothing is left: no bdev, namespace, controller, loop
 //! device, mount, target path or record. The trials cover every step in both
-//! emulations, both placements of NVMe (dedicated, and packed: a namespace
-//! on a pool controller, whose pools stay, empty, after the unstage) and all
-//! three volume kinds (block, ext4, xfs), in a seeded random order with
+//! block emulations, both placements of NVMe (dedicated, and packed: a
+//! namespace on a pool controller, whose pools stay, empty, after the
+//! unstage) and all three block volume kinds (block, ext4, xfs), and a
+//! filesystem device (virtio-fs: fsdev, device, function, mounted by tag,
+//! none left after the unstage), in a seeded random order with
 //! random read-only publishes (`SNAP_CSI_CRASH_SEED` replays a run,
 //! `SNAP_CSI_CRASH_TRIALS` sets how many: 200 by default, and never fewer
 //! than one for each point, to which a smaller number is rounded up). In a
@@ -43,11 +45,19 @@ fn points(shape: &Shape) -> Vec<(Call, &'static str)> {
             "attach:nvme-attach",
             "attach:nvme-resume",
         ],
+        ("virtio-fs", _) => &[
+            "attach:virtio-fs-device",
+            "attach:virtio-fs-function",
+            "attach:virtio-fs-bind",
+            "attach:virtio-fs-start",
+        ],
         _ => &["attach:virtio-controller"],
     };
     let format: &[&str] = match shape.kind {
         Kind::Block => &[],
         Kind::Ext4 | Kind::Xfs => &["stage:format", "stage:mount"],
+        // Mounted by tag: no filesystem to make.
+        Kind::Fs => &["stage:mount"],
     };
     let stage = ["attach:create-device"]
         .iter()
@@ -55,8 +65,12 @@ fn points(shape: &Shape) -> Vec<(Call, &'static str)> {
         .chain(&["stage:attach", "stage:record"])
         .chain(format)
         .map(|point| (Call::Stage, *point));
-    let packed_detach: &[(Call, &str)] = match shape.placement {
-        "packed" => &[(Call::Unstage, "detach:packed-detach-ns")],
+    let exposure_detach: &[(Call, &str)] = match (shape.placement, shape.kind) {
+        ("packed", _) => &[(Call::Unstage, "detach:packed-detach-ns")],
+        (_, Kind::Fs) => &[
+            (Call::Unstage, "detach:virtio-fs-hotunplug"),
+            (Call::Unstage, "detach:virtio-fs-device"),
+        ],
         _ => &[],
     };
     let rest = [
@@ -66,7 +80,7 @@ fn points(shape: &Shape) -> Vec<(Call, &'static str)> {
         (Call::Unstage, "unstage:unmount"),
     ]
     .iter()
-    .chain(packed_detach)
+    .chain(exposure_detach)
     .chain(&[
         (Call::Unstage, "detach:unexpose"),
         (Call::Unstage, "detach:delete-device"),

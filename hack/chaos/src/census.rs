@@ -2,10 +2,13 @@
 //! everything a volume's life makes must be gone. Each thing found is one
 //! leak: SNAP's bdevs, NVMe subsystems and controllers (but for the packed
 //! placement's pool, kept for the next volume: only a namespace on it is a
-//! leak), virtio-blk controllers and NVMe-oF initiator controllers; the
-//! NVMe-oF target's lvols and subsystems; the plugin's devices; the vendor's volumes (CSI
-//! ListVolumes through the proxy) and its AIO files; the node's records;
-//! mounts, loop devices and kubelet directories below the stack.
+//! leak), virtio-blk controllers and NVMe-oF initiator controllers, fsdevs
+//! and virtio-fs devices (a virtio-fs function with no device is kept: a
+//! spare the next attach takes, see `src/dpu/virtiofs.rs`); the NVMe-oF
+//! target's lvols and subsystems; the plugin's devices; the vendor's volumes
+//! (CSI ListVolumes through the proxy), its AIO files and its filesystem
+//! share's entries; the node's records; mounts, loop devices and kubelet
+//! directories below the stack.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -16,10 +19,12 @@ use snap_csi::jsonrpc::RpcClient;
 use snap_csi::proto::csi::v1 as csi;
 use snap_csi::proto::nvidia::storage::plugins::v1 as plugins;
 use snap_csi::spdk::bdev::BdevGetBdevs;
+use snap_csi::spdk::fsdev::FrameworkGetConfig;
 use snap_csi::spdk::nvme::BdevNvmeGetControllers;
 use snap_csi::spdk::nvmf::NvmfGetSubsystems;
 use snap_csi::spdk::snap::{
     NvmeController, NvmeControllerList, NvmeSubsystem, NvmeSubsystemList, VirtioBlkControllerList,
+    VirtioFsDocaGetFunctions, VirtioFsGetDevices,
 };
 use snap_csi_harness::csi::{Clients, channel, volume_parents};
 use snap_csi_harness::stack::Stack;
@@ -65,7 +70,42 @@ pub async fn census(stack: &Stack, clients: &Clients, max_pools: usize) -> anyho
         .context("SNAP nvme_controller_list")?;
     let nvme = judge_nvme(&subsystems, &controllers, max_pools);
     left.extend(nvme.leaks);
-    let kept = nvme.kept;
+    let mut kept = nvme.kept;
+    let fsdevs = snap
+        .call(&FrameworkGetConfig {
+            name: "fsdev".into(),
+        })
+        .await
+        .context("SNAP framework_get_config fsdev")?;
+    left.extend(named(
+        "fsdev",
+        fsdevs
+            .iter()
+            .filter_map(|c| c.aio_fsdev().map(|(name, _)| name.to_string()))
+            .collect(),
+    ));
+    let fs_devices = snap
+        .call(&VirtioFsGetDevices {})
+        .await
+        .context("SNAP virtio_fs_get_devices")?;
+    let fs_functions = snap
+        .call(&VirtioFsDocaGetFunctions {})
+        .await
+        .context("SNAP virtio_fs_doca_get_functions")?;
+    let functions = fs_functions
+        .iter()
+        .map(|m| m.functions.len())
+        .sum::<usize>();
+    if functions > fs_devices.len() {
+        kept.push(format!(
+            "SNAP virtio-fs functions with no device: {} (spares the next attach takes)",
+            functions - fs_devices.len()
+        ));
+    }
+    left.extend(named(
+        "virtio-fs device",
+        fs_devices.into_iter().map(|d| d.name).collect(),
+    ));
     left.extend(named(
         "virtio-blk controller",
         snap.call(&VirtioBlkControllerList {})
@@ -139,6 +179,19 @@ pub async fn census(stack: &Stack, clients: &Clients, max_pools: usize) -> anyho
             .into_iter()
             .map(|f| format!("vendor AIO file: {}", f.display())),
     );
+    // The share's snapshot directory (and its records') is no volume's.
+    left.extend(
+        entries(&stack.dir.join("fs-share"))?
+            .into_iter()
+            .filter(|e| e != ".snapshots")
+            .chain(
+                entries(&stack.dir.join("fs-share/.snapshots"))?
+                    .into_iter()
+                    .filter(|e| e != "records"),
+            )
+            .chain(entries(&stack.dir.join("fs-share/.snapshots/records"))?)
+            .map(|e| format!("vendor fs share entry: {e}")),
+    );
     left.extend(
         entries(&stack.dir.join("node-state/volumes"))?
             .into_iter()
@@ -151,12 +204,16 @@ pub async fn census(stack: &Stack, clients: &Clients, max_pools: usize) -> anyho
     // volume that needs it and kept like its socket; what a volume would
     // leave on it is a loop device, counted below.
     let datapath = stack.dir.join("snap/host/datapath").display().to_string();
+    // The filesystem share is local-up's, up for the stack's life.
+    let share = stack.dir.join("fs-share").display().to_string();
+    let share_image = stack.dir.join("fs-share.img").display().to_string();
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").context("mountinfo")?;
     left.extend(
         mounts
             .lines()
             .filter(|l| l.contains(&dir))
             .filter(|l| l.split(' ').nth(4) != Some(datapath.as_str()))
+            .filter(|l| l.split(' ').nth(4) != Some(share.as_str()))
             .map(|l| format!("mount: {l}")),
     );
     let loops = std::process::Command::new("losetup")
@@ -166,7 +223,7 @@ pub async fn census(stack: &Stack, clients: &Clients, max_pools: usize) -> anyho
     left.extend(
         String::from_utf8_lossy(&loops.stdout)
             .lines()
-            .filter(|l| l.contains(&dir))
+            .filter(|l| l.contains(&dir) && !l.contains(&share_image))
             .map(|l| format!("loop device: {l}")),
     );
     Ok(Found { leaks: left, kept })

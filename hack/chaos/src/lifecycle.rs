@@ -78,16 +78,26 @@ pub struct Worker {
 /// A volume's StorageClass and kind.
 #[derive(Debug, Clone)]
 pub struct Shape {
-    /// The sample controller's backend: `aio` or `nvmf`.
+    /// The sample controller's backend: `aio`, `nvmf` or `fs`.
     pub backend: &'static str,
     pub emulation: &'static str,
-    /// NVMe: `dedicated` or `packed`; a virtio-blk function has one disk.
+    /// NVMe: `dedicated` or `packed`; a virtio-blk function has one disk;
+    /// a filesystem volume (`fs`, virtio-fs) has none (empty).
     pub placement: &'static str,
     pub kind: Kind,
 }
 
 impl Shape {
     pub fn random(rng: &mut Rng) -> Shape {
+        // One volume in five a filesystem device (virtio-fs), mounted by tag.
+        if rng.chance(20) {
+            return Shape {
+                backend: "fs",
+                emulation: "virtio-fs",
+                placement: "",
+                kind: Kind::Filesystem("virtiofs".into()),
+            };
+        }
         let backend = *rng.pick(&["aio", "nvmf"]);
         let emulation = *rng.pick(&["nvme", "virtio-blk"]);
         let placement = match emulation {
@@ -116,11 +126,11 @@ impl std::fmt::Display for Shape {
             Kind::Block => "block",
             Kind::Filesystem(fs) => fs,
         };
-        write!(
-            f,
-            "{}, {} {}, {kind}",
-            self.backend, self.emulation, self.placement
-        )
+        let placement = match self.placement {
+            "" => String::new(),
+            placement => format!(" {placement}"),
+        };
+        write!(f, "{}, {}{placement}, {kind}", self.backend, self.emulation)
     }
 }
 
@@ -196,7 +206,8 @@ impl Worker {
         let created = converge(&self.tally, "CreateVolume", &label, || {
             let mut clients = self.clients.clone();
             let (kubelet, name, kind) = (self.kubelet.clone(), name.clone(), shape.kind.clone());
-            let parameters = parameters(shape.backend, shape.emulation, Some(shape.placement));
+            let placement = Some(shape.placement).filter(|p| !p.is_empty());
+            let parameters = parameters(shape.backend, shape.emulation, placement);
             async move {
                 clients
                     .create_with(&kubelet, &name, &kind, SIZE_MIB, parameters)

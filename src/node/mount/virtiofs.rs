@@ -85,6 +85,14 @@ pub async fn mount_virtio_fs(
         // kernels: EINVAL, which a bad option also gives: retried only
         // without options).
         let not_found = errno == Errno::ENOENT || (errno == Errno::EINVAL && data.is_none());
+        if errno == Errno::ENODEV {
+            // The kernel knows no filesystem type "virtiofs".
+            return Err(NodeError::failed(
+                what,
+                "the host's kernel has no virtio-fs client (No such device): load the \
+                 virtiofs module (modprobe virtiofs; Linux 5.4 or later)",
+            ));
+        }
         if !not_found {
             return Err(NodeError::errno(what, errno));
         }
