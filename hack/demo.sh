@@ -7,7 +7,11 @@
 #   NodeUnpublish -> NodeUnstage -> DeleteVolume
 #
 # for AIO and NVMe-oF volumes, exposed as NVMe or virtio-blk, with ext4, xfs or
-# as raw block. It runs twice: co-located (the node drives the vendor plugin
+# as raw block, and a filesystem volume (backend fs) the host mounts as
+# virtio-fs. A second host (its own node, SNAP and plugin) then shares a
+# ReadWriteMany filesystem volume with the first: each writes, the other
+# reads, one leaves while the other writes on; the player prints what each
+# saw. It runs twice: co-located (the node drives the vendor plugin
 # and SNAP itself) and split (the node calls a DPU agent in its own network
 # namespace over mutual TLS, as on a BlueField host). Each time it prints one
 # row per volume with each step's time and the calls each metrics endpoint
@@ -115,7 +119,8 @@ for mode in "${modes[@]}"; do
   echo
   echo "== main job, $mode mode"
   # Every process at debug level: the key must reach no log even then.
-  RUST_LOG=debug local_up_start "$run" --profile "$profile" --mode "$mode" --dir "$run/stack"
+  RUST_LOG=debug local_up_start "$run" --profile "$profile" --mode "$mode" --dir "$run/stack" \
+    --second-host
   [ "$mode" = split ] && echo "  the node reaches the DPU agent at $DPU_AGENT_ENDPOINT (namespace $DPU_NETNS)"
 
   # kubelet hands the key over in NodeStageVolume's secrets, from memory.

@@ -36,10 +36,15 @@
 # volume gets when its parameters name none (fs: filesystem volumes, which
 # the emulated host mounts as virtio-fs).
 #
+# --second-host adds a second host (node service local-node-2 with its own
+# kubelet directory, SNAP emulator and plugin, co-located in either mode) over
+# the same filesystem share, for a ReadWriteMany volume: it prints
+# CSI_NODE2_ENDPOINT= and KUBELET2_DIR= as well.
+#
 # Usage (as root): hack/local-up.sh [--mode colocated|split] [--backend aio|nvmf|fs] [--dir DIR]
 #   [--profile release|debug] [--no-build] [--snap-poll-period-us N] [--snap-nvme-pfs N]
 #   [--snap-nvme-vfs-per-pf N] [--snap-data-path auto|fuse|direct] [--allow-node-restart]
-#   [--supervise]
+#   [--supervise] [--second-host]
 # The --snap-* options go to the DPU's SNAP emulator only (not the NVMe-oF
 # target): its RPC poller period (8000 reproduces real SPDK's ~8 ms per
 # sequential call), how many NVMe functions it offers (default 1 PF with 16
@@ -66,6 +71,7 @@ build=1
 snap_args=()
 allow_node_restart=0
 supervise=0
+second_host=0
 while (($#)); do
   case $1 in
     --mode) mode=$2; shift 2 ;;
@@ -79,7 +85,8 @@ while (($#)); do
     --snap-data-path) snap_args+=(--data-path "$2"); shift 2 ;;
     --allow-node-restart) allow_node_restart=1; shift ;;
     --supervise) supervise=1; shift ;;
-    -h | --help) sed -n '2,54p' "$0"; exit 0 ;;
+    --second-host) second_host=1; shift ;;
+    -h | --help) sed -n '2,59p' "$0"; exit 0 ;;
     *) echo "local-up: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -122,7 +129,7 @@ cleanup() {
   [ -n "$netns" ] && ip netns delete "$netns" 2>/dev/null
   [ -n "$veth" ] && ip link delete "$veth" 2>/dev/null
   # Whatever a consumer left mounted under our kubelet directory.
-  grep -o " ${kubelet}[^ ]*" /proc/self/mountinfo | sort -r | while read -r m; do
+  grep -o " ${kubelet}2\?/[^ ]*" /proc/self/mountinfo | sort -r | while read -r m; do
     umount -l "$m"
   done
   # The share's loop device goes with its mount (autoclear).
@@ -383,6 +390,34 @@ start node "$bin/snap-csi" node \
   --dpu-name local-dpu \
   --metrics-address "$node_metrics"
 wait_for_socket "$dir/node.sock"
+node_pid=${pids[-1]}
+
+# The second host: its own SNAP (own functions and sysfs tree), plugin and
+# node, its DPU co-located; the volumes' data (the share, the pools) is the
+# one machine's.
+if ((second_host)); then
+  mkdir -p "${kubelet}2"
+  start snap2 "$bin/snap-emu" --socket "$dir/snap2.sock" --state-dir "$dir/snap2" "${snap_args[@]}"
+  wait_for_socket "$dir/snap2.sock"
+  start plugin2 "$bin/snap-csi-spdk-plugin" \
+    --plugin-socket "$dir/plugin2.sock" \
+    --spdk-socket "$dir/snap2.sock" \
+    --state-dir "$dir/plugin2-state" \
+    --fs-share "$dir/fs-share"
+  wait_for_socket "$dir/plugin2.sock"
+  start node2 "$bin/snap-csi" node \
+    --endpoint "$dir/node2.sock" \
+    --device-wait 5 \
+    --node-id local-node-2 \
+    --kubelet-dir "${kubelet}2" \
+    --state-dir "$dir/node2-state" \
+    --sysfs-root "$dir/snap2/sysfs" \
+    --virtiofs-emulated-dir "$dir/snap2/host/virtiofs" \
+    --plugin-socket "$dir/plugin2.sock" \
+    --snap-socket-template "$dir/snap2.sock" \
+    --dpu-name local-dpu-2
+  wait_for_socket "$dir/node2.sock"
+fi
 
 echo "CSI_CONTROLLER_ENDPOINT=unix://$dir/controller.sock"
 echo "CSI_NODE_ENDPOINT=unix://$dir/node.sock"
@@ -396,12 +431,19 @@ if [ "$mode" = split ]; then
   echo "DPU_NETNS=$netns"
   echo "DPU_VETH=$veth"
 fi
+if ((second_host)); then
+  echo "CSI_NODE2_ENDPOINT=unix://$dir/node2.sock"
+  echo "KUBELET2_DIR=${kubelet}2"
+fi
 echo "READY"
 
 # Stay up until told to stop, or until a part dies (then stop the rest). With
 # --allow-node-restart the node is not watched: it may exit and be replaced.
-watched=("${pids[@]}")
-((allow_node_restart)) && unset 'watched[-1]'
+watched=()
+for pid in "${pids[@]}"; do
+  ((allow_node_restart)) && [ "$pid" = "$node_pid" ] && continue
+  watched+=("$pid")
+done
 wait -n "${watched[@]}" || true
 echo "local-up: a process exited; stopping (logs were in $dir/logs)" >&2
 tail -n 20 "$dir"/logs/*.log >&2 || true

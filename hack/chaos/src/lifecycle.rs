@@ -125,6 +125,7 @@ impl std::fmt::Display for Shape {
         let kind = match &self.kind {
             Kind::Block => "block",
             Kind::Filesystem(fs) => fs,
+            Kind::Shared => "shared",
         };
         let placement = match self.placement {
             "" => String::new(),

@@ -57,11 +57,14 @@ fn request<T>(message: T, deadline: Duration) -> tonic::Request<T> {
     request
 }
 
-/// Raw block, or a filesystem type (`ext4`, `xfs`).
+/// Raw block, or a filesystem type (`ext4`, `xfs`, `virtiofs`) for one
+/// node, or a filesystem device many nodes write at once (virtio-fs,
+/// MULTI_NODE_MULTI_WRITER: a ReadWriteMany claim).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Kind {
     Block,
     Filesystem(String),
+    Shared,
 }
 
 impl Kind {
@@ -73,12 +76,19 @@ impl Kind {
                 mount_flags: vec!["noatime".into()],
                 volume_mount_group: String::new(),
             }),
+            Kind::Shared => AccessType::Mount(MountVolume {
+                fs_type: "virtiofs".into(),
+                mount_flags: vec![],
+                volume_mount_group: String::new(),
+            }),
+        };
+        let mode = match self {
+            Kind::Shared => Mode::MultiNodeMultiWriter,
+            _ => Mode::SingleNodeWriter,
         };
         csi::VolumeCapability {
             access_type: Some(access_type),
-            access_mode: Some(AccessMode {
-                mode: Mode::SingleNodeWriter as i32,
-            }),
+            access_mode: Some(AccessMode { mode: mode as i32 }),
         }
     }
 }
@@ -112,6 +122,14 @@ impl Clients {
             controller: ControllerClient::new(channel(controller).await?),
             node: NodeClient::new(channel(node).await?),
             deadline: DEADLINE,
+        })
+    }
+
+    /// The same provisioner with another host's kubelet (its node at `node`).
+    pub async fn with_node(&self, node: &str) -> anyhow::Result<Clients> {
+        Ok(Clients {
+            node: NodeClient::new(channel(node).await?),
+            ..self.clone()
         })
     }
 
@@ -178,13 +196,7 @@ impl Clients {
             .into_inner()
             .volume
             .context("CreateVolume answered no volume")?;
-        // kubelet creates the staging directory and the target's parent;
-        // the driver creates the target itself.
-        let [staging_parent, target_parent] = volume_parents(kubelet);
-        let staging = staging_parent.join(name).join("globalmount");
-        let target = target_parent.join(name).join("mount");
-        std::fs::create_dir_all(&staging)?;
-        std::fs::create_dir_all(target.parent().context("target has a parent")?)?;
+        let (staging, target) = kubelet_paths(kubelet, name)?;
         Ok(Volume {
             id: response.volume_id,
             kind: kind.clone(),
@@ -310,6 +322,31 @@ impl Clients {
 
 /// The directories below `kubelet` that hold one directory per volume (its
 /// staging directory's, its target's), as kubelet lays them out for a pod.
+/// kubelet's staging and target paths for the volume named `name`: kubelet
+/// creates the staging directory and the target's parent; the driver
+/// creates the target itself.
+fn kubelet_paths(kubelet: &Path, name: &str) -> anyhow::Result<(PathBuf, PathBuf)> {
+    let [staging_parent, target_parent] = volume_parents(kubelet);
+    let staging = staging_parent.join(name).join("globalmount");
+    let target = target_parent.join(name).join("mount");
+    std::fs::create_dir_all(&staging)?;
+    std::fs::create_dir_all(target.parent().context("target has a parent")?)?;
+    Ok((staging, target))
+}
+
+impl Volume {
+    /// The same volume as another host's kubelet (directory `kubelet`) lays
+    /// it out, for a volume many nodes use.
+    pub fn on_host(&self, kubelet: &Path, name: &str) -> anyhow::Result<Volume> {
+        let (staging, target) = kubelet_paths(kubelet, name)?;
+        Ok(Volume {
+            staging,
+            target,
+            ..self.clone()
+        })
+    }
+}
+
 pub fn volume_parents(kubelet: &Path) -> [PathBuf; 2] {
     [
         kubelet.join("plugins/kubernetes.io/csi/csi.snap-csi.io/harness"),

@@ -8,9 +8,11 @@
 //! with a non-zero exit. A volume may also show what the DPU's data path
 //! does (`proofs`): an encrypted one's storage holds ciphertext only, a
 //! rate-limited one writes at its limit, then at the one ControllerModifyVolume
-//! sets.
+//! sets. Given a second host, a ReadWriteMany filesystem volume is used by
+//! both at once (`shared`).
 
 mod proofs;
+mod shared;
 
 use std::fs::{self, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -37,17 +39,25 @@ struct Args {
     #[arg(long, env = "KUBELET_DIR")]
     kubelet_dir: PathBuf,
     /// Volumes as backend:emulation:kind[:encrypted|:qos], comma separated
-    /// (kind: ext4, xfs, block; encrypted and qos volumes are AIO block ones,
-    /// whose proofs read the AIO file and write the raw device).
+    /// (kind: ext4, xfs, block, or virtiofs for backend fs; encrypted and qos
+    /// volumes are AIO block ones, whose proofs read the AIO file and write
+    /// the raw device).
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "aio:nvme:ext4,aio:virtio-blk:xfs,aio:nvme:block,nvmf:nvme:xfs,nvmf:virtio-blk:ext4,nvmf:virtio-blk:block,aio:nvme:block:encrypted,aio:virtio-blk:block:qos"
+        default_value = "aio:nvme:ext4,aio:virtio-blk:xfs,aio:nvme:block,nvmf:nvme:xfs,nvmf:virtio-blk:ext4,nvmf:virtio-blk:block,fs:virtio-fs:virtiofs,aio:nvme:block:encrypted,aio:virtio-blk:block:qos"
     )]
     volumes: Vec<String>,
     /// Size of each volume in MiB (xfs needs at least 300).
     #[arg(long, default_value_t = 512)]
     size_mib: i64,
+    /// A second host's node endpoint (`hack/local-up.sh --second-host`): a
+    /// ReadWriteMany filesystem volume is then shared by both hosts.
+    #[arg(long, env = "CSI_NODE2_ENDPOINT", requires = "kubelet2_dir")]
+    node2: Option<String>,
+    /// The second host's kubelet directory.
+    #[arg(long, env = "KUBELET2_DIR")]
+    kubelet2_dir: Option<PathBuf>,
 }
 
 /// One volume's plan.
@@ -83,8 +93,8 @@ impl Plan {
         }
         let kind = match kind {
             "block" => Kind::Block,
-            "ext4" | "xfs" => Kind::Filesystem(kind.into()),
-            _ => bail!("{spec:?}: kind must be ext4, xfs or block"),
+            "ext4" | "xfs" | "virtiofs" => Kind::Filesystem(kind.into()),
+            _ => bail!("{spec:?}: kind must be ext4, xfs, virtiofs or block"),
         };
         Ok(Plan {
             backend: backend.into(),
@@ -98,6 +108,7 @@ impl Plan {
         match &self.kind {
             Kind::Block => "block",
             Kind::Filesystem(fs) => fs,
+            Kind::Shared => "shared",
         }
     }
 }
@@ -248,7 +259,7 @@ async fn main() -> anyhow::Result<()> {
         .collect::<anyhow::Result<Vec<_>>>()?;
     let mut clients = Clients::connect(&args.controller, &args.node).await?;
 
-    print!("{:<6} {:<11} {:<6}", "backend", "emulation", "kind");
+    print!("{:<7} {:<11} {:<8}", "backend", "emulation", "kind");
     for step in STEPS {
         print!(" {step:>9}");
     }
@@ -266,7 +277,7 @@ async fn main() -> anyhow::Result<()> {
                 )
             })?;
         print!(
-            "{:<7} {:<11} {:<6}",
+            "{:<7} {:<11} {:<8}",
             plan.backend,
             plan.emulation,
             plan.kind_name()
@@ -284,5 +295,17 @@ async fn main() -> anyhow::Result<()> {
         plans.len(),
         started.elapsed().as_secs_f64()
     );
+    if let (Some(node), Some(kubelet)) = (&args.node2, &args.kubelet2_dir) {
+        let other = shared::OtherHost {
+            node: node.clone(),
+            kubelet: kubelet.clone(),
+        };
+        let seen = shared::shared(&mut clients, &args.kubelet_dir, &other, args.size_mib)
+            .await
+            .context("the shared volume")?;
+        for line in seen {
+            println!("{line}");
+        }
+    }
     Ok(())
 }

@@ -1,0 +1,98 @@
+//! A ReadWriteMany volume on two hosts: a filesystem device (virtio-fs)
+//! that each host's node mounts through its own DPU's function, over the one
+//! tree the plugin serves. What one host writes and closes the other reads;
+//! one host leaves while the other keeps writing. Prints what each saw.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{Context, bail};
+use snap_csi_harness::csi::{Clients, Kind, Volume, parameters};
+
+/// The second host: its node's endpoint and kubelet directory.
+pub struct OtherHost {
+    pub node: String,
+    pub kubelet: PathBuf,
+}
+
+/// Writes `name` in the published directory `dir`, synced as a pod that
+/// hands data over would (write, fsync, close).
+fn write(dir: &Path, name: &str, text: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    let path = dir.join(name);
+    let mut file = std::fs::File::create(&path).with_context(|| path.display().to_string())?;
+    file.write_all(text.as_bytes())?;
+    file.sync_all()?;
+    Ok(())
+}
+
+/// What the other host finds in `name`: it must be `text`.
+fn read_back(dir: &Path, name: &str, text: &str, host: &str) -> anyhow::Result<()> {
+    let path = dir.join(name);
+    let found = std::fs::read_to_string(&path).with_context(|| path.display().to_string())?;
+    if found != text {
+        bail!("{host} read {found:?} in {name}, not {text:?}");
+    }
+    Ok(())
+}
+
+/// The volume's life on both hosts; a line per event, as each host saw it.
+pub async fn shared(
+    clients: &mut Clients,
+    kubelet: &Path,
+    other: &OtherHost,
+    size_mib: i64,
+) -> anyhow::Result<Vec<String>> {
+    let mut b = clients.with_node(&other.node).await?;
+    let name = "player-shared-fs";
+    let on_a = clients
+        .create_with(
+            kubelet,
+            name,
+            &Kind::Shared,
+            size_mib,
+            parameters("fs", "virtio-fs", None),
+        )
+        .await?;
+    let on_b: Volume = on_a.on_host(&other.kubelet, name)?;
+    let mut seen = vec![format!(
+        "shared volume {} (ReadWriteMany, virtio-fs), on host A and host B, each through its own DPU",
+        on_a.id
+    )];
+    for (host, node, volume) in [("A", &mut *clients, &on_a), ("B", &mut b, &on_b)] {
+        let started = Instant::now();
+        node.stage(volume).await?;
+        node.publish(volume).await?;
+        seen.push(format!(
+            "host {host}: staged and published in {:.1} ms",
+            started.elapsed().as_secs_f64() * 1000.0
+        ));
+    }
+    let from_a = "written on host A";
+    write(&on_a.target, "from-a.txt", from_a)?;
+    read_back(&on_b.target, "from-a.txt", from_a, "host B")?;
+    seen.push(format!("host A wrote from-a.txt; host B read {from_a:?}"));
+    let from_b = "written on host B";
+    write(&on_b.target, "from-b.txt", from_b)?;
+    read_back(&on_a.target, "from-b.txt", from_b, "host A")?;
+    seen.push(format!("host B wrote from-b.txt; host A read {from_b:?}"));
+
+    clients.unpublish(&on_a).await?;
+    clients.unstage(&on_a).await?;
+    let after = "host B writes on after host A left";
+    write(&on_b.target, "after-a.txt", after)?;
+    read_back(&on_b.target, "after-a.txt", after, "host B")?;
+    let mut listed: Vec<String> = std::fs::read_dir(&on_b.target)?
+        .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
+        .collect::<Result<_, _>>()?;
+    listed.sort();
+    seen.push(format!(
+        "host A unstaged; host B kept writing and sees {}",
+        listed.join(", ")
+    ));
+    b.unpublish(&on_b).await?;
+    b.unstage(&on_b).await?;
+    clients.delete(&on_a).await?;
+    seen.push("host B unstaged; the volume is deleted".to_string());
+    Ok(seen)
+}
