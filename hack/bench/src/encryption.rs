@@ -121,7 +121,7 @@ pub async fn run(
 }
 
 /// Stages (or unstages) `volume`: its latency and the SNAP calls it made.
-async fn timed(
+pub(crate) async fn timed(
     stack: &Stack,
     clients: &mut Clients,
     volume: &Volume,

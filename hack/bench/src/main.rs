@@ -20,7 +20,10 @@
 //! 8. stage and unstage with and without encryption, and their dependent
 //!    SNAP round trips counted by the emulator (`encryption.rs`);
 //! 9. the emulator's FUSE data path against the direct one: O_DIRECT
-//!    throughput and IOPS of a staged volume's host device (`datapath.rs`).
+//!    throughput and IOPS of a staged volume's host device (`datapath.rs`);
+//! 10. filesystem devices (virtio-fs): stage and unstage against a block
+//!    volume's, and metadata and data rates through the host's mount against
+//!    the backing directory (`filesystem.rs`).
 //!
 //! Timing targets are ratios against floors sampled in turns with what they
 //! measure (`stats::Paired`), judged only when the run's own spread allows:
@@ -28,7 +31,7 @@
 //! exits non-zero only on a target it could judge and that was missed.
 //! Targets and their thresholds are defined in `report.rs`.
 //!
-//! Stacks, one after the other: a (default emulator) for 1, 2, 3, 6 and 8; b
+//! Stacks, one after the other: a (default emulator) for 1, 2, 3, 6, 8 and 10; b
 //! (poller at 8 ms) for 3 and 6; b2 (poller at 50 ms) to count dependent
 //! round trips; c (an NVMe function for every scale volume) for 4 and 5; d
 //! (c with the poller at 8 ms) for 4 again. b, c and d each have a split
@@ -44,6 +47,7 @@
 
 mod datapath;
 mod encryption;
+mod filesystem;
 mod floors;
 mod latency;
 mod memory;
@@ -147,9 +151,9 @@ pub struct Args {
     /// Sections to run, comma separated: 1 latency, 2 floors, 3 SNAP round
     /// trips, 4 scale and the metrics scrape, 5 memory, 6 JSON-RPC client, 7
     /// density, 8 stage with and without encryption, 9 the FUSE data path
-    /// against the direct one. Section 7 (about four minutes on the 2-core
-    /// machine) runs only when named.
-    #[arg(long, value_delimiter = ',', default_value = "1,2,3,4,5,6,8,9")]
+    /// against the direct one, 10 filesystem devices. Section 7 (about four
+    /// minutes on the 2-core machine) runs only when named.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,3,4,5,6,8,9,10")]
     pub sections: Vec<u8>,
     /// Also write every figure as JSON here.
     #[arg(long)]
@@ -218,7 +222,7 @@ fn stop(stack: Stack, report: &mut Report) -> anyhow::Result<()> {
 }
 
 async fn run(args: &Args, work: &Work, report: &mut Report) -> anyhow::Result<()> {
-    if [1, 2, 3, 6, 8].iter().any(|&s| args.wants(s)) {
+    if [1, 2, 3, 6, 8, 10].iter().any(|&s| args.wants(s)) {
         let stack = start(args, work, "a", &StackOptions::default()).await?;
         let clients = csi::Clients::connect(&stack.controller, &stack.node).await?;
         // Sections 2 and 3 state their figures against section 1's rows.
@@ -280,6 +284,15 @@ async fn run(args: &Args, work: &Work, report: &mut Report) -> anyhow::Result<()
             );
             report.encryption = Some(encryption::run(args, work, &stack, &clients).await?);
             report.print_encryption();
+            report.save(args)?;
+        }
+        if args.wants(10) {
+            eprintln!(
+                "bench: section 10: {} filesystem and as many block volumes, one at a time",
+                args.volumes
+            );
+            report.filesystem = Some(filesystem::run(args, &stack, &clients).await?);
+            report.print_filesystem();
             report.save(args)?;
         }
         drop(clients);
@@ -432,8 +445,8 @@ async fn main() -> anyhow::Result<()> {
     if !is_root()? {
         bail!("run as root: the stack makes loop devices and mounts");
     }
-    if args.sections.iter().any(|s| !(1..=9).contains(s)) {
-        bail!("--sections takes numbers from 1 to 9");
+    if args.sections.iter().any(|s| !(1..=10).contains(s)) {
+        bail!("--sections takes numbers from 1 to 10");
     }
     if !args.io_seconds.is_finite() || args.io_seconds <= 0.0 {
         bail!("--io-seconds must be a number of seconds more than 0");

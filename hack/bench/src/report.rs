@@ -5,6 +5,7 @@ use serde::Serialize;
 use crate::Args;
 use crate::datapath::DataPath;
 use crate::encryption::Encryption;
+use crate::filesystem::Filesystem;
 use crate::floors::Floors;
 use crate::latency::{Row, design_round_trips};
 use crate::memory::{Memory, Rss};
@@ -96,6 +97,7 @@ pub struct Report {
     pub density: Option<Density>,
     /// Section 8.
     pub encryption: Option<Encryption>,
+    pub filesystem: Option<Filesystem>,
     /// Section 9.
     pub data_path: Option<DataPath>,
     pub targets: Vec<Target>,
@@ -134,6 +136,7 @@ impl Report {
             split: Split::default(),
             density: None,
             encryption: None,
+            filesystem: None,
             data_path: None,
             targets: Vec::new(),
             cleanup: Vec::new(),
