@@ -32,7 +32,8 @@
 #
 # The fs backend (filesystem volumes, staged as virtio-fs) always runs
 # without mutable parameters, and says so: QoS limits are for block volumes,
-# so its CreateVolume refuses them.
+# so its CreateVolume refuses them. Its plugin makes filesystem devices only
+# (local-up --fs-only), as a file-storage vendor's plugin would.
 #
 # Usage (as root): hack/csi-sanity.sh [--profile release|debug] [--no-build]
 #   [--backend aio|nvmf|fs]... [--no-mutable-parameters] [--csi-sanity BINARY]
@@ -181,8 +182,12 @@ for backend in "${backends[@]}"; do
   run=$work/$backend
   mkdir -p "$run"
   started=$SECONDS
+  # The fs backend's plugin makes filesystem devices only, as a file-storage
+  # vendor's would: the node serves them from a plugin without block devices.
+  fs_only=()
+  [ "$backend" = fs ] && fs_only=(--fs-only)
   local_up_start "$run" --profile "$profile" --backend "$backend" --dir "$run/stack" \
-    "${local_up_args[@]}"
+    "${fs_only[@]}" "${local_up_args[@]}"
   # The volumes go to the backend under test whatever local-up's default.
   echo "backend: $backend" >"$run/parameters.yaml"
   name="csi-sanity $backend"

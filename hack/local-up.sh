@@ -36,6 +36,10 @@
 # volume gets when its parameters name none (fs: filesystem volumes, which
 # the emulated host mounts as virtio-fs).
 #
+# --fs-only runs the sample plugin as a file-storage vendor's would be: it
+# makes filesystem devices only (--no-block-devices) and its controller serves
+# the fs backend alone (the default then).
+#
 # --second-host adds a second host (node service local-node-2 with its own
 # kubelet directory, SNAP emulator and plugin, co-located in either mode) over
 # the same filesystem share, for a ReadWriteMany volume: it prints
@@ -44,7 +48,7 @@
 # Usage (as root): hack/local-up.sh [--mode colocated|split] [--backend aio|nvmf|fs] [--dir DIR]
 #   [--profile release|debug] [--no-build] [--snap-poll-period-us N] [--snap-nvme-pfs N]
 #   [--snap-nvme-vfs-per-pf N] [--snap-data-path auto|fuse|direct] [--allow-node-restart]
-#   [--supervise] [--second-host]
+#   [--supervise] [--fs-only] [--second-host]
 # The --snap-* options go to the DPU's SNAP emulator only (not the NVMe-oF
 # target): its RPC poller period (8000 reproduces real SPDK's ~8 ms per
 # sequential call), how many NVMe functions it offers (default 1 PF with 16
@@ -72,6 +76,7 @@ snap_args=()
 allow_node_restart=0
 supervise=0
 second_host=0
+fs_only=0
 while (($#)); do
   case $1 in
     --mode) mode=$2; shift 2 ;;
@@ -86,7 +91,8 @@ while (($#)); do
     --allow-node-restart) allow_node_restart=1; shift ;;
     --supervise) supervise=1; shift ;;
     --second-host) second_host=1; shift ;;
-    -h | --help) sed -n '2,59p' "$0"; exit 0 ;;
+    --fs-only) fs_only=1; backend=fs; shift ;;
+    -h | --help) sed -n '2,63p' "$0"; exit 0 ;;
     *) echo "local-up: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -323,15 +329,25 @@ start snap "$bin/snap-emu" --socket "$dir/snap.sock" --state-dir "$dir/snap" "${
 wait_for_socket "$dir/snap.sock"
 
 # The sample vendor plugin: plugins.v1 toward the node, CSI toward the proxy.
+# (The second host's plugin serves devices only: the flags of its kind.)
+block_devices=()
+if ((fs_only)); then
+  devices=(--no-block-devices)
+  block_devices=(--no-block-devices)
+else
+  devices=(
+    --aio-pool-dir "$dir/aio-pool"
+    --nvmf-target-socket "$dir/target.sock"
+    --nvmf-lvstore lvs0
+    --nvmf-listen "127.0.0.1:$port"
+  )
+fi
 start plugin "$bin/snap-csi-spdk-plugin" \
   --plugin-socket "$dir/plugin.sock" \
   --spdk-socket "$dir/snap.sock" \
   --csi-socket "$dir/vendor-csi.sock" \
   --state-dir "$dir/plugin-state" \
-  --aio-pool-dir "$dir/aio-pool" \
-  --nvmf-target-socket "$dir/target.sock" \
-  --nvmf-lvstore lvs0 \
-  --nvmf-listen "127.0.0.1:$port" \
+  "${devices[@]}" \
   --fs-share "$dir/fs-share" \
   --default-backend "$backend" \
   --metrics-address "$plugin_metrics"
@@ -403,6 +419,7 @@ if ((second_host)); then
     --plugin-socket "$dir/plugin2.sock" \
     --spdk-socket "$dir/snap2.sock" \
     --state-dir "$dir/plugin2-state" \
+    "${block_devices[@]}" \
     --fs-share "$dir/fs-share"
   wait_for_socket "$dir/plugin2.sock"
   start node2 "$bin/snap-csi" node \
