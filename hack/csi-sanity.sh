@@ -33,7 +33,8 @@
 # The fs backend (filesystem volumes, staged as virtio-fs) always runs
 # without mutable parameters, and says so: QoS limits are for block volumes,
 # so its CreateVolume refuses them. Its plugin makes filesystem devices only
-# (local-up --fs-only), as a file-storage vendor's plugin would.
+# (local-up --fs-only), as a file-storage vendor's plugin would, and as
+# SNAP's NFS fsdevs, as DPF's plugin does.
 #
 # Usage (as root): hack/csi-sanity.sh [--profile release|debug] [--no-build]
 #   [--backend aio|nvmf|fs]... [--no-mutable-parameters] [--csi-sanity BINARY]

@@ -37,8 +37,10 @@
 # the emulated host mounts as virtio-fs).
 #
 # --fs-only runs the sample plugin as a file-storage vendor's would be: it
-# makes filesystem devices only (--no-block-devices) and its controller serves
-# the fs backend alone (the default then).
+# makes filesystem devices only (--no-block-devices), as SNAP's NFS fsdevs of
+# the share as an NFS server's export (--fs-nfs-server 127.0.0.1, the way
+# DPF's plugin makes them; the emulator serves the export's directory), and
+# its controller serves the fs backend alone (the default then).
 #
 # --second-host adds a second host (node service local-node-2 with its own
 # kubelet directory, SNAP emulator and plugin, co-located in either mode) over
@@ -329,11 +331,11 @@ start snap "$bin/snap-emu" --socket "$dir/snap.sock" --state-dir "$dir/snap" "${
 wait_for_socket "$dir/snap.sock"
 
 # The sample vendor plugin: plugins.v1 toward the node, CSI toward the proxy.
-# (The second host's plugin serves devices only: the flags of its kind.)
+# (The second host's plugin serves devices only: the flags of their kind.)
 block_devices=()
 if ((fs_only)); then
-  devices=(--no-block-devices)
-  block_devices=(--no-block-devices)
+  devices=(--no-block-devices --fs-nfs-server 127.0.0.1)
+  block_devices=("${devices[@]}")
 else
   devices=(
     --aio-pool-dir "$dir/aio-pool"

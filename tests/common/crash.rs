@@ -348,7 +348,7 @@ impl Stack {
                 .await
                 .unwrap()
                 .iter()
-                .filter(|c| c.aio_fsdev().is_some())
+                .filter(|c| c.fsdev().is_some())
                 .count(),
             subsystems: volumes.len(),
             pooled_namespaces: pools.iter().map(|p| p.namespaces.len()).sum(),

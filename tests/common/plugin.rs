@@ -72,7 +72,7 @@ async fn fsdev_names(spdk: &RpcClient) -> Result<Vec<String>, Status> {
         .map_err(|e| spdk_status("framework_get_config", e))?;
     Ok(calls
         .iter()
-        .filter_map(|c| c.aio_fsdev().map(|(name, _)| name.to_string()))
+        .filter_map(|c| c.fsdev().map(|(name, _)| name.to_string()))
         .collect())
 }
 

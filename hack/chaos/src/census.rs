@@ -81,7 +81,7 @@ pub async fn census(stack: &Stack, clients: &Clients, max_pools: usize) -> anyho
         "fsdev",
         fsdevs
             .iter()
-            .filter_map(|c| c.aio_fsdev().map(|(name, _)| name.to_string()))
+            .filter_map(|c| c.fsdev().map(|(name, _)| name.to_string()))
             .collect(),
     ));
     let fs_devices = snap

@@ -21,6 +21,7 @@ use crate::bdev::qos::QosLimits;
 use crate::faults::{Admit, Faults};
 use crate::framing::{self, Frame, to_json};
 use crate::fsdev::FsdevAio;
+use crate::fsdev::nfs::FsdevNfs;
 use crate::nvmf::target::NvmfTarget;
 use crate::registry::{Family, Reply, Shared};
 use crate::rpc::{OnDecodeError, Rendered, RpcError, RpcResult, decode_opt, no_params};
@@ -58,6 +59,8 @@ pub(crate) fn families(files_dir: PathBuf, snap: Option<Snap>) -> Vec<Box<dyn Fa
         Box::new(FsdevAio),
     ];
     if let Some(snap) = snap {
+        // DOCA SNAP's NFS fsdev comes with SNAP, not with SPDK.
+        families.push(Box::new(FsdevNfs));
         families.push(Box::new(snap));
     }
     families

@@ -23,7 +23,8 @@
 //! - The families: `bdev` (the bdev layer's registry; `bdev_get_bdevs`,
 //!   iostat, QoS; the aio/malloc/null, crypto, lvol and NVMe-oF initiator
 //!   modules), `fsdev` (SPDK's fsdev layer's registry and the aio fsdev
-//!   module: a directory served as a filesystem device), `nvmf` (the
+//!   module: a directory served as a filesystem device; with SNAP, DOCA
+//!   SNAP's NFS fsdev, a directory here standing in for the export), `nvmf` (the
 //!   target, its listeners, the handshake between
 //!   emulators and the target's side of their I/O), `snap` (SNAP's model,
 //!   what the host sees, one file per emulation, hot-plug) with `snap_api`

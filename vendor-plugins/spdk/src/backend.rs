@@ -98,6 +98,10 @@ pub struct Devices {
     /// inside this share (absolute, as SNAP sees it), so that a volume
     /// context cannot hand a host any other directory of the DPU.
     pub fs_share: Option<PathBuf>,
+    /// Filesystem devices served by SNAP's NFS fsdev from this NFS server,
+    /// whose export the share is (its path on the server), rather than by
+    /// SPDK's aio fsdev over the share as the DPU mounts it.
+    pub fs_nfs_server: Option<String>,
 }
 
 impl Default for Devices {
@@ -106,6 +110,7 @@ impl Default for Devices {
         Devices {
             block: true,
             fs_share: None,
+            fs_nfs_server: None,
         }
     }
 }
@@ -326,6 +331,7 @@ mod tests {
         let fs_only = Devices {
             block: false,
             fs_share: Some("/share".into()),
+            fs_nfs_server: None,
         };
         assert_eq!(fs_only.kinds(), [Kind::Fs]);
         let both = Devices {

@@ -71,6 +71,12 @@ pub struct Args {
     /// there: btrfs subvolumes with quotas (btrfs with `btrfs quota enable`).
     #[arg(long, env = "SPDK_PLUGIN_FS_SHARE")]
     pub fs_share: Option<PathBuf>,
+    /// Serve filesystem devices with DOCA SNAP's NFS fsdev (`fsdev_nfs_create`,
+    /// as NVIDIA's DPF storage plugin does) from this NFS server, whose export
+    /// --fs-share is (its path on the server; the DPU mounts nothing); without
+    /// it, SPDK's aio fsdev over --fs-share as the DPU sees it.
+    #[arg(long, env = "SPDK_PLUGIN_FS_NFS_SERVER")]
+    pub fs_nfs_server: Option<String>,
     /// CSI controller: bytes the filesystem share may hold [default: the filesystem's size].
     #[arg(long, env = "SPDK_PLUGIN_FS_SHARE_CAPACITY")]
     pub fs_share_capacity: Option<u64>,
@@ -162,9 +168,20 @@ impl Args {
                 "--no-block-devices needs --fs-share: the plugin would make nothing".into(),
             );
         }
+        if self.fs_nfs_server.is_some() && self.fs_share.is_none() {
+            return Err("--fs-nfs-server needs --fs-share, the export's path on the server".into());
+        }
+        if self
+            .fs_nfs_server
+            .as_ref()
+            .is_some_and(|s| s.is_empty() || s.chars().any(|c| c.is_whitespace()))
+        {
+            return Err("--fs-nfs-server must be a host name or address".into());
+        }
         Ok(Devices {
             block: !self.no_block_devices,
             fs_share: self.fs_share.clone(),
+            fs_nfs_server: self.fs_nfs_server.clone(),
         })
     }
 

@@ -24,7 +24,10 @@
 //!
 //! Filesystem devices (backend `fs`, only with a share configured) are SPDK
 //! aio fsdevs over the volume's directory: `fsdev_aio_create` and
-//! `fsdev_aio_delete`, one round trip each too. SPDK v24.09 lists fsdevs
+//! `fsdev_aio_delete`, one round trip each too; with an NFS server
+//! configured, DOCA SNAP's NFS fsdevs of the volume's directory in the
+//! server's export (`fsdev_nfs_create`, `fsdev_nfs_delete`), as DPF's plugin
+//! makes them. SPDK v24.09 lists fsdevs
 //! only in `framework_get_config` of subsystem `fsdev`, which GetDevice and
 //! ListDevices read beside `bdev_get_bdevs` (sent at once). What a plugin
 //! offers is configured ([`Devices`]): it advertises CREATE_DELETE_BLOCK_DEVICE
@@ -44,7 +47,9 @@ use snap_csi::jsonrpc::{RpcClient, code};
 use snap_csi::proto::nvidia::storage::plugins::v1 as api;
 use snap_csi::spdk::app::SpdkGetVersion;
 use snap_csi::spdk::bdev::{BdevAioCreate, BdevAioDelete, BdevGetBdevs};
-use snap_csi::spdk::fsdev::{ConfigCall, FrameworkGetConfig, FsdevAioCreate, FsdevAioDelete};
+use snap_csi::spdk::fsdev::{
+    ConfigCall, FrameworkGetConfig, FsdevAioCreate, FsdevAioDelete, FsdevNfsCreate, FsdevNfsDelete,
+};
 use snap_csi::spdk::nvme::{BdevNvmeAttachController, BdevNvmeDetachController};
 use tokio::time::Instant;
 use tonic::{Request, Response, Status};
@@ -279,18 +284,33 @@ impl SpdkPlugin {
                 share.map_or("(none)".into(), |s| s.display().to_string())
             )));
         }
-        // SPDK serves any root it can open, a regular file too, which the
-        // host would then fail to mount. One it cannot see is SPDK's to judge.
-        if std::fs::metadata(root_path).is_ok_and(|m| !m.is_dir()) {
-            return Err(Status::invalid_argument(format!(
-                "volume {volume_id}: {root} is not a directory"
-            )));
-        }
-        let create = FsdevAioCreate {
-            name: name.clone(),
-            root_path: root.to_string(),
+        let created = match &self.inner.config.devices.fs_nfs_server {
+            // The directory is the server's: SNAP's NFS client judges it.
+            Some(server) => {
+                let create = FsdevNfsCreate {
+                    name: name.clone(),
+                    server: server.clone(),
+                    exportname: root.to_string(),
+                };
+                self.spdk().call_until(&create, deadline).await.map(drop)
+            }
+            None => {
+                // SPDK serves any root it can open, a regular file too, which
+                // the host would then fail to mount. One it cannot see is
+                // SPDK's to judge.
+                if std::fs::metadata(root_path).is_ok_and(|m| !m.is_dir()) {
+                    return Err(Status::invalid_argument(format!(
+                        "volume {volume_id}: {root} is not a directory"
+                    )));
+                }
+                let create = FsdevAioCreate {
+                    name: name.clone(),
+                    root_path: root.to_string(),
+                };
+                self.spdk().call_until(&create, deadline).await.map(drop)
+            }
         };
-        match self.spdk().call_until(&create, deadline).await {
+        match created {
             Ok(_) => tracing::info!(%volume_id, device = %name, "fsdev created"),
             Err(e) if is_fsdev_taken(&e) => {
                 tracing::debug!(%volume_id, device = %name, "fsdev already there");
@@ -324,6 +344,13 @@ impl SpdkPlugin {
                     .await
                     .map(drop),
                 "detaching NVMe-oF controller",
+            ),
+            Kind::Fs if self.inner.config.devices.fs_nfs_server.is_some() => (
+                self.spdk()
+                    .call_until(&FsdevNfsDelete { name: name.clone() }, deadline)
+                    .await
+                    .map(drop),
+                "deleting NFS fsdev",
             ),
             Kind::Fs => (
                 self.spdk()
@@ -383,7 +410,7 @@ impl SpdkPlugin {
         Ok(bdevs.into_iter().map(|b| b.name).collect())
     }
 
-    /// The names of SNAP's aio fsdevs, or none when this plugin makes no
+    /// The names of SNAP's fsdevs, or none when this plugin makes no
     /// filesystem devices.
     async fn fsdevs(&self, deadline: Instant) -> Result<Vec<String>, Status> {
         if self.inner.config.devices.fs_share.is_none() {
@@ -399,7 +426,7 @@ impl SpdkPlugin {
             .map_err(|e| Failure::snap("listing fsdevs", e))?;
         Ok(calls
             .iter()
-            .filter_map(ConfigCall::aio_fsdev)
+            .filter_map(ConfigCall::fsdev)
             .map(|(name, _)| name.to_string())
             .collect())
     }

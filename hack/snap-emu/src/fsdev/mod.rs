@@ -15,6 +15,7 @@
 //! keep the others' configuration, and says so rather than answering with an
 //! empty one.
 
+pub(crate) mod nfs;
 pub(crate) mod registry;
 
 use std::fs::File;
@@ -78,7 +79,7 @@ struct CreateParams {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct DeleteParams {
+pub(crate) struct DeleteParams {
     name: String,
 }
 
@@ -114,23 +115,23 @@ impl FsdevAio {
         cx.fsdevs
             .register(Fsdev {
                 name: p.name.clone(),
-                root_path: p.root_path,
                 root,
-                writeback_cache: p.enable_writeback_cache.unwrap_or(DEFAULT_WRITEBACK_CACHE),
-                max_write: p.max_write.unwrap_or(DEFAULT_MAX_WRITE),
+                method: CREATE,
+                params: json!({
+                    "name": p.name,
+                    "root_path": p.root_path,
+                    "enable_xattr": false,
+                    "enable_writeback_cache":
+                        p.enable_writeback_cache.unwrap_or(DEFAULT_WRITEBACK_CACHE),
+                    "max_write": p.max_write.unwrap_or(DEFAULT_MAX_WRITE),
+                }),
             })
             .map_err(|e| RpcError::internal(e.message))?;
         Ok(json!(p.name))
     }
 
     fn delete(&mut self, params: Option<Value>, cx: &mut Cx<'_>) -> RpcResult {
-        let p: DeleteParams = decode(params, OnDecodeError::InvalidParams)
-            .map_err(|_| RpcError::invalid_params_msg("spdk_json_decode_object failed"))?;
-        if cx.fsdevs.get(&p.name).is_none() {
-            return Err(RpcError::errno(ENODEV));
-        }
-        cx.unregister_fsdev(self, &p.name);
-        Ok(json!(true))
+        delete(self, CREATE, params, cx)
     }
 
     /// `framework_get_config`, as `subsystem_rpc.c` answers it.
@@ -153,22 +154,35 @@ impl FsdevAio {
             "method": "fsdev_set_opts",
             "params": {"fsdev_io_pool_size": IO_POOL_SIZE, "fsdev_io_cache_size": IO_CACHE_SIZE},
         });
-        let fsdevs = cx.fsdevs.iter().map(|f| {
-            json!({
-                "method": CREATE,
-                "params": {
-                    "name": f.name,
-                    "root_path": f.root_path,
-                    "enable_xattr": false,
-                    "enable_writeback_cache": f.writeback_cache,
-                    "max_write": f.max_write,
-                },
-            })
-        });
+        let fsdevs = cx
+            .fsdevs
+            .iter()
+            .map(|f| json!({"method": f.method, "params": f.params}));
         Ok(Value::Array(
             std::iter::once(options).chain(fsdevs).collect(),
         ))
     }
+}
+
+/// A module's delete: `spdk_fsdev_unregister_by_name` with the module, so a
+/// name that is not one of `created_by`'s fsdevs is -19 "No such device".
+pub(crate) fn delete(
+    module: &mut dyn Family,
+    created_by: &str,
+    params: Option<Value>,
+    cx: &mut Cx<'_>,
+) -> RpcResult {
+    let p: DeleteParams = decode(params, OnDecodeError::InvalidParams)
+        .map_err(|_| RpcError::invalid_params_msg("spdk_json_decode_object failed"))?;
+    if cx
+        .fsdevs
+        .get(&p.name)
+        .is_none_or(|f| f.method != created_by)
+    {
+        return Err(RpcError::errno(ENODEV));
+    }
+    cx.unregister_fsdev(module, &p.name);
+    Ok(json!(true))
 }
 
 impl Family for FsdevAio {

@@ -5,21 +5,22 @@
 
 use std::path::PathBuf;
 
+use serde_json::Value;
+
 use crate::rpc::{EEXIST, RpcError};
 
 /// One registered fsdev.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Fsdev {
     pub name: String,
-    /// `root_path` as the module was given it.
-    pub root_path: String,
     /// The tree it serves, resolved when it was registered (SPDK opens it
-    /// with `O_PATH` then and keeps the descriptor).
+    /// then and keeps the descriptor).
     pub root: PathBuf,
-    /// The FUSE session options the module was given (or its defaults),
-    /// which SPDK only keeps and writes back in its configuration.
-    pub writeback_cache: bool,
-    pub max_write: u32,
+    /// The module's create method and its parameters as the module writes
+    /// them back in the `fsdev` subsystem's configuration; the method also
+    /// says which module's delete removes it.
+    pub method: &'static str,
+    pub params: Value,
 }
 
 /// The registry of fsdevs, in the order they were registered (SPDK's

@@ -181,7 +181,7 @@ impl Spdk {
         let calls = self.client().call(&query).await.unwrap();
         calls
             .iter()
-            .filter_map(ConfigCall::aio_fsdev)
+            .filter_map(ConfigCall::fsdev)
             .map(|(name, _)| name.to_string())
             .collect()
     }

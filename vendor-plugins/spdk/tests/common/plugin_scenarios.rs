@@ -614,6 +614,7 @@ fn share(snap: &Spdk, block: bool) -> (std::path::PathBuf, Devices) {
     let devices = Devices {
         block,
         fs_share: Some(share.clone()),
+        fs_nfs_server: None,
     };
     (share, devices)
 }
