@@ -22,8 +22,8 @@
 //! 9. the emulator's FUSE data path against the direct one: O_DIRECT
 //!    throughput and IOPS of a staged volume's host device (`datapath.rs`);
 //! 10. filesystem devices (virtio-fs): stage and unstage against a block
-//!    volume's, and metadata and data rates through the host's mount against
-//!    the backing directory (`filesystem.rs`).
+//!     volume's, and metadata and data rates through the host's mount
+//!     against the backing directory (`filesystem.rs`).
 //!
 //! Timing targets are ratios against floors sampled in turns with what they
 //! measure (`stats::Paired`), judged only when the run's own spread allows:
