@@ -303,6 +303,10 @@ mod tests {
         assert!(error.contains("--fs-share must be absolute"), "{error}");
         let error = devices(&["--no-block-devices"]).unwrap_err();
         assert!(error.contains("needs --fs-share"), "{error}");
+        let error = devices(&["--fs-nfs-server", "10.0.0.5"]).unwrap_err();
+        assert!(error.contains("needs --fs-share"), "{error}");
+        let nfs = devices(&["--fs-share", "/export", "--fs-nfs-server", "10.0.0.5"]).unwrap();
+        assert_eq!(nfs.fs_nfs_server.as_deref(), Some("10.0.0.5"));
     }
 
     #[test]
@@ -388,5 +392,33 @@ mod tests {
             .is_err()
         );
         assert!(Args::try_parse_from(["p", "--nvmf-listen", "localhost"]).is_err());
+    }
+
+    #[test]
+    fn a_controller_with_only_a_share_serves_fs_volumes_by_default() {
+        let csi = |args: &[&str]| {
+            let mut all = vec!["p", "--csi-socket", "/run/csi.sock"];
+            all.extend_from_slice(args);
+            Args::try_parse_from(all)
+                .unwrap()
+                .resolve()
+                .map(|c| c.csi.expect("a controller"))
+        };
+        let config = csi(&["--fs-share", "/share", "--fs-share-capacity", "1000"]).unwrap();
+        assert_eq!(config.default_backend, Kind::Fs);
+        assert_eq!(
+            config.fs,
+            Some(crate::csi::FsConfig {
+                share: "/share".into(),
+                capacity: Some(1000),
+            })
+        );
+        let error = csi(&["--aio-pool-dir", "/pool", "--fs-share-capacity", "1000"]).unwrap_err();
+        assert!(
+            error.contains("--fs-share-capacity needs --fs-share"),
+            "{error}"
+        );
+        let error = csi(&["--aio-pool-dir", "/pool", "--default-backend", "fs"]).unwrap_err();
+        assert!(error.contains("--fs-share"), "{error}");
     }
 }
