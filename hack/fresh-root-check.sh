@@ -169,10 +169,11 @@ for opt in Acquire::Check-Valid-Until Acquire::Check-Date; do
   v=$(apt-config dump "$opt" | sed -n "s/^$opt \"\(.*\)\";/\1/p")
   [ -n "$v" ] && aptopts+=(--aptopt="$opt \"$v\"")
 done
-mirror=http://deb.debian.org/debian
+# Not `mirror`: that names the third-party sources' mirror directory.
+debian=http://deb.debian.org/debian
 say "building a Debian 12 minbase root in $root"
 mmdebstrap --quiet --mode=root --variant=minbase "${aptopts[@]}" bookworm "$root" \
-  "deb $mirror bookworm main" "deb $mirror bookworm-updates main" \
+  "deb $debian bookworm main" "deb $debian bookworm-updates main" \
   "deb http://deb.debian.org/debian-security bookworm-security main"
 # What the installer writes on every Debian machine.
 printf '127.0.0.1\tlocalhost\n::1\t\tlocalhost ip6-localhost ip6-loopback\n' >"$root/etc/hosts"
