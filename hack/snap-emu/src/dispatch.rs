@@ -294,6 +294,8 @@ mod tests {
             api::VIRTIO_FS_DOCA_DEVICE_HOTUNPLUG,
             api::VIRTIO_FS_DEVICE_DESTROY,
             api::VIRTIO_FS_GET_DEVICES,
+            api::FSDEV_NFS_CREATE,
+            api::FSDEV_NFS_DELETE,
         ];
         let mut expected: Vec<&str> = spdk.iter().chain(snap.iter()).copied().collect();
         expected.sort_unstable();

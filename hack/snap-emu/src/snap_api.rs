@@ -57,6 +57,9 @@ pub(crate) const VIRTIO_FS_DOCA_DEVICE_HOTPLUG: &str = "virtio_fs_doca_device_ho
 pub(crate) const VIRTIO_FS_DOCA_DEVICE_HOTUNPLUG: &str = "virtio_fs_doca_device_hotunplug";
 pub(crate) const VIRTIO_FS_DEVICE_DESTROY: &str = "virtio_fs_device_destroy";
 pub(crate) const VIRTIO_FS_GET_DEVICES: &str = "virtio_fs_get_devices";
+/// DOCA SNAP's NFS fsdev, as DPF's storage plugin calls it (`fsdev/nfs.rs`).
+pub(crate) const FSDEV_NFS_CREATE: &str = "fsdev_nfs_create";
+pub(crate) const FSDEV_NFS_DELETE: &str = "fsdev_nfs_delete";
 /// The one transport SNAP's virtio-fs has.
 pub(crate) const VIRTIO_FS_TRANSPORT_DOCA: &str = "DOCA";
 /// `struct virtio_fs_config`'s tag field.

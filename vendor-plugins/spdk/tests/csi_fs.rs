@@ -322,7 +322,7 @@ async fn a_share_without_quotas_is_not_ready() {
 #[tokio::test]
 async fn group_snapshots_of_idle_volumes_are_made_and_of_written_ones_refused() {
     use std::sync::Arc;
-    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
     let share = BtrfsShare::new(512 * MIB);
     let csi = controller(&share, None).await;
@@ -355,22 +355,37 @@ async fn group_snapshots_of_idle_volumes_are_made_and_of_written_ones_refused() 
     csi.delete_whole_group_snapshot(&group).await;
 
     let stop = Arc::new(AtomicBool::new(false));
+    let written = Arc::new(AtomicU64::new(0));
     let writer = {
-        let (stop, dir) = (stop.clone(), path_of(&a).to_path_buf());
+        let (stop, written) = (stop.clone(), written.clone());
+        let dir = path_of(&a).to_path_buf();
         std::thread::spawn(move || {
-            let mut n = 0u64;
             while !stop.load(Ordering::Relaxed) {
+                let n = written.fetch_add(1, Ordering::Relaxed);
                 std::fs::write(dir.join("busy"), n.to_le_bytes()).unwrap();
-                n += 1;
             }
         })
     };
-    let error = csi
-        .create_group_snapshot("gs-busy", &ids, HashMap::new())
-        .await
-        .unwrap_err();
+    // Writes land in an attempt's window only if the writer is scheduled
+    // then: a few attempts, each made while it keeps writing.
+    let mut refused = None;
+    for attempt in 0..5 {
+        let floor = written.load(Ordering::Relaxed) + 2;
+        while written.load(Ordering::Relaxed) < floor {
+            tokio::task::yield_now().await;
+        }
+        let name = format!("gs-busy-{attempt}");
+        match csi.create_group_snapshot(&name, &ids, HashMap::new()).await {
+            Err(status) => {
+                refused = Some(status);
+                break;
+            }
+            Ok(group) => csi.delete_whole_group_snapshot(&group).await,
+        }
+    }
     stop.store(true, Ordering::Relaxed);
     writer.join().unwrap();
+    let error = refused.expect("a group snapshot made while a member was written");
     assert_eq!(error.code(), Code::FailedPrecondition, "{error:?}");
     assert!(error.message().contains("written"), "{error:?}");
     for volume in [&a, &b] {

@@ -23,8 +23,7 @@ use crate::bdev::registry::io_error;
 use crate::registry::{Answer, BdevModule, BdevUser, Cx, Family};
 use crate::rpc::{OnDecodeError, RpcError, RpcResult, decode};
 
-const CREATE: &str = "fsdev_nfs_create";
-const DELETE: &str = "fsdev_nfs_delete";
+use crate::snap_api::{FSDEV_NFS_CREATE as CREATE, FSDEV_NFS_DELETE as DELETE};
 
 #[derive(Debug, Deserialize)]
 struct CreateParams {
