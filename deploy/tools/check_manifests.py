@@ -658,6 +658,11 @@ def check_host_cluster(
     backends = set(backend.choices) if backend else set()
     t.check(bool(emulations), "node --help", "--emulation lists no possible values")
     t.check(bool(backends), "snap-csi-spdk-plugin --help", "--default-backend lists no possible values")
+    # The fs backend's volumes need a share the controller is given
+    # (--fs-share): a root whose controller has none names no class for it
+    # (deploy/examples/shared-volume.yaml has one, with how to add a share).
+    if not any(p.settings.get("fs-share") and p.settings.get("csi-socket") for p in plugins):
+        backends -= {"fs"}
     fs_types = node_fs_types(repo)
     seen = set()
     for o in objs:
