@@ -249,7 +249,8 @@ impl Stack {
     /// in split mode its network namespace and veth pair.
     pub fn stop(mut self) -> Leftovers {
         self.shutdown();
-        let dir = self.dir.display().to_string();
+        // Below the directory: `stack-c` must not match a twin's `stack-c-split`.
+        let dir = format!("{}/", self.dir.display());
         let mut left = Vec::new();
         match Command::new("losetup").arg("-a").output() {
             Ok(out) => left.extend(
@@ -270,7 +271,7 @@ impl Stack {
             Err(e) => left.push(format!("cannot read the mount table: {e}")),
         }
         if self.dir.exists() {
-            left.push(format!("directory: {dir}"));
+            left.push(format!("directory: {}", self.dir.display()));
         }
         if let Some(link) = &self.split {
             // The pair's ends are named after the namespace.
