@@ -29,9 +29,9 @@ use crate::{Args, Work};
 const KEY: &str = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\
                    ffeeddccbbaa99887766554433221100ffeeddccbbaa99887766554433221100";
 
-/// One RPC on one kind of volume.
+/// One RPC on one kind of volume (sections 8 and 10).
 #[derive(Debug, Clone, Serialize)]
-pub struct EncryptionRow {
+pub struct StageRow {
     pub rpc: String,
     pub latency: Summary,
     pub p95_ms: f64,
@@ -43,7 +43,7 @@ pub struct EncryptionRow {
 #[derive(Debug, Clone, Serialize)]
 pub struct Encryption {
     pub volumes: usize,
-    pub rows: Vec<EncryptionRow>,
+    pub rows: Vec<StageRow>,
     pub trips: EncryptionTrips,
 }
 
@@ -88,29 +88,15 @@ pub async fn run(
             clients.delete(&volume).await?;
         }
     }
-    let rows = [
-        "NodeStage block (plain)",
-        "NodeStage block (encrypted)",
-        "NodeUnstage block (plain)",
-        "NodeUnstage block (encrypted)",
-    ]
-    .iter()
-    .map(|rpc| {
-        let of: Vec<_> = taken.iter().filter(|(row, ..)| row == rpc).collect();
-        let mut sorted: Vec<f64> = of.iter().map(|(_, l, _)| l.as_secs_f64() * 1e3).collect();
-        sorted.sort_by(f64::total_cmp);
-        EncryptionRow {
-            rpc: rpc.to_string(),
-            latency: Summary::of_ms(&sorted),
-            p95_ms: if sorted.is_empty() {
-                0.0
-            } else {
-                percentile(&sorted, 0.95)
-            },
-            snap_calls: of.iter().map(|(.., c)| c).sum::<f64>() / of.len().max(1) as f64,
-        }
-    })
-    .collect();
+    let rows = stage_rows(
+        &[
+            "NodeStage block (plain)",
+            "NodeStage block (encrypted)",
+            "NodeUnstage block (plain)",
+            "NodeUnstage block (encrypted)",
+        ],
+        &taken,
+    );
     eprintln!("bench: section 8: counting the SNAP round trips of plain and encrypted stages");
     let trips = count_encryption(args, work.dir.path(), KEY).await?;
     Ok(Encryption {
@@ -118,6 +104,27 @@ pub async fn run(
         rows,
         trips,
     })
+}
+
+/// One row per name of `rows`, from the `(row, latency, SNAP calls)` taken.
+pub(crate) fn stage_rows(rows: &[&str], taken: &[(String, Duration, f64)]) -> Vec<StageRow> {
+    rows.iter()
+        .map(|rpc| {
+            let of: Vec<_> = taken.iter().filter(|(row, ..)| row == rpc).collect();
+            let mut sorted: Vec<f64> = of.iter().map(|(_, l, _)| l.as_secs_f64() * 1e3).collect();
+            sorted.sort_by(f64::total_cmp);
+            StageRow {
+                rpc: rpc.to_string(),
+                latency: Summary::of_ms(&sorted),
+                p95_ms: if sorted.is_empty() {
+                    0.0
+                } else {
+                    percentile(&sorted, 0.95)
+                },
+                snap_calls: of.iter().map(|(.., c)| c).sum::<f64>() / of.len().max(1) as f64,
+            }
+        })
+        .collect()
 }
 
 /// Stages (or unstages) `volume`: its latency and the SNAP calls it made.

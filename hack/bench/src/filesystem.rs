@@ -23,10 +23,9 @@ use serde::Serialize;
 
 use crate::Args;
 use crate::csi::{Clients, Kind, parameters};
-use crate::encryption::timed;
+use crate::encryption::{StageRow, stage_rows, timed};
 use crate::report::Report;
 use crate::stack::Stack;
-use crate::stats::{Summary, percentile};
 use crate::table::{Table, ms, num};
 
 /// Files each metadata run creates, stats and removes.
@@ -34,16 +33,6 @@ const METADATA_FILES: usize = 500;
 /// Bytes each data run writes, then reads.
 const DATA_BYTES: usize = 64 << 20;
 const CHUNK: usize = 1 << 20;
-
-/// One RPC on one kind of volume.
-#[derive(Debug, Clone, Serialize)]
-pub struct StageRow {
-    pub rpc: String,
-    pub latency: Summary,
-    pub p95_ms: f64,
-    /// SNAP calls per call (the node's and the plugin's), mean.
-    pub snap_calls: f64,
-}
 
 /// One operation's rate through the host's mount and on the backing tree.
 #[derive(Debug, Clone, Serialize)]
@@ -72,7 +61,7 @@ const ROWS: [&str; 4] = [
 /// Section 10 on `stack` (section 1's).
 pub async fn run(args: &Args, stack: &Stack, clients: &Clients) -> anyhow::Result<Filesystem> {
     let mut clients = clients.clone();
-    let mut taken: Vec<(&str, Duration, f64)> = Vec::new();
+    let mut taken: Vec<(String, Duration, f64)> = Vec::new();
     for i in 0..args.volumes {
         for fs in [i % 2 == 0, i % 2 != 0] {
             let (kind, parameters, label) = if fs {
@@ -86,30 +75,13 @@ pub async fn run(args: &Args, stack: &Stack, clients: &Clients) -> anyhow::Resul
                 .create_with(&stack.kubelet, &name, &kind, args.size_mib, parameters)
                 .await?;
             let (latency, calls) = timed(stack, &mut clients, &volume, true).await?;
-            taken.push((ROWS[label], latency, calls));
+            taken.push((ROWS[label].to_string(), latency, calls));
             let (latency, calls) = timed(stack, &mut clients, &volume, false).await?;
-            taken.push((ROWS[label + 2], latency, calls));
+            taken.push((ROWS[label + 2].to_string(), latency, calls));
             clients.delete(&volume).await?;
         }
     }
-    let stages = ROWS
-        .iter()
-        .map(|rpc| {
-            let of: Vec<_> = taken.iter().filter(|(row, ..)| row == rpc).collect();
-            let mut sorted: Vec<f64> = of.iter().map(|(_, l, _)| l.as_secs_f64() * 1e3).collect();
-            sorted.sort_by(f64::total_cmp);
-            StageRow {
-                rpc: rpc.to_string(),
-                latency: Summary::of_ms(&sorted),
-                p95_ms: if sorted.is_empty() {
-                    0.0
-                } else {
-                    percentile(&sorted, 0.95)
-                },
-                snap_calls: of.iter().map(|(.., c)| c).sum::<f64>() / of.len().max(1) as f64,
-            }
-        })
-        .collect();
+    let stages = stage_rows(&ROWS, &taken);
 
     // The rates: one volume published, its tree and its backing directory.
     let kind = Kind::Filesystem("virtiofs".into());
