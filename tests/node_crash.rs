@@ -219,6 +219,13 @@ async fn run(stack: &Stack, n: usize, trial: &Trial) {
         // Only a stage that finds no pool builds one.
         stack.remove_pools().await;
     }
+    if matches!(
+        trial.point,
+        "attach:virtio-fs-function" | "attach:virtio-fs-bind"
+    ) {
+        // Only an attach that finds no spare function makes one.
+        stack.remove_spare_functions().await;
+    }
     let crasher = trial.crasher(stack);
     let mut processes = stack.processes(Some((crasher, trial.point)), &trial.shape);
     let mut seen = kubelet::Volume::default();

@@ -18,7 +18,7 @@ use snap_csi::spdk::bdev::BdevGetBdevs;
 use snap_csi::spdk::fsdev::FrameworkGetConfig;
 use snap_csi::spdk::snap::{
     NvmeControllerDestroy, NvmeSubsystemDestroy, NvmeSubsystemList, VirtioBlkControllerList,
-    VirtioFsDocaGetFunctions, VirtioFsGetDevices,
+    VirtioFsDocaFunctionDestroy, VirtioFsDocaGetFunctions, VirtioFsGetDevices,
 };
 use tokio::process::{Child, Command};
 use tonic::transport::Channel;
@@ -360,6 +360,25 @@ impl Stack {
             records: std::fs::read_dir(self.state.join("volumes"))
                 .map(|d| d.count())
                 .unwrap_or(0),
+        }
+    }
+
+    /// Destroys the virtio-fs functions no device holds (a crash in an
+    /// earlier unstage may leave one spare), so the next attach creates and
+    /// binds its own.
+    pub async fn remove_spare_functions(&self) {
+        let snap = self.emulator.client();
+        let devices = snap.call(&VirtioFsGetDevices {}).await.unwrap();
+        assert!(devices.is_empty(), "virtio-fs devices left: {devices:?}");
+        for manager in snap.call(&VirtioFsDocaGetFunctions {}).await.unwrap() {
+            for function in manager.functions {
+                snap.call(&VirtioFsDocaFunctionDestroy {
+                    manager: manager.manager.clone(),
+                    vuid: function.vuid,
+                })
+                .await
+                .unwrap();
+            }
         }
     }
 
