@@ -55,7 +55,7 @@ fn points(shape: &Shape) -> Vec<(Call, &'static str)> {
     };
     let format: &[&str] = match shape.kind {
         Kind::Block => &[],
-        Kind::Ext4 | Kind::Xfs => &["stage:format", "stage:mount"],
+        Kind::Ext4 | Kind::Xfs => &["stage:formatting", "stage:format", "stage:mount"],
         // Mounted by tag: no filesystem to make.
         Kind::Fs => &["stage:mount"],
     };

@@ -4,9 +4,11 @@
 //! SNAP is killed and started again after each step of a stage: the DPU's
 //! (the plugin's device, the NVMe subsystem, namespace and controller, the
 //! attach, the resume; the virtio-blk controller) and the node's (attached,
-//! recorded, formatted, mounted), for ext4, xfs and block volumes over NVMe
-//! and virtio-blk. Like SPDK, it comes back empty, and the host loses every
-//! disk it exposed (`common::Emulator::restart_empty`). The test then plays
+//! recorded, formatting begun, formatted, mounted), for ext4, xfs and block
+//! volumes over NVMe and virtio-blk. SNAP killed once formatting began
+//! leaves half a filesystem, which the retry makes again. Like SPDK, it
+//! comes back empty, and the host loses every disk it exposed
+//! (`common::Emulator::restart_empty`). The test then plays
 //! kubelet: it retries NodeStage only after a code kubelet does not take as
 //! final (CANCELLED, DEADLINE_EXCEEDED, UNAVAILABLE, RESOURCE_EXHAUSTED,
 //! ABORTED), fails on a final one (after which kubelet would never call
@@ -104,6 +106,7 @@ fn stage_steps(emulation: &str) -> (&'static [&'static str], &'static [&'static 
         &[
             "stage:attach",
             "stage:record",
+            "stage:formatting",
             "stage:format",
             "stage:mount",
         ],
@@ -175,11 +178,13 @@ impl Volume {
 }
 
 /// Runs `call` until the step `step` is reached, restarts SNAP there (the
-/// call waits at the step meanwhile), and returns the call's answer.
+/// call waits at the step meanwhile), runs `meanwhile`, and returns the
+/// call's answer.
 async fn snap_killed_at<T: Send + 'static>(
     stack: &mut NodeStack,
     step: &'static str,
     call: impl Future<Output = Result<T, Status>> + Send + 'static,
+    meanwhile: impl FnOnce(),
 ) -> Result<T, Status> {
     let (reached, at_step) = tokio::sync::oneshot::channel::<()>();
     let (go_on, released) = std::sync::mpsc::channel::<()>();
@@ -194,8 +199,33 @@ async fn snap_killed_at<T: Send + 'static>(
         answer = &mut call => panic!("{step} was never reached; the call answered {:?}", answer.unwrap().err()),
     }
     stack.emulator.restart_empty().await;
+    meanwhile();
     go_on.send(()).unwrap();
     call.await.unwrap()
+}
+
+/// What a mkfs of `kind` cut short leaves on `backing`: its superblock, and
+/// zeros where the headers after it go.
+fn cut_short_mkfs(kind: Kind, backing: &std::path::Path) {
+    use std::io::{Seek, SeekFrom, Write};
+    let (mkfs, headers): (&[&str], u64) = match kind {
+        Kind::Xfs => (&["mkfs.xfs", "-q"], 512),
+        Kind::Ext4 => (&["mkfs.ext4", "-q", "-F"], 4096),
+        Kind::Block => return,
+    };
+    let made = std::process::Command::new(mkfs[0])
+        .args(&mkfs[1..])
+        .arg(backing)
+        .status()
+        .unwrap();
+    assert!(made.success(), "{mkfs:?}: {made}");
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(backing)
+        .unwrap();
+    file.seek(SeekFrom::Start(headers)).unwrap();
+    file.write_all(&[0; 64 << 10]).unwrap();
+    file.sync_all().unwrap();
 }
 
 /// NodeStage retried as kubelet retries it after `first`, the answer of
@@ -272,7 +302,7 @@ async fn snap_killed_after_each_step_of_a_stage_heals_on_kubelets_retries() {
             .chain(host.iter().flat_map(|step| {
                 KINDS
                     .into_iter()
-                    .filter(|kind| *kind != Kind::Block || !step.ends_with(":format"))
+                    .filter(|kind| *kind != Kind::Block || !step.contains(":format"))
                     .filter(|kind| *kind != Kind::Block || !step.ends_with(":mount"))
                     .map(|kind| (*step, kind, true))
             }))
@@ -287,7 +317,14 @@ async fn snap_killed_after_each_step_of_a_stage_heals_on_kubelets_retries() {
                 let (mut node, request) = (node.clone(), timed(volume.stage(), CALL));
                 async move { node.node_stage_volume(request).await.map(drop) }
             };
-            let first = snap_killed_at(&mut stack, step, call).await;
+            // SNAP killed while mkfs writes leaves half a filesystem: one
+            // that blkid names but that neither mounts nor checks clean.
+            let cut_short = || {
+                if step == "stage:formatting" {
+                    cut_short_mkfs(kind, &volume.backing);
+                }
+            };
+            let first = snap_killed_at(&mut stack, step, call, cut_short).await;
             println!("{what}: the stage answered {:?}", first.as_ref().err());
             stage_as_kubelet(&mut node, &volume, &what, first).await;
             if stage_again {
@@ -318,7 +355,7 @@ async fn snap_killed_after_each_step_of_an_unstage_heals_on_kubelets_retries() {
                 let (mut node, request) = (node.clone(), timed(volume.unstage(), CALL));
                 async move { node.node_unstage_volume(request).await.map(drop) }
             };
-            let mut answer = snap_killed_at(&mut stack, step, call).await;
+            let mut answer = snap_killed_at(&mut stack, step, call, || ()).await;
             // kubelet retries an unstage whatever the code.
             for _ in 0..TRIES {
                 let Err(status) = &answer else { break };

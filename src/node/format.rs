@@ -4,7 +4,9 @@
 //! A volume may reach us holding data: a filesystem from an earlier stage, or
 //! a partition table someone put there on purpose. `mkfs` runs only when
 //! blkid's low-level probe finds no signature at all, so a wrong guess can
-//! never destroy data; everything else is refused, not overwritten.
+//! never destroy data; everything else is refused, not overwritten. The one
+//! exception is what our own mkfs left when it was cut short, which the
+//! node's record tells (`records::VolumeRecord::formatting`).
 
 use std::ffi::OsStr;
 use std::fmt;
@@ -146,32 +148,37 @@ fn parse_export(text: &str) -> Probe {
     }
 }
 
-/// Creates an `fs` filesystem on `device` if, and only if, it is blank.
-/// `Ok(true)`: formatted now; `Ok(false)`: it already carries `fs` (a retry,
-/// or a volume staged before). Another filesystem, a partition table or any
-/// other signature is `FailedPrecondition`, and the device is left untouched.
-pub async fn format_if_blank(
-    device: &Path,
-    fs: FsType,
-    deadline: Instant,
-) -> Result<bool, NodeError> {
-    let refuse = |found: &Probe| {
-        NodeError::FailedPrecondition(format!(
+/// Whether `device` needs an `fs` filesystem made: `true` when it is blank,
+/// `false` when it carries `fs` already (a retry, or a volume staged
+/// before). Another filesystem, a partition table or any other signature is
+/// `FailedPrecondition`, and the device is left untouched.
+pub async fn needs_mkfs(device: &Path, fs: FsType, deadline: Instant) -> Result<bool, NodeError> {
+    match probe(device, deadline).await? {
+        Probe::Blank => Ok(true),
+        Probe::Filesystem(found) if found == fs.as_str() => Ok(false),
+        found => Err(NodeError::FailedPrecondition(format!(
             "{} carries {found}; refusing to format it as {fs}",
             device.display()
-        ))
-    };
-    match probe(device, deadline).await? {
-        Probe::Blank => {}
-        Probe::Filesystem(found) if found == fs.as_str() => return Ok(false),
-        found => return Err(refuse(&found)),
+        ))),
     }
+}
+
+/// Makes an `fs` filesystem on `device`, which [`needs_mkfs`] found blank.
+/// `over_ours`: the device holds what our own cut-short mkfs left, which
+/// is overwritten; otherwise a signature that appeared since the probe
+/// makes mkfs.xfs refuse instead of overwriting it.
+pub async fn mkfs(
+    device: &Path,
+    fs: FsType,
+    over_ours: bool,
+    deadline: Instant,
+) -> Result<(), NodeError> {
     let dev = device.as_os_str();
     match fs {
         // -m 0: a volume is all the pod's; blocks reserved for root help a
         // system disk, not this. Lazy init and no discard keep creation fast:
         // discarding a large remote namespace can take minutes, and a new
-        // volume has nothing to give back.
+        // volume has nothing to give back. -F: a whole disk, not a partition.
         FsType::Ext4 => {
             let args = [
                 "-F",
@@ -184,19 +191,33 @@ pub async fn format_if_blank(
             let args: Vec<&OsStr> = args.iter().map(OsStr::new).chain([dev]).collect();
             command::run("mkfs.ext4", &args, deadline).await?
         }
-        // No -f: should a signature appear after our probe, mkfs.xfs refuses
-        // instead of overwriting it.
         FsType::Xfs => {
-            command::run(
-                "mkfs.xfs",
-                &[OsStr::new("-q"), OsStr::new("-K"), dev],
-                deadline,
-            )
-            .await?
+            let force = over_ours.then_some(OsStr::new("-f"));
+            let args: Vec<&OsStr> = [OsStr::new("-q"), OsStr::new("-K")]
+                .into_iter()
+                .chain(force)
+                .chain([dev])
+                .collect();
+            command::run("mkfs.xfs", &args, deadline).await?
         }
     };
     tracing::info!(device = %device.display(), %fs, "created filesystem");
-    Ok(true)
+    Ok(())
+}
+
+/// A stage's format step without the record around it, for tests:
+/// `Ok(true)` when it formatted.
+#[cfg(test)]
+pub(crate) async fn format_if_blank(
+    device: &Path,
+    fs: FsType,
+    deadline: Instant,
+) -> Result<bool, NodeError> {
+    let needed = needs_mkfs(device, fs, deadline).await?;
+    if needed {
+        mkfs(device, fs, false, deadline).await?;
+    }
+    Ok(needed)
 }
 
 #[cfg(test)]
@@ -285,6 +306,48 @@ mod tests {
         writeln!(stdin, "label: {label}\n,").unwrap();
         drop(stdin);
         assert!(child.wait().unwrap().success());
+    }
+
+    /// Whether xfs_repair finds `device`'s xfs sound (read-only check).
+    fn xfs_sound(device: &Path) -> bool {
+        std::process::Command::new("xfs_repair")
+            .arg("-n")
+            .arg(device)
+            .output()
+            .expect("xfs_repair (package xfsprogs) runs")
+            .status
+            .success()
+    }
+
+    #[tokio::test]
+    async fn a_cut_short_xfs_is_made_again_only_when_it_is_ours() {
+        let mut scratch = Scratch::new();
+        let device = scratch.loop_device("disk.img", 320 << 20);
+        mkfs(&device, FsType::Xfs, false, deadline()).await.unwrap();
+        // What a mkfs.xfs killed mid-write leaves: its primary superblock,
+        // then nothing where the allocation group headers should be.
+        {
+            use std::io::{Seek, SeekFrom, Write};
+            let mut disk = std::fs::OpenOptions::new()
+                .write(true)
+                .open(&device)
+                .unwrap();
+            disk.seek(SeekFrom::Start(512)).unwrap();
+            disk.write_all(&vec![0u8; 64 << 10]).unwrap();
+            disk.sync_all().unwrap();
+        }
+        assert!(!xfs_sound(&device), "the headers were not cut away");
+        let half = uuid(&device);
+        // blkid still calls it xfs: the probe alone cannot tell.
+        assert!(!needs_mkfs(&device, FsType::Xfs, deadline()).await.unwrap());
+        // Without the record's word, mkfs.xfs will not overwrite it.
+        let err = mkfs(&device, FsType::Xfs, false, deadline())
+            .await
+            .unwrap_err();
+        assert!(matches!(err, NodeError::Failed { .. }), "{err:?}");
+        mkfs(&device, FsType::Xfs, true, deadline()).await.unwrap();
+        assert!(xfs_sound(&device));
+        assert_ne!(uuid(&device), half);
     }
 
     #[tokio::test]

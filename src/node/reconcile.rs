@@ -259,6 +259,7 @@ mod tests {
             external_attach,
             staged_as: None,
             volume_context: Default::default(),
+            formatting: false,
         }
     }
 

@@ -37,6 +37,12 @@ pub struct VolumeRecord {
     /// The stage's volume context (no secrets: those are never kept).
     #[serde(default)]
     pub volume_context: HashMap<String, String>,
+    /// A mkfs began on the volume's device, which the probe found blank,
+    /// and was not seen to end (a crash, or SNAP taking the device away
+    /// mid-write): the next stage makes the filesystem again over whatever
+    /// half of one is there. Nothing was mounted from it, so nothing is lost.
+    #[serde(default)]
+    pub formatting: bool,
 }
 
 /// The volume capability a stage was given, as the record keeps it.
@@ -122,6 +128,7 @@ pub(super) fn sample(id: &str) -> VolumeRecord {
             access_mode: "SINGLE_NODE_WRITER".into(),
         }),
         volume_context: [("path".to_string(), "/img".to_string())].into(),
+        formatting: false,
     }
 }
 
@@ -141,6 +148,7 @@ mod tests {
         let fields = old.as_object_mut().unwrap();
         fields.remove("staged_as");
         fields.remove("volume_context");
+        fields.remove("formatting");
         JsonDir::open(dir.path())
             .unwrap()
             .store("old", &old)
@@ -148,6 +156,7 @@ mod tests {
         let loaded = records.load("old").unwrap().unwrap();
         assert_eq!(loaded.staged_as, None);
         assert!(loaded.volume_context.is_empty());
+        assert!(!loaded.formatting);
         assert!(!format!("{:?}", record("x")).contains("hunter2"));
     }
 

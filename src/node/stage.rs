@@ -44,6 +44,7 @@ impl NodeService {
         let read_only = is_read_only_mode(access_mode(&capability)?);
         let _held = self.hold(volume_id)?;
 
+        let previous = self.recorded(volume_id)?;
         let (device_name, locator, external) =
             match super::context::dpf_locator(&req.publish_context)
                 .map_err(Status::invalid_argument)?
@@ -57,7 +58,7 @@ impl NodeService {
                 }
                 Some(locator) => (None, locator, true),
                 None => {
-                    let staged_before = self.recorded(volume_id)?.is_some();
+                    let staged_before = previous.is_some();
                     let contexts = (&req.publish_context, &req.volume_context, &req.secrets);
                     let attach = self.attach_request(
                         volume_id,
@@ -78,6 +79,7 @@ impl NodeService {
             external_attach: external,
             staged_as: Some(staged_as(&usage, access_mode(&capability)?)),
             volume_context: req.volume_context.clone(),
+            formatting: previous.is_some_and(|r| r.formatting),
         };
         self.keep_record(&record)?;
         crate::failpoint::step("stage:record");
@@ -301,7 +303,7 @@ impl NodeService {
                 .into());
             }
         } else {
-            let formatted = format::format_if_blank(&device.node, *fs, deadline).await?;
+            let formatted = self.format(volume_id, &device.node, *fs, deadline).await?;
             crate::failpoint::step("stage:format");
             if !formatted && *fs == FsType::Ext4 {
                 grow::grow_ext4_offline(&device.node, deadline).await?;
@@ -311,6 +313,36 @@ impl NodeService {
         mount::mount_filesystem(&device.node, staging, *fs, flags, read_only, deadline).await?;
         crate::failpoint::step("stage:mount");
         Ok(())
+    }
+
+    /// Makes the volume's filesystem if its device is blank, or again if
+    /// the record says our last mkfs on it never ended; the record says so
+    /// from before mkfs starts until it has ended. `Ok(true)`: made now.
+    async fn format(
+        &self,
+        volume_id: &str,
+        device: &Path,
+        fs: FsType,
+        deadline: Instant,
+    ) -> Result<bool, Status> {
+        let Some(mut record) = self.recorded(volume_id)? else {
+            return Err(Status::internal(format!(
+                "volume {volume_id} has no record to format it under"
+            )));
+        };
+        let cut_short = record.formatting;
+        if cut_short {
+            tracing::warn!(%volume_id, device = %device.display(), %fs, "the last mkfs on this volume never ended: making the filesystem again");
+        } else if !format::needs_mkfs(device, fs, deadline).await? {
+            return Ok(false);
+        }
+        record.formatting = true;
+        self.keep_record(&record)?;
+        crate::failpoint::step("stage:formatting");
+        format::mkfs(device, fs, cut_short, deadline).await?;
+        record.formatting = false;
+        self.keep_record(&record)?;
+        Ok(true)
     }
 
     /// Whether the host no longer shows `device` at the volume's identity
