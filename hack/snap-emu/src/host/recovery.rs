@@ -60,10 +60,18 @@ impl Target {
         if !file_type.is_file() && !file_type.is_block_device() {
             bail!("backing {shown} is neither a regular file nor a block device");
         }
-        // Seeking to the end measures a block device as well as a file.
-        let len = File::open(&path)
-            .and_then(|mut file| file.seek(SeekFrom::End(0)))
-            .with_context(|| format!("measuring backing {shown}"))?;
+        // A file is measured by its attributes, never opened: a data path
+        // file is on our own FUSE mount, and a close there waits, beyond
+        // SIGKILL's reach, for a flush only our own (then dead) session
+        // threads would answer, so a kill in that instant would hang the
+        // emulator forever. A block device's size is where a seek ends.
+        let len = if file_type.is_file() {
+            meta.len()
+        } else {
+            File::open(&path)
+                .and_then(|mut file| file.seek(SeekFrom::End(0)))
+                .with_context(|| format!("measuring backing {shown}"))?
+        };
         let fits = backing
             .offset
             .checked_add(backing.size)
