@@ -276,6 +276,41 @@ async fn a_filesystem_device_is_staged_published_used_and_taken_down_idempotentl
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_device_snap_lost_is_attached_and_mounted_again_by_the_next_publish_or_stage() {
+    let mut host = Host::start().await;
+    let share = tempfile::tempdir().unwrap();
+    write_file(share.path(), "kept.txt", b"kept");
+    let rwo = capability("", Mode::SingleNodeWriter);
+    let kept = |dir: &Path| std::fs::read(dir.join("kept.txt")).map_err(|e| e.raw_os_error());
+    host.stage(rwo.clone(), share.path()).await.unwrap();
+    host.stack.emulator.restart_empty().await;
+    assert_eq!(
+        kept(&host.staging),
+        Err(Some(nix::errno::Errno::ENOTCONN as i32)),
+        "lost"
+    );
+    // kubelet sends no stage for a volume it believes staged: the publish
+    // attaches it again.
+    host.publish(rwo.clone(), share.path(), false)
+        .await
+        .unwrap();
+    assert_eq!(kept(&host.target), Ok(b"kept".to_vec()));
+    assert_eq!(host.snap_objects().await, (1, 1));
+    // A stage retried after SNAP came back does too.
+    host.stack.emulator.restart_empty().await;
+    assert_eq!(
+        kept(&host.staging),
+        Err(Some(nix::errno::Errno::ENOTCONN as i32)),
+        "lost"
+    );
+    host.stage(rwo, share.path()).await.unwrap();
+    assert_eq!(kept(&host.staging), Ok(b"kept".to_vec()));
+    assert_eq!(host.snap_objects().await, (1, 1));
+    host.take_down().await;
+    host.assert_nothing_left().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_capability_a_filesystem_device_cannot_serve_is_refused_and_changes_nothing() {
     let host = Host::start().await;
     let share = tempfile::tempdir().unwrap();

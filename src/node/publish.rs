@@ -194,7 +194,7 @@ impl NodeService {
     /// the recorded identity: where a new attach puts it (recorded), SNAP
     /// having come back empty or the function gone. DPF's attachments are
     /// DPF's: for those the node can only wait for the device.
-    async fn locate_again(
+    pub(super) async fn locate_again(
         &self,
         record: &VolumeRecord,
         (publish_context, capability): (&HashMap<String, String>, (&csi::VolumeCapability, &Usage)),

@@ -48,6 +48,8 @@ impl NodeService {
     /// Mounts the filesystem device with `tag` at `staging`, once the host
     /// shows the tag (within `--device-wait`); a freshly hot-plugged device
     /// may still answer "tag not found" for a while, which the mount retries.
+    /// A mount there that lost its device is taken away first: the tag now
+    /// names the device the attach just made.
     pub(super) async fn mount_shared(
         &self,
         staging: &Path,
@@ -55,6 +57,10 @@ impl NodeService {
         (flags, read_only): (&[String], bool),
         deadline: Instant,
     ) -> Result<(), Status> {
+        if mountinfo::at(staging)?.is_some() && mount::lost_its_device(staging, deadline).await? {
+            tracing::warn!(staging = %staging.display(), %tag, "the staging mount lost its device (SNAP restarted, or the function went away): mounting the tag again");
+            while mount::unmount(staging, deadline).await? {}
+        }
         let until = Instant::now() + self.config().device_wait;
         let sysfs = self.sysfs();
         let shown = || {
@@ -112,9 +118,15 @@ impl NodeService {
             }
         };
         let tag = record.locator.tag().unwrap_or_default();
-        if staged.as_ref().is_some_and(|m| mount::is_tag_mount(m, tag)) {
-            return Ok(staging.to_path_buf());
-        }
+        let lost = match &staged {
+            Some(mount) if mount::is_tag_mount(mount, tag) => {
+                if !mount::lost_its_device(staging, deadline).await? {
+                    return Ok(staging.to_path_buf());
+                }
+                true
+            }
+            _ => false,
+        };
         let mode = access_mode(capability)?;
         let asked = staged_as(usage, mode);
         if let Some(why) =
@@ -128,7 +140,16 @@ impl NodeService {
             .into());
         }
         held.widen()?;
-        tracing::info!(%volume_id, staging = %staging.display(), "the staging mount is gone (a reboot?): mounting the volume's tag again");
+        let locator = if lost {
+            // SNAP came back empty or the function went: kubelet sends no
+            // stage for a volume it believes staged, so the publish attaches.
+            let asked = (&request.publish_context, (capability, usage));
+            self.locate_again(&record, asked, deadline).await?
+        } else {
+            tracing::info!(%volume_id, staging = %staging.display(), "the staging mount is gone (a reboot?): mounting the volume's tag again");
+            record.locator.clone()
+        };
+        let tag = locator.tag().unwrap_or(tag);
         self.mount_shared(staging, tag, (flags, is_read_only_mode(mode)), deadline)
             .await?;
         Ok(staging.to_path_buf())

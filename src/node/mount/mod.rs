@@ -28,4 +28,4 @@ mod virtiofs;
 pub use bind::bind_mount;
 pub use filesystem::mount_filesystem;
 pub use unmount::unmount;
-pub use virtiofs::{VIRTIOFS, is_tag_mount, mount_virtio_fs};
+pub use virtiofs::{VIRTIOFS, is_tag_mount, lost_its_device, mount_virtio_fs};

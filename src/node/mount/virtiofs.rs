@@ -31,6 +31,22 @@ pub fn is_tag_mount(entry: &MountEntry, tag: &str) -> bool {
     entry.source == tag && [VIRTIOFS, EMULATED_VIRTIOFS].contains(&entry.fs_type.as_str())
 }
 
+/// Whether the filesystem mounted at `path` lost its device: a FUSE
+/// connection (the kernel's virtio-fs client's, or the emulated host's)
+/// answers ENOTCONN for good once its device is gone (hot-unplugged, or
+/// SNAP restarted empty under it).
+pub async fn lost_its_device(path: &Path, deadline: Instant) -> Result<bool, NodeError> {
+    let what = format!("statfs {}", path.display());
+    let path = path.to_path_buf();
+    command::run_blocking("statfs", &what, deadline, move || {
+        Ok(matches!(
+            nix::sys::statfs::statfs(&path),
+            Err(Errno::ENOTCONN)
+        ))
+    })
+    .await
+}
+
 /// Mounts the virtio-fs device with `tag` at the directory `target`, with
 /// the CSI `flags`, read-only when asked. A freshly hot-plugged device may
 /// answer "tag not found" for seconds (DOCA's release notes): the mount is

@@ -8,7 +8,7 @@
 //! ```
 //!
 //! The mount is `fuse.virtiofs` with the tag as its source (FUSE's
-//! `subtype=virtiofs`, `fsname=<tag>`), `allow_other` and
+//! `subtype=virtiofs`), `allow_other` and
 //! `default_permissions`, served by `datapath::passthrough`. Where a real
 //! host runs `mount -t virtiofs <tag> <dir>`, a host here bind-mounts
 //! `<state dir>/virtiofs/<tag>` onto `<dir>`.
@@ -17,17 +17,19 @@
 //! for), and goes the other way round: its entry, then the mount, lazily,
 //! while its filesystem answers ENOTCONN to whoever still has it mounted,
 //! as a host's mount does once its device is gone. The FUSE session ends
-//! with the last such mount.
+//! with the last such mount, unmounting nothing itself ([`mount_fuse`]).
 
 use std::collections::BTreeMap;
 use std::fs;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::{Context, bail};
-use fuser::{MountOption, SessionACL};
-use nix::mount::{MntFlags, umount2};
+use fuser::SessionACL;
+use nix::mount::{MntFlags, MsFlags, umount2};
 
 use super::tree::Tree;
 use crate::datapath::fuse::unmount_stale;
@@ -87,18 +89,7 @@ impl VirtioFs {
         let gone = Arc::new(AtomicBool::new(false));
         let fs = Passthrough::new(root, Arc::clone(&gone))
             .with_context(|| format!("opening the fsdev's tree {}", root.display()))?;
-        let mut config = fuser::Config::default();
-        config.mount_options = vec![
-            MountOption::FSName(tag.to_owned()),
-            // As a kernel option (fuser hands `Subtype` to fusermount
-            // only): mountinfo then shows the type `fuse.virtiofs`.
-            MountOption::CUSTOM("subtype=virtiofs".into()),
-            MountOption::DefaultPermissions,
-        ];
-        config.acl = SessionACL::All;
-        config.n_threads = Some(2);
-        config.clone_fd = true;
-        let session = fuser::spawn_mount(fs, &mountpoint, &config)
+        let session = mount_fuse(fs, &mountpoint, tag)
             .with_context(|| format!("mounting {tag} at {} (FUSE)", mountpoint.display()))?;
         let shown = Shown {
             bdf: bdf.to_owned(),
@@ -151,6 +142,49 @@ impl VirtioFs {
         }
         Ok(())
     }
+}
+
+/// Mounts `fs` at `mountpoint` as a host shows a virtio-fs mount (type
+/// `fuse.virtiofs`, the tag as its source) and serves it in the background.
+/// The mount is made here, not by fuser: a session fuser mounted unmounts
+/// its mount point by path when it ends, and a device's session ends only
+/// once the last host mount of it goes, by when the tag's path may hold the
+/// mount of the device that replaced it (SNAP restarted, the volume
+/// attached again), which it would take away.
+fn mount_fuse(
+    fs: Passthrough,
+    mountpoint: &Path,
+    tag: &str,
+) -> anyhow::Result<fuser::BackgroundSession> {
+    let dev = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/fuse")
+        .context("opening /dev/fuse")?;
+    let root_mode = fs::metadata(mountpoint)?.permissions().mode();
+    let data = format!(
+        "fd={},rootmode={root_mode:o},user_id={},group_id={},default_permissions,\
+         allow_other,subtype=virtiofs",
+        dev.as_raw_fd(),
+        nix::unistd::getuid(),
+        nix::unistd::getgid(),
+    );
+    nix::mount::mount(
+        Some(tag),
+        mountpoint,
+        Some("fuse"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        Some(data.as_str()),
+    )?;
+    let mut config = fuser::Config::default();
+    config.n_threads = Some(2);
+    config.clone_fd = true;
+    let served = fuser::Session::from_fd(fs, dev.into(), SessionACL::All, config)
+        .and_then(fuser::Session::spawn);
+    if served.is_err() {
+        let _ = umount2(mountpoint, MntFlags::MNT_DETACH);
+    }
+    Ok(served?)
 }
 
 /// Its filesystem refuses from now on, its mount point goes, and its
