@@ -482,23 +482,15 @@ impl VolumeBackend for AioPool {
         members: &[(String, String)],
         deadline: Instant,
     ) -> Result<(), Status> {
-        let before = self.stamps(members).await?;
-        for (volume_id, snapshot_id) in members {
-            self.snapshot(volume_id, snapshot_id, deadline).await?;
-        }
-        let after = self.stamps(members).await?;
-        if let Some(((volume_id, _), _)) = members
-            .iter()
-            .zip(before.iter().zip(&after))
-            .find(|(_, (b, a))| b != a)
-        {
-            return Err(Status::failed_precondition(format!(
-                "volume {volume_id} was written while the group was copied, so the copies \
-                 are not of one instant: AIO group snapshots need their volumes' writes \
-                 stopped (the controller cannot pause SNAP's bdev_aio)"
-            )));
-        }
-        Ok(())
+        let needs = "AIO group snapshots need their volumes' writes stopped (the controller \
+                     cannot pause SNAP's bdev_aio)";
+        super::store::snapshot_if_unchanged(
+            self,
+            members,
+            || self.stamps(members),
+            (needs, deadline),
+        )
+        .await
     }
 
     async fn probe(&self, _deadline: Instant) -> Result<(), String> {

@@ -426,23 +426,14 @@ impl VolumeBackend for FsShare {
                     .collect::<Result<Vec<_>, Status>>()
             })
         };
-        let before = stamps(roots.clone()).await?;
-        for (volume_id, snapshot_id) in members {
-            self.snapshot(volume_id, snapshot_id, deadline).await?;
-        }
-        let after = stamps(roots).await?;
-        if let Some(((volume_id, _), _)) = members
-            .iter()
-            .zip(before.iter().zip(&after))
-            .find(|(_, (b, a))| b != a)
-        {
-            return Err(Status::failed_precondition(format!(
-                "volume {volume_id} was written while the group was snapshotted, so the \
-                 snapshots are not of one instant: filesystem group snapshots need their \
-                 volumes' writes stopped"
-            )));
-        }
-        Ok(())
+        let needs = "filesystem group snapshots need their volumes' writes stopped";
+        super::store::snapshot_if_unchanged(
+            self,
+            members,
+            || stamps(roots.clone()),
+            (needs, deadline),
+        )
+        .await
     }
 
     async fn probe(&self, deadline: Instant) -> Result<(), String> {

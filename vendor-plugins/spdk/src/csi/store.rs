@@ -129,6 +129,41 @@ pub trait VolumeBackend: Send + Sync + Debug {
     async fn probe(&self, deadline: Instant) -> Result<(), String>;
 }
 
+/// A group snapshot by a backend that cannot stop writes: each member
+/// snapshotted in turn between two readings of every member's stamp (what
+/// a write changes). A member whose stamp moved was written meanwhile, so
+/// the snapshots are not of one instant: FAILED_PRECONDITION naming it,
+/// ending with `needs` (what the backend needs for one); the caller's
+/// cleanup removes the snapshots.
+pub async fn snapshot_if_unchanged<B, S, F>(
+    backend: &B,
+    members: &[(String, String)],
+    stamps: impl Fn() -> F,
+    (needs, deadline): (&str, Instant),
+) -> Result<(), Status>
+where
+    B: VolumeBackend + ?Sized,
+    S: PartialEq,
+    F: Future<Output = Result<Vec<S>, Status>>,
+{
+    let before = stamps().await?;
+    for (volume_id, snapshot_id) in members {
+        backend.snapshot(volume_id, snapshot_id, deadline).await?;
+    }
+    let after = stamps().await?;
+    match members
+        .iter()
+        .zip(before.iter().zip(&after))
+        .find(|(_, (b, a))| b != a)
+    {
+        Some(((volume_id, _), _)) => Err(Status::failed_precondition(format!(
+            "volume {volume_id} was written while the group was snapshotted, so the snapshots \
+             are not of one instant: {needs}"
+        ))),
+        None => Ok(()),
+    }
+}
+
 /// What SPDK cannot hold about a snapshot.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SnapshotRecord {
