@@ -142,9 +142,21 @@ impl Emulator {
         if let Some(running) = self.running.take() {
             running.stop().expect("the emulator shuts down cleanly");
         }
-        let running = snap_emu::InProcess::start(self.config.clone())
-            .await
-            .unwrap();
+        // The stopped emulator's state-directory lock goes with its last
+        // descriptor, and a child another test of this process forked just
+        // then holds a copy until it execs (close-on-exec): wait for that.
+        let patience = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+        let running = loop {
+            match snap_emu::InProcess::start(self.config.clone()).await {
+                Err(e)
+                    if format!("{e:#}").contains("another emulator is using")
+                        && tokio::time::Instant::now() < patience =>
+                {
+                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                }
+                started => break started.unwrap(),
+            }
+        };
         self.running = Some(running);
     }
 
