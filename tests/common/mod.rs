@@ -139,25 +139,11 @@ impl Emulator {
     /// its last user lets go, as the kernel keeps it, but the host's tree
     /// no longer shows it on any function.
     pub async fn restart_empty(&mut self) {
-        if let Some(running) = self.running.take() {
-            running.stop().expect("the emulator shuts down cleanly");
-        }
-        // The stopped emulator's state-directory lock goes with its last
-        // descriptor, and a child another test of this process forked just
-        // then holds a copy until it execs (close-on-exec): wait for that.
-        let patience = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
-        let running = loop {
-            match snap_emu::InProcess::start(self.config.clone()).await {
-                Err(e)
-                    if format!("{e:#}").contains("another emulator is using")
-                        && tokio::time::Instant::now() < patience =>
-                {
-                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-                }
-                started => break started.unwrap(),
-            }
-        };
-        self.running = Some(running);
+        let running = self
+            .running
+            .as_mut()
+            .expect("the emulator runs until stopped");
+        running.restart(self.config.clone()).await.unwrap();
     }
 
     /// Stops the emulator gracefully and checks that it shut down cleanly

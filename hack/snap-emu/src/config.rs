@@ -51,6 +51,9 @@ pub struct Config {
     pub faults: Faults,
     /// Which exposed bdevs reach the host through the FUSE data path.
     pub data_path: DataPathMode,
+    /// A configuration in `save_config`'s format run before the socket
+    /// serves anyone (`spdk_tgt --json`).
+    pub json_config: Option<PathBuf>,
 }
 
 /// PCI bus numbers start at 0x26 and each PF owns one bus (function 0 is the PF,
@@ -71,6 +74,7 @@ impl Config {
             functions: FunctionLayout::default(),
             faults: Faults::default(),
             data_path: DataPathMode::default(),
+            json_config: None,
         }
     }
 
@@ -193,6 +197,11 @@ pub struct Cli {
     /// when exposed, and NVMe-oF namespaces (their I/O goes to the target).
     #[arg(long, value_enum, default_value_t = DataPathMode::Auto)]
     pub data_path: DataPathMode,
+    /// A JSON configuration (`save_config`'s format: subsystems, each a list
+    /// of method calls) made before the socket serves, as `spdk_tgt --json`
+    /// does: what a restarted target must have again, such as its pool.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
 }
 
 impl Cli {
@@ -207,6 +216,7 @@ impl Cli {
             });
         c.sysfs_root = self.sysfs_root;
         c.data_path = self.data_path;
+        c.json_config = self.json;
         if self.no_snap {
             c = c.without_snap();
         }

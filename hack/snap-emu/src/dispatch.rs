@@ -45,12 +45,17 @@ Use --wait-for-rpc command line parameter and then issue this RPC before the fra
 /// Every family the dispatcher routes to, in the order the bdev layer's
 /// callbacks visit them (see `crate::registry`): the modules that make
 /// bdevs before those that use them. `files_dir` is where the modules keep
-/// their files; `snap` is SNAP, unless the emulator is a plain `spdk_tgt`.
-pub(crate) fn families(files_dir: PathBuf, snap: Option<Snap>) -> Vec<Box<dyn Family>> {
+/// their files, `stores_dir` where lvol stores keep theirs across restarts;
+/// `snap` is SNAP, unless the emulator is a plain `spdk_tgt`.
+pub(crate) fn families(
+    files_dir: PathBuf,
+    stores_dir: PathBuf,
+    snap: Option<Snap>,
+) -> Vec<Box<dyn Family>> {
     let mut families: Vec<Box<dyn Family>> = vec![
         Box::new(Modules::new(files_dir.clone())),
         Box::new(Crypto::default()),
-        Box::new(Lvols::new(files_dir)),
+        Box::new(Lvols::new(stores_dir)),
         Box::new(NvmeInitiator::new()),
         Box::new(NvmfTarget::default()),
         Box::new(QosLimits),
@@ -188,7 +193,10 @@ mod tests {
             None,
             DataPathMode::default(),
         );
-        Shared::new(families(dir.to_owned(), Some(snap)), dir.to_owned())
+        Shared::new(
+            families(dir.to_owned(), dir.join("lvstores"), Some(snap)),
+            dir.to_owned(),
+        )
     }
 
     /// What `rpc_get_methods` listed when one table held every method: no

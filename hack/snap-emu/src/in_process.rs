@@ -108,6 +108,28 @@ impl InProcess {
         self.shutdown()
     }
 
+    /// Stops the emulator and starts another with `config`, as a process
+    /// restarted on its state directory would be.
+    pub async fn restart(&mut self, config: Config) -> anyhow::Result<()> {
+        self.shutdown()?;
+        // The stopped emulator's state-directory lock goes with its last
+        // descriptor, and a child another thread of this process forked just
+        // then holds a copy until it execs (close-on-exec): wait for that.
+        let patience = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+        *self = loop {
+            match InProcess::start(config.clone()).await {
+                Err(e)
+                    if format!("{e:#}").contains(crate::server::STATE_DIR_BUSY)
+                        && tokio::time::Instant::now() < patience =>
+                {
+                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                }
+                started => break started?,
+            }
+        };
+        Ok(())
+    }
+
     fn shutdown(&mut self) -> anyhow::Result<()> {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());

@@ -23,6 +23,7 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
+use crate::bdev::lvol_disk::stores_dir;
 use crate::bdev::registry::files_dir;
 use crate::config::Config;
 use crate::dispatch::{self, answer_framed};
@@ -75,6 +76,9 @@ fn remove_own_socket(path: &Path) {
     }
 }
 
+/// Why a start fails while another emulator holds the state directory.
+pub(crate) const STATE_DIR_BUSY: &str = "another emulator is using the state directory";
+
 /// Prepares an emulator: state directory, host side (which cleans up after a
 /// previous run), emulated PCI functions, and the bound socket.
 pub async fn bind(config: Config) -> anyhow::Result<Server> {
@@ -83,12 +87,8 @@ pub async fn bind(config: Config) -> anyhow::Result<Server> {
     std::fs::create_dir_all(state_dir)
         .with_context(|| format!("creating state directory {}", state_dir.display()))?;
     let lock = File::create(state_dir.join("snap-emu.lock"))?;
-    lock.try_lock().map_err(|_| {
-        anyhow::anyhow!(
-            "another emulator is using the state directory {}",
-            state_dir.display()
-        )
-    })?;
+    lock.try_lock()
+        .map_err(|_| anyhow::anyhow!("{STATE_DIR_BUSY} {}", state_dir.display()))?;
 
     // Fail before touching anything if another server owns the socket.
     remove_stale_socket(&config.socket)?;
@@ -149,11 +149,17 @@ pub async fn bind(config: Config) -> anyhow::Result<Server> {
         None
     };
 
+    let snap_enabled = snap.is_some();
+    let stores = stores_dir(state_dir);
+    let shared = Shared::new(dispatch::families(files.clone(), stores, snap), files);
+    // Before the socket exists: whoever waits for it finds the state made.
+    if let Some(path) = &config.json_config {
+        load_json_config(&shared, path)
+            .await
+            .with_context(|| format!("loading {}", path.display()))?;
+    }
     let listener = UnixListener::bind(&config.socket)
         .with_context(|| format!("binding {}", config.socket.display()))?;
-
-    let snap_enabled = snap.is_some();
-    let shared = Shared::new(dispatch::families(files.clone(), snap), files);
     tracing::info!(
         socket = %config.socket.display(),
         snap = snap_enabled,
@@ -271,6 +277,40 @@ impl Server {
         tracing::info!("snap-emu stopped");
         Ok(())
     }
+}
+
+/// `spdk_tgt --json`: every call of every subsystem's `config`, in the
+/// file's order; the first error stops the start, as SPDK's does.
+async fn load_json_config(shared: &Arc<Shared>, path: &Path) -> anyhow::Result<()> {
+    #[derive(serde::Deserialize)]
+    struct SavedConfig {
+        subsystems: Vec<Subsystem>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Subsystem {
+        subsystem: String,
+        config: Option<Vec<Call>>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Call {
+        method: String,
+        params: Option<serde_json::Value>,
+    }
+    let saved: SavedConfig = serde_json::from_slice(&std::fs::read(path)?)?;
+    for subsystem in saved.subsystems {
+        for (i, call) in subsystem.config.into_iter().flatten().enumerate() {
+            let mut request = serde_json::json!({"jsonrpc": "2.0", "id": i, "method": call.method});
+            if let Some(params) = call.params {
+                request["params"] = params;
+            }
+            let reply: serde_json::Value =
+                serde_json::from_slice(&dispatch::answer(shared, &request.to_string()).await)?;
+            if let Some(error) = reply.get("error") {
+                bail!("{} {}: {error}", subsystem.subsystem, call.method);
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Binds and serves until `shutdown` completes.

@@ -37,7 +37,7 @@ async fn store(emu: &Emu, dir: &Path) -> (Client, PathBuf) {
     .await;
     let files = emu
         .state_dir
-        .join("bdevs")
+        .join("lvstores")
         .join(format!("lvs-{}", lvs.as_str().unwrap()));
     (t, files)
 }

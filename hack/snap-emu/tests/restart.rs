@@ -267,3 +267,138 @@ async fn a_restart_cleans_up_a_killed_emulators_virtio_fs_devices() {
     kill(Pid::from_raw(pid), Signal::SIGTERM).expect("SIGTERM");
     assert!(wait_exit(&mut again).success());
 }
+
+/// A killed NVMe-oF target started again with its `--json` configuration
+/// (its pool's aio bdev) finds its lvol store and lvols again, bytes and
+/// snapshots included, as a real target finds its blobstore on the pool
+/// file; a store deleted for real is not found again and leaves nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_target_started_again_finds_its_lvol_store_and_lvols() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("spdk.sock");
+    let state = dir.path().join("state");
+    let pool = dir.path().join("pool.img");
+    common::sparse_file(&pool, 64 << 20);
+    let config = dir.path().join("target.json");
+    let pool_bdev = json!({"name": "pool0", "filename": pool, "block_size": 4096});
+    let saved = json!({"subsystems": [{"subsystem": "bdev", "config": [
+        {"method": "bdev_aio_create", "params": pool_bdev}
+    ]}]});
+    std::fs::write(&config, saved.to_string()).unwrap();
+    let args = ["--no-snap", "--json", config.to_str().unwrap()];
+
+    let mut first = spawn_with(&socket, &state, &args);
+    let mut c = connect(&socket, &mut first).await;
+    let lvs = c
+        .ok(
+            "bdev_lvol_create_lvstore",
+            json!({"bdev_name": "pool0", "lvs_name": "lvs0"}),
+        )
+        .await;
+    let lvol = c
+        .ok(
+            "bdev_lvol_create",
+            json!({"lvol_name": "v1", "size_in_mib": 8, "lvs_name": "lvs0", "thin_provision": true}),
+        )
+        .await;
+    let (lvs, lvol) = (lvs.as_str().unwrap(), lvol.as_str().unwrap());
+    // The lvol's bytes, where the store keeps them.
+    let file = state.join(format!("lvstores/lvs-{lvs}/{lvol}.img"));
+    let written: Vec<u8> = (0..1 << 20).map(|i: u32| (i % 251) as u8).collect();
+    std::os::unix::fs::FileExt::write_all_at(
+        &std::fs::OpenOptions::new().write(true).open(&file).unwrap(),
+        &written,
+        4096,
+    )
+    .unwrap();
+    c.ok(
+        "bdev_lvol_snapshot",
+        json!({"lvol_name": "lvs0/v1", "snapshot_name": "s1"}),
+    )
+    .await;
+    let stores = c
+        .ok("bdev_lvol_get_lvstores", serde_json::Value::Null)
+        .await;
+    let lvols = c.ok("bdev_lvol_get_lvols", json!({})).await;
+    let bdev = c.ok("bdev_get_bdevs", json!({"name": "lvs0/v1"})).await;
+    assert_eq!(lvols.as_array().map(Vec::len), Some(2), "{lvols}");
+
+    drop(c);
+    first.kill().expect("SIGKILL");
+    first.wait().expect("reap");
+    let mut again = spawn_with(&socket, &state, &args);
+    let mut c = connect(&socket, &mut again).await;
+    assert_eq!(
+        c.ok("bdev_lvol_get_lvstores", serde_json::Value::Null)
+            .await,
+        stores
+    );
+    assert_eq!(c.ok("bdev_lvol_get_lvols", json!({})).await, lvols);
+    let mut found = c.ok("bdev_get_bdevs", json!({"name": "lvs0/v1"})).await;
+    // Counters start again at zero; everything else is as it was.
+    for b in [&mut found[0], &mut bdev.clone()[0]] {
+        b.as_object_mut().unwrap().remove("claimed");
+    }
+    assert_eq!(found[0]["uuid"], bdev[0]["uuid"]);
+    assert_eq!(found[0]["driver_specific"], bdev[0]["driver_specific"]);
+    let mut read = vec![0; written.len()];
+    std::os::unix::fs::FileExt::read_exact_at(
+        &std::fs::File::open(&file).unwrap(),
+        &mut read,
+        4096,
+    )
+    .unwrap();
+    assert!(read == written, "the lvol's bytes are what was written");
+
+    // Deleted for real, the store is gone from the pool and from the disk.
+    c.ok("bdev_lvol_delete_lvstore", json!({"lvs_name": "lvs0"}))
+        .await;
+    assert_eq!(
+        std::fs::read_dir(state.join("lvstores")).unwrap().count(),
+        0,
+        "the store's directory went with it"
+    );
+    drop(c);
+    again.kill().expect("SIGKILL");
+    again.wait().expect("reap");
+    let mut third = spawn_with(&socket, &state, &args);
+    let mut c = connect(&socket, &mut third).await;
+    assert_eq!(
+        c.ok("bdev_lvol_get_lvstores", serde_json::Value::Null)
+            .await,
+        json!([])
+    );
+    assert_eq!(
+        c.ok("bdev_get_bdevs", json!({}))
+            .await
+            .as_array()
+            .map(Vec::len),
+        Some(1)
+    );
+    drop(c);
+    let pid = i32::try_from(third.id()).unwrap();
+    kill(Pid::from_raw(pid), Signal::SIGTERM).expect("SIGTERM");
+    assert!(wait_exit(&mut third).success());
+}
+
+/// A `--json` configuration that fails stops the start, naming the call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_json_configuration_that_fails_stops_the_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("target.json");
+    let saved = json!({"subsystems": [{"subsystem": "bdev", "config": [
+        {"method": "bdev_aio_create", "params": {"name": "pool0", "filename": "/nonexistent/pool.img"}}
+    ]}]});
+    std::fs::write(&config, saved.to_string()).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_snap-emu"))
+        .args(["--no-snap", "--json", config.to_str().unwrap(), "--socket"])
+        .arg(dir.path().join("spdk.sock"))
+        .arg("--state-dir")
+        .arg(dir.path().join("state"))
+        .output()
+        .expect("run snap-emu");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("bdev bdev_aio_create"), "{stderr}");
+    assert!(!dir.path().join("spdk.sock").exists(), "{stderr}");
+}

@@ -528,6 +528,36 @@ async fn graceful_shutdown_detaches_everything_and_removes_the_socket() {
     assert!(!sysfs.join(format!("bus/pci/devices/0000:{bdf}")).exists());
 }
 
+/// Lvstore `lvs` on bdev `pool` and its 8 MiB lvol `lvs/v`, whose UUID it answers.
+async fn lvol_v(t: &mut Client) -> Value {
+    t.ok(
+        "bdev_lvol_create_lvstore",
+        json!({"bdev_name": "pool", "lvs_name": "lvs"}),
+    )
+    .await;
+    t.ok(
+        "bdev_lvol_create",
+        json!({"lvol_name": "v", "size_in_mib": 8, "lvs_name": "lvs"}),
+    )
+    .await
+}
+
+/// Exposes bdev `remoten1` (an NVMe-oF namespace) to the host as namespace
+/// 1 of an NVMe controller on a free VF: the function and the host's device.
+async fn expose_remote_namespace(d: &mut Client, dpu: &Emu) -> (String, PathBuf) {
+    let snqn = "nqn.2022-10.io.nvda.nvme:remote";
+    d.ok("nvme_subsystem_create", json!({"nqn": snqn})).await;
+    d.ok(
+        "nvme_namespace_create",
+        json!({"bdev_type": "spdk", "nqn": snqn, "nsid": 1, "bdev_name": "remoten1"}),
+    )
+    .await;
+    let bdf = free_vf(d, "NVME").await;
+    expose_namespace(d, snqn, ("pci_bdf", &bdf), 1).await;
+    let ns_dir = wait_for_disk(&devices(dpu).join(format!("0000:{bdf}/nvme/nvme0/nvme0n1"))).await;
+    (bdf, dev_node(&ns_dir.join("dev")))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nvmf_attach_between_instances_reaches_the_same_bytes() {
     let dir = tempfile::tempdir().unwrap();
@@ -541,17 +571,7 @@ async fn nvmf_attach_between_instances_reaches_the_same_bytes() {
         json!({"name": "pool", "filename": pool, "block_size": 4096}),
     )
     .await;
-    t.ok(
-        "bdev_lvol_create_lvstore",
-        json!({"bdev_name": "pool", "lvs_name": "lvs"}),
-    )
-    .await;
-    let lvol = t
-        .ok(
-            "bdev_lvol_create",
-            json!({"lvol_name": "v", "size_in_mib": 8, "lvs_name": "lvs"}),
-        )
-        .await;
+    let lvol = lvol_v(&mut t).await;
     let nqn = "nqn.2024-01.io.example:v";
     t.export_over_tcp("lvs/v", nqn, &port).await;
 
@@ -567,17 +587,7 @@ async fn nvmf_attach_between_instances_reaches_the_same_bytes() {
     assert_eq!(b[0]["block_size"], 4096);
     assert_eq!(b[0]["num_blocks"], 2048);
     // Expose the remote namespace to the host through SNAP.
-    let snqn = "nqn.2022-10.io.nvda.nvme:remote";
-    d.ok("nvme_subsystem_create", json!({"nqn": snqn})).await;
-    d.ok(
-        "nvme_namespace_create",
-        json!({"bdev_type": "spdk", "nqn": snqn, "nsid": 1, "bdev_name": "remoten1"}),
-    )
-    .await;
-    let bdf = free_vf(&mut d, "NVME").await;
-    expose_namespace(&mut d, snqn, ("pci_bdf", &bdf), 1).await;
-    let ns_dir = wait_for_disk(&devices(&dpu).join(format!("0000:{bdf}/nvme/nvme0/nvme0n1"))).await;
-    let node = dev_node(&ns_dir.join("dev"));
+    let (bdf, node) = expose_remote_namespace(&mut d, &dpu).await;
     write_at(&node, 8192, b"written on the host");
     // The target's lvol file holds what the host wrote.
     let lvs = t
@@ -585,7 +595,7 @@ async fn nvmf_attach_between_instances_reaches_the_same_bytes() {
         .await;
     let lvs_uuid = lvs[0]["uuid"].as_str().unwrap();
     let file = target.state_dir.join(format!(
-        "bdevs/lvs-{lvs_uuid}/{}.img",
+        "lvstores/lvs-{lvs_uuid}/{}.img",
         lvol.as_str().unwrap()
     ));
     assert_eq!(read_at(&file, 8192, 19), b"written on the host");
@@ -603,6 +613,68 @@ async fn nvmf_attach_between_instances_reaches_the_same_bytes() {
     );
     let subs = d.ok("nvme_subsystem_list", Value::Null).await;
     assert_eq!(subs[0]["namespaces"], json!([]));
+    dpu.stop().await;
+    target.stop().await;
+}
+
+/// A target restarted under a namespace the host is writing to: with a
+/// reconnect policy (SPDK's `reconnect_delay_sec`, `ctrlr_loss_timeout_sec`
+/// -1) the write is held while the target is down, for longer than a
+/// reconnect delay, and lands once the restarted target (its pool made again
+/// by `--json`, its lvstore found on it) exports the subsystem again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_rides_out_a_target_restart_with_a_reconnect_policy() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = dir.path().join("pool.img");
+    image(&pool, 64 * MIB, 0, b"");
+    let saved = dir.path().join("target.json");
+    let pool_bdev = json!({"name": "pool", "filename": pool, "block_size": 4096});
+    let config = json!({"subsystems": [{"subsystem": "bdev", "config": [
+        {"method": "bdev_aio_create", "params": pool_bdev}
+    ]}]});
+    std::fs::write(&saved, config.to_string()).unwrap();
+    let (target, dpu) = Emu::start_target_and_dpu(dir.path()).await;
+    target.stop().await;
+    let mut target_config = Config::for_test(&dir.path().join("target")).without_snap();
+    target_config.json_config = Some(saved);
+    let target = Emu::start(target_config.clone()).await;
+    let port = common::free_port().to_string();
+    let nqn = "nqn.2024-01.io.example:v";
+    let mut t = target.client().await;
+    let lvol = lvol_v(&mut t).await;
+    t.export_over_tcp("lvs/v", nqn, &port).await;
+    let lvs = t.ok("bdev_lvol_get_lvstores", Value::Null).await;
+    let file = target.state_dir.join(format!(
+        "lvstores/lvs-{}/{}.img",
+        lvs[0]["uuid"].as_str().unwrap(),
+        lvol.as_str().unwrap()
+    ));
+
+    let mut d = dpu.client().await;
+    d.ok(
+        "bdev_nvme_attach_controller",
+        json!({"name": "remote", "trtype": "tcp", "adrfam": "ipv4", "traddr": "127.0.0.1",
+               "trsvcid": port, "subnqn": nqn, "ctrlr_loss_timeout_sec": -1, "reconnect_delay_sec": 1}),
+    )
+    .await;
+    let (_, node) = expose_remote_namespace(&mut d, &dpu).await;
+    write_at(&node, 0, b"before the restart");
+
+    drop(t);
+    target.stop().await;
+    let writing = std::thread::spawn(move || write_at(&node, 8192, b"while it was down"));
+    // Down for longer than a reconnect delay: the write is held, not failed.
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    assert!(!writing.is_finished(), "the write waits for the target");
+    let target = Emu::start(target_config).await;
+    let mut t = target.client().await;
+    t.export_over_tcp("lvs/v", nqn, &port).await;
+    writing
+        .join()
+        .expect("the write lands once the target is back");
+    assert_eq!(read_at(&file, 0, 18), b"before the restart");
+    assert_eq!(read_at(&file, 8192, 17), b"while it was down");
+    drop((t, d));
     dpu.stop().await;
     target.stop().await;
 }

@@ -1,12 +1,13 @@
 //! Logical volume stores and logical volumes (`bdev_lvol_*`).
 //!
 //! Lvols are files of their store: a store claims its base bdev and keeps its
-//! lvols as sparse files under `<state>/bdevs/lvs-<uuid>/`, not inside the base
-//! bdev's bytes. Cluster accounting follows the blobstore (4 MiB clusters by
-//! default, metadata taking the first clusters), with a thin lvol's allocated
-//! clusters estimated from the blocks its file really occupies. A store is
-//! therefore not found again when its base bdev is re-created: a restarted
-//! emulator starts empty, as documented.
+//! lvols as sparse files under `<state>/lvstores/lvs-<uuid>/`, not inside the
+//! base bdev's bytes. Cluster accounting follows the blobstore (4 MiB clusters
+//! by default, metadata taking the first clusters), with a thin lvol's
+//! allocated clusters estimated from the blocks its file really occupies. As
+//! SPDK's, a store outlives its base bdev and the process: a base going
+//! unloads its store, and a store is found again when its base appears again
+//! (`lvol_disk`).
 //!
 //! Snapshots and clones (`bdev_lvol_snapshot`, `bdev_lvol_clone`,
 //! `bdev_lvol_decouple_parent`) keep SPDK's visible rules: a snapshot is a
@@ -21,134 +22,22 @@
 //! clone counts only what its file holds beyond its parent's, which is close
 //! to the blobstore's for the write-once patterns tests use, not exact.
 
+use std::collections::HashSet;
 use std::path::PathBuf;
 
 use serde::Deserialize;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
+use super::lvol_disk::{self, base_file, lvol_file, store_dir};
+use super::lvol_store::{
+    BS_PAGE_SIZE, DEFAULT_CLUSTER_SIZE, Lvol, LvolStore, NAME_MAX, callback_error,
+};
 use super::registry::{Bdev, BdevKind, Bdevs, io_error};
 use crate::registry::{Answer, BdevModule, BdevUser, Cx, Family};
 use crate::rpc::{
     EEXIST, EINVAL, ENODEV, ENOSPC, EPERM, OnDecodeError, RpcError, RpcResult, decode, decode_opt,
 };
-
-const MIB: u64 = 1 << 20;
-const BS_PAGE_SIZE: u64 = 4096;
-const DEFAULT_CLUSTER_SIZE: u64 = 4 * MIB;
-/// SPDK_LVS_NAME_MAX / SPDK_LVOL_NAME_MAX include the terminating NUL.
-const NAME_MAX: usize = 63;
-
-#[derive(Debug, Clone)]
-pub(crate) struct Lvol {
-    pub uuid: Uuid,
-    pub name: String,
-    pub thin: bool,
-    pub num_clusters: u64,
-    pub file: PathBuf,
-    /// The snapshot this lvol reads through (it is a clone of it).
-    pub parent: Option<Uuid>,
-    /// A snapshot.
-    pub read_only: bool,
-}
-
-#[derive(Debug, Clone)]
-pub(crate) struct LvolStore {
-    pub uuid: Uuid,
-    pub name: String,
-    /// Real name of the claimed base bdev.
-    pub base_bdev: String,
-    pub cluster_size: u64,
-    /// The blobstore's io unit: the base bdev's block size.
-    pub block_size: u32,
-    pub total_data_clusters: u64,
-    pub dir: PathBuf,
-    pub lvols: Vec<Lvol>,
-}
-
-impl LvolStore {
-    fn allocated_clusters(&self, lvol: &Lvol) -> u64 {
-        if !lvol.thin {
-            return lvol.num_clusters;
-        }
-        // A thin lvol owns the clusters it has written; the file's allocated
-        // blocks are the closest thing we have to the blobstore's cluster map.
-        // A clone's file starts as a copy of its parent's, whose clusters are
-        // the parent's, not the clone's.
-        let inherited = lvol
-            .parent
-            .and_then(|p| self.lvols.iter().find(|l| l.uuid == p))
-            .map_or(0, |p| file_bytes(&p.file));
-        let used = file_bytes(&lvol.file).saturating_sub(inherited);
-        used.div_ceil(self.cluster_size).min(lvol.num_clusters)
-    }
-
-    fn clone_count(&self, uuid: Uuid) -> usize {
-        self.lvols.iter().filter(|l| l.parent == Some(uuid)).count()
-    }
-
-    fn name_of(&self, uuid: Uuid) -> Option<&str> {
-        self.lvols
-            .iter()
-            .find(|l| l.uuid == uuid)
-            .map(|l| l.name.as_str())
-    }
-
-    /// `lvs_verify_lvol_name`, whose refusal reaches the caller through the
-    /// operation's callback (-32602 with `strerror`'s text).
-    fn verify_new_name(&self, name: Option<&str>) -> Result<String, RpcError> {
-        match name {
-            None | Some("") => Err(callback_error(EINVAL)),
-            Some(n) if n.len() > NAME_MAX => Err(callback_error(EINVAL)),
-            Some(n) if self.lvols.iter().any(|l| l.name == n) => Err(callback_error(EEXIST)),
-            Some(n) => Ok(n.to_string()),
-        }
-    }
-
-    /// Clusters an lvol of `size_in_mib` takes: lvols grow in whole clusters.
-    fn clusters_for(&self, size_in_mib: u64) -> Result<u64, RpcError> {
-        let size = size_in_mib
-            .checked_mul(MIB)
-            .ok_or(RpcError::errno(EINVAL))?;
-        Ok(size.div_ceil(self.cluster_size))
-    }
-
-    fn cluster_bytes(&self, clusters: u64) -> Result<u64, RpcError> {
-        clusters
-            .checked_mul(self.cluster_size)
-            .ok_or(RpcError::errno(EINVAL))
-    }
-
-    pub fn free_clusters(&self) -> u64 {
-        let used: u64 = self.lvols.iter().map(|l| self.allocated_clusters(l)).sum();
-        self.total_data_clusters.saturating_sub(used)
-    }
-
-    fn json(&self) -> Value {
-        json!({
-            "uuid": self.uuid.to_string(),
-            "name": self.name,
-            "base_bdev": self.base_bdev,
-            "total_data_clusters": self.total_data_clusters,
-            "free_clusters": self.free_clusters(),
-            "block_size": self.block_size,
-            "cluster_size": self.cluster_size
-        })
-    }
-}
-
-/// Bytes a file really occupies.
-fn file_bytes(path: &std::path::Path) -> u64 {
-    std::fs::metadata(path)
-        .map(|m| std::os::unix::fs::MetadataExt::blocks(&m).saturating_mul(512))
-        .unwrap_or(0)
-}
-
-/// How the lvol RPCs' completion callbacks report a failure:
-/// `SPDK_JSONRPC_ERROR_INVALID_PARAMS` with `strerror`'s text.
-fn callback_error(errno: i32) -> RpcError {
-    RpcError::invalid_params_msg(crate::rpc::strerror(errno))
-}
 
 /// Copies `from` to a new file `to`, leaving holes where `from` reads zeroes,
 /// so that a copy of a thin lvol stays thin.
@@ -273,17 +162,26 @@ const METHODS: &[&str] = &[
 /// The lvol stores and their lvols.
 #[derive(Debug)]
 pub(crate) struct Lvols {
-    /// Where the stores keep their lvols' files.
-    files_dir: PathBuf,
+    /// Where the stores keep their metadata and lvols' files.
+    stores_dir: PathBuf,
     stores: Vec<LvolStore>,
+    /// The bases examined for a store already (by UUID): each once.
+    examined: HashSet<Uuid>,
 }
 
 impl Lvols {
-    pub(crate) fn new(files_dir: PathBuf) -> Self {
+    pub(crate) fn new(stores_dir: PathBuf) -> Self {
         Self {
-            files_dir,
+            stores_dir,
             stores: Vec::new(),
+            examined: HashSet::new(),
         }
+    }
+
+    /// Writes store `i`'s metadata after a change, as the blobstore syncs
+    /// its metadata before the operation's callback.
+    fn save(&self, i: usize) -> Result<(), RpcError> {
+        self.stores[i].save().map_err(|e| io_error(&e))
     }
 
     /// `vbdev_get_lvol_store_by_uuid_xor_name`: exactly one selector, else -EINVAL.
@@ -335,22 +233,29 @@ impl Lvols {
             return Err(callback_error(ENOSPC));
         }
         let uuid = Uuid::new_v4();
-        let dir = self.files_dir.join(format!("lvs-{uuid}"));
-        std::fs::create_dir_all(&dir).map_err(|e| io_error(&e))?;
-        let base_name = base.name.clone();
-        if let Some(b) = cx.bdevs.get_mut(&base_name) {
-            b.claim = Some("lvol");
-        }
-        self.stores.push(LvolStore {
+        let store = LvolStore {
             uuid,
             name: p.lvs_name,
-            base_bdev: base_name,
+            base_bdev: base.name.clone(),
             cluster_size,
             block_size,
             total_data_clusters: num_clusters - md,
-            dir,
+            dir: store_dir(&self.stores_dir, uuid),
             lvols: vec![],
-        });
+        };
+        let made = std::fs::create_dir_all(&store.dir)
+            .and_then(|()| store.save())
+            .and_then(|()| {
+                base_file(base).map_or(Ok(()), |f| lvol_disk::write_superblock(f, uuid))
+            });
+        if let Err(e) = made {
+            let _ = std::fs::remove_dir_all(&store.dir);
+            return Err(io_error(&e));
+        }
+        if let Some(b) = cx.bdevs.get_mut(&store.base_bdev) {
+            b.claim = Some("lvol");
+        }
+        self.stores.push(store);
         Ok(json!(uuid.to_string()))
     }
 
@@ -375,21 +280,58 @@ impl Lvols {
         for name in lvols {
             cx.unregister(self, &name);
         }
-        self.drop_store(uuid, cx.bdevs);
+        if let Some(store) = self.unload(uuid, cx.bdevs) {
+            // The blobstore's destroy zeroes its super block.
+            if let Some(file) = cx.bdevs.get(&store.base_bdev).and_then(base_file) {
+                lvol_disk::erase_superblock(file, uuid).map_err(|e| io_error(&e))?;
+            }
+            let _ = std::fs::remove_dir_all(&store.dir);
+        }
         Ok(json!(true))
     }
 
-    /// Removes a store whose lvols are gone: its base is released and its
-    /// files go.
-    fn drop_store(&mut self, uuid: Uuid, bdevs: &mut Bdevs) {
-        let Some(i) = self.stores.iter().position(|s| s.uuid == uuid) else {
-            return;
-        };
+    /// Takes a store whose lvols are unregistered out of memory and releases
+    /// its base; what it keeps on disk stays.
+    fn unload(&mut self, uuid: Uuid, bdevs: &mut Bdevs) -> Option<LvolStore> {
+        let i = self.stores.iter().position(|s| s.uuid == uuid)?;
         let store = self.stores.remove(i);
         if let Some(b) = bdevs.get_mut(&store.base_bdev) {
             b.claim = None;
         }
-        let _ = std::fs::remove_dir_all(&store.dir);
+        Some(store)
+    }
+
+    /// SPDK's examine of `base`: the store its superblock names is loaded,
+    /// claims it, and registers its lvols.
+    fn load_from(&mut self, base: &Bdev, bdevs: &mut Bdevs) {
+        let Some(uuid) = base_file(base).and_then(lvol_disk::read_superblock) else {
+            return;
+        };
+        let store = match LvolStore::load(&self.stores_dir, uuid, &base.name) {
+            Ok(store) => store,
+            Err(e) => {
+                tracing::warn!(base = %base.name, "lvstore {uuid} not loaded: {e}");
+                return;
+            }
+        };
+        if self
+            .stores
+            .iter()
+            .any(|s| s.uuid == uuid || s.name == store.name)
+        {
+            tracing::warn!(base = %base.name, "lvstore {} is loaded already", store.name);
+            return;
+        }
+        for lvol in &store.lvols {
+            let registered = store.bdev(lvol).and_then(|b| bdevs.insert(b));
+            if let Err(e) = registered {
+                tracing::warn!(lvol = %lvol.name, "lvol not registered: {}", e.message);
+            }
+        }
+        if let Some(b) = bdevs.get_mut(&base.name) {
+            b.claim = Some("lvol");
+        }
+        self.stores.push(store);
     }
 
     fn bdev_lvol_get_lvols(&self, params: Option<Value>) -> RpcResult {
@@ -434,36 +376,21 @@ impl Lvols {
         if !p.thin_provision && num_clusters > store.free_clusters() {
             return Err(callback_error(ENOSPC));
         }
-        let alias = format!("{}/{}", store.name, p.lvol_name);
         let uuid = Uuid::new_v4();
-        let file = store.dir.join(format!("{uuid}.img"));
-        let bytes = store.cluster_bytes(num_clusters)?;
-        let bdev = Bdev {
-            name: uuid.to_string(),
-            aliases: vec![alias],
-            uuid,
-            product_name: "Logical Volume",
-            block_size: store.block_size,
-            num_blocks: bytes / u64::from(store.block_size),
-            claim: None,
-            io: Default::default(),
-            kind: BdevKind::Lvol {
-                lvs_uuid: store.uuid,
-                base: store.base_bdev.clone(),
-                file: file.clone(),
-                read_only: false,
-            },
-        };
-        cx.bdevs.insert_with_file(bdev, &file, bytes)?;
-        self.stores[i].lvols.push(Lvol {
+        let lvol = Lvol {
             uuid,
             name: p.lvol_name,
             thin: p.thin_provision,
             num_clusters,
-            file,
+            file: lvol_file(&store.dir, uuid),
             parent: None,
             read_only: false,
-        });
+        };
+        let bytes = store.cluster_bytes(num_clusters)?;
+        cx.bdevs
+            .insert_with_file(store.bdev(&lvol)?, &lvol.file, bytes)?;
+        self.stores[i].lvols.push(lvol);
+        self.save(i)?;
         Ok(json!(uuid.to_string()))
     }
 
@@ -475,34 +402,18 @@ impl Lvols {
         lvol: Lvol,
         source: &std::path::Path,
     ) -> RpcResult {
-        let store = &self.stores[si];
-        let bytes = store.cluster_bytes(lvol.num_clusters)?;
+        let bdev = self.stores[si].bdev(&lvol)?;
         copy_sparse(source, &lvol.file).map_err(|e| {
             let _ = std::fs::remove_file(&lvol.file);
             io_error(&e)
         })?;
-        let bdev = Bdev {
-            name: lvol.uuid.to_string(),
-            aliases: vec![format!("{}/{}", store.name, lvol.name)],
-            uuid: lvol.uuid,
-            product_name: "Logical Volume",
-            block_size: store.block_size,
-            num_blocks: bytes / u64::from(store.block_size),
-            claim: None,
-            io: Default::default(),
-            kind: BdevKind::Lvol {
-                lvs_uuid: store.uuid,
-                base: store.base_bdev.clone(),
-                file: lvol.file.clone(),
-                read_only: lvol.read_only,
-            },
-        };
         if let Err(e) = bdevs.insert(bdev) {
             let _ = std::fs::remove_file(&lvol.file);
             return Err(e);
         }
         let uuid = lvol.uuid;
         self.stores[si].lvols.push(lvol);
+        self.save(si)?;
         Ok(json!(uuid.to_string()))
     }
 
@@ -523,7 +434,7 @@ impl Lvols {
             name,
             thin: origin.thin,
             num_clusters: origin.num_clusters,
-            file: store.dir.join(format!("{uuid}.img")),
+            file: lvol_file(&store.dir, uuid),
             parent: origin.parent,
             read_only: true,
         };
@@ -531,6 +442,7 @@ impl Lvols {
         let origin = &mut self.stores[si].lvols[li];
         origin.parent = Some(uuid);
         origin.thin = true;
+        self.save(si)?;
         Ok(result)
     }
 
@@ -551,7 +463,7 @@ impl Lvols {
             name,
             thin: true,
             num_clusters: snapshot.num_clusters,
-            file: store.dir.join(format!("{uuid}.img")),
+            file: lvol_file(&store.dir, uuid),
             parent: Some(snapshot.uuid),
             read_only: false,
         };
@@ -573,6 +485,7 @@ impl Lvols {
             .find(|l| l.uuid == parent)
             .and_then(|l| l.parent);
         self.stores[si].lvols[li].parent = grandparent;
+        self.save(si)?;
         Ok(json!(true))
     }
 
@@ -613,6 +526,8 @@ impl Lvols {
             l.parent = lvol.parent;
         }
         cx.unregister(self, &lvol.uuid.to_string());
+        let _ = std::fs::remove_file(&lvol.file);
+        self.save(si)?;
         Ok(json!(true))
     }
 
@@ -641,6 +556,7 @@ impl Lvols {
             .map_err(|e| io_error(&e))?;
         let name = lvol.uuid.to_string();
         self.stores[si].lvols[li].num_clusters = num_clusters;
+        self.save(si)?;
         if let Some(b) = cx.bdevs.get_mut(&name) {
             b.num_blocks = num_blocks;
         }
@@ -682,16 +598,33 @@ impl BdevModule for Lvols {
             .collect()
     }
 
-    /// An lvol bdev is gone: it leaves its store, with its file.
+    /// An lvol bdev is gone: it leaves its store in memory. Its file and
+    /// its metadata go only when `bdev_lvol_delete` deletes it; a base
+    /// going only unloads its store. A base gone may come back.
     fn destruct(&mut self, bdev: &Bdev, _bdevs: &mut Bdevs) {
+        self.examined.remove(&bdev.uuid);
         let BdevKind::Lvol { lvs_uuid, .. } = bdev.kind else {
             return;
         };
         if let Some(store) = self.stores.iter_mut().find(|s| s.uuid == lvs_uuid)
             && let Some(i) = store.lvols.iter().position(|l| l.uuid == bdev.uuid)
         {
-            let lvol = store.lvols.remove(i);
-            let _ = std::fs::remove_file(&lvol.file);
+            store.lvols.remove(i);
+        }
+    }
+
+    /// Every aio bdev not examined yet, unclaimed, is looked at for a store.
+    fn examine(&mut self, bdevs: &mut Bdevs) {
+        let fresh: Vec<Bdev> = bdevs
+            .iter()
+            .filter(|b| base_file(b).is_some() && !self.examined.contains(&b.uuid))
+            .cloned()
+            .collect();
+        for base in fresh {
+            self.examined.insert(base.uuid);
+            if base.claim.is_none() {
+                self.load_from(&base, bdevs);
+            }
         }
     }
 
@@ -733,7 +666,8 @@ impl BdevModule for Lvols {
 }
 
 impl BdevUser for Lvols {
-    /// A store's base is going (its lvols went first): the store goes.
+    /// A store's base is going (its lvols went first): the store is
+    /// unloaded, and found again when the base comes back.
     fn release(&mut self, bdev: &Bdev, bdevs: &mut Bdevs) {
         let stores: Vec<Uuid> = self
             .stores
@@ -742,7 +676,7 @@ impl BdevUser for Lvols {
             .map(|s| s.uuid)
             .collect();
         for uuid in stores {
-            self.drop_store(uuid, bdevs);
+            self.unload(uuid, bdevs);
         }
     }
 }

@@ -12,7 +12,7 @@ use tokio::sync::oneshot;
 use uuid::Uuid;
 
 use super::registry::{Bdev, BdevKind, Bdevs, NvmeNsInfo};
-use crate::datapath::remote::Remote;
+use crate::datapath::remote::{Link, Remote, Resilience};
 use crate::datapath::volume::{Backing, Volume};
 use crate::nvmf::wire::{self, Accepted, ConnectError, ConnectRequest, DISCOVERY_NQN, adrfam_name};
 use crate::registry::{Answer, BdevModule, BdevUser, Cx, Family, Reply, Shared};
@@ -53,8 +53,17 @@ pub(crate) struct NvmeController {
     pub serial_number: String,
     pub model_number: String,
     pub bdevs: Vec<String>,
+    /// What its namespaces' I/O shares with it.
+    link: Arc<Link>,
     /// Dropping it closes the connection to the target.
     _conn: oneshot::Sender<()>,
+}
+
+impl Drop for NvmeController {
+    /// I/O waiting for a lost connection gives up with the controller.
+    fn drop(&mut self) {
+        self.link.detach();
+    }
 }
 
 #[derive(Debug)]
@@ -143,6 +152,33 @@ struct Plan {
     hostsvcid: String,
     timeout: Duration,
     max_bdevs: u32,
+    resilience: Resilience,
+}
+
+/// `bdev_nvme_check_io_error_resiliency_params`: SPDK refuses (-EINVAL,
+/// before connecting) what cannot be a reconnect policy.
+fn resilience(p: &AttachParams) -> Result<Resilience, RpcError> {
+    let loss = p.ctrlr_loss_timeout_sec.unwrap_or(0);
+    let delay = p.reconnect_delay_sec.unwrap_or(0);
+    let fast = p.fast_io_fail_timeout_sec.unwrap_or(0);
+    let valid = match loss {
+        ..-1 => false,
+        -1 => delay != 0 && (fast == 0 || fast >= delay),
+        0 => delay == 0 && fast == 0,
+        _ => {
+            let loss = loss.unsigned_abs();
+            delay != 0 && delay <= loss && (fast == 0 || (fast >= delay && fast <= loss))
+        }
+    };
+    if !valid {
+        return Err(RpcError::errno(EINVAL));
+    }
+    let secs = |s: u32| Duration::from_secs(u64::from(s));
+    Ok(Resilience {
+        reconnect_delay: secs(delay),
+        ctrlr_loss: u32::try_from(loss).ok().map(secs),
+        fast_io_fail: (fast != 0).then(|| secs(fast)),
+    })
 }
 
 /// An attach under a name that is taken by a controller on the same path; also
@@ -242,6 +278,7 @@ impl NvmeInitiator {
         {
             return Err(RpcError::errno(EEXIST));
         }
+        let resilience = resilience(p)?;
         if !p.trtype.eq_ignore_ascii_case("tcp") {
             // Only TCP reaches other emulators; anything else finds no device.
             return Err(RpcError::errno(ENODEV));
@@ -260,6 +297,7 @@ impl NvmeInitiator {
             hostsvcid,
             timeout,
             max_bdevs: p.max_bdevs.unwrap_or(DEFAULT_MAX_BDEVS),
+            resilience,
         })
     }
 
@@ -318,6 +356,7 @@ impl NvmeInitiator {
             serial_number: accepted.serial_number,
             model_number: accepted.model_number,
             bdevs: names.clone(),
+            link: Link::new(plan.resilience),
             _conn: conn,
         });
         Ok(json!(names))
@@ -447,6 +486,7 @@ impl BdevModule for NvmeInitiator {
                 ctrl.trid.subnqn.clone(),
                 ctrl.hostnqn.clone(),
                 info.nsid,
+                Arc::clone(&ctrl.link),
             )));
         }
         Ok(())
