@@ -375,6 +375,8 @@ async fn nvmf_export_and_attach_between_two_emulators() {
         trsvcid: Some(port.to_string()),
         subnqn: Some(nqn.into()),
         hostnqn: None,
+        ctrlr_loss_timeout_sec: None,
+        reconnect_delay_sec: None,
     };
     assert_eq!(d.call(&attach).await.unwrap(), ["nvmf-voln1"]);
     assert!(d.call(&attach).await.unwrap_err().is_already_attached());

@@ -19,6 +19,13 @@ pub struct BdevNvmeAttachController {
     pub subnqn: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub hostnqn: Option<String>,
+    /// How long a lost controller is reconnected before SPDK deletes it
+    /// (-1: for ever; SPDK's default 0: it is not reconnected).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ctrlr_loss_timeout_sec: Option<i32>,
+    /// The pause between reconnect attempts; I/O waits meanwhile.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reconnect_delay_sec: Option<u32>,
 }
 method!(BdevNvmeAttachController => "bdev_nvme_attach_controller", Vec<String>);
 

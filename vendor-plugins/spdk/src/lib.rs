@@ -65,7 +65,8 @@ struct Endpoint {
     router: snap_csi::server::MeteredRouter,
     listener: UnixListener,
     socket: PathBuf,
-    /// The CSI controller, which resumes what a crash left paused once it serves.
+    /// The CSI controller, which resumes what a crash left paused once it
+    /// serves, and then keeps the target's exports (`csi::reexport`).
     recover: Option<csi::CsiController>,
     /// The plugin service, which follows attached AIO volumes while it serves.
     follow: Option<SpdkPlugin>,
@@ -77,17 +78,20 @@ impl Endpoint {
         metrics: Option<tokio::net::TcpListener>,
         shutdown: impl Future<Output = ()>,
     ) -> Result<(), ServeError> {
-        if let Some(controller) = self.recover {
-            tokio::spawn(async move { controller.recover_at_start().await });
-        }
+        let keep = self.recover.map(|controller| {
+            tokio::spawn(async move {
+                controller.recover_at_start().await;
+                controller.keep_exports().await;
+            })
+        });
         let follow = self
             .follow
             .map(|plugin| tokio::spawn(async move { plugin.follow_aio_volumes().await }));
         let served =
             snap_csi::server::serve(self.router, self.listener, &self.socket, metrics, shutdown)
                 .await;
-        if let Some(follow) = follow {
-            follow.abort();
+        for task in [keep, follow].into_iter().flatten() {
+            task.abort();
         }
         served
     }

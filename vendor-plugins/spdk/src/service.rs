@@ -73,6 +73,13 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// AIO bdevs get 512-byte blocks: a regular file has none SPDK can detect.
 const AIO_BLOCK_SIZE: u32 = 512;
+/// A remote volume's controller, its target lost (restarting, its path
+/// down), is reconnected every second, the host's I/O held meanwhile, for
+/// as long as the Linux NVMe host's own default `ctrl_loss_tmo` (ten
+/// minutes); then SPDK deletes it and the host loses the disk. SPDK's
+/// default (0) would fail every I/O of a target restart and never reconnect.
+const CTRLR_LOSS_TIMEOUT_SEC: i32 = 600;
+const RECONNECT_DELAY_SEC: u32 = 1;
 
 /// What a plugin serving `devices` can do; every RPC of the API is implemented.
 pub fn capabilities(devices: &Devices) -> Vec<Capability> {
@@ -246,6 +253,8 @@ impl SpdkPlugin {
             trsvcid: Some(target.trsvcid.clone()),
             subnqn: Some(target.subnqn.clone()),
             hostnqn: target.hostnqn.clone(),
+            ctrlr_loss_timeout_sec: Some(CTRLR_LOSS_TIMEOUT_SEC),
+            reconnect_delay_sec: Some(RECONNECT_DELAY_SEC),
         };
         match self.spdk().call_until(&attach, deadline).await {
             Ok(bdevs) if bdevs.contains(&device) => {

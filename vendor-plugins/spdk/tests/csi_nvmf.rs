@@ -18,27 +18,35 @@ async fn controller() -> Csi {
 
 scenario_tests!(Some(controller().await), BACKEND);
 
+/// The lvol of volume `volume_id` (8 MiB, thin), as an interrupted
+/// CreateVolume leaves it.
+async fn half_made(csi: &Csi, volume_id: &str) {
+    use common::csi::LVSTORE;
+    use snap_csi::spdk::lvol::BdevLvolCreate;
+
+    let create = BdevLvolCreate {
+        lvol_name: volume_id.into(),
+        size_in_mib: 8,
+        lvs_name: Some(LVSTORE.into()),
+        uuid: None,
+        thin_provision: Some(true),
+    };
+    csi.target().spdk.client().call(&create).await.unwrap();
+}
+
 /// A CreateVolume interrupted after its lvol (or part of its subsystem) was
 /// made is finished by the next one; one given up is removed by DeleteVolume,
 /// helper snapshot included.
 #[tokio::test]
 async fn interrupted_creates_are_finished_or_cleaned_up() {
     use common::csi::{LVSTORE, MIB, from_volume, volume};
-    use snap_csi::spdk::lvol::{BdevLvolCreate, BdevLvolSnapshot};
+    use snap_csi::spdk::lvol::BdevLvolSnapshot;
     use snap_csi::spdk::nvmf::NvmfCreateSubsystem;
 
     let csi = controller().await;
     let spdk = csi.target().spdk.client();
     // The lvol made, the subsystem begun, then the controller died.
-    spdk.call(&BdevLvolCreate {
-        lvol_name: "nvmf-pvc-half".into(),
-        size_in_mib: 8,
-        lvs_name: Some(LVSTORE.into()),
-        uuid: None,
-        thin_provision: Some(true),
-    })
-    .await
-    .unwrap();
+    half_made(&csi, "nvmf-pvc-half").await;
     spdk.call(&NvmfCreateSubsystem {
         nqn: "nqn.2024-01.io.snap-csi:nvmf-pvc-half".into(),
         serial_number: None,
@@ -93,6 +101,8 @@ async fn interrupted_creates_are_finished_or_cleaned_up() {
         .await
         .unwrap();
     let mut left = csi.leftovers().await;
+    // The two volumes' own records; gone with them (checked below).
+    left.retain(|o| !o.contains("/nvmf-volumes/"));
     left.sort();
     assert_eq!(
         left,
@@ -221,4 +231,62 @@ async fn an_interrupted_group_snapshot_is_cut_again_whole() {
         csi.delete(v).await.unwrap();
     }
     assert!(csi.target().objects().await.is_empty());
+}
+
+/// A restarted target (its pool made again by its start-up configuration)
+/// finds its lvstore, and the controller exports every volume it had
+/// exported again, QoS limits included (ModifyVolume's too), bytes intact;
+/// a volume whose CreateVolume never finished is left for the next
+/// CreateVolume, which may still have to decouple or grow it.
+#[tokio::test]
+async fn a_restarted_targets_volumes_are_exported_again_with_their_limits() {
+    use common::csi::{LVSTORE, MIB, volume};
+    use common::{equal, eventually};
+    use snap_csi_spdk_plugin::qos::{RW_IOPS_KEY, W_MBYTES_KEY};
+
+    let mut csi = controller().await;
+    let mut request = volume("pvc-kept", BACKEND, 8 * MIB, 0);
+    request.parameters.insert(RW_IOPS_KEY.into(), "4000".into());
+    let kept = csi.create(request).await.unwrap();
+    csi.modify(&kept.volume_id, &[(W_MBYTES_KEY, "20")])
+        .await
+        .unwrap();
+    let plain = csi
+        .create(volume("pvc-plain", BACKEND, 8 * MIB, 0))
+        .await
+        .unwrap();
+    csi.write(&kept, 4096, b"kept across the restart").await;
+    // A CreateVolume that made its lvol and then stopped.
+    half_made(&csi, "nvmf-pvc-half").await;
+    let limits = csi.qos_limits(&kept).await;
+    assert_eq!(limits, [4000, 0, 0, 20]);
+    let everything = csi.target().objects().await;
+
+    csi.target.as_mut().unwrap().restart().await;
+    // Only the lvols come back with the target itself.
+    let lvols: Vec<String> = everything
+        .iter()
+        .filter(|o| o.starts_with(LVSTORE))
+        .cloned()
+        .collect();
+    assert_eq!(csi.target().objects().await.len(), lvols.len());
+
+    let half = "nqn.2024-01.io.snap-csi:nvmf-pvc-half".to_string();
+    let want: Vec<String> = everything.into_iter().filter(|o| *o != half).collect();
+    eventually("the exports restored", || async {
+        equal(csi.target().objects().await, want.clone())
+    })
+    .await;
+    assert_eq!(csi.qos_limits(&kept).await, limits);
+    assert_eq!(csi.qos_limits(&plain).await, [0; 4]);
+    assert_eq!(
+        csi.read(&kept, 4096, 23).await,
+        b"kept across the restart".to_vec()
+    );
+
+    for v in [&kept, &plain] {
+        csi.delete(&v.volume_id).await.unwrap();
+    }
+    csi.delete("nvmf-pvc-half").await.unwrap();
+    assert_eq!(csi.leftovers().await, Vec::<String>::new());
 }

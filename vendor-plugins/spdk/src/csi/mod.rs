@@ -12,14 +12,17 @@
 //! ([`ids`]) and their objects are found in the backends under those ids, so
 //! a restarted controller loses nothing and a retried CreateVolume finds (or
 //! finishes) its earlier work. What no backend can hold lives in small JSON
-//! records ([`store::SnapshotRecord`], volume groups). The volume context of
+//! records ([`store::SnapshotRecord`], volume groups, and what an NVMe-oF
+//! target forgets when it restarts: [`nvmf_export::VolumeRecord`]). The volume context of
 //! every volume is exactly what the plugin's CreateDevice reads
 //! ([`crate::backend`]).
 //!
 //! Layout: [`controller`] (the CSI Controller RPCs), [`modify`]
 //! (ControllerModifyVolume: QoS limits), [`identity`],
 //! [`volume_group`], [`group_snapshot`] (GroupController), [`store`] (what a backend offers: [`aio`], [`nvmf`]),
-//! [`params`] (parameters and capabilities), [`sizes`] (capacity ranges).
+//! [`params`] (parameters and capabilities), [`sizes`] (capacity ranges),
+//! [`nvmf_export`] (an NVMe-oF volume's subsystem, limits and record),
+//! [`reexport`] (what a restarted target lost, exported again).
 //! Failures become CSI codes in the crate's one map, [`crate::errors`].
 
 pub mod aio;
@@ -30,7 +33,9 @@ pub mod identity;
 pub mod ids;
 pub mod modify;
 pub mod nvmf;
+pub mod nvmf_export;
 pub mod params;
+pub mod reexport;
 pub mod sizes;
 pub mod store;
 pub mod volume_group;
@@ -134,6 +139,7 @@ impl CsiController {
             let rpc = RpcClient::with_timeout(&nvmf.target_socket, config.call_timeout);
             let records = JsonDir::open(config.state_dir.join("nvmf-snapshots"))?;
             let intents = JsonDir::open(config.state_dir.join("nvmf-paused"))?;
+            let volumes = JsonDir::open(config.state_dir.join("nvmf-volumes"))?;
             backends.insert(
                 Kind::Nvmf,
                 Box::new(nvmf::NvmfTarget::new(
@@ -142,6 +148,7 @@ impl CsiController {
                     nvmf.listen,
                     records,
                     intents,
+                    volumes,
                 )),
             );
         }

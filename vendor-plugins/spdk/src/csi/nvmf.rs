@@ -27,7 +27,12 @@
 //! on the target, which enforces them for every I/O the subsystem passes it:
 //! live, from the reply on, whether the volume is attached or not; a
 //! ModifyVolume changes them the same way. They live in the target's memory
-//! like its subsystems (its saved configuration keeps both).
+//! like its subsystems: a restarted target keeps its lvols (its blobstore is
+//! on its pool) and forgets both, which the volume's record gives back
+//! ([`super::nvmf_export`]; the controller looks every few seconds,
+//! `super::reexport`). A volume never exported is an interrupted
+//! CreateVolume's, which only the next CreateVolume finishes: it may still
+//! have to be decoupled or grown.
 //!
 //! A volume whose lvol exists but whose subsystem is not fully set up is an
 //! interrupted CreateVolume: [`NvmfTarget::find`] says it is not complete and
@@ -53,7 +58,6 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-
 use std::time::Duration;
 
 use futures::future::{join_all, try_join};
@@ -66,16 +70,12 @@ use snap_csi::spdk::lvol::{
     BdevLvolClone, BdevLvolCreate, BdevLvolDecoupleParent, BdevLvolDelete, BdevLvolGetLvstores,
     BdevLvolResize, BdevLvolSnapshot,
 };
-use snap_csi::spdk::nvmf::{
-    ListenAddress, NvmfCreateSubsystem, NvmfCreateTransport, NvmfDeleteSubsystem,
-    NvmfGetSubsystems, NvmfNamespaceParams, NvmfSubsystem, NvmfSubsystemAddListener,
-    NvmfSubsystemAddNs, NvmfSubsystemPause, NvmfSubsystemResume,
-};
+use snap_csi::spdk::nvmf::{NvmfDeleteSubsystem, NvmfSubsystemPause, NvmfSubsystemResume};
 use tokio::time::Instant;
 use tonic::Status;
-use uuid::Uuid;
 
 use super::ids::{parse_snapshot_id, parse_volume_id};
+use super::nvmf_export::{Exports, NSID, VolumeRecord, alias, nqn};
 use super::sizes::{MIB, Room, bdev_bytes, lvol_unit};
 use super::store::{Found, Source, VolumeBackend};
 use crate::backend::{
@@ -84,15 +84,6 @@ use crate::backend::{
 use crate::errors::{Failure, is_absent, is_taken};
 use crate::qos::QosLimits;
 
-/// Subsystem NQNs are this and the volume id.
-pub const NQN_PREFIX: &str = "nqn.2024-01.io.snap-csi:";
-/// Every subsystem has one namespace.
-const NSID: u32 = 1;
-const MODEL: &str = "snap-csi SPDK lvol";
-/// NVMe's serial number field.
-const SERIAL_MAX: usize = 20;
-/// The namespace of the target-side UUIDs and serials (random, never change).
-const TARGET_NAMESPACE: Uuid = Uuid::from_u128(0x3def4779_5dcd_4f17_95fb_4bfb8de14084);
 const TEMP_SNAPSHOT_PREFIX: &str = "tmp-";
 /// Decoupling climbs one snapshot per call; no volume has this many.
 const MAX_DECOUPLES: usize = 256;
@@ -113,22 +104,9 @@ pub struct PauseIntent {
 pub struct NvmfTarget {
     rpc: RpcClient,
     lvstore: String,
-    listen: SocketAddr,
     records: JsonDir,
     intents: JsonDir,
-}
-
-pub fn nqn(volume_id: &str) -> String {
-    format!("{NQN_PREFIX}{volume_id}")
-}
-
-fn digest(volume_id: &str) -> Uuid {
-    Uuid::new_v5(&TARGET_NAMESPACE, volume_id.as_bytes())
-}
-
-fn serial(volume_id: &str) -> String {
-    let hex = digest(volume_id).simple().to_string();
-    format!("SC{}", &hex[..SERIAL_MAX - 2])
+    exports: Exports,
 }
 
 fn temp_snapshot(volume_id: &str) -> String {
@@ -141,18 +119,20 @@ fn size_in_mib(size: u64) -> u64 {
 
 impl NvmfTarget {
     /// The target at `rpc` (nothing is contacted yet); snapshot records go in
-    /// `records`, group snapshots' pause intents in `intents`.
+    /// `records`, group snapshots' pause intents in `intents`, volumes'
+    /// records in `volumes`.
     pub fn new(
         rpc: RpcClient,
         lvstore: String,
         listen: SocketAddr,
         records: JsonDir,
         intents: JsonDir,
+        volumes: JsonDir,
     ) -> Self {
         NvmfTarget {
+            exports: Exports::new(rpc.clone(), lvstore.clone(), listen, volumes),
             rpc,
             lvstore,
-            listen,
             records,
             intents,
         }
@@ -218,21 +198,7 @@ impl NvmfTarget {
     }
 
     fn alias(&self, lvol: &str) -> String {
-        format!("{}/{lvol}", self.lvstore)
-    }
-
-    fn listen_address(&self) -> ListenAddress {
-        ListenAddress {
-            trtype: "tcp".into(),
-            adrfam: if self.listen.is_ipv4() {
-                "ipv4"
-            } else {
-                "ipv6"
-            }
-            .into(),
-            traddr: self.listen.ip().to_string(),
-            trsvcid: self.listen.port().to_string(),
-        }
+        alias(&self.lvstore, lvol)
     }
 
     async fn lvol(&self, name: &str, deadline: Instant) -> Result<Option<Bdev>, Status> {
@@ -264,39 +230,6 @@ impl NvmfTarget {
                 Some((name.to_string(), b.clone()))
             })
             .collect())
-    }
-
-    async fn subsystem(
-        &self,
-        volume_id: &str,
-        deadline: Instant,
-    ) -> Result<Option<NvmfSubsystem>, Status> {
-        let query = NvmfGetSubsystems {
-            nqn: Some(nqn(volume_id)),
-        };
-        match self.rpc.call_until(&query, deadline).await {
-            Ok(list) => Ok(list.into_iter().next()),
-            Err(e) if is_absent(&e) => Ok(None),
-            Err(e) => {
-                Err(Failure::target(format!("looking up subsystem {}", nqn(volume_id)), e).into())
-            }
-        }
-    }
-
-    fn has_namespace(subsystem: &NvmfSubsystem, bdev: &Bdev) -> bool {
-        subsystem.namespaces.iter().any(|n| {
-            n.nsid == NSID && (n.bdev_name == bdev.name || bdev.aliases.contains(&n.bdev_name))
-        })
-    }
-
-    fn has_listener(&self, subsystem: &NvmfSubsystem) -> bool {
-        let ours = self.listen_address();
-        subsystem.listen_addresses.iter().any(|a| {
-            a.trtype.eq_ignore_ascii_case(&ours.trtype)
-                && a.adrfam.eq_ignore_ascii_case(&ours.adrfam)
-                && a.traddr == ours.traddr
-                && a.trsvcid == ours.trsvcid
-        })
     }
 
     /// Makes the lvol of a new volume, from its source if it has one.
@@ -400,93 +333,6 @@ impl NvmfTarget {
             Err(e) => Err(Failure::target(format!("deleting lvol {}", self.alias(name)), e).into()),
         }
     }
-
-    /// Exports the volume's lvol: subsystem, namespace 1, listener; each
-    /// step only if the subsystem lacks it.
-    async fn export(&self, volume_id: &str, bdev: &Bdev, deadline: Instant) -> Result<(), Status> {
-        let nqn = nqn(volume_id);
-        let mut subsystem = self.subsystem(volume_id, deadline).await?;
-        if subsystem.is_none() {
-            let create = NvmfCreateSubsystem {
-                nqn: nqn.clone(),
-                serial_number: Some(serial(volume_id)),
-                model_number: Some(MODEL.into()),
-                allow_any_host: Some(true),
-                max_namespaces: Some(NSID),
-            };
-            match self.rpc.call_until(&create, deadline).await {
-                Ok(_) => {}
-                // "Unable to create subsystem": taken, or refused; look.
-                Err(e) if e.code() == Some(code::INTERNAL_ERROR) => {
-                    if self.subsystem(volume_id, deadline).await?.is_none() {
-                        return Err(Failure::target(format!("creating subsystem {nqn}"), e).into());
-                    }
-                }
-                Err(e) => {
-                    return Err(Failure::target(format!("creating subsystem {nqn}"), e).into());
-                }
-            }
-            subsystem = self.subsystem(volume_id, deadline).await?;
-        }
-        let subsystem = subsystem.ok_or_else(|| {
-            Status::aborted(format!("subsystem {nqn} vanished while being set up"))
-        })?;
-        if !Self::has_namespace(&subsystem, bdev) {
-            let add = NvmfSubsystemAddNs {
-                nqn: nqn.clone(),
-                namespace: NvmfNamespaceParams {
-                    bdev_name: self.alias(volume_id),
-                    nsid: Some(NSID),
-                    uuid: Some(digest(volume_id).hyphenated().to_string()),
-                },
-            };
-            if let Err(e) = self.rpc.call_until(&add, deadline).await {
-                // -32602 is also SPDK's answer to a namespace already there.
-                let there = e.code() == Some(code::INVALID_PARAMS)
-                    && self
-                        .subsystem(volume_id, deadline)
-                        .await?
-                        .is_some_and(|s| Self::has_namespace(&s, bdev));
-                if !there {
-                    return Err(Failure::target(
-                        format!("adding {} to {nqn}", self.alias(volume_id)),
-                        e,
-                    )
-                    .into());
-                }
-            }
-        }
-        if !self.has_listener(&subsystem) {
-            let transport = NvmfCreateTransport {
-                trtype: "TCP".into(),
-            };
-            match self.rpc.call_until(&transport, deadline).await {
-                Ok(_) => {}
-                // "Transport type 'TCP' already exists".
-                Err(e) if e.code() == Some(code::INTERNAL_ERROR) => {}
-                Err(e) => return Err(Failure::target("creating the TCP transport", e).into()),
-            }
-            let add = NvmfSubsystemAddListener {
-                nqn: nqn.clone(),
-                listen_address: self.listen_address(),
-            };
-            if let Err(e) = self.rpc.call_until(&add, deadline).await {
-                let there = e.code() == Some(code::INVALID_PARAMS)
-                    && self
-                        .subsystem(volume_id, deadline)
-                        .await?
-                        .is_some_and(|s| self.has_listener(&s));
-                if !there {
-                    return Err(Failure::target(
-                        format!("adding listener {} to {nqn}", self.listen),
-                        e,
-                    )
-                    .into());
-                }
-            }
-        }
-        Ok(())
-    }
 }
 
 fn is_snapshot(bdev: &Bdev) -> bool {
@@ -503,7 +349,7 @@ impl VolumeBackend for NvmfTarget {
     }
 
     fn context(&self, volume_id: &str) -> HashMap<String, String> {
-        let listen = self.listen_address();
+        let listen = self.exports.listen_address();
         HashMap::from([
             (BACKEND_KEY.to_string(), NVMF.to_string()),
             (TRTYPE_KEY.to_string(), listen.trtype),
@@ -543,14 +389,13 @@ impl VolumeBackend for NvmfTarget {
     async fn find(&self, volume_id: &str, deadline: Instant) -> Result<Option<Found>, Status> {
         let (lvol, subsystem) = try_join(
             self.lvol(volume_id, deadline),
-            self.subsystem(volume_id, deadline),
+            self.exports.subsystem(volume_id, deadline),
         )
         .await?;
         lvol.map(|bdev| {
             Ok(Found {
                 size: bdev_bytes(&bdev)?,
-                complete: subsystem
-                    .is_some_and(|s| Self::has_namespace(&s, &bdev) && self.has_listener(&s)),
+                complete: subsystem.is_some_and(|s| self.exports.complete(&s, &bdev)),
             })
         })
         .transpose()
@@ -576,6 +421,11 @@ impl VolumeBackend for NvmfTarget {
         deadline: Instant,
     ) -> Result<u64, Status> {
         if self.lvol(volume_id, deadline).await?.is_none() {
+            let record = VolumeRecord {
+                qos: *qos,
+                exported: false,
+            };
+            self.exports.keep_record(volume_id, Some(record)).await?;
             self.make_lvol(volume_id, size, source, deadline).await?;
         }
         let mut bdev = self.stand_alone(volume_id, deadline).await?;
@@ -593,7 +443,15 @@ impl VolumeBackend for NvmfTarget {
         if !qos.is_empty() {
             self.set_qos(volume_id, qos, deadline).await?;
         }
-        self.export(volume_id, &bdev, deadline).await?;
+        self.exports.export(volume_id, &bdev, deadline).await?;
+        let record = self.exports.record(volume_id).await?;
+        if !record.exported {
+            let exported = VolumeRecord {
+                exported: true,
+                ..record
+            };
+            self.exports.keep_record(volume_id, Some(exported)).await?;
+        }
         bdev_bytes(&bdev)
     }
 
@@ -603,17 +461,16 @@ impl VolumeBackend for NvmfTarget {
         limits: &QosLimits,
         deadline: Instant,
     ) -> Result<(), Status> {
-        let lvol = self.alias(volume_id);
-        match self.rpc.call_until(&limits.request(&lvol), deadline).await {
-            Ok(_) => {
-                tracing::info!(%volume_id, ?limits, "QoS limits set on the target's lvol");
-                Ok(())
-            }
-            Err(e) if is_absent(&e) => Err(Status::not_found(format!(
-                "volume {volume_id} has no lvol {lvol}"
-            ))),
-            Err(e) => Err(Failure::qos(&lvol, e).into()),
+        if self.lvol(volume_id, deadline).await?.is_none() {
+            return Err(Status::not_found(format!(
+                "volume {volume_id} has no lvol {}",
+                self.alias(volume_id)
+            )));
         }
+        let mut record = self.exports.record(volume_id).await?;
+        record.qos = record.qos.overlaid(*limits);
+        self.exports.keep_record(volume_id, Some(record)).await?;
+        self.exports.limit(volume_id, limits, deadline).await
     }
 
     async fn delete(&self, volume_id: &str, deadline: Instant) -> Result<(), Status> {
@@ -626,7 +483,9 @@ impl VolumeBackend for NvmfTarget {
         }
         self.delete_lvol(volume_id, deadline).await?;
         // Left by a CreateVolume from a volume that was interrupted and given up.
-        self.delete_lvol(&temp_snapshot(volume_id), deadline).await
+        self.delete_lvol(&temp_snapshot(volume_id), deadline)
+            .await?;
+        self.exports.keep_record(volume_id, None).await
     }
 
     async fn expand(&self, volume_id: &str, size: u64, deadline: Instant) -> Result<(), Status> {
@@ -753,6 +612,26 @@ impl VolumeBackend for NvmfTarget {
         Ok(())
     }
 
+    async fn lost_exports(&self, deadline: Instant) -> Result<Vec<String>, Status> {
+        let volumes = self
+            .lvols(deadline)
+            .await?
+            .into_iter()
+            .filter(|(name, bdev)| {
+                matches!(parse_volume_id(name), Some((Kind::Nvmf, _))) && !is_snapshot(bdev)
+            })
+            .collect();
+        self.exports.lost(volumes, deadline).await
+    }
+
+    async fn export_again(&self, volume_id: &str, deadline: Instant) -> Result<(), Status> {
+        match self.lvol(volume_id, deadline).await? {
+            Some(bdev) => self.exports.again(volume_id, &bdev, deadline).await,
+            // Deleted meanwhile: left gone.
+            None => Ok(()),
+        }
+    }
+
     async fn probe(&self, deadline: Instant) -> Result<(), String> {
         self.rpc
             .call_until(&SpdkGetVersion {}, deadline)
@@ -770,16 +649,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn target_names_fit_spdks_fields_and_never_change() {
-        let id = "nvmf-pvc-0b9a1e0e-1111-4c7e-9f00-000000000001";
-        assert_eq!(
-            nqn(id),
-            "nqn.2024-01.io.snap-csi:nvmf-pvc-0b9a1e0e-1111-4c7e-9f00-000000000001"
-        );
-        let serial = serial(id);
-        assert_eq!(serial.len(), SERIAL_MAX);
-        assert!(serial.starts_with("SC"));
-        assert_ne!(serial, super::serial("nvmf-other"));
+    fn lvol_names_fit_spdks_fields() {
         assert!(temp_snapshot(&"x".repeat(57)).len() <= 63);
         assert_eq!(size_in_mib(4 * MIB), 4);
         assert_eq!(size_in_mib(4 * MIB + 1), 5);

@@ -122,6 +122,17 @@ pub trait VolumeBackend: Send + Sync + Debug {
         Ok(())
     }
 
+    /// Volumes whose export the backend lost and which [`Self::export_again`]
+    /// restores (an NVMe-oF target restarted); the others never lose one.
+    async fn lost_exports(&self, _deadline: Instant) -> Result<Vec<String>, Status> {
+        Ok(Vec::new())
+    }
+
+    /// Exports `volume_id` again as it was; a volume gone meanwhile stays gone.
+    async fn export_again(&self, _volume_id: &str, _deadline: Instant) -> Result<(), Status> {
+        Ok(())
+    }
+
     /// Where this backend's snapshot records are.
     fn snapshot_records(&self) -> &JsonDir;
 

@@ -113,9 +113,29 @@ impl Target {
         self.spdk
             .dir
             .path()
-            .join("state/bdevs")
+            .join("state/lvstores")
             .join(format!("lvs-{}", lvs[0].uuid))
             .join(format!("{}.img", bdev[0].name))
+    }
+
+    /// Stops the emulated target and starts it again on its directory, its
+    /// pool made again by its start-up configuration (a real target's
+    /// `--json`): it finds its lvstore on the pool, and nothing else.
+    pub async fn restart(&mut self) {
+        let pool = self.spdk.dir.path().join("pool.img");
+        let saved = self.spdk.dir.path().join("target.json");
+        let config = serde_json::json!({"subsystems": [{"subsystem": "bdev", "config": [
+            {"method": "bdev_aio_create",
+             "params": {"name": "pool0", "filename": pool, "block_size": 4096}}
+        ]}]});
+        std::fs::write(&saved, config.to_string()).unwrap();
+        self.spdk
+            .restart(|c| {
+                let mut c = c.without_snap();
+                c.json_config = Some(saved);
+                c
+            })
+            .await;
     }
 
     /// Every lvol name in the lvstore and every subsystem NQN.
@@ -551,9 +571,11 @@ impl Csi {
                 );
             }
         }
-        let records = self.state.join("nvmf-snapshots");
-        if records.exists() {
-            out.extend(walk(&records).into_iter().map(|p| p.display().to_string()));
+        for records in ["nvmf-snapshots", "nvmf-volumes"] {
+            let records = self.state.join(records);
+            if records.exists() {
+                out.extend(walk(&records).into_iter().map(|p| p.display().to_string()));
+            }
         }
         if let Some(target) = &self.target {
             out.extend(target.objects().await);

@@ -138,6 +138,16 @@ impl Spdk {
         }
     }
 
+    /// Stops the emulator and starts another on its directory, configured
+    /// by `configure`, as a process restarted there would be.
+    pub async fn restart(&mut self, configure: impl FnOnce(snap_emu::Config) -> snap_emu::Config) {
+        let Process::Emulated(running) = &mut self.process else {
+            panic!("only an emulator is restarted here")
+        };
+        let config = configure(snap_emu::Config::for_test(self.dir.path()));
+        running.restart(config).await.unwrap();
+    }
+
     fn real(suite: &Arc<Suite>) -> Spdk {
         Spdk {
             process: Process::Real(suite.spdk_tgt(), Arc::clone(suite)),

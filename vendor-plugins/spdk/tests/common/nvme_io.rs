@@ -64,6 +64,8 @@ impl Remote<'_> {
                 trsvcid: Some(self.trsvcid.into()),
                 subnqn: Some(self.subnqn.into()),
                 hostnqn: None,
+                ctrlr_loss_timeout_sec: None,
+                reconnect_delay_sec: None,
             })
             .await
             .unwrap();
