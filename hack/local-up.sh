@@ -305,11 +305,20 @@ if [ "$mode" = split ]; then
   agent_metrics=$subnet.2:9831
 fi
 
-# The remote NVMe-oF target: a plain SPDK with a pool and an lvstore.
-start target "$bin/snap-emu" --no-snap --socket "$dir/target.sock" --state-dir "$dir/target"
-wait_for_socket "$dir/target.sock"
+# The remote NVMe-oF target: a plain SPDK with a pool and an lvstore. Its
+# pool is in its start-up configuration, as a real target's would be: a
+# restarted target (--supervise) makes the pool again and finds its lvstore
+# on it; the controller exports its volumes again.
 truncate -s 8G "$dir/target-pool.img"
-rpc "$dir/target.sock" bdev_aio_create "{\"name\":\"pool0\",\"filename\":\"$dir/target-pool.img\",\"block_size\":4096}"
+cat >"$dir/target.json" <<EOF
+{"subsystems": [{"subsystem": "bdev", "config": [
+  {"method": "bdev_aio_create",
+   "params": {"name": "pool0", "filename": "$dir/target-pool.img", "block_size": 4096}}
+]}]}
+EOF
+start target "$bin/snap-emu" --no-snap --socket "$dir/target.sock" --state-dir "$dir/target" \
+  --json "$dir/target.json"
+wait_for_socket "$dir/target.sock"
 rpc "$dir/target.sock" bdev_lvol_create_lvstore '{"bdev_name":"pool0","lvs_name":"lvs0"}'
 port=$(free_port)
 node_metrics=127.0.0.1:$(free_port)

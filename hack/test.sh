@@ -54,12 +54,10 @@ cargo build --locked -p snap-csi -p snap-emu -p snap-csi-spdk-plugin -p snap-csi
   --floor-iterations 20 --scale-volumes 8 --concurrency 1,4 --rpc-seconds 0.2 --rpc-repeats 1
 # The chaos soak for two minutes (README "Chaos soak"): random volume lives while the stack's
 # processes are killed, SNAP stalls and functions run out; then 180 kill trials per mode (one
-# volume's life, the node, plugin, agent or SNAP killed at a random instant inside one step, a
-# census after each; about 7 minutes per mode in debug). Fails on a leak, a data error or a call
-# that never converges as kubelet makes it; a pod's I/O refused while a SNAP restart took its
-# device away is counted apart and the pod restarted (unpublish, unstage, stage, publish), its
-# data then read back. Its seed (printed first) replays the same script. The NVMe-oF target is
-# left out of the kill trials (the run prints "NOT KILLING target"): a restarted target comes
-# back without the pool, lvstore and subsystems local-up made, and nothing recreates them yet.
+# volume's life, the node, plugin, agent, SNAP or the NVMe-oF target killed at a random instant
+# inside one step, a census after each; about 7 minutes per mode in debug). Fails on a leak, a
+# data error or a call that never converges as kubelet makes it; a pod's I/O refused while a
+# SNAP restart took its device away is counted apart and the pod restarted (unpublish, unstage,
+# stage, publish), its data then read back. Its seed (printed first) replays the same script.
 ./hack/chaos.sh --profile debug --duration 2m --round 30s --kill-trials 180 \
-  --kill-processes node,plugin,agent,snap
+  --kill-processes node,plugin,agent,snap,target

@@ -2,7 +2,9 @@
 //! - a process killed with SIGKILL (local-up `--supervise` starts it again,
 //!   as kubelet restarts a crashed container): the node, the vendor plugin,
 //!   the controller proxy, SNAP (the emulator starts empty, as SNAP does
-//!   after a restart), the DPU agent in split mode;
+//!   after a restart), the NVMe-oF target (its pool and lvstore found
+//!   again, its exports restored by the controller), the DPU agent in split
+//!   mode;
 //! - SNAP stalled: the emulator stopped (SIGSTOP) for up to 5 s, so that
 //!   calls in flight answer late or after their deadline, then continued;
 //! - the function pool full: every free function of one emulation taken by
@@ -49,7 +51,7 @@ pub struct Injector<'a> {
 
 impl Injector<'_> {
     pub async fn run(mut self) {
-        let mut victims = vec!["node", "plugin", "controller", "snap"];
+        let mut victims = vec!["node", "plugin", "controller", "snap", "target"];
         if self.stack.split.is_some() {
             victims.push("agent");
         }

@@ -83,10 +83,12 @@ struct Args {
     #[arg(long, default_value_t = 0)]
     kill_trials: usize,
     /// The processes kill trials kill, comma separated (node, plugin, snap,
-    /// target: the NVMe-oF target, agent: split mode only). Not the target
-    /// by default: a restarted target has lost the pool and lvstore local-up
-    /// made, so every NVMe-oF volume after its kill is stuck (a run says so).
-    #[arg(long, value_delimiter = ',', default_value = "node,plugin,snap,agent")]
+    /// target: the NVMe-oF target, agent: split mode only).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "node,plugin,snap,target,agent"
+    )]
     kill_processes: Vec<String>,
     /// The steps kill trials kill in, comma separated (stage, publish,
     /// unpublish, unstage).

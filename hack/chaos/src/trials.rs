@@ -168,7 +168,7 @@ fn cells(args: &Args, split: bool) -> anyhow::Result<Vec<(&'static str, Call)>> 
     if !left_out.is_empty() {
         // Never a silent skip: the run says which processes it spares.
         eprintln!(
-            "chaos: kill trials NOT KILLING {}: left out by --kill-processes (a killed target loses the pool and lvstore local-up made)",
+            "chaos: kill trials NOT KILLING {}: left out by --kill-processes",
             left_out.join(", ")
         );
     }
