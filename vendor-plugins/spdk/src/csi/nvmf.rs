@@ -421,11 +421,6 @@ impl VolumeBackend for NvmfTarget {
         deadline: Instant,
     ) -> Result<u64, Status> {
         if self.lvol(volume_id, deadline).await?.is_none() {
-            let record = VolumeRecord {
-                qos: *qos,
-                exported: false,
-            };
-            self.exports.keep_record(volume_id, Some(record)).await?;
             self.make_lvol(volume_id, size, source, deadline).await?;
         }
         let mut bdev = self.stand_alone(volume_id, deadline).await?;
