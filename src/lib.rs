@@ -36,9 +36,7 @@
 //! - [`plugin_check`]: `snap-csi plugin-check`, a conformance check of a
 //!   vendor plugin against the `nvidia.storage.plugins.v1` API text.
 
-/// The CSI driver name the node and the controller proxy report unless told
-/// otherwise (`--driver-name`); the CSIDriver object carries the same.
-pub const DRIVER_NAME: &str = "csi.snap-csi.io";
+pub use settings::DRIVER_NAME;
 
 pub mod agent;
 pub mod controller;

@@ -8,6 +8,10 @@ use std::time::Duration;
 use config::ConfigError;
 use serde::de::DeserializeOwned;
 
+/// The CSI driver name the node and the controller proxy report unless told
+/// otherwise (`--driver-name`); the CSIDriver object carries the same.
+pub const DRIVER_NAME: &str = "csi.snap-csi.io";
+
 /// The defaults, or the file's settings over them when a file is given.
 /// Settings types are `#[serde(default)]`, so the file names only what it
 /// changes; an unknown key is an error when they deny unknown fields.

@@ -59,7 +59,7 @@ impl Default for ControllerConfig {
             vendor_insecure_plaintext: false,
             vendor_tls: TlsFiles::default(),
             call_timeout: Duration::from_secs(120),
-            driver_name: crate::DRIVER_NAME.into(),
+            driver_name: crate::settings::DRIVER_NAME.into(),
             forward_newer_capabilities: false,
             metrics_address: None,
         }

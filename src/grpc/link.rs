@@ -15,7 +15,7 @@ use rustls_pki_types::ServerName;
 use tokio::net::UnixStream;
 use tonic::transport::{Channel, Endpoint, Uri};
 
-use super::LinkAddress;
+use super::address::LinkAddress;
 use crate::tls::{Reloading, TlsError, TlsFiles, client_config, connect, peer_name};
 
 /// The connection to one peer, and how to open it again.

@@ -5,7 +5,7 @@
 //! in the node's per-volume records as JSON (`{"kind": "nvme", ...}`): a new
 //! variant is a new `kind`, and the existing ones keep their fields.
 
-use super::{BlockDevice, HostError, Sysfs};
+use super::sysfs::{BlockDevice, HostError, Sysfs};
 
 /// Where the host finds the attached volume: a function and the identity
 /// of the volume's disk on it, never a kernel name.

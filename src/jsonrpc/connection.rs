@@ -21,7 +21,8 @@ use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::{Notify, oneshot};
 use tokio::task::AbortHandle;
 
-use super::{RpcError, wire};
+use super::error::RpcError;
+use super::wire;
 use json_framing::{FramingError, JsonFramer};
 
 /// Why the connection can no longer carry calls.

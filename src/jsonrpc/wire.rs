@@ -8,7 +8,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::value::RawValue;
 
-use super::RpcError;
+use super::error::RpcError;
 
 #[derive(Serialize)]
 struct Request<'a> {

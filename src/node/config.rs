@@ -118,7 +118,7 @@ impl Default for NodeConfig {
     fn default() -> Self {
         NodeConfig {
             endpoint: "/csi/csi.sock".into(),
-            driver_name: crate::DRIVER_NAME.into(),
+            driver_name: crate::settings::DRIVER_NAME.into(),
             node_id: hostname(),
             kubelet_dir: "/var/lib/kubelet".into(),
             state_dir: "/var/lib/snap-csi".into(),

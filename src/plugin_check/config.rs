@@ -3,10 +3,7 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::process::ExitCode;
 use std::time::Duration;
-
-use super::run;
 
 /// What a run needs.
 #[derive(Debug, Clone)]
@@ -92,29 +89,6 @@ fn context(flag: &str, pairs: &[(String, String)]) -> Result<HashMap<String, Str
         }
     }
     Ok(context)
-}
-
-/// The subcommand: prints each result as it comes, then the summary; exits 1
-/// when a check failed and 2 when the run could not start.
-pub async fn run_cli(args: &PluginCheckArgs) -> ExitCode {
-    let report = match args.resolve() {
-        Ok(config) => run(&config, &mut |result| println!("{result}")).await,
-        Err(e) => Err(e),
-    };
-    match report {
-        Ok(report) => {
-            println!("{}", report.summary());
-            if report.failed() == 0 {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::FAILURE
-            }
-        }
-        Err(e) => {
-            eprintln!("plugin-check: {e}");
-            ExitCode::from(2)
-        }
-    }
 }
 
 /// `unix:///abs/path` or `unix:path`, as gRPC names UNIX sockets.

@@ -3,8 +3,10 @@
 
 use tonic::Code;
 
-use super::calls::show;
-use super::{Checker, Device, checks, text};
+use super::checker::{Checker, Device};
+use super::report::checks;
+use super::show::show;
+use super::text;
 use crate::dpu::plugin::VOLUME_MODE_BLOCK;
 
 impl Checker<'_> {

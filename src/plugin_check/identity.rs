@@ -1,8 +1,10 @@
 //! The plugin about itself: GetPluginInfo, Probe, its capabilities and its
 //! SNAP provider.
 
-use super::calls::{capability_name, show};
-use super::{Advertised, Checker, checks, text};
+use super::checker::{Advertised, Checker};
+use super::report::checks;
+use super::show::{capability_name, show};
+use super::text;
 use crate::grpc::call_until;
 use crate::proto::nvidia::storage::plugins::v1 as api;
 use api::storage_plugin_service_capability::rpc::Type as Capability;

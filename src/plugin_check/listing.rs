@@ -3,8 +3,11 @@
 
 use tonic::Code;
 
-use super::calls::{counted, show, show_entries};
-use super::{Checker, Device, checks, text};
+use super::calls::show_entries;
+use super::checker::{Checker, Device};
+use super::report::checks;
+use super::show::{counted, show};
+use super::text;
 use crate::dpu::plugin::LIST_PAGE;
 
 impl Checker<'_> {

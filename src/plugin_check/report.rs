@@ -73,11 +73,61 @@ impl fmt::Display for Report {
     }
 }
 
+/// The checks, in the order they run and print.
+pub mod checks {
+    pub const PLUGIN_INFO: &str = "plugin-info";
+    pub const PROBE: &str = "probe";
+    pub const CAPABILITIES: &str = "capabilities";
+    pub const SNAP_PROVIDER: &str = "snap-provider";
+    pub const CREATE_DELETE_UNIMPLEMENTED: &str = "create-delete-unimplemented";
+    pub const GET_DEVICE_UNIMPLEMENTED: &str = "get-device-unimplemented";
+    pub const LIST_DEVICES_UNIMPLEMENTED: &str = "list-devices-unimplemented";
+    pub const GET_DEVICE_NOT_FOUND: &str = "get-device-not-found";
+    pub const DELETE_DEVICE_ABSENT: &str = "delete-device-absent";
+    pub const LIST_DEVICES_BAD_TOKEN: &str = "list-devices-bad-token";
+    pub const CREATE_DEVICE: &str = "create-device";
+    pub const CREATE_DEVICE_IDEMPOTENT: &str = "create-device-idempotent";
+    pub const GET_DEVICE: &str = "get-device";
+    pub const LIST_DEVICES: &str = "list-devices";
+    pub const LIST_DEVICES_PAGING: &str = "list-devices-paging";
+    pub const DELETE_DEVICE: &str = "delete-device";
+    pub const DELETE_DEVICE_IDEMPOTENT: &str = "delete-device-idempotent";
+    pub const GET_DEVICE_AFTER_DELETE: &str = "get-device-after-delete";
+    pub const LIST_DEVICES_AFTER_DELETE: &str = "list-devices-after-delete";
+    pub const FS_DEVICE: &str = "fs-device";
+    pub const UNOFFERED_KIND_REFUSED: &str = "unoffered-kind-refused";
+    pub const CLEANUP: &str = "cleanup";
+
+    pub const ALL: [&str; 22] = [
+        PLUGIN_INFO,
+        PROBE,
+        CAPABILITIES,
+        SNAP_PROVIDER,
+        CREATE_DELETE_UNIMPLEMENTED,
+        GET_DEVICE_UNIMPLEMENTED,
+        LIST_DEVICES_UNIMPLEMENTED,
+        GET_DEVICE_NOT_FOUND,
+        DELETE_DEVICE_ABSENT,
+        LIST_DEVICES_BAD_TOKEN,
+        CREATE_DEVICE,
+        CREATE_DEVICE_IDEMPOTENT,
+        GET_DEVICE,
+        LIST_DEVICES,
+        LIST_DEVICES_PAGING,
+        DELETE_DEVICE,
+        DELETE_DEVICE_IDEMPOTENT,
+        GET_DEVICE_AFTER_DELETE,
+        LIST_DEVICES_AFTER_DELETE,
+        FS_DEVICE,
+        UNOFFERED_KIND_REFUSED,
+        CLEANUP,
+    ];
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plugin_check::calls::one_line;
-    use crate::plugin_check::checks;
+    use crate::plugin_check::show::one_line;
 
     #[test]
     fn results_print_one_line_each_and_the_summary_alone() {

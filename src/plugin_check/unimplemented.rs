@@ -2,8 +2,10 @@
 
 use tonic::{Code, Status};
 
-use super::calls::{capability_name, show};
-use super::{Advertised, Checker, Device, capabilities_unknown, checks, text};
+use super::checker::{Advertised, Checker, Device, capabilities_unknown};
+use super::report::checks;
+use super::show::{capability_name, show};
+use super::text;
 use crate::dpu::plugin::LIST_PAGE;
 use crate::proto::nvidia::storage::plugins::v1::storage_plugin_service_capability::rpc::Type as Capability;
 

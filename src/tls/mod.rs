@@ -147,7 +147,8 @@ pub fn server_config(
     host: ServerName<'static>,
 ) -> impl Fn(&Material) -> Result<rustls::ServerConfig, TlsError> + Send + Sync + 'static {
     move |material| {
-        let verifier = verify::HostOnly::new(Arc::clone(&material.roots), host.clone())?;
+        let verifier =
+            verify::HostOnly::new(Arc::clone(&material.roots), host.clone(), provider())?;
         let mut config = rustls::ServerConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()?
             .with_client_cert_verifier(Arc::new(verifier))

@@ -6,12 +6,11 @@
 use std::sync::Arc;
 
 use rustls::client::verify_server_name;
+use rustls::crypto::CryptoProvider;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::server::{ParsedCertificate, WebPkiClientVerifier};
 use rustls::{DigitallySignedStruct, DistinguishedName, RootCertStore, SignatureScheme};
-
-use super::TlsError;
 
 #[derive(Debug)]
 pub(super) struct HostOnly {
@@ -20,9 +19,12 @@ pub(super) struct HostOnly {
 }
 
 impl HostOnly {
-    pub fn new(roots: Arc<RootCertStore>, host: ServerName<'static>) -> Result<Self, TlsError> {
-        let webpki =
-            WebPkiClientVerifier::builder_with_provider(roots, super::provider()).build()?;
+    pub fn new(
+        roots: Arc<RootCertStore>,
+        host: ServerName<'static>,
+        provider: Arc<CryptoProvider>,
+    ) -> Result<Self, rustls::server::VerifierBuilderError> {
+        let webpki = WebPkiClientVerifier::builder_with_provider(roots, provider).build()?;
         Ok(HostOnly { webpki, host })
     }
 }
