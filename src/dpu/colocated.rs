@@ -31,16 +31,19 @@ use std::sync::OnceLock;
 use futures::future::{join_all, try_join_all};
 use tokio::time::Instant;
 
+use super::attach::{AttachRequest, Attachment, DpuAttach, Inventory};
 use super::endpoint::SnapEndpoint;
-use super::exposure::{Choice, Exposures, Read};
+use super::error::DpuError;
+use super::exposure::Read;
+use super::exposures::{Choice, Exposures};
 use super::names::VolumeNames;
 use super::plugin::PluginClient;
-use super::{
-    AttachRequest, Attachment, DpuAttach, DpuError, Inventory, IoStats, crypto, inventory, retry,
-};
+use super::{crypto, inventory};
 use crate::proto::nvidia::storage::plugins::v1::storage_plugin_service_capability::rpc::Type as Capability;
+use crate::retry;
 use crate::spdk::app::SpdkGetVersion;
 use crate::spdk::bdev::BdevGetIostat;
+use crate::spdk::bdev::Iostat as IoStats;
 
 /// The co-located attach layer: one vendor plugin and the SNAP it names.
 #[derive(Debug)]

@@ -24,8 +24,8 @@ use std::collections::HashMap;
 
 use tokio::time::Instant;
 
-use super::DpuError;
 use super::endpoint::SnapEndpoint;
+use super::error::DpuError;
 use super::names::VolumeNames;
 use crate::jsonrpc::{RpcError, code};
 use crate::spdk::accel::{

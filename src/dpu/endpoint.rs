@@ -10,12 +10,12 @@ use futures::FutureExt;
 use futures::future::{BoxFuture, Shared};
 use tokio::time::Instant;
 
+use super::emulation::Emulation;
+use super::error::DpuError;
 use super::functions::{FunctionListing, FunctionPool};
-use super::nvme::SubsystemListing;
-use super::{DpuError, Emulation};
 use crate::jsonrpc::{Method, RpcClient, RpcError, code};
 use crate::spdk::snap::{
-    ControllerCreated, EmulationFunctionList, EmulationType, NvmeSubsystemList,
+    ControllerCreated, EmulationFunctionList, EmulationType, NvmeSubsystem, NvmeSubsystemList,
 };
 
 #[derive(Debug)]
@@ -301,4 +301,12 @@ async fn listed<M: Method>(
         .await
         .map_err(|e| classify(rpc.socket(), what, e))?;
     Ok((answer, asked_at))
+}
+
+/// One `nvme_subsystem_list` answer and when it was asked for.
+#[derive(Debug)]
+pub(crate) struct SubsystemListing {
+    pub subsystems: Vec<NvmeSubsystem>,
+    /// Sent no earlier than this: it reflects every create answered before.
+    pub asked_at: Instant,
 }

@@ -2,9 +2,11 @@
 //! bdev to the host, after openebs/mayastor's node `dev.rs` (one trait, one
 //! file per transport): an [`Exposure`] per emulation and placement, each in
 //! a file of its own (`nvme`: dedicated NVMe, `packed`: packed NVMe,
-//! `virtio`: virtio-blk). [`super::colocated::Colocated`] only chooses from
-//! [`Exposures`] and does the vendor plugin's steps around the choice; the
-//! crypto layer (`crypto`) makes the bdev whichever one exposes.
+//! `virtio`: virtio-blk, `virtiofs`: virtio-fs), registered in
+//! `exposures`. [`super::colocated::Colocated`] only chooses among them and
+//! does the vendor plugin's steps around the choice; the crypto layer
+//! (`crypto`) makes the bdev whichever one exposes. The node's census
+//! (`inventory`) is every exposure's [`Exposure::census`], joined.
 //!
 //! An exposure reads what SNAP holds of a volume its way ([`Exposure::find`]);
 //! the result, a [`Found`], says whether the volume is exposed that way and
@@ -15,22 +17,23 @@
 //! detach does not know how the volume was exposed: it asks every exposure
 //! and releases what each holds.
 //!
-//! Adding an emulation: a file implementing [`Exposure`] (with its
-//! [`Exposure::census`]), its line in [`Exposures::new`], its variant in
-//! [`Emulation`] and in [`super::HostLocator`] (and the agent API's
-//! `Emulation` and `HostLocator`, `wire.rs`).
+//! Adding an emulation: a file implementing [`Exposure`], its line in
+//! `Exposures::new`, its variant in [`Emulation`] and in
+//! [`crate::host::HostLocator`] (and the agent API's `Emulation` and
+//! `HostLocator`, `wire.rs`).
 
 use std::sync::Arc;
 
+use futures::future::{BoxFuture, Shared};
 use tokio::time::Instant;
 
+use super::attach::{ExposedVolume, FunctionUse, Placement, PoolUse};
+use super::emulation::Emulation;
 use super::endpoint::SnapEndpoint;
+use super::error::DpuError;
 use super::functions::FunctionListing;
 use super::names::VolumeNames;
-use super::{
-    AttachRequest, DpuError, Emulation, ExposedVolume, FunctionUse, HostLocator, Placement,
-    PoolUse, nvme, packed, virtio, virtiofs,
-};
+use crate::host::HostLocator;
 
 /// How much of SNAP's state [`Exposure::find`] reads.
 #[derive(Debug, Clone, Copy)]
@@ -86,21 +89,51 @@ pub(crate) trait Exposure: Send + Sync + std::fmt::Debug {
         deadline: Instant,
     ) -> Result<Box<dyn Found + 'a>, DpuError>;
 
-    /// What SNAP holds this way beyond the functions of
-    /// `emulation_function_list` and what `inventory` joins from them: the
-    /// emulation's own functions and every volume it exposes under our names
-    /// (also half-made ones), for the node's census.
-    async fn census(&self, _snap: &SnapEndpoint, _deadline: Instant) -> Result<Census, DpuError> {
-        Ok(Census::default())
+    /// What SNAP holds this way, for the node's census (`inventory`): every
+    /// volume it exposes under our names (also half-made ones), what its
+    /// controllers on `emulation_function_list`'s functions carry, and its
+    /// own functions and pools.
+    async fn census(&self, survey: &Survey<'_>) -> Result<Census, DpuError>;
+}
+
+/// What every [`Exposure::census`] of one inventory reads from.
+pub(crate) struct Survey<'a> {
+    pub snap: &'a SnapEndpoint,
+    /// `emulation_function_list`, asked for once for every census (where a
+    /// function is, by its controller).
+    pub functions: Shared<BoxFuture<'a, Result<Arc<FunctionListing>, DpuError>>>,
+    /// When the inventory began: a listing that censuses share is one
+    /// started no earlier (SNAP renders it once).
+    pub began: Instant,
+    pub deadline: Instant,
+}
+
+impl Survey<'_> {
+    pub async fn functions(&self) -> Result<Arc<FunctionListing>, DpuError> {
+        self.functions.clone().await
     }
 }
 
 /// One exposure's part of the [`super::Inventory`].
 #[derive(Debug, Default)]
 pub(crate) struct Census {
+    /// Functions of the emulation's own, beyond `emulation_function_list`.
     pub functions: Vec<FunctionUse>,
+    /// What its controllers on `emulation_function_list`'s functions carry.
+    pub controllers: Vec<ControllerUse>,
     pub volumes: Vec<ExposedVolume>,
     pub pools: Vec<PoolUse>,
+}
+
+/// What one controller carries: one of our volumes, or a pool.
+#[derive(Debug)]
+pub(crate) struct ControllerUse {
+    pub emulation: Emulation,
+    pub controller: String,
+    /// The [`ExposedVolume::key`] of the volume it serves.
+    pub volume_key: Option<String>,
+    /// The pool subsystem's NQN.
+    pub pool: Option<String>,
 }
 
 /// What SNAP holds of one volume one way, as [`Exposure::find`] read it.
@@ -130,118 +163,5 @@ pub(crate) trait Found: Send + Sync {
     /// dedicated volume's empty subsystem): removed beside DeleteDevice.
     async fn remove_rest(&self, _deadline: Instant) -> Result<(), DpuError> {
         Ok(())
-    }
-}
-
-/// Every exposure, in the order in which a volume found exposed several
-/// ways continues: where its first stage placed it (a dedicated subsystem
-/// before a namespace in a pool).
-#[derive(Debug)]
-pub(crate) struct Exposures(Vec<Box<dyn Exposure>>);
-
-impl Exposures {
-    pub fn new() -> Self {
-        Exposures(vec![
-            Box::new(nvme::Dedicated),
-            Box::new(packed::Packed::default()),
-            Box::new(virtio::VirtioBlk),
-            Box::new(virtiofs::VirtioFs),
-        ])
-    }
-
-    pub fn all(&self) -> impl Iterator<Item = &dyn Exposure> {
-        self.0.iter().map(|e| &**e)
-    }
-
-    /// The exposures an attach of `request` reads and the one it asks for;
-    /// InvalidArgument for a placement its emulation does not have.
-    pub fn for_attach(&self, request: &AttachRequest) -> Result<Choice<'_>, DpuError> {
-        // A volume stays where its first stage placed it, also when the
-        // node's default placement has changed since: every placement of
-        // the emulation is a candidate.
-        let family: Vec<&dyn Exposure> = self
-            .all()
-            .filter(|e| e.emulation() == request.emulation)
-            .collect();
-        let packed = matches!(request.placement, Placement::Packed { .. });
-        let requested = family.iter().position(|e| e.packed() == packed);
-        let requested = requested.ok_or_else(|| {
-            DpuError::InvalidArgument(format!(
-                "a {} function carries one disk: the packed placement is {} only",
-                request.emulation.label(),
-                Emulation::listed(Emulation::packing(), Emulation::label)
-            ))
-        })?;
-        Ok(Choice { family, requested })
-    }
-}
-
-/// The exposures of one attach.
-#[derive(Debug)]
-pub(crate) struct Choice<'a> {
-    /// Every placement of the requested emulation, in [`Exposures`] order.
-    pub family: Vec<&'a dyn Exposure>,
-    /// Which of them the request asks for.
-    pub requested: usize,
-}
-
-impl Choice<'_> {
-    /// What an attach reads first: only what placing needs, unless the
-    /// caller attached the volume before (then SNAP most likely has it all).
-    pub fn read(&self, request: &AttachRequest, began: Instant) -> Read {
-        match request.attached_before || self.family[self.requested].reads_first() {
-            true => Read::ToPlace(began),
-            false => Read::Skip,
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn every_emulation_has_a_dedicated_exposure_and_a_packed_one_when_it_packs() {
-        let exposures = Exposures::new();
-        let request = |emulation, placement| AttachRequest {
-            volume_id: "pvc-1".into(),
-            access_modes: Vec::new(),
-            volume_mode: super::super::VolumeMode::Block,
-            publish_context: Default::default(),
-            volume_context: Default::default(),
-            storage_parameters: Default::default(),
-            emulation,
-            placement,
-            attached_before: false,
-            secrets: Default::default(),
-        };
-        let packed = Placement::Packed {
-            namespaces_per_controller: 4,
-        };
-        for emulation in Emulation::ALL {
-            let dedicated = exposures
-                .for_attach(&request(emulation, Placement::Dedicated))
-                .unwrap();
-            assert!(!dedicated.family[dedicated.requested].packed());
-            match exposures.for_attach(&request(emulation, packed)) {
-                Ok(choice) => {
-                    assert!(emulation.packs(), "{emulation:?} packs");
-                    assert!(choice.family[choice.requested].packed());
-                }
-                Err(e) => {
-                    assert!(!emulation.packs(), "{emulation:?}: {e}");
-                    assert!(matches!(e, DpuError::InvalidArgument(_)), "{e:?}");
-                }
-            }
-        }
-        // One exposure per emulation and placement, or the later never runs.
-        for (i, a) in exposures.all().enumerate() {
-            for b in exposures.all().skip(i + 1) {
-                assert!(
-                    (a.emulation(), a.packed()) != (b.emulation(), b.packed()),
-                    "{a:?} and {b:?}"
-                );
-            }
-        }
     }
 }

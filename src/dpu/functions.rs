@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::Emulation;
+use super::emulation::Emulation;
 use crate::spdk::snap::{EmulationFunction, EmulationType};
 
 /// How long a claim outlives its create call. A listing read before a

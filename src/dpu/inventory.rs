@@ -1,170 +1,96 @@
-//! The [`Inventory`]: SNAP's three listings (functions, NVMe subsystems,
-//! virtio-blk controllers) joined into what each function carries, which of
-//! our volumes SNAP exposes (a packed one by its namespace UUID, in whichever
-//! pool it is) and the pools, with every exposure's own [`Census`] (an
-//! emulation with functions and listings of its own, virtio-fs). Read
-//! together, in one round trip.
+//! The [`Inventory`]: what every exposure's [`Census`] found, joined with
+//! `emulation_function_list` into what each function carries. Every census
+//! reads at once, sharing the function listing, so it takes one round trip.
 
 use std::collections::HashMap;
 
+use futures::FutureExt;
+use futures::future::try_join_all;
 use tokio::time::Instant;
 
-use futures::future::try_join_all;
-
+use super::attach::{FunctionUse, Inventory};
+use super::emulation::Emulation;
 use super::endpoint::SnapEndpoint;
-use super::exposure::{Census, Exposures};
+use super::error::DpuError;
+use super::exposure::{Census, ControllerUse, Survey};
+use super::exposures::Exposures;
 use super::functions::FunctionListing;
-use super::names::{is_our_nqn, is_our_serial};
-use super::{DpuError, Emulation, ExposedVolume, FunctionUse, Inventory, PoolUse, packed, virtio};
-use crate::spdk::snap::{
-    EmulationType, NvmeSubsystem, NvmeSubsystemList, VirtioBlkController, VirtioBlkControllerList,
-};
 
 pub(crate) async fn read(
     snap: &SnapEndpoint,
     exposures: &Exposures,
     deadline: Instant,
 ) -> Result<Inventory, DpuError> {
-    let (functions, subsystems, controllers, censuses) = tokio::join!(
-        snap.list_functions_fresh(deadline),
-        snap.call(&NvmeSubsystemList {}, deadline),
-        snap.call(&VirtioBlkControllerList {}, deadline),
-        try_join_all(exposures.all().map(|e| e.census(snap, deadline))),
+    let survey = Survey {
+        snap,
+        functions: snap.list_functions_fresh(deadline).boxed().shared(),
+        began: Instant::now(),
+        deadline,
+    };
+    let (functions, censuses) = tokio::join!(
+        survey.functions(),
+        try_join_all(exposures.all().map(|e| e.census(&survey))),
     );
-    let subsystems = subsystems.map_err(|e| snap.error("listing NVMe subsystems", e))?;
-    let controllers = controllers.map_err(|e| snap.error("listing virtio-blk controllers", e))?;
-    let mut inventory = join(&*functions?, &subsystems, &controllers);
-    for Census {
-        functions,
-        volumes,
-        pools,
-    } in censuses?
-    {
-        inventory.functions.extend(functions);
-        inventory.volumes.extend(volumes);
-        inventory.pools.extend(pools);
-    }
-    Ok(inventory)
+    Ok(join(&*functions?, censuses?))
 }
 
-fn join(
-    listing: &FunctionListing,
-    subsystems: &[NvmeSubsystem],
-    controllers: &[VirtioBlkController],
-) -> Inventory {
-    // Controller id -> the key of our volume it serves.
-    let mut ours: HashMap<(EmulationType, &str), &str> = HashMap::new();
-    // Controller id -> the pool it serves.
-    let mut pool_of: HashMap<&str, &str> = HashMap::new();
-    for subsystem in subsystems {
-        let into = if is_our_nqn(&subsystem.nqn) {
-            &mut ours
-        } else if packed::pool_capacity(subsystem).is_some() {
-            for controller in &subsystem.controllers {
-                pool_of.insert(controller.ctrl_id.as_str(), &subsystem.nqn);
-            }
-            continue;
-        } else {
-            continue;
-        };
-        for controller in &subsystem.controllers {
-            into.insert(
-                (EmulationType::Nvme, controller.ctrl_id.as_str()),
-                &subsystem.nqn,
-            );
-        }
-    }
-    for controller in controllers {
-        if let Some(serial) = controller.vblk_id.as_deref().filter(|s| is_our_serial(s)) {
-            ours.insert(
-                (EmulationType::VirtioBlk, controller.ctrl_id.as_str()),
-                serial,
-            );
-        }
-    }
-
+/// Each listed function with what its controller carries, then what each
+/// census adds.
+fn join(listing: &FunctionListing, censuses: Vec<Census>) -> Inventory {
+    let uses: HashMap<(Emulation, &str), &ControllerUse> = censuses
+        .iter()
+        .flat_map(|c| &c.controllers)
+        .map(|u| ((u.emulation, u.controller.as_str()), u))
+        .collect();
     let functions = listing
         .iter()
-        .map(|f| FunctionUse {
-            emulation: Emulation::from(f.emulation_type),
-            volume_key: f
-                .ctrl_id
-                .as_deref()
-                .and_then(|c| ours.get(&(f.emulation_type, c)))
-                .map(|key| key.to_string()),
-            pool: f
-                .ctrl_id
-                .as_deref()
-                .filter(|_| f.emulation_type == EmulationType::Nvme)
-                .and_then(|c| pool_of.get(c))
-                .map(|nqn| nqn.to_string()),
-            bdf: f.pci_bdf,
-            controller: f.ctrl_id,
+        .map(|f| {
+            let emulation = Emulation::from(f.emulation_type);
+            let used = f.ctrl_id.as_deref().and_then(|c| uses.get(&(emulation, c)));
+            FunctionUse {
+                emulation,
+                volume_key: used.and_then(|u| u.volume_key.clone()),
+                pool: used.and_then(|u| u.pool.clone()),
+                bdf: f.pci_bdf,
+                controller: f.ctrl_id,
+            }
         })
         .collect();
-    let first_bdf = |s: &NvmeSubsystem| {
-        s.controllers
-            .first()
-            .and_then(|c| listing.bdf_of(Emulation::Nvme, &c.ctrl_id, c.vhca_id))
-    };
-    let pooled: Vec<(&NvmeSubsystem, u32)> = subsystems
-        .iter()
-        .filter_map(|s| Some((s, packed::pool_capacity(s)?)))
-        .collect();
-    let pools = pooled
-        .iter()
-        .map(|(s, capacity)| PoolUse {
-            nqn: s.nqn.clone(),
-            namespaces: u32::try_from(s.namespaces.len()).unwrap_or(u32::MAX),
-            capacity: *capacity,
-            bdf: first_bdf(s),
-        })
-        .collect();
-    // A packed volume is the namespace carrying its UUID; namespaces
-    // without one are not ours.
-    let packed_volumes = pooled.iter().flat_map(|(s, _)| {
-        s.namespaces.iter().filter_map(|n| {
-            Some(ExposedVolume {
-                key: n.uuid.clone()?.to_ascii_lowercase(),
-                emulation: Emulation::Nvme,
-                device_names: vec![n.bdev.clone()],
-                bdf: first_bdf(s),
-            })
-        })
-    });
-
-    let nvme = subsystems
-        .iter()
-        .filter(|s| is_our_nqn(&s.nqn))
-        .map(|s| ExposedVolume {
-            key: s.nqn.clone(),
-            emulation: Emulation::Nvme,
-            device_names: s.namespaces.iter().map(|n| n.bdev.clone()).collect(),
-            bdf: first_bdf(s),
-        });
-    let virtio_blk = controllers.iter().filter_map(|c| {
-        let serial = c.vblk_id.as_deref().filter(|s| is_our_serial(s))?;
-        Some(ExposedVolume {
-            key: serial.to_string(),
-            emulation: Emulation::VirtioBlk,
-            device_names: virtio::bdev_of(c).map(str::to_string).into_iter().collect(),
-            bdf: c
-                .pci_bdf
-                .clone()
-                .or_else(|| listing.bdf_of(Emulation::VirtioBlk, &c.ctrl_id, c.vhca_id)),
-        })
-    });
-    Inventory {
+    let mut inventory = Inventory {
         functions,
-        volumes: nvme.chain(packed_volumes).chain(virtio_blk).collect(),
-        pools,
+        ..Inventory::default()
+    };
+    for census in censuses {
+        inventory.functions.extend(census.functions);
+        inventory.volumes.extend(census.volumes);
+        inventory.pools.extend(census.pools);
     }
+    inventory
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dpu::attach::ExposedVolume;
     use crate::dpu::names::VolumeNames;
+    use crate::dpu::{nvme, packed, virtio};
+    use crate::spdk::snap::{NvmeSubsystem, VirtioBlkController};
+
+    /// What `read` joins, from the listings each census reads.
+    fn inventory(
+        functions: &FunctionListing,
+        subsystems: &[NvmeSubsystem],
+        controllers: &[VirtioBlkController],
+    ) -> Inventory {
+        join(
+            functions,
+            vec![
+                nvme::census(functions, subsystems),
+                packed::census(functions, subsystems),
+                virtio::census(functions, controllers),
+            ],
+        )
+    }
 
     fn from_json<T: serde::de::DeserializeOwned>(value: serde_json::Value) -> T {
         serde_json::from_value(value).unwrap()
@@ -195,7 +121,7 @@ mod tests {
             {"ctrl_id": "VblkCtrl1", "vhca_id": 7, "bdev": "dev-b", "vblk_id": b.serial}
         ]));
 
-        let inventory = join(&listing, &subsystems, &controllers);
+        let inventory = inventory(&listing, &subsystems, &controllers);
         let carried: Vec<(&str, Option<&str>)> = inventory
             .functions
             .iter()
@@ -254,7 +180,7 @@ mod tests {
             {"nqn": crate::dpu::names::pool_nqn(1), "controllers": [], "namespaces": []}
         ]));
 
-        let inventory = join(&listing, &subsystems, &[]);
+        let inventory = inventory(&listing, &subsystems, &[]);
         let uses: Vec<(Option<&str>, Option<&str>)> = inventory
             .functions
             .iter()

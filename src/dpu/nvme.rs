@@ -20,11 +20,14 @@ use std::sync::Arc;
 use futures::future::try_join_all;
 use tokio::time::Instant;
 
-use super::endpoint::SnapEndpoint;
-use super::exposure::{Exposure, Found, Read};
+use super::attach::{ExposedVolume, Placement};
+use super::emulation::Emulation;
+use super::endpoint::{SnapEndpoint, SubsystemListing};
+use super::error::DpuError;
+use super::exposure::{Census, ControllerUse, Exposure, Found, Read, Survey};
 use super::functions::FunctionListing;
-use super::names::{NSID, VolumeNames};
-use super::{DpuError, Emulation, HostLocator, Placement};
+use super::names::{NSID, VolumeNames, is_our_nqn};
+use crate::host::HostLocator;
 use crate::jsonrpc::code;
 use crate::spdk::snap::{
     NvmeController, NvmeControllerAttachNs, NvmeControllerCreate, NvmeControllerDestroy,
@@ -50,6 +53,14 @@ impl Exposure for Dedicated {
     /// -17 says when there is state to read, and a created one is empty.
     fn reads_first(&self) -> bool {
         false
+    }
+
+    async fn census(&self, survey: &Survey<'_>) -> Result<Census, DpuError> {
+        let (functions, listing) = tokio::join!(
+            survey.functions(),
+            survey.snap.list_subsystems(survey.began, survey.deadline)
+        );
+        Ok(census(&*functions?, &listing?.subsystems))
     }
 
     async fn find<'a>(
@@ -155,14 +166,6 @@ pub(crate) fn is_running(controller: &NvmeController) -> bool {
         .state
         .as_deref()
         .is_some_and(|s| s.eq_ignore_ascii_case("STARTED") || s.eq_ignore_ascii_case("RUNNING"))
-}
-
-/// One `nvme_subsystem_list` answer and when it was asked for.
-#[derive(Debug)]
-pub(crate) struct SubsystemListing {
-    pub subsystems: Vec<NvmeSubsystem>,
-    /// Sent no earlier than this: it reflects every create answered before.
-    pub asked_at: Instant,
 }
 
 impl SubsystemListing {
@@ -479,4 +482,37 @@ async fn destroy_subsystem(
         .await?;
     tracing::info!(%nqn, "destroyed NVMe subsystem");
     Ok(())
+}
+
+/// Every subsystem under one of our NQNs is a volume, and its controllers
+/// carry it.
+pub(super) fn census(functions: &FunctionListing, subsystems: &[NvmeSubsystem]) -> Census {
+    let ours = || subsystems.iter().filter(|s| is_our_nqn(&s.nqn));
+    Census {
+        controllers: ours()
+            .flat_map(|s| {
+                s.controllers.iter().map(|c| ControllerUse {
+                    emulation: Emulation::Nvme,
+                    controller: c.ctrl_id.clone(),
+                    volume_key: Some(s.nqn.clone()),
+                    pool: None,
+                })
+            })
+            .collect(),
+        volumes: ours()
+            .map(|s| ExposedVolume {
+                key: s.nqn.clone(),
+                emulation: Emulation::Nvme,
+                device_names: s.namespaces.iter().map(|n| n.bdev.clone()).collect(),
+                bdf: first_bdf(functions, s),
+            })
+            .collect(),
+        ..Census::default()
+    }
+}
+
+/// The host address of a subsystem's (first) controller's function.
+pub(super) fn first_bdf(functions: &FunctionListing, subsystem: &NvmeSubsystem) -> Option<String> {
+    let c = subsystem.controllers.first()?;
+    functions.bdf_of(Emulation::Nvme, &c.ctrl_id, c.vhca_id)
 }

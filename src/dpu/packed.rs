@@ -38,12 +38,16 @@ use std::sync::{Arc, Mutex};
 
 use tokio::time::Instant;
 
+use super::attach::{ExposedVolume, Placement, PoolUse};
+use super::emulation::Emulation;
 use super::endpoint::SnapEndpoint;
-use super::exposure::{Exposure, Found, Read};
+use super::endpoint::SubsystemListing;
+use super::error::DpuError;
+use super::exposure::{Census, ControllerUse, Exposure, Found, Read, Survey};
 use super::functions::{Claims, FunctionListing};
 use super::names::{VolumeNames, pool_index, pool_nqn};
-use super::nvme::{self, SubsystemListing};
-use super::{DpuError, Emulation, HostLocator, Placement};
+use super::nvme;
+use crate::host::HostLocator;
 use crate::jsonrpc::code;
 use crate::spdk::snap::{
     NvmeController, NvmeControllerAttachNs, NvmeControllerCreate, NvmeControllerDetachNs,
@@ -81,6 +85,14 @@ impl Exposure for Packed {
     /// A stage picks its slot from the pools SNAP lists.
     fn reads_first(&self) -> bool {
         true
+    }
+
+    async fn census(&self, survey: &Survey<'_>) -> Result<Census, DpuError> {
+        let (functions, listing) = tokio::join!(
+            survey.functions(),
+            survey.snap.list_subsystems(survey.began, survey.deadline)
+        );
+        Ok(census(&*functions?, &listing?.subsystems))
     }
 
     async fn find<'a>(
@@ -742,4 +754,49 @@ async fn destroy(
         .await?;
     tracing::info!(%nqn, nsid, "destroyed packed namespace");
     Ok(())
+}
+
+/// Every pool with its controllers; a packed volume is the namespace
+/// carrying its UUID (namespaces without one are not ours).
+pub(super) fn census(functions: &FunctionListing, subsystems: &[NvmeSubsystem]) -> Census {
+    let pooled: Vec<(&NvmeSubsystem, u32)> = subsystems
+        .iter()
+        .filter_map(|s| Some((s, pool_capacity(s)?)))
+        .collect();
+    Census {
+        controllers: pooled
+            .iter()
+            .flat_map(|(s, _)| {
+                s.controllers.iter().map(|c| ControllerUse {
+                    emulation: Emulation::Nvme,
+                    controller: c.ctrl_id.clone(),
+                    volume_key: None,
+                    pool: Some(s.nqn.clone()),
+                })
+            })
+            .collect(),
+        volumes: pooled
+            .iter()
+            .flat_map(|(s, _)| {
+                s.namespaces.iter().filter_map(|n| {
+                    Some(ExposedVolume {
+                        key: n.uuid.clone()?.to_ascii_lowercase(),
+                        emulation: Emulation::Nvme,
+                        device_names: vec![n.bdev.clone()],
+                        bdf: nvme::first_bdf(functions, s),
+                    })
+                })
+            })
+            .collect(),
+        pools: pooled
+            .iter()
+            .map(|(s, capacity)| PoolUse {
+                nqn: s.nqn.clone(),
+                namespaces: u32::try_from(s.namespaces.len()).unwrap_or(u32::MAX),
+                capacity: *capacity,
+                bdf: nvme::first_bdf(functions, s),
+            })
+            .collect(),
+        ..Census::default()
+    }
 }

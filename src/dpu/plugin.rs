@@ -19,7 +19,8 @@ use tokio::time::Instant;
 use tonic::transport::Channel;
 use tonic::{Code, Status};
 
-use super::{AttachRequest, DpuError};
+use super::attach::AttachRequest;
+use super::error::DpuError;
 use crate::grpc::{self, Failed};
 use crate::proto::csi::v1::volume_capability::access_mode::Mode;
 use crate::proto::nvidia::storage::plugins::v1 as api;

@@ -27,9 +27,11 @@ use tokio::time::Instant;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status};
 
-use super::{AttachRequest, Attachment, DpuAttach, DpuError, Inventory, IoStats};
+use super::attach::{AttachRequest, Attachment, DpuAttach, Inventory};
+use super::error::DpuError;
 use crate::grpc::{self, Failed, Link, LinkAddress};
 use crate::proto::snapcsi::dpu::v1 as api;
+use crate::spdk::bdev::Iostat as IoStats;
 use crate::tls::{TlsError, TlsFiles};
 use api::dpu_agent_client::DpuAgentClient;
 

@@ -8,11 +8,14 @@ use std::sync::Arc;
 use futures::future::try_join_all;
 use tokio::time::Instant;
 
+use super::attach::{ExposedVolume, Placement};
+use super::emulation::Emulation;
 use super::endpoint::SnapEndpoint;
-use super::exposure::{Exposure, Found, Read};
+use super::error::DpuError;
+use super::exposure::{Census, ControllerUse, Exposure, Found, Read, Survey};
 use super::functions::FunctionListing;
-use super::names::VolumeNames;
-use super::{DpuError, Emulation, HostLocator, Placement};
+use super::names::{VolumeNames, is_our_serial};
+use crate::host::HostLocator;
 use crate::jsonrpc::code;
 use crate::spdk::snap::{
     VirtioBlkController, VirtioBlkControllerBdevAttach, VirtioBlkControllerCreate,
@@ -33,6 +36,12 @@ impl Exposure for VirtioBlk {
     /// one already: its controllers are read first.
     fn reads_first(&self) -> bool {
         true
+    }
+
+    async fn census(&self, survey: &Survey<'_>) -> Result<Census, DpuError> {
+        let (functions, controllers) =
+            tokio::join!(survey.functions(), list(survey.snap, survey.deadline));
+        Ok(census(&*functions?, &controllers?))
     }
 
     async fn find<'a>(
@@ -102,19 +111,25 @@ async fn find(
     serial: &str,
     deadline: Instant,
 ) -> Result<Vec<VirtioBlkController>, DpuError> {
-    let listed = snap
-        .call(&VirtioBlkControllerList {}, deadline)
-        .await
-        .map_err(|e| snap.error("listing virtio-blk controllers", e))?;
-    Ok(listed
+    Ok(list(snap, deadline)
+        .await?
         .into_iter()
         .filter(|c| c.vblk_id.as_deref() == Some(serial))
         .collect())
 }
 
+async fn list(
+    snap: &SnapEndpoint,
+    deadline: Instant,
+) -> Result<Vec<VirtioBlkController>, DpuError> {
+    snap.call(&VirtioBlkControllerList {}, deadline)
+        .await
+        .map_err(|e| snap.error("listing virtio-blk controllers", e))
+}
+
 /// The bdev a controller serves; SNAP lists a controller without one with an
 /// empty name.
-pub(crate) fn bdev_of(controller: &VirtioBlkController) -> Option<&str> {
+fn bdev_of(controller: &VirtioBlkController) -> Option<&str> {
     controller.bdev.as_deref().filter(|b| !b.is_empty())
 }
 
@@ -217,4 +232,35 @@ async fn release(
     }))
     .await?;
     Ok(())
+}
+
+/// Every controller under one of our serials is a volume.
+pub(super) fn census(functions: &FunctionListing, controllers: &[VirtioBlkController]) -> Census {
+    let ours = || {
+        controllers
+            .iter()
+            .filter_map(|c| Some((c, c.vblk_id.as_deref().filter(|s| is_our_serial(s))?)))
+    };
+    Census {
+        controllers: ours()
+            .map(|(c, serial)| ControllerUse {
+                emulation: Emulation::VirtioBlk,
+                controller: c.ctrl_id.clone(),
+                volume_key: Some(serial.to_string()),
+                pool: None,
+            })
+            .collect(),
+        volumes: ours()
+            .map(|(c, serial)| ExposedVolume {
+                key: serial.to_string(),
+                emulation: Emulation::VirtioBlk,
+                device_names: bdev_of(c).map(str::to_string).into_iter().collect(),
+                bdf: c
+                    .pci_bdf
+                    .clone()
+                    .or_else(|| functions.bdf_of(Emulation::VirtioBlk, &c.ctrl_id, c.vhca_id)),
+            })
+            .collect(),
+        ..Census::default()
+    }
 }

@@ -22,11 +22,14 @@ use std::sync::Arc;
 use futures::future::join_all;
 use tokio::time::Instant;
 
+use super::attach::{ExposedVolume, FunctionUse, Placement};
+use super::emulation::Emulation;
 use super::endpoint::SnapEndpoint;
-use super::exposure::{Census, Exposure, Found, Read};
+use super::error::DpuError;
+use super::exposure::{Census, Exposure, Found, Read, Survey};
 use super::functions::FunctionListing;
 use super::names::{VolumeNames, is_our_tag};
-use super::{DpuError, Emulation, ExposedVolume, FunctionUse, HostLocator, Placement};
+use crate::host::HostLocator;
 use crate::jsonrpc::code;
 use crate::spdk::snap::{
     VIRTIO_FS_TRANSPORT, VirtioFsDevice, VirtioFsDeviceCreate, VirtioFsDeviceDestroy,
@@ -86,7 +89,8 @@ impl Exposure for VirtioFs {
         }))
     }
 
-    async fn census(&self, snap: &SnapEndpoint, deadline: Instant) -> Result<Census, DpuError> {
+    async fn census(&self, survey: &Survey<'_>) -> Result<Census, DpuError> {
+        let (snap, deadline) = (survey.snap, survey.deadline);
         let (devices, functions) = tokio::join!(devices(snap, deadline), functions(snap, deadline));
         Ok(census(&devices?, &functions?))
     }
@@ -409,7 +413,7 @@ fn census(devices: &[VirtioFsDevice], functions: &[VirtioFsManagerFunctions]) ->
                 })
             })
             .collect(),
-        pools: Vec::new(),
+        ..Census::default()
     }
 }
 

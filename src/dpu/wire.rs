@@ -4,12 +4,17 @@
 //! same way. A message that cannot be read is INVALID_ARGUMENT on the agent
 //! (the node sent it) and INTERNAL on the node (the agent answered it).
 
-use super::{
-    AttachRequest, Attachment, BdevIostat, DpuError, Emulation, ExposedVolume, FunctionUse,
-    HostLocator, Inventory, IoStats, Placement, PoolUse, VolumeMode,
+use super::attach::{
+    AttachRequest, Attachment, ExposedVolume, FunctionUse, Inventory, Placement, PoolUse,
+    VolumeMode,
 };
+use super::emulation::Emulation;
+use super::error::DpuError;
+use crate::host::HostLocator;
 use crate::proto::nvidia::storage::plugins::v1::AccessMode;
 use crate::proto::snapcsi::dpu::v1 as api;
+use crate::spdk::bdev::BdevIostat;
+use crate::spdk::bdev::Iostat as IoStats;
 
 impl From<Emulation> for api::Emulation {
     fn from(value: Emulation) -> Self {
