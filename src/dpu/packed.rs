@@ -285,9 +285,8 @@ fn pools(listing: &SubsystemListing) -> Vec<Pool<'_>> {
     pools
 }
 
-/// The pool's NQN and capacity if `subsystem` is a pool: what the inventory
-/// reports.
-pub(crate) fn pool_capacity(subsystem: &NvmeSubsystem) -> Option<u32> {
+/// The pool's capacity if `subsystem` is a pool.
+fn pool_capacity(subsystem: &NvmeSubsystem) -> Option<u32> {
     pool_index(&subsystem.nqn)?;
     Some(capacity(subsystem, u32::MAX))
 }
@@ -759,44 +758,36 @@ async fn destroy(
 /// Every pool with its controllers; a packed volume is the namespace
 /// carrying its UUID (namespaces without one are not ours).
 pub(super) fn census(functions: &FunctionListing, subsystems: &[NvmeSubsystem]) -> Census {
-    let pooled: Vec<(&NvmeSubsystem, u32)> = subsystems
-        .iter()
-        .filter_map(|s| Some((s, pool_capacity(s)?)))
-        .collect();
-    Census {
-        controllers: pooled
-            .iter()
-            .flat_map(|(s, _)| {
-                s.controllers.iter().map(|c| ControllerUse {
+    let mut census = Census::default();
+    for pool in subsystems {
+        let Some(capacity) = pool_capacity(pool) else {
+            continue;
+        };
+        let bdf = nvme::first_bdf(functions, pool);
+        census
+            .controllers
+            .extend(pool.controllers.iter().map(|c| ControllerUse {
+                emulation: Emulation::Nvme,
+                controller: c.ctrl_id.clone(),
+                volume_key: None,
+                pool: Some(pool.nqn.clone()),
+            }));
+        census
+            .volumes
+            .extend(pool.namespaces.iter().filter_map(|n| {
+                Some(ExposedVolume {
+                    key: n.uuid.clone()?.to_ascii_lowercase(),
                     emulation: Emulation::Nvme,
-                    controller: c.ctrl_id.clone(),
-                    volume_key: None,
-                    pool: Some(s.nqn.clone()),
+                    device_names: vec![n.bdev.clone()],
+                    bdf: bdf.clone(),
                 })
-            })
-            .collect(),
-        volumes: pooled
-            .iter()
-            .flat_map(|(s, _)| {
-                s.namespaces.iter().filter_map(|n| {
-                    Some(ExposedVolume {
-                        key: n.uuid.clone()?.to_ascii_lowercase(),
-                        emulation: Emulation::Nvme,
-                        device_names: vec![n.bdev.clone()],
-                        bdf: nvme::first_bdf(functions, s),
-                    })
-                })
-            })
-            .collect(),
-        pools: pooled
-            .iter()
-            .map(|(s, capacity)| PoolUse {
-                nqn: s.nqn.clone(),
-                namespaces: u32::try_from(s.namespaces.len()).unwrap_or(u32::MAX),
-                capacity: *capacity,
-                bdf: nvme::first_bdf(functions, s),
-            })
-            .collect(),
-        ..Census::default()
+            }));
+        census.pools.push(PoolUse {
+            nqn: pool.nqn.clone(),
+            namespaces: u32::try_from(pool.namespaces.len()).unwrap_or(u32::MAX),
+            capacity,
+            bdf,
+        });
     }
+    census
 }
