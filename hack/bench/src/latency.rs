@@ -102,6 +102,9 @@ impl Step {
 pub struct Row {
     pub rpc: String,
     pub latency: Summary,
+    /// Every call's latency, ms, in the order made.
+    #[serde(skip)]
+    pub times_ms: Vec<f64>,
     /// Counting run only: the median and the largest `floor(latency /
     /// period)` over the calls, each started right after a poll tick.
     pub dependent_round_trips: Option<f64>,
@@ -444,6 +447,7 @@ fn summarise(name: String, steps: &[Step], count_period: Option<Duration>, fs: &
     let (ratio, floor) = design_ratio(&name, fs, steps).unzip();
     Row {
         latency: Summary::of(&steps.iter().map(|s| s.latency).collect::<Vec<_>>()),
+        times_ms: values(|s| s.latency.as_secs_f64() * 1e3),
         dependent_round_trips: rounds.as_ref().map(|r| percentile_of(r, 0.5)),
         dependent_round_trips_max: rounds
             .as_ref()

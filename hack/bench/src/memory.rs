@@ -45,8 +45,9 @@ pub struct Memory {
     pub node_staged: Rss,
     pub proxy_staged: Rss,
     pub agent_staged: Option<Rss>,
-    /// Node process start to Probe ready, with `staged_volumes` staged.
-    pub restart_ready_ms: Option<f64>,
+    /// Node process start to Probe ready, with `staged_volumes` staged:
+    /// one per restart (`--restarts`).
+    pub restarts_ready_ms: Vec<f64>,
     /// The replacement node right after it was ready, and after teardown.
     pub node_restarted: Option<Rss>,
     pub node_restarted_after_teardown: Option<Rss>,

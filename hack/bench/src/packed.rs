@@ -341,7 +341,7 @@ impl Report {
                     d.volumes, d.placement
                 ),
                 measured: format!("{staged:.1} MiB"),
-                verdict: Verdict::unpaired(staged < RSS_TARGET_MIB),
+                verdict: Verdict::in_release(self.release(), staged < RSS_TARGET_MIB),
             });
             // The same bound over their unstage too: a peak is a peak.
             targets.push(Target {
@@ -349,7 +349,7 @@ impl Report {
                     "node peak RSS < {RSS_TARGET_MIB} MiB through staging and unstaging them"
                 ),
                 measured: format!("{all:.1} MiB"),
-                verdict: Verdict::unpaired(all < RSS_TARGET_MIB),
+                verdict: Verdict::in_release(self.release(), all < RSS_TARGET_MIB),
             });
         }
         if let Some((trips, live)) = d.trips.as_ref().and_then(|t| Some((t, t.packed_live()?))) {

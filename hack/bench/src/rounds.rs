@@ -155,12 +155,19 @@ impl Side {
             self.handshakes = Some(handshakes(&self.stack, &when).await?);
         }
         eprintln!(
-            "bench: section 5: restarting the node of stack {} with {} volumes staged",
+            "bench: section 5: restarting the node of stack {} {} times with {} volumes staged",
             self.stack.name,
+            args.restarts,
             staged.volumes.len()
         );
-        let (ready, pid) = restart_node(&mut self.stack, work.dir.path()).await?;
-        self.memory.restart_ready_ms = Some(ready.as_secs_f64() * 1e3);
+        let mut pid = 0;
+        for _ in 0..args.restarts {
+            let (ready, started) = restart_node(&mut self.stack, work.dir.path()).await?;
+            self.memory
+                .restarts_ready_ms
+                .push(ready.as_secs_f64() * 1e3);
+            pid = started;
+        }
         self.memory.node_restarted = Some(rss(pid)?);
         // The old connection went with the old process.
         self.clients = Clients::connect(&self.stack.controller, &self.stack.node).await?;

@@ -250,6 +250,15 @@ pub fn pooled_rate(rounds: &[Round], concurrency: usize) -> Option<f64> {
     (volumes > 0 && wall > 0.0).then(|| volumes as f64 / wall)
 }
 
+/// Volumes per second of each round at `concurrency`, in the order run
+/// (one per repeat).
+pub fn repeat_rates(rounds: &[Round], concurrency: usize) -> impl Iterator<Item = f64> + '_ {
+    rounds
+        .iter()
+        .filter(move |r| r.concurrency == concurrency && r.wall_s > 0.0)
+        .map(|r| r.volumes as f64 / r.wall_s)
+}
+
 /// The concurrency levels of `rounds`, each once, in the order first run.
 pub fn levels(rounds: &[Round]) -> Vec<usize> {
     let mut levels: Vec<usize> = Vec::new();

@@ -66,6 +66,12 @@ pub struct Paired {
 /// median alone.
 pub const NOISE: f64 = 0.10;
 
+/// A figure measured once per repeat is judged only over at least this
+/// many repeats, all on one side of its target: the range of n repeats
+/// covers their median with probability 1 - 2^(1-n), 97% at 6 (at 2, a
+/// coin's toss).
+pub const JUDGED_REPEATS: usize = 6;
+
 /// Fewer pairs than this never count as steady: the interval of a median
 /// of n samples covers it with probability 1 - 2^(1-n) at best (the whole
 /// range; 97% at 6), so a few close quotients say nothing about the next run.
@@ -84,17 +90,12 @@ impl Paired {
             return Paired::default();
         }
         quotients.sort_by(f64::total_cmp);
-        let n = quotients.len();
-        // Ranks n/2 -+ 1.96 * sqrt(n)/2 (the normal approximation of the
-        // binomial), 1-based, widened outward and clamped to the samples.
-        let half = 0.98 * (n as f64).sqrt();
-        let low = ((n as f64 / 2.0 - half).floor() as usize).max(1);
-        let high = ((n as f64 / 2.0 + half).ceil() as usize + 1).min(n);
+        let (low, high) = median_interval(&quotients);
         Paired {
-            pairs: n,
+            pairs: quotients.len(),
             ratio: percentile(&quotients, 0.5),
-            low: quotients[low - 1],
-            high: quotients[high - 1],
+            low,
+            high,
             measured_p50_ms: percentile_of(measured_ms, 0.5),
             floor_p50_ms: percentile_of(floor_ms, 0.5),
         }
@@ -141,6 +142,46 @@ impl Paired {
     }
 }
 
+/// A distribution-free 95% confidence interval of the median of `sorted`
+/// (non-empty): the values at the ranks n/2 -+ 1.96 * sqrt(n)/2 (the normal
+/// approximation of the binomial), widened outward and clamped to the
+/// samples. No assumption about the shape of the distribution.
+fn median_interval(sorted: &[f64]) -> (f64, f64) {
+    let n = sorted.len();
+    let half = 0.98 * (n as f64).sqrt();
+    let low = ((n as f64 / 2.0 - half).floor() as usize).max(1);
+    let high = ((n as f64 / 2.0 + half).ceil() as usize + 1).min(n);
+    (sorted[low - 1], sorted[high - 1])
+}
+
+/// Whether the median of `measured` is at most `most` times the median of
+/// `base`, two sets of samples taken apart (not in turns): judged only when
+/// each has [`JUDGED_REPEATS`] samples or more and the quotient of their 95%
+/// intervals lies whole on one side of `most`.
+/// Returns the verdict and that quotient's interval.
+pub fn medians_at_most(base: &[f64], measured: &[f64], most: f64) -> (Verdict, f64, f64) {
+    let sorted = |v: &[f64]| {
+        let mut v = v.to_vec();
+        v.sort_by(f64::total_cmp);
+        v
+    };
+    let (base, measured) = (sorted(base), sorted(measured));
+    if base.len().min(measured.len()) < JUDGED_REPEATS || base[0] <= 0.0 {
+        return (Verdict::Noisy, 0.0, f64::INFINITY);
+    }
+    let (base_low, base_high) = median_interval(&base);
+    let (low, high) = median_interval(&measured);
+    let (low, high) = (low / base_high, high / base_low);
+    let verdict = if high <= most {
+        Verdict::Met
+    } else if low > most {
+        Verdict::Missed
+    } else {
+        Verdict::Noisy
+    };
+    (verdict, low, high)
+}
+
 /// Whether a run met a target, missed it, or was too noisy to tell.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -150,10 +191,10 @@ pub enum Verdict {
     /// Neither: the run's own spread is over [`NOISE`] and its interval
     /// straddles the target. Not a pass, not a failure.
     Noisy,
-    /// A figure not sampled in turns with a floor (throughput at two
-    /// concurrencies, memory, a restart): whether it met its target, shown
-    /// but not judged, since the run cannot tell its noise.
-    Unpaired(bool),
+    /// A figure this build does not judge (the heap and the JSON-RPC
+    /// client of a debug build are not the product's): whether it met its
+    /// target, shown.
+    Shown(bool),
 }
 
 impl Verdict {
@@ -162,8 +203,29 @@ impl Verdict {
         if met { Verdict::Met } else { Verdict::Missed }
     }
 
-    pub fn unpaired(met: bool) -> Verdict {
-        Verdict::Unpaired(met)
+    /// A figure measured once per repeat (a round, a restart): met or
+    /// missed when every repeat says so, of at least [`JUDGED_REPEATS`];
+    /// otherwise the run cannot tell its noise from the target.
+    pub fn by_repeats(met: impl IntoIterator<Item = bool>) -> Verdict {
+        let met: Vec<bool> = met.into_iter().collect();
+        if met.len() < JUDGED_REPEATS {
+            Verdict::Noisy
+        } else if met.iter().all(|&m| m) {
+            Verdict::Met
+        } else if met.iter().all(|&m| !m) {
+            Verdict::Missed
+        } else {
+            Verdict::Noisy
+        }
+    }
+
+    /// A figure judged in a release build only, shown in any other.
+    pub fn in_release(release: bool, met: bool) -> Verdict {
+        if release {
+            Verdict::of(met)
+        } else {
+            Verdict::Shown(met)
+        }
     }
 }
 
@@ -258,6 +320,34 @@ mod tests {
         assert!(!two.steady() && two.run_to_run() < NOISE, "{two:?}");
         assert_eq!(two.at_most(1.505), Verdict::Noisy);
         assert_eq!(two.at_most(1.6), Verdict::Met);
+    }
+
+    #[test]
+    fn samples_taken_apart_are_judged_by_their_medians_intervals() {
+        let base: Vec<f64> = (0..100).map(|i| 10.0 + f64::from(i % 5) * 0.1).collect();
+        let near: Vec<f64> = base.iter().map(|b| b * 1.05).collect();
+        let far: Vec<f64> = base.iter().map(|b| b * 1.5).collect();
+        assert_eq!(medians_at_most(&base, &near, 1.1).0, Verdict::Met);
+        assert_eq!(medians_at_most(&base, &far, 1.1).0, Verdict::Missed);
+        // Six samples a side: the intervals are the whole ranges.
+        let spread = [1.0, 2.0, 3.0, 1.0, 2.0, 3.0];
+        let (verdict, low, high) = medians_at_most(&spread, &[2.0; 6], 1.1);
+        assert_eq!((verdict, low, high), (Verdict::Noisy, 2.0 / 3.0, 2.0));
+        // One call a side says nothing of the next run.
+        assert_eq!(medians_at_most(&[1.0], &[2.0], 1.1).0, Verdict::Noisy);
+    }
+
+    #[test]
+    fn a_repeated_figure_is_judged_only_when_every_repeat_agrees() {
+        assert_eq!(Verdict::by_repeats([true; 6]), Verdict::Met);
+        assert_eq!(Verdict::by_repeats([false; 7]), Verdict::Missed);
+        let mut mixed = [false; 8];
+        mixed[3] = true;
+        assert_eq!(Verdict::by_repeats(mixed), Verdict::Noisy);
+        // Two repeats agree by chance one time in two.
+        assert_eq!(Verdict::by_repeats([false, false]), Verdict::Noisy);
+        assert_eq!(Verdict::in_release(false, false), Verdict::Shown(false));
+        assert_eq!(Verdict::in_release(true, false), Verdict::Missed);
     }
 
     #[test]
