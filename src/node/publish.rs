@@ -152,18 +152,18 @@ impl NodeService {
         } else if let Usage::Filesystem { .. } = usage {
             tracing::info!(%volume_id, staging = %staging.display(), "the staging mount is gone (a reboot?): staging the volume again from its record");
         }
-        let locator = match device {
-            Some(_) => record.locator.clone(),
+        let (locator, found) = match device {
+            Some(device) => (record.locator.clone(), Some(device)),
             None => {
                 let asked = (&request.publish_context, (capability, usage));
-                self.locate_again(&record, asked, deadline).await?
+                (self.locate_again(&record, asked, deadline).await?, None)
             }
         };
         let device = self
             .stage_on_host(
                 volume_id,
                 staging,
-                &locator,
+                (&locator, found),
                 usage,
                 is_read_only_mode(mode),
                 deadline,

@@ -96,7 +96,8 @@ impl NodeService {
                 )));
             }
             _ => {
-                self.stage_on_host(volume_id, &staging, &locator, &usage, read_only, deadline)
+                let on = (&locator, None);
+                self.stage_on_host(volume_id, &staging, on, &usage, read_only, deadline)
                     .await?;
             }
         }
@@ -233,16 +234,21 @@ impl NodeService {
     ///
     /// A device that goes away meanwhile fails whatever comes next; that is
     /// answered as its loss (UNAVAILABLE: the retry attaches it again).
+    /// `found`: the device at `locator` as the caller just found it, under
+    /// the same hold (a publish), so that sysfs is not read for it twice.
     pub(super) async fn stage_on_host(
         &self,
         volume_id: &str,
         staging: &Path,
-        locator: &HostLocator,
+        (locator, found): (&HostLocator, Option<BlockDevice>),
         usage: &Usage,
         read_only: bool,
         deadline: Instant,
     ) -> Result<BlockDevice, Status> {
-        let device = self.wait_for_device(locator, deadline).await?;
+        let device = match found {
+            Some(device) => device,
+            None => self.wait_for_device(locator, deadline).await?,
+        };
         let on_device = (locator, &device);
         let staged = self
             .stage_on_device(volume_id, staging, on_device, usage, read_only, deadline)

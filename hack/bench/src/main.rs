@@ -323,7 +323,7 @@ async fn run(args: &Args, work: &Work, report: &mut Report) -> anyhow::Result<()
                 &stack.snap_socket(),
                 &[1, 64],
                 std::time::Duration::from_secs_f64(args.rpc_seconds),
-                1,
+                args.rpc_repeats,
             )
             .await?;
             report.jsonrpc_poll = Some(levels);
