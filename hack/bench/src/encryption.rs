@@ -17,10 +17,11 @@ use snap_csi::dpu::crypto::{AES_XTS_VALUE, ENCRYPTION, KEY_SECRET};
 use crate::csi::{Clients, Kind, Volume, parameters};
 use crate::packed::list;
 use crate::prom::{Outbound, scrape};
-use crate::report::{Report, Target};
+use crate::report::Report;
 use crate::stack::Stack;
 use crate::stats::{Summary, Verdict, percentile};
 use crate::table::{Table, ms, num};
+use crate::targets::Target;
 use crate::trips::{EncryptionTrips, count_encryption};
 use crate::{Args, Work};
 

@@ -29,7 +29,7 @@
 //! measure (`stats::Paired`), judged only when the run's own spread allows:
 //! a too-noisy run says so (NOISY) instead of passing or failing; the bench
 //! exits non-zero only on a target it could judge and that was missed.
-//! Targets and their thresholds are defined in `report.rs`.
+//! Targets, their thresholds and verdicts are in `targets.rs`.
 //!
 //! Stacks, one after the other: a (default emulator) for 1, 2, 3, 6, 8 and 10; b
 //! (poller at 8 ms) for 3 and 6; b2 (poller at 50 ms) to count dependent
@@ -62,6 +62,7 @@ mod scrape;
 mod split;
 mod stats;
 mod table;
+mod targets;
 mod trips;
 
 use std::path::PathBuf;

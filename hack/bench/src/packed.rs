@@ -21,11 +21,12 @@ use snap_csi::spdk::snap::{NvmeControllerList, NvmeSubsystemList};
 use crate::csi::{Clients, Volume};
 use crate::memory::{self, Rss};
 use crate::prom::{Outbound, scrape};
-use crate::report::{Report, Target, print_methods};
+use crate::report::{Report, print_methods};
 use crate::scale::{self, ByMethod, method_means};
 use crate::stack::{Stack, StackOptions};
 use crate::stats::{Summary, Verdict};
 use crate::table::{Table, ms};
+use crate::targets::Target;
 use crate::{Args, Work, start, stop};
 
 /// One concurrency level: every volume staged, then unstaged.

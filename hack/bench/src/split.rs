@@ -18,13 +18,12 @@ use serde::Serialize;
 use crate::latency::Row;
 use crate::memory::Memory;
 use crate::prom::{Outbound, scrape};
-use crate::report::{
-    RSS_MIB, Report, Target, each_ms, print_memory_table, print_rounds, restart_target,
-};
+use crate::report::{Report, each_ms, print_memory_table, print_rounds};
 use crate::scale::{Round, levels, pooled_rate, repeat_rates};
 use crate::stack::Stack;
 use crate::stats::{Spread, Verdict, mean, medians_at_most};
 use crate::table::{Table, ms, num};
+use crate::targets::{RSS_MIB, Target, restart_target};
 
 /// Split mode's figures; each one's co-located counterpart is the
 /// [`Report`] field of the same name.
