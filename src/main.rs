@@ -99,9 +99,9 @@ fn main() -> ExitCode {
 
 /// glibc gives each thread that allocates an arena of its own (up to eight
 /// per core), and what one arena frees no other reuses: with tokio's workers
-/// and its blocking pool, a node serving 256 volumes kept about 5 MiB more
-/// resident than two arenas do, for no speed (issue 21's bench). Set before
-/// any thread starts.
+/// and its blocking pool, a node serving 256 volumes kept 2 MiB (co-located)
+/// to 5 MiB (split) more resident than two arenas do, for no speed (issue
+/// 21's bench). Set before any thread starts.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 #[allow(unsafe_code)]
 fn limit_malloc_arenas() {
