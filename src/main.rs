@@ -10,10 +10,21 @@ use clap::{Args, Parser, Subcommand};
 use snap_csi::host::Sysfs;
 use snap_csi::jsonrpc::RpcClient;
 
+/// `--version` and the start line: the crate's version and the commit it
+/// was built from (build.rs), so that an image says what it runs.
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("SNAP_CSI_GIT_COMMIT"),
+    ")"
+);
+
 #[derive(Debug, Parser)]
 #[command(
     name = "snap-csi",
-    version,
+    version = VERSION,
+    // `snap-csi node --version` too: an image's command may name the service.
+    propagate_version = true,
     about = "CSI driver for BlueField DPU storage (SNAP)"
 )]
 struct Cli {
@@ -163,7 +174,8 @@ fn init_logging(format: LogFormat) {
 }
 
 /// Runs a long-lived service (`node`, `dpu-agent`, `controller`) until SIGTERM or SIGINT,
-/// with the exit codes of both: 2 for bad settings, 1 for a failure.
+/// with the exit codes of both: 2 for bad settings, 1 for a failure. It
+/// starts by logging one line with the build and every setting in force.
 async fn service<C, E, Fut>(
     format: LogFormat,
     what: &str,
@@ -171,6 +183,7 @@ async fn service<C, E, Fut>(
     run: impl FnOnce(C, Pin<Box<dyn Future<Output = ()> + Send>>) -> Fut,
 ) -> ExitCode
 where
+    C: std::fmt::Debug,
     E: std::fmt::Display,
     Fut: Future<Output = anyhow::Result<()>>,
 {
@@ -182,6 +195,11 @@ where
             return ExitCode::from(2);
         }
     };
+    // What a user reading the logs needs first: which build this is, and the
+    // settings after defaults, config file, environment and flags. They hold
+    // no secret (TLS keys are named by path); a config that ever does must
+    // redact it in its Debug.
+    tracing::info!(version = VERSION, config = ?config, "starting {what}");
     match run(config, Box::pin(snap_csi::server::termination())).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -27,6 +27,16 @@ impl LinkAddress {
     /// `flag` in the error.
     pub fn parse(address: &str, insecure: bool, flag: &str) -> Result<LinkAddress, String> {
         let parsed = if let Some(host_port) = address.strip_prefix("https://") {
+            // `https://USER:PASSWORD@HOST:PORT` would parse, and be logged
+            // (the start line, errors): refused without being echoed. The
+            // link authenticates by certificate only.
+            if host_port.contains('@') {
+                return Err(
+                    "an https:// address takes no user or password (the link authenticates by \
+                     certificate); expected https://HOST:PORT"
+                        .into(),
+                );
+            }
             let uri: http::Uri = address
                 .parse()
                 .map_err(|e| format!("{address:?}: {e}; expected {FORMS}"))?;
@@ -169,6 +179,17 @@ mod tests {
             "",
         ] {
             assert!(LinkAddress::parse(bad, false, FLAG).is_err(), "{bad}");
+        }
+    }
+
+    /// Credentials in the address would be logged with it: refused, and not
+    /// repeated in the error.
+    #[test]
+    fn user_info_is_refused_without_being_echoed() {
+        for bad in ["https://user:s3cret@dpu:9830", "https://s3cret@dpu:9830"] {
+            let error = LinkAddress::parse(bad, false, FLAG).unwrap_err();
+            assert!(error.contains("no user or password"), "{error}");
+            assert!(!error.contains("s3cret"), "{error}");
         }
     }
 }

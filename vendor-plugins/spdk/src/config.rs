@@ -32,6 +32,15 @@ pub struct Config {
     pub metrics_address: Option<std::net::SocketAddr>,
 }
 
+/// `--version` and the start line: the crate's version and the commit it
+/// was built from (build.rs), so that an image says what it runs.
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("SNAP_CSI_GIT_COMMIT"),
+    ")"
+);
+
 /// How log lines look.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum LogFormat {
@@ -43,7 +52,7 @@ pub enum LogFormat {
 #[derive(Debug, Clone, clap::Parser)]
 #[command(
     name = "snap-csi-spdk-plugin",
-    version,
+    version = VERSION,
     about = "nvidia.storage.plugins.v1 vendor plugin: SPDK AIO and NVMe-oF bdevs inside SNAP"
 )]
 pub struct Args {

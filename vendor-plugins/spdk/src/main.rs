@@ -4,7 +4,7 @@ use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::Parser;
-use snap_csi_spdk_plugin::config::{Args, LogFormat};
+use snap_csi_spdk_plugin::config::{Args, LogFormat, VERSION};
 use tracing_subscriber::EnvFilter;
 
 #[tokio::main]
@@ -27,6 +27,11 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    // What a user reading the logs needs first: which build this is, and the
+    // settings from flags, environment and defaults (the plugin and, with
+    // --csi-socket, the CSI controller). They hold no secret; a setting that
+    // ever does must redact it in Config's Debug.
+    tracing::info!(version = VERSION, config = ?config, "starting");
     match snap_csi_spdk_plugin::run(&config, snap_csi::server::termination()).await {
         Ok(()) => {
             tracing::info!("stopped");
