@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what building and testing snap-csi needs on a Debian 12 machine:
 # protoc for the gRPC code, filesystem and loop-device tools for the host side,
-# the offline manifest validator for deploy/check.sh, and Go 1.23 for csi-sanity.
+# the offline manifest validator for deploy/check.sh, Go 1.23 for csi-sanity,
+# and podman for the container images.
 # Idempotent; run as root. Rust itself comes from rustup (rust-toolchain.toml).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -15,6 +16,10 @@ packages+=(gcc libc6-dev ca-certificates)
 # local-up's split mode: a network namespace and veth pair (ip), certificates
 # made fresh per run (openssl); a minimal Debian may lack either.
 packages+=(iproute2 openssl)
+
+# The container images (hack/images.sh): podman, runc (hack/containers.conf
+# says why not crun alone), mmdebstrap for a base made from Debian's packages.
+packages+=(podman runc mmdebstrap)
 
 # Go 1.23 builds csi-sanity (hack/csi-sanity.sh); Debian 12 has it only in
 # bookworm-backports, which is enabled here unless some apt source has it.

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what the tests need, then runs the checks CI runs: formatting, lints,
-# the whole test suite (as root: the tests make real loop devices and mounts;
-# with a real SPDK built by hack/spdk/build.sh for the suites that need one)
+# the container images built and started (hack/images.sh), the whole test
+# suite (as root: the tests make real loop devices and mounts; with a real
+# SPDK in its container for the suites that need one)
 # and the DPU and node suites again in split mode,
 # the offline checks of the Kubernetes manifests and Dockerfiles, the main job
 # (the whole stack on the emulator, volumes through their life; co-located and
@@ -15,10 +16,16 @@ cd "$(dirname "$0")/.."
 ./hack/setup.sh
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
-# Real SPDK for the real-SPDK suites: built once (minutes), then cached
-# outside the repository (hack/spdk/README.md).
-SNAP_CSI_SPDK_TGT=$(./hack/spdk/build.sh | tail -n1)
-export SNAP_CSI_SPDK_TGT
+# The images deploy/ names (hack/images.sh), from the debug binaries the
+# tests run and real SPDK (built once, minutes, then cached outside the
+# repository: hack/spdk/README.md), each started and checked; cached by
+# content, so an unchanged image costs its hash. The real-SPDK suites run
+# spdk_tgt from its image, as users test.
+export CONTAINERS_CONF=${CONTAINERS_CONF:-$PWD/hack/containers.conf}
+images=$(./hack/images.sh --profile debug)
+echo "$images"
+SNAP_CSI_SPDK_IMAGE=$(echo "$images" | sed -n 's/^snap-csi-spdk=\([^ ]*\) .*/\1/p')
+export SNAP_CSI_SPDK_IMAGE
 cargo test --workspace --locked
 # Split mode: the suites that reach the DPU again, now through a real DPU
 # agent over mutual TLS (tests/common/dpu.rs), so both modes behave alike.

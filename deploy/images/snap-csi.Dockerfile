@@ -9,6 +9,13 @@
 # Same Rust as rust-toolchain.toml, so the image builds what CI tested. The
 # builder runs on the build machine's platform and cross-compiles for each
 # target platform (rust-target.sh): no emulated build.
+# BASE: the runtime stage's image. BINARIES: where the binary comes from,
+# `builder` (compiled here, the default) or `prebuilt` (a binary already built
+# for this platform, at PREBUILT in the context: hack/images.sh passes the one
+# the test command just built and tested, and a base made from Debian's
+# packages, where no registry is reachable). An unused stage is not built.
+ARG BASE=debian:bookworm-slim
+ARG BINARIES=builder
 FROM --platform=$BUILDPLATFORM rust:1.95-bookworm AS builder
 ARG TARGETARCH
 COPY deploy/images/rust-target.sh /usr/local/bin/rust-target
@@ -22,6 +29,9 @@ WORKDIR /src
 COPY rust-toolchain.toml .
 RUN rustup target add "$(rust-target triple)"
 COPY . .
+# The commit --version names (the context has no .git to read it from).
+ARG SNAP_CSI_GIT_COMMIT=unknown
+ENV SNAP_CSI_GIT_COMMIT=$SNAP_CSI_GIT_COMMIT
 # The caches keep crates and incremental artefacts across builds; the binary
 # is copied out of the cached target dir because a cache mount is not part
 # of the image.
@@ -31,8 +41,14 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
     && cargo build --release --locked --target "$RUST_TARGET" -p snap-csi --bin snap-csi \
     && install -D -m 0755 "target/$RUST_TARGET/release/snap-csi" /out/snap-csi
 
+FROM scratch AS prebuilt
+ARG PREBUILT=target/release
+COPY ${PREBUILT}/snap-csi /out/snap-csi
+
+FROM ${BINARIES} AS binaries
+
 # Debian like the builder, so glibc matches; the target platform's image.
-FROM debian:bookworm-slim
+FROM ${BASE}
 # What the node execs (deploy/check.sh derives the list from src/node):
 #   e2fsprogs  mkfs.ext4 e2fsck resize2fs dumpe2fs
 #   xfsprogs   mkfs.xfs xfs_growfs
@@ -48,7 +64,7 @@ RUN apt-get update \
         mount \
         ca-certificates \
     && rm -rf /var/lib/apt/lists/*
-COPY --from=builder /out/snap-csi /usr/local/bin/snap-csi
+COPY --from=binaries /out/snap-csi /usr/local/bin/snap-csi
 LABEL org.opencontainers.image.title="snap-csi" \
       org.opencontainers.image.description="CSI driver for BlueField DPU storage (SNAP): node plugin, DPU agent and controller proxy" \
       org.opencontainers.image.licenses="Apache-2.0"

@@ -6,6 +6,13 @@
 # Cross-compiled like snap-csi.Dockerfile (rust-target.sh). deploy/check.sh
 # checks this file offline.
 
+# BASE: the runtime stage's image. BINARIES: where the binary comes from,
+# `builder` (compiled here, the default) or `prebuilt` (a binary already built
+# for this platform, at PREBUILT in the context: hack/images.sh passes the one
+# the test command just built and tested, and a base made from Debian's
+# packages, where no registry is reachable). An unused stage is not built.
+ARG BASE=debian:bookworm-slim
+ARG BINARIES=builder
 FROM --platform=$BUILDPLATFORM rust:1.95-bookworm AS builder
 ARG TARGETARCH
 COPY deploy/images/rust-target.sh /usr/local/bin/rust-target
@@ -16,17 +23,27 @@ WORKDIR /src
 COPY rust-toolchain.toml .
 RUN rustup target add "$(rust-target triple)"
 COPY . .
+# The commit --version names (the context has no .git to read it from).
+ARG SNAP_CSI_GIT_COMMIT=unknown
+ENV SNAP_CSI_GIT_COMMIT=$SNAP_CSI_GIT_COMMIT
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     eval "$(rust-target env)" \
     && cargo build --release --locked --target "$RUST_TARGET" -p snap-csi-spdk-plugin --bin snap-csi-spdk-plugin \
     && install -D -m 0755 "target/$RUST_TARGET/release/snap-csi-spdk-plugin" /out/snap-csi-spdk-plugin
 
+FROM scratch AS prebuilt
+ARG PREBUILT=target/release
+COPY ${PREBUILT}/snap-csi-spdk-plugin /out/snap-csi-spdk-plugin
+
+FROM ${BINARIES} AS binaries
+
+
 # Minimal: the plugin execs nothing and needs only glibc, so no package is
 # added. debian slim rather than distroless: the same base as the snap-csi
 # image, and a release tag to pin (distroless publishes no versioned tags).
-FROM debian:bookworm-slim
-COPY --from=builder /out/snap-csi-spdk-plugin /usr/local/bin/snap-csi-spdk-plugin
+FROM ${BASE}
+COPY --from=binaries /out/snap-csi-spdk-plugin /usr/local/bin/snap-csi-spdk-plugin
 LABEL org.opencontainers.image.title="snap-csi-spdk-plugin" \
       org.opencontainers.image.description="Sample snap-csi vendor plugin: SPDK AIO and NVMe-oF bdevs inside SNAP" \
       org.opencontainers.image.licenses="Apache-2.0"

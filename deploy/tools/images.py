@@ -93,11 +93,18 @@ def parse_dockerfile(path: Path) -> Dockerfile:
     copied: list[str] = []
     entrypoint: list[str] = []
     runtime_packages: set[str] = set()
+    # ARGs before the first FROM, with their defaults: a FROM naming one is
+    # read as the default (what a build without --build-arg makes).
+    global_args: dict[str, str] = {}
     for line in logical:
         instr, _, rest = line.partition(" ")
         instr = instr.upper()
+        if instr == "ARG" and not stages:
+            name, _, default = rest.partition("=")
+            global_args[name.strip()] = default.strip()
+            continue
         if instr == "FROM":
-            words = rest.split()
+            words = re.sub(r"\$\{?(\w+)\}?", lambda m: global_args.get(m.group(1), m.group(0)), rest).split()
             platform = next((w.split("=", 1)[1] for w in words if w.startswith("--platform=")), None)
             parts = [w for w in words if not w.startswith("--")]
             alias = parts[2] if len(parts) >= 3 and parts[1].upper() == "AS" else None
@@ -125,6 +132,8 @@ def parse_dockerfile(path: Path) -> Dockerfile:
                 title = m.group(1)
         elif instr == "ENTRYPOINT":
             entrypoint = json.loads(rest)
+        elif instr == "CMD":
+            entrypoint = entrypoint + json.loads(rest)
     return Dockerfile(path, stages, title, built, copied, entrypoint, runtime_packages, text)
 
 
@@ -286,6 +295,29 @@ def check_multiarch(df: Dockerfile, rel: str, binary: str, build_packages: dict[
     )
 
 
+def check_pinned(df: Dockerfile, rel: str, t: Tally) -> None:
+    """Every image a stage starts from is pinned by tag, but scratch and
+    earlier stages."""
+    aliases = {stage.alias for stage in df.stages}
+    for stage in df.stages:
+        if stage.image != "scratch" and stage.image not in aliases:
+            t.check(":" in stage.image and not stage.image.endswith(":latest"), rel, f"image {stage.image} is not pinned by tag")
+
+
+def check_prebuilt(df: Dockerfile, rel: str, t: Tally) -> None:
+    """The binaries come from the stage BINARIES names: the builder by
+    default, or `prebuilt` (hack/images.sh: a binary this machine built and
+    tested), and the runtime stage copies from that choice."""
+    aliases = [stage.alias for stage in df.stages]
+    t.check("prebuilt" in aliases, rel, "needs a `prebuilt` stage (FROM scratch, COPY ${PREBUILT}/...): hack/images.sh builds with it")
+    chosen = [stage for stage in df.stages if stage.alias == "binaries"]
+    t.check(
+        bool(chosen) and chosen[0].image == df.stages[0].alias,
+        rel,
+        "needs `FROM ${BINARIES} AS binaries` with ARG BINARIES defaulting to the builder stage",
+    )
+
+
 def check_dockerfiles(repo: Path, images: Path, t: Tally) -> dict[str, Dockerfile]:
     """Returns the Dockerfiles by image title (= the binary they ship)."""
     channel = tomllib.loads((repo / "rust-toolchain.toml").read_text())["toolchain"]["channel"]
@@ -313,8 +345,7 @@ def check_dockerfiles(repo: Path, images: Path, t: Tally) -> dict[str, Dockerfil
             rel,
             f"runtime must be debian:bookworm-slim (the builder's Debian, so glibc matches), is {runtime_image}",
         )
-        for stage in df.stages:
-            t.check(":" in stage.image and not stage.image.endswith(":latest"), rel, f"image {stage.image} is not pinned by tag")
+        check_pinned(df, rel, t)
         t.check(len(df.built) == 1, rel, f"must build exactly one binary with cargo build -p PKG --bin BIN, builds {df.built}")
         if not df.built:
             continue
@@ -326,6 +357,7 @@ def check_dockerfiles(repo: Path, images: Path, t: Tally) -> dict[str, Dockerfil
             "cargo build must be --release --locked (what Cargo.lock pins, what CI tested)",
         )
         check_multiarch(df, rel, binary, build_packages, t)
+        check_prebuilt(df, rel, t)
         t.check(binary in df.copied, rel, f"the final stage copies {df.copied}, not the built {binary}")
         t.check(
             df.entrypoint == [f"/usr/local/bin/{binary}"],
@@ -362,22 +394,28 @@ def check_dockerfiles(repo: Path, images: Path, t: Tally) -> dict[str, Dockerfil
 
 
 def check_spdk_containerfile(path: Path, t: Tally) -> None:
-    """hack/spdk/Containerfile (real SPDK for users' tests; no engine here to
-    build it): one pinned Debian 12 stage, every file it copies present in its
-    context (hack/: build.sh fetches with the script and manifest there), SPDK
-    pinned at the tag its patch is for, and spdk_tgt run without hugepages or
-    PCI on a socket."""
+    """hack/spdk/Containerfile (real SPDK, for the test command and users'
+    tests; hack/images.sh builds it): pinned Debian 12 stages, every file it
+    copies present in its context (the repository: build.sh fetches with the
+    script and manifest in hack/), SPDK pinned at the tag its patch is for,
+    and spdk_tgt run without hugepages or PCI on a socket by default."""
     where = str(path)
-    context = path.parent.parent
+    context = path.parent.parent.parent
     df = parse_dockerfile(path)
-    images = [stage.image for stage in df.stages]
-    t.check(images == ["debian:bookworm"], where, f"must be one debian:bookworm stage (the Debian whose DPDK the patch is for), has {images}")
+    aliases = {stage.alias for stage in df.stages}
+    images = {stage.image for stage in df.stages} - aliases - {"scratch"}
+    t.check(
+        bool(images) and images <= {"debian:bookworm", "debian:bookworm-slim"},
+        where,
+        f"must start from debian:bookworm(-slim) only (the Debian whose DPDK the patch is for), has {sorted(images)}",
+    )
     for m in re.finditer(r"^COPY\s+(?!--from)(.+)$", df.text, re.MULTILINE):
         for source in shlex.split(m.group(1))[:-1]:
-            t.check((context / source).is_file(), where, f"COPY source {source} is not in the build context {context}")
+            if not source.startswith("$"):
+                t.check((context / source).is_file(), where, f"COPY source {source} is not in the build context {context}")
     patches = sorted(path.parent.glob("spdk-*.patch"))
     tag = patches[0].name.split("-")[1] if patches else None
-    manifest = context / "third-party.txt"
+    manifest = context / "hack" / "third-party.txt"
     pinned = [line.split() for line in manifest.read_text().splitlines()] if manifest.is_file() else []
     t.check(
         tag is not None and ["part", "spdk", ".", "https://github.com/spdk/spdk", tag] in [p[:5] for p in pinned],
@@ -387,4 +425,4 @@ def check_spdk_containerfile(path: Path, t: Tally) -> None:
     runs = [line for stage in df.stages for line in stage.lines if line.upper().startswith("RUN ")]
     t.check(any("hack/spdk/build.sh" in line for line in runs), where, "must build with hack/spdk/build.sh (the recipe the test command runs)")
     for flag in ("--no-huge", "-s", "--no-pci", "-r"):
-        t.check(flag in df.entrypoint[1:], where, f"ENTRYPOINT must run spdk_tgt with {flag}, is {df.entrypoint}")
+        t.check(flag in df.entrypoint[1:], where, f"ENTRYPOINT and CMD must run spdk_tgt with {flag}, is {df.entrypoint}")

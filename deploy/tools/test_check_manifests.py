@@ -533,19 +533,25 @@ class BreakingTheDeployFails(unittest.TestCase):
     def test_cargo_build_for_the_build_platform(self):
         self.expect([("images/snap-csi.Dockerfile", '--target "$RUST_TARGET" ', "")], 'build --target "$RUST_TARGET"')
 
+    def test_no_prebuilt_stage(self):
+        self.expect([("images/spdk-plugin.Dockerfile", "FROM scratch AS prebuilt", "FROM scratch AS copied")], "`prebuilt` stage")
+
+    def test_binaries_not_from_the_builder_by_default(self):
+        self.expect([("images/snap-csi.Dockerfile", "ARG BINARIES=builder", "ARG BINARIES=prebuilt")], "FROM ${BINARIES} AS binaries")
+
 
 class HelpParsing(unittest.TestCase):
     def test_spdk_containerfile_copies_what_its_context_lacks(self):
         with tempfile.TemporaryDirectory() as tmp:
             hack = Path(tmp) / "hack"
-            shutil.copytree(REPO / "hack", hack)
+            shutil.copytree(REPO / "hack", hack, ignore=shutil.ignore_patterns("target"))
             path = hack / "spdk" / "Containerfile"
             text = path.read_text()
-            self.assertIn(" spdk/build.sh ", text)
-            path.write_text(text.replace(" spdk/build.sh ", " spdk/build-spdk.sh ", 1))
+            self.assertIn(" hack/spdk/build.sh ", text)
+            path.write_text(text.replace(" hack/spdk/build.sh ", " hack/spdk/build-spdk.sh ", 1))
             with tempfile.TemporaryDirectory() as tmp2:
                 failures = run_checker(copy_deploy(Path(tmp2)), ("--containerfile", str(path))) - baseline()
-        self.assertTrue(any("COPY source spdk/build-spdk.sh" in f for f in failures), sorted(failures))
+        self.assertTrue(any("COPY source hack/spdk/build-spdk.sh" in f for f in failures), sorted(failures))
 
     def test_long_and_short_clap_layouts(self):
         long = (

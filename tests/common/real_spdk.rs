@@ -1,7 +1,9 @@
 //! A real SPDK `spdk_tgt` for the suites that hold our code and the emulator
-//! against the real thing. The binary comes from `SNAP_CSI_SPDK_TGT` (the test
-//! command builds it with `hack/spdk/build.sh` and sets it); without it each
-//! suite says it skipped, in one line, and its tests return.
+//! against the real thing: a container of the image `SNAP_CSI_SPDK_IMAGE`
+//! names (the test command builds it with `hack/images.sh` and sets it), or
+//! the binary `SNAP_CSI_SPDK_TGT` names (`hack/spdk/build.sh` builds one).
+//! Without either each suite says it skipped, in one line, and its tests
+//! return.
 //!
 //! Included by path by three test crates: the root crate's, the sample
 //! plugin's and the emulator's. The emulator must not link `snap-csi`, so
@@ -22,6 +24,11 @@ use serde_json::{Value, json};
 
 /// Names the `spdk_tgt` to run (a path).
 pub const BINARY_ENV: &str = "SNAP_CSI_SPDK_TGT";
+/// Names the image to run `spdk_tgt` from with podman (preferred when both are set).
+pub const IMAGE_ENV: &str = "SNAP_CSI_SPDK_IMAGE";
+/// The label of every container started here, so that one a killed test left
+/// behind is found and removed.
+const LABEL: &str = "snap-csi.test=real-spdk";
 
 /// How long a starting `spdk_tgt` may take to answer `spdk_get_version`.
 const START_TIMEOUT: Duration = Duration::from_secs(60);
@@ -33,37 +40,51 @@ const STOP_TIMEOUT: Duration = Duration::from_secs(10);
 /// checkout take turns (a file lock), each with at most a few instances on
 /// their own cores.
 pub struct Suite {
-    binary: PathBuf,
+    runner: Runner,
     started: AtomicUsize,
     _turn: File,
 }
 
 impl Suite {
     /// This test's turn, waiting for other tests' to end; `None` (after one
-    /// line on stderr per test binary) when `SNAP_CSI_SPDK_TGT` is not set.
+    /// line on stderr per test binary) when neither variable is set.
     pub fn acquire() -> Option<Suite> {
-        let Some(binary) = std::env::var_os(BINARY_ENV) else {
+        let runner = if let Some(image) = std::env::var_os(IMAGE_ENV) {
+            Runner::Image(image.into_string().expect("an image name is UTF-8"))
+        } else if let Some(binary) = std::env::var_os(BINARY_ENV) {
+            let binary = PathBuf::from(binary);
+            assert!(
+                binary.is_file(),
+                "{BINARY_ENV}={} is not a file",
+                binary.display()
+            );
+            Runner::Binary(binary)
+        } else {
             static SAID: Once = Once::new();
             SAID.call_once(|| {
                 // Straight to the handle: libtest captures eprintln!, and a
                 // skipped suite must be visible in a green run.
                 let _ = writeln!(
                     std::io::stderr(),
-                    "real-SPDK suite skipped: {BINARY_ENV} is not set (hack/test.sh sets it)"
+                    "real-SPDK suite skipped: neither {IMAGE_ENV} nor {BINARY_ENV} is set (hack/test.sh sets one)"
                 );
             });
             return None;
         };
-        let binary = PathBuf::from(binary);
-        assert!(
-            binary.is_file(),
-            "{BINARY_ENV}={} is not a file",
-            binary.display()
-        );
         let turn = File::create(std::env::temp_dir().join("snap-csi-real-spdk.lock")).unwrap();
         turn.lock().unwrap();
+        if let Runner::Image(_) = runner {
+            // Ours, left by a test process that was killed: none runs now,
+            // as this is the one turn.
+            let _ = Command::new("podman")
+                .args(["rm", "--force", "--filter"])
+                .arg(format!("label={LABEL}"))
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+        }
         Some(Suite {
-            binary,
+            runner,
             started: AtomicUsize::new(0),
             _turn: turn,
         })
@@ -76,10 +97,11 @@ impl Suite {
         let core = self.started.fetch_add(1, Ordering::SeqCst) % cores;
         let dir = tempfile::tempdir().unwrap();
         let mut spdk = SpdkTgt {
-            binary: self.binary.clone(),
+            runner: self.runner.clone(),
             core,
             socket: dir.path().join("spdk.sock"),
             child: None,
+            container: None,
             dir,
         };
         spdk.start();
@@ -87,13 +109,50 @@ impl Suite {
     }
 }
 
+/// How `spdk_tgt` is run.
+#[derive(Clone)]
+enum Runner {
+    Binary(PathBuf),
+    /// With podman, on the host's network (NVMe-oF listeners on loopback), the
+    /// temporary directory bound at its own path (sockets and backing files
+    /// have the same names inside and out), DPDK's shared memory its own.
+    Image(String),
+}
+
+impl Runner {
+    /// The command that runs `spdk_tgt`, and the container's name if any.
+    fn command(&self) -> (Command, Option<String>) {
+        match self {
+            Runner::Binary(binary) => (Command::new(binary), None),
+            Runner::Image(image) => {
+                static STARTED: AtomicUsize = AtomicUsize::new(0);
+                let name = format!(
+                    "snap-csi-test-spdk-{}-{}",
+                    std::process::id(),
+                    STARTED.fetch_add(1, Ordering::SeqCst)
+                );
+                let tmp = std::env::temp_dir();
+                let mut command = Command::new("podman");
+                command
+                    .args(["run", "--rm", "--network", "host", "--shm-size", "1g"])
+                    .args(["--label", LABEL, "--name", &name, "--volume"])
+                    .arg(format!("{0}:{0}", tmp.display()))
+                    .arg(image);
+                (command, Some(name))
+            }
+        }
+    }
+}
+
 /// A running `spdk_tgt`; stopped (SIGTERM, then SIGKILL) and cleaned up when
 /// dropped.
 pub struct SpdkTgt {
-    binary: PathBuf,
+    runner: Runner,
     core: usize,
     pub socket: PathBuf,
     child: Option<Child>,
+    /// The running container's name.
+    container: Option<String>,
     /// The socket, the process's log, and files tests put there.
     pub dir: tempfile::TempDir,
 }
@@ -118,7 +177,8 @@ impl SpdkTgt {
         // instances. Without SPDK's core locks (/var/tmp/spdk_cpu_lock_*): an
         // SPDK outside the tests may hold that core, and sharing one costs
         // only speed.
-        let child = Command::new(&self.binary)
+        let (mut command, container) = self.runner.command();
+        let child = command
             .args([
                 "--no-huge",
                 "-s",
@@ -134,8 +194,9 @@ impl SpdkTgt {
             .stdout(log.try_clone().unwrap())
             .stderr(log)
             .spawn()
-            .unwrap_or_else(|e| panic!("cannot run {}: {e}", self.binary.display()));
+            .unwrap_or_else(|e| panic!("cannot run {:?}: {e}", command.get_program()));
         self.child = Some(child);
+        self.container = container;
         let deadline = Instant::now() + START_TIMEOUT;
         loop {
             if let Ok(version) = call(&self.socket, "spdk_get_version", None) {
@@ -158,11 +219,24 @@ impl SpdkTgt {
 
     /// SIGKILL, as a crash would, and waits for the process to be gone.
     pub fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-            remove_runtime_files(child.id());
+        if let Some(child) = self.child.take() {
+            self.reap(child);
         }
+    }
+
+    /// Kills `spdk_tgt` (a container's, not the podman client in front of
+    /// it, which would leave the container running) and waits for it.
+    fn reap(&mut self, mut child: Child) {
+        if let Some(name) = self.container.take() {
+            let _ = Command::new("podman")
+                .args(["kill", "--signal", "KILL", &name])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        remove_runtime_files(child.id());
     }
 
     /// Asks SPDK to stop (its own SIGTERM) and waits; kills it if it does not.
@@ -182,9 +256,7 @@ impl SpdkTgt {
             }
             std::thread::sleep(Duration::from_millis(10));
         }
-        let _ = child.kill();
-        let _ = child.wait();
-        remove_runtime_files(child.id());
+        self.reap(child);
     }
 
     fn log(&self) -> PathBuf {
