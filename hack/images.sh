@@ -20,11 +20,10 @@
 # again, so a warm run costs the hashing (seconds). Prints one line per image,
 # NAME=TAG SIZE, and exits non-zero if a build or a check fails. The checks:
 # each entrypoint answers --help and --version (naming this commit) and
-# refuses an unknown flag; the snap-csi image has every tool the node runs
-# (deploy/tools/check_images.py); the SPDK image starts and answers on its
-# socket.
+# refuses an unknown flag; the snap-csi image has every tool the node runs;
+# spdk_tgt answers --version (deploy/tools/check_images.py).
 #
-# Usage (as root): hack/images.sh [--profile debug|release] [--no-build] [--base IMAGE]
+# Usage (as root, after hack/setup.sh): hack/images.sh [--profile debug|release] [--no-build] [--base IMAGE]
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 cd "$repo"
@@ -98,6 +97,8 @@ image() {
     podman build --quiet --network host --pull=never --ignorefile "$work/$name.ignore" -f "$file" \
       --build-arg TARGETARCH="$(dpkg --print-architecture)" \
       --build-arg BASE="$base" "${@/#/--build-arg=}" -t "$tag" . >/dev/null
+    # The prebuilt stage's image, a copy of the binary nothing refers to.
+    podman image prune --force --filter label=io.snap-csi.stage=prebuilt >/dev/null
   fi
   podman tag "$tag" "localhost/snap-csi/$name:latest"
   # Earlier builds' tags go (an image a container still uses stays).
@@ -112,4 +113,7 @@ image snap-csi deploy/images/snap-csi.Dockerfile "$bin/snap-csi" BINARIES=prebui
 image snap-csi-spdk-plugin deploy/images/spdk-plugin.Dockerfile "$bin/snap-csi-spdk-plugin" \
   BINARIES=prebuilt PREBUILT="$bin"
 image snap-csi-spdk hack/spdk/Containerfile "$spdk_dir" SPDK=prebuilt PREBUILT="$spdk_dir"
-python3 deploy/tools/check_images.py "$repo" "${built[@]}"
+# The check shares deploy/check.sh's Python (its modules need PyYAML).
+python=target/deploy-tools/venv/bin/python
+[ -x "$python" ] || { say "$python is missing; run hack/setup.sh first"; exit 1; }
+"$python" deploy/tools/check_images.py "$repo" "${built[@]}"

@@ -17,12 +17,15 @@ cd "$(dirname "$0")/.."
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 # The images deploy/ names (hack/images.sh), from the debug binaries the
-# tests run and real SPDK (built once, minutes, then cached outside the
-# repository: hack/spdk/README.md), each started and checked; cached by
-# content, so an unchanged image costs its hash. The real-SPDK suites run
-# spdk_tgt from its image, as users test.
+# tests run (--no-run builds them as the tests do: with the dev-dependencies'
+# features, which a plain cargo build would not unify in) and real SPDK
+# (built once, minutes, then cached outside the repository:
+# hack/spdk/README.md), each started and checked; cached by content, so an
+# unchanged image costs its hash. The real-SPDK suites run spdk_tgt from its
+# image, as users test.
+cargo test --workspace --locked --no-run
 export CONTAINERS_CONF=${CONTAINERS_CONF:-$PWD/hack/containers.conf}
-images=$(./hack/images.sh --profile debug)
+images=$(./hack/images.sh --profile debug --no-build)
 echo "$images"
 SNAP_CSI_SPDK_IMAGE=$(echo "$images" | sed -n 's/^snap-csi-spdk=\([^ ]*\) .*/\1/p')
 export SNAP_CSI_SPDK_IMAGE

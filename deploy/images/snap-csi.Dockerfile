@@ -42,6 +42,8 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
     && install -D -m 0755 "target/$RUST_TARGET/release/snap-csi" /out/snap-csi
 
 FROM scratch AS prebuilt
+# What hack/images.sh removes once the image is built (an untagged stage).
+LABEL io.snap-csi.stage=prebuilt
 ARG PREBUILT=target/release
 COPY ${PREBUILT}/snap-csi /out/snap-csi
 

@@ -5,7 +5,7 @@ the node runs (images.node_programs, the list deploy/check.sh holds the
 Dockerfile to); SPDK's answers --version. Prints one line per image and exits
 non-zero on any failure.
 
-Usage: python3 deploy/tools/check_images.py REPO NAME=TAG...
+Usage: target/deploy-tools/venv/bin/python deploy/tools/check_images.py REPO NAME=TAG...
 """
 
 from __future__ import annotations
