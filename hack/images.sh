@@ -59,17 +59,20 @@ if [ -z "$base" ]; then
     # mmdebstrap merges /usr with usrmerge, which brings full perl (47 MB);
     # debian:bookworm-slim has neither, only usr-is-merged.
     --include=usr-is-merged --customize-hook="chroot \"\$1\" dpkg --purge ${usrmerge[*]} >/dev/null"
+    --customize-hook="copy-in hack/images-apt.conf /etc/apt/apt.conf.d"
+    --customize-hook='rm -f "$1"/var/cache/apt/*.bin'
     bookworm - "deb $debian bookworm main" "deb $debian bookworm-updates main"
     "deb http://deb.debian.org/debian-security bookworm-security main")
-  base=localhost/snap-csi/debian:bookworm-slim-$(key "${recipe[@]}")
+  base=localhost/snap-csi/debian:bookworm-slim-$(key "${recipe[@]}" hack/images-apt.conf)
   if ! podman image exists "$base"; then
     say "making the base $base from Debian's packages (mmdebstrap)"
     # Through a file: a failed mmdebstrap must not leave an empty image tagged.
-    mmdebstrap --quiet "${recipe[@]}" >"$work/base.tar"
+    tar=$(mktemp -p "$work" base.XXXXXX.tar)
+    mmdebstrap --quiet "${recipe[@]}" >"$tar"
     podman import --quiet --change 'CMD ["bash"]' \
       --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
-      "$work/base.tar" "$base" >/dev/null
-    rm "$work/base.tar"
+      "$tar" "$base" >/dev/null
+    rm "$tar"
   fi
 fi
 

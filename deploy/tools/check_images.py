@@ -50,15 +50,25 @@ def check_node_tools(repo: Path, tag: str, failures: list[str]) -> None:
         failures.append(f"snap-csi: the node runs {missing} (exit {out.returncode}), which the image lacks")
 
 
+def built_from(repo: Path) -> str:
+    """The commit a binary built here names (crates/build-info): HEAD, or
+    `unknown` where git cannot say (no git, or not a checkout)."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True)
+    except FileNotFoundError:
+        return "unknown"
+    return out.stdout.strip() if out.returncode == 0 else "unknown"
+
+
 def main() -> int:
     repo = Path(sys.argv[1]).resolve()
     images = dict(arg.split("=", 1) for arg in sys.argv[2:])
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True).stdout.strip()
+    commit = built_from(repo)
     failures: list[str] = []
     for name, tag in sorted(images.items()):
         before = len(failures)
         if name in BINARIES:
-            check_binary(name, tag, commit or "unknown", failures)
+            check_binary(name, tag, commit, failures)
         if name == "snap-csi":
             check_node_tools(repo, tag, failures)
         if name == "snap-csi-spdk":
