@@ -5,10 +5,9 @@
 #[path = "common/entrypoint.rs"]
 mod entrypoint;
 
-use std::path::Path;
 use std::process::Command;
 
-use entrypoint::start_line;
+use entrypoint::{assert_unknown_flag_refused, assert_version, expected_version, start_line};
 
 const BINARY: &str = env!("CARGO_BIN_EXE_snap-csi");
 
@@ -17,24 +16,15 @@ fn snap_csi() -> Command {
     entrypoint::command(BINARY, &["SNAP_"])
 }
 
-fn expected_version() -> String {
-    entrypoint::expected_version(
-        env!("CARGO_PKG_VERSION"),
-        Path::new(env!("CARGO_MANIFEST_DIR")),
-    )
-}
-
 #[test]
 fn version_names_the_crate_version_and_the_commit() {
-    let output = snap_csi().arg("--version").output().unwrap();
-    assert!(output.status.success(), "{output:?}");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert_eq!(stdout, format!("snap-csi {}\n", expected_version()));
+    let mut command = snap_csi();
+    command.arg("--version");
+    assert_version(command, "snap-csi");
     // A service's too, as an image whose command names it is asked.
-    let output = snap_csi().args(["node", "--version"]).output().unwrap();
-    assert!(output.status.success(), "{output:?}");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert_eq!(stdout, format!("snap-csi-node {}\n", expected_version()));
+    let mut command = snap_csi();
+    command.args(["node", "--version"]);
+    assert_version(command, "snap-csi-node");
 }
 
 #[test]
@@ -69,15 +59,10 @@ fn help_succeeds_and_lists_the_subcommands() {
 
 #[test]
 fn an_unknown_flag_is_a_usage_error_that_names_it() {
-    for args in [
-        &["--no-such-flag"][..],
-        &["controller", "--no-such-flag"],
-        &["node", "--no-such-flag"],
-    ] {
-        let output = snap_csi().args(args).output().unwrap();
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
-        assert!(stderr.contains("--no-such-flag"), "{args:?}: {stderr}");
+    for args in [&[][..], &["controller"], &["node"]] {
+        let mut command = snap_csi();
+        command.args(args);
+        assert_unknown_flag_refused(command);
     }
 }
 

@@ -48,9 +48,32 @@ pub fn expected_commit(dir: &Path) -> String {
         .unwrap_or_else(|| "unknown".to_string())
 }
 
-/// `VERSION (commit HASH)`, as `--version` and the start line show it.
-pub fn expected_version(version: &str, dir: &Path) -> String {
-    format!("{version} (commit {})", expected_commit(dir))
+/// `VERSION (commit HASH)`, as `--version` and the start line show it, for
+/// the crate that includes this file (`env!` expands there).
+pub fn expected_version() -> String {
+    format!(
+        "{} (commit {})",
+        env!("CARGO_PKG_VERSION"),
+        expected_commit(Path::new(env!("CARGO_MANIFEST_DIR")))
+    )
+}
+
+/// `command` (with `--version` among its arguments) prints `NAME VERSION
+/// (commit HASH)`.
+pub fn assert_version(mut command: Command, name: &str) {
+    let output = command.output().unwrap();
+    assert!(output.status.success(), "{output:?}");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(stdout, format!("{name} {}\n", expected_version()));
+}
+
+/// `command` followed by an unknown flag is a usage error (exit 2) that
+/// names the flag.
+pub fn assert_unknown_flag_refused(mut command: Command) {
+    let output = command.arg("--no-such-flag").output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{command:?}: {stderr}");
+    assert!(stderr.contains("--no-such-flag"), "{command:?}: {stderr}");
 }
 
 /// Starts `command`, reads its stderr until a line contains `marker`

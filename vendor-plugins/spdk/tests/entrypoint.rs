@@ -6,10 +6,9 @@
 #[path = "../../../tests/common/entrypoint.rs"]
 mod entrypoint;
 
-use std::path::Path;
 use std::process::Command;
 
-use entrypoint::start_line;
+use entrypoint::{assert_unknown_flag_refused, assert_version, expected_version, start_line};
 
 const BINARY: &str = env!("CARGO_BIN_EXE_snap-csi-spdk-plugin");
 
@@ -18,22 +17,11 @@ fn plugin() -> Command {
     entrypoint::command(BINARY, &["SPDK_PLUGIN_"])
 }
 
-fn expected_version() -> String {
-    entrypoint::expected_version(
-        env!("CARGO_PKG_VERSION"),
-        Path::new(env!("CARGO_MANIFEST_DIR")),
-    )
-}
-
 #[test]
 fn version_names_the_crate_version_and_the_commit() {
-    let output = plugin().arg("--version").output().unwrap();
-    assert!(output.status.success(), "{output:?}");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert_eq!(
-        stdout,
-        format!("snap-csi-spdk-plugin {}\n", expected_version())
-    );
+    let mut command = plugin();
+    command.arg("--version");
+    assert_version(command, "snap-csi-spdk-plugin");
 }
 
 #[test]
@@ -53,10 +41,7 @@ fn help_succeeds_and_lists_the_serving_flags() {
 
 #[test]
 fn an_unknown_flag_is_a_usage_error_that_names_it() {
-    let output = plugin().arg("--no-such-flag").output().unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(2), "{stderr}");
-    assert!(stderr.contains("--no-such-flag"), "{stderr}");
+    assert_unknown_flag_refused(plugin());
 }
 
 /// Its first line: the build (version and commit) and the settings it
