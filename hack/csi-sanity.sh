@@ -40,7 +40,9 @@
 #   [--backend aio|nvmf|fs]... [--no-mutable-parameters] [--csi-sanity BINARY]
 #   [--tarball CSI-TEST.tar.gz] [-- LOCAL-UP-ARGS...]
 # Default: debug, every backend, with mutable parameters. Arguments after --
-# go to hack/local-up.sh.
+# go to hack/local-up.sh (e.g. `-- --containers`: the plugin, controller
+# proxy, node and agent run from their images, with their manifests'
+# privileges and mounts; `-- --mode split`).
 set -euo pipefail
 caller=$PWD
 cd "$(dirname "$0")/.."
@@ -64,7 +66,7 @@ while (($#)); do
     --csi-sanity) binary=$(absolute "$2"); shift 2 ;;
     --tarball) tarball=$(absolute "$2"); shift 2 ;;
     --) shift; local_up_args=("$@"); break ;;
-    -h | --help) sed -n '2,41p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,45p' "$0"; exit 0 ;;
     *) echo "csi-sanity: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -123,6 +125,15 @@ if [ -z "$binary" ]; then
     echo "csi-sanity: built $binary in $((SECONDS - started)) s"
   fi
 fi
+
+# With -- --containers: the images of these binaries, built now if need be,
+# so that each stack's start (local-up's READY within 60 s) finds them made.
+for arg in "${local_up_args[@]}"; do
+  if [ "$arg" = --containers ]; then
+    ./hack/images.sh --profile "$profile" --no-build >/dev/null
+    break
+  fi
+done
 
 # shellcheck source=hack/lib/local-up-client.sh
 . hack/lib/local-up-client.sh

@@ -23,17 +23,21 @@
 # rate-limited one (writes at its limit, then at the one ControllerModifyVolume
 # sets). Every process runs at debug level, and the encrypted volume's key is
 # a canary: found in any process's log, the demo fails. Run as root:
-#   ./hack/demo.sh [--profile release|debug] [--mode colocated|split]
+#   ./hack/demo.sh [--profile release|debug] [--mode colocated|split] [--containers]
 # (default: both modes; the test command runs it in debug, on the binaries the
-# tests just built).
+# tests just built). --containers runs the stack's plugin, controller proxy,
+# node and agent from their images, with their manifests' privileges and
+# mounts (hack/local-up.sh --containers).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 profile=release
 modes=(colocated split)
+containers=()
 while (($#)); do
   case $1 in
     --profile) profile=${2:?--profile needs release or debug}; shift 2 ;;
     --mode) modes=("${2:?--mode needs colocated or split}"); shift 2 ;;
+    --containers) containers=(--containers); shift ;;
     *) echo "demo: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -45,6 +49,11 @@ done
 flag=()
 [ "$profile" = release ] && flag=(--release)
 cargo build "${flag[@]}" --locked --quiet -p snap-csi -p snap-emu -p snap-csi-spdk-plugin -p csi-player
+# The images of these binaries, built now if need be, so that each stack's
+# start (local-up's READY within 60 s) finds them made.
+if ((${#containers[@]})); then
+  ./hack/images.sh --profile "$profile" --no-build >/dev/null
+fi
 
 # shellcheck source=hack/lib/local-up-client.sh
 . hack/lib/local-up-client.sh
@@ -120,7 +129,7 @@ for mode in "${modes[@]}"; do
   echo "== main job, $mode mode"
   # Every process at debug level: the key must reach no log even then.
   RUST_LOG=debug local_up_start "$run" --profile "$profile" --mode "$mode" --dir "$run/stack" \
-    --second-host
+    --second-host "${containers[@]}"
   [ "$mode" = split ] && echo "  the node reaches the DPU agent at $DPU_AGENT_ENDPOINT (namespace $DPU_NETNS)"
 
   # kubelet hands the key over in NodeStageVolume's secrets, from memory.

@@ -50,7 +50,7 @@
 # Usage (as root): hack/local-up.sh [--mode colocated|split] [--backend aio|nvmf|fs] [--dir DIR]
 #   [--profile release|debug] [--no-build] [--snap-poll-period-us N] [--snap-nvme-pfs N]
 #   [--snap-nvme-vfs-per-pf N] [--snap-data-path auto|fuse|direct] [--allow-node-restart]
-#   [--supervise] [--fs-only] [--second-host]
+#   [--supervise] [--fs-only] [--second-host] [--containers]
 # The --snap-* options go to the DPU's SNAP emulator only (not the NVMe-oF
 # target): its RPC poller period (8000 reproduces real SPDK's ~8 ms per
 # sequential call), how many NVMe functions it offers (default 1 PF with 16
@@ -65,6 +65,26 @@
 # its log gains a line per restart. The pause before a restart is 0.2 s, or
 # the seconds in DIR/pids/NAME.restart-delay when that file exists (read at
 # each restart).
+# --containers runs every process that has an image (the sample plugin, the
+# controller proxy, the node and, in split mode, the DPU agent; the second
+# host's too) from it with podman instead of the bare binary: the images
+# hack/images.sh builds from this profile's binaries, each run with the
+# privileges, capabilities, user, root filesystem, network and host mounts
+# (/dev, /sys, their propagation) its container has in deploy/kubernetes, as
+# deploy/tools/podman_spec.py derives them from the rendered manifests. The
+# manifests' own host paths are replaced by this run's directories (bound at
+# their own paths, so every flag here stays as it is): the kubelet directory
+# (made a shared mount first, as a kubelet host's is, so that the node's
+# mounts reach the host), the node's state directory, and DIR itself for the
+# sockets' directories; emptyDir volumes are DIR and Secrets DIR/tls. The
+# pod network is the host's (there is no CNI here), and the agent's host
+# network is its namespace. The SNAP emulators stay bare processes (SNAP has
+# no image here). Containers are named snapcsi-ID-NAME and removed at the
+# stop. Not with --supervise or --allow-node-restart (they restart and kill
+# processes by pid). The manifests read are deploy/'s, or those of the copy
+# of deploy/ that SNAP_CSI_DEPLOY names, and the images hack/images.sh's, or
+# those SNAP_CSI_IMAGES names ("snap-csi=REF snap-csi-spdk-plugin=REF"): to
+# try a change of either here.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
@@ -79,6 +99,7 @@ allow_node_restart=0
 supervise=0
 second_host=0
 fs_only=0
+containers=0
 while (($#)); do
   case $1 in
     --mode) mode=$2; shift 2 ;;
@@ -94,13 +115,19 @@ while (($#)); do
     --supervise) supervise=1; shift ;;
     --second-host) second_host=1; shift ;;
     --fs-only) fs_only=1; backend=fs; shift ;;
-    -h | --help) sed -n '2,63p' "$0"; exit 0 ;;
+    --containers) containers=1; shift ;;
+    -h | --help) sed -n '2,87p' "$0"; exit 0 ;;
     *) echo "local-up: unknown argument $1" >&2; exit 2 ;;
   esac
 done
 case $mode in colocated | split) ;; *) echo "local-up: --mode must be colocated or split" >&2; exit 2 ;; esac
 case $backend in aio | nvmf | fs) ;; *) echo "local-up: --backend must be aio, nvmf or fs" >&2; exit 2 ;; esac
 case $profile in release | debug) ;; *) echo "local-up: --profile must be release or debug" >&2; exit 2 ;; esac
+if ((containers)) && ((supervise || allow_node_restart)); then
+  echo "local-up: --containers cannot be combined with --supervise or --allow-node-restart" \
+    "(they restart and kill processes by pid; a container's is podman's)" >&2
+  exit 2
+fi
 
 if ((build)); then
   ./hack/setup.sh >&2
@@ -109,6 +136,33 @@ if ((build)); then
   cargo build "${flag[@]}" --locked --quiet -p snap-csi -p snap-emu -p snap-csi-spdk-plugin >&2
 fi
 bin=$repo/target/$profile
+
+# --containers: the images of these binaries (built unless their tags exist),
+# and the tool that reads each container's flags from the manifests.
+declare -A images=()
+if ((containers)); then
+  export CONTAINERS_CONF=${CONTAINERS_CONF:-$repo/hack/containers.conf}
+  spec_python=$repo/target/deploy-tools/venv/bin/python
+  spec_deploy=$(cd "${SNAP_CSI_DEPLOY:-$repo/deploy}" && pwd)
+  if [ ! -x "$spec_python" ] || [ ! -x "$repo/target/deploy-tools/venv/bin/kubectl" ]; then
+    echo "local-up: --containers needs target/deploy-tools/venv (hack/setup.sh)" >&2
+    exit 1
+  fi
+  if [ -n "${SNAP_CSI_IMAGES:-}" ]; then
+    images_out=$(tr ' ' '\n' <<<"$SNAP_CSI_IMAGES")
+  else
+    images_out=$(./hack/images.sh --profile "$profile" --no-build) || {
+      echo "local-up: hack/images.sh --profile $profile --no-build failed" >&2
+      exit 1
+    }
+  fi
+  while read -r line _; do
+    images[${line%%=*}]=${line#*=}
+  done <<<"$images_out"
+  for name in snap-csi snap-csi-spdk-plugin; do
+    [ -n "${images[$name]:-}" ] || { echo "local-up: hack/images.sh printed no $name image" >&2; exit 1; }
+  done
+fi
 
 if [ -z "$dir" ]; then
   dir=$(mktemp -d /tmp/snap-csi-local.XXXXXX)
@@ -122,6 +176,12 @@ mkdir -p "$kubelet" "$dir/logs" "$dir/aio-pool"
 pids=()
 netns=
 veth=
+# --containers: this run's containers (snapcsi-ID-NAME) and the kubelet
+# directories made shared mounts (bound onto themselves).
+cid=
+((containers)) && cid=$(od -An -N3 -tx1 /dev/urandom | tr -d ' \n')
+run_containers=()
+shared_dirs=()
 cleanup() {
   trap - INT TERM EXIT
   # Best effort from here on: one failed step must not skip the rest.
@@ -132,6 +192,15 @@ cleanup() {
     kill -TERM "${pids[i]}" 2>/dev/null || true
     wait "${pids[i]}" 2>/dev/null || true
   done
+  # podman run passed the TERM on to its container and removes it when it
+  # exits (--rm); whatever is still there (podman killed before it could)
+  # goes by name.
+  for ((i = ${#run_containers[@]} - 1; i >= 0; i--)); do
+    if podman container exists "${run_containers[i]}" 2>/dev/null; then
+      podman stop --time 10 "${run_containers[i]}" >/dev/null 2>&1
+      podman rm --force "${run_containers[i]}" >/dev/null 2>&1
+    fi
+  done
   # Deleting the namespace deletes the veth end in it, and with it the pair;
   # the host's end goes by name in case the pair never reached the namespace.
   [ -n "$netns" ] && ip netns delete "$netns" 2>/dev/null
@@ -139,6 +208,11 @@ cleanup() {
   # Whatever a consumer left mounted under our kubelet directory.
   grep -o " ${kubelet}2\?/[^ ]*" /proc/self/mountinfo | sort -r | while read -r m; do
     umount -l "$m"
+  done
+  # The kubelet directories' binds onto themselves (as many as a container
+  # left stacked there).
+  for m in "${shared_dirs[@]}"; do
+    while mountpoint -q "$m"; do umount -l "$m" || break; done
   done
   # The share's loop device goes with its mount (autoclear).
   mountpoint -q "$dir/fs-share" && umount "$dir/fs-share"
@@ -159,6 +233,58 @@ start() {
     "$@" >"$dir/logs/$name.log" 2>&1 &
   fi
   pids+=($!)
+}
+
+# run NAME COMPONENT SPEC-ARGS... -- PROGRAM ARGS...: starts PROGRAM (snap-csi
+# or snap-csi-spdk-plugin) with ARGS, as start does: this profile's binary,
+# or with --containers its image in container snapcsi-ID-NAME, run with the
+# flags deploy/tools/podman_spec.py derives from COMPONENT's manifest
+# (SPEC-ARGS: its --mode, --map and --host-network; --also FLAG adds a podman
+# flag of this machine's that no manifest can give: the emulator's stand-in
+# for a kernel device). Volumes without a host path are this run's: emptyDir
+# DIR, Secrets (the link's TLS files) DIR/tls.
+run() {
+  local name=$1 component=$2 spec=() also=() program volume kind _ out flags=() container
+  shift 2
+  while [ "$1" != -- ]; do
+    if [ "$1" = --also ]; then also+=("$2"); shift 2; else spec+=("$1"); shift; fi
+  done
+  shift
+  program=$1
+  shift
+  if ! ((containers)); then
+    start "$name" "$bin/$program" "$@"
+    return
+  fi
+  spec+=(--deploy "$spec_deploy")
+  out=$("$spec_python" deploy/tools/podman_spec.py "$component" "${spec[@]}" --volumes) ||
+    gave_up "deploy/tools/podman_spec.py $component failed"
+  while read -r volume kind _; do
+    [ -n "$volume" ] || continue
+    case $kind in
+      secret | projected) spec+=(--map "$volume=$dir/tls") ;;
+      *) spec+=(--map "$volume=$dir") ;;
+    esac
+  done <<<"$out"
+  # No CNI here: the pod network is the host's.
+  out=$("$spec_python" deploy/tools/podman_spec.py "$component" "${spec[@]}" --pod-network host) ||
+    gave_up "deploy/tools/podman_spec.py $component failed"
+  mapfile -t flags <<<"$out"
+  flags+=("${also[@]}")
+  container=snapcsi-$cid-$name
+  run_containers+=("$container")
+  echo "podman run --rm --name $container ${flags[*]} ${images[$program]} $*" >"$dir/logs/$name.podman"
+  start "$name" podman run --rm --name "$container" --env RUST_LOG --env RUST_BACKTRACE \
+    "${flags[@]}" "${images[$program]}" "$@"
+}
+
+# share_dir DIR: with --containers, DIR becomes a shared mount (bound onto
+# itself), as a kubelet host's /var/lib/kubelet is: what the node mounts
+# below it in its container (Bidirectional) then reaches the host.
+share_dir() {
+  ((containers)) || return 0
+  mount --bind "$1" "$1" && shared_dirs+=("$1") && mount --make-rshared "$1" ||
+    gave_up "could not make $1 a shared mount"
 }
 
 # supervised NAME COMMAND...: runs COMMAND again whenever it exits, its pid in
@@ -340,6 +466,10 @@ start snap "$bin/snap-emu" --socket "$dir/snap.sock" --state-dir "$dir/snap" "${
 wait_for_socket "$dir/snap.sock"
 
 # The sample vendor plugin: plugins.v1 toward the node, CSI toward the proxy.
+# (--containers: the manifests' host paths, each this run's directory; the
+# node's its own state directory and kubelet directory, made shared.)
+dpu_maps=(--require-mapped --pass /dev --pass /sys --map "/var/lib/nvidia/storage/snap=$dir")
+node_maps=("${dpu_maps[@]}" --map "/var/lib/kubelet/plugins/csi.snap-csi.io=$dir")
 # (The second host's plugin serves devices only: the flags of their kind.)
 block_devices=()
 if ((fs_only)); then
@@ -353,7 +483,11 @@ else
     --nvmf-listen "127.0.0.1:$port"
   )
 fi
-start plugin "$bin/snap-csi-spdk-plugin" \
+# The manifests deploy no filesystem share for the sample plugin; its fs
+# backend's btrfs quotas on one need CAP_SYS_ADMIN, which its container
+# then needs too (deploy/README.md, "The manifests' containers on one machine").
+fs_cap=(--also --cap-add=SYS_ADMIN)
+run plugin plugin "${dpu_maps[@]}" "${fs_cap[@]}" -- snap-csi-spdk-plugin \
   --plugin-socket "$dir/plugin.sock" \
   --spdk-socket "$dir/snap.sock" \
   --csi-socket "$dir/vendor-csi.sock" \
@@ -365,7 +499,7 @@ start plugin "$bin/snap-csi-spdk-plugin" \
 wait_for_socket "$dir/plugin.sock"
 wait_for_socket "$dir/vendor-csi.sock"
 
-start controller "$bin/snap-csi" controller \
+run controller controller "${dpu_maps[@]}" -- snap-csi controller \
   --endpoint "$dir/controller.sock" \
   --vendor-endpoint "unix://$dir/vendor-csi.sock" \
   --metrics-address "$controller_metrics"
@@ -379,15 +513,22 @@ if [ "$mode" = split ]; then
   # filesystem of every volume staged at that moment: the host's unstage
   # cannot release the device, and an xfs volume restaged on its new device
   # is refused as a duplicate UUID (found by hack/chaos.sh).
-  start agent nsenter --net="/run/netns/$netns" "$bin/snap-csi" dpu-agent \
-    --listen "https://$agent_listen" \
-    --host-name local-node \
-    --tls-cert "$dir/tls/agent.crt" \
-    --tls-key "$dir/tls/agent.key" \
-    --tls-ca "$dir/tls/ca.crt" \
-    --plugin-socket "$dir/plugin.sock" \
-    --snap-socket-template "$dir/snap.sock" \
+  agent_args=(
+    --listen "https://$agent_listen"
+    --host-name local-node
+    --tls-cert "$dir/tls/agent.crt"
+    --tls-key "$dir/tls/agent.key"
+    --tls-ca "$dir/tls/ca.crt"
+    --plugin-socket "$dir/plugin.sock"
+    --snap-socket-template "$dir/snap.sock"
     --metrics-address "$agent_metrics"
+  )
+  if ((containers)); then
+    # The manifest's hostNetwork is the DPU's own network: the namespace.
+    run agent agent "${dpu_maps[@]}" --host-network "ns:/run/netns/$netns" -- snap-csi dpu-agent "${agent_args[@]}"
+  else
+    start agent nsenter --net="/run/netns/$netns" "$bin/snap-csi" dpu-agent "${agent_args[@]}"
+  fi
   # From the host's namespace, across the link, as the node will.
   wait_for_tcp "${agent_listen%:*}" "${agent_listen#*:}"
   wait_for_tcp "${agent_metrics%:*}" "${agent_metrics#*:}"
@@ -405,7 +546,26 @@ fi
 # attach SNAP lost (it restarted empty just after answering) gives up waiting
 # for the device after 5 s, not the 30 s a real host's hot-plug may need,
 # and kubelet's retry attaches it again.
-start node "$bin/snap-csi" node \
+# (--containers: the emulated host's virtio-fs mounts, which the emulator
+# makes as a host's kernel would when a device is hot-plugged, reach the
+# node's container as a kernel's device would: the emulator's directory for
+# them is a shared mount, seen by the node HostToContainer. No manifest
+# names it: on a real host they are devices, not a directory.)
+# virtiofs_mounts DIR: sets virtiofs to run's SPEC-ARGS for that.
+virtiofs=()
+virtiofs_mounts() {
+  ((containers)) || return 0
+  mkdir -p "$1"
+  share_dir "$1"
+  virtiofs=(--also --mount --also "type=bind,src=$1,dst=$1,bind-propagation=rslave")
+}
+if ((containers)); then
+  mkdir -p "$dir/node-state"
+  share_dir "$kubelet"
+fi
+virtiofs_mounts "$dir/snap/host/virtiofs"
+run node node --mode "$mode" "${node_maps[@]}" --map "/var/lib/kubelet=$kubelet" \
+  --map "/var/lib/snap-csi=$dir/node-state" "${virtiofs[@]}" -- snap-csi node \
   --endpoint "$dir/node.sock" \
   --device-wait 5 \
   --node-id local-node \
@@ -426,14 +586,20 @@ if ((second_host)); then
   mkdir -p "${kubelet}2"
   start snap2 "$bin/snap-emu" --socket "$dir/snap2.sock" --state-dir "$dir/snap2" "${snap_args[@]}"
   wait_for_socket "$dir/snap2.sock"
-  start plugin2 "$bin/snap-csi-spdk-plugin" \
+  run plugin2 plugin "${dpu_maps[@]}" "${fs_cap[@]}" -- snap-csi-spdk-plugin \
     --plugin-socket "$dir/plugin2.sock" \
     --spdk-socket "$dir/snap2.sock" \
     --state-dir "$dir/plugin2-state" \
     "${block_devices[@]}" \
     --fs-share "$dir/fs-share"
   wait_for_socket "$dir/plugin2.sock"
-  start node2 "$bin/snap-csi" node \
+  if ((containers)); then
+    mkdir -p "$dir/node2-state"
+    share_dir "${kubelet}2"
+  fi
+  virtiofs_mounts "$dir/snap2/host/virtiofs"
+  run node2 node "${node_maps[@]}" --map "/var/lib/kubelet=${kubelet}2" \
+    --map "/var/lib/snap-csi=$dir/node2-state" "${virtiofs[@]}" -- snap-csi node \
     --endpoint "$dir/node2.sock" \
     --device-wait 5 \
     --node-id local-node-2 \

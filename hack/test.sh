@@ -9,8 +9,8 @@
 # split) in debug, the official CSI conformance suite (csi-sanity) on that
 # stack for each backend (and in split mode for one), and the benchmark on a
 # few volumes in debug: proof that every section still runs and cleans up, not
-# a measurement (that is ./hack/bench.sh, release); and the chaos soak for two
-# minutes in debug.
+# a measurement (that is ./hack/bench.sh, release); the demo and csi-sanity
+# again from the container images; and the chaos soak for two minutes in debug.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./hack/setup.sh
@@ -56,6 +56,13 @@ SNAP_CSI_TEST_DPU=split SNAP_CSI_CRASH_TRIALS=100 cargo test --locked \
 # link are what split mode changes, and one backend of each kind of device
 # (block, filesystem) drives all of them.
 ./hack/csi-sanity.sh --profile debug --no-build --backend aio --backend fs -- --mode split
+# The main job and csi-sanity once more with every process that has an image
+# started from it, with the privileges, mounts and propagation its manifest
+# gives it (hack/local-up.sh --containers; deploy/tools/podman_spec.py reads
+# them from the rendered manifests): both modes, every backend.
+./hack/demo.sh --profile debug --containers
+./hack/csi-sanity.sh --profile debug --no-build --backend aio --backend nvmf --backend fs -- --containers
+./hack/csi-sanity.sh --profile debug --no-build --backend aio --backend fs -- --mode split --containers
 cargo build --locked -p snap-csi -p snap-emu -p snap-csi-spdk-plugin -p snap-csi-bench
 # The bench in debug on a few volumes: every section runs and cleans up, and
 # it fails on a target missed beyond its samples' doubt (debug time targets

@@ -41,10 +41,14 @@ COPY ${PREBUILT}/snap-csi-spdk-plugin /out/snap-csi-spdk-plugin
 FROM ${BINARIES} AS binaries
 
 
-# Minimal: the plugin execs nothing and needs only glibc, so no package is
-# added. debian slim rather than distroless: the same base as the snap-csi
-# image, and a release tag to pin (distroless publishes no versioned tags).
+# btrfs-progs: the CSI controller's filesystem backend makes a subvolume
+# with a quota per volume on its share (`btrfs`); nothing else is exec'd.
+# debian slim rather than distroless: the same base as the snap-csi image, a
+# release tag to pin, and apt for that one package.
 FROM ${BASE}
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends btrfs-progs \
+    && rm -rf /var/lib/apt/lists/*
 COPY --from=binaries /out/snap-csi-spdk-plugin /usr/local/bin/snap-csi-spdk-plugin
 LABEL org.opencontainers.image.title="snap-csi-spdk-plugin" \
       org.opencontainers.image.description="Sample snap-csi vendor plugin: SPDK AIO and NVMe-oF bdevs inside SNAP" \

@@ -2,7 +2,7 @@
 each entrypoint answers --version (naming the commit it was built from) and
 --help, and refuses an unknown flag; the snap-csi image carries every tool
 the node runs (images.node_programs, the list deploy/check.sh holds the
-Dockerfile to); SPDK's answers --version. Prints one line per image and exits
+Dockerfile to), the plugin's every tool its code runs; SPDK's answers --version. Prints one line per image and exits
 non-zero on any failure.
 
 Usage: target/deploy-tools/venv/bin/python deploy/tools/check_images.py REPO NAME=TAG...
@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from images import node_programs
+from images import node_programs, plugin_programs
 
 # The binary each image's entrypoint is, and what its --version starts with.
 BINARIES = {"snap-csi": "snap-csi", "snap-csi-spdk-plugin": "snap-csi-spdk-plugin"}
@@ -41,13 +41,12 @@ def check_binary(name: str, tag: str, commit: str, failures: list[str]) -> None:
         failures.append(f"{name}: an unknown flag must be refused with exit 2, got {refused.returncode}")
 
 
-def check_node_tools(repo: Path, tag: str, failures: list[str]) -> None:
-    programs = sorted(node_programs(repo))
+def check_tools(name: str, programs: list[str], tag: str, failures: list[str]) -> None:
     script = 'for p in "$@"; do command -v "$p" >/dev/null || echo "$p"; done'
     out = run(tag, "-c", script, "sh", *programs, entrypoint="/bin/sh")
     missing = out.stdout.split()
     if out.returncode != 0 or missing:
-        failures.append(f"snap-csi: the node runs {missing} (exit {out.returncode}), which the image lacks")
+        failures.append(f"{name}: the binary runs {missing} (exit {out.returncode}), which the image lacks")
 
 
 def built_from(repo: Path) -> str:
@@ -70,7 +69,9 @@ def main() -> int:
         if name in BINARIES:
             check_binary(name, tag, commit, failures)
         if name == "snap-csi":
-            check_node_tools(repo, tag, failures)
+            check_tools(name, sorted(node_programs(repo)), tag, failures)
+        if name == "snap-csi-spdk-plugin":
+            check_tools(name, sorted(plugin_programs(repo)), tag, failures)
         if name == "snap-csi-spdk":
             out = run(tag, "--version")
             if out.returncode != 0 or not out.stdout.startswith("SPDK v24.09"):

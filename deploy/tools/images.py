@@ -164,6 +164,16 @@ def node_programs(repo: Path) -> set[str]:
     return progs
 
 
+def plugin_programs(repo: Path) -> set[str]:
+    """Every program the sample plugin runs through its command helper."""
+    progs: set[str] = set()
+    for src in sorted((repo / "vendor-plugins" / "spdk" / "src").rglob("*.rs")):
+        text = src.read_text()
+        cut = text.find("#[cfg(test)]")
+        progs |= set(re.findall(r'command::run(?:_unchecked)?\(\s*"([^"]+)"', text[: cut if cut >= 0 else None]))
+    return progs
+
+
 def build_files(repo: Path) -> dict[str, str]:
     """The files the build needs from Debian, by what they are for: protoc,
     and every google/protobuf/*.proto our protos import."""

@@ -78,6 +78,7 @@ def cached_render(kubectl: str, d: Path):
 
 
 kustomize.render = cached_render
+import podman_spec  # noqa: E402  (after the patch: it renders through the cache)
 
 
 def run_checker(deploy: Path, extra: tuple[str, ...] = ()) -> set[str]:
@@ -538,6 +539,117 @@ class BreakingTheDeployFails(unittest.TestCase):
 
     def test_binaries_not_from_the_builder_by_default(self):
         self.expect([("images/snap-csi.Dockerfile", "ARG BINARIES=builder", "ARG BINARIES=prebuilt")], "FROM ${BINARIES} AS binaries")
+
+
+class PodmanSpec(unittest.TestCase):
+    """deploy/tools/podman_spec.py: hack/local-up.sh --containers runs each
+    process with the flags it reads from the manifests, so a change there
+    must change them."""
+
+    MAPS = {
+        "node": [
+            "--map", "/var/lib/kubelet=/run/x/kubelet",
+            "--map", "/var/lib/kubelet/plugins/csi.snap-csi.io=/run/x",
+            "--map", "/var/lib/snap-csi=/run/x/node-state",
+            "--map", "/var/lib/nvidia/storage/snap=/run/x",
+            "--map", "dpu-tls=/run/x/tls",
+        ],
+        "controller": ["--map", "socket-dir=/run/x", "--map", "vendor-socket-dir=/run/x"],
+        "plugin": ["--map", "/var/lib/nvidia/storage/snap=/run/x"],
+        "agent": ["--map", "/var/lib/nvidia/storage/snap=/run/x", "--map", "tls=/run/x/tls"],
+    }
+
+    def spec(self, deploy: Path, component: str, *args: str) -> tuple[int, list[str], str]:
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            rc = podman_spec.main([component, "--deploy", str(deploy), "--kubectl", str(VENV_KUBECTL), *args])
+        return rc, out.getvalue().splitlines(), err.getvalue()
+
+    def flags(self, deploy: Path, component: str, *args: str) -> list[str]:
+        rc, lines, err = self.spec(deploy, component, *self.MAPS[component], *args)
+        self.assertEqual(rc, 0, err)
+        return lines
+
+    def edited(self, edits: list[tuple[str, str, str]], component: str, *args: str) -> list[str]:
+        with tempfile.TemporaryDirectory() as tmp:
+            deploy = copy_deploy(Path(tmp))
+            for rel, old, new in edits:
+                edit(deploy, rel, old, new)
+            return self.flags(deploy, component, *args)
+
+    def test_each_component_as_its_manifest(self):
+        deploy = REPO / "deploy"
+        for mode in ("colocated", "split"):
+            node = self.flags(deploy, "node", "--mode", mode)
+            self.assertIn("--privileged", node)
+            self.assertNotIn("--network", node)
+            self.assertIn("type=bind,src=/run/x/kubelet,dst=/run/x/kubelet,bind-propagation=rshared", node)
+            self.assertIn("type=bind,src=/dev,dst=/dev,bind-propagation=rprivate", node)
+            self.assertIn("type=bind,src=/sys,dst=/sys,bind-propagation=rprivate", node)
+            # The socket and snap directories map to one directory: one mount.
+            self.assertEqual(node.count("type=bind,src=/run/x,dst=/run/x,bind-propagation=rprivate"), 1)
+        self.assertIn("type=bind,src=/run/x/tls,dst=/run/x/tls,ro,bind-propagation=rprivate", node)
+        for component in ("controller", "plugin", "agent"):
+            flags = self.flags(deploy, component)
+            self.assertNotIn("--privileged", flags)
+            for pair in (["--cap-drop", "ALL"], ["--user", "0:0"], ["--security-opt", "no-new-privileges"]):
+                self.assertTrue(any(flags[i : i + 2] == pair for i in range(len(flags))), (component, pair, flags))
+            self.assertIn("--read-only", flags)
+        self.assertEqual(self.flags(deploy, "agent", "--host-network", "ns:/run/netns/n")[-6:-4], ["--network", "ns:/run/netns/n"])
+        self.assertNotIn("--network", self.flags(deploy, "plugin"))
+        self.assertIn("host", self.flags(deploy, "plugin", "--pod-network", "host"))
+
+    def test_node_propagation_follows_the_manifest(self):
+        flags = self.edited([("kubernetes/node/daemonset.yaml", "mountPropagation: Bidirectional", "mountPropagation: HostToContainer")], "node")
+        self.assertIn("type=bind,src=/run/x/kubelet,dst=/run/x/kubelet,bind-propagation=rslave", flags)
+        flags = self.edited([(NODE_DS, "              mountPropagation: Bidirectional\n", "")], "node", "--mode", "split")
+        self.assertIn("type=bind,src=/run/x/kubelet,dst=/run/x/kubelet,bind-propagation=rprivate", flags)
+
+    def test_privileges_follow_the_manifest(self):
+        flags = self.edited([("kubernetes/node/daemonset.yaml", "privileged: true", "privileged: false")], "node")
+        self.assertNotIn("--privileged", flags)
+        flags = self.edited([("kubernetes/dpu/daemonset.yaml", 'drop: ["ALL"]', 'drop: ["ALL"]\n              add: ["SYS_ADMIN"]')], "plugin")
+        self.assertIn("SYS_ADMIN", flags)
+        self.assertEqual(flags[flags.index("SYS_ADMIN") - 1], "--cap-add")
+        flags = self.edited([("kubernetes/controller/deployment.yaml", "runAsUser: 0", "runAsUser: 1000")], "controller")
+        self.assertEqual(flags[flags.index("--user") + 1], "1000:0")
+
+    def test_host_mounts_and_network_follow_the_manifest(self):
+        # /dev gone from the node: not bound.
+        flags = self.edited(
+            [("kubernetes/node/daemonset.yaml", "            - name: dev\n              mountPath: /dev\n", "")], "node"
+        )
+        self.assertFalse(any("dst=/dev," in f for f in flags), flags)
+        flags = self.edited([(AGENT_DS, "hostNetwork: true", "hostNetwork: false")], "agent")
+        self.assertNotIn("--network", flags)
+        flags = self.edited([(AGENT_DS, "              readOnly: true\n", "")], "agent")
+        self.assertIn("type=bind,src=/run/x/tls,dst=/run/x/tls,bind-propagation=rprivate", flags)
+
+    def test_volumes_without_a_host_path_are_listed_and_must_be_mapped(self):
+        deploy = REPO / "deploy"
+        rc, lines, _ = self.spec(deploy, "controller", "--volumes")
+        self.assertEqual((rc, lines), (0, ["socket-dir emptyDir /csi rw", "vendor-socket-dir emptyDir /vendor rw"]))
+        rc, lines, _ = self.spec(deploy, "agent", "--volumes")
+        self.assertEqual((rc, lines), (0, ["tls secret /etc/snap-csi/tls ro"]))
+        rc, _, err = self.spec(deploy, "controller", "--map", "socket-dir=/run/x")
+        self.assertEqual(rc, 1)
+        self.assertIn("--map vendor-socket-dir=LOCALDIR", err)
+
+    def test_unmapped_host_paths_refused_when_asked(self):
+        deploy = REPO / "deploy"
+        rc, _, err = self.spec(deploy, "node", "--require-mapped", "--pass", "/dev", "--pass", "/sys")
+        self.assertEqual(rc, 1)
+        self.assertIn("--map /var/lib/kubelet", err)
+        flags = self.flags(deploy, "node", "--require-mapped", "--pass", "/dev", "--pass", "/sys")
+        self.assertIn("--privileged", flags)
+        rc, _, err = self.spec(deploy, "node", *self.MAPS["node"], "--require-mapped", "--pass", "/sys")
+        self.assertEqual(rc, 1)
+        self.assertIn("host path /dev", err)
+
+    def test_one_directory_two_ways_is_refused(self):
+        rc, _, err = self.spec(REPO / "deploy", "agent", "--map", "/var/lib/nvidia/storage/snap=/run/x", "--map", "tls=/run/x")
+        self.assertEqual(rc, 1)
+        self.assertIn("two volumes mount at /run/x differently", err)
 
 
 class HelpParsing(unittest.TestCase):
