@@ -8,8 +8,8 @@
 //! tell prost not to derive `Debug` for their messages, and emit a `Debug`
 //! that prints every other field and only the count of sensitive entries.
 //!
-//! It also sets `SNAP_CSI_GIT_COMMIT`, the commit `--version` and each
-//! service's start line name (the `build-info` crate).
+//! It also sets `SNAP_CSI_VERSION`, the version and commit `--version` and
+//! each service's start line name (the `build-info` crate).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -32,7 +32,7 @@ const ALSO_SENSITIVE: &[(&str, &str)] = &[
 const SECRET_OPTIONS: &[&str] = &["(csi_secret) = true", "(vg_csi_secret) = true"];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    build_info::emit_git_commit();
+    build_info::emit_version();
     let out_dir = PathBuf::from(std::env::var("OUT_DIR")?);
     let mut messages = Vec::new();
     for proto in PROTOS {

@@ -12,12 +12,7 @@ use snap_csi::jsonrpc::RpcClient;
 
 /// `--version` and the start line: the crate's version and the commit it
 /// was built from (build.rs), so that an image says what it runs.
-const VERSION: &str = concat!(
-    env!("CARGO_PKG_VERSION"),
-    " (commit ",
-    env!("SNAP_CSI_GIT_COMMIT"),
-    ")"
-);
+const VERSION: &str = env!("SNAP_CSI_VERSION");
 
 #[derive(Debug, Parser)]
 #[command(

@@ -2,29 +2,30 @@
 //! built from, so that a binary in a container image can say what it is
 //! (`--version`, and the line each service logs at start).
 //!
-//! A build script calls [`emit_git_commit`]; the crate then reads
-//! `env!("SNAP_CSI_GIT_COMMIT")`: the commit's full hash, or `unknown`.
+//! A build script calls [`emit_version`]; the crate then reads
+//! `env!("SNAP_CSI_VERSION")`: `VERSION (commit HASH)`, HASH the commit's
+//! full hash or `unknown`, the one format every binary's `--version` and
+//! start line show.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// The variable that carries the commit, into the build (an override) and
-/// out of it (`cargo:rustc-env`) alike.
+/// The variable that carries the commit into the build (an override).
 pub const GIT_COMMIT_VAR: &str = "SNAP_CSI_GIT_COMMIT";
 
 /// What the commit is when neither the variable nor git can say.
 pub const UNKNOWN: &str = "unknown";
 
-/// Sets `SNAP_CSI_GIT_COMMIT` for the crate being built: the variable's own
-/// value when the build is given one (a container build copies no `.git`, so
-/// the commit comes in as a build argument), else `git rev-parse HEAD` in the
-/// crate's directory, else `unknown` (no git, or not a checkout). It never
-/// fails the build.
+/// Sets `SNAP_CSI_VERSION` for the crate being built. Its commit is the
+/// `SNAP_CSI_GIT_COMMIT` variable's own value when the build is given one (a
+/// container build copies no `.git`, so the commit comes in as a build
+/// argument), else `git rev-parse HEAD` in the crate's directory, else
+/// `unknown` (no git, or not a checkout). It never fails the build.
 ///
 /// Cargo runs the build script again when the variable changes, and when
 /// the files change that move with the checked-out commit, so that a new
 /// commit or checkout gives a new hash without `cargo clean`.
-pub fn emit_git_commit() {
+pub fn emit_version() {
     println!("cargo:rerun-if-env-changed={GIT_COMMIT_VAR}");
     let given = std::env::var(GIT_COMMIT_VAR).unwrap_or_default();
     let given = given.trim();
@@ -42,7 +43,8 @@ pub fn emit_git_commit() {
         println!("cargo:warning={GIT_COMMIT_VAR} is not one word; the commit shows as {UNKNOWN}");
         UNKNOWN.to_string()
     };
-    println!("cargo:rustc-env={GIT_COMMIT_VAR}={commit}");
+    let version = std::env::var("CARGO_PKG_VERSION").unwrap_or_default();
+    println!("cargo:rustc-env=SNAP_CSI_VERSION={version} (commit {commit})");
 }
 
 /// Asks cargo to run the build script again when HEAD moves: `HEAD` itself

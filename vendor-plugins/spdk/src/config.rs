@@ -34,12 +34,7 @@ pub struct Config {
 
 /// `--version` and the start line: the crate's version and the commit it
 /// was built from (build.rs), so that an image says what it runs.
-pub const VERSION: &str = concat!(
-    env!("CARGO_PKG_VERSION"),
-    " (commit ",
-    env!("SNAP_CSI_GIT_COMMIT"),
-    ")"
-);
+pub const VERSION: &str = env!("SNAP_CSI_VERSION");
 
 /// How log lines look.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
