@@ -151,27 +151,25 @@ def cargo_bins(repo: Path) -> set[tuple[str, str]]:
     return {(p["name"], t["name"]) for p in meta["packages"] for t in p["targets"] if "bin" in t["kind"]}
 
 
-def node_programs(repo: Path) -> set[str]:
-    """Every program src/node runs through its command helper (test modules
-    cut off: they run tools the image need not carry)."""
-    progs = set(NODE_PROGRAMS_FLOOR)
-    for src in sorted((repo / "src" / "node").glob("*.rs")):
-        text = src.read_text()
-        cut = text.find("#[cfg(test)]")
-        if cut >= 0:
-            text = text[:cut]
-        progs |= set(re.findall(r'command::run(?:_unchecked)?\(\s*"([^"]+)"', text))
-    return progs
-
-
-def plugin_programs(repo: Path) -> set[str]:
-    """Every program the sample plugin runs through its command helper."""
+def programs_run(sources: list[Path]) -> set[str]:
+    """Every program these Rust files run through the command helper (test
+    modules cut off: they run tools an image need not carry)."""
     progs: set[str] = set()
-    for src in sorted((repo / "vendor-plugins" / "spdk" / "src").rglob("*.rs")):
+    for src in sources:
         text = src.read_text()
         cut = text.find("#[cfg(test)]")
         progs |= set(re.findall(r'command::run(?:_unchecked)?\(\s*"([^"]+)"', text[: cut if cut >= 0 else None]))
     return progs
+
+
+def node_programs(repo: Path) -> set[str]:
+    """Every program src/node runs, and the brief's list."""
+    return set(NODE_PROGRAMS_FLOOR) | programs_run(sorted((repo / "src" / "node").glob("*.rs")))
+
+
+def plugin_programs(repo: Path) -> set[str]:
+    """Every program the sample plugin runs."""
+    return programs_run(sorted((repo / "vendor-plugins" / "spdk" / "src").rglob("*.rs")))
 
 
 def build_files(repo: Path) -> dict[str, str]:
