@@ -126,17 +126,9 @@ if [ -z "$binary" ]; then
   fi
 fi
 
-# With -- --containers: the images of these binaries, built now if need be,
-# so that each stack's start (local-up's READY within 60 s) finds them made.
-for arg in "${local_up_args[@]}"; do
-  if [ "$arg" = --containers ]; then
-    ./hack/images.sh --profile "$profile" --no-build >/dev/null
-    break
-  fi
-done
-
 # shellcheck source=hack/lib/local-up-client.sh
 . hack/lib/local-up-client.sh
+local_up_images "$profile" "${local_up_args[@]}"
 work=$(mktemp -d /tmp/snap-csi-sanity.XXXXXX)
 trap 'local_up_stop; rm -rf "$work"' EXIT
 

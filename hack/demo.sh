@@ -49,14 +49,9 @@ done
 flag=()
 [ "$profile" = release ] && flag=(--release)
 cargo build "${flag[@]}" --locked --quiet -p snap-csi -p snap-emu -p snap-csi-spdk-plugin -p csi-player
-# The images of these binaries, built now if need be, so that each stack's
-# start (local-up's READY within 60 s) finds them made.
-if ((${#containers[@]})); then
-  ./hack/images.sh --profile "$profile" --no-build >/dev/null
-fi
-
 # shellcheck source=hack/lib/local-up-client.sh
 . hack/lib/local-up-client.sh
+local_up_images "$profile" "${containers[@]}"
 work=$(mktemp -d /tmp/snap-csi-demo.XXXXXX)
 trap 'local_up_stop; rm -rf "$work"' EXIT
 
