@@ -90,6 +90,16 @@ pub struct NvmfSubsystemAddListener {
 }
 method!(NvmfSubsystemAddListener => "nvmf_subsystem_add_listener", bool);
 
+/// `nvmf_subsystem_remove_listener`: SPDK drops the connections that came in
+/// through it (the subsystem's, on that address); an absent one answers
+/// -32602.
+#[derive(Debug, Clone, Serialize)]
+pub struct NvmfSubsystemRemoveListener {
+    pub nqn: String,
+    pub listen_address: ListenAddress,
+}
+method!(NvmfSubsystemRemoveListener => "nvmf_subsystem_remove_listener", bool);
+
 /// A transport address. SPDK accepts any case on input and answers
 /// `"TCP"`/`"IPv4"` in lists.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -1,10 +1,14 @@
 //! What the programs that drive a whole stack share (`hack/bench`,
-//! `hack/chaos`): [`stack`] starts `hack/local-up.sh` and finds what it left
-//! behind, [`csi`] plays external-provisioner and kubelet over real gRPC, and
-//! [`kubelet`] is kubelet's rules for those calls (which failures it retries,
-//! when it unstages).
+//! `hack/chaos`, `hack/player`): [`stack`] starts `hack/local-up.sh` and
+//! finds what it left behind, [`csi`] plays external-provisioner and kubelet
+//! over real gRPC, [`kubelet`] is kubelet's rules for those calls (which
+//! failures it retries, when it unstages), [`paths`] cuts a remote volume's
+//! network path while it writes and reads it back, and [`prom`] reads our
+//! Prometheus pages.
 
 pub mod csi;
 pub mod kills;
 pub mod kubelet;
+pub mod paths;
+pub mod prom;
 pub mod stack;

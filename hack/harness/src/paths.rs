@@ -1,0 +1,312 @@
+//! A remote volume's network paths, seen from outside as a user would check
+//! them: one cut on the NVMe-oF target while a pod writes, and what the pod
+//! saw meanwhile (the longest a single write waited, and any error), then
+//! every byte read back.
+//!
+//! A path is cut by removing its listener from the volume's subsystem on the
+//! target: SPDK then drops the connections that came in through it, as a
+//! failed link or port would end them. The sample controller puts a lost
+//! listener back within its re-export period, which is the path's return.
+
+use std::fs::File;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use nix::fcntl::OFlag;
+use snap_csi::jsonrpc::RpcClient;
+use snap_csi::spdk::nvmf::{ListenAddress, NvmfSubsystemRemoveListener};
+
+/// One write: small enough that a stall shows as itself, not as bandwidth.
+const BLOCK: usize = 64 << 10;
+
+/// Removes `path`'s listener from `nqn` on the target behind `socket`.
+pub async fn cut(socket: &Path, nqn: &str, path: &ListenAddress) -> anyhow::Result<()> {
+    let remove = NvmfSubsystemRemoveListener {
+        nqn: nqn.to_string(),
+        listen_address: path.clone(),
+    };
+    RpcClient::new(socket)
+        .call(&remove)
+        .await
+        .with_context(|| {
+            format!(
+                "removing listener {}:{} of {nqn}",
+                path.traddr, path.trsvcid
+            )
+        })?;
+    Ok(())
+}
+
+/// What the writer saw.
+#[derive(Debug, Clone, Default)]
+pub struct Seen {
+    pub writes: u64,
+    pub errors: u64,
+    pub first_error: Option<String>,
+    /// The longest one write took.
+    pub longest: Duration,
+}
+
+/// How far the writer has come, and what it saw.
+#[derive(Debug, Default)]
+struct Progress {
+    seen: Mutex<Seen>,
+    moved: Condvar,
+}
+
+/// Writes a block device one block at a time (O_DIRECT, each write to the
+/// device before the next: the pod's `fsync`ed writes), round and round
+/// over `span` bytes from `offset`, each block a pattern naming its round,
+/// timing every write.
+#[derive(Debug)]
+pub struct Writer {
+    device: PathBuf,
+    offset: u64,
+    progress: Arc<Progress>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<anyhow::Result<Vec<u32>>>>,
+}
+
+impl Writer {
+    pub fn start(device: &Path, offset: u64, span: u64) -> anyhow::Result<Writer> {
+        let file = open(device)?;
+        let blocks = usize::try_from(span)? / BLOCK;
+        if blocks == 0 {
+            bail!("a span of {span} bytes holds no {BLOCK}-byte block");
+        }
+        let progress = Arc::new(Progress::default());
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let (progress, stop) = (progress.clone(), stop.clone());
+            std::thread::spawn(move || write_rounds(&file, offset, blocks, &progress, &stop))
+        };
+        Ok(Writer {
+            device: device.to_path_buf(),
+            offset,
+            progress,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// What it has seen so far.
+    pub fn seen(&self) -> Seen {
+        lock(&self.progress.seen).clone()
+    }
+
+    /// Waits until `more` writes beyond those done now have ended, well or
+    /// not; `false` if `within` passed first (the writer is stuck).
+    pub fn wait_writes(&self, more: u64, within: Duration) -> bool {
+        let deadline = Instant::now() + within;
+        let mut seen = lock(&self.progress.seen);
+        let goal = seen.writes + seen.errors + more;
+        while seen.writes + seen.errors < goal {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            seen = self
+                .progress
+                .moved
+                .wait_timeout(seen, left)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+        true
+    }
+
+    /// Stops writing; [`Written::verify`] then reads it back.
+    pub fn stop(mut self) -> anyhow::Result<Written> {
+        self.stop.store(true, Ordering::Relaxed);
+        let rounds = self
+            .thread
+            .take()
+            .context("the writer was stopped before")?
+            .join()
+            .map_err(|_| anyhow::anyhow!("the writer panicked"))??;
+        Ok(Written {
+            device: self.device.clone(),
+            offset: self.offset,
+            rounds,
+            seen: self.seen(),
+        })
+    }
+}
+
+/// What a stopped [`Writer`] wrote.
+#[derive(Debug)]
+pub struct Written {
+    device: PathBuf,
+    offset: u64,
+    /// Per block, how many rounds wrote it (0: none, or its last write failed).
+    rounds: Vec<u32>,
+    pub seen: Seen,
+}
+
+impl Written {
+    /// Reads every block back: an error unless each holds what its last
+    /// write put there.
+    pub fn verify(&self) -> anyhow::Result<()> {
+        let file = open(&self.device)?;
+        let (mut buf, mut want) = (Aligned::new(), Aligned::new());
+        for (index, round) in self.rounds.iter().enumerate() {
+            let Some(round) = round.checked_sub(1) else {
+                continue;
+            };
+            let at = self.offset + (index * BLOCK) as u64;
+            file.read_exact_at(buf.get(), at)
+                .with_context(|| format!("reading back {} at {at}", self.device.display()))?;
+            fill(want.get(), index, round);
+            if buf.get() != want.get() {
+                bail!(
+                    "{} at {at}: the block does not hold its last write (round {round})",
+                    self.device.display()
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// How many bytes the writes carried.
+    pub fn bytes(&self) -> u64 {
+        self.seen.writes * BLOCK as u64
+    }
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// The writer's loop; returns, per block, how many rounds wrote it
+/// (0: never), so that the read-back knows what each must hold.
+fn write_rounds(
+    file: &File,
+    offset: u64,
+    blocks: usize,
+    progress: &Progress,
+    stop: &AtomicBool,
+) -> anyhow::Result<Vec<u32>> {
+    let mut rounds = vec![0u32; blocks];
+    let mut buf = Aligned::new();
+    let mut index = 0;
+    while !stop.load(Ordering::Relaxed) {
+        let round = rounds[index];
+        fill(buf.get(), index, round);
+        let began = Instant::now();
+        let result = file.write_all_at(buf.get(), offset + (index * BLOCK) as u64);
+        let took = began.elapsed();
+        let mut seen = lock(&progress.seen);
+        seen.longest = seen.longest.max(took);
+        match result {
+            Ok(()) => {
+                seen.writes += 1;
+                rounds[index] = round + 1;
+            }
+            Err(error) => {
+                seen.errors += 1;
+                seen.first_error.get_or_insert_with(|| error.to_string());
+                // What the block holds now is unknown: the read-back skips it.
+                rounds[index] = 0;
+            }
+        }
+        drop(seen);
+        progress.moved.notify_all();
+        index = (index + 1) % blocks;
+    }
+    Ok(rounds)
+}
+
+fn open(device: &Path) -> anyhow::Result<File> {
+    File::options()
+        .read(true)
+        .write(true)
+        .custom_flags((OFlag::O_DIRECT | OFlag::O_DSYNC).bits())
+        .open(device)
+        .with_context(|| format!("opening {}", device.display()))
+}
+
+/// Every 8 bytes: the block's index, the round and a word of the offset,
+/// so a block from the wrong place or the wrong round never matches.
+fn fill(buf: &mut [u8], index: usize, round: u32) {
+    for (word, chunk) in buf.chunks_exact_mut(8).enumerate() {
+        let value = ((index as u64) << 40) ^ (u64::from(round) << 20) ^ word as u64;
+        chunk.copy_from_slice(&value.to_le_bytes());
+    }
+}
+
+/// A block-sized buffer at a 4 KiB boundary, as O_DIRECT wants it.
+struct Aligned {
+    raw: Vec<u8>,
+    start: usize,
+}
+
+impl Aligned {
+    fn new() -> Aligned {
+        let raw = vec![0u8; BLOCK + 4096];
+        let start = raw.as_ptr().align_offset(4096);
+        Aligned { raw, start }
+    }
+
+    fn get(&mut self) -> &mut [u8] {
+        &mut self.raw[self.start..self.start + BLOCK]
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_block_names_its_place_and_round() {
+        let (mut a, mut b) = (Aligned::new(), Aligned::new());
+        fill(a.get(), 3, 7);
+        fill(b.get(), 3, 7);
+        assert_eq!(a.get(), b.get());
+        fill(b.get(), 4, 7);
+        assert_ne!(a.get(), b.get());
+        fill(b.get(), 3, 8);
+        assert_ne!(a.get(), b.get());
+    }
+
+    #[test]
+    fn writes_are_read_back_and_a_changed_block_is_caught() {
+        let dir = std::env::temp_dir().join(format!("paths-writer-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let device = dir.join("disk");
+        std::fs::write(&device, vec![0u8; 8 * BLOCK]).unwrap();
+        let writer = Writer::start(&device, BLOCK as u64, 4 * BLOCK as u64).unwrap();
+        assert!(writer.wait_writes(10, Duration::from_secs(60)));
+        let written = writer.stop().unwrap();
+        assert!(written.seen.writes >= 10, "{:?}", written.seen);
+        assert_eq!(
+            (written.seen.errors, written.bytes()),
+            (0, written.seen.writes * BLOCK as u64)
+        );
+        written.verify().unwrap();
+
+        // Another block where the first one's last write should be.
+        let mut buf = Aligned::new();
+        fill(buf.get(), 9, 0);
+        open(&device)
+            .unwrap()
+            .write_all_at(buf.get(), BLOCK as u64)
+            .unwrap();
+        let error = written.verify().unwrap_err().to_string();
+        assert!(error.contains("does not hold its last write"), "{error}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
