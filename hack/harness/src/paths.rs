@@ -19,10 +19,43 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use nix::fcntl::OFlag;
 use snap_csi::jsonrpc::RpcClient;
-use snap_csi::spdk::nvmf::{ListenAddress, NvmfSubsystemRemoveListener};
+pub use snap_csi::spdk::nvmf::ListenAddress;
+use snap_csi::spdk::nvmf::{NvmfGetSubsystems, NvmfSubsystemRemoveListener};
+
+use crate::prom::Page;
 
 /// One write: small enough that a stall shows as itself, not as bandwidth.
 const BLOCK: usize = 64 << 10;
+
+/// The listeners of subsystem `nqn` on the target behind `socket`: the
+/// volume's paths, as the target serves them now.
+pub async fn listeners(socket: &Path, nqn: &str) -> anyhow::Result<Vec<ListenAddress>> {
+    let get = NvmfGetSubsystems {
+        nqn: Some(nqn.to_string()),
+    };
+    let subsystems = RpcClient::new(socket)
+        .call(&get)
+        .await
+        .with_context(|| format!("listing subsystem {nqn} on the target"))?;
+    Ok(subsystems
+        .into_iter()
+        .flat_map(|s| s.listen_addresses)
+        .collect())
+}
+
+/// A path as the sample plugin's `/metrics` shows it: whether SPDK has it
+/// connected and whether I/O goes through it; `None` when the page has no
+/// such path of the volume.
+pub fn plugin_state(page: &Page, volume_id: &str, path: &ListenAddress) -> Option<(bool, bool)> {
+    let labels = [
+        ("volume_id", volume_id),
+        ("traddr", path.traddr.as_str()),
+        ("trsvcid", path.trsvcid.as_str()),
+    ];
+    let connected = page.value("snap_csi_plugin_nvmf_path_connected", &labels)?;
+    let current = page.value("snap_csi_plugin_nvmf_path_current", &labels)?;
+    Some((connected == 1.0, current == 1.0))
+}
 
 /// Removes `path`'s listener from `nqn` on the target behind `socket`.
 pub async fn cut(socket: &Path, nqn: &str, path: &ListenAddress) -> anyhow::Result<()> {
@@ -50,6 +83,8 @@ pub struct Seen {
     pub first_error: Option<String>,
     /// The longest one write took.
     pub longest: Duration,
+    /// The longest since [`Writer::take_window`] last looked.
+    window: Duration,
 }
 
 /// How far the writer has come, and what it saw.
@@ -97,6 +132,12 @@ impl Writer {
     /// What it has seen so far.
     pub fn seen(&self) -> Seen {
         lock(&self.progress.seen).clone()
+    }
+
+    /// The longest one write took since the last call (or the start): the
+    /// stall of one window, such as a path's failure.
+    pub fn take_window(&self) -> Duration {
+        std::mem::take(&mut lock(&self.progress.seen).window)
     }
 
     /// Waits until `more` writes beyond those done now have ended, well or
@@ -207,6 +248,7 @@ fn write_rounds(
         let took = began.elapsed();
         let mut seen = lock(&progress.seen);
         seen.longest = seen.longest.max(took);
+        seen.window = seen.window.max(took);
         match result {
             Ok(()) => {
                 seen.writes += 1;

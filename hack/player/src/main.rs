@@ -8,9 +8,11 @@
 //! with a non-zero exit. A volume may also show what the DPU's data path
 //! does (`proofs`): an encrypted one's storage holds ciphertext only, a
 //! rate-limited one writes at its limit, then at the one ControllerModifyVolume
-//! sets. Given a second host, a ReadWriteMany filesystem volume is used by
+//! sets, a multipath one loses each of its two network paths in turn while
+//! the pod writes, without an error or a lost byte (`failover`). Given a second host, a ReadWriteMany filesystem volume is used by
 //! both at once (`shared`).
 
+mod failover;
 mod proofs;
 mod shared;
 
@@ -38,16 +40,23 @@ struct Args {
     /// kubelet's directory on this node; staging and target paths go below it.
     #[arg(long, env = "KUBELET_DIR")]
     kubelet_dir: PathBuf,
-    /// Volumes as backend:emulation:kind[:encrypted|:qos], comma separated
-    /// (kind: ext4, xfs, block, or virtiofs for backend fs; encrypted and qos
-    /// volumes are AIO block ones, whose proofs read the AIO file and write
-    /// the raw device).
+    /// Volumes as backend:emulation:kind[:encrypted|:qos|:multipath], comma
+    /// separated (kind: ext4, xfs, block, or virtiofs for backend fs;
+    /// encrypted and qos volumes are AIO block ones, whose proofs read the
+    /// AIO file and write the raw device; multipath ones NVMe-oF block ones).
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "aio:nvme:ext4,aio:virtio-blk:xfs,aio:nvme:block,nvmf:nvme:xfs,nvmf:virtio-blk:ext4,nvmf:virtio-blk:block,fs:virtio-fs:virtiofs,aio:nvme:block:encrypted,aio:virtio-blk:block:qos"
+        default_value = "aio:nvme:ext4,aio:virtio-blk:xfs,aio:nvme:block,nvmf:nvme:xfs,nvmf:virtio-blk:ext4,nvmf:virtio-blk:block,fs:virtio-fs:virtiofs,aio:nvme:block:encrypted,aio:virtio-blk:block:qos,nvmf:nvme:block:multipath"
     )]
     volumes: Vec<String>,
+    /// The NVMe-oF target's JSON-RPC socket, where a multipath volume's
+    /// paths are cut.
+    #[arg(long, env = "NVMF_TARGET_SOCKET")]
+    nvmf_target_socket: Option<PathBuf>,
+    /// The sample plugin's Prometheus page, which shows each path's state.
+    #[arg(long, env = "PLUGIN_METRICS")]
+    plugin_metrics: Option<String>,
     /// Size of each volume in MiB (xfs needs at least 300).
     #[arg(long, default_value_t = 512)]
     size_mib: i64,
@@ -75,6 +84,7 @@ enum Feature {
     Plain,
     Encrypted,
     Qos,
+    Multipath,
 }
 
 impl Plan {
@@ -86,10 +96,20 @@ impl Plan {
                 (backend, emulation, kind, Feature::Encrypted)
             }
             [backend, emulation, kind, "qos"] => (backend, emulation, kind, Feature::Qos),
-            _ => bail!("{spec:?}: expected backend:emulation:kind[:encrypted|:qos]"),
+            [backend, emulation, kind, "multipath"] => {
+                (backend, emulation, kind, Feature::Multipath)
+            }
+            _ => bail!("{spec:?}: expected backend:emulation:kind[:encrypted|:qos|:multipath]"),
         };
-        if feature != Feature::Plain && (backend, kind) != ("aio", "block") {
-            bail!("{spec:?}: encrypted and qos volumes are aio block volumes");
+        match feature {
+            Feature::Plain => {}
+            Feature::Multipath if (backend, kind) != ("nvmf", "block") => {
+                bail!("{spec:?}: multipath volumes are nvmf block volumes")
+            }
+            Feature::Encrypted | Feature::Qos if (backend, kind) != ("aio", "block") => {
+                bail!("{spec:?}: encrypted and qos volumes are aio block volumes")
+            }
+            Feature::Encrypted | Feature::Qos | Feature::Multipath => {}
         }
         let kind = match kind {
             "block" => Kind::Block,
@@ -194,6 +214,10 @@ async fn lifecycle(
             parameters.insert(key.into(), value.into());
         }
         Feature::Qos => parameters.extend(proofs::qos_parameters()),
+        Feature::Multipath => {
+            let (key, value) = failover::MULTIPATH;
+            parameters.insert(key.into(), value.into());
+        }
         Feature::Plain => {}
     }
     let mut volume = timed(
@@ -233,6 +257,13 @@ async fn lifecycle(
             proofs::qos(clients, &volume, target).await?,
             proofs::volume_io(&volume)?
         )),
+        Feature::Multipath => {
+            let (Some(socket), Some(page)) = (&args.nvmf_target_socket, &args.plugin_metrics)
+            else {
+                bail!("a multipath volume needs NVMF_TARGET_SOCKET and PLUGIN_METRICS");
+            };
+            Some(failover::failover(&volume, socket, page).await?)
+        }
         Feature::Plain | Feature::Encrypted => None,
     };
     timed(
