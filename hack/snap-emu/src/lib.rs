@@ -22,16 +22,19 @@
 //!   resize reaching the host, examine).
 //! - The families: `bdev` (the bdev layer's registry; `bdev_get_bdevs`,
 //!   iostat, QoS; the aio/malloc/null, crypto, lvol and NVMe-oF initiator
-//!   modules), `fsdev` (SPDK's fsdev layer's registry and the aio fsdev
+//!   modules, the last with SPDK's multipath: several controllers, paths,
+//!   under one name, each reconnecting as SPDK's reset does), `fsdev` (SPDK's fsdev layer's registry and the aio fsdev
 //!   module: a directory served as a filesystem device; with SNAP, DOCA
 //!   SNAP's NFS fsdev, a directory here standing in for the export), `nvmf` (the
-//!   target, its listeners, the handshake between
-//!   emulators and the target's side of their I/O), `snap` (SNAP's model,
+//!   target, its listeners and the connections that came in through each,
+//!   the handshake between emulators and the target's side of their I/O),
+//!   `snap` (SNAP's model,
 //!   what the host sees, one file per emulation, hot-plug) with `snap_api`
 //!   (every SNAP JSON name).
 //! - [`host`]: loop devices and the sysfs tree (the host's view).
 //! - [`datapath`]: the FUSE data path exposed bdevs reach the host through
-//!   when their I/O must pass the emulator (a cipher, QoS, iostat;
+//!   when their I/O must pass the emulator (a cipher, QoS, iostat, an
+//!   NVMe-oF target over the paths its multipath policy picks;
 //!   `--data-path`).
 //! - [`faults`]: failures a test switches on (SNAP holding its answers,
 //!   answering garbage, a live update, the host missing a disk).
@@ -57,6 +60,25 @@
 //!   attach to each other.
 //! - `rpc_get_methods` lists only the methods here (checked to be a subset of
 //!   SPDK's).
+//! - An alternate trid (`bdev_nvme_attach_controller` under a name that
+//!   exists, `"multipath"` absent or `"failover"`) is not in the script:
+//!   SPDK checks it by connecting and then detaching synchronously, which
+//!   on the test's one core waits for the target on that same core for
+//!   ever. It follows `bdev_nvme.c` (answers `[]`, the trid listed in
+//!   `alternate_trids`, failed over to in turn), and so does
+//!   `bdev_nvme_detach_controller` of one (`_bdev_nvme_delete`).
+//! - Background state is compared once it has settled (`!until` steps): a
+//!   controller's connection lost or back is seen by SPDK before
+//!   `nvmf_subsystem_remove_listener` or the next reconnect answers, by the
+//!   emulator a moment later. Threads holding I/O channels
+//!   (`bdev_nvme_get_io_paths`) are the target's one poll group, as the test's
+//!   one-core `spdk_tgt` has, and for a bdev SNAP exposes `app_thread` (SNAP's
+//!   own threads are not public). A path's `current` is as SPDK's channel
+//!   caches it between path changes: the first connected (active_passive).
+//! - A controller past its `ctrlr_loss_timeout_sec` stays listed as `failed`
+//!   where SPDK deletes it (and, with the name's last path, its bdev): its
+//!   I/O fails as SPDK's would, and the bdev stays for the host to see the
+//!   errors on, as the emulator kept it before it had paths.
 //! - `fsdev_aio_create` with `"enable_xattr": true` is not in the script:
 //!   SPDK v24.09 frees the new fsdev, returns success and then answers with
 //!   the name of an fsdev it never set (`spdk_fsdev_aio_create` on Linux),

@@ -19,8 +19,8 @@
 //! - after every call a module may examine the bdevs (a crypto vbdev whose
 //!   base has appeared);
 //! - what a bdev's I/O passes ([`Cx::volume_of`]), whether a user holds it
-//!   open for writing, what the host counted on it, and its
-//!   `driver_specific`.
+//!   open for writing or holds I/O channels of it, what the host counted on
+//!   it, and its `driver_specific`.
 //!
 //! One lock over [`State`] serialises the calls, as SPDK's single RPC
 //! thread does.
@@ -136,6 +136,12 @@ pub(crate) trait BdevUser {
         false
     }
 
+    /// The SPDK thread on which it holds an I/O channel of `bdev`, if any
+    /// (what `bdev_nvme_get_io_paths` lists by thread).
+    fn io_channel(&self, _bdev: &str) -> Option<&'static str> {
+        None
+    }
+
     /// The kernel's counters of the host disks that show `bdev` directly
     /// (what passes the data path is counted there).
     fn host_io(&self, _bdev: &str) -> BlockStat {
@@ -219,6 +225,32 @@ impl Cx<'_> {
     /// Whether another family holds `bdev` open for writing.
     pub(crate) fn writes(&self, bdev: &str) -> bool {
         self.others().any(|f| f.writes(bdev))
+    }
+
+    /// The threads holding I/O channels of `bdev`: its users', and those of
+    /// every bdev built on it (whose channels hold one of it), in the order
+    /// the families were registered.
+    pub(crate) fn io_channels(&self, bdev: &Bdev) -> Vec<&'static str> {
+        let mut threads: Vec<&'static str> = self
+            .others()
+            .filter_map(|f| f.io_channel(&bdev.name))
+            .collect();
+        let above: Vec<String> = self
+            .others()
+            .flat_map(|f| f.built_on(bdev, self.bdevs))
+            .collect();
+        for name in above {
+            if let Some(b) = self.bdevs.get(&name) {
+                threads.extend(self.io_channels(b));
+            }
+        }
+        let mut seen = Vec::new();
+        threads.retain(|t| {
+            let new = !seen.contains(t);
+            seen.push(t);
+            new
+        });
+        threads
     }
 
     /// The kernel's counters of the host disks showing `bdev` directly.

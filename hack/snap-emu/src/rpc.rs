@@ -14,6 +14,7 @@ use serde_json::Value;
 pub(crate) const EPERM: i32 = 1;
 pub(crate) const ENOENT: i32 = 2;
 pub(crate) const EIO: i32 = 5;
+pub(crate) const ENXIO: i32 = 6;
 pub(crate) const ENOMEM: i32 = 12;
 pub(crate) const EBUSY: i32 = 16;
 pub(crate) const EEXIST: i32 = 17;
@@ -29,6 +30,7 @@ pub(crate) fn strerror(errno: i32) -> &'static str {
         EPERM => "Operation not permitted",
         ENOENT => "No such file or directory",
         EIO => "Input/output error",
+        ENXIO => "No such device or address",
         ENOMEM => "Cannot allocate memory",
         EBUSY => "Device or resource busy",
         EEXIST => "File exists",

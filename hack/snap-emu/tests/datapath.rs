@@ -14,35 +14,12 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use common::{Client, Emu, dev_node, wait_for_disk};
+use common::{Client, Emu, dev_node, expose_virtio_blk, wait_for_disk};
 use direct_io::{Aligned, assert_within_10_percent, open_direct, steady_write_rate};
 use serde_json::{Value, json};
 use snap_emu::{Config, DataPathMode};
 
 const KIB: usize = 1024;
-
-/// Exposes `bdev` as a virtio-blk disk and returns its device node.
-async fn expose(emu: &Emu, c: &mut Client, bdev: &str) -> PathBuf {
-    c.ok(
-        "virtio_blk_controller_create",
-        json!({"pf_id": 0, "vf_id": 0, "bdev": bdev, "vblk_id": "dp"}),
-    )
-    .await;
-    let list = c.ok("emulation_function_list", json!({"all": true})).await;
-    let bdf = list
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|pf| pf["emulation_type"] == "VBLK")
-        .flat_map(|pf| pf["vfs"].as_array().unwrap().iter())
-        .find(|vf| vf["ctrl_id"] == "VblkCtrl1")
-        .map(|vf| vf["pci_bdf"].as_str().unwrap().to_owned())
-        .expect("the controller's function");
-    let dir = emu
-        .sysfs_root
-        .join(format!("bus/pci/devices/0000:{bdf}/virtio0/block/vda"));
-    dev_node(&wait_for_disk(&dir).await.join("dev"))
-}
 
 /// Exposes `bdev` as namespace 1 of a subsystem of its own on an NVMe
 /// controller (NVIDIA's order: a suspended controller, the namespace, a
@@ -116,7 +93,7 @@ async fn the_host_reaches_the_bytes_through_the_emulator_and_iostat_counts_them(
             .await;
     let mut c = emu.client().await;
     let img = aio_bdev(&mut c, dir.path(), "a0", 16 << 20).await;
-    let dev = expose(&emu, &mut c, "a0").await;
+    let dev = expose_virtio_blk(&emu, &mut c, "a0").await;
     assert!(
         backing_file_of(&dev).starts_with(emu.state_dir.to_str().unwrap()),
         "the loop device is on the data path's file, not {}",
@@ -200,7 +177,7 @@ async fn an_lvol_on_the_data_path_is_counted_at_its_store_bdev_too() {
         )
         .await;
     let lvol = lvol.as_str().unwrap().to_owned();
-    let dev = expose(&emu, &mut c, &lvol).await;
+    let dev = expose_virtio_blk(&emu, &mut c, &lvol).await;
     let base_before = iostat(&mut c, "base").await;
     let lvol_before = iostat(&mut c, &lvol).await;
     tokio::task::spawn_blocking(move || {
@@ -248,7 +225,7 @@ async fn a_crypto_bdev_shows_the_host_plaintext_and_keeps_ciphertext() {
         json!({"base_bdev_name": "base", "name": "c0", "key_name": "k0"}),
     )
     .await;
-    let dev = expose(&emu, &mut c, "c0").await;
+    let dev = expose_virtio_blk(&emu, &mut c, "c0").await;
     assert!(backing_file_of(&dev).starts_with(emu.state_dir.to_str().unwrap()));
 
     let pattern: Vec<u8> = b"snap-csi secret "
@@ -319,7 +296,7 @@ async fn a_paused_subsystem_holds_the_hosts_io_until_resumed() {
         json!({"name": "r", "trtype": "tcp", "adrfam": "ipv4", "traddr": "127.0.0.1", "trsvcid": port, "subnqn": nqn}),
     )
     .await;
-    let dev = expose(&dpu, &mut d, "rn1").await;
+    let dev = expose_virtio_blk(&dpu, &mut d, "rn1").await;
     let before = iostat(&mut t, "vol").await;
 
     t.ok("nvmf_subsystem_pause", json!({"nqn": nqn})).await;
@@ -387,7 +364,7 @@ async fn qos_limits_hold_the_host_to_its_rate_and_change_live() {
         *limits,
         json!({"rw_ios_per_sec": 1000, "rw_mbytes_per_sec": 0, "r_mbytes_per_sec": 0, "w_mbytes_per_sec": 0})
     );
-    let dev = expose(&emu, &mut c, "q0").await;
+    let dev = expose_virtio_blk(&emu, &mut c, "q0").await;
 
     let d = dev.clone();
     let iops = tokio::task::spawn_blocking(move || {

@@ -16,6 +16,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "faults",
             "snap_api",
             "datapath::cipher",
+            "datapath::paths",
             "datapath::qos",
             "datapath::remote",
             "datapath::stats",

@@ -18,6 +18,7 @@ mod common;
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 use common::real_spdk::Suite;
 use common::{Client, Emu, free_port, mask_uuids, sparse_file};
@@ -26,6 +27,8 @@ use snap_emu::Config;
 
 const MIB: u64 = 1 << 20;
 const SCRIPT: &str = include_str!("fixtures/real-spdk-parity.txt");
+/// How long an `!until` step waits for its answer (a reconnect delay is 1 s).
+const UNTIL_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// Keys whose values are measurements, not state: compared by type only.
 /// I/O counters are among them: real SPDK reads a new bdev when it examines
@@ -48,6 +51,14 @@ enum Step {
     },
     /// Grow a file of the side's directory (for `bdev_aio_rescan`).
     Grow(String, u64),
+    /// Call `method` until its answer (compact JSON) has, or lacks, `text`:
+    /// each side at its own pace, for what happens in the background.
+    Until {
+        method: String,
+        params: Option<Value>,
+        has: bool,
+        text: String,
+    },
 }
 
 fn script() -> Vec<Step> {
@@ -60,6 +71,27 @@ fn script() -> Vec<Step> {
         if let Some(grow) = line.strip_prefix("!grow ") {
             let (file, size) = grow.split_once(' ').expect("!grow FILE BYTES");
             steps.push(Step::Grow(file.into(), size.parse().expect("bytes")));
+            continue;
+        }
+        if let Some(until) = line.strip_prefix("!until ") {
+            let mut words = until.splitn(4, ' ');
+            let usage = "!until METHOD has|lacks TEXT [PARAMS]";
+            let method = words.next().expect(usage).to_string();
+            let has = match words.next().expect(usage) {
+                "has" => true,
+                "lacks" => false,
+                other => panic!("{usage}: {other}"),
+            };
+            let text = words.next().expect(usage).to_string();
+            let params = words
+                .next()
+                .map(|json| serde_json::from_str(json).unwrap_or_else(|e| panic!("{line}: {e}")));
+            steps.push(Step::Until {
+                method,
+                params,
+                has,
+                text,
+            });
             continue;
         }
         let (line, save) = match line.split_once(" => ") {
@@ -104,6 +136,8 @@ impl Side {
         let vars = HashMap::from([
             ("port".to_string(), free_port().to_string()),
             ("closed".to_string(), free_port().to_string()),
+            ("mp1".to_string(), free_port().to_string()),
+            ("mp2".to_string(), free_port().to_string()),
         ]);
         Side {
             client: Client::connect(socket).await,
@@ -114,11 +148,15 @@ impl Side {
 
     /// `{dir}` and the saved values put in.
     fn fill(&self, params: &Value) -> Value {
-        let mut text = params.to_string().replace("{dir}", &self.dir);
+        serde_json::from_str(&self.fill_text(&params.to_string())).unwrap()
+    }
+
+    fn fill_text(&self, text: &str) -> String {
+        let mut text = text.replace("{dir}", &self.dir);
         for (name, value) in &self.vars {
             text = text.replace(&format!("{{{name}}}"), value);
         }
-        serde_json::from_str(&text).unwrap()
+        text
     }
 
     /// An answer with what legitimately differs masked: the directory, the
@@ -146,6 +184,32 @@ impl Side {
                     .unwrap();
                 file.set_len(*size).unwrap();
                 None
+            }
+            Step::Until {
+                method,
+                params,
+                has,
+                text,
+            } => {
+                let params = params.as_ref().map(|p| self.fill(p));
+                let text = self.fill_text(text);
+                let started = Instant::now();
+                loop {
+                    let answer = match self.client.call(method, params.clone()).await {
+                        Ok(result) => result.to_string(),
+                        Err((code, message)) => format!("{code} {message}"),
+                    };
+                    if answer.contains(&text) == *has {
+                        return None;
+                    }
+                    assert!(
+                        started.elapsed() < UNTIL_TIMEOUT,
+                        "{} {method}: not {} {text} within {UNTIL_TIMEOUT:?}: {answer}",
+                        self.dir,
+                        if *has { "has" } else { "lacks" },
+                    );
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
             }
             Step::Call {
                 method,

@@ -48,7 +48,6 @@ pub(crate) const IO_TYPES: [&str; 20] = [
 #[derive(Debug, Clone)]
 pub(crate) struct NvmeNsInfo {
     pub ctrlr: String,
-    pub nsid: u32,
     pub backing: Backing,
     /// Whether the remote controller advertises DSM (unmap) and Copy.
     pub unmap: bool,
@@ -312,17 +311,24 @@ impl Bdevs {
             .map(|t| ((*t).to_owned(), json!(bdev.io_type_supported(t))))
             .collect();
         o.insert("supported_io_types".into(), Value::Object(io));
-        if let Some(domains) = self.memory_domains(bdev) {
+        if let Some(domains) = self.memory_domains(bdev, &driver_specific) {
             o.insert("memory_domains".into(), domains);
         }
         o.insert("driver_specific".into(), driver_specific);
         Value::Object(o)
     }
 
-    fn memory_domains(&self, bdev: &Bdev) -> Option<Value> {
+    fn memory_domains(&self, bdev: &Bdev, driver_specific: &Value) -> Option<Value> {
         match &bdev.kind {
             // An lvol reports the domains of the bdev under its store.
             BdevKind::Lvol { base, .. } => memory_domains_of(&self.get(base)?.kind),
+            // A TCP controller's one domain for each path (each namespace
+            // its module lists), as `bdev_nvme_get_memory_domains` gathers.
+            BdevKind::Nvme(_) => {
+                let paths = driver_specific["nvme"].as_array().map_or(0, Vec::len);
+                let system = json!({"dma_device_id": "system", "dma_device_type": 1});
+                (paths > 0).then(|| json!(vec![system; paths]))
+            }
             kind => memory_domains_of(kind),
         }
     }

@@ -10,7 +10,9 @@
 //!   each layer (`qos`, SPDK's timeslice token buckets) and is counted in each
 //!   layer's [`IoStats`] (`stats`), which `bdev_get_iostat` reports, as SPDK
 //!   counts an I/O at each bdev it passes. A crypto bdev's blocks pass its
-//!   `cipher` (AES-XTS), an NVMe-oF namespace's go to its target (`remote`).
+//!   `cipher` (AES-XTS), an NVMe-oF namespace's go to its target (`remote`)
+//!   over one of its controllers' paths (`paths`, which the initiator keeps
+//!   connected), chosen by its multipath policy.
 //! - `passthrough`: a directory tree served through FUSE as it is (an
 //!   fsdev's tree, which the host mounts as a virtio-fs device).
 //! - `fuse`: the FUSE mount (one per host side, `<host state>/datapath`),
@@ -31,6 +33,7 @@
 pub(crate) mod cipher;
 pub(crate) mod fuse;
 pub(crate) mod passthrough;
+pub(crate) mod paths;
 pub(crate) mod qos;
 pub(crate) mod remote;
 pub(crate) mod stats;

@@ -4,29 +4,40 @@
 //! rate-limits and, while its subsystem is paused, holds that I/O.
 //!
 //! Like the handshake (`crate::nvmf::wire`) this is not NVMe/TCP: each data
-//! path volume opens a connection of its own to the listener, sends one
-//! JSON line ([`IoHello`]), gets one back, and then sends fixed frames one
-//! at a time: `op` (u8: [`READ`], [`WRITE`]), `offset` (u64 LE), `len` (u32
-//! LE), and for a write the data; the answer is an errno (i32 LE, 0 for
-//! success) and for a read the data.
+//! path volume opens a connection of its own to a path's listener (SPDK's
+//! I/O qpair), sends one JSON line ([`IoHello`]), gets one back, and then
+//! sends fixed frames one at a time: `op` (u8: [`READ`], [`WRITE`]),
+//! `offset` (u64 LE), `len` (u32 LE), and for a write the data; the answer
+//! is an errno (i32 LE, 0 for success) and for a read the data.
 //!
-//! A lost connection (the target killed, restarting, or not exporting the
-//! subsystem yet) is ridden out as SPDK's bdev_nvme does with its
-//! controller's [`Resilience`]: with a reconnect delay, the I/O waits and is
-//! sent again every delay until the target answers, failing only once
-//! `fast_io_fail_timeout_sec` or `ctrlr_loss_timeout_sec` has passed since
-//! the connection was lost (SPDK then deletes the controller; here the
-//! controller stays and the I/O fails) or the controller is detached;
-//! without one (SPDK's default), the I/O fails at once. An error the target
-//! answers over a live connection is the I/O's own and fails it at once.
+//! A bdev with several paths (controllers attached under one name, see
+//! [`super::paths`]) sends each I/O on a connected path its multipath
+//! policy picks, as SPDK's `bdev_nvme_find_io_path` does: active_passive
+//! the first connected path in attach order, kept until a path connects or
+//! fails (so a path that comes back is preferred again), active_active the
+//! connected paths in turn, `rr_min_io` I/Os each (queue_depth: the first,
+//! as a volume has one I/O in flight). An I/O whose path is lost, in
+//! flight or not, is sent again at once on the next connected path.
+//!
+//! Only when every path is lost does each controller's [`Resilience`]
+//! apply, unchanged from one path: the I/O is sent again (on any path,
+//! connected or not) whenever a path reconnects and at least every
+//! reconnect delay, failing once every path's `fast_io_fail_timeout_sec`
+//! or `ctrlr_loss_timeout_sec` has passed since it was lost (SPDK then
+//! deletes the controller; here it stays and the I/O fails), or at once
+//! without a delay (SPDK's default), or when the controller is detached.
+//! An error the target answers over a live connection is the I/O's own and
+//! fails it at once.
 
+use std::collections::HashMap;
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
+
+use super::paths::{MpPolicy, Path, Paths, Policy, Selector, Snapshot, Trid};
 
 pub(crate) const IO_PROTO: &str = "snap-emu-nvmf-io/1";
 pub(crate) const READ: u8 = 0;
@@ -54,54 +65,6 @@ pub(crate) struct IoHello {
     pub error: Option<String>,
 }
 
-/// How a controller rides out a lost connection: SPDK's
-/// `reconnect_delay_sec`, `ctrlr_loss_timeout_sec` (`None`: -1, for ever)
-/// and `fast_io_fail_timeout_sec` (`None`: 0, never).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Resilience {
-    pub reconnect_delay: Duration,
-    pub ctrlr_loss: Option<Duration>,
-    pub fast_io_fail: Option<Duration>,
-}
-
-impl Resilience {
-    /// How long an I/O waits for a lost connection to come back.
-    fn patience(&self) -> Option<Duration> {
-        if self.reconnect_delay.is_zero() {
-            return Some(Duration::ZERO);
-        }
-        match (self.fast_io_fail, self.ctrlr_loss) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
-    }
-}
-
-/// What a controller shares with its namespaces' I/O.
-#[derive(Debug)]
-pub(crate) struct Link {
-    pub resilience: Resilience,
-    /// Set when the controller is detached: waiting I/O gives up.
-    detached: AtomicBool,
-}
-
-impl Link {
-    pub(crate) fn new(resilience: Resilience) -> Arc<Link> {
-        Arc::new(Link {
-            resilience,
-            detached: AtomicBool::new(false),
-        })
-    }
-
-    pub(crate) fn detach(&self) {
-        self.detached.store(true, Ordering::Release);
-    }
-
-    fn detached(&self) -> bool {
-        self.detached.load(Ordering::Acquire)
-    }
-}
-
 /// Why a request failed: the connection, or the target's answer.
 enum Failure {
     Lost(io::Error),
@@ -114,48 +77,126 @@ impl From<io::Error> for Failure {
     }
 }
 
-/// Initiator side: one namespace of a remote subsystem, reached over a
-/// connection made at the first I/O (and again after a failure).
+/// Initiator side: one namespace of a remote subsystem, reached over its
+/// controllers' paths; one per data path volume, as SPDK has one I/O
+/// channel per thread.
 #[derive(Debug)]
 pub(crate) struct Remote {
-    pub addr: (String, u16),
-    pub subnqn: String,
-    pub hostnqn: String,
-    pub nsid: u32,
-    link: Arc<Link>,
-    conn: Mutex<Option<TcpStream>>,
-    /// When the connection was lost, until a request gets through again.
-    lost_since: Mutex<Option<Instant>>,
+    hostnqn: String,
+    nsid: u32,
+    paths: Arc<Paths>,
+    policy: Arc<Mutex<Policy>>,
+    channel: Mutex<Channel>,
+}
+
+/// What one volume keeps of its paths (SPDK's `nvme_bdev_channel`).
+#[derive(Debug, Default)]
+struct Channel {
+    /// Its connection on each path, made at the path's first I/O (and again
+    /// after a failure).
+    conns: HashMap<u64, TcpStream>,
+    /// The path the last I/O took (`current_io_path`), valid while the
+    /// paths' generation is `seen`.
+    current: Option<u64>,
+    seen: u64,
+    rr_count: u32,
+    /// Per path: since when its I/O fails here, until one gets through.
+    failing: HashMap<u64, Instant>,
+}
+
+impl Channel {
+    /// The paths to try, in order: the one the policy picks among the
+    /// connected, the other connected ones, then those not connected (tried
+    /// directly, as the one path's I/O always was).
+    fn order(&mut self, snap: &Snapshot, policy: Policy) -> Vec<Path> {
+        if snap.generation != self.seen {
+            self.current = None;
+            self.seen = snap.generation;
+        }
+        let live: Vec<&Path> = snap.paths.iter().filter(|p| p.connected()).collect();
+        let current = self
+            .current
+            .and_then(|c| live.iter().position(|p| p.id == c));
+        let first = match (policy.policy, policy.selector, current) {
+            (MpPolicy::ActivePassive, _, Some(c)) => Some(c),
+            (MpPolicy::ActiveActive, Selector::RoundRobin, Some(c)) => {
+                self.rr_count = self.rr_count.saturating_add(1);
+                if self.rr_count < policy.rr_min_io {
+                    Some(c)
+                } else {
+                    self.rr_count = 0;
+                    Some((c + 1) % live.len())
+                }
+            }
+            _ => (!live.is_empty()).then_some(0),
+        };
+        let mut order: Vec<Path> = first.map(|i| live[i].clone()).into_iter().collect();
+        order.extend(
+            live.iter()
+                .enumerate()
+                .filter(|(i, _)| Some(*i) != first)
+                .map(|(_, p)| (*p).clone()),
+        );
+        order.extend(snap.paths.iter().filter(|p| !p.connected()).cloned());
+        order
+    }
+
+    /// Forgets what it kept of paths that were removed.
+    fn forget_gone(&mut self, snap: &Snapshot) {
+        let there = |id: &u64| snap.paths.iter().any(|p| p.id == *id);
+        self.conns.retain(|id, _| there(id));
+        self.failing.retain(|id, _| there(id));
+    }
+
+    /// After every path failed this I/O: how long to wait before sending
+    /// it again, or `None` once every path is out of patience.
+    fn patience(&self, snap: &Snapshot) -> Option<Duration> {
+        let now = Instant::now();
+        snap.paths
+            .iter()
+            .filter(|p| {
+                let since = [self.failing.get(&p.id).copied(), p.lost_since]
+                    .into_iter()
+                    .flatten()
+                    .min()
+                    .unwrap_or(now);
+                let waited = now.saturating_duration_since(since);
+                p.resilience.patience().is_none_or(|limit| waited < limit)
+            })
+            .map(|p| p.resilience.reconnect_delay)
+            .min()
+    }
 }
 
 impl Remote {
     pub(crate) fn new(
-        addr: (String, u16),
-        subnqn: String,
         hostnqn: String,
         nsid: u32,
-        link: Arc<Link>,
+        paths: Arc<Paths>,
+        policy: Arc<Mutex<Policy>>,
     ) -> Self {
         Self {
-            addr,
-            subnqn,
             hostnqn,
             nsid,
-            link,
-            conn: Mutex::default(),
-            lost_since: Mutex::default(),
+            paths,
+            policy,
+            channel: Mutex::default(),
         }
     }
 
-    fn connect(&self) -> io::Result<TcpStream> {
-        let addr = std::net::ToSocketAddrs::to_socket_addrs(&(self.addr.0.as_str(), self.addr.1))?
+    fn connect(&self, trid: &Trid) -> io::Result<TcpStream> {
+        let port: u16 = trid
+            .trsvcid
+            .parse()
+            .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+        let addr = std::net::ToSocketAddrs::to_socket_addrs(&(trid.traddr.as_str(), port))?
             .next()
             .ok_or_else(|| io::Error::from(io::ErrorKind::AddrNotAvailable))?;
         let stream = TcpStream::connect_timeout(&addr, HELLO_TIMEOUT)?;
         stream.set_nodelay(true)?;
         let hello = IoHello {
             proto: IO_PROTO.into(),
-            subnqn: self.subnqn.clone(),
+            subnqn: trid.subnqn.clone(),
             hostnqn: self.hostnqn.clone(),
             nsid: self.nsid,
             error: None,
@@ -176,52 +217,65 @@ impl Remote {
         Ok(stream)
     }
 
-    /// One request and its answer, sent again while the connection is lost
-    /// and the controller's [`Resilience`] lets it wait.
+    /// One request and its answer, on the path the policy picks, on the
+    /// next one if that path is lost, and again while every path is lost
+    /// and some controller's [`Resilience`] lets it wait.
     fn call(&self, op: u8, offset: u64, len: usize, data: &[u8]) -> io::Result<Vec<u8>> {
+        let mut ch = lock(&self.channel);
         loop {
-            let e = match self.call_once(op, offset, len, data) {
-                Ok(body) => {
-                    *lock(&self.lost_since) = None;
-                    return Ok(body);
-                }
-                Err(Failure::Answered(errno)) => {
-                    *lock(&self.lost_since) = None;
-                    return Err(io::Error::from_raw_os_error(errno));
-                }
-                Err(Failure::Lost(e)) => e,
-            };
-            let since = *lock(&self.lost_since).get_or_insert_with(Instant::now);
-            let resilience = self.link.resilience;
-            let waited = since.elapsed();
-            let out_of_patience = resilience.patience().is_some_and(|p| waited >= p);
-            if out_of_patience || self.link.detached() {
-                tracing::debug!(subnqn = %self.subnqn, "I/O failed, connection lost {waited:?}: {e}");
+            let snap = self.paths.snapshot();
+            if snap.detached {
                 return Err(io::Error::from_raw_os_error(EIO));
             }
-            self.wait(resilience.reconnect_delay);
-        }
-    }
-
-    /// Sleeps `delay`, or less if the controller is detached meanwhile.
-    fn wait(&self, delay: Duration) {
-        const SLICE: Duration = Duration::from_millis(50);
-        let until = Instant::now() + delay;
-        while !self.link.detached() {
-            let left = until.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return;
+            ch.forget_gone(&snap);
+            let policy = *lock(&self.policy);
+            for path in ch.order(&snap, policy) {
+                match self.call_on(&mut ch, &path, op, offset, len, data) {
+                    Ok(body) => {
+                        ch.failing.remove(&path.id);
+                        if path.connected() {
+                            ch.current = Some(path.id);
+                        } else {
+                            // Its controller may have stopped trying.
+                            path.retry.notify_one();
+                        }
+                        return Ok(body);
+                    }
+                    Err(Failure::Answered(errno)) => {
+                        ch.failing.remove(&path.id);
+                        return Err(io::Error::from_raw_os_error(errno));
+                    }
+                    Err(Failure::Lost(e)) => {
+                        tracing::debug!(trid = ?path.trid(), "I/O path lost: {e}");
+                        ch.failing.entry(path.id).or_insert_with(Instant::now);
+                        if ch.current == Some(path.id) {
+                            ch.current = None;
+                        }
+                    }
+                }
             }
-            std::thread::sleep(left.min(SLICE));
+            let Some(delay) = ch.patience(&snap) else {
+                tracing::debug!(nsid = self.nsid, "I/O failed: every path lost");
+                return Err(io::Error::from_raw_os_error(EIO));
+            };
+            self.paths.wait(snap.generation, delay);
         }
     }
 
-    /// One request and its answer; the connection is dropped on failure.
-    fn call_once(&self, op: u8, offset: u64, len: usize, data: &[u8]) -> Result<Vec<u8>, Failure> {
-        let mut conn = lock(&self.conn);
-        let stream = match conn.take() {
+    /// One request and its answer on `path`; its connection is dropped on
+    /// failure.
+    fn call_on(
+        &self,
+        ch: &mut Channel,
+        path: &Path,
+        op: u8,
+        offset: u64,
+        len: usize,
+        data: &[u8],
+    ) -> Result<Vec<u8>, Failure> {
+        let stream = match ch.conns.remove(&path.id) {
             Some(s) => s,
-            None => self.connect()?,
+            None => self.connect(path.trid())?,
         };
         let mut frame = vec![op];
         frame.extend_from_slice(&offset.to_le_bytes());
@@ -240,7 +294,7 @@ impl Remote {
         if status == ENXIO {
             return Err(Failure::Lost(io::Error::from_raw_os_error(status)));
         }
-        *conn = Some(stream);
+        ch.conns.insert(path.id, stream);
         if status != 0 {
             return Err(Failure::Answered(status));
         }
@@ -258,4 +312,103 @@ impl Remote {
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::datapath::paths::{PathState, Resilience};
+
+    fn trid(port: &str) -> Trid {
+        Trid {
+            adrfam: "IPv4",
+            traddr: "127.0.0.1".into(),
+            trsvcid: port.into(),
+            subnqn: "nqn.2016-06.io.spdk:t".into(),
+        }
+    }
+
+    fn resilience(delay: u64, fast_io_fail: Option<u64>) -> Resilience {
+        Resilience {
+            reconnect_delay: Duration::from_secs(delay),
+            ctrlr_loss: None,
+            fast_io_fail: fast_io_fail.map(Duration::from_secs),
+        }
+    }
+
+    /// Two paths, the policy's pick, and what a channel picks in turn.
+    fn picks(paths: &Paths, ch: &mut Channel, policy: Policy, n: usize) -> Vec<u64> {
+        (0..n)
+            .map(|_| {
+                let first = ch.order(&paths.snapshot(), policy)[0].id;
+                ch.current = Some(first);
+                first
+            })
+            .collect()
+    }
+
+    #[test]
+    fn active_passive_keeps_the_first_connected_path_and_goes_back_to_it() {
+        let paths = Paths::default();
+        let a = paths.add(vec![trid("1")], resilience(1, None), 1);
+        let b = paths.add(vec![trid("2")], resilience(1, None), 2);
+        let mut ch = Channel::default();
+        let policy = Policy::default();
+        assert_eq!(picks(&paths, &mut ch, policy, 3), [a, a, a]);
+        paths.update(a, |p| p.state = PathState::ReconnectIsDelayed);
+        let order: Vec<u64> = ch
+            .order(&paths.snapshot(), policy)
+            .iter()
+            .map(|p| p.id)
+            .collect();
+        assert_eq!(order, [b, a], "the lost path is tried last");
+        ch.current = Some(b);
+        assert_eq!(picks(&paths, &mut ch, policy, 2), [b, b]);
+        paths.update(a, |p| p.state = PathState::Enabled);
+        assert_eq!(picks(&paths, &mut ch, policy, 2), [a, a], "failback");
+    }
+
+    #[test]
+    fn active_active_takes_turns_of_rr_min_io() {
+        let paths = Paths::default();
+        let a = paths.add(vec![trid("1")], resilience(1, None), 1);
+        let b = paths.add(vec![trid("2")], resilience(1, None), 2);
+        let mut ch = Channel::default();
+        let policy = Policy {
+            policy: MpPolicy::ActiveActive,
+            selector: Selector::RoundRobin,
+            rr_min_io: 2,
+        };
+        assert_eq!(picks(&paths, &mut ch, policy, 6), [a, a, b, b, a, a]);
+        let one = Policy {
+            rr_min_io: 1,
+            ..policy
+        };
+        assert_eq!(picks(&paths, &mut ch, one, 3), [b, a, b]);
+    }
+
+    #[test]
+    fn io_waits_while_any_lost_path_has_patience_left() {
+        let paths = Paths::default();
+        let a = paths.add(vec![trid("1")], resilience(2, Some(5)), 1);
+        let b = paths.add(vec![trid("2")], resilience(1, None), 2);
+        let mut ch = Channel::default();
+        let long_ago = Instant::now() - Duration::from_secs(10);
+        ch.failing.insert(a, long_ago);
+        ch.failing.insert(b, Instant::now());
+        assert_eq!(
+            ch.patience(&paths.snapshot()),
+            Some(Duration::from_secs(1)),
+            "the first is out of patience (fast_io_fail 5 s), the second waits for ever"
+        );
+        paths.update(b, |p| p.resilience = resilience(0, None));
+        assert_eq!(
+            ch.patience(&paths.snapshot()),
+            None,
+            "no delay: no patience"
+        );
+        paths.update(a, |p| p.lost_since = Some(Instant::now()));
+        ch.failing.insert(a, Instant::now());
+        assert_eq!(ch.patience(&paths.snapshot()), Some(Duration::from_secs(2)));
+    }
 }

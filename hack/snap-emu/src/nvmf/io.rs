@@ -4,13 +4,15 @@
 //! pause [`Gate`], so that the target counts and rate-limits that I/O and,
 //! when its subsystem is paused, holds it until the resume, as SPDK's
 //! target does (`nvmf_subsystem_pause` waits for the I/O in flight, then
-//! queues what comes).
+//! queues what comes). A connection whose listener was removed ([`Cut`])
+//! serves nothing more: I/O it held fails as a lost path, and it closes.
 
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::sync::{Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use super::conns::Cut;
 use crate::datapath::remote::{EIO, ENXIO, HEAD_LEN, MAX_LEN, READ, WRITE};
 use crate::datapath::stats::IoKind;
 use crate::datapath::volume::Volume;
@@ -64,13 +66,14 @@ impl Gate {
         self.lock().closed
     }
 
-    /// Runs `f` as an I/O inside the gate, after waiting out a pause.
-    fn pass<T>(&self, f: impl FnOnce() -> io::Result<T>) -> io::Result<T> {
+    /// Runs `f` as an I/O inside the gate, after waiting out a pause,
+    /// unless the subsystem or the connection (`cut`) is gone by then.
+    fn pass<T>(&self, cut: &Cut, f: impl FnOnce() -> io::Result<T>) -> io::Result<T> {
         let mut s = self.lock();
         while s.paused && !s.closed {
             s = self.changed.wait(s).unwrap_or_else(PoisonError::into_inner);
         }
-        if s.closed {
+        if s.closed || cut.is_cut() {
             return Err(io::Error::from_raw_os_error(ENXIO));
         }
         s.inside += 1;
@@ -84,9 +87,15 @@ impl Gate {
 
 /// Target side: serves the frames of one connection from `volume` (the
 /// namespace's bdev) until the initiator closes it, or the subsystem (or
-/// the whole target) goes away, which an idle connection notices within
-/// [`IDLE_POLL`].
-pub(crate) fn serve(stream: TcpStream, volume: &Volume, file: &std::fs::File, gate: &Gate) {
+/// the whole target, or the listener) goes away, which an idle connection
+/// notices within [`IDLE_POLL`].
+pub(crate) fn serve(
+    stream: TcpStream,
+    volume: &Volume,
+    file: &std::fs::File,
+    gate: &Gate,
+    cut: &Cut,
+) {
     let Ok(clone) = stream.try_clone() else {
         return;
     };
@@ -106,7 +115,7 @@ pub(crate) fn serve(stream: TcpStream, volume: &Volume, file: &std::fs::File, ga
                     io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
                 ) =>
             {
-                if gate.is_closed() {
+                if gate.is_closed() || cut.is_cut() {
                     return;
                 }
                 continue;
@@ -130,7 +139,7 @@ pub(crate) fn serve(stream: TcpStream, volume: &Volume, file: &std::fs::File, ga
             return;
         }
         let inside = len <= volume.backing.size && offset <= volume.backing.size - len;
-        let done = gate.pass(|| {
+        let done = gate.pass(cut, || {
             if !inside || !matches!(op, READ | WRITE) {
                 return Err(io::Error::from_raw_os_error(EIO));
             }
@@ -172,7 +181,7 @@ mod tests {
         let (leave_tx, leave_rx) = std::sync::mpsc::channel::<()>();
         let g = Arc::clone(&gate);
         let io = std::thread::spawn(move || {
-            g.pass(|| {
+            g.pass(&Cut::default(), || {
                 inside_tx.send(()).unwrap();
                 leave_rx.recv().unwrap();
                 Ok(())
@@ -187,7 +196,7 @@ mod tests {
         io.join().unwrap().unwrap();
         pausing.join().unwrap();
         let g = Arc::clone(&gate);
-        let held = std::thread::spawn(move || g.pass(|| Ok(())));
+        let held = std::thread::spawn(move || g.pass(&Cut::default(), || Ok(())));
         std::thread::sleep(Duration::from_millis(50));
         assert!(!held.is_finished(), "a paused gate holds new I/O");
         gate.resume();
@@ -199,7 +208,7 @@ mod tests {
         let gate = Arc::new(Gate::default());
         gate.pause();
         let g = Arc::clone(&gate);
-        let held = std::thread::spawn(move || g.pass(|| Ok(())));
+        let held = std::thread::spawn(move || g.pass(&Cut::default(), || Ok(())));
         gate.close();
         let e = held.join().unwrap().unwrap_err();
         assert_eq!(e.raw_os_error(), Some(ENXIO));

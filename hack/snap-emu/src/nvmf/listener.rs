@@ -14,6 +14,7 @@ use tokio::io::BufReader;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;
 
+use super::conns::{Cut, ListenKey};
 use super::io::Gate;
 use super::wire::{self, Accepted, ConnectReply, ConnectRequest, read_line, write_json};
 use crate::bdev::registry::Bdevs;
@@ -27,7 +28,7 @@ pub(crate) trait Admit: Family {
     /// not. Dropping `kick` closes the connection.
     fn connect(
         &mut self,
-        key: &(String, String),
+        key: &ListenKey,
         subnqn: &str,
         hostnqn: &str,
         kick: oneshot::Sender<()>,
@@ -38,11 +39,13 @@ pub(crate) trait Admit: Family {
     fn disconnect(&mut self, subnqn: &str, cntlid: u16);
 
     /// An I/O connection's hello: the namespace's data path volume and the
-    /// subsystem's pause gate.
+    /// subsystem's pause gate; the connection is recorded with `cut`, its
+    /// mark should its listener go.
     fn open_io(
-        &self,
-        key: &(String, String),
+        &mut self,
+        key: &ListenKey,
         hello: &IoHello,
+        cut: &Arc<Cut>,
         cx: &Cx<'_>,
     ) -> Result<(Volume, Arc<Gate>), String>;
 }
@@ -78,7 +81,7 @@ pub(crate) fn listen<T: Admit>(
     Ok(Listener { task })
 }
 
-async fn accept_loop<T: Admit>(shared: Weak<Shared>, listener: TcpListener, key: (String, String)) {
+async fn accept_loop<T: Admit>(shared: Weak<Shared>, listener: TcpListener, key: ListenKey) {
     loop {
         let Ok((stream, peer)) = listener.accept().await else {
             // Out of descriptors or similar: back off instead of spinning.
@@ -99,7 +102,7 @@ async fn accept_loop<T: Admit>(shared: Weak<Shared>, listener: TcpListener, key:
 async fn serve_host<T: Admit>(
     shared: Weak<Shared>,
     stream: TcpStream,
-    key: (String, String),
+    key: ListenKey,
 ) -> std::io::Result<()> {
     let mut stream = BufReader::new(stream);
     let line = read_line(&mut stream).await?;
@@ -156,16 +159,17 @@ async fn serve_host<T: Admit>(
 async fn serve_io<T: Admit>(
     shared: Weak<Shared>,
     mut stream: BufReader<TcpStream>,
-    key: (String, String),
+    key: ListenKey,
     mut hello: IoHello,
 ) -> std::io::Result<()> {
     let Some(sh) = shared.upgrade() else {
         return Ok(());
     };
+    let cut = Arc::new(Cut::default());
     let opened = {
         let mut state = sh.state.lock().await;
         let (target, cx) = state.family::<T>().ok_or_else(gone)?;
-        target.open_io(&key, &hello, &cx)
+        target.open_io(&key, &hello, &cut, &cx)
     };
     drop(sh);
     let opened = opened.and_then(|(volume, gate)| {
@@ -184,7 +188,7 @@ async fn serve_io<T: Admit>(
     };
     let stream = stream.into_inner().into_std()?;
     stream.set_nonblocking(false)?;
-    tokio::task::spawn_blocking(move || super::io::serve(stream, &volume, &file, &gate))
+    tokio::task::spawn_blocking(move || super::io::serve(stream, &volume, &file, &gate, &cut))
         .await
         .map_err(std::io::Error::other)
 }

@@ -16,27 +16,33 @@
 //! initiator exposing its namespace directly reads and writes the backing
 //! file itself, and connects go on while paused: neither is held, where
 //! SPDK would hold both.
+//!
+//! `nvmf_subsystem_remove_listener` does what SPDK's does: it pauses the
+//! subsystem (the I/O in flight finishes), removes the listener, cuts the
+//! connections that came in through it (see [`super::conns`]; their hosts
+//! see the path lost, and I/O held meanwhile is not served) and resumes
+//! the subsystem. `nvmf_get_subsystems` lists listeners newest first, as
+//! SPDK inserts them.
 
 use std::sync::Arc;
 
 use serde_json::{Value, json};
-use tokio::sync::oneshot;
 use uuid::Uuid;
 
+use super::conns::{Connections, ListenKey};
 use super::io::Gate;
-use super::listener::{self, Admit, Listener};
+use super::listener::{self, Listener};
 use super::params::{
     AddNsParams, AllowAnyHostParams, CreateSubsystemParams, CreateTransportParams,
     GetSubsystemsParams, GetTransportsParams, HostParams, ListenAddressParams, ListenerParams,
     NqnParams, PauseParams, RemoveNsParams, hex_upper, invalid, nqn_is_valid, parse_adrfam,
     parse_hex, printable,
 };
-use super::wire::{Accepted, DISCOVERY_NQN, WireNamespace};
-use crate::bdev::registry::{Bdev, BdevKind, Bdevs};
-use crate::datapath::remote::IoHello;
-use crate::datapath::volume::Volume;
+use super::wire::DISCOVERY_NQN;
+use crate::bdev::registry::{Bdev, Bdevs};
 use crate::registry::{Answer, BdevModule, BdevUser, Cx, Family};
 use crate::rpc::{ENODEV, OnDecodeError, RpcError, RpcResult, decode, decode_opt};
+
 const TGT_NAME: &str = "nvmf_tgt";
 const DEFAULT_SN: &str = "00000000000000000000";
 const DEFAULT_MN: &str = "SPDK bdev Controller";
@@ -56,7 +62,7 @@ impl ListenAddr {
         json!({"trtype": "TCP", "adrfam": self.adrfam, "traddr": self.traddr, "trsvcid": self.trsvcid})
     }
 
-    fn key(&self) -> (String, String) {
+    pub(crate) fn key(&self) -> ListenKey {
         (self.traddr.clone(), self.trsvcid.clone())
     }
 }
@@ -71,14 +77,6 @@ pub(crate) struct NvmfNamespace {
 }
 
 #[derive(Debug)]
-pub(crate) struct HostConnection {
-    pub cntlid: u16,
-    pub hostnqn: String,
-    /// Dropping it closes the connection.
-    _kick: oneshot::Sender<()>,
-}
-
-#[derive(Debug)]
 pub(crate) struct Subsystem {
     pub nqn: String,
     pub serial_number: String,
@@ -90,15 +88,15 @@ pub(crate) struct Subsystem {
     pub max_cntlid: u16,
     pub listeners: Vec<ListenAddr>,
     pub namespaces: Vec<NvmfNamespace>,
-    pub connections: Vec<HostConnection>,
-    next_cntlid: u16,
+    pub connections: Connections,
+    pub next_cntlid: u16,
     /// Held closed while paused: I/O through the target waits at it.
     pub gate: Arc<Gate>,
 }
 
 #[derive(Debug)]
 struct BoundListener {
-    key: (String, String),
+    key: ListenKey,
     listener: Listener,
     users: usize,
 }
@@ -106,12 +104,12 @@ struct BoundListener {
 #[derive(Debug, Default)]
 pub(crate) struct NvmfTarget {
     tcp_transport: bool,
-    subsystems: Vec<Subsystem>,
+    pub subsystems: Vec<Subsystem>,
     listeners: Vec<BoundListener>,
 }
 
 impl NvmfTarget {
-    fn subsystem(&self, nqn: &str) -> Option<usize> {
+    pub(crate) fn subsystem(&self, nqn: &str) -> Option<usize> {
         self.subsystems.iter().position(|s| s.nqn == nqn)
     }
 
@@ -239,7 +237,7 @@ impl NvmfTarget {
             max_cntlid: max,
             listeners: vec![],
             namespaces: vec![],
-            connections: vec![],
+            connections: Connections::default(),
             next_cntlid: min,
             gate: Arc::default(),
         });
@@ -354,7 +352,7 @@ impl NvmfTarget {
         })
     }
 
-    fn acquire_listener(&mut self, key: &(String, String), cx: &Cx<'_>) -> Result<(), RpcError> {
+    fn acquire_listener(&mut self, key: &ListenKey, cx: &Cx<'_>) -> Result<(), RpcError> {
         if let Some(l) = self.listeners.iter_mut().find(|l| &l.key == key) {
             l.users += 1;
             return Ok(());
@@ -371,7 +369,7 @@ impl NvmfTarget {
         Ok(())
     }
 
-    fn release_listener(&mut self, key: &(String, String)) {
+    fn release_listener(&mut self, key: &ListenKey) {
         let Some(i) = self.listeners.iter().position(|l| &l.key == key) else {
             return;
         };
@@ -397,7 +395,7 @@ impl NvmfTarget {
             return Err(invalid());
         }
         self.acquire_listener(&addr.key(), cx)?;
-        self.subsystems[si].listeners.push(addr);
+        self.subsystems[si].listeners.insert(0, addr);
         Ok(json!(true))
     }
 
@@ -411,7 +409,10 @@ impl NvmfTarget {
             .iter()
             .position(|l| l.key() == addr.key())
             .ok_or_else(invalid)?;
+        s.gate.pause();
         s.listeners.remove(i);
+        s.connections.cut_listener(&addr.key());
+        s.gate.resume();
         self.release_listener(&addr.key());
         Ok(json!(true))
     }
@@ -438,7 +439,7 @@ impl NvmfTarget {
         }
         s.hosts.retain(|h| *h != p.host);
         // A removed host loses its connections.
-        s.connections.retain(|c| c.hostnqn != p.host);
+        s.connections.drop_hostnqn(&p.host);
         Ok(json!(true))
     }
 
@@ -511,26 +512,6 @@ impl NvmfTarget {
             }
         }
     }
-
-    /// The subsystem `hostnqn` may reach as `subnqn` on listener `key`.
-    fn nvmf_admit(
-        &self,
-        key: &(String, String),
-        subnqn: &str,
-        hostnqn: &str,
-    ) -> Result<usize, String> {
-        let si = self
-            .subsystem(subnqn)
-            .ok_or_else(|| format!("no subsystem {subnqn}"))?;
-        let s = &self.subsystems[si];
-        if !s.listeners.iter().any(|l| &l.key() == key) {
-            return Err(format!("{subnqn} does not listen on {}:{}", key.0, key.1));
-        }
-        if !s.allow_any_host && !s.hosts.iter().any(|h| h == hostnqn) {
-            return Err(format!("host {hostnqn} is not allowed on {subnqn}"));
-        }
-        Ok(si)
-    }
 }
 
 impl Family for NvmfTarget {
@@ -580,104 +561,15 @@ impl BdevUser for NvmfTarget {
             s.namespaces.retain(|n| n.bdev != bdev.name);
         }
     }
-}
 
-impl Admit for NvmfTarget {
-    /// A host's handshake arrived on listener `key`: admit it or say why not.
-    fn connect(
-        &mut self,
-        key: &(String, String),
-        subnqn: &str,
-        hostnqn: &str,
-        kick: oneshot::Sender<()>,
-        bdevs: &Bdevs,
-    ) -> Result<Accepted, String> {
-        let si = self.nvmf_admit(key, subnqn, hostnqn)?;
-        let s = &self.subsystems[si];
-        let namespaces: Vec<WireNamespace> = s
-            .namespaces
+    /// The target's poll group holds a channel of every namespace's bdev
+    /// (one poll group: SPDK has one per core, the tests' `spdk_tgt` one core).
+    fn io_channel(&self, bdev: &str) -> Option<&'static str> {
+        self.subsystems
             .iter()
-            .filter_map(|n| {
-                let b = bdevs.get(&n.bdev)?;
-                let backing = bdevs.backing_of(b);
-                let (unmap, copy) = match &b.kind {
-                    BdevKind::Aio { fallocate, .. } => (*fallocate, false),
-                    BdevKind::Null { .. } => (false, false),
-                    BdevKind::Malloc { .. } => (true, true),
-                    BdevKind::Lvol { .. } => (true, false),
-                    BdevKind::Nvme(i) => (i.unmap, i.copy),
-                    // The fabrics shortcut hands over a file range, which for
-                    // a crypto bdev holds ciphertext: not offered (see `super::wire`).
-                    BdevKind::Crypto { .. } => return None,
-                };
-                Some(WireNamespace {
-                    nsid: n.nsid,
-                    uuid: n.uuid.to_string(),
-                    block_size: b.block_size,
-                    num_blocks: b.num_blocks,
-                    path: backing.path,
-                    offset: backing.offset,
-                    size: backing.size,
-                    read_only: backing.read_only,
-                    unmap,
-                    copy,
-                })
-            })
-            .collect();
-        let s = &mut self.subsystems[si];
-        let span = u32::from(s.max_cntlid - s.min_cntlid) + 1;
-        let cntlid = (0..span)
-            .map(|i| {
-                let off = (u32::from(s.next_cntlid - s.min_cntlid) + i) % span;
-                s.min_cntlid + off as u16
-            })
-            .find(|c| !s.connections.iter().any(|x| x.cntlid == *c))
-            .ok_or_else(|| "no free controller id".to_owned())?;
-        s.next_cntlid = if cntlid == s.max_cntlid {
-            s.min_cntlid
-        } else {
-            cntlid + 1
-        };
-        s.connections.push(HostConnection {
-            cntlid,
-            hostnqn: hostnqn.to_owned(),
-            _kick: kick,
-        });
-        Ok(Accepted {
-            cntlid,
-            serial_number: s.serial_number.clone(),
-            model_number: s.model_number.clone(),
-            namespaces,
-        })
-    }
-
-    fn disconnect(&mut self, subnqn: &str, cntlid: u16) {
-        if let Some(i) = self.subsystem(subnqn) {
-            self.subsystems[i]
-                .connections
-                .retain(|c| c.cntlid != cntlid);
-        }
-    }
-
-    fn open_io(
-        &self,
-        key: &(String, String),
-        hello: &IoHello,
-        cx: &Cx<'_>,
-    ) -> Result<(Volume, Arc<Gate>), String> {
-        let si = self.nvmf_admit(key, &hello.subnqn, &hello.hostnqn)?;
-        let s = &self.subsystems[si];
-        let ns = s
-            .namespaces
-            .iter()
-            .find(|n| n.nsid == hello.nsid)
-            .ok_or_else(|| format!("no namespace {} in {}", hello.nsid, hello.subnqn))?;
-        let bdev = cx
-            .bdevs
-            .get(&ns.bdev)
-            .ok_or_else(|| format!("no bdev {}", ns.bdev))?;
-        let volume = cx.volume_of(bdev).map_err(|e| e.message)?;
-        Ok((volume, Arc::clone(&s.gate)))
+            .flat_map(|s| &s.namespaces)
+            .any(|n| n.bdev == bdev)
+            .then_some("nvmf_tgt_poll_group_000")
     }
 }
 

@@ -12,8 +12,9 @@
 //! (NSID, UUID, geometry and the [`Backing`] file range). The initiator's
 //! `<name>n<nsid>` bdevs then use that same file, which works because both
 //! instances run on one machine. The connection stays open for the life of the
-//! controller: the target lists it, and closing either end ends it. A real
-//! NVMe/TCP host or target on the other end simply fails the handshake.
+//! controller: the target lists it, and closing either end ends it (the
+//! initiator then reconnects as its policy says, see `crate::bdev::nvme`).
+//! A real NVMe/TCP host or target on the other end simply fails the handshake.
 //! An initiator's data path volume opens a connection of its own on the
 //! same listener for its I/O instead (see [`crate::datapath::remote`]).
 //! The target's listeners are `super::listener`.
@@ -165,14 +166,4 @@ pub(crate) async fn connect(
         (Some(acc), _) => Ok((stream.into_inner(), acc)),
         (None, e) => Err(ConnectError::Rejected(e.unwrap_or_default())),
     }
-}
-
-/// Keeps the initiator's end open until the controller is detached.
-pub(crate) fn hold_initiator(stream: TcpStream) -> oneshot::Sender<()> {
-    let (tx, rx) = oneshot::channel();
-    tokio::spawn(async move {
-        let mut stream = BufReader::new(stream);
-        hold(&mut stream, rx).await;
-    });
-    tx
 }

@@ -192,6 +192,12 @@ impl BdevUser for Snap {
         self.emulations.iter().any(|e| e.writes(bdev))
     }
 
+    /// And does their I/O on its threads, named here as an SPDK
+    /// application's first (SNAP's own are not public).
+    fn io_channel(&self, bdev: &str) -> Option<&'static str> {
+        self.writes(bdev).then_some("app_thread")
+    }
+
     fn host_io(&self, bdev: &str) -> BlockStat {
         self.visible.block_stat(&self.disks_of(bdev))
     }

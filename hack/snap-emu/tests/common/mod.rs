@@ -236,6 +236,29 @@ impl Client {
     }
 }
 
+/// Exposes `bdev` as a virtio-blk disk and returns its device node.
+pub async fn expose_virtio_blk(emu: &Emu, c: &mut Client, bdev: &str) -> PathBuf {
+    c.ok(
+        "virtio_blk_controller_create",
+        json!({"pf_id": 0, "vf_id": 0, "bdev": bdev, "vblk_id": "dp"}),
+    )
+    .await;
+    let list = c.ok("emulation_function_list", json!({"all": true})).await;
+    let bdf = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|pf| pf["emulation_type"] == "VBLK")
+        .flat_map(|pf| pf["vfs"].as_array().unwrap().iter())
+        .find(|vf| vf["ctrl_id"] == "VblkCtrl1")
+        .map(|vf| vf["pci_bdf"].as_str().unwrap().to_owned())
+        .expect("the controller's function");
+    let dir = emu
+        .sysfs_root
+        .join(format!("bus/pci/devices/0000:{bdf}/virtio0/block/vda"));
+    dev_node(&wait_for_disk(&dir).await.join("dev"))
+}
+
 /// Decodes the inside of a Python bytes literal (`b'...'`).
 pub fn py_bytes(s: &str) -> Vec<u8> {
     let b = s.as_bytes();
