@@ -37,6 +37,15 @@ pub const ADRFAM_KEY: &str = "adrfam";
 pub const SUBNQN_KEY: &str = "subnqn";
 /// NVMe-oF, optional: the host NQN SPDK connects as (the target may admit only it).
 pub const HOSTNQN_KEY: &str = "hostnqn";
+/// NVMe-oF, optional: more paths to the same subsystem beyond the first
+/// (`traddr`, `trsvcid`), comma-separated, each `TRADDR:TRSVCID` (an IPv6
+/// address in brackets, `[fd00::2]:4420`), sharing the first path's
+/// `trtype`, `adrfam`, `subnqn` and `hostnqn`. With any, the device is one
+/// multipath bdev over every path.
+pub const EXTRA_PATHS_KEY: &str = "extra_paths";
+/// The most paths a volume may have, the first included: each is an
+/// `bdev_nvme_attach_controller` of its own.
+pub const MAX_PATHS: usize = 8;
 
 /// Every backend, as GetPluginInfo's manifest lists them.
 pub const BACKENDS: [&str; 3] = [AIO, NVMF, FS];
@@ -147,6 +156,27 @@ pub struct NvmfTarget {
     pub adrfam: String,
     pub subnqn: String,
     pub hostnqn: Option<String>,
+    /// The paths beyond the first ([`EXTRA_PATHS_KEY`]); none: one path.
+    pub extra_paths: Vec<NvmfPath>,
+}
+
+/// One network path to a subsystem: where a listener of it is reached.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct NvmfPath {
+    pub traddr: String,
+    pub trsvcid: String,
+}
+
+impl std::fmt::Display for NvmfPath {
+    /// `TRADDR:TRSVCID`, an address with a colon in brackets: as
+    /// [`EXTRA_PATHS_KEY`] lists it.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.traddr.contains(':') {
+            write!(f, "[{}]:{}", self.traddr, self.trsvcid)
+        } else {
+            write!(f, "{}:{}", self.traddr, self.trsvcid)
+        }
+    }
 }
 
 impl Backend {
@@ -209,15 +239,89 @@ impl NvmfTarget {
             }
             None => None,
         };
-        Ok(NvmfTarget {
-            trtype: trtype.to_string(),
+        let first = NvmfPath {
             traddr: traddr.to_string(),
             trsvcid: trsvcid.to_string(),
+        };
+        let extra_paths = match context.get(EXTRA_PATHS_KEY).filter(|v| !v.is_empty()) {
+            Some(list) => extra_paths(list, &first)?,
+            None => vec![],
+        };
+        Ok(NvmfTarget {
+            trtype: trtype.to_string(),
+            traddr: first.traddr,
+            trsvcid: first.trsvcid,
             adrfam: adrfam.to_string(),
             subnqn: subnqn.to_string(),
             hostnqn,
+            extra_paths,
         })
     }
+
+    /// Every path, the first ([`TRADDR_KEY`], [`TRSVCID_KEY`]) first.
+    pub fn paths(&self) -> Vec<NvmfPath> {
+        let first = NvmfPath {
+            traddr: self.traddr.clone(),
+            trsvcid: self.trsvcid.clone(),
+        };
+        std::iter::once(first)
+            .chain(self.extra_paths.iter().cloned())
+            .collect()
+    }
+
+    /// Whether the device is a multipath bdev (more than one path).
+    pub fn is_multipath(&self) -> bool {
+        !self.extra_paths.is_empty()
+    }
+}
+
+/// The paths [`EXTRA_PATHS_KEY`] lists, each checked as the first path's
+/// address is; none repeated, the first path not among them, at most
+/// [`MAX_PATHS`] in all.
+fn extra_paths(list: &str, first: &NvmfPath) -> Result<Vec<NvmfPath>, String> {
+    let mut paths: Vec<NvmfPath> = Vec::new();
+    for item in list.split(',') {
+        if paths.len() + 1 >= MAX_PATHS {
+            return Err(format!(
+                "volume_context[{EXTRA_PATHS_KEY:?}] lists more than {} paths (at most \
+                 {MAX_PATHS} with the first)",
+                MAX_PATHS - 1
+            ));
+        }
+        let path = parse_path(item).ok_or_else(|| {
+            format!(
+                "volume_context[{EXTRA_PATHS_KEY:?}] must be comma-separated TRADDR:TRSVCID \
+                 items (an IPv6 address in brackets), got {item:?}"
+            )
+        })?;
+        token(EXTRA_PATHS_KEY, &path.traddr, TRADDR_MAX)?;
+        token(EXTRA_PATHS_KEY, &path.trsvcid, TRSVCID_MAX)?;
+        if path == *first || paths.contains(&path) {
+            return Err(format!(
+                "volume_context[{EXTRA_PATHS_KEY:?}] repeats the path {path} (the first path is \
+                 {first}): each path is a distinct listener"
+            ));
+        }
+        paths.push(path);
+    }
+    Ok(paths)
+}
+
+/// `TRADDR:TRSVCID`, split at the last colon; brackets around the address
+/// are dropped. Both parts must be there.
+fn parse_path(item: &str) -> Option<NvmfPath> {
+    let (traddr, trsvcid) = item.rsplit_once(':')?;
+    let traddr = match traddr.strip_prefix('[') {
+        Some(inner) => inner.strip_suffix(']')?,
+        None => traddr,
+    };
+    if traddr.is_empty() || trsvcid.is_empty() || traddr.contains(['[', ']']) {
+        return None;
+    }
+    Some(NvmfPath {
+        traddr: traddr.to_string(),
+        trsvcid: trsvcid.to_string(),
+    })
 }
 
 fn required<'a>(
@@ -396,6 +500,72 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    fn nvmf_target(c: &HashMap<String, String>) -> Result<NvmfTarget, String> {
+        match Backend::from_context(c)? {
+            Backend::Nvmf(t) => Ok(t),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn extra_paths_are_listed_after_the_first_and_checked_like_it() {
+        let one = nvmf_target(&nvmf_context()).unwrap();
+        assert!(!one.is_multipath());
+        assert_eq!(one.paths().len(), 1);
+        let mut c = nvmf_context();
+        c.insert(EXTRA_PATHS_KEY.into(), String::new());
+        assert!(!nvmf_target(&c).unwrap().is_multipath(), "empty: one path");
+
+        c.insert(
+            EXTRA_PATHS_KEY.into(),
+            "127.0.0.1:4421,[fd00::2]:4420,fd00::3:4420".into(),
+        );
+        let target = nvmf_target(&c).unwrap();
+        assert!(target.is_multipath());
+        let paths: Vec<String> = target.paths().iter().map(ToString::to_string).collect();
+        assert_eq!(
+            paths,
+            [
+                "127.0.0.1:4420",
+                "127.0.0.1:4421",
+                "[fd00::2]:4420",
+                "[fd00::3]:4420"
+            ]
+        );
+        assert_eq!(target.paths()[2].traddr, "fd00::2");
+
+        let too_many = (1..MAX_PATHS as u16 + 1)
+            .map(|n| format!("127.0.0.1:{}", 5000 + n))
+            .collect::<Vec<_>>()
+            .join(",");
+        for (bad, says) in [
+            ("127.0.0.1", "TRADDR:TRSVCID"),
+            ("127.0.0.1:", "TRADDR:TRSVCID"),
+            (":4421", "TRADDR:TRSVCID"),
+            ("127.0.0.1:4421,", "TRADDR:TRSVCID"),
+            ("[fd00::2:4420", "TRADDR:TRSVCID"),
+            ("[[x]]:1", "TRADDR:TRSVCID"),
+            ("127.0.0.1:4421 ", "printable"),
+            ("10.0.0.1 :4421", "printable"),
+            ("127.0.0.1:4420", "repeats"),
+            ("127.0.0.1:4421,127.0.0.1:4421", "repeats"),
+            (&too_many, "more than"),
+        ] {
+            c.insert(EXTRA_PATHS_KEY.into(), bad.to_string());
+            let error = nvmf_target(&c).unwrap_err();
+            assert!(
+                error.contains(EXTRA_PATHS_KEY) && error.contains(says),
+                "{bad:?}: {error}"
+            );
+        }
+        let at_most: String = (1..MAX_PATHS as u16)
+            .map(|n| format!("127.0.0.1:{}", 5000 + n))
+            .collect::<Vec<_>>()
+            .join(",");
+        c.insert(EXTRA_PATHS_KEY.into(), at_most);
+        assert_eq!(nvmf_target(&c).unwrap().paths().len(), MAX_PATHS);
     }
 
     #[test]

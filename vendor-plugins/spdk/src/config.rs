@@ -112,9 +112,12 @@ pub struct Args {
     /// CSI controller: the lvstore on the target that holds the volumes (it must exist).
     #[arg(long, env = "SPDK_PLUGIN_NVMF_LVSTORE")]
     pub nvmf_lvstore: Option<String>,
-    /// CSI controller: the target's NVMe/TCP listener as initiators reach it (ADDR:PORT).
-    #[arg(long, env = "SPDK_PLUGIN_NVMF_LISTEN")]
-    pub nvmf_listen: Option<SocketAddr>,
+    /// CSI controller: the target's NVMe/TCP listener as initiators reach it
+    /// (ADDR:PORT); given again (or comma-separated), more listeners: each
+    /// volume's subsystem listens on every one, and a volume of a StorageClass
+    /// with `nvmf-multipath: "true"` is attached through all of them.
+    #[arg(long, env = "SPDK_PLUGIN_NVMF_LISTEN", value_delimiter = ',')]
+    pub nvmf_listen: Vec<SocketAddr>,
     /// CSI controller: the backend of volumes whose parameters name none
     /// [default: aio when configured, else nvmf when configured, else fs].
     #[arg(long, env = "SPDK_PLUGIN_DEFAULT_BACKEND", value_parser = ["aio", "nvmf", "fs"])]
@@ -212,16 +215,16 @@ impl Args {
         let nvmf = match (
             &self.nvmf_target_socket,
             &self.nvmf_lvstore,
-            self.nvmf_listen,
+            self.nvmf_listen.as_slice(),
         ) {
-            (Some(target_socket), Some(lvstore), Some(listen)) if !lvstore.is_empty() => {
+            (Some(target_socket), Some(lvstore), listen @ [_, ..]) if !lvstore.is_empty() => {
                 Some(NvmfConfig {
                     target_socket: target_socket.clone(),
                     lvstore: lvstore.clone(),
-                    listen,
+                    listen: check_listeners(listen)?,
                 })
             }
-            (None, None, None) => None,
+            (None, None, []) => None,
             _ => {
                 return Err(
                     "the NVMe-oF backend needs all of --nvmf-target-socket, --nvmf-lvstore and \
@@ -268,6 +271,34 @@ impl Args {
             advertise_get_snapshot: self.advertise_get_snapshot,
         }))
     }
+}
+
+/// The target's listeners: none twice, all of one address family (a
+/// volume's paths share its context's `adrfam`), at most
+/// [`MAX_PATHS`](crate::backend::MAX_PATHS) (a volume's paths).
+fn check_listeners(listen: &[SocketAddr]) -> Result<Vec<SocketAddr>, String> {
+    let mut seen = Vec::with_capacity(listen.len());
+    for address in listen {
+        if seen.contains(address) {
+            return Err(format!("--nvmf-listen {address} is given twice"));
+        }
+        if address.is_ipv4() != listen[0].is_ipv4() {
+            return Err(format!(
+                "--nvmf-listen {address} and {} are of two address families: a volume's paths \
+                 share one (its context's adrfam)",
+                listen[0]
+            ));
+        }
+        seen.push(*address);
+    }
+    if seen.len() > crate::backend::MAX_PATHS {
+        return Err(format!(
+            "--nvmf-listen is given {} times; a volume has at most {} paths",
+            seen.len(),
+            crate::backend::MAX_PATHS
+        ));
+    }
+    Ok(seen)
 }
 
 #[cfg(test)]
@@ -372,7 +403,10 @@ mod tests {
         .unwrap()
         .unwrap();
         assert_eq!(both.default_backend, Kind::Nvmf);
-        assert_eq!(both.nvmf.unwrap().listen.port(), 4420);
+        assert_eq!(
+            both.nvmf.unwrap().listen,
+            ["127.0.0.1:4420".parse().unwrap()]
+        );
         assert!(
             csi(&["--csi-socket", "/s"])
                 .unwrap_err()
@@ -396,6 +430,44 @@ mod tests {
             .is_err()
         );
         assert!(Args::try_parse_from(["p", "--nvmf-listen", "localhost"]).is_err());
+    }
+
+    #[test]
+    fn the_target_may_have_several_listeners_of_one_family() {
+        let nvmf = |listen: &[&str]| {
+            let mut args = vec![
+                "--csi-socket",
+                "/run/csi.sock",
+                "--nvmf-target-socket",
+                "/run/target.sock",
+                "--nvmf-lvstore",
+                "lvs0",
+            ];
+            for l in listen {
+                args.extend(["--nvmf-listen", l]);
+            }
+            csi(&args).map(|c| c.unwrap().nvmf.unwrap().listen)
+        };
+        let two = nvmf(&["10.0.0.1:4420", "10.0.0.2:4420"]).unwrap();
+        assert_eq!(two.len(), 2);
+        assert_eq!(two[1], "10.0.0.2:4420".parse().unwrap());
+        // Comma-separated, as the environment variable gives them.
+        assert_eq!(nvmf(&["10.0.0.1:4420,10.0.0.2:4420"]).unwrap(), two);
+        let v6 = nvmf(&["[fd00::1]:4420", "[fd00::2]:4420"]).unwrap();
+        assert_eq!(v6.len(), 2);
+        for (bad, says) in [
+            (&["10.0.0.1:4420", "10.0.0.1:4420"][..], "twice"),
+            (
+                &["10.0.0.1:4420", "[fd00::1]:4420"][..],
+                "two address families",
+            ),
+        ] {
+            let error = nvmf(bad).unwrap_err();
+            assert!(error.contains(says), "{bad:?}: {error}");
+        }
+        let nine: Vec<String> = (0..9).map(|n| format!("10.0.0.1:{}", 4420 + n)).collect();
+        let nine: Vec<&str> = nine.iter().map(String::as_str).collect();
+        assert!(nvmf(&nine).unwrap_err().contains("at most 8 paths"));
     }
 
     #[test]

@@ -5,7 +5,8 @@
 //!
 //! - `backend=aio`, `path=<file or block device>`: `bdev_aio_create`.
 //! - `backend=nvmf`, `trtype`, `traddr`, `trsvcid`, `adrfam`, `subnqn`
-//!   (optional `hostnqn`): `bdev_nvme_attach_controller` to a remote target.
+//!   (optional `hostnqn`): `bdev_nvme_attach_controller` to a remote target;
+//!   with `extra_paths`, once per path, one multipath bdev over them all.
 //!
 //! It keeps no state: a device's name is derived from its volume id and
 //! maps back to it ([`names`]), so SPDK's own bdev list is the only record,
@@ -19,7 +20,10 @@
 //! Layout: [`service`] (the RPCs), [`backend`] (the volume context),
 //! [`names`] (device names), [`paging`] (list tokens), [`qos`] (QoS
 //! limits: parameters, records, SPDK's request), [`follow`] (attached AIO
-//! volumes grown and their QoS changes applied live), [`errors`] (every
+//! volumes grown and their QoS changes applied live), [`paths`] (a remote
+//! volume's paths: how each is attached, multipath devices' paths kept
+//! attached), [`metrics`] (the `/metrics` page, with every path's state),
+//! [`errors`] (every
 //! failure → its gRPC code, the service's and the controller's, with the
 //! reasons), [`config`] (settings
 //! and the binary's flags), [`csi`] (the CSI controller).
@@ -29,8 +33,10 @@ pub mod config;
 pub mod csi;
 pub mod errors;
 pub mod follow;
+pub mod metrics;
 pub mod names;
 pub mod paging;
+pub mod paths;
 pub mod qos;
 pub mod service;
 
@@ -68,8 +74,11 @@ struct Endpoint {
     /// The CSI controller, which resumes what a crash left paused once it
     /// serves, and then keeps the target's exports (`csi::reexport`).
     recover: Option<csi::CsiController>,
-    /// The plugin service, which follows attached AIO volumes while it serves.
+    /// The plugin service, which follows attached AIO volumes and keeps
+    /// multipath devices' paths while it serves.
     follow: Option<SpdkPlugin>,
+    /// Where the plugin's `/metrics` reads its devices' paths.
+    paths: Option<metrics::PathSource>,
 }
 
 impl Endpoint {
@@ -84,16 +93,40 @@ impl Endpoint {
                 controller.keep_exports().await;
             })
         });
-        let follow = self
-            .follow
-            .map(|plugin| tokio::spawn(async move { plugin.follow_aio_volumes().await }));
-        let served =
-            snap_csi::server::serve(self.router, self.listener, &self.socket, metrics, shutdown)
-                .await;
+        let follow = self.follow.map(|plugin| {
+            tokio::spawn(async move {
+                tokio::join!(plugin.follow_aio_volumes(), plugin.keep_paths());
+            })
+        });
+        let shutdown = futures::FutureExt::shared(shutdown);
+        // The plugin's page has its paths: served here, not by the server.
+        let (metrics, paths) = match (metrics, self.paths) {
+            (Some(listener), Some(source)) => (None, Some((listener, source))),
+            (metrics, _) => (metrics, None),
+        };
+        let page = async {
+            match paths {
+                Some((listener, source)) => {
+                    metrics::serve(listener, source, shutdown.clone()).await
+                }
+                None => Ok(()),
+            }
+        };
+        let (served, page) = tokio::join!(
+            snap_csi::server::serve(
+                self.router,
+                self.listener,
+                &self.socket,
+                metrics,
+                shutdown.clone()
+            ),
+            page
+        );
         for task in [keep, follow].into_iter().flatten() {
             task.abort();
         }
-        served
+        let page = page.map_err(|source| ServeError::Metrics { source });
+        served.and(page)
     }
 }
 
@@ -103,7 +136,11 @@ impl Endpoint {
 pub fn bind(config: &Config) -> Result<Listening, ServeError> {
     let listener = snap_csi::server::bind(&config.plugin_socket)?;
     let spdk = RpcClient::with_timeout(&config.spdk_socket, config.service.call_timeout);
-    let plugin = SpdkPlugin::new(spdk, config.service.clone());
+    let plugin = SpdkPlugin::new(spdk.clone(), config.service.clone());
+    let paths = metrics::PathSource {
+        spdk,
+        kept: plugin.kept_paths(),
+    };
     let router = snap_csi::server::builder()
         .add_service(IdentityServiceServer::new(plugin.clone()))
         .add_service(StoragePluginServiceServer::new(plugin.clone()));
@@ -121,6 +158,7 @@ pub fn bind(config: &Config) -> Result<Listening, ServeError> {
             socket: config.plugin_socket.clone(),
             recover: None,
             follow: Some(plugin),
+            paths: Some(paths),
         },
         csi,
         metrics_address: config.metrics_address,
@@ -152,6 +190,7 @@ fn bind_csi(config: &csi::CsiConfig) -> Result<Endpoint, ServeError> {
         socket: config.socket.clone(),
         recover: Some(controller),
         follow: None,
+        paths: None,
     })
 }
 

@@ -1,13 +1,24 @@
 //! The plugin API's two services over one SPDK socket.
 //!
-//! Each device call is exactly one SPDK round trip: the node's attach and
-//! detach budgets count it. So CreateDevice creates and reads "it exists"
-//! (-17 / -114) as "made by an earlier call"; it does not look first or
-//! check after. That is sound because a device's name encodes its volume id
-//! and backend ([`crate::names`]) and a volume's context is fixed for its
-//! life, so only a CreateDevice of this very volume makes that name. Calls
-//! that may concern either backend (a DeleteDevice or GetDevice without a
-//! device name) send both of their SPDK calls at once: still one round trip.
+//! Each device call is exactly one dependent SPDK round trip (requests sent
+//! together count once): the node's attach and detach budgets count it.
+//! So CreateDevice creates and reads "it exists" (-17 / -114) as "made by
+//! an earlier call"; it does not look first or check after. That is sound
+//! because a device's name encodes its volume id and backend
+//! ([`crate::names`]) and a volume's context is fixed for its life, so only
+//! a CreateDevice of this very volume makes that name. Calls that may
+//! concern either backend (a DeleteDevice or GetDevice without a device
+//! name) send both of their SPDK calls at once: still one round trip.
+//!
+//! A multipath NVMe-oF volume (its context lists `extra_paths`) costs two,
+//! whatever its number of paths, a retry too: every path's
+//! `bdev_nvme_attach_controller` at once (the first to connect makes the
+//! controller and its bdev, the others join it; a path there already answers
+//! -114 or -17), then `bdev_nvme_set_multipath_policy` on the bdev, which
+//! only exists once a path is attached. Its DeleteDevice is still one (a
+//! detach by name takes every path). A path that cannot be reached does not
+//! fail the call while another is attached: [`crate::paths`] attaches it
+//! once it answers.
 //!
 //! One exception: an AIO volume with QoS limits ([`crate::qos`]) costs a
 //! second round trip, `bdev_set_qos_limit` on the bdev once it exists (SPDK
@@ -20,7 +31,9 @@
 //! their CreateDevice stays one round trip.
 //!
 //! No per-volume lock: every call is one SPDK call, and SPDK runs them one
-//! at a time; the node serialises the calls of each volume anyway.
+//! at a time; the node serialises the calls of each volume anyway. The one
+//! turn taken is a multipath device's, between its DeleteDevice and the
+//! keeper attaching a missing path ([`crate::paths::Kept::turn`]).
 //!
 //! Filesystem devices (backend `fs`, only with a share configured) are SPDK
 //! aio fsdevs over the volume's directory: `fsdev_aio_create` and
@@ -50,7 +63,7 @@ use snap_csi::spdk::bdev::{BdevAioCreate, BdevAioDelete, BdevGetBdevs};
 use snap_csi::spdk::fsdev::{
     ConfigCall, FrameworkGetConfig, FsdevAioCreate, FsdevAioDelete, FsdevNfsCreate, FsdevNfsDelete,
 };
-use snap_csi::spdk::nvme::{BdevNvmeAttachController, BdevNvmeDetachController};
+use snap_csi::spdk::nvme::{BdevNvmeDetachController, BdevNvmeSetMultipathPolicy};
 use tokio::time::Instant;
 use tonic::{Request, Response, Status};
 
@@ -59,6 +72,7 @@ use crate::errors::{Failure, is_fsdev_taken};
 use crate::follow::{self, Attached, Followed};
 use crate::names::{check_volume_id, device_name, object_name, parse_device_name};
 use crate::paging;
+use crate::paths::{self, Kept, is_attached_already};
 use crate::qos;
 use api::identity_service_server::IdentityService;
 use api::storage_plugin_service_capability::rpc::Type as Capability;
@@ -73,13 +87,14 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// AIO bdevs get 512-byte blocks: a regular file has none SPDK can detect.
 const AIO_BLOCK_SIZE: u32 = 512;
-/// A remote volume's controller, its target lost (restarting, its path
-/// down), is reconnected every second, the host's I/O held meanwhile, for
-/// as long as the Linux NVMe host's own default `ctrl_loss_tmo` (ten
-/// minutes); then SPDK deletes it and the host loses the disk. SPDK's
-/// default (0) would fail every I/O of a target restart and never reconnect.
-const CTRLR_LOSS_TIMEOUT_SEC: i32 = 600;
-const RECONNECT_DELAY_SEC: u32 = 1;
+/// How a multipath device spreads its I/O: one current path, the next
+/// available one taking over when it is lost (and giving it back when it
+/// returns: SPDK's auto failback). Failover, not bandwidth, is what a second
+/// path is for here; `active_active` would also spread one volume's I/O
+/// over both listeners of the same target, gaining nothing on a target
+/// whose paths share its cores and disks. SPDK v24.09's default, set
+/// explicitly so that a SNAP built with another default behaves the same.
+pub const MULTIPATH_POLICY: &str = "active_passive";
 
 /// What a plugin serving `devices` can do; every RPC of the API is implemented.
 pub fn capabilities(devices: &Devices) -> Vec<Capability> {
@@ -108,7 +123,9 @@ pub struct ServiceConfig {
     /// to grow their bdevs and apply limits live ([`crate::follow`]). Zero:
     /// never, so they change only at the next attach; the binary refuses it
     /// (the controller advertises online expansion), and embedders use it
-    /// only to keep SNAP free of background calls (tests counting round trips).
+    /// only to keep SNAP free of background calls (tests counting round
+    /// trips): zero also stops the keeping of multipath devices' paths
+    /// ([`crate::paths`]), the plugin's other background calls.
     pub aio_follow_period: Duration,
     /// The kinds of device made and advertised.
     pub devices: Devices,
@@ -125,6 +142,8 @@ struct Inner {
     spdk: RpcClient,
     config: ServiceConfig,
     followed: Followed,
+    /// Multipath devices whose paths are kept attached.
+    paths: Arc<Kept>,
 }
 
 impl SpdkPlugin {
@@ -135,8 +154,25 @@ impl SpdkPlugin {
                 spdk,
                 config,
                 followed: Followed::default(),
+                paths: Arc::default(),
             }),
         }
+    }
+
+    /// Keeps multipath devices' paths attached until aborted (returns at
+    /// once without background calls: `aio_follow_period` zero).
+    pub async fn keep_paths(&self) {
+        let config = &self.inner.config;
+        if config.aio_follow_period.is_zero() {
+            return;
+        }
+        paths::run(&self.inner.paths, self.spdk(), config.call_timeout).await;
+    }
+
+    /// The multipath devices whose paths are kept (what the metrics show
+    /// of a path SPDK has not attached).
+    pub fn kept_paths(&self) -> Arc<Kept> {
+        Arc::clone(&self.inner.paths)
     }
 
     /// Grows attached AIO volumes' bdevs and applies their QoS changes live
@@ -239,42 +275,148 @@ impl SpdkPlugin {
         target: &NvmfTarget,
         deadline: Instant,
     ) -> Result<String, Status> {
+        if target.is_multipath() {
+            return self.create_multipath(volume_id, target, deadline).await;
+        }
         let controller = object_name(Kind::Nvmf, volume_id);
         let device = device_name(Kind::Nvmf, volume_id);
         let what = format!(
             "attaching NVMe-oF controller {controller} to {} {}:{} {}",
             target.trtype, target.traddr, target.trsvcid, target.subnqn
         );
-        let attach = BdevNvmeAttachController {
-            name: controller.clone(),
-            trtype: target.trtype.clone(),
-            traddr: target.traddr.clone(),
-            adrfam: Some(target.adrfam.clone()),
-            trsvcid: Some(target.trsvcid.clone()),
-            subnqn: Some(target.subnqn.clone()),
-            hostnqn: target.hostnqn.clone(),
-            ctrlr_loss_timeout_sec: Some(CTRLR_LOSS_TIMEOUT_SEC),
-            reconnect_delay_sec: Some(RECONNECT_DELAY_SEC),
-        };
+        let attach = paths::attach(&controller, target, &target.paths()[0]);
         match self.spdk().call_until(&attach, deadline).await {
             Ok(bdevs) if bdevs.contains(&device) => {
                 tracing::info!(%volume_id, %device, "NVMe-oF controller attached");
                 Ok(device)
             }
-            Ok(bdevs) => {
-                // A device that is not there would fail later in SNAP with
-                // a far worse message; leave nothing attached on a refusal.
-                self.delete_object(Kind::Nvmf, volume_id, deadline).await?;
-                Err(Status::failed_precondition(format!(
-                    "{what}: the subsystem has no namespace 1 (SPDK made bdevs {bdevs:?})"
-                )))
-            }
+            Ok(bdevs) => Err(self
+                .no_namespace_1(volume_id, &what, &bdevs, deadline)
+                .await),
             Err(e) if e.is_already_attached() => {
                 tracing::debug!(%volume_id, %device, "NVMe-oF controller already attached");
                 Ok(device)
             }
             Err(e) => Err(Failure::attach(what, e).into()),
         }
+    }
+
+    /// A device that is not there would fail later in SNAP with a far worse
+    /// message: leaves nothing attached on a refusal.
+    async fn no_namespace_1(
+        &self,
+        volume_id: &str,
+        what: &str,
+        bdevs: &[String],
+        deadline: Instant,
+    ) -> Status {
+        if let Err(status) = self.delete_object(Kind::Nvmf, volume_id, deadline).await {
+            return status;
+        }
+        Status::failed_precondition(format!(
+            "{what}: the subsystem has no namespace 1 (SPDK made bdevs {bdevs:?})"
+        ))
+    }
+
+    /// A multipath device: every path attached at once (the first to connect
+    /// makes the controller and its bdev, the others join it; a path there
+    /// already answers -114 or -17), then the bdev's policy: two dependent
+    /// round trips, whatever the number of paths, also for a retry. It is
+    /// made when one path at least is attached: the others are left to the
+    /// keeper ([`crate::paths`]), which attaches them once they answer.
+    async fn create_multipath(
+        &self,
+        volume_id: &str,
+        target: &NvmfTarget,
+        deadline: Instant,
+    ) -> Result<String, Status> {
+        let controller = object_name(Kind::Nvmf, volume_id);
+        let device = device_name(Kind::Nvmf, volume_id);
+        let paths = target.paths();
+        let listed = paths
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(", ");
+        let what = format!(
+            "attaching NVMe-oF controller {controller} to {} {} over {listed}",
+            target.trtype, target.subnqn
+        );
+        let attaches: Vec<_> = paths
+            .iter()
+            .map(|path| paths::attach_path(&controller, target, path))
+            .collect();
+        let results = join_all(attaches.iter().map(|a| self.spdk().call_until(a, deadline))).await;
+        let mut up = 0;
+        let mut down = vec![];
+        for (path, result) in paths.iter().zip(results) {
+            match result {
+                Ok(bdevs) if !bdevs.contains(&device) => {
+                    return Err(self
+                        .no_namespace_1(volume_id, &what, &bdevs, deadline)
+                        .await);
+                }
+                Ok(_) => up += 1,
+                Err(e) if is_attached_already(&e) => up += 1,
+                Err(e) => down.push((path, e)),
+            }
+        }
+        if up == 0 {
+            let failures = down
+                .iter()
+                .map(|(path, e)| format!("{path}: {e}"))
+                .collect::<Vec<_>>()
+                .join("; ");
+            // A path that may come back (nothing answers there now) makes
+            // the whole retryable; else the first path's refusal says why.
+            let statuses: Vec<Status> = down
+                .into_iter()
+                .map(|(_, e)| Status::from(Failure::attach(what.clone(), e)))
+                .collect();
+            let status = statuses
+                .iter()
+                .find(|s| s.code() == tonic::Code::Unavailable)
+                .unwrap_or(&statuses[0]);
+            return Err(Status::new(
+                status.code(),
+                format!(
+                    "{} (no path could be attached: {failures})",
+                    status.message()
+                ),
+            ));
+        }
+        let policy = BdevNvmeSetMultipathPolicy {
+            name: device.clone(),
+            policy: MULTIPATH_POLICY.into(),
+            selector: None,
+            rr_min_io: None,
+        };
+        match self.spdk().call_until(&policy, deadline).await {
+            Ok(_) => {}
+            Err(e) if e.is_no_such_device() => {
+                return Err(Status::failed_precondition(format!(
+                    "{what}: SPDK has no bdev {device}, though its paths answered \
+                     \"already attached\": another controller holds them ({e})"
+                )));
+            }
+            Err(e) => {
+                return Err(Failure::snap(
+                    format!("setting multipath policy {MULTIPATH_POLICY} of {device}"),
+                    e,
+                )
+                .into());
+            }
+        }
+        if !self.inner.config.aio_follow_period.is_zero() {
+            self.inner.paths.keep(&controller, volume_id, target);
+        }
+        for (path, e) in &down {
+            tracing::warn!(%volume_id, %device, %path,
+                "path not attached, left to the keeper (every {:?}): {e}", paths::PERIOD);
+        }
+        tracing::info!(%volume_id, %device, paths = up, of = paths.len(),
+            "NVMe-oF multipath device attached");
+        Ok(device)
     }
 
     /// An fsdev over the volume's directory, which must lie inside the share.
@@ -347,13 +489,24 @@ impl SpdkPlugin {
                     .map(drop),
                 "deleting AIO bdev",
             ),
-            Kind::Nvmf => (
-                self.spdk()
+            Kind::Nvmf => {
+                // The keeper attaches no path of it meanwhile, nor after.
+                let _turn = self.inner.paths.turn(&name, deadline).await.map_err(|_| {
+                    Status::deadline_exceeded(format!(
+                        "detaching NVMe-oF controller {name}: its paths were being \
+                             attached until the deadline"
+                    ))
+                })?;
+                let result = self
+                    .spdk()
                     .call_until(&BdevNvmeDetachController { name: name.clone() }, deadline)
                     .await
-                    .map(drop),
-                "detaching NVMe-oF controller",
-            ),
+                    .map(drop);
+                if result.is_ok() || result.as_ref().is_err_and(|e| e.is_no_such_device()) {
+                    self.inner.paths.forget(&name);
+                }
+                (result, "detaching NVMe-oF controller (every path)")
+            }
             Kind::Fs if self.inner.config.devices.fs_nfs_server.is_some() => (
                 self.spdk()
                     .call_until(&FsdevNfsDelete { name: name.clone() }, deadline)

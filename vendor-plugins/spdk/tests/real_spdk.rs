@@ -38,3 +38,10 @@ mod csi_nvmf {
 
     crate::scenario_tests!(controller().await, "nvmf");
 }
+
+mod multipath {
+    use crate::common::Source;
+
+    crate::multipath_scenario_tests!(csi, Source::real());
+    crate::multipath_scenario_tests!(plugin, Source::real());
+}

@@ -261,7 +261,7 @@ impl VolumeBackend for AioPool {
         Kind::Aio
     }
 
-    fn context(&self, volume_id: &str) -> HashMap<String, String> {
+    fn context(&self, volume_id: &str, _multipath: bool) -> HashMap<String, String> {
         HashMap::from([
             (BACKEND_KEY.to_string(), AIO.to_string()),
             (

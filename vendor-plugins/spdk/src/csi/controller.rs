@@ -35,7 +35,7 @@ use snap_csi::proto::csi::v1 as csi;
 use tonic::{Request, Response, Status};
 
 use super::ids::{check_name, parse_snapshot_id, parse_volume_id, slug, snapshot_id, volume_id};
-use super::params::{Params, check_capabilities, is_block, only_co_metadata};
+use super::params::{MULTIPATH_PARAM, Params, check_capabilities, is_block, only_co_metadata};
 use super::sizes::Wanted;
 use super::store::{Found, SnapshotRecord, Source, VolumeBackend};
 use super::{CsiController, max_entries};
@@ -134,9 +134,10 @@ impl CsiController {
         volume_id: &str,
         size: u64,
         passed: &HashMap<String, String>,
+        multipath: bool,
         source: Option<csi::VolumeContentSource>,
     ) -> csi::Volume {
-        let mut context = backend.context(volume_id);
+        let mut context = backend.context(volume_id, multipath);
         context.extend(passed.iter().map(|(k, v)| (k.clone(), v.clone())));
         csi::Volume {
             capacity_bytes: bytes(size),
@@ -303,6 +304,13 @@ impl csi::controller_server::Controller for CsiController {
                 kind.as_str()
             ))
         })?;
+        if params.multipath && backend.paths() < 2 {
+            return Err(Status::invalid_argument(format!(
+                "parameter {MULTIPATH_PARAM:?} asks for two paths or more to the volume, but \
+                 this controller's NVMe-oF target has one listener (give --nvmf-listen once per \
+                 listener)"
+            )));
+        }
         let source = source.map(|(_, s)| s);
         let id = volume_id(kind, &req.name);
         let _held = self.hold(volume_key(&slug(&req.name)))?;
@@ -317,6 +325,7 @@ impl csi::controller_server::Controller for CsiController {
                     &id,
                     size,
                     &params.passed,
+                    params.multipath,
                     req.volume_content_source.clone(),
                 )),
             }))
@@ -462,7 +471,7 @@ impl csi::controller_server::Controller for CsiController {
                 volumes
                     .into_iter()
                     .map(|(id, size)| {
-                        self.volume_message(backend, &id, size, &HashMap::new(), None)
+                        self.volume_message(backend, &id, size, &HashMap::new(), false, None)
                     })
                     .collect::<Vec<_>>(),
             )

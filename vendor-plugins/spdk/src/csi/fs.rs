@@ -290,7 +290,7 @@ impl VolumeBackend for FsShare {
         Kind::Fs
     }
 
-    fn context(&self, volume_id: &str) -> HashMap<String, String> {
+    fn context(&self, volume_id: &str, _multipath: bool) -> HashMap<String, String> {
         HashMap::from([
             (BACKEND_KEY.to_string(), FS.to_string()),
             (

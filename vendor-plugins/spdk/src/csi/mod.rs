@@ -90,8 +90,9 @@ pub struct NvmfConfig {
     pub target_socket: PathBuf,
     /// An lvstore that exists on the target.
     pub lvstore: String,
-    /// The target's TCP listener, as initiators reach it.
-    pub listen: SocketAddr,
+    /// The target's TCP listeners, as initiators reach them: every volume's
+    /// subsystem listens on each; the first is a volume's first path.
+    pub listen: Vec<SocketAddr>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -145,7 +146,7 @@ impl CsiController {
                 Box::new(nvmf::NvmfTarget::new(
                     rpc,
                     nvmf.lvstore.clone(),
-                    nvmf.listen,
+                    nvmf.listen.clone(),
                     records,
                     intents,
                     volumes,

@@ -1,8 +1,11 @@
 //! The NVMe-oF backend: a volume is a thin lvol `<lvstore>/<volume id>` on a
 //! remote SPDK target, exported as subsystem `nqn.2024-01.io.snap-csi:<volume
-//! id>` (any host, one namespace, a TCP listener at `--nvmf-listen`); a
+//! id>` (any host, one namespace, a TCP listener at each `--nvmf-listen`); a
 //! snapshot is an lvol snapshot `<lvstore>/<snapshot id>`, its record kept in
-//! the controller's state directory.
+//! the controller's state directory. A volume's context names the first
+//! listener as its path (`traddr`, `trsvcid`); with the parameter
+//! `nvmf-multipath: "true"` (and more than one listener) also the others
+//! (`extra_paths`), which the plugin attaches as one multipath device.
 //!
 //! Every step is idempotent against SPDK v24.09's own replies to a repeat
 //! (`spdk-v24.09-vendor-calls.txt`): an lvol name taken is -17 from
@@ -79,7 +82,8 @@ use super::nvmf_export::{Exports, NSID, VolumeRecord, alias, nqn};
 use super::sizes::{MIB, Room, bdev_bytes, lvol_unit};
 use super::store::{Found, Source, VolumeBackend};
 use crate::backend::{
-    ADRFAM_KEY, BACKEND_KEY, Kind, NVMF, SUBNQN_KEY, TRADDR_KEY, TRSVCID_KEY, TRTYPE_KEY,
+    ADRFAM_KEY, BACKEND_KEY, EXTRA_PATHS_KEY, Kind, NVMF, SUBNQN_KEY, TRADDR_KEY, TRSVCID_KEY,
+    TRTYPE_KEY,
 };
 use crate::errors::{Failure, is_absent, is_taken};
 use crate::qos::QosLimits;
@@ -124,7 +128,7 @@ impl NvmfTarget {
     pub fn new(
         rpc: RpcClient,
         lvstore: String,
-        listen: SocketAddr,
+        listen: Vec<SocketAddr>,
         records: JsonDir,
         intents: JsonDir,
         volumes: JsonDir,
@@ -348,16 +352,30 @@ impl VolumeBackend for NvmfTarget {
         Kind::Nvmf
     }
 
-    fn context(&self, volume_id: &str) -> HashMap<String, String> {
-        let listen = self.exports.listen_address();
-        HashMap::from([
+    fn context(&self, volume_id: &str, multipath: bool) -> HashMap<String, String> {
+        let first = self.exports.listen_addresses().swap_remove(0);
+        let mut context = HashMap::from([
             (BACKEND_KEY.to_string(), NVMF.to_string()),
-            (TRTYPE_KEY.to_string(), listen.trtype),
-            (ADRFAM_KEY.to_string(), listen.adrfam),
-            (TRADDR_KEY.to_string(), listen.traddr),
-            (TRSVCID_KEY.to_string(), listen.trsvcid),
+            (TRTYPE_KEY.to_string(), first.trtype),
+            (ADRFAM_KEY.to_string(), first.adrfam),
+            (TRADDR_KEY.to_string(), first.traddr),
+            (TRSVCID_KEY.to_string(), first.trsvcid),
             (SUBNQN_KEY.to_string(), nqn(volume_id)),
-        ])
+        ]);
+        let extra = self.exports.extra_listeners();
+        if multipath && !extra.is_empty() {
+            let listed = extra
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(",");
+            context.insert(EXTRA_PATHS_KEY.to_string(), listed);
+        }
+        context
+    }
+
+    fn paths(&self) -> usize {
+        1 + self.exports.extra_listeners().len()
     }
 
     async fn room(&self, deadline: Instant) -> Result<Room, Status> {

@@ -1,5 +1,5 @@
 //! How an NVMe-oF volume is reached: its subsystem `nqn.2024-01.io.snap-csi:<volume
-//! id>` (namespace 1, a TCP listener at `--nvmf-listen`), the QoS limits on
+//! id>` (namespace 1, a TCP listener at each `--nvmf-listen`), the QoS limits on
 //! its lvol, and its record ([`VolumeRecord`]) in the controller's state
 //! directory, which keeps what a restarted target forgets: the limits
 //! (written before the target is asked) and whether a CreateVolume finished
@@ -69,7 +69,8 @@ pub(super) fn alias(lvstore: &str, name: &str) -> String {
 pub(super) struct Exports {
     rpc: RpcClient,
     lvstore: String,
-    listen: SocketAddr,
+    /// Every subsystem's listeners (at least one): each a path to its volume.
+    listen: Vec<SocketAddr>,
     /// Each volume's [`VolumeRecord`], by volume id.
     records: JsonDir,
 }
@@ -78,7 +79,7 @@ impl Exports {
     pub(super) fn new(
         rpc: RpcClient,
         lvstore: String,
-        listen: SocketAddr,
+        listen: Vec<SocketAddr>,
         records: JsonDir,
     ) -> Self {
         Exports {
@@ -93,14 +94,18 @@ impl Exports {
         alias(&self.lvstore, name)
     }
 
-    /// Whether `subsystem` exports `bdev` as namespace 1 on our listener.
+    /// Whether `subsystem` exports `bdev` as namespace 1 on every listener of ours.
     pub(super) fn complete(&self, subsystem: &NvmfSubsystem, bdev: &Bdev) -> bool {
-        Self::has_namespace(subsystem, bdev) && self.has_listener(subsystem)
+        Self::has_namespace(subsystem, bdev)
+            && self
+                .listen_addresses()
+                .iter()
+                .all(|ours| Self::has_listener(subsystem, ours))
     }
 
     /// Of `volumes` (`(volume id, lvol)`), those once exported whose export
-    /// (subsystem, namespace or listener) the target lacks: a restarted
-    /// target's.
+    /// (subsystem, namespace or any listener) the target lacks: a restarted
+    /// target's, or one whose listener an operator removed.
     pub(super) async fn lost(
         &self,
         volumes: Vec<(String, Bdev)>,
@@ -190,18 +195,24 @@ impl Exports {
         }
     }
 
-    pub(super) fn listen_address(&self) -> ListenAddress {
-        ListenAddress {
-            trtype: "tcp".into(),
-            adrfam: if self.listen.is_ipv4() {
-                "ipv4"
-            } else {
-                "ipv6"
-            }
-            .into(),
-            traddr: self.listen.ip().to_string(),
-            trsvcid: self.listen.port().to_string(),
-        }
+    /// Every listener of ours, as SPDK takes them; the first is a volume's
+    /// first path.
+    pub(super) fn listen_addresses(&self) -> Vec<ListenAddress> {
+        self.listen
+            .iter()
+            .map(|listen| ListenAddress {
+                trtype: "tcp".into(),
+                adrfam: if listen.is_ipv4() { "ipv4" } else { "ipv6" }.into(),
+                traddr: listen.ip().to_string(),
+                trsvcid: listen.port().to_string(),
+            })
+            .collect()
+    }
+
+    /// The listeners beyond the first, as a volume context lists its extra
+    /// paths (`ADDR:PORT`, an IPv6 address in brackets).
+    pub(super) fn extra_listeners(&self) -> Vec<SocketAddr> {
+        self.listen.iter().skip(1).copied().collect()
     }
 
     pub(super) async fn subsystem(
@@ -227,8 +238,7 @@ impl Exports {
         })
     }
 
-    fn has_listener(&self, subsystem: &NvmfSubsystem) -> bool {
-        let ours = self.listen_address();
+    fn has_listener(subsystem: &NvmfSubsystem, ours: &ListenAddress) -> bool {
         subsystem.listen_addresses.iter().any(|a| {
             a.trtype.eq_ignore_ascii_case(&ours.trtype)
                 && a.adrfam.eq_ignore_ascii_case(&ours.adrfam)
@@ -237,8 +247,8 @@ impl Exports {
         })
     }
 
-    /// Exports the volume's lvol: subsystem, namespace 1, listener; each
-    /// step only if the subsystem lacks it.
+    /// Exports the volume's lvol: subsystem, namespace 1, every listener;
+    /// each step only if the subsystem lacks it.
     pub(super) async fn export(
         &self,
         volume_id: &str,
@@ -297,32 +307,40 @@ impl Exports {
                 }
             }
         }
-        if !self.has_listener(&subsystem) {
-            let transport = NvmfCreateTransport {
-                trtype: "TCP".into(),
-            };
-            match self.rpc.call_until(&transport, deadline).await {
-                Ok(_) => {}
-                // "Transport type 'TCP' already exists".
-                Err(e) if e.code() == Some(code::INTERNAL_ERROR) => {}
-                Err(e) => return Err(Failure::target("creating the TCP transport", e).into()),
-            }
+        let missing: Vec<ListenAddress> = self
+            .listen_addresses()
+            .into_iter()
+            .filter(|ours| !Self::has_listener(&subsystem, ours))
+            .collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        let transport = NvmfCreateTransport {
+            trtype: "TCP".into(),
+        };
+        match self.rpc.call_until(&transport, deadline).await {
+            Ok(_) => {}
+            // "Transport type 'TCP' already exists".
+            Err(e) if e.code() == Some(code::INTERNAL_ERROR) => {}
+            Err(e) => return Err(Failure::target("creating the TCP transport", e).into()),
+        }
+        for listen_address in missing {
+            let what = format!(
+                "adding listener {}:{} to {nqn}",
+                listen_address.traddr, listen_address.trsvcid
+            );
             let add = NvmfSubsystemAddListener {
                 nqn: nqn.clone(),
-                listen_address: self.listen_address(),
+                listen_address,
             };
             if let Err(e) = self.rpc.call_until(&add, deadline).await {
                 let there = e.code() == Some(code::INVALID_PARAMS)
                     && self
                         .subsystem(volume_id, deadline)
                         .await?
-                        .is_some_and(|s| self.has_listener(&s));
+                        .is_some_and(|s| Self::has_listener(&s, &add.listen_address));
                 if !there {
-                    return Err(Failure::target(
-                        format!("adding listener {} to {nqn}", self.listen),
-                        e,
-                    )
-                    .into());
+                    return Err(Failure::target(what, e).into());
                 }
             }
         }

@@ -2,6 +2,10 @@
 //! ask for: parameters and volume capabilities.
 //!
 //! Parameters: `backend` (`aio`, `nvmf` or `fs`) chooses the storage;
+//! `nvmf-multipath` (`true` or `false`) asks for every path to an NVMe-oF
+//! volume in its context (each of the target's listeners: the plugin
+//! attaches them all as one multipath device), and is refused for any other
+//! backend or a controller whose target has one listener;
 //! `snap-csi.io/emulation` (`nvme`, `virtio-blk` or `virtio-fs`) and
 //! `snap-csi.io/placement` (`dedicated` or `packed`) and
 //! `snap-csi.io/encryption` (`aes-xts` or `none`), all read by the node,
@@ -43,6 +47,8 @@ use csi::volume_capability::access_mode::Mode;
 
 /// The parameter choosing the backend.
 pub const BACKEND_PARAM: &str = "backend";
+/// The parameter asking for every path to an NVMe-oF volume.
+pub const MULTIPATH_PARAM: &str = "nvmf-multipath";
 /// The CO's metadata keys (`--extra-create-metadata`), passed through.
 const CO_PREFIX: &str = "csi.storage.k8s.io/";
 const EMULATIONS: [&str; 3] = ["nvme", "virtio-blk", VIRTIO_FS];
@@ -72,6 +78,8 @@ pub struct Params {
     pub passed: HashMap<String, String>,
     /// The QoS limits given.
     pub qos: QosLimits,
+    /// Every path to the volume, not one ([`MULTIPATH_PARAM`]).
+    pub multipath: bool,
 }
 
 impl Params {
@@ -86,6 +94,17 @@ impl Params {
             };
             if key == BACKEND_PARAM {
                 params.backend = Some(parse_backend(value)?);
+            } else if key == MULTIPATH_PARAM {
+                params.multipath = match value.as_str() {
+                    "true" => true,
+                    "false" => false,
+                    _ => {
+                        return Err(format!(
+                            "parameter {MULTIPATH_PARAM:?} is {value:?}; expected \"true\" or \
+                             \"false\""
+                        ));
+                    }
+                };
             } else if qos::is_qos_key(key) {
                 // Checked below, all together.
             } else if let Some(choices) = choices {
@@ -101,8 +120,8 @@ impl Params {
             } else {
                 return Err(format!(
                     "unknown parameter {key:?}; this driver takes {BACKEND_PARAM:?}, \
-                     {EMULATION_KEY:?}, {PLACEMENT_KEY:?}, {ENCRYPTION:?}, {} and the CO's \
-                     {CO_PREFIX}* keys",
+                     {MULTIPATH_PARAM:?}, {EMULATION_KEY:?}, {PLACEMENT_KEY:?}, {ENCRYPTION:?}, \
+                     {} and the CO's {CO_PREFIX}* keys",
                     qos::KEYS.join(", ")
                 ));
             }
@@ -128,6 +147,13 @@ impl Params {
     /// Why these options cannot go with a `kind` volume, if they cannot.
     pub fn check_for(&self, kind: Kind) -> Result<(), String> {
         let emulation = self.passed.get(EMULATION_KEY).map(String::as_str);
+        if self.multipath && kind != Kind::Nvmf {
+            return Err(format!(
+                "parameter {MULTIPATH_PARAM:?} is for NVMe-oF volumes (backend \"nvmf\"), not \
+                 backend {:?}: a local volume has one path",
+                kind.as_str()
+            ));
+        }
         if kind.is_block() {
             if emulation == Some(VIRTIO_FS) {
                 return Err(format!(
@@ -297,6 +323,28 @@ mod tests {
                 .contains("\"bakend\"")
         );
         assert!(params(&[(EMULATION_KEY, "scsi")]).is_err());
+        let p = params(&[("backend", "nvmf"), (MULTIPATH_PARAM, "true")]).unwrap();
+        assert!(p.multipath && p.passed.is_empty());
+        assert_eq!(p.kind(None, Kind::Aio), Ok(Kind::Nvmf));
+        assert!(!params(&[(MULTIPATH_PARAM, "false")]).unwrap().multipath);
+        for bad in ["yes", "True", "1", ""] {
+            let error = params(&[(MULTIPATH_PARAM, bad)]).unwrap_err();
+            assert!(
+                error.contains(MULTIPATH_PARAM) && error.contains("\"true\" or \"false\""),
+                "{bad:?}: {error}"
+            );
+        }
+        for backend in ["aio", "fs"] {
+            let error = params(&[("backend", backend), (MULTIPATH_PARAM, "true")])
+                .unwrap()
+                .kind(None, Kind::Aio)
+                .unwrap_err();
+            assert!(error.contains("NVMe-oF volumes"), "{backend}: {error}");
+        }
+        // Without a backend: the default's, refused when it is not nvmf.
+        let p = params(&[(MULTIPATH_PARAM, "true")]).unwrap();
+        assert_eq!(p.kind(None, Kind::Nvmf), Ok(Kind::Nvmf));
+        assert!(p.kind(None, Kind::Aio).is_err());
         assert!(
             params(&[(PLACEMENT_KEY, "sparse")])
                 .unwrap_err()

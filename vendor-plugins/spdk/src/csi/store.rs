@@ -46,8 +46,15 @@ pub struct Found {
 pub trait VolumeBackend: Send + Sync + Debug {
     fn kind(&self) -> Kind;
 
-    /// The volume context CreateDevice needs for `volume_id`.
-    fn context(&self, volume_id: &str) -> HashMap<String, String>;
+    /// The volume context CreateDevice needs for `volume_id`; with
+    /// `multipath`, every path to it the backend has ([`Self::paths`]).
+    fn context(&self, volume_id: &str, multipath: bool) -> HashMap<String, String>;
+
+    /// How many network paths lead to a volume (an NVMe-oF target's
+    /// listeners); a local one has one.
+    fn paths(&self) -> usize {
+        1
+    }
 
     /// Capacity and allocation unit.
     async fn room(&self, deadline: Instant) -> Result<Room, Status>;

@@ -69,7 +69,7 @@ impl CsiController {
             volumes.push(vg::VgVolume {
                 capacity_bytes: i64::try_from(size).unwrap_or(i64::MAX),
                 volume_id: id.clone(),
-                volume_context: backend.context(id),
+                volume_context: backend.context(id, false),
                 content_source: None,
                 accessible_topology: vec![],
             });

@@ -254,7 +254,7 @@ impl Csi {
                 nvmf: target.as_ref().map(|t| NvmfConfig {
                     target_socket: t.spdk.socket().to_path_buf(),
                     lvstore: LVSTORE.into(),
-                    listen: format!("127.0.0.1:{}", t.listen_port).parse().unwrap(),
+                    listen: vec![format!("127.0.0.1:{}", t.listen_port).parse().unwrap()],
                 }),
                 fs: None,
                 default_backend: snap_csi_spdk_plugin::csi::params::parse_backend(backends.default)
@@ -301,6 +301,19 @@ impl Csi {
         self.controller = ControllerClient::new(channel.clone());
         self.group_snapshots = GroupControllerClient::new(channel.clone());
         self.groups = GroupClient::new(channel);
+    }
+
+    /// Stops the controller abruptly and leaves it stopped (its target
+    /// running): nothing restores the target's exports until
+    /// [`Csi::restart`].
+    pub async fn halt(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(task) = self.task.take() {
+            task.abort();
+            let _ = task.await;
+        }
     }
 
     pub fn target(&self) -> &Target {

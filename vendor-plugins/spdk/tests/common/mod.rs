@@ -6,10 +6,12 @@
 
 pub mod csi;
 pub mod group_snapshots;
+pub mod multipath;
 pub mod nvme_io;
 pub mod plugin_scenarios;
 pub mod proxy;
 pub mod qos_scenarios;
+pub mod rounds;
 pub mod scenarios;
 pub mod share;
 
@@ -348,11 +350,32 @@ impl Plugin {
         Plugin::serve(spdk_socket, "", period, Devices::default()).await
     }
 
+    /// A plugin with its background work on, as the binary runs (AIO
+    /// volumes followed every `period`, multipath devices' paths kept),
+    /// serving its `/metrics` page at `metrics`.
+    pub async fn start_with_metrics(
+        spdk_socket: &Path,
+        period: Duration,
+        metrics: std::net::SocketAddr,
+    ) -> Plugin {
+        Plugin::serve_all(spdk_socket, "", period, Devices::default(), Some(metrics)).await
+    }
+
     async fn serve(
         spdk_socket: &Path,
         provider: &str,
         aio_follow_period: Duration,
         devices: Devices,
+    ) -> Plugin {
+        Plugin::serve_all(spdk_socket, provider, aio_follow_period, devices, None).await
+    }
+
+    async fn serve_all(
+        spdk_socket: &Path,
+        provider: &str,
+        aio_follow_period: Duration,
+        devices: Devices,
+        metrics_address: Option<std::net::SocketAddr>,
     ) -> Plugin {
         let dir = tempfile::tempdir().unwrap();
         let socket = dir.path().join("plugins/spdk/dpu.sock");
@@ -366,7 +389,7 @@ impl Plugin {
                 devices,
             },
             csi: None,
-            metrics_address: None,
+            metrics_address,
         };
         let listening = snap_csi_spdk_plugin::bind(&config).unwrap();
         let (stop, stopped) = oneshot::channel::<()>();
