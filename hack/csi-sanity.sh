@@ -36,9 +36,13 @@
 # (local-up --fs-only), as a file-storage vendor's plugin would, and as
 # SNAP's NFS fsdevs, as DPF's plugin does.
 #
+# nvmf-multipath is the nvmf backend with the StorageClass parameter
+# nvmf-multipath: "true": every volume attached on the DPU through both of
+# the target's listeners, as one device.
+#
 # Usage (as root): hack/csi-sanity.sh [--profile release|debug] [--no-build]
-#   [--backend aio|nvmf|fs]... [--no-mutable-parameters] [--csi-sanity BINARY]
-#   [--tarball CSI-TEST.tar.gz] [-- LOCAL-UP-ARGS...]
+#   [--backend aio|nvmf|nvmf-multipath|fs]... [--no-mutable-parameters]
+#   [--csi-sanity BINARY] [--tarball CSI-TEST.tar.gz] [-- LOCAL-UP-ARGS...]
 # Default: debug, every backend, with mutable parameters. Arguments after --
 # go to hack/local-up.sh (e.g. `-- --containers`: the plugin, controller
 # proxy, node and agent run from their images, with their manifests'
@@ -66,11 +70,14 @@ while (($#)); do
     --csi-sanity) binary=$(absolute "$2"); shift 2 ;;
     --tarball) tarball=$(absolute "$2"); shift 2 ;;
     --) shift; local_up_args=("$@"); break ;;
-    -h | --help) sed -n '2,45p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,49p' "$0"; exit 0 ;;
     *) echo "csi-sanity: unknown argument $1" >&2; exit 2 ;;
   esac
 done
-((${#backends[@]})) || backends=(aio nvmf fs)
+((${#backends[@]})) || backends=(aio nvmf nvmf-multipath fs)
+for backend in "${backends[@]}"; do
+  case $backend in aio | nvmf | nvmf-multipath | fs) ;; *) echo "csi-sanity: unknown backend $backend" >&2; exit 2 ;; esac
+done
 case $profile in release | debug) ;; *) echo "csi-sanity: --profile must be release or debug" >&2; exit 2 ;; esac
 
 # Skip messages of csi-sanity's for capabilities we do not offer, and why.
@@ -190,10 +197,11 @@ for backend in "${backends[@]}"; do
   # vendor's would: the node serves them from a plugin without block devices.
   fs_only=()
   [ "$backend" = fs ] && fs_only=(--fs-only)
-  local_up_start "$run" --profile "$profile" --backend "$backend" --dir "$run/stack" \
+  local_up_start "$run" --profile "$profile" --backend "${backend%-multipath}" --dir "$run/stack" \
     "${fs_only[@]}" "${local_up_args[@]}"
   # The volumes go to the backend under test whatever local-up's default.
-  echo "backend: $backend" >"$run/parameters.yaml"
+  echo "backend: ${backend%-multipath}" >"$run/parameters.yaml"
+  [ "$backend" = nvmf-multipath ] && echo 'nvmf-multipath: "true"' >>"$run/parameters.yaml"
   name="csi-sanity $backend"
   saved=/tmp/csi-sanity-$backend.log
   mutable_flag=()

@@ -26,7 +26,9 @@
 #
 # Prints CSI_CONTROLLER_ENDPOINT=, CSI_NODE_ENDPOINT=, KUBELET_DIR= (one per
 # line; then NODE_METRICS=, CONTROLLER_METRICS= and PLUGIN_METRICS=, the
-# Prometheus pages; in split mode also DPU_AGENT_ENDPOINT=, AGENT_METRICS=,
+# Prometheus pages, and NVMF_TARGET_SOCKET= (the remote NVMe-oF target's
+# JSON-RPC socket; it listens on two ports, every volume's two paths); in
+# split mode also DPU_AGENT_ENDPOINT=, AGENT_METRICS=,
 # DPU_NETNS= (the agent's namespace, e.g. for nftables rules that break the
 # link: `ip netns exec NAME nft ...`) and DPU_VETH= (the host's end of the
 # pair)), then READY, and stays in the foreground. SIGINT or SIGTERM stops
@@ -446,7 +448,10 @@ start target "$bin/snap-emu" --no-snap --socket "$dir/target.sock" --state-dir "
   --json "$dir/target.json"
 wait_for_socket "$dir/target.sock"
 rpc "$dir/target.sock" bdev_lvol_create_lvstore '{"bdev_name":"pool0","lvs_name":"lvs0"}'
+# Two listeners: every NVMe-oF volume the controller exports is reachable on
+# both, and one asked for with nvmf-multipath is attached through both.
 port=$(free_port)
+port2=$(free_port)
 node_metrics=127.0.0.1:$(free_port)
 controller_metrics=127.0.0.1:$(free_port)
 plugin_metrics=127.0.0.1:$(free_port)
@@ -481,6 +486,7 @@ else
     --nvmf-target-socket "$dir/target.sock"
     --nvmf-lvstore lvs0
     --nvmf-listen "127.0.0.1:$port"
+    --nvmf-listen "127.0.0.1:$port2"
   )
 fi
 # The manifests deploy no filesystem share for the sample plugin; its fs
@@ -619,6 +625,7 @@ echo "KUBELET_DIR=$kubelet"
 echo "NODE_METRICS=http://$node_metrics/metrics"
 echo "CONTROLLER_METRICS=http://$controller_metrics/metrics"
 echo "PLUGIN_METRICS=http://$plugin_metrics/metrics"
+echo "NVMF_TARGET_SOCKET=$dir/target.sock"
 if [ "$mode" = split ]; then
   echo "DPU_AGENT_ENDPOINT=https://$agent_listen"
   echo "AGENT_METRICS=http://$agent_metrics/metrics"

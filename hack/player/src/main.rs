@@ -8,9 +8,10 @@
 //! with a non-zero exit. A volume may also show what the DPU's data path
 //! does (`proofs`): an encrypted one's storage holds ciphertext only, a
 //! rate-limited one writes at its limit, then at the one ControllerModifyVolume
-//! sets, a multipath one loses each of its two network paths in turn while
-//! the pod writes, without an error or a lost byte (`failover`). Given a second host, a ReadWriteMany filesystem volume is used by
-//! both at once (`shared`).
+//! sets, a multipath one loses the network path its I/O takes while the pod
+//! writes, without an error or a lost byte (`failover`). Given a second
+//! host, a ReadWriteMany filesystem volume is used by both at once
+//! (`shared`).
 
 mod failover;
 mod proofs;
