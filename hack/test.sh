@@ -44,7 +44,8 @@ SNAP_CSI_TEST_DPU=split SNAP_CSI_CRASH_TRIALS=100 cargo test --locked \
 ./hack/demo.sh --profile debug
 # csi-sanity (built once from csi-test's pinned source, then cached): fails on
 # any failed spec, and on any skip not explained by a capability we lack.
-# Every backend: AIO, NVMe-oF and fs (filesystem volumes, staged as virtio-fs).
+# Every backend: AIO, NVMe-oF (one path, and nvmf-multipath: both of the
+# target's listeners, one device) and fs (filesystem volumes, staged as virtio-fs).
 ./hack/csi-sanity.sh --profile debug
 # And with csi-sanity's default flags, no mutable parameters: its
 # ControllerModifyVolume then asks for nothing, which must succeed: ModifyVolume
