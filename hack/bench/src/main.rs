@@ -23,7 +23,10 @@
 //!    throughput and IOPS of a staged volume's host device (`datapath.rs`);
 //! 10. filesystem devices (virtio-fs): stage and unstage against a block
 //!     volume's, and metadata and data rates through the host's mount
-//!     against the backing directory (`filesystem.rs`).
+//!     against the backing directory (`filesystem.rs`);
+//! 11. a path failover's stall: a multipath NVMe-oF volume's current path
+//!     cut on the target while the host writes it, the longest write, the
+//!     path's return, every block read back (`failover.rs`).
 //!
 //! Timing targets are ratios against floors sampled in turns with what they
 //! measure (`stats::Paired`), judged only when the run's own spread allows:
@@ -31,7 +34,7 @@
 //! exits non-zero only on a target it could judge and that was missed.
 //! Targets, their thresholds and verdicts are in `targets.rs`.
 //!
-//! Stacks, one after the other: a (default emulator) for 1, 2, 3, 6, 8 and 10; b
+//! Stacks, one after the other: a (default emulator) for 1, 2, 3, 6, 8, 10 and 11; b
 //! (poller at 8 ms) for 3 and 6; b2 (poller at 50 ms) to count dependent
 //! round trips; c (an NVMe function for every scale volume) for 4 and 5; d
 //! (c with the poller at 8 ms) for 4 again. b, c and d each have a split
@@ -47,6 +50,7 @@
 
 mod datapath;
 mod encryption;
+mod failover;
 mod filesystem;
 mod floors;
 mod latency;
@@ -155,12 +159,18 @@ pub struct Args {
     /// Seconds of each workload on each data path in section 9.
     #[arg(long, default_value_t = 1.0)]
     pub io_seconds: f64,
+    /// Path failovers in section 11, each the current path of a multipath
+    /// volume cut while the host writes it (its stall target is judged over
+    /// 6 or more, when every failover agrees).
+    #[arg(long, default_value_t = 6, value_parser = clap::value_parser!(u32).range(1..))]
+    pub failovers: u32,
     /// Sections to run, comma separated: 1 latency, 2 floors, 3 SNAP round
     /// trips, 4 scale and the metrics scrape, 5 memory, 6 JSON-RPC client, 7
     /// density, 8 stage with and without encryption, 9 the FUSE data path
-    /// against the direct one, 10 filesystem devices. Section 7 (about four
-    /// minutes on the 2-core machine) runs only when named.
-    #[arg(long, value_delimiter = ',', default_value = "1,2,3,4,5,6,8,9,10")]
+    /// against the direct one, 10 filesystem devices, 11 a path failover's
+    /// stall. Section 7 (about four minutes on the 2-core machine) runs only
+    /// when named.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,3,4,5,6,8,9,10,11")]
     pub sections: Vec<u8>,
     /// Also write every figure as JSON here.
     #[arg(long)]
@@ -229,7 +239,7 @@ fn stop(stack: Stack, report: &mut Report) -> anyhow::Result<()> {
 }
 
 async fn run(args: &Args, work: &Work, report: &mut Report) -> anyhow::Result<()> {
-    if [1, 2, 3, 6, 8, 10].iter().any(|&s| args.wants(s)) {
+    if [1, 2, 3, 6, 8, 10, 11].iter().any(|&s| args.wants(s)) {
         let stack = start(args, work, "a", &StackOptions::default()).await?;
         let clients = csi::Clients::connect(&stack.controller, &stack.node).await?;
         // Sections 2 and 3 state their figures against section 1's rows.
@@ -301,6 +311,14 @@ async fn run(args: &Args, work: &Work, report: &mut Report) -> anyhow::Result<()
             report.filesystem = Some(filesystem::run(args, &stack, &clients).await?);
             report.print_filesystem();
             report.save(args)?;
+        }
+        if args.wants(11) {
+            // Last on this stack: it cuts the target's listeners.
+            eprintln!(
+                "bench: section 11: {} path failovers of a multipath NVMe-oF volume",
+                args.failovers
+            );
+            failover::run(args, &stack, &clients, report).await?;
         }
         drop(clients);
         stop(stack, report)?;
@@ -452,8 +470,8 @@ async fn main() -> anyhow::Result<()> {
     if !is_root()? {
         bail!("run as root: the stack makes loop devices and mounts");
     }
-    if args.sections.iter().any(|s| !(1..=10).contains(s)) {
-        bail!("--sections takes numbers from 1 to 10");
+    if args.sections.iter().any(|s| !(1..=11).contains(s)) {
+        bail!("--sections takes numbers from 1 to 11");
     }
     if !args.io_seconds.is_finite() || args.io_seconds <= 0.0 {
         bail!("--io-seconds must be a number of seconds more than 0");

@@ -5,6 +5,7 @@ use serde::Serialize;
 use crate::Args;
 use crate::datapath::DataPath;
 use crate::encryption::Encryption;
+use crate::failover::Failover;
 use crate::filesystem::Filesystem;
 use crate::floors::Floors;
 use crate::latency::{Row, design_round_trips};
@@ -38,6 +39,7 @@ pub struct Settings {
     pub scale_size_mib: i64,
     pub count_period_us: u64,
     pub count_volumes: usize,
+    pub failovers: u32,
     pub sections: Vec<u8>,
     pub cpus: usize,
     pub profile: String,
@@ -78,6 +80,8 @@ pub struct Report {
     pub filesystem: Option<Filesystem>,
     /// Section 9.
     pub data_path: Option<DataPath>,
+    /// Section 11.
+    pub failover: Option<Failover>,
     pub targets: Vec<Target>,
     pub cleanup: Vec<String>,
 }
@@ -96,6 +100,7 @@ impl Report {
                 scale_size_mib: args.scale_size_mib,
                 count_period_us: args.count_period_us,
                 count_volumes: args.count_volumes,
+                failovers: args.failovers,
                 sections: args.sections.clone(),
                 cpus: std::thread::available_parallelism().map_or(0, |n| n.get()),
                 profile: args.profile.clone(),
@@ -116,6 +121,7 @@ impl Report {
             encryption: None,
             filesystem: None,
             data_path: None,
+            failover: None,
             targets: Vec::new(),
             cleanup: Vec::new(),
         }
