@@ -3,14 +3,17 @@
 # starts the whole stack on the SNAP emulator (hack/local-up.sh) several
 # times, plays external-provisioner and kubelet over real gRPC, and prints
 # latency, floors, SNAP round trips, scale (with the metrics scrape), memory,
-# JSON-RPC client, stage with and without encryption, and FUSE data path
-# against direct tables (README "Performance"); section 7, density with the
-# packed placement, runs only when named. Arguments go to the bench (--help
+# JSON-RPC client, stage with and without encryption, FUSE data path
+# against direct, filesystem devices, and a multipath volume's path failover
+# (the longest write a cut path costs the pod) tables (README
+# "Performance"); section 7, density with the packed placement, runs only
+# when named. Arguments go to the bench (--help
 # lists them), e.g.
 #   ./hack/bench.sh --json /tmp/bench.json
 #   ./hack/bench.sh --sections 1,2 --volumes 8
 #   ./hack/bench.sh --sections 8,9 --io-seconds 2
 #   ./hack/bench.sh --sections 7
+#   ./hack/bench.sh --sections 11 --failovers 12
 #   ./hack/bench.sh --profile debug --sections 1,2   # builds and runs debug
 # It exits non-zero when a target it could judge was missed; a run too noisy
 # to judge a target says NOISY and does not fail (README "Ratios, noise and
