@@ -4,11 +4,16 @@
 //! placement's pool, kept for the next volume: only a namespace on it is a
 //! leak), virtio-blk controllers and NVMe-oF initiator controllers, fsdevs
 //! and virtio-fs devices (a virtio-fs function with no device is kept: a
-//! spare the next attach takes, see `src/dpu/virtiofs.rs`); the NVMe-oF
-//! target's lvols and subsystems; the plugin's devices; the vendor's volumes
+//! spare the next attach takes, see `src/dpu/virtiofs.rs`), each path of a
+//! multipath one named; the NVMe-oF target's lvols and subsystems (with the
+//! listeners each lacks); the plugin's devices; the vendor's volumes
 //! (CSI ListVolumes through the proxy), its AIO files and its filesystem
 //! share's entries; the node's records; mounts, loop devices and kubelet
 //! directories below the stack.
+//!
+//! Before it, while the round's last volumes still live ([`paths_settle`],
+//! also after each path fault): every subsystem on the target listens on
+//! every address again, and every path on the plugin's page is connected.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -21,16 +26,19 @@ use snap_csi::proto::nvidia::storage::plugins::v1 as plugins;
 use snap_csi::spdk::bdev::BdevGetBdevs;
 use snap_csi::spdk::fsdev::FrameworkGetConfig;
 use snap_csi::spdk::nvme::BdevNvmeGetControllers;
-use snap_csi::spdk::nvmf::NvmfGetSubsystems;
+use snap_csi::spdk::nvmf::{ListenAddress, NvmfGetSubsystems, NvmfSubsystem};
 use snap_csi::spdk::snap::{
     NvmeController, NvmeControllerList, NvmeSubsystem, NvmeSubsystemList, VirtioBlkControllerList,
     VirtioFsDocaGetFunctions, VirtioFsGetDevices,
 };
 use snap_csi_harness::csi::{Clients, channel, volume_parents};
+use snap_csi_harness::prom::{Page, scrape};
 use snap_csi_harness::stack::Stack;
 
 /// The target's own pool, which local-up makes and no volume owns.
 const TARGET_POOL: &str = "pool0";
+/// The plugin's gauge of a remote volume's path: 1 while SPDK has it connected.
+const PATH_CONNECTED: &str = "snap_csi_plugin_nvmf_path_connected";
 
 /// What the census found: leaks, and what the packed placement keeps for
 /// the next volume on purpose (empty pool controllers), one line each.
@@ -41,8 +49,14 @@ pub struct Found {
 }
 
 /// Everything found left behind; `max_pools` is the most pool subsystems
-/// the round's packed volumes can have needed at once.
-pub async fn census(stack: &Stack, clients: &Clients, max_pools: usize) -> anyhow::Result<Found> {
+/// the round's packed volumes can have needed at once, `paths` the target's
+/// listener addresses seen in the round.
+pub async fn census(
+    stack: &Stack,
+    clients: &Clients,
+    max_pools: usize,
+    paths: &[ListenAddress],
+) -> anyhow::Result<Found> {
     let mut left = Vec::new();
     let snap = RpcClient::with_timeout(stack.snap_socket(), Duration::from_secs(10));
     let named = |what: &str, names: Vec<String>| -> Vec<String> {
@@ -115,13 +129,28 @@ pub async fn census(stack: &Stack, clients: &Clients, max_pools: usize) -> anyho
             .map(|c| c.ctrl_id)
             .collect(),
     ));
+    // A multipath controller is one name over its paths: each one named.
     left.extend(named(
         "NVMe-oF initiator controller",
         snap.call(&BdevNvmeGetControllers { name: None })
             .await
             .context("SNAP bdev_nvme_get_controllers")?
             .into_iter()
-            .map(|c| c.name)
+            .map(|c| {
+                let paths: Vec<String> = c
+                    .ctrlrs
+                    .iter()
+                    .map(|p| {
+                        format!(
+                            "{}:{} {}",
+                            p.trid.traddr,
+                            p.trid.trsvcid.as_deref().unwrap_or("-"),
+                            p.state
+                        )
+                    })
+                    .collect();
+                format!("{} (paths: {})", c.name, paths.join(", "))
+            })
             .collect(),
     ));
 
@@ -135,14 +164,24 @@ pub async fn census(stack: &Stack, clients: &Clients, max_pools: usize) -> anyho
             left.push(format!("target bdev: {} {:?}", bdev.name, bdev.aliases));
         }
     }
-    for subsystem in target
-        .call(&NvmfGetSubsystems { nqn: None })
-        .await
-        .context("target nvmf_get_subsystems")?
-    {
-        if subsystem.subtype != "Discovery" {
-            left.push(format!("target subsystem: {}", subsystem.nqn));
-        }
+    let subsystems = volume_subsystems(
+        target
+            .call(&NvmfGetSubsystems { nqn: None })
+            .await
+            .context("target nvmf_get_subsystems")?,
+    );
+    let mut paths = paths.to_vec();
+    for subsystem in &subsystems {
+        learn(&mut paths, &subsystem.listen_addresses);
+    }
+    for subsystem in &subsystems {
+        let lacks = missing_listeners(std::slice::from_ref(subsystem), &paths);
+        let lacks = if lacks.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", lacks.join(", "))
+        };
+        left.push(format!("target subsystem: {}{lacks}", subsystem.nqn));
     }
 
     let mut plugin = plugins::storage_plugin_service_client::StoragePluginServiceClient::new(
@@ -234,13 +273,13 @@ pub async fn census(stack: &Stack, clients: &Clients, max_pools: usize) -> anyho
 pub async fn when_quiet(
     stack: &Stack,
     clients: &Clients,
-    max_pools: usize,
+    (max_pools, paths): (usize, &[ListenAddress]),
     name: &str,
 ) -> anyhow::Result<Found> {
     let mut asked = 0;
     loop {
         asked += 1;
-        match census(stack, clients, max_pools).await {
+        match census(stack, clients, max_pools, paths).await {
             Ok(found) => return Ok(found),
             Err(error) if asked < 30 => {
                 eprintln!("chaos: {name}: census: {error:#}; asking again");
@@ -248,6 +287,106 @@ pub async fn when_quiet(
             }
             Err(error) => return Err(error.context("the census")),
         }
+    }
+}
+
+/// Adds the addresses of `found` not in `known` yet, keeping `known` in
+/// order (so that a seed picks the same one).
+pub fn learn(known: &mut Vec<ListenAddress>, found: &[ListenAddress]) {
+    for address in found {
+        if !known.contains(address) {
+            known.push(address.clone());
+        }
+    }
+    known.sort_by(|a, b| (&a.traddr, &a.trsvcid).cmp(&(&b.traddr, &b.trsvcid)));
+}
+
+/// The target's subsystems but its discovery subsystem: the volumes'.
+fn volume_subsystems(all: Vec<NvmfSubsystem>) -> Vec<NvmfSubsystem> {
+    all.into_iter()
+        .filter(|s| s.subtype != "Discovery")
+        .collect()
+}
+
+/// One line per subsystem and address of `paths` it does not listen on (the
+/// controller exports every volume on each of the target's addresses).
+fn missing_listeners(subsystems: &[NvmfSubsystem], paths: &[ListenAddress]) -> Vec<String> {
+    let mut left = Vec::new();
+    for subsystem in subsystems {
+        for path in paths {
+            if !subsystem.listen_addresses.contains(path) {
+                left.push(format!(
+                    "subsystem {} lacks listener {}:{}",
+                    subsystem.nqn, path.traddr, path.trsvcid
+                ));
+            }
+        }
+    }
+    left
+}
+
+/// One line per path on the plugin's page that SPDK does not have connected.
+fn disconnected(page: &Page) -> Vec<String> {
+    let mut left = Vec::new();
+    for volume in page.by_label(PATH_CONNECTED, "volume_id", &[]).into_keys() {
+        let want = [("volume_id", volume.as_str())];
+        for (port, connected) in page.by_label(PATH_CONNECTED, "trsvcid", &want) {
+            if connected < 1.0 {
+                left.push(format!(
+                    "volume {volume}: its path to port {port} is not connected"
+                ));
+            }
+        }
+    }
+    left
+}
+
+/// What keeps a remote volume's paths from being whole now: a subsystem on
+/// the target that does not listen on every address (those in `known`, and
+/// any a subsystem listens on, learned into it), a path on the plugin's page
+/// not connected. An error when the target or the page does not answer.
+pub async fn paths_whole(
+    stack: &Stack,
+    known: &mut Vec<ListenAddress>,
+) -> anyhow::Result<Vec<String>> {
+    let target = RpcClient::with_timeout(stack.target_socket(), Duration::from_secs(10));
+    let subsystems = volume_subsystems(
+        target
+            .call(&NvmfGetSubsystems { nqn: None })
+            .await
+            .context("target nvmf_get_subsystems")?,
+    );
+    for subsystem in &subsystems {
+        learn(known, &subsystem.listen_addresses);
+    }
+    let mut left = missing_listeners(&subsystems, known);
+    if !stack.plugin_metrics.is_empty() {
+        let page = scrape(&stack.plugin_metrics)
+            .await
+            .context("the plugin's page")?;
+        left.extend(disconnected(&page));
+    }
+    Ok(left)
+}
+
+/// Waits until [`paths_whole`] finds nothing wrong; what it found last (or
+/// why it could not look) once `budget` has passed.
+pub async fn paths_settle(
+    stack: &Stack,
+    known: &mut Vec<ListenAddress>,
+    budget: Duration,
+) -> Result<(), Vec<String>> {
+    let started = std::time::Instant::now();
+    loop {
+        let left = match paths_whole(stack, known).await {
+            Ok(left) if left.is_empty() => return Ok(()),
+            Ok(left) => left,
+            Err(error) => vec![format!("{error:#}")],
+        };
+        if started.elapsed() >= budget {
+            return Err(left);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
@@ -387,6 +526,69 @@ mod tests {
     }
 
     const POOL: &str = "nqn.2022-10.io.snap-csi:pool-0";
+
+    fn address(port: &str) -> ListenAddress {
+        ListenAddress {
+            trtype: "TCP".into(),
+            adrfam: "IPv4".into(),
+            traddr: "127.0.0.1".into(),
+            trsvcid: port.into(),
+        }
+    }
+
+    fn target_subsystem(nqn: &str, ports: &[&str]) -> NvmfSubsystem {
+        NvmfSubsystem {
+            nqn: nqn.into(),
+            subtype: "NVMe".into(),
+            listen_addresses: ports.iter().map(|p| address(p)).collect(),
+            allow_any_host: true,
+            serial_number: None,
+            model_number: None,
+            namespaces: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_subsystem_lacking_one_of_the_targets_listeners_is_named() {
+        let mut known = Vec::new();
+        let subsystems = [
+            target_subsystem("nqn.a", &["4421", "4420"]),
+            target_subsystem("nqn.b", &["4420"]),
+        ];
+        for s in &subsystems {
+            learn(&mut known, &s.listen_addresses);
+        }
+        assert_eq!(known, [address("4420"), address("4421")]);
+        assert_eq!(
+            missing_listeners(&subsystems, &known),
+            ["subsystem nqn.b lacks listener 127.0.0.1:4421"]
+        );
+        assert!(missing_listeners(&subsystems[..1], &known).is_empty());
+    }
+
+    #[test]
+    fn a_path_the_plugin_shows_disconnected_is_named() {
+        let line = |volume: &str, port: &str, value: u8| {
+            format!(
+                "{PATH_CONNECTED}{{volume_id=\"{volume}\",controller=\"c\",traddr=\"127.0.0.1\",trsvcid=\"{port}\"}} {value}\n"
+            )
+        };
+        let whole = snap_csi_harness::prom::parse(
+            &[
+                line("v1", "4420", 1),
+                line("v1", "4421", 1),
+                line("v2", "4420", 1),
+            ]
+            .concat(),
+        );
+        assert!(disconnected(&whole).is_empty());
+        let broken =
+            snap_csi_harness::prom::parse(&[line("v1", "4420", 1), line("v1", "4421", 0)].concat());
+        assert_eq!(
+            disconnected(&broken),
+            ["volume v1: its path to port 4421 is not connected"]
+        );
+    }
 
     #[test]
     fn an_empty_pool_is_kept_and_a_namespace_on_it_is_a_leak() {

@@ -9,7 +9,22 @@
 //!   calls in flight answer late or after their deadline, then continued;
 //! - the function pool full: every free function of one emulation taken by
 //!   a controller of ours for up to 8 s (stages answer RESOURCE_EXHAUSTED),
-//!   then given back.
+//!   then given back;
+//! - a path down: one of the NVMe-oF target's listener addresses (the
+//!   controller exports every volume on each) removed from every subsystem
+//!   that has it, which drops the connections through it as a failed link
+//!   would, and kept away for 1–5 s (any listener the controller restores
+//!   meanwhile is removed again), then left for the controller to restore;
+//! - a path flapping: the same, 3 to 6 times in a row, each time down for
+//!   100 ms–1 s and restored by us, up for 100 ms–1 s.
+//!
+//! After a path fault the target must listen on both addresses again for
+//! every subsystem and the plugin's page must show every path connected
+//! (`census::paths_whole`) within [`PATHS_BUDGET`], or the fault did not
+//! converge. Single-path volumes on the cut address have their I/O held
+//! meanwhile (their controller's reconnect policy); multipath ones go on
+//! through the other path, and an I/O error there is a data error
+//! (`lifecycle`).
 //!
 //! EBUSY holders are the workers' (they must meet an unpublish). One fault at
 //! a time, each finished before the next (a stalled SNAP is always continued).
@@ -21,7 +36,10 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
-use snap_csi::jsonrpc::RpcClient;
+use snap_csi::jsonrpc::{RpcClient, RpcError};
+use snap_csi::spdk::nvmf::{
+    ListenAddress, NvmfGetSubsystems, NvmfSubsystemAddListener, NvmfSubsystemRemoveListener,
+};
 use snap_csi::spdk::snap::{
     EmulationFunctionList, EmulationType, NvmeControllerCreate, NvmeControllerDestroy,
     NvmeSubsystemCreate, NvmeSubsystemDestroy, VirtioBlkControllerCreate,
@@ -30,11 +48,20 @@ use snap_csi::spdk::snap::{
 use snap_csi_harness::stack::Stack;
 use tokio::net::UnixStream;
 
+use crate::census;
 use crate::rng::Rng;
 use crate::tally::Tally;
 
 /// How long a killed process's successor may take to answer.
 const RESTART_BUDGET: Duration = Duration::from_secs(60);
+/// How long after a path fault (or the round's faults) the target may take
+/// to listen on every address again and SNAP to connect every path again:
+/// well past the controller's re-export period (2 s) and the paths'
+/// reconnect delay (1 s), on a loaded machine.
+pub const PATHS_BUDGET: Duration = Duration::from_secs(30);
+/// How often a path held down is looked at, to remove again what the
+/// controller restored.
+const RECUT_EVERY: Duration = Duration::from_millis(100);
 
 /// The squatters' subsystem: no name of the node's (theirs derive from volume ids).
 const SQUAT_NQN: &str = "nqn.2026-11.io.snap-csi.chaos:squatter";
@@ -47,10 +74,14 @@ pub struct Injector<'a> {
     pub rng: Rng,
     /// Mean pause between two faults.
     pub interval: Duration,
+    /// The target's listener addresses seen so far (every volume's paths).
+    pub paths: Vec<ListenAddress>,
 }
 
 impl Injector<'_> {
-    pub async fn run(mut self) {
+    /// Faults until the round is over; then the target's listener
+    /// addresses it has seen, for the census.
+    pub async fn run(mut self) -> Vec<ListenAddress> {
         let mut victims = vec!["node", "plugin", "controller", "snap", "target"];
         if self.stack.split.is_some() {
             victims.push("agent");
@@ -59,20 +90,23 @@ impl Injector<'_> {
         loop {
             let pause = self.rng.millis(mean / 2, mean * 3 / 2);
             if self.pause(pause).await {
-                return;
+                self.round_end().await;
+                return self.paths;
             }
-            let result = match self.rng.range(0, 5) {
+            let result = match self.rng.range(0, 7) {
                 0..=2 => {
                     let victim = *self.rng.pick(&victims);
                     self.kill(victim).await
                 }
                 3 => self.stall_snap().await,
-                _ => {
+                4 | 5 => {
                     let emulation = *self
                         .rng
                         .pick(&[EmulationType::Nvme, EmulationType::VirtioBlk]);
                     self.fill_pool(emulation).await
                 }
+                6 => self.path_down().await,
+                _ => self.path_flapping().await,
             };
             if let Err(error) = result {
                 eprintln!("chaos: a fault could not be injected: {error:#}");
@@ -204,6 +238,226 @@ impl Injector<'_> {
         }
         Ok(())
     }
+}
+
+impl Injector<'_> {
+    /// The faults have stopped, the volumes still live: within
+    /// [`PATHS_BUDGET`] every subsystem must listen on every address again
+    /// and every path be connected; what is not is a leak.
+    async fn round_end(&mut self) {
+        if let Err(left) = census::paths_settle(self.stack, &mut self.paths, PATHS_BUDGET).await {
+            for what in left {
+                self.tally.leak(format!(
+                    "{} s after the faults stopped: {what}",
+                    PATHS_BUDGET.as_secs()
+                ));
+            }
+        }
+    }
+
+    /// A random index (into the addresses, however many there are).
+    fn draw(&mut self) -> usize {
+        usize::try_from(self.rng.next() >> 32).unwrap_or(0)
+    }
+
+    fn target(&self) -> RpcClient {
+        RpcClient::with_timeout(self.stack.target_socket(), Duration::from_secs(10))
+    }
+
+    /// One of the target's listener addresses at random (those its
+    /// subsystems listen on now, and those seen before); `None` when no
+    /// volume is exported, noted as a path fault skipped.
+    async fn pick_path(
+        &mut self,
+        target: &RpcClient,
+        fault: &str,
+        draw: usize,
+    ) -> anyhow::Result<Option<ListenAddress>> {
+        let subsystems = target
+            .call(&NvmfGetSubsystems { nqn: None })
+            .await
+            .context("listing the target's subsystems")?;
+        for subsystem in &subsystems {
+            census::learn(&mut self.paths, &subsystem.listen_addresses);
+        }
+        if self.paths.is_empty() {
+            self.tally
+                .note(format!("{fault} skipped: no NVMe-oF volume exported"), "");
+            return Ok(None);
+        }
+        Ok(Some(self.paths[draw % self.paths.len()].clone()))
+    }
+
+    /// A path down: `path` removed from every subsystem, held down for a
+    /// random 1–5 s, then left for the controller to restore.
+    async fn path_down(&mut self) -> anyhow::Result<()> {
+        // Every choice drawn first, so that a seed draws the same whatever
+        // the target holds.
+        let (draw, hold) = (self.draw(), self.rng.millis(1000, 5000));
+        let target = self.target();
+        let Some(path) = self.pick_path(&target, "path down", draw).await? else {
+            return Ok(());
+        };
+        let started = Instant::now();
+        let cut = cut_everywhere(&target, &path).await?;
+        if cut.is_empty() {
+            self.tally
+                .note("path down skipped: no subsystem listened there", "");
+            return Ok(());
+        }
+        self.tally.fault("path down");
+        let mut again = 0;
+        while started.elapsed() < hold {
+            tokio::time::sleep(RECUT_EVERY).await;
+            again += cut_everywhere(&target, &path).await?.len();
+        }
+        if again > 0 {
+            self.tally.note_times(
+                "path down: listeners the controller restored while it held, removed again",
+                u64::try_from(again).unwrap_or(u64::MAX),
+                "",
+            );
+        }
+        let down = started.elapsed();
+        if let Some(whole) = self.whole_again("path down", &path, started).await {
+            eprintln!(
+                "chaos: path down {}:{}: {} subsystems cut, held {:.1} s ({again} listeners the \
+                 controller restored meanwhile removed again), whole again {:.1} s later",
+                path.traddr,
+                path.trsvcid,
+                cut.len(),
+                down.as_secs_f64(),
+                (whole - down).as_secs_f64()
+            );
+        }
+        Ok(())
+    }
+
+    /// A path flapping: `path` removed from every subsystem and restored by
+    /// us, 3 to 6 times, down and up 100 ms–1 s each time; it ends restored.
+    async fn path_flapping(&mut self) -> anyhow::Result<()> {
+        let (draw, flaps) = (self.draw(), self.rng.range(3, 6));
+        let pauses: Vec<(Duration, Duration)> = (0..flaps)
+            .map(|_| (self.rng.millis(100, 1000), self.rng.millis(100, 1000)))
+            .collect();
+        let target = self.target();
+        let Some(path) = self.pick_path(&target, "path flapping", draw).await? else {
+            return Ok(());
+        };
+        let started = Instant::now();
+        let mut most = 0;
+        for (flap, (down, up)) in (0..flaps).zip(pauses) {
+            let cut = cut_everywhere(&target, &path).await?;
+            most = most.max(cut.len());
+            if flap == 0 {
+                if cut.is_empty() {
+                    self.tally
+                        .note("path flapping skipped: no subsystem listened there", "");
+                    return Ok(());
+                }
+                self.tally.fault("path flapping");
+            }
+            tokio::time::sleep(down).await;
+            restore(&target, &cut, &path).await?;
+            if flap + 1 < flaps {
+                tokio::time::sleep(up).await;
+            }
+        }
+        let flapped = started.elapsed();
+        if let Some(whole) = self.whole_again("path flapping", &path, started).await {
+            eprintln!(
+                "chaos: path flapping {}:{}: {flaps} times over {:.1} s (up to {most} subsystems \
+                 cut), whole again {:.1} s later",
+                path.traddr,
+                path.trsvcid,
+                flapped.as_secs_f64(),
+                (whole - flapped).as_secs_f64()
+            );
+        }
+        Ok(())
+    }
+
+    /// Waits until every subsystem listens on every address again and every
+    /// path is connected: when, since `started`; a fault whose paths do not
+    /// come back within [`PATHS_BUDGET`] did not converge (`None`).
+    async fn whole_again(
+        &mut self,
+        fault: &str,
+        path: &ListenAddress,
+        started: Instant,
+    ) -> Option<Duration> {
+        match census::paths_settle(self.stack, &mut self.paths, PATHS_BUDGET).await {
+            Ok(()) => Some(started.elapsed()),
+            Err(left) => {
+                self.tally.stuck(format!(
+                    "{fault} of {}:{}: the paths were not whole again {:.0} s after it began: {}",
+                    path.traddr,
+                    path.trsvcid,
+                    started.elapsed().as_secs_f64(),
+                    left.join("; ")
+                ));
+                None
+            }
+        }
+    }
+}
+
+/// Removes `path` from every subsystem on `target` that listens there; the
+/// subsystems it was removed from. A subsystem deleted meanwhile, or whose
+/// listener went meanwhile, answers an error and is skipped; a target that
+/// does not answer is an error.
+async fn cut_everywhere(target: &RpcClient, path: &ListenAddress) -> anyhow::Result<Vec<String>> {
+    let subsystems = target
+        .call(&NvmfGetSubsystems { nqn: None })
+        .await
+        .context("listing the target's subsystems")?;
+    let mut cut = Vec::new();
+    for subsystem in subsystems {
+        if !subsystem.listen_addresses.contains(path) {
+            continue;
+        }
+        let remove = NvmfSubsystemRemoveListener {
+            nqn: subsystem.nqn.clone(),
+            listen_address: path.clone(),
+        };
+        match target.call(&remove).await {
+            Ok(_) => cut.push(subsystem.nqn),
+            Err(RpcError::Server { .. }) => {}
+            Err(error) => {
+                return Err(error).with_context(|| {
+                    format!(
+                        "removing listener {}:{} of {}",
+                        path.traddr, path.trsvcid, subsystem.nqn
+                    )
+                });
+            }
+        }
+    }
+    Ok(cut)
+}
+
+/// Adds `path` back to each of `nqns`: a listener already there (the
+/// controller restored it first, -32602) or a subsystem deleted meanwhile
+/// is done; a target that does not answer is an error.
+async fn restore(target: &RpcClient, nqns: &[String], path: &ListenAddress) -> anyhow::Result<()> {
+    for nqn in nqns {
+        let add = NvmfSubsystemAddListener {
+            nqn: nqn.clone(),
+            listen_address: path.clone(),
+        };
+        match target.call(&add).await {
+            Ok(_) | Err(RpcError::Server { .. }) => {}
+            Err(error) => {
+                return Err(error).with_context(|| {
+                    format!(
+                        "restoring listener {}:{} of {nqn}",
+                        path.traddr, path.trsvcid
+                    )
+                });
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Waits until the process local-up `--supervise` started after `victim`'s

@@ -22,7 +22,12 @@
 //! The worker does that and the new pod does the I/O again: only what it
 //! finds counts. Bytes that differ are data lost, and a second refusal a
 //! device that never came back: data errors. The first refusal is counted
-//! apart, expected.
+//! apart, expected when SNAP restarted since the pod started (its pid
+//! changed). Half the NVMe-oF volumes are multipath (`nvmf-multipath`: one
+//! device over both of the target's listeners): a path fault must not
+//! reach their pod, so their I/O refused with SNAP up all along is a data
+//! error. A single-path volume's I/O is held while its path is down; one
+//! refused with SNAP up all along is counted as refused, and noted apart.
 
 use std::future::Future;
 use std::path::Path;
@@ -32,8 +37,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use nix::unistd::Pid;
 use snap_csi_harness::csi::{Clients, Kind, Volume, parameters};
 use snap_csi_harness::kubelet::{self, Backoff, Call, Failure};
+use snap_csi_harness::stack::read_pid;
 
 use crate::data::{Pattern, Verdict};
 use crate::rng::Rng;
@@ -53,6 +60,10 @@ pub const BACKOFF: Backoff = Backoff {
 const KILL_RESTAGES: u64 = 3;
 /// Every volume is big enough for xfs (Debian 12's mkfs.xfs wants 300 MiB).
 const SIZE_MIB: i64 = 320;
+/// The sample plugin's StorageClass parameter asking for every path.
+const MULTIPATH: (&str, &str) = ("nvmf-multipath", "true");
+/// How long a refused I/O waits for local-up to show SNAP's successor.
+const SNAP_RESTART_SEEN: Duration = Duration::from_secs(5);
 
 #[derive(Debug)]
 pub struct Worker {
@@ -73,6 +84,10 @@ pub struct Worker {
     pub restages: Option<u64>,
     /// A kill trial's: a process killed inside one step.
     pub kill: Option<Arc<KillSwitch>>,
+    /// The stack's directory, where local-up keeps SNAP's pid.
+    pub stack_dir: std::path::PathBuf,
+    /// SNAP's pid when the pod last started (`None`: unknown).
+    pub snap_at_start: Option<Pid>,
 }
 
 /// A volume's StorageClass and kind.
@@ -85,6 +100,8 @@ pub struct Shape {
     /// a filesystem volume (`fs`, virtio-fs) has none (empty).
     pub placement: &'static str,
     pub kind: Kind,
+    /// An NVMe-oF volume attached through every listener of the target.
+    pub multipath: bool,
 }
 
 impl Shape {
@@ -96,9 +113,12 @@ impl Shape {
                 emulation: "virtio-fs",
                 placement: "",
                 kind: Kind::Filesystem("virtiofs".into()),
+                multipath: false,
             };
         }
         let backend = *rng.pick(&["aio", "nvmf"]);
+        // Half the NVMe-oF volumes on both paths.
+        let multipath = backend == "nvmf" && rng.chance(50);
         let emulation = *rng.pick(&["nvme", "virtio-blk"]);
         let placement = match emulation {
             "nvme" => *rng.pick(&["dedicated", "packed"]),
@@ -116,7 +136,18 @@ impl Shape {
             emulation,
             placement,
             kind,
+            multipath,
         }
+    }
+
+    /// Its StorageClass parameters.
+    fn parameters(&self) -> std::collections::HashMap<String, String> {
+        let placement = Some(self.placement).filter(|p| !p.is_empty());
+        let mut parameters = parameters(self.backend, self.emulation, placement);
+        if self.multipath {
+            parameters.insert(MULTIPATH.0.to_string(), MULTIPATH.1.to_string());
+        }
+        parameters
     }
 }
 
@@ -131,7 +162,12 @@ impl std::fmt::Display for Shape {
             "" => String::new(),
             placement => format!(" {placement}"),
         };
-        write!(f, "{}, {}{placement}, {kind}", self.backend, self.emulation)
+        let multipath = if self.multipath { " multipath" } else { "" };
+        write!(
+            f,
+            "{}{multipath}, {}{placement}, {kind}",
+            self.backend, self.emulation
+        )
     }
 }
 
@@ -207,8 +243,7 @@ impl Worker {
         let created = converge(&self.tally, "CreateVolume", &label, || {
             let mut clients = self.clients.clone();
             let (kubelet, name, kind) = (self.kubelet.clone(), name.clone(), shape.kind.clone());
-            let placement = Some(shape.placement).filter(|p| !p.is_empty());
-            let parameters = parameters(shape.backend, shape.emulation, placement);
+            let parameters = shape.parameters();
             async move {
                 clients
                     .create_with(&kubelet, &name, &kind, SIZE_MIB, parameters)
@@ -294,13 +329,15 @@ impl Worker {
     /// The volume's `pod`th pod is scheduled here: kubelet's calls until it
     /// runs.
     async fn pod_starts(
-        &self,
+        &mut self,
         volume: &Volume,
         shape: &Shape,
         label: &str,
         seen: &mut kubelet::Volume,
         pod: u64,
     ) -> anyhow::Result<()> {
+        // Before the stage: a SNAP restarted meanwhile counts as one since.
+        self.snap_at_start = read_pid(&self.stack_dir, "snap").ok();
         seen.wanted = true;
         kubelet::settle(seen, &self.backoff, |call| {
             self.node_call(call, volume, shape, label, pod)
@@ -461,7 +498,19 @@ impl Worker {
         let Err(refused) = self.try_io(volume, label, io).await? else {
             return Ok(());
         };
-        self.tally.refused(format!("{label}: {refused}"));
+        if self.snap_restarted().await {
+            self.tally.refused(format!("{label}: {refused}"));
+        } else if shape.multipath {
+            self.tally.data_error(format!(
+                "{label}: I/O error on a multipath volume with SNAP up all along: {refused}"
+            ));
+        } else {
+            self.tally.note(
+                format!("I/O refused with SNAP up all along ({shape})"),
+                &format!("{label}: {refused}"),
+            );
+            self.tally.refused(format!("{label}: {refused}"));
+        }
         // The pod goes and a new one starts (never the first: it formats no
         // more).
         self.pod_goes(volume, shape, label, seen, (2, false))
@@ -473,6 +522,30 @@ impl Worker {
             ));
         }
         Ok(())
+    }
+
+    /// Whether SNAP has restarted since the pod started (its devices then
+    /// went away): its pid changed, or the one the pod started with is
+    /// gone, within [`SNAP_RESTART_SEEN`] (local-up writes the successor's
+    /// pid once it starts it). Unknown counts as restarted.
+    async fn snap_restarted(&self) -> bool {
+        let Some(then) = self.snap_at_start else {
+            return true;
+        };
+        let started = Instant::now();
+        loop {
+            match read_pid(&self.stack_dir, "snap") {
+                Ok(now) if now == then => {}
+                _ => return true,
+            }
+            if !alive(then) {
+                return true;
+            }
+            if started.elapsed() >= SNAP_RESTART_SEEN {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     /// One read or write through the published volume: `Err` when the host
@@ -554,6 +627,18 @@ fn hold_mount(target: &Path, block: bool, hold: Duration) -> anyhow::Result<toki
         command.stdin(Stdio::null()).current_dir(target);
     }
     command.spawn().context("starting a holder")
+}
+
+/// Whether process `pid` runs (not gone, not a zombie waiting for its parent).
+fn alive(pid: Pid) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the command's closing parenthesis.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state != "Z" && state != "X"),
+        Err(_) => false,
+    }
 }
 
 /// Whether `path` is a mount point in this mount namespace.

@@ -3,16 +3,17 @@
 //! after round, each round on a fresh stack of the next configuration
 //! (co-located and split, SNAP answering at once and at real SPDK's 8 ms
 //! poller period). In a round, `--volumes` workers drive random lives on
-//! volumes of every backend (AIO, NVMe-oF), emulation (NVMe, virtio-blk),
-//! placement (NVMe: dedicated or packed) and kind (block, ext4, xfs) at once
-//! (`lifecycle`), each carrying a known
+//! volumes of every backend (AIO, NVMe-oF single-path or multipath),
+//! emulation (NVMe, virtio-blk), placement (NVMe: dedicated or packed) and
+//! kind (block, ext4, xfs) at once (`lifecycle`), each carrying a known
 //! pattern read back after every restage (`data`), while faults strike at
 //! random (`faults`; EBUSY holders are the workers'). At the end of a round
-//! the faults stop, the workers finish their volumes, and a census
+//! the faults stop, the target's paths must be whole again while the last
+//! volumes live, the workers finish their volumes, and a census
 //! (`census`) counts whatever is left; so does stopping the stack.
 //!
-//! Prints last `chaos: N operations, F faults, L leaks, D data errors, R I/O
-//! refused (pod restarted)`, and exits non-zero when L or D is not zero, when
+//! Prints the faults by kind, then last `chaos: N operations, F faults, L
+//! leaks, D data errors, R I/O refused (pod restarted)`, and exits non-zero when L or D is not zero, when
 //! a call did not converge, or when the stack itself failed (R, I/O a pod
 //! had refused while its device was gone, is expected: see `lifecycle`). `--seed` repeats every random choice.
 
@@ -243,6 +244,8 @@ async fn one_round(
                 backoff: lifecycle::BACKOFF,
                 restages: None,
                 kill: None,
+                stack_dir: stack.dir.clone(),
+                snap_at_start: None,
             };
             tokio::spawn(worker.run())
         })
@@ -253,6 +256,7 @@ async fn one_round(
         stop: stop.clone(),
         rng: Rng::fork(seed, round * 1000),
         interval: args.fault_interval,
+        paths: Vec::new(),
     };
     let clock = async {
         tokio::time::sleep(length).await;
@@ -264,7 +268,7 @@ async fn one_round(
         }
         anyhow::Ok(())
     };
-    let ((), (), finished) = tokio::join!(injector.run(), clock, finished);
+    let (paths, (), finished) = tokio::join!(injector.run(), clock, finished);
     finished?;
 
     keep_logs(&stack, &logs.join(&name));
@@ -273,7 +277,7 @@ async fn one_round(
     let max_pools = args
         .volumes
         .div_ceil(usize::try_from(args.namespaces_per_controller)?);
-    let found = census::when_quiet(&stack, &clients, max_pools, &name).await?;
+    let found = census::when_quiet(&stack, &clients, (max_pools, &paths), &name).await?;
     for leak in found.leaks {
         tally.leak(format!("{name}: {leak}"));
     }
@@ -385,6 +389,12 @@ async fn main() -> anyhow::Result<()> {
     if totals.stuck > 0 {
         eprintln!("chaos: {} calls did not converge", totals.stuck);
     }
+    let kinds: Vec<String> = tally
+        .kinds()
+        .into_iter()
+        .map(|(kind, count)| format!("{kind} {count}"))
+        .collect();
+    eprintln!("chaos: faults by kind: {}", kinds.join(", "));
     println!(
         "chaos: {} operations, {} faults, {} leaks, {} data errors, {} I/O refused (pod restarted)",
         totals.operations, totals.faults, totals.leaks, totals.data_errors, totals.refused

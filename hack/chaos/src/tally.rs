@@ -19,6 +19,8 @@ pub struct Tally {
     /// Faults by kind, and failed attempts by call and code, each with the
     /// first message seen.
     detail: Mutex<BTreeMap<String, (u64, String)>>,
+    /// Faults by kind over the whole run, for the last lines.
+    kinds: Mutex<BTreeMap<String, u64>>,
 }
 
 /// The totals, for the last line.
@@ -32,6 +34,12 @@ pub struct Totals {
     pub stuck: u64,
 }
 
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 impl Tally {
     pub fn operation(&self) {
         self.operations.fetch_add(1, Ordering::Relaxed);
@@ -39,7 +47,13 @@ impl Tally {
 
     pub fn fault(&self, kind: &str) {
         self.faults.fetch_add(1, Ordering::Relaxed);
+        *lock(&self.kinds).entry(kind.to_string()).or_insert(0) += 1;
         self.note(format!("fault {kind}"), "");
+    }
+
+    /// Faults by kind over the whole run.
+    pub fn kinds(&self) -> BTreeMap<String, u64> {
+        lock(&self.kinds).clone()
     }
 
     /// A volume begun: its backend, emulation and kind (the round's coverage).
@@ -85,17 +99,23 @@ impl Tally {
         self.note("census: kept by design (packed pool)".to_string(), what);
     }
 
-    fn note(&self, key: String, message: &str) {
-        let mut detail = self.detail.lock().unwrap_or_else(|e| e.into_inner());
+    /// Something seen, for the round's summary (with the first message).
+    pub fn note(&self, key: impl Into<String>, message: &str) {
+        self.note_times(key, 1, message);
+    }
+
+    /// Something seen `times` times at once.
+    pub fn note_times(&self, key: impl Into<String>, times: u64, message: &str) {
+        let mut detail = lock(&self.detail);
         let entry = detail
-            .entry(key)
+            .entry(key.into())
             .or_insert_with(|| (0, message.to_string()));
-        entry.0 += 1;
+        entry.0 += times;
     }
 
     /// The details noted so far, emptied (one round's worth at a time).
     pub fn take_detail(&self) -> BTreeMap<String, (u64, String)> {
-        std::mem::take(&mut *self.detail.lock().unwrap_or_else(|e| e.into_inner()))
+        std::mem::take(&mut *lock(&self.detail))
     }
 
     pub fn totals(&self) -> Totals {

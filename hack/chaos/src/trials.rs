@@ -3,11 +3,12 @@
 //! random instant inside one step, then a census of everything a volume's
 //! life makes. The processes are the node, the vendor plugin, SNAP, the
 //! remote NVMe-oF target and, in split mode, the DPU agent (local-up
-//! `--supervise` starts each again); the
-//! steps are stage, publish, unpublish and unstage. Every (process, step)
-//! cell comes in turn, in an order shuffled by the seed, on a volume of a
-//! random shape. kubelet's rules decide what is retried and whether the
-//! volume is unstaged (`lifecycle`, `snap_csi_harness::kubelet`).
+//! `--supervise` starts each again); the steps are stage, publish,
+//! unpublish and unstage. Every (process, step) cell comes in turn, in an
+//! order shuffled by the seed, on a volume of a random shape (as the
+//! rounds': half the NVMe-oF ones multipath). kubelet's rules decide what
+//! is retried and whether the volume is unstaged (`lifecycle`,
+//! `snap_csi_harness::kubelet`).
 //!
 //! The instant is a random fraction of the step's duration for that shape
 //! as last measured without a fault (each life restages once, so a trial
@@ -211,6 +212,8 @@ pub async fn run(
         },
         restages: Some(1),
         kill: Some(switch.clone()),
+        stack_dir: stack.dir.clone(),
+        snap_at_start: None,
     };
     let every = cells(args, split)?;
     let mut order = Vec::new();
@@ -239,7 +242,7 @@ pub async fn run(
             tally.stuck(why);
         }
         // One volume at a time: at most one pool.
-        let found = crate::census::when_quiet(&stack, &clients, 1, &name).await?;
+        let found = crate::census::when_quiet(&stack, &clients, (1, &[]), &name).await?;
         for leak in found.leaks {
             if reported.insert(leak.clone()) {
                 tally.leak(format!("{name} trial {trial}: {leak}"));
