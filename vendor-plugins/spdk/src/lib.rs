@@ -98,6 +98,8 @@ impl Endpoint {
                 tokio::join!(plugin.follow_aio_volumes(), plugin.keep_paths());
             })
         });
+        // They end with the serving, also when it is cancelled (dropped).
+        let _background = Background([keep, follow].into_iter().flatten().collect());
         let shutdown = futures::FutureExt::shared(shutdown);
         // The plugin's page has its paths: served here, not by the server.
         let (metrics, paths) = match (metrics, self.paths) {
@@ -122,11 +124,19 @@ impl Endpoint {
             ),
             page
         );
-        for task in [keep, follow].into_iter().flatten() {
-            task.abort();
-        }
         let page = page.map_err(|source| ServeError::Metrics { source });
         served.and(page)
+    }
+}
+
+/// Background tasks of a serving endpoint, aborted when it ends.
+struct Background(Vec<tokio::task::JoinHandle<()>>);
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        for task in &self.0 {
+            task.abort();
+        }
     }
 }
 

@@ -5,8 +5,6 @@
 //! makes real loop devices).
 
 mod common;
-#[path = "../../../tests/common/direct_io.rs"]
-mod direct_io;
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -557,7 +555,7 @@ fn block_attach(created: &csi::Volume, emulation: Emulation) -> AttachRequest {
 /// something back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn host_writes_run_at_the_limit_and_at_the_new_one_after_a_modify() {
-    use direct_io::{assert_within_10_percent, steady_write_rate};
+    use common::direct_io::{assert_within_10_percent, steady_write_rate};
     use snap_csi_spdk_plugin::qos::{RW_IOPS_KEY, W_MBYTES_KEY};
 
     let csi = Csi::start(Backends::BOTH).await;
@@ -643,7 +641,7 @@ async fn an_attached_aio_volume_grows_online_while_written() {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-    use direct_io::{Aligned, open_direct};
+    use common::direct_io::{Aligned, open_direct};
 
     const CHUNK: usize = 64 << 10;
     let csi = Csi::start(Backends::BOTH).await;

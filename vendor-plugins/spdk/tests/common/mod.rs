@@ -18,6 +18,8 @@ pub mod share;
 // Helpers the root crate's tests use too (another crate: included by path).
 #[path = "../../../../tests/common/csi_v1_11.rs"]
 pub mod csi_v1_11;
+#[path = "../../../../tests/common/direct_io.rs"]
+pub mod direct_io;
 #[path = "../../../../tests/common/dpu.rs"]
 pub mod dpu;
 #[path = "../../../../tests/common/pki.rs"]

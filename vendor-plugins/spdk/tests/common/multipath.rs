@@ -3,8 +3,10 @@
 //! plugin attaching both as one multipath bdev, failing over when a
 //! listener goes and taking the path back when it returns, keeping a path
 //! that was down at attach, and its `/metrics` showing each path. Written
-//! once for any [`Source`]; what needs a real NVMe/TCP host (I/O through the
-//! device, SPDK's I/O channels) runs on real SPDK only.
+//! once for any [`Source`]; the host that reads and writes the device while
+//! a path goes is the target reading SNAP's own NVMe/TCP export of it on
+//! real SPDK, and the emulated host's disk (SNAP's NVMe function, through
+//! the node's DPU attach layer) on the emulator.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -518,8 +520,7 @@ pub async fn multipath_devices_fail_over_take_paths_back_and_detach_whole(source
             .await
             .unwrap();
     } else {
-        // Without a host, no I/O channel: no path is current.
-        page_says(metrics, id, &[(&first, 1, 0), (&second, 1, 0)]).await;
+        emulated_host_fails_over(&mut csi, snap, &plugin, metrics, &volume, &controller).await;
     }
 
     // DeleteDevice detaches every path; the page forgets them.
@@ -531,6 +532,130 @@ pub async fn multipath_devices_fail_over_take_paths_back_and_detach_whole(source
     assert!(!page.contains(&format!("volume_id=\"{id}\"")), "{page}");
     csi.restart().await;
     csi.delete(id).await.unwrap();
+}
+
+/// The emulator's SNAP exposes the device to its host as an NVMe disk (the
+/// node's DPU attach layer), whose bytes pass the emulator's data path: the
+/// host reads and writes it while the current path's listener goes and
+/// comes back.
+async fn emulated_host_fails_over(
+    csi: &mut Csi,
+    snap: &Spdk,
+    plugin: &Plugin,
+    metrics: SocketAddr,
+    volume: &csi::Volume,
+    controller: &str,
+) {
+    use snap_csi::dpu::plugin::AccessMode;
+    use snap_csi::dpu::{AttachRequest, Emulation, Placement, VolumeMode};
+    use snap_csi::host::Sysfs;
+
+    let id = &volume.volume_id;
+    let device = format!("{controller}n1");
+    let (first, second) = volume_ports(volume);
+    let subnqn = &volume.volume_context["subnqn"];
+    let dpu = plugin.attach_layer(snap).await;
+    let request = AttachRequest {
+        volume_id: id.clone(),
+        access_modes: vec![AccessMode::Rwo],
+        volume_mode: VolumeMode::Block,
+        publish_context: Default::default(),
+        volume_context: volume.volume_context.clone(),
+        storage_parameters: Default::default(),
+        emulation: Emulation::Nvme,
+        placement: Placement::Dedicated,
+        attached_before: false,
+        secrets: Default::default(),
+    };
+    let deadline = || Instant::now() + TIMEOUT;
+    let attached = dpu.attach.attach(&request, deadline()).await.unwrap();
+    assert_eq!(attached.device_name, device);
+    let sysfs = Sysfs::new(snap.emulator().sysfs_root());
+    let disk = super::discovered("the host sees the volume", || {
+        attached.locator.find(&sysfs).unwrap()
+    })
+    .await
+    .node;
+    host_write(&disk, 4096, b'1').await;
+
+    let routes = io_paths(snap, &device).await;
+    let current: Vec<&String> = routes.iter().filter(|r| r.1).map(|r| &r.0).collect();
+    assert_eq!(current.len(), 1, "one current path: {routes:?}");
+    let (lost, kept) = if *current[0] == first {
+        (first.clone(), second.clone())
+    } else {
+        (second.clone(), first.clone())
+    };
+    page_says(metrics, id, &[(&lost, 1, 1), (&kept, 1, 0)]).await;
+
+    remove_listener(&csi.target().spdk, subnqn, &lost).await;
+    eventually("the other path current", || async {
+        let now = io_paths(snap, &device).await;
+        let moved = now.iter().any(|r| r.0 == kept && r.1 && r.2)
+            && now.iter().all(|r| r.0 != lost || !r.2);
+        if moved {
+            Ok(())
+        } else {
+            Err(format!("{now:?}"))
+        }
+    })
+    .await;
+    assert_eq!(host_read(&disk, 4096).await, b'1');
+    host_write(&disk, 8192, b'2').await;
+    assert_eq!(host_read(&disk, 8192).await, b'2');
+    page_says(metrics, id, &[(&lost, 0, 0), (&kept, 1, 1)]).await;
+
+    let served = plugin_calls(metrics).await;
+    csi.restart().await;
+    let mut both = vec![
+        (first.clone(), "enabled".to_string()),
+        (second.clone(), "enabled".to_string()),
+    ];
+    both.sort();
+    eventually("the lost path connected again", || async {
+        equal(paths(snap, controller).await, both.clone())
+    })
+    .await;
+    page_says(metrics, id, &[(&lost, 1, 1), (&kept, 1, 0)]).await;
+    assert_eq!(host_read(&disk, 8192).await, b'2');
+    assert_eq!(plugin_calls(metrics).await, served, "no call to the plugin");
+
+    dpu.attach
+        .detach(id, Some(&attached.device_name), deadline())
+        .await
+        .unwrap();
+}
+
+/// Writes a 4 KiB block of `byte` at `offset` of the host's disk, past any cache.
+async fn host_write(disk: &std::path::Path, offset: u64, byte: u8) {
+    use std::os::unix::fs::FileExt;
+    let disk = disk.to_path_buf();
+    tokio::task::spawn_blocking(move || {
+        let block = super::direct_io::Aligned::new(4096, byte);
+        super::direct_io::open_direct(&disk)
+            .write_all_at(block.get(), offset)
+            .unwrap();
+    })
+    .await
+    .unwrap();
+}
+
+/// The first byte of the 4 KiB block at `offset` of the host's disk, after
+/// checking the block is all that byte.
+async fn host_read(disk: &std::path::Path, offset: u64) -> u8 {
+    use std::os::unix::fs::FileExt;
+    let disk = disk.to_path_buf();
+    tokio::task::spawn_blocking(move || {
+        let mut block = super::direct_io::Aligned::new(4096, 0);
+        super::direct_io::open_direct(&disk)
+            .read_exact_at(block.get_mut(), offset)
+            .unwrap();
+        let first = block.get()[0];
+        assert!(block.get().iter().all(|b| *b == first), "a torn block");
+        first
+    })
+    .await
+    .unwrap()
 }
 
 /// The plugin's CreateDevice and DeleteDevice calls served so far.
