@@ -109,8 +109,12 @@ pub async fn probe(device: &Path, deadline: Instant) -> Result<Probe, NodeError>
     let said = command::tool_output(&output);
     match output.status.code() {
         Some(0) => Ok(parse_export(&String::from_utf8_lossy(&output.stdout))),
-        // It also exits 2 when it cannot open the device, but then says so.
+        // It also exits 2 when it cannot open the device, but then says so;
+        // and silently when every read fails (a function whose backing SNAP
+        // lost mid-stage: found by the chaos soak, which then saw the next
+        // stage format over data). Blank only if the device reads.
         Some(BLKID_NOTHING_FOUND) if output.stderr.iter().all(u8::is_ascii_whitespace) => {
+            readable(device, deadline).await?;
             Ok(Probe::Blank)
         }
         Some(BLKID_AMBIVALENT) => Ok(Probe::Other(format!(
@@ -126,6 +130,23 @@ pub async fn probe(device: &Path, deadline: Instant) -> Result<Probe, NodeError>
             format!("{}: {said}", output.status),
         )),
     }
+}
+
+/// Reads the first 128 KiB of `device` past the page cache, where every
+/// signature we refuse or format over lies (xfs and ext4 superblocks, btrfs
+/// at 64 KiB, partition tables): an error unless the device answers.
+async fn readable(device: &Path, deadline: Instant) -> Result<(), NodeError> {
+    let mut input = std::ffi::OsString::from("if=");
+    input.push(device);
+    let args = [
+        input.as_os_str(),
+        OsStr::new("of=/dev/null"),
+        OsStr::new("bs=128K"),
+        OsStr::new("count=1"),
+        OsStr::new("iflag=direct"),
+        OsStr::new("status=none"),
+    ];
+    command::run("dd", &args, deadline).await.map(drop)
 }
 
 /// Reads blkid's `KEY=value` lines.
@@ -278,6 +299,16 @@ mod tests {
             .await
             .unwrap_err();
         assert!(matches!(err, NodeError::NotFound(_)), "{err:?}");
+    }
+
+    #[tokio::test]
+    async fn a_device_that_does_not_read_is_never_blank() {
+        // Every read of /proc/self/mem at offset 0 fails, as every read of a
+        // function SNAP lost does; blkid says nothing of such a device.
+        let err = readable(Path::new("/proc/self/mem"), deadline())
+            .await
+            .unwrap_err();
+        assert!(matches!(err, NodeError::Failed { .. }), "{err:?}");
     }
 
     fn uuid(device: &Path) -> String {
