@@ -539,16 +539,31 @@ pub async fn serve_optional(
     }
 }
 
-/// Serves `GET /metrics` on `listener` until `shutdown`. A deliberately tiny
+async fn serve(listener: TcpListener, shutdown: impl Future<Output = ()>) -> std::io::Result<()> {
+    serve_page(listener, render, shutdown).await
+}
+
+/// Serves `GET /metrics` on `listener` until `shutdown`, each answer the
+/// page `page` renders then (a binary with series of its own, like the
+/// sample plugin's paths, adds them to [`render`]'s). A deliberately tiny
 /// HTTP/1.1 responder: Prometheus needs nothing more, and it keeps a web
 /// framework out of a storage driver.
-async fn serve(listener: TcpListener, shutdown: impl Future<Output = ()>) -> std::io::Result<()> {
+pub async fn serve_page<F, P>(
+    listener: TcpListener,
+    page: P,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()>
+where
+    P: Fn() -> F + Clone + Send + 'static,
+    F: Future<Output = String> + Send,
+{
     tokio::pin!(shutdown);
     loop {
         let (mut stream, _) = tokio::select! {
             accepted = listener.accept() => accepted?,
             () = &mut shutdown => return Ok(()),
         };
+        let page = page.clone();
         tokio::spawn(async move {
             let mut request = Vec::with_capacity(1024);
             let mut chunk = [0u8; 1024];
@@ -568,7 +583,7 @@ async fn serve(listener: TcpListener, shutdown: impl Future<Output = ()>) -> std
                 return;
             }
             let response = if request.starts_with(b"GET /metrics ") {
-                let body = render().await;
+                let body = page().await;
                 format!(
                     "HTTP/1.1 200 OK\r\nContent-Type: application/openmetrics-text; version=1.0.0; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
                     body.len()

@@ -28,7 +28,6 @@ use std::time::Duration;
 
 use snap_csi::jsonrpc::RpcClient;
 use snap_csi::spdk::nvme::{BdevNvmeGetControllers, BdevNvmeGetIoPaths, NvmeIoPaths};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::time::Instant;
 
@@ -202,52 +201,18 @@ pub async fn render(source: &PathSource) -> String {
     page
 }
 
-/// Serves `GET /metrics` on `listener` until `shutdown`: the tiny HTTP/1.1
-/// responder `snap_csi::metrics` serves the other binaries' pages with.
+/// Serves `GET /metrics` on `listener` until `shutdown`, with `source`'s
+/// paths on every page.
 pub async fn serve(
     listener: TcpListener,
     source: PathSource,
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
-    tokio::pin!(shutdown);
-    loop {
-        let (mut stream, _) = tokio::select! {
-            accepted = listener.accept() => accepted?,
-            () = &mut shutdown => return Ok(()),
-        };
+    let page = move || {
         let source = source.clone();
-        tokio::spawn(async move {
-            let mut request = Vec::with_capacity(1024);
-            let mut chunk = [0u8; 1024];
-            // Headers end at an empty line; a client that never sends one is dropped.
-            let read = tokio::time::timeout(Duration::from_secs(5), async {
-                while !request.windows(4).any(|w| w == b"\r\n\r\n") && request.len() < 16 * 1024 {
-                    let n = stream.read(&mut chunk).await?;
-                    if n == 0 {
-                        break;
-                    }
-                    request.extend_from_slice(&chunk[..n]);
-                }
-                Ok::<_, std::io::Error>(())
-            })
-            .await;
-            if !matches!(read, Ok(Ok(()))) {
-                return;
-            }
-            let response = if request.starts_with(b"GET /metrics ") {
-                let body = render(&source).await;
-                format!(
-                    "HTTP/1.1 200 OK\r\nContent-Type: application/openmetrics-text; version=1.0.0; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                    body.len()
-                )
-            } else {
-                "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-                    .to_string()
-            };
-            let _ = stream.write_all(response.as_bytes()).await;
-            let _ = stream.shutdown().await;
-        });
-    }
+        async move { render(&source).await }
+    };
+    snap_csi::metrics::serve_page(listener, page, shutdown).await
 }
 
 #[cfg(test)]
