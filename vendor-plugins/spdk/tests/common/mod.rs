@@ -600,19 +600,9 @@ pub fn nvmf_context(port: u16, subnqn: &str) -> HashMap<String, String> {
     ])
 }
 
-/// Exports an AIO bdev over a fresh file as subsystem `nqn` (namespace 1) on
-/// `target`, listening on 127.0.0.1; returns the port.
-pub async fn export(target: &Spdk, name: &str, nqn: &str) -> u16 {
-    let t = target.client();
-    let file = target.file(&format!("{name}.img"));
-    t.call(&BdevAioCreate {
-        name: name.into(),
-        filename: file.display().to_string(),
-        block_size: Some(512),
-        readonly: None,
-    })
-    .await
-    .unwrap();
+/// The TCP transport (made once) and an empty subsystem `nqn` of one
+/// namespace, open to any host.
+pub async fn subsystem(t: &RpcClient, nqn: &str, serial: &str) {
     match t
         .call(&NvmfCreateTransport {
             trtype: "TCP".into(),
@@ -626,13 +616,29 @@ pub async fn export(target: &Spdk, name: &str, nqn: &str) -> u16 {
     }
     t.call(&NvmfCreateSubsystem {
         nqn: nqn.into(),
-        serial_number: Some("SN1".into()),
+        serial_number: Some(serial.into()),
         model_number: None,
         allow_any_host: Some(true),
         max_namespaces: Some(1),
     })
     .await
     .unwrap();
+}
+
+/// Exports an AIO bdev over a fresh file as subsystem `nqn` (namespace 1) on
+/// `target`, listening on 127.0.0.1; returns the port.
+pub async fn export(target: &Spdk, name: &str, nqn: &str) -> u16 {
+    let t = target.client();
+    let file = target.file(&format!("{name}.img"));
+    t.call(&BdevAioCreate {
+        name: name.into(),
+        filename: file.display().to_string(),
+        block_size: Some(512),
+        readonly: None,
+    })
+    .await
+    .unwrap();
+    subsystem(&t, nqn, "SN1").await;
     let nsid = t
         .call(&NvmfSubsystemAddNs {
             nqn: nqn.into(),

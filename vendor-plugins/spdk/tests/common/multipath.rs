@@ -15,8 +15,7 @@ use serde_json::json;
 use snap_csi::proto::csi::v1 as csi;
 use snap_csi::spdk::nvme::{BdevNvmeGetIoPaths, NvmeIoPaths};
 use snap_csi::spdk::nvmf::{
-    ListenAddress, NvmfCreateSubsystem, NvmfCreateTransport, NvmfDeleteSubsystem,
-    NvmfGetSubsystems, NvmfSubsystemAddListener,
+    ListenAddress, NvmfDeleteSubsystem, NvmfGetSubsystems, NvmfSubsystemAddListener,
 };
 use snap_csi_spdk_plugin::backend::{Backend, EXTRA_PATHS_KEY, TRSVCID_KEY};
 use snap_csi_spdk_plugin::csi::params::MULTIPATH_PARAM;
@@ -220,25 +219,7 @@ async fn page_says(address: SocketAddr, volume_id: &str, want: &[(&str, u8, u8)]
 /// exposes a device to its host; answers the port.
 async fn expose(snap: &Spdk, device: &str) -> String {
     let spdk = snap.client();
-    match spdk
-        .call(&NvmfCreateTransport {
-            trtype: "TCP".into(),
-        })
-        .await
-    {
-        Ok(_) => {}
-        Err(e) if e.code() == Some(snap_csi::jsonrpc::code::INTERNAL_ERROR) => {}
-        Err(e) => panic!("{e}"),
-    }
-    spdk.call(&NvmfCreateSubsystem {
-        nqn: HOST_NQN.into(),
-        serial_number: Some("HOST1".into()),
-        model_number: None,
-        allow_any_host: Some(true),
-        max_namespaces: Some(1),
-    })
-    .await
-    .unwrap();
+    super::subsystem(&spdk, HOST_NQN, "HOST1").await;
     // An identity of its own (SPDK takes a bdev's UUID from the NGUID): the
     // device's is the target's lvol's, which the target, reading it back as
     // a host here, must not meet twice.
