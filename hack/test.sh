@@ -74,7 +74,9 @@ cargo build --locked -p snap-csi -p snap-emu -p snap-csi-spdk-plugin -p snap-csi
   --floor-iterations 20 --scale-volumes 8 --scale-repeats 2 --concurrency 1,4 \
   --rpc-seconds 0.2 --rpc-repeats 1
 # The chaos soak for two minutes (README "Chaos soak"): random volume lives while the stack's
-# processes are killed, SNAP stalls and functions run out; then 180 kill trials per mode (one
+# processes are killed, SNAP stalls, functions run out and a path of the NVMe-oF target goes
+# down or flaps (half the NVMe-oF volumes are multipath: they must see no I/O error at all);
+# then 180 kill trials per mode (one
 # volume's life, the node, plugin, agent, SNAP or the NVMe-oF target killed at a random instant
 # inside one step, a census after each; about 7 minutes per mode in debug). Fails on a leak, a
 # data error or a call that never converges as kubelet makes it; a pod's I/O refused while a
