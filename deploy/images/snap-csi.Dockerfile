@@ -55,6 +55,8 @@ FROM ${BASE}
 #   e2fsprogs  mkfs.ext4 e2fsck resize2fs dumpe2fs
 #   xfsprogs   mkfs.xfs xfs_growfs
 #   util-linux blkid blockdev
+#   coreutils  dd (a device blkid finds blank must read; essential, so
+#              always there, named to keep the list whole)
 # mount/umount are not exec'd (the node calls mount(2)) but make the image
 # usable for debugging a node by hand. ca-certificates: for a vendor
 # endpoint over TLS (the DPU link trusts only its own CA file).
@@ -63,6 +65,7 @@ RUN apt-get update \
         e2fsprogs \
         xfsprogs \
         util-linux \
+        coreutils \
         mount \
         ca-certificates \
     && rm -rf /var/lib/apt/lists/*
