@@ -58,9 +58,6 @@ const NORMAL_WRITES: u64 = 1000;
 const BUDGET: Duration = Duration::from_secs(60);
 /// How much the writer writes over and over (less on a smaller volume).
 const SPAN: u64 = 64 << 20;
-/// How often the target's listeners and the plugin's page are read while
-/// waiting for the path's return.
-const POLL: Duration = Duration::from_millis(50);
 
 /// One failover: the current path cut, the stall, the path's return.
 #[derive(Debug, Clone, Serialize)]
@@ -137,11 +134,7 @@ pub async fn run(
         .get("subnqn")
         .context("the multipath volume's context names no subsystem (subnqn)")?
         .clone();
-    let socket = stack.target_socket.clone();
-    ensure!(
-        !socket.as_os_str().is_empty(),
-        "local-up printed no NVMF_TARGET_SOCKET"
-    );
+    let socket = stack.target_socket();
     let all = paths::listeners(&socket, &nqn).await?;
     ensure!(
         all.len() >= 2,
@@ -158,15 +151,20 @@ pub async fn run(
 
     let mut events = Vec::new();
     for n in 0..args.failovers {
-        let current = both_connected(&stack.plugin_metrics, &volume.id, &all)
-            .await?
-            .with_context(|| {
-                format!(
-                    "the plugin's page names no current path of {} (failover {})",
-                    volume.id,
-                    n + 1
-                )
-            })?;
+        let current = paths::wait_connected(
+            &stack.plugin_metrics,
+            &volume.id,
+            &all,
+            Instant::now() + BUDGET,
+        )
+        .await?
+        .with_context(|| {
+            format!(
+                "the plugin's page names no current path of {} (failover {})",
+                volume.id,
+                n + 1
+            )
+        })?;
         let event = fail_over(&writer, &socket, &nqn, &all, current, stack, &volume.id).await?;
         eprintln!(
             "bench: section 11: failover {}: {} cut, longest write {} ms, both connected again after {} ms",
@@ -198,7 +196,7 @@ pub async fn run(
         size_mib: args.size_mib,
         span_mib: span >> 20,
         writes_per_window: WRITES,
-        paths: all.iter().map(show).collect(),
+        paths: all.iter().map(paths::show).collect(),
         normal: Summary::of_ms(&per_look),
         normal_writes: looks.iter().map(|&(w, _)| w).sum(),
         normal_windows: Summary::of_ms(&windows(&looks, WRITES)),
@@ -248,7 +246,7 @@ async fn fail_over(
     ensure!(
         tokio::task::block_in_place(|| writer.wait_writes(WRITES, BUDGET)),
         "the writes stopped when path {} was cut",
-        show(&current)
+        paths::show(&current)
     );
     let stall = writer.take_window();
     // What the failover left: the cut path still gone, I/O on the other.
@@ -258,35 +256,30 @@ async fn fail_over(
     let current_after = all
         .iter()
         .find(|p| paths::plugin_state(&page, volume_id, p).is_some_and(|(_, current)| current))
-        .map(show);
-    let mut listener_back = None;
-    while listener_back.is_none() {
-        if paths::listeners(socket, nqn).await?.contains(&current) {
-            listener_back = Some(cut.elapsed());
-        } else {
-            ensure!(
-                cut.elapsed() < BUDGET,
-                "the controller did not restore listener {} of {nqn}",
-                show(&current)
-            );
-            tokio::time::sleep(POLL).await;
-        }
-    }
-    both_connected(&stack.plugin_metrics, volume_id, all).await?;
+        .map(paths::show);
+    paths::wait_listed(socket, nqn, &current, cut + BUDGET).await?;
+    let listener_back = cut.elapsed();
+    paths::wait_connected(
+        &stack.plugin_metrics,
+        volume_id,
+        all,
+        Instant::now() + BUDGET,
+    )
+    .await?;
     let recovered = cut.elapsed();
     // I/O goes back to the path it prefers at its next write: that switch,
     // and its new connection, belong to the return, not to the next cut.
     ensure!(
         tokio::task::block_in_place(|| writer.wait_writes(WRITES, BUDGET)),
         "the writes stopped when path {} came back",
-        show(&current)
+        paths::show(&current)
     );
     Ok(Event {
-        path: show(&current),
+        path: paths::show(&current),
         stall_ms: stall.as_secs_f64() * 1e3,
         before_return,
         current_after,
-        listener_back_ms: listener_back.unwrap_or_default().as_secs_f64() * 1e3,
+        listener_back_ms: listener_back.as_secs_f64() * 1e3,
         recovered_ms: recovered.as_secs_f64() * 1e3,
         return_longest_ms: writer.take_window().as_secs_f64() * 1e3,
     })
@@ -338,45 +331,6 @@ fn read_back(writes: u64, span: u64, block: u64) -> u64 {
         return 0;
     }
     writes.min(span / block) * block
-}
-
-/// Whether every path is connected, and then which one is current (the
-/// index of the first marked so): `None` while a path is not connected, or
-/// the page does not show it.
-fn all_connected(states: &[Option<(bool, bool)>]) -> Option<Option<usize>> {
-    if states.is_empty() || !states.iter().all(|s| s.is_some_and(|(c, _)| c)) {
-        return None;
-    }
-    Some(states.iter().position(|s| s.is_some_and(|(_, cur)| cur)))
-}
-
-/// Waits until the plugin's page shows every one of `all` connected; the
-/// path I/O goes through then, if the page names one.
-async fn both_connected(
-    metrics: &str,
-    volume_id: &str,
-    all: &[ListenAddress],
-) -> anyhow::Result<Option<ListenAddress>> {
-    let started = Instant::now();
-    loop {
-        let page = scrape(metrics).await?;
-        let states: Vec<_> = all
-            .iter()
-            .map(|p| paths::plugin_state(&page, volume_id, p))
-            .collect();
-        if let Some(current) = all_connected(&states) {
-            return Ok(current.map(|i| all[i].clone()));
-        }
-        ensure!(
-            started.elapsed() < BUDGET,
-            "the plugin's page does not show every path of {volume_id} connected: {states:?}"
-        );
-        tokio::time::sleep(POLL).await;
-    }
-}
-
-fn show(path: &ListenAddress) -> String {
-    format!("{}:{}", path.traddr, path.trsvcid)
 }
 
 impl Report {
@@ -460,20 +414,6 @@ impl Report {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn every_path_connected_names_the_current_one() {
-        let up = Some((true, false));
-        let current = Some((true, true));
-        assert_eq!(all_connected(&[up, current]), Some(Some(1)));
-        assert_eq!(all_connected(&[current, up]), Some(Some(0)));
-        // Both connected, neither carrying I/O (no channel open): connected.
-        assert_eq!(all_connected(&[up, up]), Some(None));
-        // A path down or missing from the page (SPDK did not answer): not yet.
-        assert_eq!(all_connected(&[current, Some((false, false))]), None);
-        assert_eq!(all_connected(&[current, None]), None);
-        assert_eq!(all_connected(&[]), None);
-    }
 
     #[test]
     fn looks_group_into_windows_of_writes() {

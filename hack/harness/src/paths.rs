@@ -57,6 +57,71 @@ pub fn plugin_state(page: &Page, volume_id: &str, path: &ListenAddress) -> Optio
     Some((connected == 1.0, current == 1.0))
 }
 
+/// `ADDR:PORT`, as a path is shown.
+pub fn show(path: &ListenAddress) -> String {
+    format!("{}:{}", path.traddr, path.trsvcid)
+}
+
+/// How often a wait below looks again.
+const POLL: Duration = Duration::from_millis(50);
+
+/// Waits until the target lists `path` of `nqn` again (the controller's
+/// re-export of a cut listener); an error once `deadline` has passed.
+pub async fn wait_listed(
+    socket: &Path,
+    nqn: &str,
+    path: &ListenAddress,
+    deadline: Instant,
+) -> anyhow::Result<()> {
+    while !listeners(socket, nqn).await?.contains(path) {
+        if Instant::now() >= deadline {
+            bail!(
+                "the controller did not restore listener {} of {nqn}",
+                show(path)
+            );
+        }
+        tokio::time::sleep(POLL).await;
+    }
+    Ok(())
+}
+
+/// Whether every path is connected, and then which one is current (the
+/// index of the first marked so): `None` while a path is not connected, or
+/// the page does not show it.
+pub fn all_connected(states: &[Option<(bool, bool)>]) -> Option<Option<usize>> {
+    if states.is_empty() || !states.iter().all(|s| s.is_some_and(|(c, _)| c)) {
+        return None;
+    }
+    Some(states.iter().position(|s| s.is_some_and(|(_, cur)| cur)))
+}
+
+/// Waits until the plugin's page (`metrics`) shows every one of `all`
+/// connected; the path I/O goes through then, if the page names one. An
+/// error once `deadline` has passed.
+pub async fn wait_connected(
+    metrics: &str,
+    volume_id: &str,
+    all: &[ListenAddress],
+    deadline: Instant,
+) -> anyhow::Result<Option<ListenAddress>> {
+    loop {
+        let page = crate::prom::scrape(metrics).await?;
+        let states: Vec<_> = all
+            .iter()
+            .map(|p| plugin_state(&page, volume_id, p))
+            .collect();
+        if let Some(current) = all_connected(&states) {
+            return Ok(current.map(|i| all[i].clone()));
+        }
+        if Instant::now() >= deadline {
+            bail!(
+                "the plugin's page does not show every path of {volume_id} connected: {states:?}"
+            );
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
 /// Removes `path`'s listener from `nqn` on the target behind `socket`.
 pub async fn cut(socket: &Path, nqn: &str, path: &ListenAddress) -> anyhow::Result<()> {
     let remove = NvmfSubsystemRemoveListener {
@@ -311,6 +376,20 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_path_connected_names_the_current_one() {
+        let up = Some((true, false));
+        let current = Some((true, true));
+        assert_eq!(all_connected(&[up, current]), Some(Some(1)));
+        assert_eq!(all_connected(&[current, up]), Some(Some(0)));
+        // Both connected, neither carrying I/O (no channel open): connected.
+        assert_eq!(all_connected(&[up, up]), Some(None));
+        // A path down or missing from the page (SPDK did not answer): not yet.
+        assert_eq!(all_connected(&[current, Some((false, false))]), None);
+        assert_eq!(all_connected(&[current, None]), None);
+        assert_eq!(all_connected(&[]), None);
+    }
 
     #[test]
     fn a_block_names_its_place_and_round() {

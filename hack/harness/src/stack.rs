@@ -49,9 +49,6 @@ pub struct Stack {
     pub node_metrics: String,
     pub controller_metrics: String,
     pub plugin_metrics: String,
-    /// The remote NVMe-oF target's JSON-RPC socket (its two listeners are
-    /// every NVMe-oF volume's paths).
-    pub target_socket: PathBuf,
     /// Split mode only: the DPU agent's link, metrics and network namespace.
     pub split: Option<SplitLink>,
     local_up: Option<Child>,
@@ -138,7 +135,6 @@ impl Stack {
             node_metrics: String::new(),
             controller_metrics: String::new(),
             plugin_metrics: String::new(),
-            target_socket: PathBuf::new(),
             split: None,
             local_up: Some(child),
             _stdout: None,
@@ -166,7 +162,6 @@ impl Stack {
                 "NODE_METRICS" => stack.node_metrics = value,
                 "CONTROLLER_METRICS" => stack.controller_metrics = value,
                 "PLUGIN_METRICS" => stack.plugin_metrics = value,
-                "NVMF_TARGET_SOCKET" => stack.target_socket = value.into(),
                 "DPU_AGENT_ENDPOINT" => link.endpoint = value,
                 "AGENT_METRICS" => link.metrics = value,
                 "DPU_NETNS" => link.netns = value,

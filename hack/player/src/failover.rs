@@ -11,8 +11,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
 use snap_csi_harness::csi::Volume;
-use snap_csi_harness::paths::{self, ListenAddress, Writer};
-use snap_csi_harness::prom::scrape;
+use snap_csi_harness::paths::{self, Writer};
 
 /// The StorageClass parameter asking for every path.
 pub const MULTIPATH: (&str, &str) = ("nvmf-multipath", "true");
@@ -51,9 +50,10 @@ pub async fn failover(
     let mut events = Vec::new();
     for _ in 0..CUTS {
         // Both paths up first, so that the cut leaves one that is.
-        let current = both_connected(volume, &all, plugin_metrics)
-            .await?
-            .context("the plugin's page names no path the volume's I/O goes through")?;
+        let current =
+            paths::wait_connected(plugin_metrics, &volume.id, &all, Instant::now() + BUDGET)
+                .await?
+                .context("the plugin's page names no path the volume's I/O goes through")?;
         writer.take_window();
         ensure!(
             writer.wait_writes(WRITES, BUDGET),
@@ -65,15 +65,15 @@ pub async fn failover(
         ensure!(
             writer.wait_writes(WRITES, BUDGET),
             "the pod's writes stopped when path {} was cut",
-            show(&current)
+            paths::show(&current)
         );
         let stall = writer.take_window();
-        back(target_socket, nqn, &current, cut).await?;
-        both_connected(volume, &all, plugin_metrics).await?;
+        paths::wait_listed(target_socket, nqn, &current, cut + BUDGET).await?;
+        paths::wait_connected(plugin_metrics, &volume.id, &all, Instant::now() + BUDGET).await?;
         events.push(format!(
             "{} (the path the I/O took) cut: longest write {:.0} ms ({:.0} ms just before); \
              both paths connected again {:.1} s after the cut, with no call of ours",
-            show(&current),
+            paths::show(&current),
             stall.as_secs_f64() * 1e3,
             before.as_secs_f64() * 1e3,
             cut.elapsed().as_secs_f64(),
@@ -97,54 +97,4 @@ pub async fn failover(
         seen.longest.as_secs_f64() * 1e3,
         events.join("\n    ")
     ))
-}
-
-fn show(path: &ListenAddress) -> String {
-    format!("{}:{}", path.traddr, path.trsvcid)
-}
-
-/// Waits until the target lists `path` again: the controller's re-export.
-async fn back(socket: &Path, nqn: &str, path: &ListenAddress, cut: Instant) -> anyhow::Result<()> {
-    while !paths::listeners(socket, nqn).await?.contains(path) {
-        ensure!(
-            cut.elapsed() < BUDGET,
-            "the controller did not restore listener {} of {nqn}",
-            show(path)
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    Ok(())
-}
-
-/// Waits until the plugin's page shows every path of the volume connected;
-/// the path I/O goes through then, if the page names one.
-async fn both_connected(
-    volume: &Volume,
-    all: &[ListenAddress],
-    plugin_metrics: &str,
-) -> anyhow::Result<Option<ListenAddress>> {
-    let started = Instant::now();
-    loop {
-        let page = scrape(plugin_metrics).await?;
-        let states: Vec<_> = all
-            .iter()
-            .map(|p| paths::plugin_state(&page, &volume.id, p))
-            .collect();
-        if states
-            .iter()
-            .all(|s| s.is_some_and(|(connected, _)| connected))
-        {
-            let current = all
-                .iter()
-                .zip(&states)
-                .find(|(_, s)| s.is_some_and(|(_, current)| current));
-            return Ok(current.map(|(p, _)| p.clone()));
-        }
-        ensure!(
-            started.elapsed() < BUDGET,
-            "the plugin's page does not show every path of {} connected: {states:?}",
-            volume.id
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
