@@ -69,6 +69,11 @@ macro_rules! multipath_scenario_tests {
 const HOST_NQN: &str = "nqn.2024-01.io.snap-csi.test:host";
 
 /// A controller of NVMe-oF volumes whose target listens on two ports.
+/// The plugin's call counters are the process's (one metrics registry), so
+/// the scenarios that call a plugin take turns: the failover's "no call to
+/// the plugin" then counts only its own. Taken first, before any SPDK.
+static PLUGIN_CALLS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 async fn two_listeners(source: &Source) -> Csi {
     let second: SocketAddr = format!("127.0.0.1:{}", free_tcp_port()).parse().unwrap();
     let backends = Backends {
@@ -343,6 +348,7 @@ pub async fn multipath_requests_the_controller_cannot_serve_are_refused(source: 
 }
 
 pub async fn bad_path_lists_are_refused_and_attach_nothing(source: &Source) {
+    let _turn = PLUGIN_CALLS.lock().await;
     let snap = source.snap().await;
     let plugin = Plugin::start(snap.socket()).await;
     let nqn = "nqn.2024-01.io.snap-csi:pvc-bad";
@@ -386,6 +392,7 @@ async fn snap_of(csi: &mut Csi, source: &Source) -> Spdk {
 }
 
 pub async fn multipath_devices_fail_over_take_paths_back_and_detach_whole(source: &Source) {
+    let _turn = PLUGIN_CALLS.lock().await;
     let mut csi = two_listeners(source).await;
     let volume = csi.create(multipath_volume("pvc-mp")).await.unwrap();
     let (first, second) = volume_ports(&volume);
@@ -653,6 +660,7 @@ async fn plugin_calls(metrics: SocketAddr) -> u64 {
 }
 
 pub async fn a_path_down_at_attach_is_attached_once_it_answers(source: &Source) {
+    let _turn = PLUGIN_CALLS.lock().await;
     let mut csi = two_listeners(source).await;
     let volume = csi.create(multipath_volume("pvc-half")).await.unwrap();
     let down = csi.create(multipath_volume("pvc-down")).await.unwrap();
@@ -730,6 +738,7 @@ pub async fn a_path_down_at_attach_is_attached_once_it_answers(source: &Source) 
 /// CreateDevice (every path's attach at once, then the policy), a retry
 /// too, and one for its DeleteDevice (one detach takes every path).
 pub async fn a_multipath_device_costs_two_round_trips_whatever_its_paths(source: &Source) {
+    let _turn = PLUGIN_CALLS.lock().await;
     let mut csi = two_listeners(source).await;
     let multi = csi.create(multipath_volume("pvc-rt-mp")).await.unwrap();
     let single = csi
