@@ -46,7 +46,10 @@
 # Default: debug, every backend, with mutable parameters. Arguments after --
 # go to hack/local-up.sh (e.g. `-- --containers`: the plugin, controller
 # proxy, node and agent run from their images, with their manifests'
-# privileges and mounts; `-- --mode split`).
+# privileges and mounts; `-- --mode split`; `-- --dpus 2`: a host with two
+# DPUs, the node given both, in either mode). With --dpus 2 the default
+# backends are all but fs, which local-up refuses there (its second DPU makes
+# no filesystem devices).
 set -euo pipefail
 caller=$PWD
 cd "$(dirname "$0")/.."
@@ -70,11 +73,19 @@ while (($#)); do
     --csi-sanity) binary=$(absolute "$2"); shift 2 ;;
     --tarball) tarball=$(absolute "$2"); shift 2 ;;
     --) shift; local_up_args=("$@"); break ;;
-    -h | --help) sed -n '2,49p' "$0"; exit 0 ;;
+    -h | --help) sed -n '/^set -euo/q; 2,$p' "$0"; exit 0 ;;
     *) echo "csi-sanity: unknown argument $1" >&2; exit 2 ;;
   esac
 done
-((${#backends[@]})) || backends=(aio nvmf nvmf-multipath fs)
+if ! ((${#backends[@]})); then
+  backends=(aio nvmf nvmf-multipath fs)
+  for ((i = 0; i + 1 < ${#local_up_args[@]}; i++)); do
+    if [ "${local_up_args[i]}" = --dpus ] && [ "${local_up_args[i + 1]}" != 1 ]; then
+      backends=(aio nvmf nvmf-multipath)
+      echo "csi-sanity: every backend but fs: local-up --dpus ${local_up_args[i + 1]} makes no filesystem devices"
+    fi
+  done
+fi
 for backend in "${backends[@]}"; do
   case $backend in aio | nvmf | nvmf-multipath | fs) ;; *) echo "csi-sanity: unknown backend $backend" >&2; exit 2 ;; esac
 done

@@ -49,11 +49,31 @@
 # the same filesystem share, for a ReadWriteMany volume: it prints
 # CSI_NODE2_ENDPOINT= and KUBELET2_DIR= as well.
 #
+# --dpus 2 makes the host one with two DPUs, as a server with two BlueFields
+# is: a second SNAP emulator (--pci-domain 0001: its functions appear in the
+# first's sysfs tree, in PCI domain 0001), a second sample plugin that serves
+# plugins.v1 only, against it (the CSI controller stays the first plugin's,
+# one for the cluster; the NVMe-oF target and the AIO pool, on this machine,
+# serve both DPUs), in split mode a second agent in a second network
+# namespace (its own veth pair and /30, and certificate naming local-dpu-b;
+# the CA and the node's certificate are shared), and the node given both
+# DPUs in DIR/node.toml (its `dpus`: local-dpu in PCI domain 0000 and
+# local-dpu-b in 0001) instead of --dpu-name and the per-DPU flags. Their
+# processes are snap-b, plugin-b and agent-b (--supervise: DIR/pids/NAME).
+# It prints SNAP_SOCKET_B= and PLUGIN_SOCKET_B=, and in split mode
+# DPU_AGENT_ENDPOINT_B=, AGENT_METRICS_B=, DPU_NETNS_B= and DPU_VETH_B=
+# (the second DPU's as above). DPUS= (comma-separated) names the DPUs in
+# every run: DPUS=local-dpu, or DPUS=local-dpu,local-dpu-b. Not with
+# --fs-only or --backend fs: the emulated host's virtio-fs devices are one
+# emulator's (their sysfs entries and mounts), and the node has one
+# --virtiofs-emulated-dir, so the second DPU's plugin makes no filesystem
+# devices. --second-host stays a host with one DPU.
+#
 # Usage (as root): hack/local-up.sh [--mode colocated|split] [--backend aio|nvmf|fs] [--dir DIR]
 #   [--profile release|debug] [--no-build] [--snap-poll-period-us N] [--snap-nvme-pfs N]
 #   [--snap-nvme-vfs-per-pf N] [--snap-data-path auto|fuse|direct] [--allow-node-restart]
-#   [--supervise] [--fs-only] [--second-host] [--containers]
-# The --snap-* options go to the DPU's SNAP emulator only (not the NVMe-oF
+#   [--supervise] [--fs-only] [--second-host] [--containers] [--dpus 1|2]
+# The --snap-* options go to each DPU's SNAP emulator only (not the NVMe-oF
 # target): its RPC poller period (8000 reproduces real SPDK's ~8 ms per
 # sequential call), how many NVMe functions it offers (default 1 PF with 16
 # VFs) and which exposures pass its FUSE data path (default auto: those with
@@ -63,30 +83,32 @@
 # replacement itself). --supervise restarts every process that exits (as
 # kubelet restarts a crashed container: same command line, a short pause) and
 # keeps the pid of each one running now in DIR/pids/NAME (NAME: target, snap,
-# plugin, controller, agent, node), so that a chaos run can kill any of them;
+# plugin, controller, agent, node; snap-b, plugin-b, agent-b), so that a chaos
+# run can kill any of them;
 # its log gains a line per restart. The pause before a restart is 0.2 s, or
 # the seconds in DIR/pids/NAME.restart-delay when that file exists (read at
 # each restart).
 # --containers runs every process that has an image (the sample plugin, the
 # controller proxy, the node and, in split mode, the DPU agent; the second
-# host's too) from it with podman instead of the bare binary: the images
-# hack/images.sh builds from this profile's binaries, each run with the
-# privileges, capabilities, user, root filesystem, network and host mounts
-# (/dev, /sys, their propagation) its container has in deploy/kubernetes, as
-# deploy/tools/podman_spec.py derives them from the rendered manifests. The
-# manifests' own host paths are replaced by this run's directories (bound at
-# their own paths, so every flag here stays as it is): the kubelet directory
-# (made a shared mount first, as a kubelet host's is, so that the node's
-# mounts reach the host), the node's state directory, and DIR itself for the
-# sockets' directories; emptyDir volumes are DIR and Secrets DIR/tls. The
-# pod network is the host's (there is no CNI here), and the agent's host
-# network is its namespace. The SNAP emulators stay bare processes (SNAP has
-# no image here). Containers are named snapcsi-ID-NAME and removed at the
-# stop. Not with --supervise or --allow-node-restart (they restart and kill
-# processes by pid). The manifests read are deploy/'s, or those of the copy
-# of deploy/ that SNAP_CSI_DEPLOY names, and the images hack/images.sh's, or
-# those SNAP_CSI_IMAGES names ("snap-csi=REF snap-csi-spdk-plugin=REF"): to
-# try a change of either here.
+# host's and the second DPU's too) from it with podman instead of the bare
+# binary: the images hack/images.sh builds from this profile's binaries, each
+# run with the privileges, capabilities, user, root filesystem, network and
+# host mounts (/dev, /sys, their propagation) its container has in
+# deploy/kubernetes, as deploy/tools/podman_spec.py derives them from the
+# rendered manifests. The manifests' own host paths are replaced by this
+# run's directories (bound at their own paths, so every flag here stays as it
+# is, DIR/node.toml's paths too): the kubelet directory (made a shared mount
+# first, as a kubelet host's is, so that the node's mounts reach the host),
+# the node's state directory, and DIR itself for the sockets' directories;
+# emptyDir volumes are DIR and Secrets DIR/tls. The pod network is the host's
+# (there is no CNI here), and an agent's host network is its namespace. The
+# SNAP emulators stay bare processes (SNAP has no image here). Containers are
+# named snapcsi-ID-NAME and removed at the stop. Not with --supervise or
+# --allow-node-restart (they restart and kill processes by pid). The
+# manifests read are deploy/'s, or those of the copy of deploy/ that
+# SNAP_CSI_DEPLOY names, and the images hack/images.sh's, or those
+# SNAP_CSI_IMAGES names ("snap-csi=REF snap-csi-spdk-plugin=REF"): to try a
+# change of either here.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
@@ -102,6 +124,7 @@ supervise=0
 second_host=0
 fs_only=0
 containers=0
+dpus=1
 while (($#)); do
   case $1 in
     --mode) mode=$2; shift 2 ;;
@@ -118,13 +141,20 @@ while (($#)); do
     --second-host) second_host=1; shift ;;
     --fs-only) fs_only=1; backend=fs; shift ;;
     --containers) containers=1; shift ;;
-    -h | --help) sed -n '2,87p' "$0"; exit 0 ;;
+    --dpus) dpus=$2; shift 2 ;;
+    -h | --help) sed -n '/^set -euo/q; 2,$p' "$0"; exit 0 ;;
     *) echo "local-up: unknown argument $1" >&2; exit 2 ;;
   esac
 done
 case $mode in colocated | split) ;; *) echo "local-up: --mode must be colocated or split" >&2; exit 2 ;; esac
 case $backend in aio | nvmf | fs) ;; *) echo "local-up: --backend must be aio, nvmf or fs" >&2; exit 2 ;; esac
 case $profile in release | debug) ;; *) echo "local-up: --profile must be release or debug" >&2; exit 2 ;; esac
+case $dpus in 1 | 2) ;; *) echo "local-up: --dpus must be 1 or 2" >&2; exit 2 ;; esac
+if ((dpus == 2)) && [ "$backend" = fs ]; then
+  echo "local-up: --dpus 2 cannot be combined with --fs-only or --backend fs (the emulated" \
+    "host's virtio-fs devices are one emulator's; the node has one --virtiofs-emulated-dir)" >&2
+  exit 2
+fi
 if ((containers)) && ((supervise || allow_node_restart)); then
   echo "local-up: --containers cannot be combined with --supervise or --allow-node-restart" \
     "(they restart and kill processes by pid; a container's is podman's)" >&2
@@ -176,8 +206,10 @@ kubelet=$dir/kubelet
 mkdir -p "$kubelet" "$dir/logs" "$dir/aio-pool"
 
 pids=()
-netns=
-veth=
+# Split mode's network namespaces and the host's ends of their veth pairs
+# (one per DPU), for the cleanup.
+netnss=()
+veths=()
 # --containers: this run's containers (snapcsi-ID-NAME) and the kubelet
 # directories made shared mounts (bound onto themselves).
 cid=
@@ -203,10 +235,10 @@ cleanup() {
       podman rm --force "${run_containers[i]}" >/dev/null 2>&1
     fi
   done
-  # Deleting the namespace deletes the veth end in it, and with it the pair;
+  # Deleting a namespace deletes the veth end in it, and with it the pair;
   # the host's end goes by name in case the pair never reached the namespace.
-  [ -n "$netns" ] && ip netns delete "$netns" 2>/dev/null
-  [ -n "$veth" ] && ip link delete "$veth" 2>/dev/null
+  for n in "${netnss[@]}"; do ip netns delete "$n" 2>/dev/null; done
+  for n in "${veths[@]}"; do ip link delete "$n" 2>/dev/null; done
   # Whatever a consumer left mounted under our kubelet directory.
   grep -o " ${kubelet}2\?/[^ ]*" /proc/self/mountinfo | sort -r | while read -r m; do
     umount -l "$m"
@@ -361,17 +393,20 @@ free_port() {
   exit 1
 }
 
-# Split mode's link: a namespace and a veth pair on a /30 of 198.18.0.0/15
-# that no address or route of this machine overlaps. The pick and the
-# creation happen under a lock, so that two stacks starting together take
-# different subnets; the lock is released before any process starts, so none
-# inherits it.
+# Split mode's link (one per DPU): a namespace and a veth pair on a /30 of
+# 198.18.0.0/15 that no address or route of this machine overlaps. The pick
+# and the creation happen under a lock, so that two stacks starting together
+# take different subnets (and a second DPU's link another than the first's);
+# the lock is released before any process starts, so none inherits it. Sets
+# netns, veth and subnet (198.18.N).
 link_up() {
   local id n lock
   id=$(od -An -N3 -tx1 /dev/urandom | tr -d ' \n')
   netns=snapcsi-$id
   # Interface names have at most 15 characters.
   veth=snapcsi-${id}h
+  netnss+=("$netns")
+  veths+=("$veth")
   mkdir -p /run/lock
   exec {lock}>/run/lock/snap-csi-local-up.lock
   flock "$lock"
@@ -401,17 +436,19 @@ link_up() {
 }
 
 # Split mode's certificates, fresh for this run: a CA (P-256), the agent's
-# certificate naming the DPU for serverAuth, the node's naming the node for
-# clientAuth. Keys are readable by root only.
+# certificate naming the DPU for serverAuth (with --dpus 2 also agent-b's,
+# naming the second), the node's naming the node for clientAuth. Keys are
+# readable by root only.
 make_certificates() {
-  local tls=$dir/tls role name usage
+  local tls=$dir/tls role name usage roles=(agent:local-dpu:serverAuth node:local-node:clientAuth)
+  ((dpus == 2)) && roles+=(agent-b:local-dpu-b:serverAuth)
   mkdir -m 700 "$tls"
   (
     umask 077
     openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 7 \
       -subj "/CN=local-up CA $netns" -keyout "$tls/ca.key" -out "$tls/ca.crt" \
       -addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign,cRLSign
-    for role in agent:local-dpu:serverAuth node:local-node:clientAuth; do
+    for role in "${roles[@]}"; do
       IFS=: read -r role name usage <<<"$role"
       openssl req -new -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes \
         -subj "/CN=$name" -keyout "$tls/$role.key" -out "$tls/$role.csr"
@@ -425,12 +462,19 @@ make_certificates() {
 }
 
 if [ "$mode" = split ]; then
+  # The agents' namespaces are fresh and their own: the deployment's default
+  # ports are free there. (The second DPU's link first: link_up sets netns,
+  # veth and subnet, and the first DPU's stay in them.)
+  if ((dpus == 2)); then
+    link_up
+    netns_b=$netns veth_b=$veth
+    agent_b_listen=$subnet.2:9830
+    agent_b_metrics=$subnet.2:9831
+  fi
   link_up
-  make_certificates
-  # The agent's namespace is fresh and its own: the deployment's default
-  # ports are free there.
   agent_listen=$subnet.2:9830
   agent_metrics=$subnet.2:9831
+  make_certificates
 fi
 
 # The remote NVMe-oF target: a plain SPDK with a pool and an lvstore. Its
@@ -511,41 +555,107 @@ run controller controller "${dpu_maps[@]}" -- snap-csi controller \
   --metrics-address "$controller_metrics"
 wait_for_socket "$dir/controller.sock"
 
-# How the node reaches the DPU attach layer.
-if [ "$mode" = split ]; then
-  # nsenter --net, not `ip netns exec`: that also gives the agent a mount
-  # namespace of its own, a copy of the host's mounts when it starts. Where
-  # / is private (no propagation), a restarted agent's copy then holds the
-  # filesystem of every volume staged at that moment: the host's unstage
-  # cannot release the device, and an xfs volume restaged on its new device
-  # is refused as a duplicate UUID (found by hack/chaos.sh).
-  agent_args=(
-    --listen "https://$agent_listen"
+# The second DPU (--dpus 2): its SNAP, whose functions appear in the first's
+# sysfs tree in PCI domain 0001, as a second BlueField's do on one host, and
+# its plugin, plugins.v1 only: no second CSI controller (the first serves the
+# cluster), and no filesystem devices (see --dpus above). The AIO pool's
+# files and the NVMe-oF target are this machine's, which both DPUs reach.
+if ((dpus == 2)); then
+  start snap-b "$bin/snap-emu" --socket "$dir/snap-b.sock" --state-dir "$dir/snap-b" \
+    --sysfs-root "$dir/snap/sysfs" --pci-domain 0001 "${snap_args[@]}"
+  wait_for_socket "$dir/snap-b.sock"
+  run plugin-b plugin "${dpu_maps[@]}" -- snap-csi-spdk-plugin \
+    --plugin-socket "$dir/plugin-b.sock" \
+    --spdk-socket "$dir/snap-b.sock" \
+    --state-dir "$dir/plugin-b-state"
+  wait_for_socket "$dir/plugin-b.sock"
+fi
+
+# start_agent NAME NETNS LISTEN METRICS CERT PLUGIN-SOCKET SNAP-SOCKET: a DPU
+# agent in namespace NETNS serving on LISTEN and METRICS (ADDR:PORT) with
+# DIR/tls/CERT.{crt,key}, in front of that DPU's plugin and SNAP. nsenter
+# --net, not `ip netns exec`: that also gives the agent a mount namespace of
+# its own, a copy of the host's mounts when it starts. Where / is private (no
+# propagation), a restarted agent's copy then holds the filesystem of every
+# volume staged at that moment: the host's unstage cannot release the
+# device, and an xfs volume restaged on its new device is refused as a
+# duplicate UUID (found by hack/chaos.sh).
+start_agent() {
+  local name=$1 ns=$2 listen=$3 metrics=$4 cert=$5 args
+  args=(
+    --listen "https://$listen"
     --host-name local-node
-    --tls-cert "$dir/tls/agent.crt"
-    --tls-key "$dir/tls/agent.key"
+    --tls-cert "$dir/tls/$cert.crt"
+    --tls-key "$dir/tls/$cert.key"
     --tls-ca "$dir/tls/ca.crt"
-    --plugin-socket "$dir/plugin.sock"
-    --snap-socket-template "$dir/snap.sock"
-    --metrics-address "$agent_metrics"
+    --plugin-socket "$6"
+    --snap-socket-template "$7"
+    --metrics-address "$metrics"
   )
   if ((containers)); then
     # The manifest's hostNetwork is the DPU's own network: the namespace.
-    run agent agent "${dpu_maps[@]}" --host-network "ns:/run/netns/$netns" -- snap-csi dpu-agent "${agent_args[@]}"
+    run "$name" agent "${dpu_maps[@]}" --host-network "ns:/run/netns/$ns" -- snap-csi dpu-agent "${args[@]}"
   else
-    start agent nsenter --net="/run/netns/$netns" "$bin/snap-csi" dpu-agent "${agent_args[@]}"
+    start "$name" nsenter --net="/run/netns/$ns" "$bin/snap-csi" dpu-agent "${args[@]}"
   fi
   # From the host's namespace, across the link, as the node will.
-  wait_for_tcp "${agent_listen%:*}" "${agent_listen#*:}"
-  wait_for_tcp "${agent_metrics%:*}" "${agent_metrics#*:}"
+  wait_for_tcp "${listen%:*}" "${listen#*:}"
+  wait_for_tcp "${metrics%:*}" "${metrics#*:}"
+}
+
+# toml_string TEXT: TEXT as a TOML basic string.
+toml_string() {
+  local text=${1//\\/\\\\}
+  printf '"%s"' "${text//\"/\\\"}"
+}
+
+# How the node reaches the DPU attach layer: one DPU by flags; two by the
+# config file's `dpus` (the node refuses --dpu-name and --dpu-endpoint then),
+# each in its PCI domain, reached by its sockets or its agent.
+dpu_name=(--dpu-name local-dpu)
+if [ "$mode" = split ]; then
+  start_agent agent "$netns" "$agent_listen" "$agent_metrics" agent "$dir/plugin.sock" "$dir/snap.sock"
   dpu=(
     --dpu-endpoint "https://$agent_listen"
     --dpu-tls-cert "$dir/tls/node.crt"
     --dpu-tls-key "$dir/tls/node.key"
     --dpu-tls-ca "$dir/tls/ca.crt"
   )
+  if ((dpus == 2)); then
+    start_agent agent-b "$netns_b" "$agent_b_listen" "$agent_b_metrics" agent-b \
+      "$dir/plugin-b.sock" "$dir/snap-b.sock"
+    cat >"$dir/node.toml" <<EOF
+[[dpus]]
+name = "local-dpu"
+pci_domain = "0000"
+endpoint = $(toml_string "https://$agent_listen")
+[[dpus]]
+name = "local-dpu-b"
+pci_domain = "0001"
+endpoint = $(toml_string "https://$agent_b_listen")
+EOF
+    # The TLS files stay flags: both links' (the CA and the node's certificate).
+    dpu=(--config "$dir/node.toml" "${dpu[@]:2}")
+    dpu_name=()
+  fi
 else
   dpu=(--plugin-socket "$dir/plugin.sock" --snap-socket-template "$dir/snap.sock")
+  if ((dpus == 2)); then
+    cat >"$dir/node.toml" <<EOF
+[[dpus]]
+name = "local-dpu"
+pci_domain = "0000"
+plugin_socket = $(toml_string "$dir/plugin.sock")
+snap_socket_template = $(toml_string "$dir/snap.sock")
+[[dpus]]
+name = "local-dpu-b"
+pci_domain = "0001"
+plugin_socket = $(toml_string "$dir/plugin-b.sock")
+snap_socket_template = $(toml_string "$dir/snap-b.sock")
+EOF
+    dpu=(--config "$dir/node.toml")
+    dpu_name=()
+  fi
 fi
 
 # The emulated host sees a new function within milliseconds: a stage whose
@@ -580,7 +690,7 @@ run node node --mode "$mode" "${node_maps[@]}" --map "/var/lib/kubelet=$kubelet"
   --sysfs-root "$dir/snap/sysfs" \
   --virtiofs-emulated-dir "$dir/snap/host/virtiofs" \
   "${dpu[@]}" \
-  --dpu-name local-dpu \
+  "${dpu_name[@]}" \
   --metrics-address "$node_metrics"
 wait_for_socket "$dir/node.sock"
 node_pid=${pids[-1]}
@@ -631,6 +741,19 @@ if [ "$mode" = split ]; then
   echo "AGENT_METRICS=http://$agent_metrics/metrics"
   echo "DPU_NETNS=$netns"
   echo "DPU_VETH=$veth"
+fi
+if ((dpus == 2)); then
+  echo "DPUS=local-dpu,local-dpu-b"
+  echo "SNAP_SOCKET_B=$dir/snap-b.sock"
+  echo "PLUGIN_SOCKET_B=$dir/plugin-b.sock"
+  if [ "$mode" = split ]; then
+    echo "DPU_AGENT_ENDPOINT_B=https://$agent_b_listen"
+    echo "AGENT_METRICS_B=http://$agent_b_metrics/metrics"
+    echo "DPU_NETNS_B=$netns_b"
+    echo "DPU_VETH_B=$veth_b"
+  fi
+else
+  echo "DPUS=local-dpu"
 fi
 if ((second_host)); then
   echo "CSI_NODE2_ENDPOINT=unix://$dir/node2.sock"

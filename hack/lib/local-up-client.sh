@@ -17,8 +17,10 @@
 # CSI_NODE_ENDPOINT, KUBELET_DIR, NODE_METRICS, CONTROLLER_METRICS,
 # PLUGIN_METRICS, NVMF_TARGET_SOCKET, with --second-host CSI_NODE2_ENDPOINT and KUBELET2_DIR, and
 # in split mode DPU_AGENT_ENDPOINT, AGENT_METRICS,
-# DPU_NETNS and DPU_VETH (unset in co-located mode, also after a split run).
-LOCAL_UP_KEYS='CSI_CONTROLLER_ENDPOINT|CSI_NODE_ENDPOINT|KUBELET_DIR|CSI_NODE2_ENDPOINT|KUBELET2_DIR|NODE_METRICS|CONTROLLER_METRICS|PLUGIN_METRICS|NVMF_TARGET_SOCKET|DPU_AGENT_ENDPOINT|AGENT_METRICS|DPU_NETNS|DPU_VETH'
+# DPU_NETNS and DPU_VETH (unset in co-located mode, also after a split run),
+# DPUS, and with --dpus 2 SNAP_SOCKET_B and PLUGIN_SOCKET_B, in split mode
+# also DPU_AGENT_ENDPOINT_B, AGENT_METRICS_B, DPU_NETNS_B and DPU_VETH_B.
+LOCAL_UP_KEYS='CSI_CONTROLLER_ENDPOINT|CSI_NODE_ENDPOINT|KUBELET_DIR|CSI_NODE2_ENDPOINT|KUBELET2_DIR|NODE_METRICS|CONTROLLER_METRICS|PLUGIN_METRICS|NVMF_TARGET_SOCKET|DPU_AGENT_ENDPOINT|AGENT_METRICS|DPU_NETNS|DPU_VETH|DPUS|SNAP_SOCKET_B|PLUGIN_SOCKET_B|DPU_AGENT_ENDPOINT_B|AGENT_METRICS_B|DPU_NETNS_B|DPU_VETH_B'
 # local_up_images PROFILE ARGS...: when ARGS (local-up's) hold --containers,
 # builds the images of PROFILE's binaries now (hack/images.sh), so that no
 # stack's start spends its 60 s on them.
@@ -72,16 +74,16 @@ local_up_stop() {
 
 # local_up_assert_clean STACK_DIR: after local_up_stop, fails unless the stack
 # left no loop device, no mount and no directory behind, nor (split mode) its
-# network namespace or veth pair.
+# network namespaces or veth pairs (one per DPU).
 local_up_assert_clean() {
-  local stack=$1 left mounted link=
+  local stack=$1 left mounted link= netns
   left=$( (losetup -a | grep -F "$stack") || true)
   mounted=$( (grep -F "$stack" /proc/self/mountinfo) || true)
-  if [ -n "${DPU_NETNS:-}" ]; then
-    link=$( (ip netns list | grep -wF "$DPU_NETNS") || true)
+  for netns in ${DPU_NETNS:-} ${DPU_NETNS_B:-}; do
+    link+=$( (ip netns list | grep -wF "$netns") || true)
     # The pair's two ends are named after the namespace.
-    link+=$( (ip -o link show | grep -F "$DPU_NETNS") || true)
-  fi
+    link+=$( (ip -o link show | grep -F "$netns") || true)
+  done
   if [ -n "$left" ] || [ -n "$mounted" ] || [ -n "$link" ] || [ -e "$stack" ]; then
     echo "FAIL: left behind:" >&2
     printf '%s\n' "$left" "$mounted" "$link" >&2

@@ -323,6 +323,7 @@ pub(crate) async fn start_stack(
         supervise: true,
         namespaces_per_controller: Some(args.namespaces_per_controller),
         data_path: None,
+        two_dpus: false,
     };
     let stack_dir = std::env::temp_dir().join(format!("snap-csi-chaos-{seed}-{name}"));
     let stack = Stack::start(

@@ -2,7 +2,7 @@
 //! process, its endpoints parsed from what it prints, and everything it
 //! made removed again when it is stopped or dropped. Co-located, or split:
 //! the node reaching a DPU agent in a network namespace of its own over
-//! mutual TLS (`--mode split`).
+//! mutual TLS (`--mode split`); a host with one DPU, or two (`--dpus 2`).
 //!
 //! std's `Child` (not tokio's) so that `Drop` can stop the stack on any path
 //! out of the program, an error or Ctrl-C included: a leaked stack leaves
@@ -36,6 +36,8 @@ pub struct StackOptions {
     /// The DPU emulator's `--data-path` (`auto`, `fuse`, `direct`); `None`
     /// keeps its default.
     pub data_path: Option<&'static str>,
+    /// A host with two DPUs (`--dpus 2`): [`Stack::dpus`] names both.
+    pub two_dpus: bool,
 }
 
 /// A stack that `hack/local-up.sh` started and printed READY for.
@@ -49,8 +51,13 @@ pub struct Stack {
     pub node_metrics: String,
     pub controller_metrics: String,
     pub plugin_metrics: String,
+    /// The host's DPUs, as the node's topology keys name them: `local-dpu`,
+    /// then with [`StackOptions::two_dpus`] `local-dpu-b`.
+    pub dpus: Vec<String>,
     /// Split mode only: the DPU agent's link, metrics and network namespace.
     pub split: Option<SplitLink>,
+    /// Split mode with two DPUs: the second DPU's agent.
+    pub split_b: Option<SplitLink>,
     local_up: Option<Child>,
     /// Held so that local-up never writes into a closed pipe.
     _stdout: Option<ChildStdout>,
@@ -61,7 +68,7 @@ pub struct Stack {
     replacement_node: Option<Child>,
 }
 
-/// What local-up printed about a split stack's link.
+/// What local-up printed about a split stack's link (one per DPU).
 #[derive(Debug, Default)]
 pub struct SplitLink {
     /// `https://ADDR:PORT`, as the node's `--dpu-endpoint` and the agent's `--listen`.
@@ -111,6 +118,9 @@ impl Stack {
         if options.supervise {
             command.arg("--supervise");
         }
+        if options.two_dpus {
+            command.args(["--dpus", "2"]);
+        }
         if let Some(mode) = options.data_path {
             command.args(["--snap-data-path", mode]);
         }
@@ -135,7 +145,9 @@ impl Stack {
             node_metrics: String::new(),
             controller_metrics: String::new(),
             plugin_metrics: String::new(),
+            dpus: Vec::new(),
             split: None,
+            split_b: None,
             local_up: Some(child),
             _stdout: None,
             stderr_path,
@@ -149,34 +161,30 @@ impl Stack {
             Err(_) => return Err(stack.explain(anyhow::anyhow!("no READY within 300 s"))),
         };
         stack._stdout = Some(stdout);
-        let mut link = SplitLink::default();
-        for line in lines {
-            let Some((key, value)) = line.split_once('=') else {
-                continue;
-            };
-            let value = value.to_string();
-            match key {
-                "CSI_CONTROLLER_ENDPOINT" => stack.controller = value,
-                "CSI_NODE_ENDPOINT" => stack.node = value,
-                "KUBELET_DIR" => stack.kubelet = value.into(),
-                "NODE_METRICS" => stack.node_metrics = value,
-                "CONTROLLER_METRICS" => stack.controller_metrics = value,
-                "PLUGIN_METRICS" => stack.plugin_metrics = value,
-                "DPU_AGENT_ENDPOINT" => link.endpoint = value,
-                "AGENT_METRICS" => link.metrics = value,
-                "DPU_NETNS" => link.netns = value,
-                _ => {}
-            }
-        }
-        let link_printed = [&link.endpoint, &link.metrics, &link.netns]
-            .iter()
-            .all(|v| !v.is_empty());
-        if options.split && !link_printed {
+        let printed = Printed::parse(&lines);
+        stack.controller = printed.controller;
+        stack.node = printed.node;
+        stack.kubelet = printed.kubelet;
+        stack.node_metrics = printed.node_metrics;
+        stack.controller_metrics = printed.controller_metrics;
+        stack.plugin_metrics = printed.plugin_metrics;
+        stack.dpus = printed.dpus;
+        let links = [printed.link, printed.link_b];
+        let wanted = if options.two_dpus { 2 } else { 1 };
+        if options.split && !links[..wanted].iter().all(SplitLink::is_printed) {
             return Err(stack.explain(anyhow::anyhow!(
-                "local-up --mode split printed READY without the agent's endpoint, metrics and namespace"
+                "local-up --mode split printed READY without each agent's endpoint, metrics and namespace"
             )));
         }
+        if stack.dpus.len() != wanted {
+            return Err(stack.explain(anyhow::anyhow!(
+                "local-up printed DPUS={:?}, not {wanted} DPU names",
+                stack.dpus.join(",")
+            )));
+        }
+        let [link, link_b] = links;
         stack.split = options.split.then_some(link);
+        stack.split_b = (options.split && options.two_dpus).then_some(link_b);
         if stack.node.is_empty() || stack.controller.is_empty() || stack.node_metrics.is_empty() {
             return Err(stack.explain(anyhow::anyhow!(
                 "local-up printed READY without all endpoints"
@@ -273,7 +281,7 @@ impl Stack {
         if self.dir.exists() {
             left.push(format!("directory: {}", self.dir.display()));
         }
-        if let Some(link) = &self.split {
+        for link in self.split.iter().chain(&self.split_b) {
             // The pair's ends are named after the namespace.
             for (what, command) in [
                 ("network namespace", &["netns", "list"][..]),
@@ -297,6 +305,64 @@ impl Stack {
 impl Drop for Stack {
     fn drop(&mut self) {
         self.shutdown();
+    }
+}
+
+impl SplitLink {
+    fn is_printed(&self) -> bool {
+        [&self.endpoint, &self.metrics, &self.netns]
+            .iter()
+            .all(|v| !v.is_empty())
+    }
+}
+
+/// What local-up printed before READY (`KEY=VALUE` lines; other lines and
+/// keys are ignored).
+#[derive(Debug, Default)]
+struct Printed {
+    controller: String,
+    node: String,
+    kubelet: PathBuf,
+    node_metrics: String,
+    controller_metrics: String,
+    plugin_metrics: String,
+    dpus: Vec<String>,
+    link: SplitLink,
+    link_b: SplitLink,
+}
+
+impl Printed {
+    fn parse(lines: &[String]) -> Printed {
+        let mut printed = Printed::default();
+        for line in lines {
+            let Some((key, value)) = line.split_once('=') else {
+                continue;
+            };
+            let value = value.to_string();
+            match key {
+                "CSI_CONTROLLER_ENDPOINT" => printed.controller = value,
+                "CSI_NODE_ENDPOINT" => printed.node = value,
+                "KUBELET_DIR" => printed.kubelet = value.into(),
+                "NODE_METRICS" => printed.node_metrics = value,
+                "CONTROLLER_METRICS" => printed.controller_metrics = value,
+                "PLUGIN_METRICS" => printed.plugin_metrics = value,
+                "DPUS" => {
+                    printed.dpus = value
+                        .split(',')
+                        .filter(|name| !name.is_empty())
+                        .map(str::to_string)
+                        .collect();
+                }
+                "DPU_AGENT_ENDPOINT" => printed.link.endpoint = value,
+                "AGENT_METRICS" => printed.link.metrics = value,
+                "DPU_NETNS" => printed.link.netns = value,
+                "DPU_AGENT_ENDPOINT_B" => printed.link_b.endpoint = value,
+                "AGENT_METRICS_B" => printed.link_b.metrics = value,
+                "DPU_NETNS_B" => printed.link_b.netns = value,
+                _ => {}
+            }
+        }
+        printed
     }
 }
 
@@ -347,4 +413,55 @@ pub fn stop_child(child: &mut Child, grace: Duration) {
     );
     let _ = child.kill();
     let _ = child.wait();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lines(text: &str) -> Vec<String> {
+        text.lines().map(str::to_string).collect()
+    }
+
+    #[test]
+    fn one_dpu_colocated() {
+        let printed = Printed::parse(&lines(
+            "CSI_CONTROLLER_ENDPOINT=unix:///s/controller.sock\n\
+             CSI_NODE_ENDPOINT=unix:///s/node.sock\n\
+             KUBELET_DIR=/s/kubelet\n\
+             NODE_METRICS=http://127.0.0.1:22977/metrics\n\
+             NVMF_TARGET_SOCKET=/s/target.sock\n\
+             DPUS=local-dpu",
+        ));
+        assert_eq!(printed.node, "unix:///s/node.sock");
+        assert_eq!(printed.kubelet, PathBuf::from("/s/kubelet"));
+        assert_eq!(printed.dpus, ["local-dpu"]);
+        assert!(!printed.link.is_printed() && !printed.link_b.is_printed());
+    }
+
+    /// As local-up --dpus 2 --mode split prints it (values abridged).
+    #[test]
+    fn two_dpus_split() {
+        let printed = Printed::parse(&lines(
+            "CSI_NODE_ENDPOINT=unix:///s/node.sock\n\
+             DPU_AGENT_ENDPOINT=https://198.18.223.2:9830\n\
+             AGENT_METRICS=http://198.18.223.2:9831/metrics\n\
+             DPU_NETNS=snapcsi-53320a\n\
+             DPU_VETH=snapcsi-53320ah\n\
+             DPUS=local-dpu,local-dpu-b\n\
+             SNAP_SOCKET_B=/s/snap-b.sock\n\
+             PLUGIN_SOCKET_B=/s/plugin-b.sock\n\
+             DPU_AGENT_ENDPOINT_B=https://198.18.212.2:9830\n\
+             AGENT_METRICS_B=http://198.18.212.2:9831/metrics\n\
+             DPU_NETNS_B=snapcsi-459b9d\n\
+             DPU_VETH_B=snapcsi-459b9dh",
+        ));
+        assert_eq!(printed.dpus, ["local-dpu", "local-dpu-b"]);
+        assert_eq!(printed.link.endpoint, "https://198.18.223.2:9830");
+        assert_eq!(printed.link.netns, "snapcsi-53320a");
+        assert_eq!(printed.link_b.endpoint, "https://198.18.212.2:9830");
+        assert_eq!(printed.link_b.metrics, "http://198.18.212.2:9831/metrics");
+        assert_eq!(printed.link_b.netns, "snapcsi-459b9d");
+        assert!(printed.link.is_printed() && printed.link_b.is_printed());
+    }
 }
