@@ -7,6 +7,7 @@ use anyhow::bail;
 
 use crate::datapath::DataPathMode;
 use crate::faults::Faults;
+use crate::host::PciDomain;
 
 /// How many emulated PCI functions the DPU offers the host.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,6 +39,9 @@ pub struct Config {
     pub state_dir: PathBuf,
     /// Root of the sysfs-shaped tree; `<state_dir>/sysfs` when `None`.
     pub sysfs_root: Option<PathBuf>,
+    /// The host's PCI domain of this DPU's functions (`<domain>:<bdf>` in
+    /// the tree); emulators sharing a root must each have their own.
+    pub pci_domain: PciDomain,
     /// `false` behaves as a plain `spdk_tgt`: no SNAP methods, no functions, no host side.
     pub snap: bool,
     /// SPDK's RPC poller period; `None` answers at once.
@@ -68,6 +72,7 @@ impl Config {
             socket: socket.into(),
             state_dir: state_dir.into(),
             sysfs_root: None,
+            pci_domain: PciDomain::default(),
             snap: true,
             poll_period: None,
             reply_on_next_tick: false,
@@ -123,6 +128,11 @@ impl Config {
         self
     }
 
+    pub fn with_pci_domain(mut self, domain: PciDomain) -> Self {
+        self.pci_domain = domain;
+        self
+    }
+
     pub fn effective_sysfs_root(&self) -> PathBuf {
         self.sysfs_root
             .clone()
@@ -173,6 +183,11 @@ pub struct Cli {
     /// Root of the emulated sysfs tree (default: STATE_DIR/sysfs).
     #[arg(long)]
     pub sysfs_root: Option<PathBuf>,
+    /// The host's PCI domain of the emulated functions (1 to 4 hex digits):
+    /// the emulators of a host's two DPUs share one --sysfs-root with a
+    /// domain each (0000, 0001).
+    #[arg(long, value_name = "HEX", default_value = "0000")]
+    pub pci_domain: PciDomain,
     /// Behave as a plain spdk_tgt (no SNAP methods, no emulated functions).
     #[arg(long)]
     pub no_snap: bool,
@@ -215,11 +230,43 @@ impl Cli {
                 virtio_blk_vfs_per_pf: self.virtio_blk_vfs_per_pf,
             });
         c.sysfs_root = self.sysfs_root;
+        c.pci_domain = self.pci_domain;
         c.data_path = self.data_path;
         c.json_config = self.json;
         if self.no_snap {
             c = c.without_snap();
         }
         c
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::Cli;
+
+    fn domain(args: &[&str]) -> Result<String, String> {
+        let argv = ["snap-emu"].iter().chain(args);
+        Cli::try_parse_from(argv)
+            .map(|cli| cli.into_config().pci_domain.to_string())
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn pci_domain_flag() {
+        assert_eq!(domain(&[]).unwrap(), "0000");
+        for (given, stored) in [
+            ("1", "0001"),
+            ("0001", "0001"),
+            ("aB", "00ab"),
+            ("ffff", "ffff"),
+        ] {
+            assert_eq!(domain(&["--pci-domain", given]).unwrap(), stored, "{given}");
+        }
+        for bad in ["", "10000", "0x1", "g", "-1", " 1"] {
+            let err = domain(&[&format!("--pci-domain={bad}")]).unwrap_err();
+            assert!(err.contains("invalid PCI domain"), "{bad}: {err}");
+        }
     }
 }

@@ -98,9 +98,9 @@ pub async fn bind(config: Config) -> anyhow::Result<Server> {
     let host = if config.snap {
         let sysfs = config.effective_sysfs_root();
         let host_dir = config.host_dir();
-        let faults = config.faults.clone();
+        let (domain, faults) = (config.pci_domain, config.faults.clone());
         let host = tokio::task::spawn_blocking(move || {
-            HostSide::open(&sysfs, &host_dir).map(|h| h.with_faults(faults))
+            HostSide::open(&sysfs, domain, &host_dir).map(|h| h.with_faults(faults))
         })
         .await
         .context("opening the host side")?
@@ -114,8 +114,9 @@ pub async fn bind(config: Config) -> anyhow::Result<Server> {
         let host_dir = config.host_dir();
         if host_dir.exists() {
             let sysfs = config.effective_sysfs_root();
+            let domain = config.pci_domain;
             tokio::task::spawn_blocking(move || {
-                HostSide::open(&sysfs, &host_dir).and_then(|h| h.shutdown())
+                HostSide::open(&sysfs, domain, &host_dir).and_then(|h| h.shutdown())
             })
             .await
             .context("cleaning up an earlier SNAP run")?

@@ -6,58 +6,11 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
 
+use common::binary::{connect, spawn, spawn_with, terminate, wait_exit};
 use common::{Client, losetup_all};
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
 use serde_json::json;
-
-fn spawn(socket: &Path, state: &Path) -> Child {
-    spawn_with(socket, state, &[])
-}
-
-fn spawn_with(socket: &Path, state: &Path, args: &[&str]) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_snap-emu"))
-        .args(args)
-        .arg("--socket")
-        .arg(socket)
-        .arg("--state-dir")
-        .arg(state)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn snap-emu")
-}
-
-/// Waits until the emulator answers on its socket.
-async fn connect(socket: &Path, child: &mut Child) -> Client {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        if let Ok(s) = tokio::net::UnixStream::connect(socket).await {
-            drop(s);
-            return Client::connect(socket).await;
-        }
-        if let Ok(Some(status)) = child.try_wait() {
-            panic!("snap-emu exited early: {status}");
-        }
-        assert!(Instant::now() < deadline, "snap-emu did not come up");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-fn wait_exit(child: &mut Child) -> std::process::ExitStatus {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        if let Some(status) = child.try_wait().expect("wait") {
-            return status;
-        }
-        assert!(Instant::now() < deadline, "snap-emu did not exit");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
 
 /// The disk a killed emulator leaves: an AIO bdev over `img` on a
 /// virtio-blk controller.
@@ -116,9 +69,7 @@ async fn a_restart_cleans_up_after_a_killed_emulator() {
     );
     drop(c);
 
-    let pid = i32::try_from(again.id()).unwrap();
-    kill(Pid::from_raw(pid), Signal::SIGTERM).expect("SIGTERM");
-    assert!(wait_exit(&mut again).success());
+    terminate(again);
     assert!(!socket.exists(), "graceful shutdown removes the socket");
 }
 
@@ -184,9 +135,7 @@ async fn a_restart_cleans_up_a_killed_emulators_data_path() {
     );
     drop(c);
 
-    let pid = i32::try_from(again.id()).unwrap();
-    kill(Pid::from_raw(pid), Signal::SIGTERM).expect("SIGTERM");
-    assert!(wait_exit(&mut again).success());
+    terminate(again);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -263,9 +212,7 @@ async fn a_restart_cleans_up_a_killed_emulators_virtio_fs_devices() {
     assert!(!mounted(&mountpoint), "the restart unmounted it");
     assert!(!entry.exists(), "the restart removed its sysfs entry");
     drop(c);
-    let pid = i32::try_from(again.id()).unwrap();
-    kill(Pid::from_raw(pid), Signal::SIGTERM).expect("SIGTERM");
-    assert!(wait_exit(&mut again).success());
+    terminate(again);
 }
 
 /// A killed NVMe-oF target started again with its `--json` configuration
@@ -376,9 +323,7 @@ async fn a_target_started_again_finds_its_lvol_store_and_lvols() {
         Some(1)
     );
     drop(c);
-    let pid = i32::try_from(third.id()).unwrap();
-    kill(Pid::from_raw(pid), Signal::SIGTERM).expect("SIGTERM");
-    assert!(wait_exit(&mut third).success());
+    terminate(third);
 }
 
 /// A `--json` configuration that fails stops the start, naming the call.

@@ -4,7 +4,8 @@
 //! as a PCI function with a block device under it. We make the same thing real
 //! on this machine: a loop device over the bdev's backing storage, described in
 //! a sysfs-shaped tree under `sysfs_root` that mirrors the kernel's layout
-//! (`tree`).
+//! (`tree`), in the PCI domain of the DPU it emulates ([`PciDomain`]), so
+//! that the emulators of a host's two DPUs can share one tree.
 //!
 //! A started, hot-plugged virtio-fs device is a kernel FUSE mount of its
 //! fsdev's tree and its entry under `fs/virtiofs` (`virtiofs`).
@@ -41,6 +42,7 @@
 //! cannot read, and the host noticing a disk leave: removal is synchronous
 //! here, while a real host learns of it after SNAP answered.
 
+mod domain;
 mod loop_ioctl;
 mod loopdev;
 mod missed;
@@ -73,6 +75,7 @@ use tree::{
 };
 use virtiofs::VirtioFs;
 
+pub use domain::PciDomain;
 pub use tree::{DiskRef, FunctionKind, HostDisk};
 
 /// Kernel block-layer counters of one device (`/sys/block/<dev>/stat`).
@@ -148,10 +151,11 @@ const DATAPATH_DIR: &str = "datapath";
 pub const VIRTIOFS_DIR: &str = "virtiofs";
 
 impl HostSide {
-    /// Opens the host side and removes whatever an earlier run left behind:
-    /// recorded loop devices whose backing file still matches, and the tree.
-    pub fn open(sysfs_root: &Path, state_dir: &Path) -> anyhow::Result<Self> {
-        let tree = Tree::open(sysfs_root)?;
+    /// Opens the host side of the functions in `domain` and removes whatever
+    /// an earlier run left behind: recorded loop devices whose backing file
+    /// still matches, and its domain of the tree.
+    pub fn open(sysfs_root: &Path, domain: PciDomain, state_dir: &Path) -> anyhow::Result<Self> {
+        let tree = Tree::open(sysfs_root, domain)?;
         fs::create_dir_all(state_dir)
             .with_context(|| format!("creating state dir {}", state_dir.display()))?;
         let state_dir = fs::canonicalize(state_dir)
@@ -219,7 +223,7 @@ impl HostSide {
         self
     }
 
-    /// Creates `bus/pci/devices/0000:<bdf>` (with `vendor`, `device`, `class`).
+    /// Creates `bus/pci/devices/<domain>:<bdf>` (with `vendor`, `device`, `class`).
     pub fn add_pci_function(&self, bdf: &str, kind: FunctionKind) -> anyhow::Result<()> {
         validate_bdf(bdf)?;
         let _guard = self.queue.lock(bdf);
@@ -236,7 +240,7 @@ impl HostSide {
         validate_bdf(bdf)?;
         let dir = self.tree.function_dir(bdf);
         let _guard = self.queue.lock(bdf);
-        let prefix = format!("0000:{bdf}_");
+        let prefix = DiskId::key_prefix(bdf);
         for (key, record) in self.records.list()? {
             if !key.starts_with(&prefix) {
                 continue;

@@ -7,7 +7,6 @@ use std::io::{Seek, SeekFrom};
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::process::Command;
 
-use super::tree::TMP_DIR;
 use super::*;
 
 const MIB: u64 = 1 << 20;
@@ -85,7 +84,7 @@ impl Fixture {
     }
 
     fn open(&self) -> HostSide {
-        HostSide::open(&self.root(), &self.state()).expect("open host side")
+        HostSide::open(&self.root(), PciDomain::default(), &self.state()).expect("open host side")
     }
 
     /// A host side with one PCI function, where most tests start.
@@ -539,11 +538,11 @@ fn bad_input_changes_nothing() {
 fn refuses_system_roots_and_a_second_owner() {
     let fx = Fixture::new();
     for root in ["/", "/sys", "/sys/bus", "/proc", "/dev"] {
-        let err = HostSide::open(Path::new(root), &fx.state()).unwrap_err();
+        let err = HostSide::open(Path::new(root), PciDomain::default(), &fx.state()).unwrap_err();
         assert!(format!("{err:#}").contains("refusing"), "{root}: {err:#}");
     }
     let host = fx.open();
-    let err = HostSide::open(&fx.root(), &fx.state()).unwrap_err();
+    let err = HostSide::open(&fx.root(), PciDomain::default(), &fx.state()).unwrap_err();
     assert!(format!("{err:#}").contains("locked"), "{err:#}");
     drop(host);
     fx.open();
@@ -666,7 +665,7 @@ fn remove_function_and_shutdown_leave_nothing() {
     fs::remove_dir_all(fx.root().join("bus")).unwrap();
     host.shutdown().unwrap();
     assert!(!fx.root().join("bus").exists());
-    assert!(!fx.root().join(TMP_DIR).exists());
+    assert!(!host.tree.tmp_dir().exists());
 }
 
 #[test]

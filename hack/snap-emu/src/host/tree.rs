@@ -1,9 +1,9 @@
 //! The host's tree, shaped as the kernel lays out sysfs under `sysfs_root`:
 //!
 //! ```text
-//! <root>/bus/pci/devices/0000:<bdf>/{vendor,device,class}
-//! <root>/bus/pci/devices/0000:<bdf>/nvme/nvme<X>/nvme<X>n<Y>/{nsid,uuid,size,dev}
-//! <root>/bus/pci/devices/0000:<bdf>/virtio<N>/block/vd<x>/{serial,size,dev}
+//! <root>/bus/pci/devices/<domain>:<bdf>/{vendor,device,class}
+//! <root>/bus/pci/devices/<domain>:<bdf>/nvme/nvme<X>/nvme<X>n<Y>/{nsid,uuid,size,dev}
+//! <root>/bus/pci/devices/<domain>:<bdf>/virtio<N>/block/vd<x>/{serial,size,dev}
 //! ```
 //!
 //! File contents are the kernel's, byte for byte: `size` is in 512-byte sectors
@@ -11,10 +11,16 @@
 //! device node exactly as it would on a real host. Like the kernel's, `serial`
 //! is at most 20 bytes and has no trailing newline.
 //!
-//! Directories appear atomically (built under `<root>/.snap-emu-tmp`, then
-//! renamed into place), so a reader never sees a disk without its `dev`. A
-//! disk's place in the tree ([`DiskId`]) is also its identity, and names its
-//! crash record (`records`).
+//! Directories appear atomically (built under `<root>/.snap-emu-tmp-<domain>`,
+//! then renamed into place), so a reader never sees a disk without its `dev`.
+//! A disk's place in the tree ([`DiskId`]) is also its identity, and names
+//! its crash record (`records`).
+//!
+//! Another emulator may share the root with another domain (a host with two
+//! DPUs): everything here made, scanned or removed is in our domain, or in a
+//! directory of its own (the temp directory); the shared parents
+//! (`bus/pci/devices`) go only when empty, and a rename that finds one gone
+//! makes it again.
 
 use std::fs;
 use std::io;
@@ -23,11 +29,16 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use anyhow::{Context, anyhow, bail};
 
+use super::domain::PciDomain;
 use super::loopdev::{self, LoopState};
 use super::queue::Queue;
 
 const DEVICES: &str = "bus/pci/devices";
-pub(super) const TMP_DIR: &str = ".snap-emu-tmp";
+/// Followed by `-<domain>`.
+const TMP_DIR: &str = ".snap-emu-tmp";
+/// How often a rename into a shared parent is tried again after another
+/// emulator removed the parent it found empty (once per start or stop).
+const RENAME_TRIES: u32 = 3;
 /// The unit of `size`.
 pub(super) const SECTOR: u64 = 512;
 /// VIRTIO_BLK_ID_BYTES: the kernel shows at most this much of the serial.
@@ -57,12 +68,14 @@ pub struct DiskRef {
 pub(super) struct Tree {
     /// Canonical, so that the `sysfs_dir` of a `HostDisk` maps back to its disk.
     root: PathBuf,
+    domain: PciDomain,
     tmp_seq: AtomicU64,
 }
 
 impl Tree {
-    /// The tree at `sysfs_root` (made if missing), refusing the real system's.
-    pub(super) fn open(sysfs_root: &Path) -> anyhow::Result<Self> {
+    /// Our `domain` of the tree at `sysfs_root` (made if missing), refusing
+    /// the real system's.
+    pub(super) fn open(sysfs_root: &Path, domain: PciDomain) -> anyhow::Result<Self> {
         refuse_system_root(sysfs_root)?;
         fs::create_dir_all(sysfs_root)
             .with_context(|| format!("creating sysfs root {}", sysfs_root.display()))?;
@@ -71,6 +84,7 @@ impl Tree {
         refuse_system_root(&root)?;
         Ok(Self {
             root,
+            domain,
             tmp_seq: AtomicU64::new(0),
         })
     }
@@ -79,12 +93,24 @@ impl Tree {
         &self.root
     }
 
+    pub(super) fn tmp_dir(&self) -> PathBuf {
+        self.root.join(format!("{TMP_DIR}-{}", self.domain))
+    }
+
     pub(super) fn devices_dir(&self) -> PathBuf {
         self.root.join(DEVICES)
     }
 
     pub(super) fn function_dir(&self, bdf: &str) -> PathBuf {
-        self.devices_dir().join(format!("0000:{bdf}"))
+        self.devices_dir().join(format!("{}:{bdf}", self.domain))
+    }
+
+    /// Whether `path` is in one of our functions' directories (or is one).
+    pub(super) fn is_ours(&self, path: &Path) -> bool {
+        path.strip_prefix(self.devices_dir())
+            .ok()
+            .and_then(|rel| rel.components().next()?.as_os_str().to_str())
+            .is_some_and(|function| domain_bdf(self.domain, function).is_some())
     }
 
     pub(super) fn disk_dir(&self, id: &DiskId) -> PathBuf {
@@ -99,7 +125,7 @@ impl Tree {
         sysfs_dir
             .strip_prefix(self.devices_dir())
             .ok()
-            .and_then(DiskId::parse)
+            .and_then(|rel| DiskId::parse(rel, self.domain))
             .ok_or_else(|| {
                 anyhow!(
                     "{} is not a disk directory under {}",
@@ -109,7 +135,7 @@ impl Tree {
             })
     }
 
-    /// Creates `bus/pci/devices/0000:<bdf>` (with `vendor`, `device`,
+    /// Creates `bus/pci/devices/<domain>:<bdf>` (with `vendor`, `device`,
     /// `class`) unless it is there; the caller holds the function.
     pub(super) fn add_function(&self, bdf: &str, kind: FunctionKind) -> anyhow::Result<()> {
         let dir = self.function_dir(bdf);
@@ -201,8 +227,9 @@ impl Tree {
         self.remove_disk_dirs(from)
     }
 
-    /// Removes the functions we made (recognised by their ids) and the empty
-    /// `bus/pci/devices` above them; anything else under the root is left alone.
+    /// Removes the functions we made (in our domain, recognised by their ids)
+    /// and the empty `bus/pci/devices` above them; anything else under the
+    /// root, another domain's functions too, is left alone.
     pub(super) fn remove_functions(&self, queue: &Queue) -> anyhow::Result<()> {
         let devices = self.devices_dir();
         let entries = match fs::read_dir(&devices) {
@@ -213,10 +240,10 @@ impl Tree {
         for entry in entries.into_iter().flatten() {
             let entry = entry.with_context(|| format!("listing {}", devices.display()))?;
             let name = entry.file_name();
-            let Some(bdf) = name.to_str().and_then(|n| n.strip_prefix("0000:")) else {
+            let Some(bdf) = name.to_str().and_then(|n| domain_bdf(self.domain, n)) else {
                 continue;
             };
-            if validate_bdf(bdf).is_err() || !entry.file_type().is_ok_and(|t| t.is_dir()) {
+            if !entry.file_type().is_ok_and(|t| t.is_dir()) {
                 continue;
             }
             let _guard = queue.lock(bdf);
@@ -231,7 +258,7 @@ impl Tree {
         for dir in [devices, self.root.join("bus/pci"), self.root.join("bus")] {
             remove_dir_if_empty(&dir)?;
         }
-        remove_dir_all_if_present(&self.root.join(TMP_DIR))
+        remove_dir_all_if_present(&self.tmp_dir())
     }
 
     /// Removes the disk's directory and the parents it leaves empty, up to but
@@ -260,7 +287,32 @@ impl Tree {
         files: &[(&str, Vec<u8>)],
         links: &[(&str, &Path)],
     ) -> anyhow::Result<()> {
-        let tmp_root = self.root.join(TMP_DIR);
+        if !self.put(dir, files, links, true)? {
+            bail!("{} appeared while it was being replaced", dir.display());
+        }
+        Ok(())
+    }
+
+    /// [`install`](Self::install) where nothing is: `false`, and nothing
+    /// changed, if `dir` is there already (on a shared root, maybe another
+    /// emulator's).
+    pub(super) fn install_new(
+        &self,
+        dir: &Path,
+        files: &[(&str, Vec<u8>)],
+        links: &[(&str, &Path)],
+    ) -> anyhow::Result<bool> {
+        self.put(dir, files, links, false)
+    }
+
+    fn put(
+        &self,
+        dir: &Path,
+        files: &[(&str, Vec<u8>)],
+        links: &[(&str, &Path)],
+        replace: bool,
+    ) -> anyhow::Result<bool> {
+        let tmp_root = self.tmp_dir();
         fs::create_dir_all(&tmp_root)
             .with_context(|| format!("creating {}", tmp_root.display()))?;
         let tmp = tmp_root.join(format!(
@@ -268,7 +320,7 @@ impl Tree {
             std::process::id(),
             self.tmp_seq.fetch_add(1, Ordering::Relaxed)
         ));
-        let build = || -> io::Result<()> {
+        let build = || -> io::Result<bool> {
             fs::create_dir(&tmp)?;
             for (name, contents) in files {
                 fs::write(tmp.join(name), contents)?;
@@ -276,19 +328,46 @@ impl Tree {
             for (name, target) in links {
                 std::os::unix::fs::symlink(target, tmp.join(name))?;
             }
-            if let Some(parent) = dir.parent() {
-                fs::create_dir_all(parent)?;
+            if replace {
+                match fs::remove_dir_all(dir) {
+                    Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+                    _ => {}
+                }
             }
-            match fs::remove_dir_all(dir) {
-                Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
-                _ => {}
-            }
-            fs::rename(&tmp, dir)
+            rename_into(&tmp, dir)
         };
-        build().map_err(|e| {
-            let _ = fs::remove_dir_all(&tmp);
-            anyhow!(e)
-        })
+        match build() {
+            Ok(true) => Ok(true),
+            built => {
+                let _ = fs::remove_dir_all(&tmp);
+                built.map_err(|e| anyhow!(e))
+            }
+        }
+    }
+}
+
+/// Renames `tmp` to `dir`, making its parent again if another emulator on
+/// the root removed it, empty, meanwhile; `false` if a directory with
+/// entries is at `dir`.
+fn rename_into(tmp: &Path, dir: &Path) -> io::Result<bool> {
+    let mut tries = 1;
+    loop {
+        if let Some(parent) = dir.parent() {
+            fs::create_dir_all(parent)?;
+        }
+        match fs::rename(tmp, dir) {
+            Ok(()) => return Ok(true),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::DirectoryNotEmpty | io::ErrorKind::AlreadyExists
+                ) =>
+            {
+                return Ok(false);
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound && tries < RENAME_TRIES => tries += 1,
+            Err(e) => return Err(e),
+        }
     }
 }
 
@@ -440,12 +519,19 @@ impl DiskId {
     }
 
     /// The record's file name: unambiguous because every part is validated
-    /// (`n` and `_` cannot occur inside the numbers or the disk name).
+    /// (`n` and `_` cannot occur inside the numbers or the disk name). It has
+    /// no domain: the records are the emulator's own, in its state directory,
+    /// and a restart in another domain still releases them all.
     pub(super) fn key(&self) -> String {
         match self {
-            DiskId::Nvme { bdf, ctrl, ns } => format!("0000:{bdf}_nvme{ctrl}n{ns}"),
-            DiskId::VirtioBlk { bdf, virtio, disk } => format!("0000:{bdf}_virtio{virtio}_{disk}"),
+            DiskId::Nvme { bdf, ctrl, ns } => format!("{bdf}_nvme{ctrl}n{ns}"),
+            DiskId::VirtioBlk { bdf, virtio, disk } => format!("{bdf}_virtio{virtio}_{disk}"),
         }
+    }
+
+    /// The prefix of the keys of every disk of the function at `bdf`.
+    pub(super) fn key_prefix(bdf: &str) -> String {
+        format!("{bdf}_")
     }
 
     /// Directories below the function's, outermost first; the last is the disk's.
@@ -463,8 +549,8 @@ impl DiskId {
     }
 
     /// Parses a path relative to `bus/pci/devices`; only the exact spelling
-    /// `rel_dirs` produces is accepted.
-    fn parse(rel: &Path) -> Option<DiskId> {
+    /// `rel_dirs` produces, in `domain`, is accepted.
+    fn parse(rel: &Path, domain: PciDomain) -> Option<DiskId> {
         let parts: Vec<&str> = rel
             .components()
             .map(|c| c.as_os_str().to_str())
@@ -472,8 +558,7 @@ impl DiskId {
         let [function, a, b, c] = parts.as_slice() else {
             return None;
         };
-        let bdf = function.strip_prefix("0000:")?;
-        validate_bdf(bdf).ok()?;
+        let bdf = domain_bdf(domain, function)?;
         let number = |s: &str| -> Option<u32> {
             s.bytes()
                 .all(|b| b.is_ascii_digit())
@@ -501,8 +586,15 @@ impl DiskId {
 
 /// The PCI address part of a record key, for taking the function's lock.
 pub(super) fn key_bdf(key: &str) -> Option<&str> {
-    let bdf = key.strip_prefix("0000:")?.split('_').next()?;
+    let bdf = key.split('_').next()?;
     validate_bdf(bdf).ok().map(|()| bdf)
+}
+
+/// The BDF of the directory `name` if it is a function's in `domain`
+/// (`<domain>:<bdf>`, spelt as the kernel does).
+fn domain_bdf(domain: PciDomain, name: &str) -> Option<&str> {
+    let (prefix, bdf) = name.split_once(':')?;
+    (prefix == domain.to_string() && validate_bdf(bdf).is_ok()).then_some(bdf)
 }
 
 #[derive(Debug)]
@@ -562,7 +654,7 @@ fn refuse_system_root(root: &Path) -> anyhow::Result<()> {
     {
         bail!(
             "refusing {} as the emulated sysfs root: the emulator creates and deletes \
-             bus/pci/devices/0000:* there; use a directory of its own",
+             bus/pci/devices/<domain>:* there; use a directory of its own",
             root.display()
         );
     }
@@ -600,7 +692,7 @@ pub(super) fn remove_dir_all_if_present(dir: &Path) -> anyhow::Result<()> {
     }
 }
 
-fn remove_dir_if_empty(dir: &Path) -> anyhow::Result<()> {
+pub(super) fn remove_dir_if_empty(dir: &Path) -> anyhow::Result<()> {
     match fs::remove_dir(dir) {
         Err(e)
             if !matches!(
@@ -637,9 +729,11 @@ mod tests {
                 disk: "vdab".into(),
             },
         ] {
-            let mut rel = PathBuf::from(format!("0000:{}", id.bdf()));
+            let domain: PciDomain = "1f".parse().unwrap();
+            let mut rel = PathBuf::from(format!("001f:{}", id.bdf()));
             rel.extend(id.rel_dirs());
-            assert_eq!(DiskId::parse(&rel), Some(id.clone()));
+            assert_eq!(DiskId::parse(&rel, domain), Some(id.clone()));
+            assert_eq!(DiskId::parse(&rel, PciDomain::default()), None);
             assert_eq!(key_bdf(&id.key()), Some(id.bdf()));
         }
         for bad in [
@@ -650,8 +744,13 @@ mod tests {
             "0000:26:00.1/virtio0/block/../x",
             "26:00.1/virtio0/block/vda",
             "0000:26:00.1/virtio0/block",
+            "0:26:00.1/virtio0/block/vda",
         ] {
-            assert_eq!(DiskId::parse(Path::new(bad)), None, "{bad}");
+            assert_eq!(
+                DiskId::parse(Path::new(bad), PciDomain::default()),
+                None,
+                "{bad}"
+            );
         }
     }
 }

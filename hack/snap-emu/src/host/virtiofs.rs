@@ -3,9 +3,14 @@
 //!
 //! ```text
 //! <sysfs root>/fs/virtiofs/<n>/tag       the tag and a newline
-//! <sysfs root>/fs/virtiofs/<n>/device -> <sysfs root>/bus/pci/devices/0000:<bdf>/virtio<n>
+//! <sysfs root>/fs/virtiofs/<n>/device -> <sysfs root>/bus/pci/devices/<domain>:<bdf>/virtio<n>
 //! <state dir>/virtiofs/<tag>             a kernel FUSE mount of the fsdev's tree
 //! ```
+//!
+//! `<n>` is the host's virtio device index, one numbering for all its
+//! DPUs: on a root shared with another emulator, a device takes the lowest
+//! `<n>` neither has, and each emulator takes away only the entries that
+//! link to its own domain's functions.
 //!
 //! The mount is `fuse.virtiofs` with the tag as its source (FUSE's
 //! `subtype=virtiofs`), `allow_other` and
@@ -31,7 +36,7 @@ use anyhow::{Context, bail};
 use fuser::SessionACL;
 use nix::mount::{MntFlags, MsFlags, umount2};
 
-use super::tree::Tree;
+use super::tree::{Tree, remove_dir_if_empty};
 use crate::datapath::fuse::unmount_stale;
 use crate::datapath::passthrough::Passthrough;
 
@@ -82,7 +87,6 @@ impl VirtioFs {
         if self.shown.values().any(|s| s.tag == tag) {
             bail!("a virtio-fs device with tag {tag} is already on the host");
         }
-        let n = (0..).find(|n| !self.shown.contains_key(n)).unwrap_or(0);
         let mountpoint = self.mounts_dir.join(tag);
         fs::create_dir_all(&mountpoint)
             .with_context(|| format!("creating {}", mountpoint.display()))?;
@@ -98,13 +102,26 @@ impl VirtioFs {
             gone,
             session,
         };
-        if let Err(e) = install(tree, n, bdf, tag) {
-            take_down(shown);
-            return Err(e);
-        }
+        let n = match self.claim(tree, bdf, tag) {
+            Ok(n) => n,
+            Err(e) => {
+                take_down(shown);
+                return Err(e);
+            }
+        };
         tracing::info!(n, bdf, tag, "virtio-fs device on the host");
         self.shown.insert(n, shown);
         Ok(n)
+    }
+
+    /// Installs the device's entries under the lowest `<n>` free on the host.
+    fn claim(&self, tree: &Tree, bdf: &str, tag: &str) -> anyhow::Result<u32> {
+        for n in (0..=u32::MAX).filter(|n| !self.shown.contains_key(n)) {
+            if install(tree, n, bdf, tag)? {
+                return Ok(n);
+            }
+        }
+        bail!("every virtio device index is taken")
     }
 
     /// Takes device `<n>` off the host.
@@ -127,11 +144,17 @@ impl VirtioFs {
         }
     }
 
-    /// What an earlier run left: its entries in the tree and its mounts
-    /// (dead once it died: ENOTCONN).
+    /// What an earlier run left: its entries in the tree (those linking to
+    /// our domain's functions) and its mounts (dead once it died: ENOTCONN).
     pub(super) fn clean_up(&self, tree: &Tree) -> anyhow::Result<()> {
         let entries = tree.root().join(SYSFS_DIR);
-        remove_if_present(&entries)?;
+        for entry in fs::read_dir(&entries).into_iter().flatten() {
+            let entry = entry?.path();
+            if fs::read_link(entry.join("device")).is_ok_and(|device| tree.is_ours(&device)) {
+                remove_if_present(&entry)?;
+            }
+        }
+        remove_dir_if_empty(&entries)?;
         let Ok(mounts) = fs::read_dir(&self.mounts_dir) else {
             return Ok(());
         };
@@ -209,8 +232,8 @@ fn take_down(shown: Shown) {
 }
 
 /// `virtio<n>` under the function, and `fs/virtiofs/<n>` naming it, each
-/// appearing whole.
-fn install(tree: &Tree, n: u32, bdf: &str, tag: &str) -> anyhow::Result<()> {
+/// appearing whole; `false`, and neither, if `<n>` is taken on the host.
+fn install(tree: &Tree, n: u32, bdf: &str, tag: &str) -> anyhow::Result<bool> {
     let virtio = tree.function_dir(bdf).join(format!("virtio{n}"));
     tree.install_dir(
         &virtio,
@@ -221,7 +244,11 @@ fn install(tree: &Tree, n: u32, bdf: &str, tag: &str) -> anyhow::Result<()> {
     )?;
     let entry = tree.root().join(SYSFS_DIR).join(n.to_string());
     let tag = format!("{tag}\n").into_bytes();
-    tree.install(&entry, &[("tag", tag)], &[("device", &virtio)])
+    let claimed = tree.install_new(&entry, &[("tag", tag)], &[("device", &virtio)]);
+    if !matches!(claimed, Ok(true)) {
+        remove_if_present(&virtio)?;
+    }
+    claimed
 }
 
 fn remove_entry(tree: &Tree, n: u32, bdf: &str) -> anyhow::Result<()> {

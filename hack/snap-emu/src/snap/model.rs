@@ -46,8 +46,8 @@ impl Function {
         self.vf_index.is_none()
     }
 
-    /// The PCI address it has on the host, or will have once plugged
-    /// (`0000:` and its BDF).
+    /// The PCI address SNAP's answers give it, plugged or not: `0000:` and
+    /// its BDF, whatever the host's domain (`--pci-domain`) is.
     pub fn pci_address(&self) -> String {
         let bdf = format_bdf(self.bus, self.vf_index.map_or(0, |v| v + 1));
         format!("0000:{bdf}")

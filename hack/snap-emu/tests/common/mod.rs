@@ -8,6 +8,8 @@
 #[path = "../../../../tests/common/real_spdk.rs"]
 pub mod real_spdk;
 
+pub mod binary;
+
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
