@@ -13,6 +13,8 @@
 //!   outcome.
 //! - `snap_csi_volumes_staged`: volumes the node has staged.
 //! - `snap_csi_dependency_ready`: 1 when a dependency answered its last probe.
+//! - `snap_csi_dpu_up`: by DPU (`dpu`), 1 when the node's last probe of it
+//!   (every 2 s) found its plugin and SNAP ready.
 //! - `snap_csi_dpu_drift`: at the node's start, volumes SNAP exposes without
 //!   a record here (`kind="unrecorded"`) and records SNAP no longer backs
 //!   (`kind="unattached"`).
@@ -94,6 +96,11 @@ struct DependencyLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DpuLabels {
+    dpu: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct DriftLabels {
     kind: &'static str,
 }
@@ -121,6 +128,7 @@ struct Metrics {
     outbound_seconds: Family<TargetMethodLabels, Histogram>,
     volumes_staged: Gauge,
     dependency_ready: Family<DependencyLabels, Gauge>,
+    dpu_up: Family<DpuLabels, Gauge>,
     dpu_drift: Family<DriftLabels, Gauge>,
     orphaned_volumes: Gauge,
     tls_handshakes: Family<HandshakeLabels, Counter>,
@@ -149,6 +157,7 @@ fn metrics() -> &'static Metrics {
         );
         let volumes_staged = Gauge::default();
         let dependency_ready = Family::<DependencyLabels, Gauge>::default();
+        let dpu_up = Family::<DpuLabels, Gauge>::default();
         let dpu_drift = Family::<DriftLabels, Gauge>::default();
         let orphaned_volumes = Gauge::default();
         let tls_handshakes = Family::<HandshakeLabels, Counter>::default();
@@ -191,6 +200,11 @@ fn metrics() -> &'static Metrics {
             dependency_ready.clone(),
         );
         registry.register(
+            "dpu_up",
+            "1 when the DPU answered the node's last probe (plugin and SNAP ready), else 0; by DPU",
+            dpu_up.clone(),
+        );
+        registry.register(
             "dpu_drift",
             "Volumes where the node's records and SNAP disagreed at start, by kind",
             dpu_drift.clone(),
@@ -230,6 +244,7 @@ fn metrics() -> &'static Metrics {
             outbound_seconds,
             volumes_staged,
             dependency_ready,
+            dpu_up,
             dpu_drift,
             orphaned_volumes,
             tls_handshakes,
@@ -314,6 +329,14 @@ pub fn set_dependency_ready(dependency: &str, ready: bool) {
             dependency: dependency.into(),
         })
         .set(i64::from(ready));
+}
+
+/// Records whether the node's last probe of DPU `dpu` found it serving.
+pub fn set_dpu_up(dpu: &str, up: bool) {
+    metrics()
+        .dpu_up
+        .get_or_create(&DpuLabels { dpu: dpu.into() })
+        .set(i64::from(up));
 }
 
 /// Sets how many volumes of `kind` the records and SNAP disagreed on.

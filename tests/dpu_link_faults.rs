@@ -22,8 +22,8 @@ use snap_csi::dpu::DpuAttach;
 use snap_csi::dpu::names::VolumeNames;
 use snap_csi::dpu::remote::RemoteDpu;
 use snap_csi::grpc::LinkAddress;
-use snap_csi::node::NodeConfig;
 use snap_csi::node::config::EmulationSetting;
+use snap_csi::node::{Fleet, NodeConfig};
 use snap_csi::proto::csi::v1 as csi;
 use snap_csi::proto::csi::v1::node_client::NodeClient;
 use snap_csi::proto::csi::v1::volume_capability::access_mode::Mode;
@@ -229,13 +229,10 @@ impl Stack {
         };
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let node_dpu = Arc::new(RemoteDpu::new(address, DPU_NAME, &node_tls).unwrap());
-        tokio::spawn(snap_csi::node::serve(
-            config.clone(),
-            node_dpu,
-            async move {
-                let _ = stopped.await;
-            },
-        ));
+        let fleet = Fleet::new(vec![(DPU_NAME.into(), 0, node_dpu as _)]);
+        tokio::spawn(snap_csi::node::serve(config.clone(), fleet, async move {
+            let _ = stopped.await;
+        }));
         let node = NodeClient::new(connect(&config.endpoint).await);
         Stack {
             node,

@@ -10,11 +10,11 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::dpu::{Agent, GatedDpu};
+use common::dpu::{Agent, DPU_NAME, GatedDpu};
 use common::node::{block_capability, connect};
 use snap_csi::dpu::{DpuAttach, HostLocator};
-use snap_csi::node::NodeConfig;
 use snap_csi::node::config::EmulationSetting;
+use snap_csi::node::{Fleet, NodeConfig};
 use snap_csi::proto::csi::v1 as csi;
 use snap_csi::proto::csi::v1::node_client::NodeClient;
 use snap_csi::proto::csi::v1::volume_capability::access_mode::Mode;
@@ -113,7 +113,8 @@ impl Running {
         };
         let (stop, stopped) = oneshot::channel::<()>();
         let (seen, stop_seen) = oneshot::channel::<()>();
-        let server = tokio::spawn(snap_csi::node::serve(config.clone(), attach, async move {
+        let fleet = Fleet::new(vec![(DPU_NAME.into(), 0, attach)]);
+        let server = tokio::spawn(snap_csi::node::serve(config.clone(), fleet, async move {
             let _ = stopped.await;
             let _ = seen.send(());
         }));

@@ -13,7 +13,8 @@ use super::sysfs::{BlockDevice, HostError, Sysfs};
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum HostLocator {
     Nvme {
-        /// Host PCI address, without domain (`"26:00.1"`).
+        /// Host PCI address, without domain (`"26:00.1"`) on the first DPU's
+        /// domain 0, with it on another (`"0001:26:00.1"`).
         bdf: String,
         nsid: u32,
         /// Namespace UUID when known (verifies a reused function).
@@ -39,6 +40,30 @@ impl HostLocator {
             }
             HostLocator::VirtioBlk { bdf, serial } => sysfs.find_virtio_blk(bdf, serial),
             HostLocator::VirtioFs { .. } => Ok(None),
+        }
+    }
+
+    /// The locator as a host with several DPUs sees it: SNAP gives a
+    /// function's address without a domain, and each DPU's functions appear
+    /// in the domain the node's configuration gives it. Domain 0 keeps the
+    /// address as SNAP gave it, as records of a one-DPU node hold it.
+    pub fn in_pci_domain(self, domain: u16) -> HostLocator {
+        let with_domain = |bdf: String| match domain {
+            0 => bdf,
+            _ if bdf.matches(':').count() >= 2 => bdf,
+            _ => format!("{domain:04x}:{bdf}"),
+        };
+        match self {
+            HostLocator::Nvme { bdf, nsid, uuid } => HostLocator::Nvme {
+                bdf: with_domain(bdf),
+                nsid,
+                uuid,
+            },
+            HostLocator::VirtioBlk { bdf, serial } => HostLocator::VirtioBlk {
+                bdf: with_domain(bdf),
+                serial,
+            },
+            fs @ HostLocator::VirtioFs { .. } => fs,
         }
     }
 
@@ -106,6 +131,16 @@ mod tests {
             fs.to_string(),
             "virtio-fs tag \"sc-6aaea6508ef75653a05a0aea9d997ec8\""
         );
+        assert_eq!(
+            nvme.clone().in_pci_domain(0),
+            nvme,
+            "domain 0 keeps the records of one-DPU nodes"
+        );
+        assert_eq!(
+            virtio.clone().in_pci_domain(0x1a).to_string(),
+            "function 001a:27:00.2, serial \"sc-6aaea6508ef75653a\""
+        );
+        assert_eq!(fs.clone().in_pci_domain(1), fs);
         for locator in [nvme, unchecked, virtio, fs] {
             let json = serde_json::to_string(&locator).unwrap();
             assert_eq!(serde_json::from_str::<HostLocator>(&json).unwrap(), locator);

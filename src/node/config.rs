@@ -6,14 +6,12 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use super::dpus::{DPU_INSECURE_FLAG, DpuSetting, DpuSpec, Reach};
 use crate::dpu::plugin::DEFAULT_SNAP_SOCKET_TEMPLATE;
 use crate::dpu::{Emulation, Placement};
 use crate::grpc::LinkAddress;
 use crate::settings::{defaults_or_file, flags_over, seconds, seconds_flag};
 use crate::tls::TlsFiles;
-
-/// The flag that allows a plaintext agent endpoint (loopback only).
-pub const DPU_INSECURE_FLAG: &str = "--dpu-insecure-plaintext";
 
 /// Everything the node service can be told.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -55,6 +53,9 @@ pub struct NodeConfig {
     pub dpu_endpoint: Option<String>,
     /// Allows a plaintext `http://LOOPBACK-IP:PORT` agent endpoint (tests).
     pub dpu_insecure_plaintext: bool,
+    /// A host with several DPUs: each one (file only; see [`super::dpus`]).
+    /// Given, `dpu_name` and `dpu_endpoint` must not be.
+    pub dpus: Vec<DpuSetting>,
     /// This node's certificate and key, and the CA of DPU agent certificates.
     pub dpu_tls: TlsFiles,
     /// How long a stage waits for the host device to appear.
@@ -132,6 +133,7 @@ impl Default for NodeConfig {
             dpu_name: String::new(),
             dpu_endpoint: None,
             dpu_insecure_plaintext: false,
+            dpus: Vec::new(),
             dpu_tls: TlsFiles::default(),
             device_wait: Duration::from_secs(30),
             call_timeout: Duration::from_secs(120),
@@ -156,6 +158,27 @@ impl NodeConfig {
 }
 
 impl NodeConfig {
+    /// Every DPU this node reaches, in the configured order (the first
+    /// serves volumes recorded by a node that knew only one), checked: the
+    /// `dpus` list, or the single-DPU settings as its one entry.
+    pub fn dpu_specs(&self) -> Result<Vec<DpuSpec>, String> {
+        let sockets = Reach::Sockets {
+            plugin_socket: self.plugin_socket.clone(),
+            snap_socket_template: self.snap_socket_template.clone(),
+        };
+        if !self.dpus.is_empty() {
+            return super::dpus::specs(&self.dpus, &sockets, self.dpu_insecure_plaintext);
+        }
+        Ok(vec![DpuSpec {
+            name: self.dpu_name.clone(),
+            pci_domain: 0,
+            reach: match self.dpu_link()? {
+                Some(address) => Reach::Agent(address),
+                None => sockets,
+            },
+        }])
+    }
+
     /// The placement settings make sense together (the file is not checked
     /// by clap's ranges).
     fn check_placement(&self) -> Result<(), String> {
@@ -283,10 +306,22 @@ impl NodeArgs {
         flags_over!(self => resolved.dpu_tls, [dpu_tls_cert => cert, dpu_tls_key => key, dpu_tls_ca => ca]);
         resolved.dpu_insecure_plaintext |= self.dpu_insecure_plaintext;
         resolved.unstage_orphans |= self.unstage_orphans;
+        if !resolved.dpus.is_empty() {
+            for (given, key) in [
+                (!resolved.dpu_name.is_empty(), "dpu_name"),
+                (resolved.dpu_endpoint.is_some(), "dpu_endpoint"),
+            ] {
+                if given {
+                    return Err(config::ConfigError::Message(format!(
+                        "{key} is for a host with one DPU; with dpus, each entry names its own"
+                    )));
+                }
+            }
+        }
         if resolved.dpu_name.is_empty() {
             resolved.dpu_name = resolved.node_id.clone();
         }
-        resolved.dpu_link().map_err(config::ConfigError::Message)?;
+        resolved.dpu_specs().map_err(config::ConfigError::Message)?;
         if let Some(value) = &self.emulation {
             resolved.emulation = Emulation::parse(value).ok_or_else(|| {
                 config::ConfigError::Message(format!("unknown emulation {value}"))
@@ -421,5 +456,89 @@ mod tests {
             ..Default::default()
         };
         assert!(args.resolve().is_err());
+    }
+
+    fn resolve_dpus(toml: &str) -> Result<Vec<DpuSpec>, String> {
+        let (_dir, file) = test_file("node.toml", toml);
+        let args = NodeArgs {
+            config: Some(file),
+            ..Default::default()
+        };
+        args.resolve()
+            .map_err(|e| e.to_string())
+            .and_then(|c| c.dpu_specs())
+    }
+
+    #[test]
+    fn two_dpus_are_listed_with_their_domains_and_reach() {
+        let specs = resolve_dpus(
+            "plugin_socket = \"/p.sock\"\n\
+             [[dpus]]\nname = \"bf3-a\"\n\
+             [[dpus]]\nname = \"bf3-b\"\npci_domain = \"1\"\nsnap_socket_template = \"/b/snap.sock\"\nplugin_socket = \"/b/p.sock\"\n",
+        )
+        .unwrap();
+        assert_eq!(specs.len(), 2);
+        assert_eq!((specs[0].name.as_str(), specs[0].pci_domain), ("bf3-a", 0));
+        assert_eq!((specs[1].name.as_str(), specs[1].pci_domain), ("bf3-b", 1));
+        assert!(
+            matches!(&specs[0].reach, Reach::Sockets { plugin_socket, .. } if plugin_socket == &PathBuf::from("/p.sock"))
+        );
+        let split = resolve_dpus(
+            "[[dpus]]\nname = \"a\"\nendpoint = \"https://10.0.0.1:9830\"\n\
+             [[dpus]]\nname = \"b\"\npci_domain = \"0002\"\nendpoint = \"https://10.0.1.1:9830\"\n",
+        )
+        .unwrap();
+        assert_eq!(
+            split[1].reach,
+            Reach::Agent(LinkAddress::Tls("10.0.1.1:9830".into()))
+        );
+    }
+
+    #[test]
+    fn one_dpu_comes_from_the_single_settings() {
+        let specs = resolve_dpus("dpu_name = \"bf3\"\n").unwrap();
+        assert_eq!(specs.len(), 1);
+        assert_eq!((specs[0].name.as_str(), specs[0].pci_domain), ("bf3", 0));
+    }
+
+    #[test]
+    fn bad_lists_are_refused_with_the_reason() {
+        for (toml, why) in [
+            (
+                "[[dpus]]\nname = \"a\"\n[[dpus]]\nname = \"a\"\npci_domain = \"1\"\nplugin_socket = \"/x\"\n",
+                "must differ",
+            ),
+            (
+                "[[dpus]]\nname = \"a\"\n[[dpus]]\nname = \"b\"\n",
+                "must differ",
+            ),
+            (
+                "[[dpus]]\nname = \"a\"\npci_domain = \"10000\"\n",
+                "hex digits",
+            ),
+            (
+                "[[dpus]]\nname = \"a\"\npci_domain = \"zz\"\n",
+                "hex digits",
+            ),
+            ("[[dpus]]\nname = \"-a\"\n", "letters, digits"),
+            ("[[dpus]]\nname = \"\"\n", "letters, digits"),
+            (
+                "[[dpus]]\nname = \"a\"\nendpoint = \"https://10.0.0.1:1\"\nplugin_socket = \"/x\"\n",
+                "takes no sockets",
+            ),
+            (
+                "[[dpus]]\nname = \"a\"\nendpoint = \"http://10.0.0.1:1\"\n",
+                "endpoint",
+            ),
+            ("dpu_name = \"x\"\n[[dpus]]\nname = \"a\"\n", "dpu_name"),
+            (
+                "dpu_endpoint = \"https://10.0.0.1:1\"\n[[dpus]]\nname = \"a\"\n",
+                "dpu_endpoint",
+            ),
+            ("[[dpus]]\nname = \"a\"\nsocket = \"/x\"\n", "socket"),
+        ] {
+            let error = resolve_dpus(toml).unwrap_err();
+            assert!(error.contains(why), "{toml}: {error}");
+        }
     }
 }

@@ -4,25 +4,21 @@ use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
 
-use crate::dpu::DpuAttach;
+use super::fleet::Fleet;
 use crate::proto::csi::v1 as csi;
 
 #[derive(Debug, Clone)]
 pub struct IdentityService {
     driver_name: String,
-    dpu: Arc<dyn DpuAttach>,
+    fleet: Arc<Fleet>,
     probe_timeout: std::time::Duration,
 }
 
 impl IdentityService {
-    pub fn new(
-        driver_name: String,
-        dpu: Arc<dyn DpuAttach>,
-        probe_timeout: std::time::Duration,
-    ) -> Self {
+    pub fn new(driver_name: String, fleet: Arc<Fleet>, probe_timeout: std::time::Duration) -> Self {
         IdentityService {
             driver_name,
-            dpu,
+            fleet,
             probe_timeout,
         }
     }
@@ -73,9 +69,10 @@ impl csi::identity_server::Identity for IdentityService {
         request: Request<csi::ProbeRequest>,
     ) -> Result<Response<csi::ProbeResponse>, Status> {
         let deadline = super::service::call_deadline(&request, self.probe_timeout);
-        // Not ready (rather than an error) while the plugin or SNAP is down:
-        // the node itself is healthy and must not be restarted for it.
-        let ready = self.dpu.probe(deadline).await.unwrap_or(false);
+        // Not ready (rather than an error) while no DPU serves: the node
+        // itself is healthy and must not be restarted for it. One DPU
+        // serving is ready: its volumes, and new ones, can be staged.
+        let ready = self.fleet.probe(deadline).await;
         crate::metrics::set_dependency_ready("dpu", ready);
         Ok(Response::new(csi::ProbeResponse { ready: Some(ready) }))
     }

@@ -2,13 +2,14 @@
 //! staged volume's bytes, operations and time read and written, as the
 //! volume's bdev on the DPU counts them.
 //!
-//! The counters of every bdev come from one `bdev_get_iostat` (through the
-//! DPU agent in split mode), whatever the number of volumes, kept for
+//! The counters of every bdev come from one `bdev_get_iostat` per DPU
+//! (through its agent in split mode), whatever the number of volumes, kept for
 //! [`FRESH_FOR`]: scrapes within it, and those arriving while a read is in
-//! flight, share that read. A read has [`READ_TIMEOUT`]; when it fails, the
-//! page leaves the series out and says so (`snap_csi_volume_io_up` 0, one
-//! more `snap_csi_volume_io_errors_total`) rather than show old counts as
-//! new. The volumes themselves are the records, read on every scrape, so a
+//! flight, share that read. A read has [`READ_TIMEOUT`]; when a DPU's
+//! fails, the page leaves its volumes' series out (one more
+//! `snap_csi_volume_io_errors_total`; `snap_csi_dpu_up` names the DPU)
+//! rather than show old counts as new, and when every DPU's fails it says
+//! so (`snap_csi_volume_io_up` 0). The volumes themselves are the records, read on every scrape, so a
 //! volume unstaged is gone from the next page.
 //!
 //! A volume's bdev is its crypto bdev when SPDK lists one under the name
@@ -20,13 +21,15 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::future::join_all;
 use tokio::sync::Mutex;
 use tokio::time::Instant;
 
 use super::context::METADATA_LABELS;
+use super::fleet::Fleet;
 use super::records::{Records, VolumeRecord};
 use crate::dpu::names::VolumeNames;
-use crate::dpu::{BdevIostat, DpuAttach, IoStats};
+use crate::dpu::{BdevIostat, IoStats};
 use crate::metrics::{VolumeIo, VolumeIoSource};
 
 /// How long one read of the counters serves scrapes: Prometheus scrapes
@@ -40,7 +43,7 @@ const READ_TIMEOUT: Duration = Duration::from_secs(5);
 #[derive(Debug)]
 pub(super) struct NodeVolumeIo {
     records: Records,
-    dpu: Arc<dyn DpuAttach>,
+    fleet: Arc<Fleet>,
     /// The latest read; locked across a read so that scrapes arriving
     /// meanwhile wait for it instead of asking again.
     last: Mutex<Option<Reading>>,
@@ -49,51 +52,65 @@ pub(super) struct NodeVolumeIo {
 #[derive(Debug)]
 struct Reading {
     started: Instant,
-    /// `None` when the read failed.
-    stats: Option<Arc<IoStats>>,
+    /// Each DPU's counters, in the fleet's order; `None` where the read failed.
+    stats: Arc<Vec<Option<IoStats>>>,
 }
 
 impl NodeVolumeIo {
-    pub(super) fn new(records: Records, dpu: Arc<dyn DpuAttach>) -> Self {
+    pub(super) fn new(records: Records, fleet: Arc<Fleet>) -> Self {
         NodeVolumeIo {
             records,
-            dpu,
+            fleet,
             last: Mutex::new(None),
         }
     }
 
     /// The counters of a read sent less than [`FRESH_FOR`] before this
     /// scrape came (so also one that was in flight then), or read now.
-    async fn stats(&self) -> Option<Arc<IoStats>> {
+    async fn stats(&self) -> Arc<Vec<Option<IoStats>>> {
         let came = Instant::now();
         let mut last = self.last.lock().await;
         if let Some(reading) = last.as_ref()
             && came.saturating_duration_since(reading.started) < FRESH_FOR
         {
-            return reading.stats.clone();
+            return Arc::clone(&reading.stats);
         }
         let started = Instant::now();
-        let stats = match self.dpu.io_stats(started + READ_TIMEOUT).await {
-            Ok(stats) => {
-                if last.as_ref().is_some_and(|r| r.stats.is_none()) {
-                    tracing::info!("the DPU's I/O counters can be read again");
+        let members = self.fleet.members();
+        let read = join_all(
+            members
+                .iter()
+                .map(|m| m.dpu().io_stats(started + READ_TIMEOUT)),
+        )
+        .await;
+        let stats: Vec<Option<IoStats>> = read
+            .into_iter()
+            .enumerate()
+            .map(|(i, result)| {
+                let dpu = members[i].name();
+                let failed_before = last.as_ref().is_some_and(|r| r.stats[i].is_none());
+                match result {
+                    Ok(stats) => {
+                        if failed_before {
+                            tracing::info!(%dpu, "the DPU's I/O counters can be read again");
+                        }
+                        Some(stats)
+                    }
+                    Err(e) => {
+                        crate::metrics::observe_volume_io_error();
+                        // Once per outage, not once per scrape.
+                        if !failed_before {
+                            tracing::warn!(%dpu, "cannot read the DPU's I/O counters, its volumes' I/O metrics left out: {e}");
+                        }
+                        None
+                    }
                 }
-                Some(Arc::new(stats))
-            }
-            Err(e) => {
-                crate::metrics::observe_volume_io_error();
-                // Once per outage, not once per scrape.
-                if last.as_ref().is_none_or(|r| r.stats.is_some()) {
-                    tracing::warn!(
-                        "cannot read the DPU's I/O counters, per-volume I/O metrics left out: {e}"
-                    );
-                }
-                None
-            }
-        };
+            })
+            .collect();
+        let stats = Arc::new(stats);
         *last = Some(Reading {
             started,
-            stats: stats.clone(),
+            stats: Arc::clone(&stats),
         });
         stats
     }
@@ -119,8 +136,26 @@ impl VolumeIoSource for NodeVolumeIo {
         if records.is_empty() {
             return Some(Vec::new());
         }
-        let stats = self.stats().await?;
-        Some(volumes(&records, &stats))
+        let stats = self.stats().await;
+        if stats.iter().all(Option::is_none) {
+            return None;
+        }
+        let members = self.fleet.members();
+        let mut found = Vec::new();
+        for (member, stats) in members.iter().zip(stats.iter()) {
+            let Some(stats) = stats else { continue };
+            let held: Vec<VolumeRecord> = records
+                .iter()
+                .filter(|r| {
+                    self.fleet
+                        .recorded(r.dpu.as_deref())
+                        .is_ok_and(|on| std::ptr::eq(on, member))
+                })
+                .cloned()
+                .collect();
+            found.extend(volumes(&held, stats));
+        }
+        Some(found)
     }
 }
 
@@ -175,6 +210,7 @@ fn labels(record: &VolumeRecord) -> Vec<(&'static str, String)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dpu::DpuAttach;
     use crate::node::records::sample;
 
     fn bdev(name: &str, written: u64) -> BdevIostat {
@@ -308,7 +344,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let records = Records::open(dir.path()).unwrap();
         let dpu = Arc::new(Counters::default());
-        let source = NodeVolumeIo::new(records.clone(), dpu.clone());
+        let fleet = Fleet::new(vec![("dpu".into(), 0, Arc::clone(&dpu) as _)]);
+        let source = NodeVolumeIo::new(records.clone(), Arc::new(fleet));
         let reads = || dpu.reads.load(Ordering::SeqCst);
 
         // Nothing staged: nothing to ask.

@@ -26,8 +26,10 @@ pub mod command;
 pub mod config;
 mod context;
 pub mod device;
+pub mod dpus;
 pub mod error;
 mod expand;
+pub mod fleet;
 pub mod format;
 pub mod grow;
 pub mod health;
@@ -37,6 +39,7 @@ mod io_metrics;
 pub mod mount;
 pub mod mountinfo;
 pub mod paths;
+mod placement;
 mod publish;
 mod reconcile;
 pub mod records;
@@ -48,15 +51,13 @@ mod stage;
 mod volume_stats;
 
 pub use config::{NodeArgs, NodeConfig};
+pub use fleet::Fleet;
 pub use identity::IdentityService;
 pub use service::NodeService;
 
 use std::future::Future;
 use std::sync::Arc;
 
-use crate::dpu::DpuAttach;
-use crate::dpu::colocated::Colocated;
-use crate::dpu::remote::RemoteDpu;
 use crate::proto::csi::v1::identity_server::IdentityServer;
 use crate::proto::csi::v1::node_server::NodeServer;
 
@@ -64,24 +65,26 @@ use crate::proto::csi::v1::node_server::NodeServer;
 const PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// Serves the Identity and Node services on `config.endpoint` with the given
-/// DPU attach layer until `shutdown` completes; calls in flight finish first.
+/// DPUs until `shutdown` completes; calls in flight finish first.
 pub async fn serve(
     config: NodeConfig,
-    dpu: Arc<dyn DpuAttach>,
+    fleet: Fleet,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
-    let node = NodeService::new(config.clone(), Arc::clone(&dpu))?;
+    let fleet = Arc::new(fleet);
+    fleet.watch();
+    let node = NodeService::new(config.clone(), Arc::clone(&fleet))?;
     let records = node.reconcile();
     let orphans = node.find_orphans(&records);
     if config.unstage_orphans {
         tokio::spawn(node.clone().unstage_orphans(orphans));
     }
-    tokio::spawn(node.clone().compare_with_dpu(records));
+    tokio::spawn(node.clone().compare_with_dpus(records));
     let _volume_io = crate::metrics::serve_volume_io(Arc::new(io_metrics::NodeVolumeIo::new(
         node.records().clone(),
-        Arc::clone(&dpu),
+        Arc::clone(&fleet),
     )));
-    let identity = IdentityService::new(config.driver_name.clone(), dpu, PROBE_TIMEOUT);
+    let identity = IdentityService::new(config.driver_name.clone(), fleet, PROBE_TIMEOUT);
     let listener = crate::server::bind(&config.endpoint)?;
     tracing::info!(endpoint = %config.endpoint.display(), node_id = %config.node_id, "node service listening");
     let router = crate::server::builder()
@@ -92,25 +95,8 @@ pub async fn serve(
     Ok(())
 }
 
-/// [`serve`] with the DPU attach layer the configuration names ([`dpu_layer`]).
+/// [`serve`] with the DPUs the configuration names ([`Fleet::from_config`]).
 pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
-    let dpu = dpu_layer(&config)?;
-    serve(config, dpu, shutdown).await
-}
-
-/// The DPU attach layer the configuration names: the DPU agent when
-/// `dpu_endpoint` is set (split mode), else the co-located one over the
-/// vendor plugin's and SNAP's sockets on this host. Must be called inside
-/// the runtime that serves: the layer's connections run there.
-pub fn dpu_layer(config: &NodeConfig) -> anyhow::Result<Arc<dyn DpuAttach>> {
-    Ok(match config.dpu_link().map_err(anyhow::Error::msg)? {
-        Some(address) => {
-            tracing::info!(agent = %address, dpu = %config.dpu_name, "split mode: the DPU attach layer is the DPU agent");
-            Arc::new(RemoteDpu::new(address, &config.dpu_name, &config.dpu_tls)?)
-        }
-        None => Arc::new(Colocated::new(
-            config.plugin_socket.clone(),
-            config.snap_socket_template.clone(),
-        )),
-    })
+    let fleet = Fleet::from_config(&config)?;
+    serve(config, fleet, shutdown).await
 }

@@ -215,10 +215,11 @@ impl NodeService {
         tracing::warn!(%volume_id, "the host does not show the volume's device: attaching it again");
         let contexts = (publish_context, &record.volume_context, &no_secrets);
         let attach = self.attach_request(volume_id, contexts, capability, true)?;
-        let attachment = self.attach(&attach, deadline).await?;
+        let (attachment, dpu) = self.attach(&attach, Some(record), deadline).await?;
         let record = VolumeRecord {
             device_name: Some(attachment.device_name),
             locator: attachment.locator,
+            dpu: Some(dpu),
             ..record.clone()
         };
         self.keep_record(&record)?;

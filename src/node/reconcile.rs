@@ -4,8 +4,9 @@
 //! operator what no retry will touch.
 //!
 //! First the records (what this node staged); then the orphans among them;
-//! then, once the DPU answers (in the background: the node serves kubelet
-//! meanwhile), the records against the volumes SNAP exposes under our names.
+//! then, once each DPU answers (in the background: the node serves kubelet
+//! meanwhile), the records it holds against the volumes its SNAP exposes
+//! under our names.
 //!
 //! An orphan is a staged volume whose NodeUnstage never came (its pod was
 //! force-deleted, the node was out of service): a recorded volume that no
@@ -22,11 +23,15 @@
 
 use std::collections::HashSet;
 use std::path::Path;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
+
+use futures::future::join_all;
 
 use tokio::time::Instant;
 use tonic::Status;
 
+use super::fleet::Member;
 use super::mountinfo::{self, MountEntry};
 use super::records::VolumeRecord;
 use super::service::NodeService;
@@ -172,36 +177,70 @@ impl NodeService {
         }
     }
 
-    /// Compares `records` with what SNAP exposes, as soon as the DPU
-    /// answers, and reports the differences (log lines and
-    /// `snap_csi_dpu_drift`).
-    pub async fn compare_with_dpu(self, records: Vec<VolumeRecord>) {
+    /// Compares `records` with what each DPU's SNAP exposes, as soon as
+    /// that DPU answers, and reports the differences (log lines and
+    /// `snap_csi_dpu_drift`, summed over the DPUs that answered so far).
+    pub async fn compare_with_dpus(self, records: Vec<VolumeRecord>) {
+        let totals = Mutex::new((0, 0));
+        let fleet = Arc::clone(self.fleet());
+        let compared = fleet.members().iter().map(|member| {
+            let held: Vec<VolumeRecord> = records
+                .iter()
+                .filter(|r| match fleet.recorded(r.dpu.as_deref()) {
+                    Ok(on) => std::ptr::eq(on, member),
+                    Err(e) => {
+                        // Once, from the first DPU's pass.
+                        if std::ptr::eq(member, &fleet.members()[0]) {
+                            tracing::warn!(volume_id = %r.volume_id, "{}", e.message());
+                        }
+                        false
+                    }
+                })
+                .cloned()
+                .collect();
+            let (node, totals) = (&self, &totals);
+            async move {
+                let (unrecorded, unattached) = node.compare_with(member, &held).await;
+                let mut totals = totals.lock().unwrap_or_else(PoisonError::into_inner);
+                totals.0 += unrecorded;
+                totals.1 += unattached;
+                crate::metrics::set_dpu_drift("unrecorded", totals.0);
+                crate::metrics::set_dpu_drift("unattached", totals.1);
+            }
+        });
+        join_all(compared).await;
+    }
+
+    /// One DPU's comparison; how many volumes it exposes unrecorded, and
+    /// how many recorded on it it no longer exposes.
+    async fn compare_with(&self, member: &Member, records: &[VolumeRecord]) -> (usize, usize) {
+        let dpu = member.name();
         let mut delay = FIRST_RETRY;
         let inventory = loop {
-            match self.dpu().inventory(Instant::now() + ASK_TIMEOUT).await {
+            match member.dpu().inventory(Instant::now() + ASK_TIMEOUT).await {
                 Ok(inventory) => break inventory,
                 Err(e) => {
-                    tracing::debug!("comparing records with the DPU waits for it: {e}");
+                    tracing::debug!(%dpu, "comparing records with the DPU waits for it: {e}");
                     tokio::time::sleep(delay).await;
                     delay = (delay * 2).min(LAST_RETRY);
                 }
             }
         };
-        let drift = Drift::between(&records, &inventory);
+        let drift = Drift::between(records, &inventory);
         for volume in &drift.unrecorded {
-            tracing::warn!(volume_key = %volume.key, devices = ?volume.device_names, bdf = ?volume.bdf, "SNAP exposes a volume this node has no record of (a stage whose record was lost, or a volume of another node on this DPU); left as it is");
+            tracing::warn!(%dpu, volume_key = %volume.key, devices = ?volume.device_names, bdf = ?volume.bdf, "SNAP exposes a volume this node has no record of on this DPU (a stage whose record was lost, or a volume of another node on this DPU); left as it is");
         }
         for record in &drift.unattached {
-            tracing::warn!(volume_id = %record.volume_id, "staged here, but SNAP no longer exposes it; the next stage of it attaches it again");
+            tracing::warn!(%dpu, volume_id = %record.volume_id, "staged here, but SNAP no longer exposes it; the next stage of it attaches it again");
         }
         tracing::info!(
+            %dpu,
             exposed = inventory.volumes.len(),
             unrecorded = drift.unrecorded.len(),
             unattached = drift.unattached.len(),
             "compared volume records with the DPU"
         );
-        crate::metrics::set_dpu_drift("unrecorded", drift.unrecorded.len());
-        crate::metrics::set_dpu_drift("unattached", drift.unattached.len());
+        (drift.unrecorded.len(), drift.unattached.len())
     }
 }
 
@@ -257,6 +296,7 @@ mod tests {
                 uuid: None,
             },
             external_attach,
+            dpu: None,
             staged_as: None,
             volume_context: Default::default(),
             formatting: false,

@@ -28,6 +28,10 @@ pub struct VolumeRecord {
     /// The vendor plugin's device (bdev) name; `None` when DPF attached it.
     pub device_name: Option<String>,
     pub locator: HostLocator,
+    /// The DPU that holds it (its name); `None` in a record of a node
+    /// that knew only one DPU, which is then the first.
+    #[serde(default)]
+    pub dpu: Option<String>,
     /// True when the publish context carried DPF's attachment: not ours to undo.
     pub external_attach: bool,
     /// How the stage used the volume; `None` in a record of an older node,
@@ -122,6 +126,7 @@ pub(super) fn sample(id: &str) -> VolumeRecord {
             uuid: Some("6a1f3c2e-5b6d-4e8f-9a0b-1c2d3e4f5a6b".into()),
         },
         external_attach: false,
+        dpu: None,
         staged_as: Some(StagedAs {
             fs_type: Some("ext4".into()),
             mount_flags: vec!["password=hunter2".into()],

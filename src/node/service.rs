@@ -19,10 +19,11 @@ use tracing::Instrument;
 
 use super::config::NodeConfig;
 use super::error::NodeError;
+use super::fleet::Fleet;
 use super::records::{Records, VolumeRecord};
 use super::{mountinfo, paths};
 pub(crate) use crate::deadline::call_deadline;
-use crate::dpu::{DpuAttach, HostLocator};
+use crate::dpu::HostLocator;
 use crate::guard::{Busy, Held, VolumeGuard};
 use crate::host::{BlockDevice, Sysfs};
 use crate::proto::csi::v1 as csi;
@@ -40,20 +41,20 @@ pub struct NodeService {
 #[derive(Debug)]
 struct Inner {
     config: NodeConfig,
-    dpu: Arc<dyn DpuAttach>,
+    fleet: Arc<Fleet>,
     sysfs: Sysfs,
     records: Records,
     guard: VolumeGuard,
 }
 
 impl NodeService {
-    pub fn new(config: NodeConfig, dpu: Arc<dyn DpuAttach>) -> std::io::Result<NodeService> {
+    pub fn new(config: NodeConfig, fleet: Arc<Fleet>) -> std::io::Result<NodeService> {
         let records = Records::open(config.state_dir.join("volumes"))?;
         let sysfs = Sysfs::new(&config.sysfs_root);
         Ok(NodeService {
             inner: Arc::new(Inner {
                 config,
-                dpu,
+                fleet,
                 sysfs,
                 records,
                 guard: VolumeGuard::default(),
@@ -73,8 +74,8 @@ impl NodeService {
         &self.inner.config
     }
 
-    pub fn dpu(&self) -> &Arc<dyn DpuAttach> {
-        &self.inner.dpu
+    pub fn fleet(&self) -> &Arc<Fleet> {
+        &self.inner.fleet
     }
 
     pub(super) fn records(&self) -> &Records {
@@ -235,23 +236,44 @@ impl NodeService {
         let max_volumes_per_node = match config.max_volumes_per_node {
             // Checked at start to fit CSI's int64.
             Some(max) => i64::try_from(max).unwrap_or(i64::MAX),
-            None => {
-                let inventory = self
-                    .inner
-                    .dpu
-                    .inventory(deadline)
-                    .await
-                    .map_err(Status::from)?;
-                super::capacity::max_volumes(config, &inventory)
-            }
+            None => self.fleet_capacity(deadline).await?,
         };
         Ok(Response::new(csi::NodeGetInfoResponse {
             node_id: config.node_id.clone(),
             max_volumes_per_node,
             accessible_topology: Some(csi::Topology {
-                segments: [(TOPOLOGY_KEY.to_string(), self.inner.config.dpu_name.clone())].into(),
+                segments: self.fleet().topology(TOPOLOGY_KEY),
             }),
         }))
+    }
+
+    /// The sum of every DPU's capacity ([`super::capacity`]). A DPU that
+    /// does not answer adds nothing, so the limit never promises what it
+    /// cannot stage (kubelet asks again when the node plugin restarts);
+    /// none answering is that DPU's error.
+    async fn fleet_capacity(&self, deadline: Instant) -> Result<i64, Status> {
+        let members = self.fleet().members();
+        let inventories =
+            futures::future::join_all(members.iter().map(|m| m.dpu().inventory(deadline))).await;
+        let mut sum: Option<i64> = None;
+        let mut last_error = None;
+        for (member, inventory) in members.iter().zip(inventories) {
+            match inventory {
+                Ok(inventory) => {
+                    let max = super::capacity::max_volumes(&self.inner.config, &inventory);
+                    sum = Some(sum.unwrap_or(0).saturating_add(max));
+                }
+                Err(e) => {
+                    tracing::warn!(dpu = %member.name(), "NodeGetInfo counts without this DPU, which did not answer: {e}");
+                    last_error = Some(e);
+                }
+            }
+        }
+        match (sum, last_error) {
+            (Some(sum), _) => Ok(sum),
+            (None, Some(e)) => Err(e.into()),
+            (None, None) => unreachable!("a fleet has at least one DPU"),
+        }
     }
 }
 

@@ -20,7 +20,7 @@ use super::request::{Usage, access_mode, is_read_only_mode, maps_within_limits, 
 use super::service::NodeService;
 use super::{device, grow, health, mount, mountinfo};
 use crate::csi_limits::required_id;
-use crate::dpu::{AttachRequest, Attachment, DpuError, HostLocator, VolumeMode};
+use crate::dpu::{AttachRequest, HostLocator, VolumeMode};
 use crate::host::BlockDevice;
 use crate::proto::csi::v1 as csi;
 
@@ -45,38 +45,34 @@ impl NodeService {
         let _held = self.hold(volume_id)?;
 
         let previous = self.recorded(volume_id)?;
-        let (device_name, locator, external) =
-            match super::context::dpf_locator(&req.publish_context)
-                .map_err(Status::invalid_argument)?
-            {
-                Some(_) if encrypted => {
-                    return Err(Status::invalid_argument(format!(
-                        "volume {volume_id} asks for encryption, which snap-csi's DPU attach \
+        let (device_name, locator, dpu) = match super::context::dpf_locator(&req.publish_context)
+            .map_err(Status::invalid_argument)?
+        {
+            Some(_) if encrypted => {
+                return Err(Status::invalid_argument(format!(
+                    "volume {volume_id} asks for encryption, which snap-csi's DPU attach \
                          does, but DPF attached it already (its publish context names the \
                          function)"
-                    )));
-                }
-                Some(locator) => (None, locator, true),
-                None => {
-                    let staged_before = previous.is_some();
-                    let contexts = (&req.publish_context, &req.volume_context, &req.secrets);
-                    let attach = self.attach_request(
-                        volume_id,
-                        contexts,
-                        (&capability, &usage),
-                        staged_before,
-                    )?;
-                    let attachment = self.attach(&attach, deadline).await?;
-                    crate::failpoint::step("stage:attach");
-                    (Some(attachment.device_name), attachment.locator, false)
-                }
-            };
+                )));
+            }
+            Some(locator) => (None, locator, None),
+            None => {
+                let staged_before = previous.is_some();
+                let contexts = (&req.publish_context, &req.volume_context, &req.secrets);
+                let attach =
+                    self.attach_request(volume_id, contexts, (&capability, &usage), staged_before)?;
+                let (attachment, dpu) = self.attach(&attach, previous.as_ref(), deadline).await?;
+                crate::failpoint::step("stage:attach");
+                (Some(attachment.device_name), attachment.locator, Some(dpu))
+            }
+        };
         let record = VolumeRecord {
             volume_id: volume_id.to_string(),
             staging_target_path: staging.clone(),
             device_name,
             locator: locator.clone(),
-            external_attach: external,
+            external_attach: dpu.is_none(),
+            dpu,
             staged_as: Some(staged_as(&usage, access_mode(&capability)?)),
             volume_context: req.volume_context.clone(),
             formatting: previous.is_some_and(|r| r.formatting),
@@ -135,11 +131,7 @@ impl NodeService {
             device::set_block_device_read_only(&device.node, false, deadline).await?;
         }
         if !record.as_ref().is_some_and(|r| r.external_attach) {
-            let device_name = record.as_ref().and_then(|r| r.device_name.as_deref());
-            self.dpu()
-                .detach(volume_id, device_name, deadline)
-                .await
-                .map_err(Status::from)?;
+            self.detach(volume_id, record.as_ref(), deadline).await?;
             crate::failpoint::step("unstage:detach");
         }
         self.records()
@@ -158,42 +150,6 @@ impl NodeService {
                 .map_err(|e| NodeError::state("writing the volume record", e))?;
         }
         Ok(())
-    }
-
-    /// Attaches the volume on the DPU.
-    ///
-    /// An attach that fails for a reason the DPU cannot name (INTERNAL:
-    /// typically an SPDK object gone between two of its calls, as when SNAP
-    /// restarted in the middle and came back empty) is tried once more,
-    /// inside the deadline: attaching continues from whatever the DPU holds,
-    /// so the second attempt starts from SNAP's new state instead of
-    /// answering kubelet a final error for a moment's state.
-    ///
-    /// A definite refusal of a first attach (no free function, bad
-    /// arguments) undoes what the attempt made rather than leave it for an
-    /// unstage that may never come; a transient failure is left for the retry.
-    pub(super) async fn attach(
-        &self,
-        request: &AttachRequest,
-        deadline: Instant,
-    ) -> Result<Attachment, Status> {
-        let volume_id = &request.volume_id;
-        let mut attached = self.dpu().attach(request, deadline).await;
-        if let Err(DpuError::Internal(why)) = &attached {
-            tracing::warn!(%volume_id, "attaching failed ({why}); trying once more from what the DPU holds now");
-            attached = self.dpu().attach(request, deadline).await;
-        }
-        let error = match attached {
-            Ok(attachment) => return Ok(attachment),
-            Err(error) => error,
-        };
-        if !request.attached_before
-            && !matches!(error, DpuError::Unavailable(_))
-            && let Err(undo) = self.dpu().detach(volume_id, None, deadline).await
-        {
-            tracing::warn!(%volume_id, "undoing a failed attach: {undo}");
-        }
-        Err(error.into())
     }
 
     /// What the DPU is asked to attach: the volume as `capability` and

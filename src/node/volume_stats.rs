@@ -1,5 +1,6 @@
 //! NodeGetVolumeStats: usage in bytes and inodes, and the volume's
-//! condition, from what [`super::health`] reads of the mount.
+//! condition, from what [`super::health`] reads of the mount and whether
+//! the DPU that serves the volume is up.
 
 use std::os::unix::fs::FileTypeExt;
 use std::path::Path;
@@ -22,8 +23,22 @@ impl NodeService {
         let req = request.into_inner();
         let volume_id = required_id(&req.volume_id, "volume_id")?;
         require(&req.volume_path, "volume_path")?;
-        let (_, path) = self.staged_at(volume_id, &req.volume_path)?;
-        let response = volume_stats(&path, deadline).await?;
+        let (record, path) = self.staged_at(volume_id, &req.volume_path)?;
+        let mut response = volume_stats(&path, deadline).await?;
+        if !record.external_attach
+            && let Ok(member) = self.fleet().recorded(record.dpu.as_deref())
+            && !member.serving(deadline).await
+        {
+            // The host may still read a page cache; the volume is not served.
+            response.volume_condition = Some(csi::VolumeCondition {
+                abnormal: true,
+                message: format!(
+                    "DPU {} that serves this volume is down (its vendor plugin or SNAP does \
+                     not answer); the volume's I/O waits for it or fails",
+                    member.name()
+                ),
+            });
+        }
         let abnormal = response
             .volume_condition
             .as_ref()

@@ -57,7 +57,7 @@ pub struct Tweaks {
     pub plugin_capabilities: Option<Vec<super::plugin::Capability>>,
 }
 
-pub type WrapDpu = Box<dyn FnOnce(Arc<dyn DpuAttach>) -> Arc<dyn DpuAttach> + Send>;
+pub type WrapDpu = Box<dyn FnMut(Arc<dyn DpuAttach>) -> Arc<dyn DpuAttach> + Send>;
 
 impl NodeStack {
     pub async fn start(emulation: EmulationSetting) -> NodeStack {
@@ -94,6 +94,7 @@ impl NodeStack {
             dpu_name: DPU_NAME.into(),
             dpu_endpoint: agent.as_ref().map(|a| a.address.to_string()),
             dpu_insecure_plaintext: false,
+            dpus: Vec::new(),
             dpu_tls: agent
                 .as_ref()
                 .map_or_else(Default::default, |a| a.node_tls.clone()),
@@ -260,12 +261,12 @@ fn spawn_node(
         };
         runtime.block_on(async move {
             // Made on the node's runtime, which its connections need.
-            let dpu = snap_csi::node::dpu_layer(&config)?;
-            let dpu = match wrap {
-                Some(wrap) => wrap(dpu),
-                None => dpu,
+            let fleet = snap_csi::node::Fleet::from_config(&config)?;
+            let fleet = match wrap {
+                Some(wrap) => fleet.wrapped(wrap),
+                None => fleet,
             };
-            snap_csi::node::serve(config, dpu, stopped).await
+            snap_csi::node::serve(config, fleet, stopped).await
         })
     });
     (stop, thread)
