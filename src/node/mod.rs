@@ -75,6 +75,7 @@ pub async fn serve(
     fleet.watch();
     let node = NodeService::new(config.clone(), Arc::clone(&fleet))?;
     let records = node.reconcile();
+    node.clear_left_over();
     let orphans = node.find_orphans(&records);
     if config.unstage_orphans {
         tokio::spawn(node.clone().unstage_orphans(orphans));

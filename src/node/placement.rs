@@ -1,24 +1,120 @@
 //! Which DPU a volume is attached on and detached from: the record's, or
 //! for a new volume the first of the fleet's candidates that takes it
-//! ([`super::fleet`]); and what a volume that went elsewhere than its
-//! first choice may have left there.
+//! ([`super::fleet`]); and what a DPU that was tried and not kept may hold.
+//!
+//! On a host with several DPUs the choice is written down before anything
+//! is made there ([`Placing`]: the DPUs a stage tried, in order), so that a
+//! stage cut short by a crash before its record is retried on the DPU it
+//! last tried, and every other DPU it tried is cleared once the record names
+//! one. Clearing runs in the background, under the volume's hold, until each
+//! detach succeeds, and again after a restart.
 
+use std::collections::HashSet;
+use std::io;
+use std::path::Path;
 use std::time::Duration;
 
 use futures::future::join_all;
+use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 use tonic::Status;
 
+use super::error::NodeError;
 use super::fleet::Member;
 use super::records::VolumeRecord;
 use super::service::NodeService;
 use crate::dpu::{AttachRequest, Attachment, DpuError};
+use crate::json_dir::JsonDir;
 
-/// One detach of what a passed-over DPU may hold gets this long; the
+/// One detach of what a DPU tried and not kept may hold gets this long; the
 /// next waits from the first delay, doubling, to the last.
 const CLEAR_TIMEOUT: Duration = Duration::from_secs(30);
 const CLEAR_FIRST_RETRY: Duration = Duration::from_secs(1);
 const CLEAR_LAST_RETRY: Duration = Duration::from_secs(60);
+
+/// The DPUs each volume's stages tried that its record does not name: a
+/// file per volume, while there are any (none on a host with one DPU).
+#[derive(Debug, Clone)]
+pub(super) struct Placing {
+    dir: JsonDir,
+}
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct Tried {
+    volume_id: String,
+    dpus: Vec<String>,
+}
+
+impl Placing {
+    pub(super) fn open(dir: &Path) -> io::Result<Placing> {
+        Ok(Placing {
+            dir: JsonDir::open(dir)?,
+        })
+    }
+
+    fn tried(&self, volume_id: &str) -> Result<Vec<String>, NodeError> {
+        let tried: Option<Tried> = self
+            .dir
+            .load(volume_id)
+            .map_err(|e| NodeError::state("reading the DPUs a stage tried", e))?;
+        Ok(tried.map(|t| t.dpus).unwrap_or_default())
+    }
+
+    fn keep(&self, volume_id: &str, dpus: Vec<String>) -> Result<(), NodeError> {
+        let kept = match dpus.is_empty() {
+            true => self.dir.remove(volume_id),
+            false => self.dir.store(
+                volume_id,
+                &Tried {
+                    volume_id: volume_id.to_string(),
+                    dpus,
+                },
+            ),
+        };
+        kept.map_err(|e| NodeError::state("writing the DPUs a stage tried", e))
+    }
+
+    /// `dpu` is about to be tried (last in the list).
+    fn trying(&self, volume_id: &str, dpu: &str) -> Result<(), NodeError> {
+        let mut dpus = self.tried(volume_id)?;
+        if dpus.last().is_some_and(|d| d == dpu) {
+            return Ok(());
+        }
+        dpus.retain(|d| d != dpu);
+        dpus.push(dpu.to_string());
+        self.keep(volume_id, dpus)
+    }
+
+    fn forget(&self, volume_id: &str, dpu: &str) -> Result<Vec<String>, NodeError> {
+        let mut dpus = self.tried(volume_id)?;
+        let before = dpus.len();
+        dpus.retain(|d| d != dpu);
+        if dpus.len() != before {
+            self.keep(volume_id, dpus.clone())?;
+        }
+        Ok(dpus)
+    }
+
+    /// Every volume with DPUs to clear, for a restart.
+    fn all(&self) -> Vec<(String, Vec<String>)> {
+        match self.dir.all::<Tried>() {
+            Ok(all) => all
+                .into_iter()
+                .filter_map(|t| match t {
+                    Ok(t) => Some((t.volume_id, t.dpus)),
+                    Err((path, e)) => {
+                        tracing::warn!(path = %path.display(), "cannot read which DPUs a stage tried: {e}");
+                        None
+                    }
+                })
+                .collect(),
+            Err(e) => {
+                tracing::warn!("cannot list which DPUs stages tried: {e}");
+                Vec::new()
+            }
+        }
+    }
+}
 
 impl NodeService {
     /// Attaches the volume on a DPU: the one `previous` names (a restage),
@@ -44,24 +140,39 @@ impl NodeService {
         deadline: Instant,
     ) -> Result<(Attachment, String), Status> {
         let fleet = self.fleet();
+        let volume_id = &request.volume_id;
+        let several = fleet.members().len() > 1;
         let members = match previous {
             Some(record) => vec![fleet.recorded(record.dpu.as_deref())?],
-            None => fleet.candidates(&request.volume_id, &request.volume_context)?,
+            None => {
+                let mut members = fleet.candidates(volume_id, &request.volume_context)?;
+                // A stage cut short continues on the DPU it last tried.
+                let tried = match several {
+                    true => self.placing().tried(volume_id)?,
+                    false => Vec::new(),
+                };
+                if let Some(last) = tried.last()
+                    && let Some(at) = members.iter().position(|m| m.name() == last && m.is_up())
+                {
+                    let member = members.remove(at);
+                    members.insert(0, member);
+                }
+                members
+            }
         };
         for (i, member) in members.iter().enumerate() {
+            if previous.is_none() && several {
+                self.placing().trying(volume_id, member.name())?;
+            }
             let last = i + 1 == members.len();
             let until = match last {
                 true => deadline,
                 false => Instant::now() + deadline.saturating_duration_since(Instant::now()) / 2,
             };
             match self.attach_on(member, request, until).await {
-                Ok(attachment) => {
-                    let passed = members[..i].iter().map(|m| m.name());
-                    self.clear_elsewhere(&request.volume_id, member.name(), passed);
-                    return Ok((attachment, member.name().to_string()));
-                }
+                Ok(attachment) => return Ok((attachment, member.name().to_string())),
                 Err(e @ (DpuError::Unavailable(_) | DpuError::Exhausted(_))) if !last => {
-                    tracing::warn!(volume_id = %request.volume_id, dpu = %member.name(), "DPU did not take the volume, trying the next: {e}");
+                    tracing::warn!(%volume_id, dpu = %member.name(), "DPU did not take the volume, trying the next: {e}");
                 }
                 Err(e) => return Err(e.into()),
             }
@@ -120,63 +231,112 @@ impl NodeService {
             .try_for_each(|d| d.map_err(Status::from))
     }
 
-    /// Takes the volume off every DPU it passed over on its way to `on`
-    /// (they answered late or were full, and may hold half an attach), and
-    /// off its first choice, where a stage cut short before its record would
-    /// have put it: in the background, until each detach succeeds, each
-    /// under the volume's hold and only while the volume is not recorded
-    /// there (a later stage may have put it there since).
-    fn clear_elsewhere<'a>(
-        &self,
-        volume_id: &str,
-        on: &str,
-        passed: impl Iterator<Item = &'a str>,
-    ) {
-        let first_choice = self.fleet().first_choice(volume_id);
-        let mut dpus: Vec<String> = passed.map(str::to_string).collect();
-        if first_choice != on && !dpus.iter().any(|d| d == first_choice) {
-            dpus.push(first_choice.to_string());
+    /// The record now names `dpu`: every other DPU a stage of the volume
+    /// tried is cleared in the background.
+    pub(super) fn placed(&self, volume_id: &str, dpu: &str) -> Result<(), NodeError> {
+        if self.fleet().members().len() == 1 {
+            return Ok(());
         }
+        let others = self.placing().forget(volume_id, dpu)?;
+        self.clear(volume_id, others);
+        Ok(())
+    }
+
+    /// Unstaged from every DPU (a stage cut short before its record): none
+    /// holds anything of it.
+    pub(super) fn unplaced(&self, volume_id: &str) -> Result<(), NodeError> {
+        self.placing().keep(volume_id, Vec::new())
+    }
+
+    /// At start: clears what an earlier run left to clear for the volumes
+    /// it recorded; a volume without a record is its stage's retry's, or its
+    /// unstage's, which detaches it everywhere.
+    pub(super) fn clear_left_over(&self) {
+        for (volume_id, dpus) in self.placing().all() {
+            match self.recorded(&volume_id) {
+                Ok(Some(record)) => {
+                    let others = dpus.into_iter().filter(|d| record.dpu.as_ref() != Some(d));
+                    self.clear(&volume_id, others.collect());
+                }
+                Ok(None) => {}
+                Err(e) => tracing::warn!(%volume_id, "{e}"),
+            }
+        }
+    }
+
+    fn clear(&self, volume_id: &str, dpus: Vec<String>) {
         if dpus.is_empty() {
             return;
         }
         let node = self.clone();
         let volume_id = volume_id.to_string();
         tokio::spawn(async move {
-            for dpu in dpus {
-                node.clear_on(&volume_id, &dpu).await;
-            }
+            let unique: HashSet<String> = dpus.into_iter().collect();
+            join_all(unique.iter().map(|dpu| node.clear_on(&volume_id, dpu))).await;
         });
     }
 
+    /// Detaches the volume from `dpu`, under the volume's hold and only
+    /// while its record does not name `dpu` (a later stage may have put it
+    /// there since), until that succeeds.
     async fn clear_on(&self, volume_id: &str, dpu: &str) {
         let mut delay = CLEAR_FIRST_RETRY;
         loop {
             if let Ok(_held) = self.hold(volume_id) {
-                match self.recorded(volume_id) {
-                    Ok(Some(record)) if record.dpu.as_deref() == Some(dpu) => return,
-                    Ok(_) => {
-                        let Ok(member) = self.fleet().recorded(Some(dpu)) else {
-                            return;
-                        };
-                        let deadline = Instant::now() + CLEAR_TIMEOUT;
-                        match member.dpu().detach(volume_id, None, deadline).await {
-                            Ok(()) => {
-                                tracing::info!(%volume_id, %dpu, "cleared what a passed-over DPU held of the volume");
-                                return;
-                            }
-                            Err(e) => {
-                                tracing::debug!(%volume_id, %dpu, "clearing a passed-over DPU waits: {e}")
-                            }
-                        }
-                    }
+                match self.clear_held(volume_id, dpu).await {
+                    Ok(()) => return,
                     Err(e) => {
-                        tracing::debug!(%volume_id, "clearing a passed-over DPU waits for the record: {e}")
+                        tracing::debug!(%volume_id, %dpu, "clearing a DPU tried and not kept waits: {e}")
                     }
                 }
             }
             tokio::time::sleep(delay).await;
             delay = (delay * 2).min(CLEAR_LAST_RETRY);
         }
+    }
+
+    async fn clear_held(&self, volume_id: &str, dpu: &str) -> Result<(), Status> {
+        let record = self.recorded(volume_id)?;
+        if record.as_ref().and_then(|r| r.dpu.as_deref()) != Some(dpu)
+            && let Ok(member) = self.fleet().recorded(Some(dpu))
+        {
+            let deadline = Instant::now() + CLEAR_TIMEOUT;
+            member.dpu().detach(volume_id, None, deadline).await?;
+            tracing::info!(%volume_id, %dpu, "cleared what a DPU tried and not kept held of the volume");
+        }
+        self.placing().forget(volume_id, dpu)?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_dpus_tried_are_kept_in_order_until_each_is_forgotten() {
+        let dir = tempfile::tempdir().unwrap();
+        let placing = Placing::open(dir.path()).unwrap();
+        assert!(placing.tried("pvc-1").unwrap().is_empty());
+        placing.trying("pvc-1", "bf3-a").unwrap();
+        placing.trying("pvc-1", "bf3-b").unwrap();
+        // A retry on the first again moves it last: the one to continue on.
+        placing.trying("pvc-1", "bf3-a").unwrap();
+        assert_eq!(placing.tried("pvc-1").unwrap(), ["bf3-b", "bf3-a"]);
+        // A restart finds it with its volume id.
+        let reopened = Placing::open(dir.path()).unwrap();
+        assert_eq!(
+            reopened.all(),
+            [(
+                "pvc-1".to_string(),
+                vec!["bf3-b".to_string(), "bf3-a".to_string()]
+            )]
+        );
+        assert_eq!(placing.forget("pvc-1", "bf3-a").unwrap(), ["bf3-b"]);
+        assert_eq!(
+            placing.forget("pvc-1", "bf3-b").unwrap(),
+            Vec::<String>::new()
+        );
+        assert!(placing.all().is_empty(), "no file once none is left");
     }
 }

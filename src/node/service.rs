@@ -20,6 +20,7 @@ use tracing::Instrument;
 use super::config::NodeConfig;
 use super::error::NodeError;
 use super::fleet::Fleet;
+use super::placement::Placing;
 use super::records::{Records, VolumeRecord};
 use super::{mountinfo, paths};
 pub(crate) use crate::deadline::call_deadline;
@@ -44,12 +45,14 @@ struct Inner {
     fleet: Arc<Fleet>,
     sysfs: Sysfs,
     records: Records,
+    placing: Placing,
     guard: VolumeGuard,
 }
 
 impl NodeService {
     pub fn new(config: NodeConfig, fleet: Arc<Fleet>) -> std::io::Result<NodeService> {
         let records = Records::open(config.state_dir.join("volumes"))?;
+        let placing = Placing::open(&config.state_dir.join("placing"))?;
         let sysfs = Sysfs::new(&config.sysfs_root);
         Ok(NodeService {
             inner: Arc::new(Inner {
@@ -57,6 +60,7 @@ impl NodeService {
                 fleet,
                 sysfs,
                 records,
+                placing,
                 guard: VolumeGuard::default(),
             }),
         })
@@ -80,6 +84,10 @@ impl NodeService {
 
     pub(super) fn records(&self) -> &Records {
         &self.inner.records
+    }
+
+    pub(super) fn placing(&self) -> &Placing {
+        &self.inner.placing
     }
 
     pub(super) fn sysfs(&self) -> &Sysfs {

@@ -78,6 +78,9 @@ impl NodeService {
             formatting: previous.is_some_and(|r| r.formatting),
         };
         self.keep_record(&record)?;
+        if let Some(dpu) = &record.dpu {
+            self.placed(volume_id, dpu)?;
+        }
         crate::failpoint::step("stage:record");
         self.count_staged();
         match (&usage, locator.tag()) {
@@ -132,6 +135,9 @@ impl NodeService {
         }
         if !record.as_ref().is_some_and(|r| r.external_attach) {
             self.detach(volume_id, record.as_ref(), deadline).await?;
+            if record.is_none() {
+                self.unplaced(volume_id)?;
+            }
             crate::failpoint::step("unstage:detach");
         }
         self.records()
