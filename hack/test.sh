@@ -7,7 +7,8 @@
 # the offline checks of the Kubernetes manifests and Dockerfiles, the main job
 # (the whole stack on the emulator, volumes through their life; co-located and
 # split) in debug, the official CSI conformance suite (csi-sanity) on that
-# stack for each backend (and in split mode for one), and the benchmark on a
+# stack for each backend (and in split mode for one, and on a host with two
+# DPUs in both modes for the block backends), and the benchmark on a
 # few volumes in debug: proof that every section still runs and cleans up, not
 # a measurement (that is ./hack/bench.sh, release); the demo and csi-sanity
 # again from the container images; and the chaos soak for two minutes in debug.
@@ -57,6 +58,14 @@ SNAP_CSI_TEST_DPU=split SNAP_CSI_CRASH_TRIALS=100 cargo test --locked \
 # link are what split mode changes, and one backend of each kind of device
 # (block, filesystem) drives all of them.
 ./hack/csi-sanity.sh --profile debug --no-build --backend aio --backend fs -- --mode split
+# csi-sanity on a host with two DPUs (local-up --dpus 2: two SNAP emulators
+# in one sysfs tree, PCI domains 0000 and 0001, each with its plugin; the node
+# given both in its config file's dpus), co-located and split (an agent per
+# DPU, each in its own namespace, certificate and link): what the node does
+# across DPUs (placement, records, inventory, NodeGetInfo) is held to the suite
+# in both modes; AIO the DPU-local backend, NVMe-oF the remote one.
+./hack/csi-sanity.sh --profile debug --no-build --backend aio --backend nvmf -- --dpus 2
+./hack/csi-sanity.sh --profile debug --no-build --backend aio --backend nvmf -- --dpus 2 --mode split
 # The main job and csi-sanity once more with every process that has an image
 # started from it, with the privileges, mounts and propagation its manifest
 # gives it (hack/local-up.sh --containers; deploy/tools/podman_spec.py reads
