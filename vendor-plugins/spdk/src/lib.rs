@@ -17,7 +17,8 @@
 //! these backends ([`csi`]: Identity, Controller, GroupController, VolumeGroup), which makes
 //! the volumes whose contexts the plugin service reads.
 //!
-//! Layout: [`service`] (the RPCs), [`backend`] (the volume context),
+//! Layout: [`service`] (the RPCs), [`nvmf_device`] (an NVMe-oF volume's
+//! CreateDevice: one path, or a multipath device), [`backend`] (the volume context),
 //! [`names`] (device names), [`paging`] (list tokens), [`qos`] (QoS
 //! limits: parameters, records, SPDK's request), [`follow`] (attached AIO
 //! volumes grown and their QoS changes applied live), [`paths`] (a remote
@@ -35,6 +36,7 @@ pub mod errors;
 pub mod follow;
 pub mod metrics;
 pub mod names;
+pub mod nvmf_device;
 pub mod paging;
 pub mod paths;
 pub mod qos;
