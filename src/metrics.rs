@@ -14,7 +14,8 @@
 //! - `snap_csi_volumes_staged`: volumes the node has staged.
 //! - `snap_csi_dependency_ready`: 1 when a dependency answered its last probe.
 //! - `snap_csi_dpu_up`: by DPU (`dpu`), 1 when the node's last probe of it
-//!   (every 2 s) found its plugin and SNAP ready.
+//!   (at each Probe, and every 2 s on a host with several) found its plugin
+//!   and SNAP ready.
 //! - `snap_csi_dpu_drift`: at the node's start, volumes SNAP exposes without
 //!   a record here (`kind="unrecorded"`) and records SNAP no longer backs
 //!   (`kind="unattached"`).

@@ -10,8 +10,9 @@
 //! function. Once staged, the record names the DPU and every later call
 //! goes there alone.
 //!
-//! Every DPU is probed every [`WATCH_PERIOD`]: `snap_csi_dpu_up{dpu}` and
-//! the placement's view come from that; Probe is ready while any DPU is.
+//! Every DPU of several is probed every [`WATCH_PERIOD`], and every DPU at
+//! each Probe: `snap_csi_dpu_up{dpu}` and the placement's view come from
+//! that; Probe is ready while any DPU is.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -221,8 +222,15 @@ impl Fleet {
             .any(|ready| ready)
     }
 
-    /// Probes every DPU every [`WATCH_PERIOD`] until the fleet is dropped.
+    /// Probes every DPU every [`WATCH_PERIOD`] until the fleet is dropped,
+    /// when there are several: placement passes over one found down. A
+    /// single DPU has nowhere to pass to, and its state comes from Probe
+    /// (kubelet's liveness probe), so its SNAP sees no calls of ours
+    /// between the CO's.
     pub fn watch(self: &Arc<Fleet>) {
+        if self.members.len() == 1 {
+            return;
+        }
         let fleet = Arc::downgrade(self);
         tokio::spawn(async move {
             while let Some(fleet) = fleet.upgrade() {
