@@ -8,15 +8,22 @@
 #
 # for AIO and NVMe-oF volumes, exposed as NVMe or virtio-blk, with ext4, xfs or
 # as raw block, and a filesystem volume (backend fs) the host mounts as
-# virtio-fs. A second host (its own node, SNAP and plugin) then shares a
+# virtio-fs. The host has two DPUs (local-up --dpus 2): each row names the
+# DPU the node put the volume on (both must hold some; virtio-fs volumes are
+# pinned to the first, whose emulator alone mounts them), and one DPU is
+# then stopped (co-located its SNAP, split its agent) while a pod writes on
+# a volume on each: the node must show it down, call its volume abnormal,
+# stay ready, stage a new volume elsewhere, and the other pod see no error.
+# A second host (its own node, SNAP and plugin) then shares a
 # ReadWriteMany filesystem volume with the first: each writes, the other
 # reads, one leaves while the other writes on; the player prints what each
-# saw. It runs twice: co-located (the node drives the vendor plugin
-# and SNAP itself) and split (the node calls a DPU agent in its own network
-# namespace over mutual TLS, as on a BlueField host). Each time it prints one
-# row per volume with each step's time and the calls each metrics endpoint
-# counted; in split mode it also checks the agent's page: one Attach per
-# NodeStage, one Detach per NodeUnstage, one TLS handshake in all. Then it
+# saw. It runs twice: co-located (the node drives each DPU's vendor plugin
+# and SNAP itself) and split (the node calls each DPU's agent, in a network
+# namespace of its own, over mutual TLS, as on a BlueField host). Each time it
+# prints one row per volume with each step's time and the calls each metrics
+# endpoint counted; in split mode it also checks the agents' pages: one
+# Attach per NodeStage, one Detach per NodeUnstage, one TLS handshake per
+# agent (the stopped one's link may be made once more). Then it
 # stops the stack and checks that nothing is left: no loop device, mount,
 # directory, network namespace or veth. Two volumes also show the DPU's data
 # path: an encrypted one (its AIO file holds ciphertext only) and a
@@ -81,21 +88,28 @@ show() {
   sed 's/^/    /' <<<"$counted"
 }
 
-# split_checks: the agent served each node call that needs the DPU exactly
-# once, over one TLS connection.
+# split_checks: the agents together served each node call that needs a DPU
+# exactly once, each over one TLS connection; the second DPU's agent over
+# at most two: the player's DPU-down proof stops it (SIGSTOP) for several
+# seconds, and the node's keepalive drops a link whose ping goes unanswered
+# for 5 s, to connect again once the agent answers.
 split_checks() {
-  local node agent stages unstages attaches detaches handshakes
+  local node agent page stages unstages attaches=0 detaches=0 handshakes=()
   node=$(scrape "$NODE_METRICS")
-  agent=$(scrape "$AGENT_METRICS")
   stages=$(total "$node" '^snap_csi_grpc_requests_total\{method="Node/NodeStageVolume"')
   unstages=$(total "$node" '^snap_csi_grpc_requests_total\{method="Node/NodeUnstageVolume"')
-  attaches=$(total "$agent" '^snap_csi_grpc_requests_total\{method="DpuAgent/Attach"')
-  detaches=$(total "$agent" '^snap_csi_grpc_requests_total\{method="DpuAgent/Detach"')
-  handshakes=$(total "$agent" '^snap_csi_tls_handshakes_total\{.*role="server"')
-  echo "  split mode: $stages NodeStage -> $attaches Attach, $unstages NodeUnstage -> $detaches Detach," \
-    "$handshakes TLS handshake(s) at the agent"
-  if ((stages == 0 || attaches != stages || detaches != unstages || handshakes != 1)); then
-    echo "FAIL: expected one agent call per NodeStage and NodeUnstage and one TLS handshake" >&2
+  for page in "$AGENT_METRICS" "$AGENT_METRICS_B"; do
+    agent=$(scrape "$page")
+    attaches=$((attaches + $(total "$agent" '^snap_csi_grpc_requests_total\{method="DpuAgent/Attach"')))
+    detaches=$((detaches + $(total "$agent" '^snap_csi_grpc_requests_total\{method="DpuAgent/Detach"')))
+    handshakes+=("$(total "$agent" '^snap_csi_tls_handshakes_total\{.*role="server"')")
+  done
+  echo "  split mode: $stages NodeStage -> $attaches Attach, $unstages NodeUnstage -> $detaches Detach" \
+    "(both agents), TLS handshakes at each agent: ${handshakes[*]}"
+  if ((stages == 0 || attaches != stages || detaches != unstages || handshakes[0] != 1 ||
+    handshakes[1] < 1 || handshakes[1] > 2)); then
+    echo "FAIL: expected one agent call per NodeStage and NodeUnstage, one TLS handshake at the" \
+      "first agent and one or two at the second" >&2
     exit 1
   fi
 }
@@ -124,8 +138,12 @@ for mode in "${modes[@]}"; do
   echo "== main job, $mode mode"
   # Every process at debug level: the key must reach no log even then.
   RUST_LOG=debug local_up_start "$run" --profile "$profile" --mode "$mode" --dir "$run/stack" \
-    --second-host "${containers[@]}"
-  [ "$mode" = split ] && echo "  the node reaches the DPU agent at $DPU_AGENT_ENDPOINT (namespace $DPU_NETNS)"
+    --dpus 2 --second-host "${containers[@]}"
+  echo "  a host with two DPUs: $DPUS (the second's functions in PCI domain 0001)"
+  if [ "$mode" = split ]; then
+    echo "  the node reaches the DPU agents at $DPU_AGENT_ENDPOINT (namespace $DPU_NETNS) and" \
+      "$DPU_AGENT_ENDPOINT_B (namespace $DPU_NETNS_B)"
+  fi
 
   # kubelet hands the key over in NodeStageVolume's secrets, from memory.
   key=$(od -An -tx1 -N64 /dev/urandom | tr -d ' \n')
@@ -133,11 +151,13 @@ for mode in "${modes[@]}"; do
 
   echo
   echo "metrics, $mode mode (calls served by method, from each endpoint during this run):"
-  for page in "$NODE_METRICS" "$CONTROLLER_METRICS" "$PLUGIN_METRICS"; do
+  for page in "$NODE_METRICS" "$CONTROLLER_METRICS" "$PLUGIN_METRICS" "$PLUGIN_METRICS_B"; do
     show "$page" '^snap_csi_grpc_requests_total'
   done
   if [ "$mode" = split ]; then
-    show "$AGENT_METRICS" '^snap_csi_(grpc_requests|tls_handshakes)_total'
+    for page in "$AGENT_METRICS" "$AGENT_METRICS_B"; do
+      show "$page" '^snap_csi_(grpc_requests|tls_handshakes)_total'
+    done
     split_checks
   fi
 

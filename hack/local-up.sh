@@ -27,7 +27,8 @@
 # Prints CSI_CONTROLLER_ENDPOINT=, CSI_NODE_ENDPOINT=, KUBELET_DIR= (one per
 # line; then NODE_METRICS=, CONTROLLER_METRICS= and PLUGIN_METRICS=, the
 # Prometheus pages, and NVMF_TARGET_SOCKET= (the remote NVMe-oF target's
-# JSON-RPC socket; it listens on two ports, every volume's two paths); in
+# JSON-RPC socket; it listens on two ports, every volume's two paths),
+# NODE_STATE_DIR= (the node's --state-dir: its volume records); in
 # split mode also DPU_AGENT_ENDPOINT=, AGENT_METRICS=,
 # DPU_NETNS= (the agent's namespace, e.g. for nftables rules that break the
 # link: `ip netns exec NAME nft ...`) and DPU_VETH= (the host's end of the
@@ -60,7 +61,8 @@
 # DPUs in DIR/node.toml (its `dpus`: local-dpu in PCI domain 0000 and
 # local-dpu-b in 0001) instead of --dpu-name and the per-DPU flags. Their
 # processes are snap-b, plugin-b and agent-b (--supervise: DIR/pids/NAME).
-# It prints SNAP_SOCKET_B= and PLUGIN_SOCKET_B=, and in split mode
+# It prints SNAP_SOCKET_B=, PLUGIN_SOCKET_B= and PLUGIN_METRICS_B= (the
+# second plugin's page: its calls, a multipath volume's paths), and in split mode
 # DPU_AGENT_ENDPOINT_B=, AGENT_METRICS_B=, DPU_NETNS_B= and DPU_VETH_B=
 # (the second DPU's as above). DPUS= (comma-separated) names the DPUs in
 # every run: DPUS=local-dpu, or DPUS=local-dpu,local-dpu-b. Not with
@@ -564,10 +566,12 @@ if ((dpus == 2)); then
   start snap-b "$bin/snap-emu" --socket "$dir/snap-b.sock" --state-dir "$dir/snap-b" \
     --sysfs-root "$dir/snap/sysfs" --pci-domain 0001 "${snap_args[@]}"
   wait_for_socket "$dir/snap-b.sock"
+  plugin_b_metrics=127.0.0.1:$(free_port)
   run plugin-b plugin "${dpu_maps[@]}" -- snap-csi-spdk-plugin \
     --plugin-socket "$dir/plugin-b.sock" \
     --spdk-socket "$dir/snap-b.sock" \
-    --state-dir "$dir/plugin-b-state"
+    --state-dir "$dir/plugin-b-state" \
+    --metrics-address "$plugin_b_metrics"
   wait_for_socket "$dir/plugin-b.sock"
 fi
 
@@ -736,6 +740,7 @@ echo "NODE_METRICS=http://$node_metrics/metrics"
 echo "CONTROLLER_METRICS=http://$controller_metrics/metrics"
 echo "PLUGIN_METRICS=http://$plugin_metrics/metrics"
 echo "NVMF_TARGET_SOCKET=$dir/target.sock"
+echo "NODE_STATE_DIR=$dir/node-state"
 if [ "$mode" = split ]; then
   echo "DPU_AGENT_ENDPOINT=https://$agent_listen"
   echo "AGENT_METRICS=http://$agent_metrics/metrics"
@@ -746,6 +751,7 @@ if ((dpus == 2)); then
   echo "DPUS=local-dpu,local-dpu-b"
   echo "SNAP_SOCKET_B=$dir/snap-b.sock"
   echo "PLUGIN_SOCKET_B=$dir/plugin-b.sock"
+  echo "PLUGIN_METRICS_B=http://$plugin_b_metrics/metrics"
   if [ "$mode" = split ]; then
     echo "DPU_AGENT_ENDPOINT_B=https://$agent_b_listen"
     echo "AGENT_METRICS_B=http://$agent_b_metrics/metrics"

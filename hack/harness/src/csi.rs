@@ -271,6 +271,25 @@ impl Clients {
         Ok(())
     }
 
+    /// NodeGetVolumeStats of the published volume: its condition, as
+    /// kubelet's volume health monitoring reads it.
+    pub async fn condition(&mut self, volume: &Volume) -> anyhow::Result<csi::VolumeCondition> {
+        self.node
+            .node_get_volume_stats(request(
+                csi::NodeGetVolumeStatsRequest {
+                    volume_id: volume.id.clone(),
+                    volume_path: volume.target.display().to_string(),
+                    staging_target_path: volume.staging.display().to_string(),
+                },
+                self.deadline,
+            ))
+            .await
+            .with_context(|| format!("NodeGetVolumeStats {}", volume.id))?
+            .into_inner()
+            .volume_condition
+            .context("NodeGetVolumeStats answered no condition")
+    }
+
     /// ControllerModifyVolume, as the resizer sends it when a PVC's
     /// VolumeAttributesClass changes.
     pub async fn modify(
@@ -356,8 +375,17 @@ pub fn volume_parents(kubelet: &Path) -> [PathBuf; 2] {
 
 /// Probe: whether the plugin says it is ready.
 pub async fn probe(identity: &mut IdentityClient<Channel>) -> anyhow::Result<bool> {
+    probe_within(identity, DEADLINE).await
+}
+
+/// Probe with the deadline `within`, as the liveness probe sidecar asks it
+/// (its `--probe-timeout`).
+pub async fn probe_within(
+    identity: &mut IdentityClient<Channel>,
+    within: Duration,
+) -> anyhow::Result<bool> {
     let answer = identity
-        .probe(request(csi::ProbeRequest {}, DEADLINE))
+        .probe(request(csi::ProbeRequest {}, within))
         .await?
         .into_inner();
     Ok(answer.ready.unwrap_or(false))

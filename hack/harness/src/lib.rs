@@ -3,10 +3,12 @@
 //! finds what it left behind, [`csi`] plays external-provisioner and kubelet
 //! over real gRPC, [`kubelet`] is kubelet's rules for those calls (which
 //! failures it retries, when it unstages), [`paths`] cuts a remote volume's
-//! network path while it writes and reads it back, and [`prom`] reads our
-//! Prometheus pages.
+//! network path while it writes and reads it back, [`dpus`] looks at a
+//! host's DPUs from outside (where the node put a volume, what a DPU holds
+//! of one) and stops one, and [`prom`] reads our Prometheus pages.
 
 pub mod csi;
+pub mod dpus;
 pub mod kills;
 pub mod kubelet;
 pub mod paths;

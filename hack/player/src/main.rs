@@ -9,10 +9,13 @@
 //! does (`proofs`): an encrypted one's storage holds ciphertext only, a
 //! rate-limited one writes at its limit, then at the one ControllerModifyVolume
 //! sets, a multipath one loses the network path its I/O takes while the pod
-//! writes, without an error or a lost byte (`failover`). Given a second
-//! host, a ReadWriteMany filesystem volume is used by both at once
-//! (`shared`).
+//! writes, without an error or a lost byte (`failover`). On a host with two
+//! DPUs each row names the DPU the node's record puts the volume on, both
+//! DPUs must hold some, and one DPU is taken down while a pod writes on
+//! each (`dpu_down`). Given a second host, a ReadWriteMany filesystem
+//! volume is used by both at once (`shared`).
 
+mod dpu_down;
 mod failover;
 mod proofs;
 mod shared;
@@ -22,9 +25,11 @@ use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, bail};
+use anyhow::{Context, bail, ensure};
 use clap::Parser;
-use snap_csi_harness::csi::{Clients, Kind, parameters};
+use snap_csi::node::fleet::DPU_KEY;
+use snap_csi_harness::csi::{Clients, Kind, Volume, parameters};
+use snap_csi_harness::dpus;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -58,6 +63,27 @@ struct Args {
     /// The sample plugin's Prometheus page, which shows each path's state.
     #[arg(long, env = "PLUGIN_METRICS")]
     plugin_metrics: Option<String>,
+    /// The node's Prometheus page (per-volume I/O, each DPU's state).
+    #[arg(long, env = "NODE_METRICS")]
+    node_metrics: Option<String>,
+    /// The node's state directory, whose records name each volume's DPU.
+    #[arg(long, env = "NODE_STATE_DIR")]
+    node_state_dir: PathBuf,
+    /// The host's DPUs, in the node's order, comma separated
+    /// (`hack/local-up.sh` prints them; `--dpus 2`: two).
+    #[arg(long, env = "DPUS", value_delimiter = ',', required = true)]
+    dpus: Vec<String>,
+    /// The second DPU's plugin: its socket and its Prometheus page.
+    #[arg(long, env = "PLUGIN_SOCKET_B")]
+    plugin_socket_b: Option<PathBuf>,
+    #[arg(long, env = "PLUGIN_METRICS_B")]
+    plugin_metrics_b: Option<String>,
+    /// The second DPU's SNAP (co-located: the process taken down).
+    #[arg(long, env = "SNAP_SOCKET_B")]
+    snap_socket_b: Option<PathBuf>,
+    /// Split mode: the second DPU's agent (the process taken down).
+    #[arg(long, env = "DPU_AGENT_ENDPOINT_B")]
+    agent_endpoint_b: Option<String>,
     /// Size of each volume in MiB (xfs needs at least 300).
     #[arg(long, default_value_t = 512)]
     size_mib: i64,
@@ -68,6 +94,54 @@ struct Args {
     /// The second host's kubelet directory.
     #[arg(long, env = "KUBELET2_DIR")]
     kubelet2_dir: Option<PathBuf>,
+}
+
+impl Args {
+    fn two_dpus(&self) -> bool {
+        self.dpus.len() > 1
+    }
+
+    /// The page of the plugin of DPU `dpu`, where its volumes' paths show.
+    fn plugin_metrics_of(&self, dpu: &str) -> Option<&str> {
+        match self.dpus.iter().position(|d| d == dpu) {
+            Some(0) => self.plugin_metrics.as_deref(),
+            Some(1) => self.plugin_metrics_b.as_deref(),
+            _ => None,
+        }
+    }
+
+    /// The second DPU's parts the DPU-down proof needs.
+    fn dpu_down_host(&self) -> anyhow::Result<dpu_down::Host> {
+        let (Some(plugin_socket), Some(snap_socket), Some(node_metrics)) = (
+            &self.plugin_socket_b,
+            &self.snap_socket_b,
+            &self.node_metrics,
+        ) else {
+            bail!("two DPUs need PLUGIN_SOCKET_B, SNAP_SOCKET_B and NODE_METRICS");
+        };
+        let down = match &self.agent_endpoint_b {
+            Some(endpoint) => dpu_down::Down::Agent(endpoint.clone()),
+            None => dpu_down::Down::Snap(snap_socket.clone()),
+        };
+        Ok(dpu_down::Host {
+            kubelet: self.kubelet_dir.clone(),
+            node: self.node.clone(),
+            node_metrics: node_metrics.clone(),
+            state_dir: self.node_state_dir.clone(),
+            dpus: [self.dpus[0].clone(), self.dpus[1].clone()],
+            plugin_socket_b: plugin_socket.clone(),
+            snap_socket_b: snap_socket.clone(),
+            down,
+            size_mib: self.size_mib,
+        })
+    }
+}
+
+/// Pins the volume to DPU `dpu` as a PersistentVolume's volumeAttributes
+/// would ([`DPU_KEY`] in its volume context): the sample controller takes no
+/// such StorageClass parameter (it refuses keys it does not know).
+fn pin(volume: &mut Volume, dpu: &str) {
+    volume.context.insert(DPU_KEY.into(), dpu.into());
 }
 
 /// One volume's plan.
@@ -194,12 +268,22 @@ fn read(target: &Path, block: bool, len: usize) -> anyhow::Result<Vec<u8>> {
     Ok(data)
 }
 
+/// What one volume's life showed.
+struct Lived {
+    /// Each of [`STEPS`]' time.
+    times: Vec<Duration>,
+    /// Its proof's lines, if it has a proof.
+    proof: Option<String>,
+    /// The DPU the node's record put it on.
+    dpu: String,
+}
+
 async fn lifecycle(
     args: &Args,
     clients: &mut Clients,
     index: usize,
     plan: &Plan,
-) -> anyhow::Result<(Vec<Duration>, Option<String>)> {
+) -> anyhow::Result<Lived> {
     let mut times = Vec::new();
     let name = format!(
         "player-{index}-{}-{}-{}",
@@ -238,7 +322,14 @@ async fn lifecycle(
             .stage_secrets
             .insert(proofs::KEY_SECRET.into(), proofs::demo_key()?);
     }
+    // local-up's second DPU makes no filesystem devices (the emulated host
+    // mounts virtio-fs through the first emulator alone): such a volume
+    // goes to the first.
+    if plan.kind == Kind::Filesystem("virtiofs".into()) && args.two_dpus() {
+        pin(&mut volume, &args.dpus[0]);
+    }
     timed(&mut times, "NodeStageVolume", clients.stage(&volume)).await?;
+    let (dpu, _) = dpus::recorded_on(&args.node_state_dir, &volume.id, &args.dpus)?;
     timed(&mut times, "NodePublishVolume", clients.publish(&volume)).await?;
     let data: Vec<u8> = (0..1u32 << 20)
         .map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8)
@@ -256,12 +347,18 @@ async fn lifecycle(
         Feature::Qos => Some(format!(
             "{}\n  {}",
             proofs::qos(clients, &volume, target).await?,
-            proofs::volume_io(&volume)?
+            proofs::volume_io(
+                args.node_metrics
+                    .as_deref()
+                    .context("a qos volume needs NODE_METRICS")?,
+                &volume
+            )?
         )),
         Feature::Multipath => {
-            let (Some(socket), Some(page)) = (&args.nvmf_target_socket, &args.plugin_metrics)
+            let (Some(socket), Some(page)) =
+                (&args.nvmf_target_socket, args.plugin_metrics_of(&dpu))
             else {
-                bail!("a multipath volume needs NVMF_TARGET_SOCKET and PLUGIN_METRICS");
+                bail!("a multipath volume needs NVMF_TARGET_SOCKET and its DPU's plugin's page");
             };
             Some(failover::failover(&volume, socket, page).await?)
         }
@@ -278,7 +375,7 @@ async fn lifecycle(
         proof = Some(proofs::encryption(&volume, &data, OFFSET)?);
     }
     timed(&mut times, "DeleteVolume", clients.delete(&volume)).await?;
-    Ok((times, proof))
+    Ok(Lived { times, proof, dpu })
 }
 
 #[tokio::main]
@@ -291,14 +388,18 @@ async fn main() -> anyhow::Result<()> {
         .collect::<anyhow::Result<Vec<_>>>()?;
     let mut clients = Clients::connect(&args.controller, &args.node).await?;
 
-    print!("{:<7} {:<11} {:<8}", "backend", "emulation", "kind");
+    print!(
+        "{:<7} {:<11} {:<8} {:<11}",
+        "backend", "emulation", "kind", "dpu"
+    );
     for step in STEPS {
         print!(" {step:>9}");
     }
     println!("  (ms)");
     let started = Instant::now();
+    let mut landed: Vec<String> = Vec::new();
     for (index, plan) in plans.iter().enumerate() {
-        let (times, proof) = lifecycle(&args, &mut clients, index, plan)
+        let lived = lifecycle(&args, &mut clients, index, plan)
             .await
             .with_context(|| {
                 format!(
@@ -309,32 +410,64 @@ async fn main() -> anyhow::Result<()> {
                 )
             })?;
         print!(
-            "{:<7} {:<11} {:<8}",
+            "{:<7} {:<11} {:<8} {:<11}",
             plan.backend,
             plan.emulation,
-            plan.kind_name()
+            plan.kind_name(),
+            lived.dpu
         );
-        for time in times {
+        for time in lived.times {
             print!(" {:>9.1}", time.as_secs_f64() * 1000.0);
         }
         println!();
-        if let Some(proof) = proof {
+        if let Some(proof) = lived.proof {
             println!("  {proof}");
         }
+        landed.push(lived.dpu);
     }
     println!(
         "{} volumes through their whole life in {:.2} s",
         plans.len(),
         started.elapsed().as_secs_f64()
     );
+    if args.two_dpus() {
+        let counts: Vec<(&String, usize)> = args
+            .dpus
+            .iter()
+            .map(|dpu| (dpu, landed.iter().filter(|d| *d == dpu).count()))
+            .collect();
+        let shown: Vec<String> = counts.iter().map(|(d, n)| format!("{d} {n}")).collect();
+        println!("volumes by DPU (the node's records): {}", shown.join(", "));
+        ensure!(
+            counts.iter().all(|(_, n)| *n > 0),
+            "the node placed no volume on some DPU: {}",
+            shown.join(", ")
+        );
+        let host = args.dpu_down_host()?;
+        let seen = dpu_down::dpu_down(&mut clients, &host)
+            .await
+            .context("one DPU down")?;
+        for line in seen {
+            println!("{line}");
+        }
+    }
     if let (Some(node), Some(kubelet)) = (&args.node2, &args.kubelet2_dir) {
         let other = shared::OtherHost {
             node: node.clone(),
             kubelet: kubelet.clone(),
         };
-        let seen = shared::shared(&mut clients, &args.kubelet_dir, &other, args.size_mib)
-            .await
-            .context("the shared volume")?;
+        // On a host with two DPUs, host A's stage pins the volume to the
+        // first, as the player's virtio-fs volumes are.
+        let pinned = args.two_dpus().then(|| args.dpus[0].as_str());
+        let seen = shared::shared(
+            &mut clients,
+            &args.kubelet_dir,
+            &other,
+            args.size_mib,
+            pinned,
+        )
+        .await
+        .context("the shared volume")?;
         for line in seen {
             println!("{line}");
         }

@@ -113,11 +113,10 @@ fn write_rate(device: &Path, limit: u64) -> anyhow::Result<f64> {
     Ok(bytes as f64 / (1 << 20) as f64 / started.elapsed().as_secs_f64())
 }
 
-/// The node's per-volume I/O series of `volume` (`NODE_METRICS`, which
-/// local-up prints, names the page), as Prometheus would scrape them while
-/// the volume is staged: the bytes the DPU counted.
-pub fn volume_io(volume: &Volume) -> anyhow::Result<String> {
-    let url = std::env::var("NODE_METRICS").context("NODE_METRICS names the node's page")?;
+/// The node's per-volume I/O series of `volume` on the node's page at
+/// `url`, as Prometheus would scrape them while the volume is staged: the
+/// bytes the DPU counted.
+pub fn volume_io(url: &str, volume: &Volume) -> anyhow::Result<String> {
     let address = url
         .trim_start_matches("http://")
         .split('/')

@@ -37,15 +37,17 @@ fn read_back(dir: &Path, name: &str, text: &str, host: &str) -> anyhow::Result<(
 }
 
 /// The volume's life on both hosts; a line per event, as each host saw it.
+/// `pinned`: the DPU of host A it must go to (host A has two DPUs).
 pub async fn shared(
     clients: &mut Clients,
     kubelet: &Path,
     other: &OtherHost,
     size_mib: i64,
+    pinned: Option<&str>,
 ) -> anyhow::Result<Vec<String>> {
     let mut b = clients.with_node(&other.node).await?;
     let name = "player-shared-fs";
-    let on_a = clients
+    let mut on_a = clients
         .create_with(
             kubelet,
             name,
@@ -55,6 +57,14 @@ pub async fn shared(
         )
         .await?;
     let on_b: Volume = on_a.on_host(&other.kubelet, name)?;
+    // Host A's stage alone carries the pin (local-up's second DPU makes no
+    // filesystem devices): host B's one DPU has another name, and a node
+    // refuses a volume pinned to a DPU it lacks. Kubernetes hands every
+    // node the same context; a host whose DPUs all serve virtio-fs needs no
+    // pin.
+    if let Some(dpu) = pinned {
+        super::pin(&mut on_a, dpu);
+    }
     let mut seen = vec![format!(
         "shared volume {} (ReadWriteMany, virtio-fs), on host A and host B, each through its own DPU",
         on_a.id
