@@ -122,11 +122,13 @@ pub fn process(program: &str, args: &[&str]) -> anyhow::Result<Pid> {
             continue;
         };
         let runs = Path::new(OsStr::from_bytes(first)).file_name() == Some(OsStr::new(program));
-        let holds = rest.windows(args.len()).any(|w| {
-            w.iter()
-                .zip(args)
-                .all(|(have, want)| *have == want.as_bytes())
-        });
+        // windows(0) panics; no arguments asked for is held by any process.
+        let holds = args.is_empty()
+            || rest.windows(args.len()).any(|w| {
+                w.iter()
+                    .zip(args)
+                    .all(|(have, want)| *have == want.as_bytes())
+            });
         if runs && holds {
             found.push(pid);
         }
