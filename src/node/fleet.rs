@@ -6,8 +6,9 @@
 //! rendezvous hashing of the volume id over the DPUs: stable, so that a
 //! stage retried after a crash that came before its record reaches the same
 //! DPU, and spread evenly. A DPU known to be down (its last probe failed)
-//! is passed over, as is one that answers UNAVAILABLE or has no free
-//! function. Once staged, the record names the DPU and every later call
+//! is passed over, as is one that answers UNAVAILABLE, has no free
+//! function or cannot serve the volume (FAILED_PRECONDITION: its plugin
+//! makes no device of that kind). Once staged, the record names the DPU and every later call
 //! goes there alone.
 //!
 //! Every DPU of several is probed every [`WATCH_PERIOD`], and every DPU at
@@ -19,6 +20,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
 use tokio::time::Instant;
 use tonic::Status;
 
@@ -64,9 +67,13 @@ impl Member {
         self.up.load(Ordering::Relaxed)
     }
 
-    /// Whether the DPU serves: up by its last probe, or by one made now.
+    /// Whether the DPU serves: up by its last probe, or by one made now,
+    /// which a hung DPU answers at most [`WATCH_PROBE_TIMEOUT`] late.
     pub async fn serving(&self, deadline: Instant) -> bool {
-        self.is_up() || self.probe(deadline).await
+        self.is_up()
+            || self
+                .probe(deadline.min(Instant::now() + WATCH_PROBE_TIMEOUT))
+                .await
     }
 
     /// [`DpuAttach::attach`], the function's address in this DPU's domain.
@@ -82,7 +89,9 @@ impl Member {
 
     /// Probes the DPU and keeps what it found.
     async fn probe(&self, deadline: Instant) -> bool {
-        let result = self.dpu.probe(deadline).await;
+        let result = tokio::time::timeout_at(deadline, self.dpu.probe(deadline))
+            .await
+            .unwrap_or_else(|_| Err(DpuError::Unavailable("no answer to the probe".into())));
         let ready = matches!(result, Ok(true));
         if self.up.swap(ready, Ordering::Relaxed) != ready {
             match &result {
@@ -214,12 +223,23 @@ impl Fleet {
         &best.name
     }
 
-    /// Ready while any DPU is.
+    /// Ready while any DPU is: answered as soon as one says so, not after
+    /// a hung one's deadline.
     pub async fn probe(&self, deadline: Instant) -> bool {
-        futures::future::join_all(self.members.iter().map(|m| m.probe(deadline)))
-            .await
-            .into_iter()
-            .any(|ready| ready)
+        let mut probes: FuturesUnordered<_> =
+            self.members.iter().map(|m| m.probe(deadline)).collect();
+        while let Some(ready) = probes.next().await {
+            if ready {
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Down by the background probes' last word (a host with several
+    /// DPUs: [`Fleet::watch`]); a caller need not wait on such a DPU.
+    pub fn known_down(&self, member: &Member) -> bool {
+        self.members.len() > 1 && !member.is_up()
     }
 
     /// Probes every DPU every [`WATCH_PERIOD`] until the fleet is dropped,
@@ -310,6 +330,54 @@ mod tests {
         async fn io_stats(&self, _: Instant) -> Result<crate::dpu::IoStats, DpuError> {
             Err(DpuError::Unavailable("no DPU".into()))
         }
+    }
+
+    /// A DPU whose probe answers ready, or never (`hung`).
+    #[derive(Debug)]
+    struct Probed {
+        hung: bool,
+    }
+
+    #[async_trait::async_trait]
+    impl DpuAttach for Probed {
+        async fn attach(&self, r: &AttachRequest, d: Instant) -> Result<Attachment, DpuError> {
+            Nothing.attach(r, d).await
+        }
+        async fn detach(&self, v: &str, n: Option<&str>, d: Instant) -> Result<(), DpuError> {
+            Nothing.detach(v, n, d).await
+        }
+        async fn probe(&self, _: Instant) -> Result<bool, DpuError> {
+            if self.hung {
+                std::future::pending::<()>().await;
+            }
+            Ok(true)
+        }
+        async fn inventory(&self, d: Instant) -> Result<crate::dpu::Inventory, DpuError> {
+            Nothing.inventory(d).await
+        }
+        async fn io_stats(&self, d: Instant) -> Result<crate::dpu::IoStats, DpuError> {
+            Nothing.io_stats(d).await
+        }
+    }
+
+    #[tokio::test]
+    async fn probe_is_ready_as_soon_as_one_dpu_is_and_a_hung_one_is_asked_briefly() {
+        let two = Fleet::new(vec![
+            ("hung".into(), 0, Arc::new(Probed { hung: true }) as _),
+            ("ready".into(), 1, Arc::new(Probed { hung: false }) as _),
+        ]);
+        let asked = Instant::now();
+        assert!(two.probe(asked + Duration::from_secs(120)).await);
+        assert!(asked.elapsed() < Duration::from_secs(1), "waited on the hung DPU");
+        two.members[0].up.store(false, Ordering::Relaxed);
+        assert!(two.known_down(&two.members[0]) && !two.known_down(&two.members[1]));
+        // Its condition is asked under a caller's long deadline: answered
+        // within the watch's timeout, not the caller's two minutes.
+        let asked = Instant::now();
+        let hung = &two.members[0];
+        assert!(!hung.serving(asked + Duration::from_secs(120)).await);
+        let took = asked.elapsed();
+        assert!(took < WATCH_PROBE_TIMEOUT * 2, "{took:?}");
     }
 
     fn fleet(names: &[&str]) -> Fleet {

@@ -29,7 +29,7 @@ use super::context::METADATA_LABELS;
 use super::fleet::Fleet;
 use super::records::{Records, VolumeRecord};
 use crate::dpu::names::VolumeNames;
-use crate::dpu::{BdevIostat, IoStats};
+use crate::dpu::{BdevIostat, DpuError, IoStats};
 use crate::metrics::{VolumeIo, VolumeIoSource};
 
 /// How long one read of the counters serves scrapes: Prometheus scrapes
@@ -77,11 +77,13 @@ impl NodeVolumeIo {
         }
         let started = Instant::now();
         let members = self.fleet.members();
-        let read = join_all(
-            members
-                .iter()
-                .map(|m| m.dpu().io_stats(started + READ_TIMEOUT)),
-        )
+        // A DPU known down would only make the page wait out the timeout.
+        let read = join_all(members.iter().map(|m| async {
+            match self.fleet.known_down(m) {
+                true => Err(DpuError::Unavailable(format!("DPU {} is down", m.name()))),
+                false => m.dpu().io_stats(started + READ_TIMEOUT).await,
+            }
+        }))
         .await;
         let stats: Vec<Option<IoStats>> = read
             .into_iter()

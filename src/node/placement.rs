@@ -119,8 +119,10 @@ impl Placing {
 impl NodeService {
     /// Attaches the volume on a DPU: the one `previous` names (a restage),
     /// else the first of the fleet's candidates that takes it (a DPU that
-    /// answers UNAVAILABLE or has no free function passes it on; one that
-    /// is not the last may take half of what is left of the deadline).
+    /// answers UNAVAILABLE, has no free function or cannot serve it passes
+    /// it on; one that is not the last may take half of what is left of
+    /// the deadline). A bad request is refused by the first: it is bad
+    /// everywhere.
     /// Returns where it went.
     ///
     /// An attach that fails for a reason the DPU cannot name (INTERNAL:
@@ -171,7 +173,11 @@ impl NodeService {
             };
             match self.attach_on(member, request, until).await {
                 Ok(attachment) => return Ok((attachment, member.name().to_string())),
-                Err(e @ (DpuError::Unavailable(_) | DpuError::Exhausted(_))) if !last => {
+                Err(
+                    e @ (DpuError::Unavailable(_)
+                    | DpuError::Exhausted(_)
+                    | DpuError::FailedPrecondition(_)),
+                ) if !last => {
                     tracing::warn!(%volume_id, dpu = %member.name(), "DPU did not take the volume, trying the next: {e}");
                 }
                 Err(e) => return Err(e.into()),
