@@ -4,16 +4,18 @@
 # times, plays external-provisioner and kubelet over real gRPC, and prints
 # latency, floors, SNAP round trips, scale (with the metrics scrape), memory,
 # JSON-RPC client, stage with and without encryption, FUSE data path
-# against direct, filesystem devices, and a multipath volume's path failover
-# (the longest write a cut path costs the pod) tables (README
-# "Performance"); section 7, density with the packed placement, runs only
-# when named. Arguments go to the bench (--help
-# lists them), e.g.
+# against direct, filesystem devices, a multipath volume's path failover
+# (the longest write a cut path costs the pod), and stage time on a host
+# with two DPUs against a host with one (a batch at once and one at a time,
+# and the batch's spread over the DPUs) tables (README "Performance");
+# section 7, density with the packed placement, runs only when named.
+# Arguments go to the bench (--help lists them), e.g.
 #   ./hack/bench.sh --json /tmp/bench.json
 #   ./hack/bench.sh --sections 1,2 --volumes 8
 #   ./hack/bench.sh --sections 8,9 --io-seconds 2
 #   ./hack/bench.sh --sections 7
 #   ./hack/bench.sh --sections 11 --failovers 12
+#   ./hack/bench.sh --sections 12 --dpu-volumes 32 --dpu-repeats 8
 #   ./hack/bench.sh --profile debug --sections 1,2   # builds and runs debug
 # It exits non-zero when a target it could judge was missed; a run too noisy
 # to judge a target says NOISY and does not fail (README "Ratios, noise and

@@ -26,7 +26,10 @@
 //!     against the backing directory (`filesystem.rs`);
 //! 11. a path failover's stall: a multipath NVMe-oF volume's current path
 //!     cut on the target while the host writes it, the longest write, the
-//!     path's return, every block read back (`failover.rs`).
+//!     path's return, every block read back (`failover.rs`);
+//! 12. stage time on a host with two DPUs against a host with one: a batch
+//!     of block volumes staged at once and one at a time on each, and how
+//!     the two-DPU host spread them over its DPUs (`two_dpus.rs`).
 //!
 //! Timing targets are ratios against floors sampled in turns with what they
 //! measure (`stats::Paired`), judged only when the run's own spread allows:
@@ -43,7 +46,9 @@
 //! (`--no-split` leaves them out); p (functions for the packed volumes'
 //! pool controllers) for 7, whose round trips are counted on an emulator in
 //! this process (`trips.rs`, as are section 8's); io-direct and io-fuse
-//! (`--data-path direct` and `fuse`, side by side) for 9. Each is stopped and checked for
+//! (`--data-path direct` and `fuse`, side by side) for 9; dpu1 and dpu2
+//! (one DPU and two, the poller on, side by side) for 12, then their split
+//! twins (`dpu1-split`, `dpu2-split`). Each is stopped and checked for
 //! leftovers (loop devices, mounts, its directory, a split stack's network
 //! namespace and veth) before the next starts; Ctrl-C or an error drops the
 //! running ones, which stops them. Run as root: `./hack/bench.sh`.
@@ -68,6 +73,7 @@ mod stats;
 mod table;
 mod targets;
 mod trips;
+mod two_dpus;
 
 use std::path::PathBuf;
 
@@ -116,7 +122,7 @@ pub struct Args {
     /// Block volumes staged and published at once in the scale section.
     #[arg(long, default_value_t = 256)]
     pub scale_volumes: usize,
-    /// Size of each scale-section volume in MiB.
+    /// Size of each scale-section volume in MiB (and section 12's).
     #[arg(long, default_value_t = 64)]
     pub scale_size_mib: i64,
     /// Rounds at each concurrency level on each scale stack (pooled; with
@@ -141,7 +147,8 @@ pub struct Args {
     /// Skip section 4's second run, with the emulator's poller on.
     #[arg(long)]
     pub no_scale_poll: bool,
-    /// Skip the split-mode twins of the stacks of sections 3, 4 and 5.
+    /// Skip the split-mode twins of the stacks of sections 3, 4 and 5, and
+    /// section 12's split pair.
     #[arg(long)]
     pub no_split: bool,
     /// Block volumes staged at once on one node in section 7.
@@ -164,13 +171,25 @@ pub struct Args {
     /// 6 or more, when every failover agrees).
     #[arg(long, default_value_t = 6, value_parser = clap::value_parser!(u32).range(1..))]
     pub failovers: u32,
+    /// Block volumes of section 12's batch, staged at once and then one at
+    /// a time on a host with one DPU and on one with two.
+    #[arg(long, default_value_t = 16)]
+    pub dpu_volumes: usize,
+    /// Repeats of section 12's batch on each host (its wall-time target is
+    /// judged over 6 or more, when every repeat agrees).
+    #[arg(long, default_value_t = 6, value_parser = clap::value_parser!(u32).range(1..))]
+    pub dpu_repeats: u32,
     /// Sections to run, comma separated: 1 latency, 2 floors, 3 SNAP round
     /// trips, 4 scale and the metrics scrape, 5 memory, 6 JSON-RPC client, 7
     /// density, 8 stage with and without encryption, 9 the FUSE data path
     /// against the direct one, 10 filesystem devices, 11 a path failover's
-    /// stall. Section 7 (about four minutes on the 2-core machine) runs only
-    /// when named.
-    #[arg(long, value_delimiter = ',', default_value = "1,2,3,4,5,6,8,9,10,11")]
+    /// stall, 12 stage time on a host with two DPUs against one. Section 7
+    /// (about four minutes on the 2-core machine) runs only when named.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "1,2,3,4,5,6,8,9,10,11,12"
+    )]
     pub sections: Vec<u8>,
     /// Also write every figure as JSON here.
     #[arg(long)]
@@ -394,6 +413,9 @@ async fn run(args: &Args, work: &Work, report: &mut Report) -> anyhow::Result<()
     if args.wants(9) {
         datapath::run(args, work, report).await?;
     }
+    if args.wants(12) {
+        two_dpus::run(args, work, report).await?;
+    }
     Ok(())
 }
 
@@ -470,8 +492,11 @@ async fn main() -> anyhow::Result<()> {
     if !is_root()? {
         bail!("run as root: the stack makes loop devices and mounts");
     }
-    if args.sections.iter().any(|s| !(1..=11).contains(s)) {
-        bail!("--sections takes numbers from 1 to 11");
+    if args.sections.iter().any(|s| !(1..=12).contains(s)) {
+        bail!("--sections takes numbers from 1 to 12");
+    }
+    if args.dpu_volumes == 0 {
+        bail!("--dpu-volumes must be 1 or more");
     }
     if !args.io_seconds.is_finite() || args.io_seconds <= 0.0 {
         bail!("--io-seconds must be a number of seconds more than 0");

@@ -11,14 +11,14 @@
 //! of a single stage are counted apart, by the emulator's own counter
 //! (`trips.rs`).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::bail;
 use serde::Serialize;
 use snap_csi::jsonrpc::RpcClient;
 use snap_csi::spdk::snap::{NvmeControllerList, NvmeSubsystemList};
 
-use crate::csi::{Clients, Volume};
+use crate::csi::Clients;
 use crate::memory::{self, Rss};
 use crate::prom::{Outbound, scrape};
 use crate::report::{Report, print_methods};
@@ -113,31 +113,6 @@ async fn held(stack: &Stack) -> anyhow::Result<Held> {
     })
 }
 
-/// Stages (or unstages) every volume, at most `concurrency` at a time;
-/// each call's time and the wall time.
-async fn each_call(
-    clients: &Clients,
-    volumes: &[Volume],
-    concurrency: usize,
-    unstage: bool,
-) -> anyhow::Result<(Vec<Duration>, Duration)> {
-    scale::each(
-        volumes.to_vec(),
-        concurrency,
-        clients,
-        move |mut clients, volume| async move {
-            let started = Instant::now();
-            if unstage {
-                clients.unstage(&volume).await?;
-            } else {
-                clients.stage(&volume).await?;
-            }
-            Ok(started.elapsed())
-        },
-    )
-    .await
-}
-
 async fn round(
     args: &Args,
     stack: &Stack,
@@ -158,7 +133,7 @@ async fn round(
     )
     .await?;
     let before = scrape(&stack.node_metrics).await?;
-    let (stages, stage_wall) = each_call(clients, &volumes, concurrency, false).await?;
+    let (stages, stage_wall) = scale::each_call(clients, &volumes, concurrency, false).await?;
     let after = scrape(&stack.node_metrics).await?;
     let node_staged = memory::node(stack)?;
     let held = held(stack).await?;
@@ -171,7 +146,7 @@ async fn round(
             volumes.len()
         );
     }
-    let (unstages, unstage_wall) = each_call(clients, &volumes, concurrency, true).await?;
+    let (unstages, unstage_wall) = scale::each_call(clients, &volumes, concurrency, true).await?;
     let node_unstaged = memory::node(stack)?;
     scale::delete(clients, &volumes).await?;
     let rate = |wall: Duration| volumes.len() as f64 / wall.as_secs_f64();

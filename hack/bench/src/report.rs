@@ -17,6 +17,7 @@ use crate::split::Split;
 use crate::stats::{NOISE, Paired, STEADY_PAIRS};
 use crate::table::{Table, ms, num};
 use crate::targets::Target;
+use crate::two_dpus::TwoDpus;
 
 /// An RPC against the floor of what it must do at the least, sampled in
 /// turns with it.
@@ -40,6 +41,8 @@ pub struct Settings {
     pub count_period_us: u64,
     pub count_volumes: usize,
     pub failovers: u32,
+    pub dpu_volumes: usize,
+    pub dpu_repeats: u32,
     pub sections: Vec<u8>,
     pub cpus: usize,
     pub profile: String,
@@ -82,6 +85,8 @@ pub struct Report {
     pub data_path: Option<DataPath>,
     /// Section 11.
     pub failover: Option<Failover>,
+    /// Section 12.
+    pub two_dpus: Option<TwoDpus>,
     pub targets: Vec<Target>,
     pub cleanup: Vec<String>,
 }
@@ -101,6 +106,8 @@ impl Report {
                 count_period_us: args.count_period_us,
                 count_volumes: args.count_volumes,
                 failovers: args.failovers,
+                dpu_volumes: args.dpu_volumes,
+                dpu_repeats: args.dpu_repeats,
                 sections: args.sections.clone(),
                 cpus: std::thread::available_parallelism().map_or(0, |n| n.get()),
                 profile: args.profile.clone(),
@@ -122,6 +129,7 @@ impl Report {
             filesystem: None,
             data_path: None,
             failover: None,
+            two_dpus: None,
             targets: Vec::new(),
             cleanup: Vec::new(),
         }

@@ -135,6 +135,31 @@ pub async fn stage_publish(
     .await
 }
 
+/// Stages (or unstages) every volume, at most `concurrency` at a time;
+/// each call's time and the wall time (sections 7 and 12: stage only).
+pub async fn each_call(
+    clients: &Clients,
+    volumes: &[Volume],
+    concurrency: usize,
+    unstage: bool,
+) -> anyhow::Result<(Vec<Duration>, Duration)> {
+    each(
+        volumes.to_vec(),
+        concurrency,
+        clients,
+        move |mut clients, volume| async move {
+            let started = Instant::now();
+            if unstage {
+                clients.unstage(&volume).await?;
+            } else {
+                clients.stage(&volume).await?;
+            }
+            Ok(started.elapsed())
+        },
+    )
+    .await
+}
+
 /// Unpublishes and unstages every volume; the wall time.
 pub async fn teardown(
     clients: &Clients,

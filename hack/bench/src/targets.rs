@@ -261,6 +261,7 @@ impl Report {
         targets.extend(self.density_targets());
         targets.extend(self.encryption_targets());
         targets.extend(self.failover_targets());
+        targets.extend(self.two_dpu_targets());
         targets
     }
 
