@@ -29,6 +29,10 @@ const SYS_BLOCK: &str = "/sys/block";
 
 /// Held while this process's `losetup --find` looks for a free device.
 static FINDING: Mutex<()> = Mutex::new(());
+/// Locked (flock) while any emulator on this machine runs `losetup --find`:
+/// the two emulators of a host with two DPUs race for the same free device
+/// as two threads of one would.
+const MACHINE_LOCK: &str = "/run/lock/snap-emu-losetup.lock";
 
 /// A bound loop device as sysfs describes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -185,8 +189,19 @@ pub(super) fn attach(
             // Two `losetup --find` at once pick the same free device, and the
             // loser sleeps 200 ms before it looks again: with dozens of
             // attaches in flight that is most of their time. One at a time,
-            // they take a couple of milliseconds each.
+            // they take a couple of milliseconds each; also across the
+            // emulators of one machine (the lock goes with the file).
             let _turn = FINDING.lock().unwrap_or_else(PoisonError::into_inner);
+            let _ = std::fs::create_dir_all(Path::new(MACHINE_LOCK).parent().expect("a directory"));
+            let machine = std::fs::File::options()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(MACHINE_LOCK)
+                .with_context(|| format!("opening {MACHINE_LOCK}"))?;
+            machine
+                .lock()
+                .with_context(|| format!("locking {MACHINE_LOCK}"))?;
             losetup(&args, ATTACH_TIMEOUT)?
         };
         if out.status.success() {
