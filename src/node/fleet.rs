@@ -236,6 +236,14 @@ impl Fleet {
         false
     }
 
+    /// Probes every DPU until it answers or `deadline` passes, each keeping
+    /// what it found: the watch's round, whose word placement and
+    /// `snap_csi_dpu_up` take, so no DPU's probe is cut short by another's
+    /// readiness as in [`Fleet::probe`].
+    async fn probe_each(&self, deadline: Instant) {
+        futures::future::join_all(self.members.iter().map(|m| m.probe(deadline))).await;
+    }
+
     /// Down by the background probes' last word (a host with several
     /// DPUs: [`Fleet::watch`]); a caller need not wait on such a DPU.
     pub fn known_down(&self, member: &Member) -> bool {
@@ -254,7 +262,7 @@ impl Fleet {
         let fleet = Arc::downgrade(self);
         tokio::spawn(async move {
             while let Some(fleet) = fleet.upgrade() {
-                let _ = fleet.probe(Instant::now() + WATCH_PROBE_TIMEOUT).await;
+                fleet.probe_each(Instant::now() + WATCH_PROBE_TIMEOUT).await;
                 drop(fleet);
                 tokio::time::sleep(WATCH_PERIOD).await;
             }
@@ -368,7 +376,10 @@ mod tests {
         ]);
         let asked = Instant::now();
         assert!(two.probe(asked + Duration::from_secs(120)).await);
-        assert!(asked.elapsed() < Duration::from_secs(1), "waited on the hung DPU");
+        assert!(
+            asked.elapsed() < Duration::from_secs(1),
+            "waited on the hung DPU"
+        );
         two.members[0].up.store(false, Ordering::Relaxed);
         assert!(two.known_down(&two.members[0]) && !two.known_down(&two.members[1]));
         // Its condition is asked under a caller's long deadline: answered
@@ -378,6 +389,18 @@ mod tests {
         assert!(!hung.serving(asked + Duration::from_secs(120)).await);
         let took = asked.elapsed();
         assert!(took < WATCH_PROBE_TIMEOUT * 2, "{took:?}");
+    }
+
+    #[tokio::test]
+    async fn the_watch_hears_every_dpu_not_only_the_first_ready() {
+        let two = Fleet::new(vec![
+            ("ready".into(), 0, Arc::new(Probed { hung: false }) as _),
+            ("hung".into(), 1, Arc::new(Probed { hung: true }) as _),
+        ]);
+        two.probe_each(Instant::now() + Duration::from_millis(100))
+            .await;
+        assert!(two.members[0].is_up());
+        assert!(!two.members[1].is_up(), "a hung DPU is known down");
     }
 
     fn fleet(names: &[&str]) -> Fleet {
