@@ -51,6 +51,8 @@ pub struct Stack {
     pub node_metrics: String,
     pub controller_metrics: String,
     pub plugin_metrics: String,
+    /// With [`StackOptions::two_dpus`]: the second DPU's plugin's page.
+    pub plugin_metrics_b: String,
     /// The host's DPUs, as the node's topology keys name them: `local-dpu`,
     /// then with [`StackOptions::two_dpus`] `local-dpu-b`.
     pub dpus: Vec<String>,
@@ -76,6 +78,32 @@ pub struct SplitLink {
     pub metrics: String,
     /// The agent's network namespace; the veth pair's ends carry its name.
     pub netns: String,
+}
+
+/// One DPU of the stack's host as local-up lays it out: the first, or with
+/// `--dpus 2` the second, whose sockets and processes carry `-b`.
+#[derive(Debug, Clone)]
+pub struct DpuParts {
+    /// As [`Stack::dpus`] names it (the node's records and topology keys).
+    pub name: String,
+    /// Its SNAP emulator's JSON-RPC socket.
+    pub snap_socket: PathBuf,
+    /// Its vendor plugin's plugins.v1 socket.
+    pub plugin_socket: PathBuf,
+    /// Its vendor plugin's Prometheus page.
+    pub plugin_metrics: String,
+    /// Its SNAP emulator's state directory (the host side's loop device
+    /// records, the data path's FUSE mount below `host/`).
+    pub snap_dir: PathBuf,
+    suffix: &'static str,
+}
+
+impl DpuParts {
+    /// local-up's name for this DPU's `snap`, `plugin` or `agent` (its pid
+    /// file under `--supervise`, its log).
+    pub fn process(&self, base: &str) -> String {
+        format!("{base}{}", self.suffix)
+    }
 }
 
 /// What stopping a stack found left behind (empty: nothing).
@@ -145,6 +173,7 @@ impl Stack {
             node_metrics: String::new(),
             controller_metrics: String::new(),
             plugin_metrics: String::new(),
+            plugin_metrics_b: String::new(),
             dpus: Vec::new(),
             split: None,
             split_b: None,
@@ -168,6 +197,7 @@ impl Stack {
         stack.node_metrics = printed.node_metrics;
         stack.controller_metrics = printed.controller_metrics;
         stack.plugin_metrics = printed.plugin_metrics;
+        stack.plugin_metrics_b = printed.plugin_metrics_b;
         stack.dpus = printed.dpus;
         let links = [printed.link, printed.link_b];
         let wanted = if options.two_dpus { 2 } else { 1 };
@@ -206,6 +236,28 @@ impl Stack {
     /// The sample plugin's plugins.v1 socket (local-up's layout).
     pub fn plugin_socket(&self) -> PathBuf {
         self.dir.join("plugin.sock")
+    }
+
+    /// The node's state directory (its `--state-dir`: the volume records
+    /// below `volumes/`; local-up's layout).
+    pub fn node_state_dir(&self) -> PathBuf {
+        self.dir.join("node-state")
+    }
+
+    /// The host's DPUs ([`Stack::dpus`]), in order, with their parts.
+    pub fn dpu_parts(&self) -> Vec<DpuParts> {
+        self.dpus
+            .iter()
+            .zip([("", &self.plugin_metrics), ("-b", &self.plugin_metrics_b)])
+            .map(|(name, (suffix, plugin_metrics))| DpuParts {
+                name: name.clone(),
+                snap_socket: self.dir.join(format!("snap{suffix}.sock")),
+                plugin_socket: self.dir.join(format!("plugin{suffix}.sock")),
+                plugin_metrics: plugin_metrics.clone(),
+                snap_dir: self.dir.join(format!("snap{suffix}")),
+                suffix,
+            })
+            .collect()
     }
 
     /// The process that runs as local-up's `name` (`node`, `plugin`, `snap`,
@@ -326,6 +378,7 @@ struct Printed {
     node_metrics: String,
     controller_metrics: String,
     plugin_metrics: String,
+    plugin_metrics_b: String,
     dpus: Vec<String>,
     link: SplitLink,
     link_b: SplitLink,
@@ -346,6 +399,7 @@ impl Printed {
                 "NODE_METRICS" => printed.node_metrics = value,
                 "CONTROLLER_METRICS" => printed.controller_metrics = value,
                 "PLUGIN_METRICS" => printed.plugin_metrics = value,
+                "PLUGIN_METRICS_B" => printed.plugin_metrics_b = value,
                 "DPUS" => {
                     printed.dpus = value
                         .split(',')
@@ -451,12 +505,14 @@ mod tests {
              DPUS=local-dpu,local-dpu-b\n\
              SNAP_SOCKET_B=/s/snap-b.sock\n\
              PLUGIN_SOCKET_B=/s/plugin-b.sock\n\
+             PLUGIN_METRICS_B=http://127.0.0.1:23001/metrics\n\
              DPU_AGENT_ENDPOINT_B=https://198.18.212.2:9830\n\
              AGENT_METRICS_B=http://198.18.212.2:9831/metrics\n\
              DPU_NETNS_B=snapcsi-459b9d\n\
              DPU_VETH_B=snapcsi-459b9dh",
         ));
         assert_eq!(printed.dpus, ["local-dpu", "local-dpu-b"]);
+        assert_eq!(printed.plugin_metrics_b, "http://127.0.0.1:23001/metrics");
         assert_eq!(printed.link.endpoint, "https://198.18.223.2:9830");
         assert_eq!(printed.link.netns, "snapcsi-53320a");
         assert_eq!(printed.link_b.endpoint, "https://198.18.212.2:9830");
