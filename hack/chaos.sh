@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # The chaos soak: builds the binaries, then runs snap-csi-chaos, which starts
 # the whole stack (hack/local-up.sh --supervise, one fresh stack per round,
-# cycling through co-located and split mode and SNAP's pace), drives random
+# cycling through co-located and split mode, SNAP's pace and a host with one
+# DPU or two), drives random
 # volume lives on every backend, emulation and volume kind at once (NVMe-oF
 # volumes single-path or multipath) with a
 # known pattern read back after every restage, kills and restarts the node,
 # the plugin, the controller proxy, SNAP, the NVMe-oF target and the DPU
 # agent, stalls SNAP, fills the function pool, takes one of the target's
-# two paths down or flaps it, and holds mounts busy, then counts what leaked.
+# two paths down or flaps it, takes one DPU of a two-DPU host down, and holds
+# mounts busy, then counts what leaked.
 # Its last line is `chaos: N operations, F faults, L leaks, D data errors, R I/O
 # refused (pod restarted)`; it exits non-zero when L or D is not zero or a call
 # never converged.

@@ -86,9 +86,12 @@ cargo build --locked -p snap-csi -p snap-emu -p snap-csi-spdk-plugin -p snap-csi
 # The chaos soak for two minutes (README "Chaos soak"): random volume lives while the stack's
 # processes are killed, SNAP stalls, functions run out and a path of the NVMe-oF target goes
 # down or flaps (half the NVMe-oF volumes are multipath: they must see no I/O error at all);
-# then 180 kill trials per mode (one
+# two of its four rounds (one co-located, one split) on a host with two DPUs, one of which also
+# goes down for 2-8 s: the other DPU's volumes see no I/O error, the node's gauge and Probe
+# follow, new stages go to the DPU that is up, and nothing stays on a DPU a volume's record
+# does not name; then 180 kill trials per mode on a host with one DPU (one
 # volume's life, the node, plugin, agent, SNAP or the NVMe-oF target killed at a random instant
-# inside one step, a census after each; about 7 minutes per mode in debug). Fails on a leak, a
+# inside one step, a census after each; about 3 minutes per mode in debug). Fails on a leak, a
 # data error or a call that never converges as kubelet makes it; a pod's I/O refused while a
 # SNAP restart took its device away is counted apart and the pod restarted (unpublish, unstage,
 # stage, publish), its data then read back. Its seed (printed first) replays the same script.

@@ -1,26 +1,34 @@
 //! The census at a quiet point (every volume deleted, no fault in flight):
 //! everything a volume's life makes must be gone. Each thing found is one
-//! leak: SNAP's bdevs, NVMe subsystems and controllers (but for the packed
-//! placement's pool, kept for the next volume: only a namespace on it is a
-//! leak), virtio-blk controllers and NVMe-oF initiator controllers, fsdevs
-//! and virtio-fs devices (a virtio-fs function with no device is kept: a
-//! spare the next attach takes, see `src/dpu/virtiofs.rs`), each path of a
-//! multipath one named; the NVMe-oF target's lvols and subsystems (with the
-//! listeners each lacks); the plugin's devices; the vendor's volumes
-//! (CSI ListVolumes through the proxy), its AIO files and its filesystem
-//! share's entries; the node's records; mounts, loop devices and kubelet
-//! directories below the stack.
+//! leak, on each of the host's DPUs: SNAP's bdevs, NVMe subsystems and
+//! controllers (but for the packed placement's pool, kept for the next
+//! volume: only a namespace on it is a leak), virtio-blk controllers and
+//! NVMe-oF initiator controllers, fsdevs and virtio-fs devices (a virtio-fs
+//! function with no device is kept: a spare the next attach takes, see
+//! `src/dpu/virtiofs.rs`), each path of a multipath one named; the plugin's
+//! devices; then the NVMe-oF target's lvols and subsystems (with the
+//! listeners each lacks); the vendor's volumes (CSI ListVolumes through the
+//! proxy), its AIO files and its filesystem share's entries; the node's
+//! records; mounts, loop devices and kubelet directories below the stack. On
+//! a host with two DPUs it looks again for up to [`CLEARING_BUDGET`] while it
+//! finds leaks: the node clears what a DPU it passed over may hold in the
+//! background.
 //!
 //! Before it, while the round's last volumes still live ([`paths_settle`],
 //! also after each path fault): every subsystem on the target listens on
-//! every address again, and every path on the plugin's page is connected.
+//! every address again, and every path on each DPU's plugin's page is
+//! connected. After a DPU-down fault, while volumes live
+//! ([`misplaced_settle`]): no volume has objects on a DPU its record does
+//! not name.
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use snap_csi::dpu::names::POOL_NQN_PREFIX;
+use snap_csi::json_dir::JsonDir;
 use snap_csi::jsonrpc::RpcClient;
+use snap_csi::node::records::VolumeRecord;
 use snap_csi::proto::csi::v1 as csi;
 use snap_csi::proto::nvidia::storage::plugins::v1 as plugins;
 use snap_csi::spdk::bdev::BdevGetBdevs;
@@ -32,13 +40,19 @@ use snap_csi::spdk::snap::{
     VirtioFsDocaGetFunctions, VirtioFsGetDevices,
 };
 use snap_csi_harness::csi::{Clients, channel, volume_parents};
+use snap_csi_harness::dpus::held;
 use snap_csi_harness::prom::{Page, scrape};
-use snap_csi_harness::stack::Stack;
+use snap_csi_harness::stack::{DpuParts, Stack};
 
 /// The target's own pool, which local-up makes and no volume owns.
 const TARGET_POOL: &str = "pool0";
 /// The plugin's gauge of a remote volume's path: 1 while SPDK has it connected.
 const PATH_CONNECTED: &str = "snap_csi_plugin_nvmf_path_connected";
+/// How long the node's background clearing of what a DPU it passed over
+/// holds of a volume may take after the DPU's return: its detach is tried
+/// 1, 3, 7, 15 and 31 s after the stage, so a DPU back within 31 s (a
+/// DPU-down fault holds it some 20 s at most) is cleared within 16 s of it.
+pub const CLEARING_BUDGET: Duration = Duration::from_secs(30);
 
 /// What the census found: leaks, and what the packed placement keeps for
 /// the next volume on purpose (empty pool controllers), one line each.
@@ -49,8 +63,8 @@ pub struct Found {
 }
 
 /// Everything found left behind; `max_pools` is the most pool subsystems
-/// the round's packed volumes can have needed at once, `paths` the target's
-/// listener addresses seen in the round.
+/// the round's packed volumes can have needed at once on one DPU, `paths`
+/// the target's listener addresses seen in the round.
 pub async fn census(
     stack: &Stack,
     clients: &Clients,
@@ -58,7 +72,126 @@ pub async fn census(
     paths: &[ListenAddress],
 ) -> anyhow::Result<Found> {
     let mut left = Vec::new();
-    let snap = RpcClient::with_timeout(stack.snap_socket(), Duration::from_secs(10));
+    let mut kept = Vec::new();
+    for dpu in stack.dpu_parts() {
+        let found = dpu_census(&dpu, max_pools).await?;
+        let named = |lines: Vec<String>| lines.into_iter().map(|l| format!("{}: {l}", dpu.name));
+        left.extend(named(found.leaks));
+        kept.extend(named(found.kept));
+    }
+
+    let target = RpcClient::with_timeout(stack.target_socket(), Duration::from_secs(10));
+    for bdev in target
+        .call(&BdevGetBdevs::default())
+        .await
+        .context("target bdev_get_bdevs")?
+    {
+        if bdev.name != TARGET_POOL {
+            left.push(format!("target bdev: {} {:?}", bdev.name, bdev.aliases));
+        }
+    }
+    let subsystems = volume_subsystems(
+        target
+            .call(&NvmfGetSubsystems { nqn: None })
+            .await
+            .context("target nvmf_get_subsystems")?,
+    );
+    let mut paths = paths.to_vec();
+    for subsystem in &subsystems {
+        learn(&mut paths, &subsystem.listen_addresses);
+    }
+    for subsystem in &subsystems {
+        let lacks = missing_listeners(std::slice::from_ref(subsystem), &paths);
+        let lacks = if lacks.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", lacks.join(", "))
+        };
+        left.push(format!("target subsystem: {}{lacks}", subsystem.nqn));
+    }
+
+    let volumes = clients
+        .controller
+        .clone()
+        .list_volumes(csi::ListVolumesRequest::default())
+        .await
+        .context("ListVolumes")?
+        .into_inner();
+    for entry in volumes.entries {
+        if let Some(volume) = entry.volume {
+            left.push(format!("vendor volume: {}", volume.volume_id));
+        }
+    }
+
+    // The pool's own directories (snapshots, their records) are no volume's.
+    left.extend(
+        files_below(&stack.dir.join("aio-pool"))?
+            .into_iter()
+            .map(|f| format!("vendor AIO file: {}", f.display())),
+    );
+    // The share's snapshot directory (and its records') is no volume's.
+    left.extend(
+        entries(&stack.dir.join("fs-share"))?
+            .into_iter()
+            .filter(|e| e != ".snapshots")
+            .chain(
+                entries(&stack.dir.join("fs-share/.snapshots"))?
+                    .into_iter()
+                    .filter(|e| e != "records"),
+            )
+            .chain(entries(&stack.dir.join("fs-share/.snapshots/records"))?)
+            .map(|e| format!("vendor fs share entry: {e}")),
+    );
+    left.extend(
+        entries(&stack.node_state_dir().join("volumes"))?
+            .into_iter()
+            .map(|e| format!("node record: {e}")),
+    );
+    left.extend(kubelet_leftovers(&stack.kubelet)?);
+
+    let dir = stack.dir.display().to_string();
+    // Each emulator's data path is its own FUSE mount, up while it serves a
+    // volume that needs it and kept like its socket; what a volume would
+    // leave on it is a loop device, counted below. The filesystem share is
+    // local-up's, up for the stack's life.
+    let own: Vec<String> = stack
+        .dpu_parts()
+        .iter()
+        .map(|dpu| dpu.snap_dir.join("host/datapath"))
+        .chain([stack.dir.join("fs-share")])
+        .map(|path| path.display().to_string())
+        .collect();
+    let share_image = stack.dir.join("fs-share.img").display().to_string();
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").context("mountinfo")?;
+    left.extend(
+        mounts
+            .lines()
+            .filter(|l| l.contains(&dir))
+            .filter(|l| {
+                !l.split(' ')
+                    .nth(4)
+                    .is_some_and(|at| own.iter().any(|o| o == at))
+            })
+            .map(|l| format!("mount: {l}")),
+    );
+    let loops = std::process::Command::new("losetup")
+        .arg("-a")
+        .output()
+        .context("losetup -a")?;
+    left.extend(
+        String::from_utf8_lossy(&loops.stdout)
+            .lines()
+            .filter(|l| l.contains(&dir) && !l.contains(&share_image))
+            .map(|l| format!("loop device: {l}")),
+    );
+    Ok(Found { leaks: left, kept })
+}
+
+/// What one DPU's SNAP and plugin hold with every volume gone (see the
+/// module's comment).
+async fn dpu_census(dpu: &DpuParts, max_pools: usize) -> anyhow::Result<Found> {
+    let mut left = Vec::new();
+    let snap = RpcClient::with_timeout(&dpu.snap_socket, Duration::from_secs(10));
     let named = |what: &str, names: Vec<String>| -> Vec<String> {
         names
             .into_iter()
@@ -153,135 +286,121 @@ pub async fn census(
             })
             .collect(),
     ));
-
-    let target = RpcClient::with_timeout(stack.target_socket(), Duration::from_secs(10));
-    for bdev in target
-        .call(&BdevGetBdevs::default())
-        .await
-        .context("target bdev_get_bdevs")?
-    {
-        if bdev.name != TARGET_POOL {
-            left.push(format!("target bdev: {} {:?}", bdev.name, bdev.aliases));
-        }
-    }
-    let subsystems = volume_subsystems(
-        target
-            .call(&NvmfGetSubsystems { nqn: None })
-            .await
-            .context("target nvmf_get_subsystems")?,
-    );
-    let mut paths = paths.to_vec();
-    for subsystem in &subsystems {
-        learn(&mut paths, &subsystem.listen_addresses);
-    }
-    for subsystem in &subsystems {
-        let lacks = missing_listeners(std::slice::from_ref(subsystem), &paths);
-        let lacks = if lacks.is_empty() {
-            String::new()
-        } else {
-            format!(" ({})", lacks.join(", "))
-        };
-        left.push(format!("target subsystem: {}{lacks}", subsystem.nqn));
-    }
-
-    let mut plugin = plugins::storage_plugin_service_client::StoragePluginServiceClient::new(
-        channel(&format!("unix://{}", stack.plugin_socket().display())).await?,
-    );
-    let devices = plugin
-        .list_devices(plugins::ListDevicesRequest::default())
-        .await
-        .context("the plugin's ListDevices")?
-        .into_inner();
-    for device in devices.entries {
+    for device in plugin_devices(dpu).await? {
         left.push(format!(
             "plugin device: {} (volume {})",
             device.device_name, device.volume_id
         ));
     }
-
-    let volumes = clients
-        .controller
-        .clone()
-        .list_volumes(csi::ListVolumesRequest::default())
-        .await
-        .context("ListVolumes")?
-        .into_inner();
-    for entry in volumes.entries {
-        if let Some(volume) = entry.volume {
-            left.push(format!("vendor volume: {}", volume.volume_id));
-        }
-    }
-
-    // The pool's own directories (snapshots, their records) are no volume's.
-    left.extend(
-        files_below(&stack.dir.join("aio-pool"))?
-            .into_iter()
-            .map(|f| format!("vendor AIO file: {}", f.display())),
-    );
-    // The share's snapshot directory (and its records') is no volume's.
-    left.extend(
-        entries(&stack.dir.join("fs-share"))?
-            .into_iter()
-            .filter(|e| e != ".snapshots")
-            .chain(
-                entries(&stack.dir.join("fs-share/.snapshots"))?
-                    .into_iter()
-                    .filter(|e| e != "records"),
-            )
-            .chain(entries(&stack.dir.join("fs-share/.snapshots/records"))?)
-            .map(|e| format!("vendor fs share entry: {e}")),
-    );
-    left.extend(
-        entries(&stack.dir.join("node-state/volumes"))?
-            .into_iter()
-            .map(|e| format!("node record: {e}")),
-    );
-    left.extend(kubelet_leftovers(&stack.kubelet)?);
-
-    let dir = stack.dir.display().to_string();
-    // The emulator's data path is its own FUSE mount, up while it serves a
-    // volume that needs it and kept like its socket; what a volume would
-    // leave on it is a loop device, counted below.
-    let datapath = stack.dir.join("snap/host/datapath").display().to_string();
-    // The filesystem share is local-up's, up for the stack's life.
-    let share = stack.dir.join("fs-share").display().to_string();
-    let share_image = stack.dir.join("fs-share.img").display().to_string();
-    let mounts = std::fs::read_to_string("/proc/self/mountinfo").context("mountinfo")?;
-    left.extend(
-        mounts
-            .lines()
-            .filter(|l| l.contains(&dir))
-            .filter(|l| l.split(' ').nth(4) != Some(datapath.as_str()))
-            .filter(|l| l.split(' ').nth(4) != Some(share.as_str()))
-            .map(|l| format!("mount: {l}")),
-    );
-    let loops = std::process::Command::new("losetup")
-        .arg("-a")
-        .output()
-        .context("losetup -a")?;
-    left.extend(
-        String::from_utf8_lossy(&loops.stdout)
-            .lines()
-            .filter(|l| l.contains(&dir) && !l.contains(&share_image))
-            .map(|l| format!("loop device: {l}")),
-    );
     Ok(Found { leaks: left, kept })
 }
 
+/// The devices the DPU's plugin holds (its ListDevices).
+async fn plugin_devices(
+    dpu: &DpuParts,
+) -> anyhow::Result<Vec<plugins::list_devices_response::Entry>> {
+    let mut plugin = plugins::storage_plugin_service_client::StoragePluginServiceClient::new(
+        channel(&format!("unix://{}", dpu.plugin_socket.display())).await?,
+    );
+    Ok(plugin
+        .list_devices(plugins::ListDevicesRequest::default())
+        .await
+        .with_context(|| format!("the plugin's ListDevices on {}", dpu.name))?
+        .into_inner()
+        .entries)
+}
+
+/// Every volume the node has a record of, with the DPU that record names
+/// (an older node's record names none: the first).
+fn recorded_dpus(stack: &Stack, first: &str) -> anyhow::Result<Vec<(String, String)>> {
+    // Read as another process's: a temp file there is the node's write in flight.
+    let all: Vec<Result<VolumeRecord, _>> =
+        JsonDir::of_another(stack.node_state_dir().join("volumes"))
+            .all()
+            .context("reading the node's records")?;
+    Ok(all
+        .into_iter()
+        .flatten()
+        .map(|r| {
+            let dpu = r.dpu.unwrap_or_else(|| first.to_string());
+            (r.volume_id, dpu)
+        })
+        .collect())
+}
+
+/// One line per volume object on a DPU the volume's record does not name:
+/// an exposure in its SNAP (by the names derived from the volume id) or a
+/// device of its plugin. The records are read before and after the DPUs,
+/// and only a volume both reads place alike is judged, so that a volume
+/// unstaged and staged elsewhere meanwhile is not taken for one misplaced.
+pub async fn misplaced(stack: &Stack) -> anyhow::Result<Vec<String>> {
+    let dpus = stack.dpu_parts();
+    let first = &dpus[0].name;
+    let before = recorded_dpus(stack, first)?;
+    let mut found = Vec::new();
+    for (volume_id, home) in &before {
+        for dpu in dpus.iter().filter(|d| &d.name != home) {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+            let held = held(&dpu.plugin_socket, &dpu.snap_socket, volume_id, deadline).await?;
+            found.extend(held.into_iter().map(|what| {
+                let line = format!(
+                    "volume {volume_id}, recorded on {home}: on {}, {what}",
+                    dpu.name
+                );
+                ((volume_id.clone(), home.clone()), line)
+            }));
+        }
+    }
+    let after = recorded_dpus(stack, first)?;
+    Ok(found
+        .into_iter()
+        .filter(|(record, _)| after.contains(record))
+        .map(|(_, line)| line)
+        .collect())
+}
+
+/// Waits until [`misplaced`] finds nothing; how long that took, or what it
+/// found last (or why it could not look) once `budget` has passed.
+pub async fn misplaced_settle(stack: &Stack, budget: Duration) -> Result<Duration, Vec<String>> {
+    let started = Instant::now();
+    loop {
+        let left = match misplaced(stack).await {
+            Ok(left) if left.is_empty() => return Ok(started.elapsed()),
+            Ok(left) => left,
+            Err(error) => vec![format!("{error:#}")],
+        };
+        if started.elapsed() >= budget {
+            return Err(left);
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
 /// The census once every process answers: a process killed last may still
-/// be starting, so it is asked again, once a second, up to 30 times.
+/// be starting, so it is asked again, once a second, up to 30 times. On a
+/// host with two DPUs, leaks found are looked for again, once a second, for
+/// up to [`CLEARING_BUDGET`] (the node's background clearing).
 pub async fn when_quiet(
     stack: &Stack,
     clients: &Clients,
     (max_pools, paths): (usize, &[ListenAddress]),
     name: &str,
 ) -> anyhow::Result<Found> {
-    let mut asked = 0;
+    let started = Instant::now();
+    let clearing = if stack.dpus.len() > 1 {
+        CLEARING_BUDGET
+    } else {
+        Duration::ZERO
+    };
+    let mut failed = 0;
     loop {
-        asked += 1;
         match census(stack, clients, max_pools, paths).await {
-            Ok(found) => return Ok(found),
-            Err(error) if asked < 30 => {
+            Ok(found) if found.leaks.is_empty() || started.elapsed() >= clearing => {
+                return Ok(found);
+            }
+            Ok(_) => tokio::time::sleep(Duration::from_secs(1)).await,
+            Err(error) if failed < 29 => {
+                failed += 1;
                 eprintln!("chaos: {name}: census: {error:#}; asking again");
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
@@ -343,8 +462,8 @@ fn disconnected(page: &Page) -> Vec<String> {
 
 /// What keeps a remote volume's paths from being whole now: a subsystem on
 /// the target that does not listen on every address (those in `known`, and
-/// any a subsystem listens on, learned into it), a path on the plugin's page
-/// not connected. An error when the target or the page does not answer.
+/// any a subsystem listens on, learned into it), a path on a DPU's plugin's
+/// page not connected. An error when the target or a page does not answer.
 pub async fn paths_whole(
     stack: &Stack,
     known: &mut Vec<ListenAddress>,
@@ -360,10 +479,13 @@ pub async fn paths_whole(
         learn(known, &subsystem.listen_addresses);
     }
     let mut left = missing_listeners(&subsystems, known);
-    if !stack.plugin_metrics.is_empty() {
-        let page = scrape(&stack.plugin_metrics)
+    for dpu in stack.dpu_parts() {
+        if dpu.plugin_metrics.is_empty() {
+            continue;
+        }
+        let page = scrape(&dpu.plugin_metrics)
             .await
-            .context("the plugin's page")?;
+            .with_context(|| format!("the page of {}'s plugin", dpu.name))?;
         left.extend(disconnected(&page));
     }
     Ok(left)

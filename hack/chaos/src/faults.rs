@@ -4,19 +4,22 @@
 //!   the controller proxy, SNAP (the emulator starts empty, as SNAP does
 //!   after a restart), the NVMe-oF target (its pool and lvstore found
 //!   again, its exports restored by the controller), the DPU agent in split
-//!   mode;
-//! - SNAP stalled: the emulator stopped (SIGSTOP) for up to 5 s, so that
-//!   calls in flight answer late or after their deadline, then continued;
-//! - the function pool full: every free function of one emulation taken by
-//!   a controller of ours for up to 8 s (stages answer RESOURCE_EXHAUSTED),
-//!   then given back;
+//!   mode (on a host with two DPUs, either DPU's plugin, SNAP or agent);
+//! - SNAP stalled: the emulator (of one DPU) stopped (SIGSTOP) for up to
+//!   5 s, so that calls in flight answer late or after their deadline, then
+//!   continued;
+//! - the function pool full: every free function of one emulation (of one
+//!   DPU) taken by a controller of ours for up to 8 s (stages answer
+//!   RESOURCE_EXHAUSTED), then given back;
 //! - a path down: one of the NVMe-oF target's listener addresses (the
 //!   controller exports every volume on each) removed from every subsystem
 //!   that has it, which drops the connections through it as a failed link
 //!   would, and kept away for 1–5 s (any listener the controller restores
 //!   meanwhile is removed again), then left for the controller to restore;
 //! - a path flapping: the same, 3 to 6 times in a row, each time down for
-//!   100 ms–1 s and restored by us, up for 100 ms–1 s.
+//!   100 ms–1 s and restored by us, up for 100 ms–1 s;
+//! - on a host with two DPUs, a DPU down (`dpu_down`): one DPU's processes
+//!   killed and held down for 2–8 s, then let back up.
 //!
 //! After a path fault the target must listen on both addresses again for
 //! every subsystem and the plugin's page must show every path connected
@@ -29,6 +32,7 @@
 //! EBUSY holders are the workers' (they must meet an unpublish). One fault at
 //! a time, each finished before the next (a stalled SNAP is always continued).
 
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -45,15 +49,17 @@ use snap_csi::spdk::snap::{
     NvmeSubsystemCreate, NvmeSubsystemDestroy, VirtioBlkControllerCreate,
     VirtioBlkControllerDestroy,
 };
+use snap_csi_harness::csi::Clients;
 use snap_csi_harness::stack::Stack;
 use tokio::net::UnixStream;
 
 use crate::census;
+use crate::dpu_down::Outages;
 use crate::rng::Rng;
 use crate::tally::Tally;
 
 /// How long a killed process's successor may take to answer.
-const RESTART_BUDGET: Duration = Duration::from_secs(60);
+pub const RESTART_BUDGET: Duration = Duration::from_secs(60);
 /// How long after a path fault (or the round's faults) the target may take
 /// to listen on every address again and SNAP to connect every path again:
 /// well past the controller's re-export period (2 s) and the paths'
@@ -69,6 +75,9 @@ const SQUAT_NQN: &str = "nqn.2026-11.io.snap-csi.chaos:squatter";
 #[derive(Debug)]
 pub struct Injector<'a> {
     pub stack: &'a Stack,
+    /// The provisioner's and kubelet's, for the volume a DPU-down fault
+    /// stages while the DPU is down.
+    pub clients: Clients,
     pub tally: Arc<Tally>,
     pub stop: Arc<AtomicBool>,
     pub rng: Rng,
@@ -76,16 +85,27 @@ pub struct Injector<'a> {
     pub interval: Duration,
     /// The target's listener addresses seen so far (every volume's paths).
     pub paths: Vec<ListenAddress>,
+    /// The DPU-down faults so far, which the workers read.
+    pub outages: Arc<Outages>,
 }
 
 impl Injector<'_> {
     /// Faults until the round is over; then the target's listener
     /// addresses it has seen, for the census.
     pub async fn run(mut self) -> Vec<ListenAddress> {
-        let mut victims = vec!["node", "plugin", "controller", "snap", "target"];
-        if self.stack.split.is_some() {
-            victims.push("agent");
+        let dpus = self.stack.dpu_parts();
+        let mut victims: Vec<String> = ["node", "controller", "target"].map(String::from).into();
+        for dpu in &dpus {
+            victims.extend(["plugin", "snap"].map(|p| dpu.process(p)));
+            if self.stack.split.is_some() {
+                victims.push(dpu.process("agent"));
+            }
         }
+        // A host with two DPUs has the DPU-down fault too, as often as two
+        // of the others, and first: a short round (the test command's are
+        // 30 s, some five faults) then has one at least.
+        let kinds = if dpus.len() > 1 { 10 } else { 8 };
+        let mut dpu_down_first = dpus.len() > 1;
         let mean = u64::try_from(self.interval.as_millis()).unwrap_or(5000);
         loop {
             let pause = self.rng.millis(mean / 2, mean * 3 / 2);
@@ -93,10 +113,14 @@ impl Injector<'_> {
                 self.round_end().await;
                 return self.paths;
             }
-            let result = match self.rng.range(0, 7) {
+            let kind = match std::mem::take(&mut dpu_down_first) {
+                true => kinds - 1,
+                false => self.rng.range(0, kinds - 1),
+            };
+            let result = match kind {
                 0..=2 => {
-                    let victim = *self.rng.pick(&victims);
-                    self.kill(victim).await
+                    let victim = self.rng.pick(&victims).clone();
+                    self.kill(&victim).await
                 }
                 3 => self.stall_snap().await,
                 4 | 5 => {
@@ -106,7 +130,8 @@ impl Injector<'_> {
                     self.fill_pool(emulation).await
                 }
                 6 => self.path_down().await,
-                _ => self.path_flapping().await,
+                7 => self.path_flapping().await,
+                _ => self.dpu_down().await,
             };
             if let Err(error) = result {
                 eprintln!("chaos: a fault could not be injected: {error:#}");
@@ -142,7 +167,8 @@ impl Injector<'_> {
     }
 
     async fn stall_snap(&mut self) -> anyhow::Result<()> {
-        let pid = self.stack.pid("snap")?;
+        let dpu = self.rng.pick(&self.stack.dpu_parts()).clone();
+        let pid = self.stack.pid(&dpu.process("snap"))?;
         let stall = self.rng.millis(200, 5000);
         let stopped = Stopped::new(pid)?;
         self.tally.fault("SNAP stalled");
@@ -153,7 +179,8 @@ impl Injector<'_> {
 
     /// Takes every free function of `emulation`, holds them, gives them back.
     async fn fill_pool(&mut self, emulation: EmulationType) -> anyhow::Result<()> {
-        let snap = RpcClient::with_timeout(self.stack.snap_socket(), Duration::from_secs(10));
+        let dpu = self.rng.pick(&self.stack.dpu_parts()).clone();
+        let snap = RpcClient::with_timeout(&dpu.snap_socket, Duration::from_secs(10));
         let listing = snap
             .call(&EmulationFunctionList { all: true })
             .await
@@ -255,8 +282,8 @@ impl Injector<'_> {
         }
     }
 
-    /// A random index (into the addresses, however many there are).
-    fn draw(&mut self) -> usize {
+    /// A random index (into the addresses or DPUs, however many there are).
+    pub(crate) fn draw(&mut self) -> usize {
         usize::try_from(self.rng.next() >> 32).unwrap_or(0)
     }
 
@@ -460,38 +487,86 @@ async fn restore(target: &RpcClient, nqns: &[String], path: &ListenAddress) -> a
     Ok(())
 }
 
-/// Waits until the process local-up `--supervise` started after `victim`'s
-/// `pid` runs and answers on its socket; says why not when it has not
-/// within [`RESTART_BUDGET`].
-pub async fn successor(stack: &Stack, victim: &str, pid: Pid) -> Result<(), String> {
-    let socket = match victim {
-        "node" => Some(stack.node_socket()),
-        "plugin" => Some(stack.plugin_socket()),
-        "controller" => Some(stack.controller_socket()),
-        "snap" => Some(stack.snap_socket()),
-        "target" => Some(stack.target_socket()),
-        _ => None,
-    };
-    let started = Instant::now();
-    loop {
+/// What a look at a killed process's successor saw.
+#[derive(Debug)]
+pub struct Successor {
+    /// The process local-up `--supervise` started after it, once it has.
+    pub pid: Option<Pid>,
+    alive: bool,
+    /// Something answers on its socket (if it has one here: an agent's is
+    /// in its namespace).
+    answers: bool,
+}
+
+impl Successor {
+    /// A look now at the successor of `victim`'s `pid`.
+    pub async fn look(stack: &Stack, victim: &str, pid: Pid) -> Successor {
+        let socket = match victim {
+            "node" => Some(stack.node_socket()),
+            "controller" => Some(stack.controller_socket()),
+            "target" => Some(stack.target_socket()),
+            _ => stack.dpu_parts().into_iter().find_map(|dpu| {
+                if victim == dpu.process("snap") {
+                    Some(dpu.snap_socket)
+                } else if victim == dpu.process("plugin") {
+                    Some(dpu.plugin_socket)
+                } else {
+                    None
+                }
+            }),
+        };
         let successor = stack.pid(victim).ok().filter(|&p| p != pid);
-        let alive = successor.is_some_and(|p| kill(p, None).is_ok());
         let answers = match &socket {
             Some(path) => UnixStream::connect(path).await.is_ok(),
             None => true,
         };
-        if alive && answers {
+        Successor {
+            pid: successor,
+            alive: successor.is_some_and(|p| kill(p, None).is_ok()),
+            answers,
+        }
+    }
+
+    /// It runs and answers.
+    pub fn back(&self) -> bool {
+        self.alive && self.answers
+    }
+
+    /// Why it is not back yet, with the end of `victim`'s log.
+    pub fn why_not(&self, stack: &Stack, victim: &str, waited: Duration) -> String {
+        let log = stack.dir.join("logs").join(format!("{victim}.log"));
+        let tail = std::fs::read_to_string(&log).unwrap_or_default();
+        let tail: Vec<&str> = tail.lines().rev().take(15).collect();
+        format!(
+            "{victim} did not come back within {waited:?} of its SIGKILL \
+             (successor {:?}, alive {}, answering {}); its log ends:\n{}",
+            self.pid,
+            self.alive,
+            self.answers,
+            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+        )
+    }
+}
+
+/// Where local-up `--supervise` reads the pause before `process`'s restart.
+pub fn restart_delay(stack_dir: &Path, process: &str) -> PathBuf {
+    stack_dir
+        .join("pids")
+        .join(format!("{process}.restart-delay"))
+}
+
+/// Waits until the process local-up `--supervise` started after `victim`'s
+/// `pid` runs and answers on its socket; says why not when it has not
+/// within [`RESTART_BUDGET`].
+pub async fn successor(stack: &Stack, victim: &str, pid: Pid) -> Result<(), String> {
+    let started = Instant::now();
+    loop {
+        let successor = Successor::look(stack, victim, pid).await;
+        if successor.back() {
             return Ok(());
         }
         if started.elapsed() > RESTART_BUDGET {
-            let log = stack.dir.join("logs").join(format!("{victim}.log"));
-            let tail = std::fs::read_to_string(&log).unwrap_or_default();
-            let tail: Vec<&str> = tail.lines().rev().take(15).collect();
-            return Err(format!(
-                "{victim} did not come back within {RESTART_BUDGET:?} of its SIGKILL \
-                 (successor {successor:?}, alive {alive}, answering {answers}); its log ends:\n{}",
-                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-            ));
+            return Err(successor.why_not(stack, victim, RESTART_BUDGET));
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

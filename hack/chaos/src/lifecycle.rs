@@ -28,6 +28,15 @@
 //! reach their pod, so their I/O refused with SNAP up all along is a data
 //! error. A single-path volume's I/O is held while its path is down; one
 //! refused with SNAP up all along is counted as refused, and noted apart.
+//!
+//! On a host with two DPUs the SNAP that counts is the one of the DPU the
+//! volume's record names, and a DPU-down fault (`dpu_down`) since the pod
+//! started decides too: the downed DPU's volumes may have their I/O refused
+//! (counted as refused, the pod restarted), the other DPU's may not: its
+//! volume's I/O refused with its SNAP up all along is a data error (but for
+//! a single-path NVMe-oF volume's, which a path fault or a killed target may
+//! have held, as above). Such a host has no filesystem devices (local-up's
+//! second DPU makes none), so its volumes are block devices.
 
 use std::future::Future;
 use std::path::Path;
@@ -39,10 +48,12 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use nix::unistd::Pid;
 use snap_csi_harness::csi::{Clients, Kind, Volume, parameters};
+use snap_csi_harness::dpus::recorded_on;
 use snap_csi_harness::kubelet::{self, Backoff, Call, Failure};
-use snap_csi_harness::stack::read_pid;
+use snap_csi_harness::stack::{DpuParts, read_pid};
 
 use crate::data::{Pattern, Verdict};
+use crate::dpu_down::Outages;
 use crate::rng::Rng;
 use crate::tally::Tally;
 use crate::trials::KillSwitch;
@@ -86,8 +97,15 @@ pub struct Worker {
     pub kill: Option<Arc<KillSwitch>>,
     /// The stack's directory, where local-up keeps SNAP's pid.
     pub stack_dir: std::path::PathBuf,
-    /// SNAP's pid when the pod last started (`None`: unknown).
-    pub snap_at_start: Option<Pid>,
+    /// The node's state directory, where it keeps its volume records.
+    pub node_state_dir: std::path::PathBuf,
+    /// The host's DPUs.
+    pub dpus: Vec<DpuParts>,
+    /// The DPU-down faults of the round.
+    pub outages: Arc<Outages>,
+    /// When the pod last started, and each DPU's SNAP's pid then (`None`:
+    /// unknown).
+    pub pod_started: (Instant, Vec<Option<Pid>>),
 }
 
 /// A volume's StorageClass and kind.
@@ -105,9 +123,10 @@ pub struct Shape {
 }
 
 impl Shape {
-    pub fn random(rng: &mut Rng) -> Shape {
+    /// A random shape; `filesystems`: a filesystem device is one.
+    pub fn random(rng: &mut Rng, filesystems: bool) -> Shape {
         // One volume in five a filesystem device (virtio-fs), mounted by tag.
-        if rng.chance(20) {
+        if filesystems && rng.chance(20) {
             return Shape {
                 backend: "fs",
                 emulation: "virtio-fs",
@@ -230,7 +249,7 @@ impl Worker {
         let mut serial = 0;
         while !self.stop.load(Ordering::Relaxed) {
             serial += 1;
-            let shape = Shape::random(&mut self.rng);
+            let shape = Shape::random(&mut self.rng, self.dpus.len() == 1);
             self.life(serial, &shape).await;
         }
     }
@@ -337,7 +356,13 @@ impl Worker {
         pod: u64,
     ) -> anyhow::Result<()> {
         // Before the stage: a SNAP restarted meanwhile counts as one since.
-        self.snap_at_start = read_pid(&self.stack_dir, "snap").ok();
+        self.pod_started = (
+            Instant::now(),
+            self.dpus
+                .iter()
+                .map(|dpu| read_pid(&self.stack_dir, &dpu.process("snap")).ok())
+                .collect(),
+        );
         seen.wanted = true;
         kubelet::settle(seen, &self.backoff, |call| {
             self.node_call(call, volume, shape, label, pod)
@@ -498,11 +523,30 @@ impl Worker {
         let Err(refused) = self.try_io(volume, label, io).await? else {
             return Ok(());
         };
-        if self.snap_restarted().await {
+        let dpu = self.dpu_of(volume);
+        let home = dpu.map(|i| self.dpus[i].name.as_str());
+        let down = self.outages.down_since(self.pod_started.0);
+        let other_down = down.iter().find(|d| Some(d.as_str()) != home);
+        if self.snap_restarted(dpu).await {
+            self.tally.refused(format!("{label}: {refused}"));
+        } else if let Some(home) = home
+            && down.iter().any(|d| d == home)
+        {
+            self.tally.note(
+                format!("I/O refused while its DPU was down ({shape})"),
+                &format!("{label}: {refused}"),
+            );
             self.tally.refused(format!("{label}: {refused}"));
         } else if shape.multipath {
             self.tally.data_error(format!(
                 "{label}: I/O error on a multipath volume with SNAP up all along: {refused}"
+            ));
+        } else if let Some(other) = other_down
+            && shape.backend != "nvmf"
+        {
+            self.tally.data_error(format!(
+                "{label}: I/O error on a volume of {} with its SNAP up all along, while {other} was down: {refused}",
+                home.unwrap_or("its DPU")
             ));
         } else {
             self.tally.note(
@@ -524,17 +568,32 @@ impl Worker {
         Ok(())
     }
 
-    /// Whether SNAP has restarted since the pod started (its devices then
-    /// went away): its pid changed, or the one the pod started with is
-    /// gone, within [`SNAP_RESTART_SEEN`] (local-up writes the successor's
-    /// pid once it starts it). Unknown counts as restarted.
-    async fn snap_restarted(&self) -> bool {
-        let Some(then) = self.snap_at_start else {
+    /// The index in [`Worker::dpus`] of the DPU the volume's record names
+    /// (an older node's record names none: the first); `None` without a
+    /// record. A host with one DPU has one place for it, record or not.
+    fn dpu_of(&self, volume: &Volume) -> Option<usize> {
+        if self.dpus.len() == 1 {
+            return Some(0);
+        }
+        let names: Vec<String> = self.dpus.iter().map(|d| d.name.clone()).collect();
+        let (dpu, _) = recorded_on(&self.node_state_dir, &volume.id, &names).ok()?;
+        names.iter().position(|name| *name == dpu)
+    }
+
+    /// Whether the SNAP of DPU `dpu` has restarted since the pod started
+    /// (its devices then went away): its pid changed, or the one the pod
+    /// started with is gone, within [`SNAP_RESTART_SEEN`] (local-up writes
+    /// the successor's pid once it starts it). Unknown counts as restarted.
+    async fn snap_restarted(&self, dpu: Option<usize>) -> bool {
+        let Some((then, process)) = dpu.and_then(|i| {
+            let then = (*self.pod_started.1.get(i)?)?;
+            Some((then, self.dpus[i].process("snap")))
+        }) else {
             return true;
         };
         let started = Instant::now();
         loop {
-            match read_pid(&self.stack_dir, "snap") {
+            match read_pid(&self.stack_dir, &process) {
                 Ok(now) if now == then => {}
                 _ => return true,
             }

@@ -2,14 +2,15 @@
 //! (`hack/local-up.sh --supervise`, which restarts whatever dies) in round
 //! after round, each round on a fresh stack of the next configuration
 //! (co-located and split, SNAP answering at once and at real SPDK's 8 ms
-//! poller period). In a round, `--volumes` workers drive random lives on
-//! volumes of every backend (AIO, NVMe-oF single-path or multipath),
-//! emulation (NVMe, virtio-blk), placement (NVMe: dedicated or packed) and
-//! kind (block, ext4, xfs) at once (`lifecycle`), each carrying a known
-//! pattern read back after every restage (`data`), while faults strike at
-//! random (`faults`; EBUSY holders are the workers'). At the end of a round
-//! the faults stop, the target's paths must be whole again while the last
-//! volumes live, the workers finish their volumes, and a census
+//! poller period, a host with one DPU and one with two). In a round,
+//! `--volumes` workers drive random lives on volumes of every backend (AIO,
+//! NVMe-oF single-path or multipath), emulation (NVMe, virtio-blk),
+//! placement (NVMe: dedicated or packed) and kind (block, ext4, xfs) at once
+//! (`lifecycle`), each carrying a known pattern read back after every
+//! restage (`data`), while faults strike at random (`faults`, and on a host
+//! with two DPUs `dpu_down`; EBUSY holders are the workers'). At the end of
+//! a round the faults stop, the target's paths must be whole again while
+//! the last volumes live, the workers finish their volumes, and a census
 //! (`census`) counts whatever is left; so does stopping the stack.
 //!
 //! Prints the faults by kind, then last `chaos: N operations, F faults, L
@@ -19,6 +20,7 @@
 
 mod census;
 mod data;
+mod dpu_down;
 mod faults;
 mod lifecycle;
 mod rng;
@@ -35,6 +37,7 @@ use clap::Parser;
 use snap_csi_harness::csi::Clients;
 use snap_csi_harness::stack::{Stack, StackOptions};
 
+use crate::dpu_down::Outages;
 use crate::faults::Injector;
 use crate::lifecycle::Worker;
 use crate::rng::Rng;
@@ -79,6 +82,11 @@ struct Args {
     /// 8000 is real SPDK's pace).
     #[arg(long, value_delimiter = ',', default_value = "0,8000")]
     poll_periods_us: Vec<u64>,
+    /// DPUs per host to cycle through, comma separated (1, 2: local-up
+    /// `--dpus 2`, with DPU-down faults and no filesystem volumes). The
+    /// kill trials' hosts have one.
+    #[arg(long, value_delimiter = ',', default_value = "1,2")]
+    dpus: Vec<u8>,
     /// Kill trials per mode (after the rounds): each one volume's life with
     /// one process killed at a random instant inside one step, then a census.
     #[arg(long, default_value_t = 0)]
@@ -114,16 +122,21 @@ struct Args {
     logs: Option<PathBuf>,
 }
 
-/// A stack's shape: the mode and SNAP's pace.
-#[derive(Debug, Clone)]
+/// A stack's shape: the mode, SNAP's pace, and one DPU or two.
+#[derive(Debug, Clone, PartialEq, Eq)]
 struct Configuration {
     split: bool,
     poll_period_us: u64,
+    two_dpus: bool,
 }
 
 impl Configuration {
+    /// Every combination, in the order the rounds take them: each pace and
+    /// mode with each DPU count in turn, shifted by one count per pace, so
+    /// that the first pass (the test command's four rounds) gives each mode
+    /// and each pace both a one-DPU and a two-DPU host.
     fn all(args: &Args) -> anyhow::Result<Vec<Configuration>> {
-        let mut all = Vec::new();
+        let mut shapes = Vec::new();
         for &poll_period_us in &args.poll_periods_us {
             for mode in &args.modes {
                 let split = match mode.as_str() {
@@ -131,21 +144,37 @@ impl Configuration {
                     "split" => true,
                     other => bail!("--modes: {other:?} is neither colocated nor split"),
                 };
+                shapes.push((split, poll_period_us));
+            }
+        }
+        let mut counts = Vec::new();
+        for &dpus in &args.dpus {
+            match dpus {
+                1 | 2 => counts.push(dpus == 2),
+                other => bail!("--dpus: a host has 1 or 2 DPUs here, not {other}"),
+            }
+        }
+        if shapes.is_empty() || counts.is_empty() {
+            bail!("--modes, --poll-periods-us and --dpus leave no configuration");
+        }
+        let modes = args.modes.len();
+        let mut all = Vec::new();
+        for pass in 0..counts.len() {
+            for (k, &(split, poll_period_us)) in shapes.iter().enumerate() {
                 all.push(Configuration {
                     split,
                     poll_period_us,
+                    two_dpus: counts[(k + k / modes + pass) % counts.len()],
                 });
             }
-        }
-        if all.is_empty() {
-            bail!("--modes and --poll-periods-us leave no configuration");
         }
         Ok(all)
     }
 
     fn name(&self) -> String {
         let mode = if self.split { "split" } else { "colocated" };
-        format!("{mode}, SNAP poller {} us", self.poll_period_us)
+        let dpus = if self.two_dpus { "two DPUs" } else { "one DPU" };
+        format!("{mode}, SNAP poller {} us, {dpus}", self.poll_period_us)
     }
 }
 
@@ -223,14 +252,9 @@ async fn one_round(
         length.as_secs()
     );
     let before = tally.totals();
-    let (stack, clients) = start_stack(
-        args,
-        (seed, logs, &name),
-        configuration.poll_period_us,
-        configuration.split,
-    )
-    .await?;
+    let (stack, clients) = start_stack(args, (seed, logs, &name), configuration).await?;
     let stop = Arc::new(AtomicBool::new(false));
+    let outages = Arc::new(Outages::default());
     let workers: Vec<_> = (0..args.volumes)
         .map(|id| {
             let worker = Worker {
@@ -245,18 +269,23 @@ async fn one_round(
                 restages: None,
                 kill: None,
                 stack_dir: stack.dir.clone(),
-                snap_at_start: None,
+                node_state_dir: stack.node_state_dir(),
+                dpus: stack.dpu_parts(),
+                outages: outages.clone(),
+                pod_started: (std::time::Instant::now(), Vec::new()),
             };
             tokio::spawn(worker.run())
         })
         .collect();
     let injector = Injector {
         stack: &stack,
+        clients: clients.clone(),
         tally: tally.clone(),
         stop: stop.clone(),
         rng: Rng::fork(seed, round * 1000),
         interval: args.fault_interval,
         paths: Vec::new(),
+        outages,
     };
     let clock = async {
         tokio::time::sleep(length).await;
@@ -273,7 +302,7 @@ async fn one_round(
 
     keep_logs(&stack, &logs.join(&name));
     // Quiet: no fault in flight, every volume deleted. Each worker has one
-    // volume at a time.
+    // volume at a time, which may be on either DPU.
     let max_pools = args
         .volumes
         .div_ceil(usize::try_from(args.namespaces_per_controller)?);
@@ -308,22 +337,20 @@ async fn one_round(
     Ok(())
 }
 
-/// A fresh supervised stack named `name` (SNAP polling every
-/// `poll_period_us`; `split`: split mode), and its clients.
+/// A fresh supervised stack named `name` of `configuration`, and its clients.
 pub(crate) async fn start_stack(
     args: &Args,
     (seed, logs, name): (u64, &Path, &str),
-    poll_period_us: u64,
-    split: bool,
+    configuration: &Configuration,
 ) -> anyhow::Result<(Stack, Clients)> {
     let options = StackOptions {
-        poll_period_us,
+        poll_period_us: configuration.poll_period_us,
         nvme_functions: None,
-        split,
+        split: configuration.split,
         supervise: true,
         namespaces_per_controller: Some(args.namespaces_per_controller),
         data_path: None,
-        two_dpus: false,
+        two_dpus: configuration.two_dpus,
     };
     let stack_dir = std::env::temp_dir().join(format!("snap-csi-chaos-{seed}-{name}"));
     let stack = Stack::start(
@@ -406,8 +433,38 @@ async fn main() -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_duration;
+    use super::{Args, Configuration, parse_duration};
+    use clap::Parser;
     use std::time::Duration;
+
+    #[test]
+    fn the_first_four_rounds_give_each_mode_and_pace_both_hosts() {
+        let all = Configuration::all(&Args::parse_from(["snap-csi-chaos"])).unwrap();
+        let names: Vec<String> = all.iter().map(Configuration::name).collect();
+        assert_eq!(
+            names[..4],
+            [
+                "colocated, SNAP poller 0 us, one DPU",
+                "split, SNAP poller 0 us, two DPUs",
+                "colocated, SNAP poller 8000 us, two DPUs",
+                "split, SNAP poller 8000 us, one DPU",
+            ]
+        );
+        assert_eq!(all.len(), 8);
+        assert!(
+            all.iter()
+                .all(|c| all.iter().filter(|o| *o == c).count() == 1)
+        );
+        let two = Args::parse_from(["snap-csi-chaos", "--dpus", "2", "--modes", "split"]);
+        assert!(
+            Configuration::all(&two)
+                .unwrap()
+                .iter()
+                .all(|c| c.two_dpus && c.split)
+        );
+        let three = Args::parse_from(["snap-csi-chaos", "--dpus", "3"]);
+        assert!(Configuration::all(&three).is_err());
+    }
 
     #[test]
     fn durations_take_seconds_minutes_and_hours() {

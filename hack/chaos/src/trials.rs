@@ -35,7 +35,7 @@ use snap_csi_harness::stack::read_pid;
 use tokio::time::Instant;
 
 use crate::Args;
-use crate::faults::successor;
+use crate::faults::{restart_delay, successor};
 use crate::lifecycle::{BACKOFF, Shape, Worker};
 use crate::rng::Rng;
 use crate::tally::Tally;
@@ -79,7 +79,7 @@ impl KillSwitch {
         permille: u64,
         restart: Duration,
     ) -> anyhow::Result<()> {
-        let delay = self.restart_delay(victim);
+        let delay = restart_delay(&self.dir, victim);
         std::fs::write(&delay, format!("{:.3}", restart.as_secs_f64()))
             .with_context(|| format!("writing {}", delay.display()))?;
         *lock(&self.victim) = Some(victim);
@@ -91,17 +91,10 @@ impl KillSwitch {
     /// Disarms the switch; the kill and the pid it killed, if it landed.
     fn disarm(&self) -> Option<(Landed, Pid)> {
         if let Some(victim) = lock(&self.victim).take() {
-            let _ = std::fs::remove_file(self.restart_delay(victim));
+            let _ = std::fs::remove_file(restart_delay(&self.dir, victim));
         }
         let landed = self.switch.disarm()?;
         Some((landed, lock(&self.killed).take()?))
-    }
-
-    /// Where local-up `--supervise` reads the pause before `victim`'s restart.
-    fn restart_delay(&self, victim: &str) -> PathBuf {
-        self.dir
-            .join("pids")
-            .join(format!("{victim}.restart-delay"))
     }
 
     /// Whether the kill is armed and has not landed yet.
@@ -194,7 +187,12 @@ pub async fn run(
 ) -> anyhow::Result<Cells> {
     let name = format!("kills-{}", if split { "split" } else { "colocated" });
     eprintln!("chaos: {name}: {} kill trials", args.kill_trials);
-    let (stack, clients) = crate::start_stack(args, (seed, logs, &name), 0, split).await?;
+    let configuration = crate::Configuration {
+        split,
+        poll_period_us: 0,
+        two_dpus: false,
+    };
+    let (stack, clients) = crate::start_stack(args, (seed, logs, &name), &configuration).await?;
     let switch = Arc::new(KillSwitch::new(stack.dir.clone()));
     let stream = if split { 2_000_000 } else { 1_000_000 };
     let mut rng = Rng::fork(seed, stream);
@@ -213,7 +211,10 @@ pub async fn run(
         restages: Some(1),
         kill: Some(switch.clone()),
         stack_dir: stack.dir.clone(),
-        snap_at_start: None,
+        node_state_dir: stack.node_state_dir(),
+        dpus: stack.dpu_parts(),
+        outages: Arc::default(),
+        pod_started: (std::time::Instant::now(), Vec::new()),
     };
     let every = cells(args, split)?;
     let mut order = Vec::new();
@@ -229,7 +230,7 @@ pub async fn run(
         let Some((victim, step)) = order.pop() else {
             break;
         };
-        let shape = Shape::random(&mut rng);
+        let shape = Shape::random(&mut rng, true);
         let permille = rng.range(0, 999);
         let restart = Duration::from_millis(rng.range(0, MAX_RESTART_DELAY_MS));
         switch.arm((victim, step), permille, restart)?;
