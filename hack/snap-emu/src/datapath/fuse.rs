@@ -16,6 +16,14 @@
 //! records, which need nothing from the mount), then [`DataPath::unmount_stale`]
 //! lazily unmounts what is left at the mount point. Shutdown goes the same
 //! way round: loop devices first, then the mount.
+//!
+//! Nor does the emulator ever make a filesystem call on its own mount (open,
+//! stat, lookup, even of the mount point, which is the mount's root): each
+//! is a request to its own session threads, and a SIGKILL in that instant
+//! leaves the calling thread waiting for dead ones, the process never
+//! exiting. What a `stat` of one of its files would say is known here
+//! ([`DataPath::served_file`]): the mount's device number from
+//! `/proc/self/mountinfo`, the inode the session assigned, the size served.
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -67,6 +75,30 @@ struct Served {
 
 type Files = RwLock<HashMap<u64, Arc<Served>>>;
 
+/// What `stat` says of one of our files (and so what a loop device over it
+/// shows), known without asking the mount.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ServedFile {
+    /// Canonical, as the kernel shows it as a loop device's `backing_file`.
+    pub(crate) path: PathBuf,
+    /// The mount's (anonymous) device number, `st_dev`.
+    pub(crate) dev: u64,
+    /// `st_ino`: the kernel takes the inode number the session assigns.
+    pub(crate) ino: u64,
+    /// `st_size`: the bdev's size now.
+    pub(crate) len: u64,
+}
+
+/// A live mount.
+#[derive(Debug)]
+struct Mounted {
+    session: fuser::BackgroundSession,
+    /// The mount point, canonical.
+    canonical: PathBuf,
+    /// `st_dev` of every file on the mount.
+    dev: u64,
+}
+
 /// The mount and its files.
 #[derive(Debug)]
 pub(crate) struct DataPath {
@@ -74,7 +106,7 @@ pub(crate) struct DataPath {
     files: Arc<Files>,
     next_ino: AtomicU64,
     /// Mounted at the first file.
-    session: Mutex<Option<fuser::BackgroundSession>>,
+    session: Mutex<Option<Mounted>>,
 }
 
 impl DataPath {
@@ -149,6 +181,33 @@ impl DataPath {
         Some(Arc::clone(&self.files().get(&ino)?.volume))
     }
 
+    /// What `stat` would say of the file at `path`, if `path` is on our mount
+    /// (`None` if it is not; an error if it is but no file of ours is
+    /// there), computed without a call on the mount: see the module's docs.
+    pub(crate) fn served_file(&self, path: &Path) -> Option<anyhow::Result<ServedFile>> {
+        if !path.starts_with(&self.mountpoint) {
+            return None;
+        }
+        let session = lock(&self.session);
+        let served = || -> anyhow::Result<ServedFile> {
+            let mounted = session.as_ref().context("the data path is not mounted")?;
+            let ino = self.ino_of(path).context("not a data path file")?;
+            let len = self
+                .files()
+                .get(&ino)
+                .context("not served (any more)")?
+                .size
+                .load(Ordering::Relaxed);
+            Ok(ServedFile {
+                path: mounted.canonical.join(format!("d{ino}")),
+                dev: mounted.dev,
+                ino,
+                len,
+            })
+        };
+        Some(served().with_context(|| format!("data path file {}", path.display())))
+    }
+
     /// The file at `path` now serves `backing`'s size (a resize); the bytes
     /// must stay where they are.
     pub(crate) fn resize(&self, path: &Path, backing: &Backing) -> anyhow::Result<Backing> {
@@ -179,7 +238,7 @@ impl DataPath {
     /// still busy (a loop device whose detach the kernel deferred to its
     /// last close) is detached lazily and ends with that close.
     pub(crate) fn unmount(&self) -> anyhow::Result<()> {
-        let Some(session) = lock(&self.session).take() else {
+        let Some(Mounted { session, .. }) = lock(&self.session).take() else {
             return Ok(());
         };
         self.files_mut().clear();
@@ -212,6 +271,16 @@ impl DataPath {
         }
         fs::create_dir_all(&self.mountpoint)
             .with_context(|| format!("creating {}", self.mountpoint.display()))?;
+        // Resolved before the mount, and only its parent, which is not on it.
+        let canonical = match (self.mountpoint.parent(), self.mountpoint.file_name()) {
+            (Some(parent), Some(name)) => fs::canonicalize(parent)
+                .with_context(|| format!("resolving {}", parent.display()))?
+                .join(name),
+            _ => bail!(
+                "data path mount point {} has no parent",
+                self.mountpoint.display()
+            ),
+        };
         let mut config = fuser::Config::default();
         config.mount_options = vec![
             MountOption::FSName("snap-emu".into()),
@@ -232,8 +301,22 @@ impl DataPath {
                 self.mountpoint.display()
             )
         })?;
+        // Read from the mount table, never by a `stat` of the mount point:
+        // that would be a request to the session (see the module's docs).
+        let dev = match mount_dev(&canonical) {
+            Ok(dev) => dev,
+            Err(e) => {
+                // Dropping the session unmounts it.
+                drop(mounted);
+                return Err(e);
+            }
+        };
         tracing::info!(mountpoint = %self.mountpoint.display(), "data path mounted");
-        *session = Some(mounted);
+        *session = Some(Mounted {
+            session: mounted,
+            canonical,
+            dev,
+        });
         Ok(())
     }
 
@@ -261,6 +344,62 @@ impl Drop for DataPath {
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The device number (`st_dev`) of the files of the FUSE mount at
+/// `mountpoint` (canonical; the topmost mount there), from
+/// `/proc/self/mountinfo`, which the kernel writes without asking the mount.
+fn mount_dev(mountpoint: &Path) -> anyhow::Result<u64> {
+    let table = fs::read_to_string(MOUNTINFO).with_context(|| format!("reading {MOUNTINFO}"))?;
+    mountinfo_dev(&table, mountpoint)
+        .with_context(|| format!("no FUSE mount at {} in {MOUNTINFO}", mountpoint.display()))
+}
+
+const MOUNTINFO: &str = "/proc/self/mountinfo";
+
+/// `mount_dev` of the text of a mountinfo file: its lines are `id parent
+/// major:minor root mount-point options [optional fields] - fstype source
+/// super-options`, spaces and such in paths as octal escapes, in the order
+/// the mounts were made.
+fn mountinfo_dev(table: &str, mountpoint: &Path) -> Option<u64> {
+    let want = mountpoint.as_os_str().as_encoded_bytes();
+    table.lines().rev().find_map(|line| {
+        let fields: Vec<&str> = line.split(' ').collect();
+        let (majmin, point) = (fields.get(2)?, fields.get(4)?);
+        let fstype = fields.iter().skip_while(|f| **f != "-").nth(1)?;
+        if !fstype.starts_with("fuse") || unescape(point) != want {
+            return None;
+        }
+        let (major, minor) = majmin.split_once(':')?;
+        Some(nix::sys::stat::makedev(
+            major.parse().ok()?,
+            minor.parse().ok()?,
+        ))
+    })
+}
+
+/// A mountinfo path as it is: `\ooo` (octal) is the byte it stands for.
+fn unescape(field: &str) -> Vec<u8> {
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let octal = bytes
+            .get(i + 1..i + 4)
+            .filter(|d| bytes[i] == b'\\' && d.iter().all(|c| (b'0'..=b'7').contains(c)))
+            .and_then(|d| u8::from_str_radix(std::str::from_utf8(d).ok()?, 8).ok());
+        match octal {
+            Some(byte) => {
+                out.push(byte);
+                i += 4;
+            }
+            None => {
+                out.push(bytes[i]);
+                i += 1;
+            }
+        }
+    }
+    out
 }
 
 /// Lazily unmounts every FUSE mount (dead or not: none can be a live
@@ -665,5 +804,34 @@ impl Filesystem for Fs {
             }
         }
         reply.ok();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mountinfo_lines_give_the_topmost_fuse_mount() {
+        let table = "\
+22 1 259:2 / / rw,relatime shared:1 - ext4 /dev/nvme0n1p2 rw
+90 22 0:51 / /var/lib/snap\\040emu/datapath rw,nosuid shared:40 - fuse.snap-emu-datapath snap-emu rw,user_id=0
+91 22 0:52 / /var/lib/snap-emu/datapath rw,nosuid shared:41 - fuse.snap-emu-datapath snap-emu rw,user_id=0
+92 91 0:53 / /var/lib/snap-emu/datapath rw,nosuid - fuse.snap-emu-datapath snap-emu rw,user_id=0
+93 22 8:1 / /var/lib/other rw - ext4 /dev/sda1 rw
+94 22 0:54 / /var/lib/other/datapath rw - tmpfs tmpfs rw
+";
+        let at = |p: &str| mountinfo_dev(table, Path::new(p));
+        assert_eq!(
+            at("/var/lib/snap emu/datapath"),
+            Some(nix::sys::stat::makedev(0, 51))
+        );
+        assert_eq!(
+            at("/var/lib/snap-emu/datapath"),
+            Some(nix::sys::stat::makedev(0, 53))
+        );
+        assert_eq!(at("/var/lib/other/datapath"), None, "not FUSE");
+        assert_eq!(at("/var/lib/snap-emu"), None);
+        assert_eq!(unescape("a\\134b\\011\\9"), b"a\\b\t\\9");
     }
 }

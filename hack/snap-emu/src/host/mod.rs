@@ -552,7 +552,7 @@ impl HostSide {
     fn is_same_source(&self, source: &Source, record: &DiskRecord) -> anyhow::Result<bool> {
         Ok(match source {
             Source::Direct(backing) => {
-                let target = Target::of(backing)?;
+                let target = Target::of(backing, &self.datapath)?;
                 target.is_record(record)
                     && record.size == target.size
                     && record.read_only == target.read_only
@@ -573,7 +573,7 @@ impl HostSide {
         backing: &Backing,
     ) -> anyhow::Result<HostDisk> {
         let key = id.key();
-        let target = Target::of(backing)?;
+        let target = Target::of(backing, &self.datapath)?;
         let preexisting = loopdev::all_bound()?
             .into_iter()
             .filter(|state| target.owns(state))
@@ -675,7 +675,7 @@ impl HostSide {
             Some(_) => self.datapath.resize(&record.backing_path, backing)?,
             None => backing.clone(),
         };
-        let target = Target::of(&backing)?;
+        let target = Target::of(&backing, &self.datapath)?;
         if !target.is_record(&record) {
             bail!(
                 "a resize cannot move the disk: it is {} at offset {}, asked for {} at offset {}",

@@ -42,7 +42,9 @@ pub(super) struct Target {
 }
 
 impl Target {
-    pub(super) fn of(backing: &Backing) -> anyhow::Result<Self> {
+    /// `backing`, checked; a file of our own data path (`datapath`) is
+    /// described by what it knows, never asked (see `served_file`).
+    pub(super) fn of(backing: &Backing, datapath: &DataPath) -> anyhow::Result<Self> {
         let shown = backing.path.display();
         if backing.size == 0 || !backing.size.is_multiple_of(SECTOR) {
             bail!(
@@ -50,28 +52,21 @@ impl Target {
                 backing.size
             );
         }
-        let path = fs::canonicalize(&backing.path)
-            .with_context(|| format!("backing {shown} cannot be resolved"))?;
+        // A file on our own FUSE mount is not even looked up, let alone
+        // stat'ed or opened: each is a request to our own session threads,
+        // and a SIGKILL while one waits leaves the caller waiting for dead
+        // threads, the process never exiting. The data path knows what
+        // `stat` would say (the same as a loop device over it shows).
+        let (path, dev, ino, len) = match datapath.served_file(&backing.path) {
+            Some(served) => {
+                let served = served.with_context(|| format!("backing {shown}"))?;
+                (served.path, served.dev, served.ino, served.len)
+            }
+            None => Self::stat(backing)?,
+        };
         if path.to_str().is_none() {
             bail!("backing {shown}: path is not UTF-8");
         }
-        let meta = fs::metadata(&path).with_context(|| format!("backing {shown}"))?;
-        let file_type = meta.file_type();
-        if !file_type.is_file() && !file_type.is_block_device() {
-            bail!("backing {shown} is neither a regular file nor a block device");
-        }
-        // A file is measured by its attributes, never opened: a data path
-        // file is on our own FUSE mount, and a close there waits, beyond
-        // SIGKILL's reach, for a flush only our own (then dead) session
-        // threads would answer, so a kill in that instant would hang the
-        // emulator forever. A block device's size is where a seek ends.
-        let len = if file_type.is_file() {
-            meta.len()
-        } else {
-            File::open(&path)
-                .and_then(|mut file| file.seek(SeekFrom::End(0)))
-                .with_context(|| format!("measuring backing {shown}"))?
-        };
         let fits = backing
             .offset
             .checked_add(backing.size)
@@ -86,12 +81,36 @@ impl Target {
         }
         Ok(Self {
             path,
-            dev: meta.dev(),
-            ino: meta.ino(),
+            dev,
+            ino,
             offset: backing.offset,
             size: backing.size,
             read_only: backing.read_only,
         })
+    }
+
+    /// The canonical path, `st_dev`, `st_ino` and length of a backing that
+    /// is not on our data path: a regular file or a block device.
+    fn stat(backing: &Backing) -> anyhow::Result<(PathBuf, u64, u64, u64)> {
+        let shown = backing.path.display();
+        let path = fs::canonicalize(&backing.path)
+            .with_context(|| format!("backing {shown} cannot be resolved"))?;
+        let meta = fs::metadata(&path).with_context(|| format!("backing {shown}"))?;
+        let file_type = meta.file_type();
+        if !file_type.is_file() && !file_type.is_block_device() {
+            bail!("backing {shown} is neither a regular file nor a block device");
+        }
+        // A file is measured by its attributes, never opened (a close may
+        // wait on whatever serves it); a block device's size is where a
+        // seek ends.
+        let len = if file_type.is_file() {
+            meta.len()
+        } else {
+            File::open(&path)
+                .and_then(|mut file| file.seek(SeekFrom::End(0)))
+                .with_context(|| format!("measuring backing {shown}"))?
+        };
+        Ok((path, meta.dev(), meta.ino(), len))
     }
 
     /// The record written before `losetup` runs: the bytes, no device yet.

@@ -608,7 +608,7 @@ fn reopen_cleans_up_a_device_attached_but_never_recorded() {
     let host = fx.open_with(BDF, FunctionKind::Nvme);
 
     // The state right after `losetup` attached but before we wrote its name down.
-    let target = Target::of(&backing(&file, 4 * MIB, 4 * MIB)).unwrap();
+    let target = Target::of(&backing(&file, 4 * MIB, 4 * MIB), &host.datapath).unwrap();
     let id = DiskId::Nvme {
         bdf: BDF.to_owned(),
         ctrl: 0,
@@ -709,7 +709,7 @@ fn intent_clean_up_spares_devices_other_records_claim() {
     let claimed = host.attach_nvme_namespace(BDF, 0, 1, 1, UUID, &b).unwrap();
 
     // Another function's attach of the same bytes died with its outcome unknown.
-    let target = Target::of(&b).unwrap();
+    let target = Target::of(&b, &host.datapath).unwrap();
     let id = DiskId::Nvme {
         bdf: "26:00.2".to_owned(),
         ctrl: 0,
@@ -862,6 +862,148 @@ fn a_renamed_disk_keeps_its_device_and_identity_and_detaches_cleanly() {
     assert!(loops_over(&file).is_empty());
     assert!(host.records.list().unwrap().is_empty());
     assert!(!fx.devices().join("0000:26:00.1/nvme").exists());
+}
+
+/// A volume served through the data path, with nothing between it and
+/// its bytes.
+fn plain_volume(backing: Backing) -> Arc<crate::datapath::volume::Volume> {
+    Arc::new(crate::datapath::volume::Volume {
+        backing,
+        block_size: 512,
+        layers: Vec::new(),
+        cipher: None,
+        remote: None,
+    })
+}
+
+/// `stat` of `path` from a thread of its own (nothing is killed here, so
+/// asking the mount is safe): canonical path, dev, ino, size.
+fn stat_elsewhere(path: &Path) -> (PathBuf, u64, u64, u64) {
+    let path = path.to_owned();
+    thread::spawn(move || {
+        let meta = fs::metadata(&path).unwrap();
+        (
+            fs::canonicalize(&path).unwrap(),
+            meta.dev(),
+            meta.ino(),
+            meta.len(),
+        )
+    })
+    .join()
+    .unwrap()
+}
+
+#[test]
+fn a_data_path_file_is_described_as_stat_and_a_loop_device_see_it() {
+    let fx = Fixture::new();
+    let file = fx.file("lvs.img", 8 * MIB);
+    let host = fx.open_with(BDF, FunctionKind::Nvme);
+    let (id, attrs) = nvme_disk(BDF, 0, 1, 1, UUID).unwrap();
+    let source = Source::DataPath(plain_volume(backing(&file, MIB, 4 * MIB)));
+    let disk = host.attach(&id, &attrs, &source).unwrap();
+    let record = host.records.load(&id.key()).unwrap().unwrap();
+    let name = record.loop_device.clone().unwrap();
+
+    let described = |size| {
+        let served = Backing {
+            path: record.backing_path.clone(),
+            offset: 0,
+            size,
+            read_only: false,
+        };
+        Target::of(&served, &host.datapath).unwrap()
+    };
+    let target = described(4 * MIB);
+    let (path, dev, ino, len) = stat_elsewhere(&record.backing_path);
+    assert_eq!(
+        (&target.path, target.dev, target.ino),
+        (&path, dev, ino),
+        "what stat says"
+    );
+    assert_eq!(len, 4 * MIB);
+    assert!(target.is_record(&record));
+    let state = live_state(&record)
+        .unwrap()
+        .expect("the record owns its device");
+    assert!(target.owns(&state));
+    assert!(loopdev::backing_is(&state.backing_file, &target.path));
+    let (lo_dev, lo_ino) = loopdev::backing_identity(&name).unwrap();
+    assert_eq!(
+        (loopdev::split_dev(lo_dev), lo_ino),
+        (loopdev::split_dev(dev), ino),
+        "what the loop device shows"
+    );
+    check_data_path(&disk, &file, MIB, 4 * MIB);
+
+    // A resize: the file serves the new size, and says so without a stat.
+    host.resize(&disk, &backing(&file, MIB, 6 * MIB)).unwrap();
+    let grown = described(6 * MIB);
+    assert_eq!(
+        stat_elsewhere(&record.backing_path),
+        (path, dev, ino, 6 * MIB)
+    );
+    assert!(grown.is_record(&record));
+    check_data_path(&disk, &file, MIB, 6 * MIB);
+
+    host.detach(&disk).unwrap();
+    assert!(loops_over(&file).is_empty());
+}
+
+/// A tmpfs mounted over the data path's mount point for as long as it lives.
+struct Covered(PathBuf);
+
+impl Drop for Covered {
+    fn drop(&mut self) {
+        let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
+    }
+}
+
+#[test]
+fn a_data_path_file_is_described_without_a_call_on_its_path() {
+    let fx = Fixture::new();
+    let file = fx.file("lvs.img", 4 * MIB);
+    let host = fx.open();
+    let served = host
+        .datapath
+        .add(plain_volume(backing(&file, 0, 4 * MIB)))
+        .unwrap();
+    let before = Target::of(&served, &host.datapath).unwrap();
+    let stat = stat_elsewhere(&served.path);
+    assert_eq!(
+        (&before.path, before.dev, before.ino),
+        (&stat.0, stat.1, stat.2)
+    );
+
+    // Every call on the path now reaches the tmpfs, where no such file is
+    // (as a call would reach dead session threads after a SIGKILL): the
+    // description must come all the same, and the same.
+    let mountpoint = fx.state().join(DATAPATH_DIR);
+    nix::mount::mount(
+        Some("tmpfs"),
+        &mountpoint,
+        Some("tmpfs"),
+        nix::mount::MsFlags::empty(),
+        None::<&str>,
+    )
+    .unwrap();
+    let covered = Covered(mountpoint);
+    assert!(fs::metadata(&served.path).is_err(), "the path is covered");
+    let target = Target::of(&served, &host.datapath).unwrap();
+    assert_eq!(
+        (target.path, target.dev, target.ino),
+        (before.path, before.dev, before.ino)
+    );
+    drop(covered);
+
+    // On the mount, but not a file of ours: refused, not looked up.
+    let stranger = fx.state().join(DATAPATH_DIR).join("d999");
+    assert!(host.datapath.served_file(&stranger).unwrap().is_err());
+    assert!(Target::of(&backing(&stranger, 0, MIB), &host.datapath).is_err());
+    assert!(
+        host.datapath.served_file(&file).is_none(),
+        "not on the mount"
+    );
+    host.datapath.remove(&served.path);
 }
 
 #[test]
