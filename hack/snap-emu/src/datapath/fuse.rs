@@ -24,6 +24,8 @@
 //! exiting. What a `stat` of one of its files would say is known here
 //! ([`DataPath::served_file`]): the mount's device number from
 //! `/proc/self/mountinfo`, the inode the session assigned, the size served.
+//! Nor does it ask a loop device over one of its files for that file's
+//! identity (LOOP_GET_STATUS64 stats it): see `host::recovery`.
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -107,6 +109,10 @@ pub(crate) struct DataPath {
     next_ino: AtomicU64,
     /// Mounted at the first file.
     session: Mutex<Option<Mounted>>,
+    /// Lookups, getattrs and opens the session has answered: a test's count
+    /// of calls on the mount.
+    #[cfg(test)]
+    pub(crate) asked: Arc<AtomicU64>,
 }
 
 impl DataPath {
@@ -118,6 +124,8 @@ impl DataPath {
             files: Arc::default(),
             next_ino: AtomicU64::new(ROOT + 1),
             session: Mutex::default(),
+            #[cfg(test)]
+            asked: Arc::default(),
         }
     }
 
@@ -208,6 +216,15 @@ impl DataPath {
         Some(served().with_context(|| format!("data path file {}", path.display())))
     }
 
+    /// Whether `path`, `dev` and `ino` (as `served_file` gave them) name a
+    /// file of our mount as it is now, served or no longer; without a call
+    /// on the mount.
+    pub(crate) fn is_on_mount(&self, path: &Path, dev: u64, ino: u64) -> bool {
+        lock(&self.session)
+            .as_ref()
+            .is_some_and(|m| m.dev == dev && path == m.canonical.join(format!("d{ino}")))
+    }
+
     /// The file at `path` now serves `backing`'s size (a resize); the bytes
     /// must stay where they are.
     pub(crate) fn resize(&self, path: &Path, backing: &Backing) -> anyhow::Result<Backing> {
@@ -294,6 +311,8 @@ impl DataPath {
         config.clone_fd = true;
         let fs = Fs {
             files: Arc::clone(&self.files),
+            #[cfg(test)]
+            asked: Arc::clone(&self.asked),
         };
         let mounted = fuser::spawn_mount(fs, &self.mountpoint, &config).with_context(|| {
             format!(
@@ -435,9 +454,17 @@ struct Quota {
 #[derive(Debug)]
 struct Fs {
     files: Arc<Files>,
+    #[cfg(test)]
+    asked: Arc<AtomicU64>,
 }
 
 impl Fs {
+    /// Counts a lookup, getattr or open, in a test.
+    fn asked(&self) {
+        #[cfg(test)]
+        self.asked.fetch_add(1, Ordering::SeqCst);
+    }
+
     fn get(&self, ino: INodeNo) -> Option<Arc<Served>> {
         let files = self.files.read().unwrap_or_else(PoisonError::into_inner);
         files.get(&ino.0).cloned()
@@ -548,6 +575,7 @@ impl Filesystem for Fs {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        self.asked();
         let ino = name
             .to_str()
             .and_then(|n| n.strip_prefix('d'))
@@ -559,6 +587,7 @@ impl Filesystem for Fs {
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        self.asked();
         if ino.0 == ROOT {
             return reply.attr(&TTL, &dir_attr());
         }
@@ -599,6 +628,7 @@ impl Filesystem for Fs {
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        self.asked();
         let Some(served) = self.get(ino) else {
             return reply.error(Errno::ENOENT);
         };

@@ -433,7 +433,13 @@ impl HostSide {
         let what = || format!("renaming {} to {}", old_dir.display(), new_dir.display());
         let _guard = self.queue.lock(from.bdf());
         let record = match self.records.load(&from.key()).with_context(what)? {
-            Some(record) if live_state(&record).with_context(what)?.is_some() => record,
+            Some(record)
+                if live_state(&record, &self.datapath)
+                    .with_context(what)?
+                    .is_some() =>
+            {
+                record
+            }
             _ => return Err(anyhow!("not on the host")).with_context(what),
         };
         if self.records.load(&to.key()).with_context(what)?.is_some() || new_dir.exists() {
@@ -518,7 +524,7 @@ impl HostSide {
         let key = id.key();
         self.tree.check_function(id)?;
         if let Some(record) = self.records.load(&key)? {
-            if let Some(state) = live_state(&record)? {
+            if let Some(state) = live_state(&record, &self.datapath)? {
                 if self.is_same_source(source, &record)? {
                     // A retried attach: same disk, same bytes. Hand back what exists.
                     return self.tree.publish(id, attrs, &state);
@@ -596,7 +602,7 @@ impl HostSide {
             record.loop_device = Some(name.clone());
             self.records.store(&key, &record)?;
             let device = loopdev::dev_path(&name);
-            let state = live_state(&record)?.ok_or_else(|| {
+            let state = live_state(&record, &self.datapath)?.ok_or_else(|| {
                 anyhow!(
                     "{} vanished right after losetup attached it",
                     device.display()
@@ -688,7 +694,7 @@ impl HostSide {
         if target.read_only != record.read_only {
             bail!("a resize cannot change read-only to {}", target.read_only);
         }
-        let before = live_state(&record)?.ok_or_else(|| {
+        let before = live_state(&record, &self.datapath)?.ok_or_else(|| {
             anyhow!(
                 "{} is no longer attached to {}",
                 device.display(),
@@ -700,7 +706,7 @@ impl HostSide {
         } else {
             loopdev::set_sizelimit(name, target.size)?;
         }
-        let after = live_state(&record)?
+        let after = live_state(&record, &self.datapath)?
             .ok_or_else(|| anyhow!("{} vanished during the resize", device.display()))?;
         if after.sectors != target.size / SECTOR {
             bail!(

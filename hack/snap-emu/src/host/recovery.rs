@@ -39,6 +39,8 @@ pub(super) struct Target {
     pub(super) offset: u64,
     pub(super) size: u64,
     pub(super) read_only: bool,
+    /// A file of our live data path mount (see `loop_matches`).
+    served: bool,
 }
 
 impl Target {
@@ -57,12 +59,15 @@ impl Target {
         // and a SIGKILL while one waits leaves the caller waiting for dead
         // threads, the process never exiting. The data path knows what
         // `stat` would say (the same as a loop device over it shows).
-        let (path, dev, ino, len) = match datapath.served_file(&backing.path) {
+        let (path, dev, ino, len, served) = match datapath.served_file(&backing.path) {
             Some(served) => {
                 let served = served.with_context(|| format!("backing {shown}"))?;
-                (served.path, served.dev, served.ino, served.len)
+                (served.path, served.dev, served.ino, served.len, true)
             }
-            None => Self::stat(backing)?,
+            None => {
+                let (path, dev, ino, len) = Self::stat(backing)?;
+                (path, dev, ino, len, false)
+            }
         };
         if path.to_str().is_none() {
             bail!("backing {shown}: path is not UTF-8");
@@ -86,6 +91,7 @@ impl Target {
             offset: backing.offset,
             size: backing.size,
             read_only: backing.read_only,
+            served,
         })
     }
 
@@ -137,7 +143,14 @@ impl Target {
     }
 
     pub(super) fn owns(&self, state: &LoopState) -> bool {
-        loop_matches(state, &self.path, self.dev, self.ino, self.offset)
+        loop_matches(
+            state,
+            &self.path,
+            self.dev,
+            self.ino,
+            self.offset,
+            self.served,
+        )
     }
 }
 
@@ -145,37 +158,62 @@ impl Target {
 ///
 /// A file on a dead FUSE mount (a killed emulator's data path) cannot say
 /// its inode (ENOTCONN): its path, in a mount no one else makes files in,
-/// is identity enough.
-fn loop_matches(state: &LoopState, path: &Path, dev: u64, ino: u64, offset: u64) -> bool {
+/// is identity enough. So is the path of a file of our live data path mount
+/// (`served`), which the device is never asked for its file's inode:
+/// LOOP_GET_STATUS64 stats the file, a request to our own session threads,
+/// which a SIGKILL in that instant would leave the caller waiting for (see
+/// `datapath::fuse`). No other file shows that path: every earlier mount
+/// there was unmounted (lazily) before ours was made, and a file of a
+/// detached mount shows its path inside that mount (`/d2`).
+fn loop_matches(
+    state: &LoopState,
+    path: &Path,
+    dev: u64,
+    ino: u64,
+    offset: u64,
+    served: bool,
+) -> bool {
     state.offset == offset
         && loopdev::backing_is(&state.backing_file, path)
         // Checked last: it opens the device, the cheap sysfs tests came first.
-        && match loopdev::backing_identity(&state.name) {
-            Ok((have_dev, have_ino)) => {
-                have_ino == ino && loopdev::split_dev(have_dev) == loopdev::split_dev(dev)
-            }
-            Err(e) => e.raw_os_error() == Some(ENOTCONN),
-        }
+        && (served
+            || match loopdev::backing_identity(&state.name) {
+                Ok((have_dev, have_ino)) => {
+                    have_ino == ino && loopdev::split_dev(have_dev) == loopdev::split_dev(dev)
+                }
+                Err(e) => e.raw_os_error() == Some(ENOTCONN),
+            })
 }
 
 const ENOTCONN: i32 = 107;
 
-fn record_owns(record: &DiskRecord, state: &LoopState) -> bool {
+/// Whether the record's bytes are a file of our live data path mount
+/// (served or no longer; not of an earlier run's mount at the same path).
+fn is_served(record: &DiskRecord, datapath: &DataPath) -> bool {
+    datapath.is_on_mount(&record.backing_path, record.backing_dev, record.backing_ino)
+}
+
+fn record_owns(record: &DiskRecord, served: bool, state: &LoopState) -> bool {
     loop_matches(
         state,
         &record.backing_path,
         record.backing_dev,
         record.backing_ino,
         record.offset,
+        served,
     )
 }
 
 /// The recorded loop device's state, if it is still bound to the recorded bytes.
-pub(super) fn live_state(record: &DiskRecord) -> anyhow::Result<Option<LoopState>> {
+pub(super) fn live_state(
+    record: &DiskRecord,
+    datapath: &DataPath,
+) -> anyhow::Result<Option<LoopState>> {
     let Some(name) = &record.loop_device else {
         return Ok(None);
     };
-    Ok(loopdev::state(name)?.filter(|state| record_owns(record, state)))
+    let served = is_served(record, datapath);
+    Ok(loopdev::state(name)?.filter(|state| record_owns(record, served, state)))
 }
 
 /// Detaches `name` if it is still the record's device; a device that is gone,
@@ -186,7 +224,7 @@ pub(super) fn live_state(record: &DiskRecord) -> anyhow::Result<Option<LoopState
 /// after retrying we set autoclear ourselves. Either way nothing leaks. Probes
 /// (`losetup -l`, blkid) open devices for a moment, so a deferred detach is
 /// given a second to complete before we report it as deferred.
-fn detach_loop(name: &str, record: &DiskRecord) -> anyhow::Result<()> {
+fn detach_loop(name: &str, record: &DiskRecord, served: bool) -> anyhow::Result<()> {
     let device = loopdev::dev_path(name);
     let deadline = Instant::now() + DETACH_PATIENCE;
     let mut nap = Duration::from_millis(20);
@@ -196,7 +234,7 @@ fn detach_loop(name: &str, record: &DiskRecord) -> anyhow::Result<()> {
         let Some(state) = loopdev::state(name)? else {
             return Ok(());
         };
-        if !record_owns(record, &state) {
+        if !record_owns(record, served, &state) {
             return Ok(());
         }
         if let Some(asked_at) = asked_at
@@ -236,7 +274,7 @@ fn detach_loop(name: &str, record: &DiskRecord) -> anyhow::Result<()> {
     };
     loopdev::set_autoclear(name).with_context(failure)?;
     match loopdev::state(name)? {
-        Some(state) if record_owns(record, &state) && !state.autoclear => {
+        Some(state) if record_owns(record, served, &state) && !state.autoclear => {
             bail!("{}; autoclear did not stick", failure())
         }
         _ => {
@@ -276,8 +314,9 @@ pub(super) fn release(
                 .collect()
         }
     };
+    let served = is_served(record, datapath);
     for name in candidates {
-        detach_loop(&name, record)?;
+        detach_loop(&name, record, served)?;
     }
     datapath.remove(&record.backing_path);
     records.remove(key)

@@ -922,7 +922,7 @@ fn a_data_path_file_is_described_as_stat_and_a_loop_device_see_it() {
     );
     assert_eq!(len, 4 * MIB);
     assert!(target.is_record(&record));
-    let state = live_state(&record)
+    let state = live_state(&record, &host.datapath)
         .unwrap()
         .expect("the record owns its device");
     assert!(target.owns(&state));
@@ -934,6 +934,43 @@ fn a_data_path_file_is_described_as_stat_and_a_loop_device_see_it() {
         "what the loop device shows"
     );
     check_data_path(&disk, &file, MIB, 4 * MIB);
+
+    // Nothing the emulator checks a data path disk by asks its mount (what
+    // a stat, even LOOP_GET_STATUS64 of the loop device, would).
+    let asked = || {
+        host.datapath
+            .asked
+            .load(std::sync::atomic::Ordering::SeqCst)
+    };
+    let before = asked();
+    let _ = stat_elsewhere(&record.backing_path);
+    loopdev::backing_identity(&name).unwrap();
+    assert!(
+        asked() > before,
+        "the count sees a stat and LOOP_GET_STATUS64"
+    );
+    let quiet = |what: &str, check: &dyn Fn()| {
+        // Least of three tries, after the kernel's attributes (TTL 0) went
+        // stale: a stat by someone else in between is not ours (`losetup
+        // -j` of another file, as other tests run, stats every loop
+        // device's file).
+        let least = (0..3)
+            .map(|_| {
+                thread::sleep(Duration::from_millis(20));
+                let before = asked();
+                check();
+                asked() - before
+            })
+            .min();
+        assert_eq!(least, Some(0), "{what} asked the mount");
+    };
+    quiet("Target::of", &|| {
+        described(4 * MIB);
+    });
+    quiet("live_state", &|| {
+        assert!(live_state(&record, &host.datapath).unwrap().is_some());
+    });
+    quiet("Target::owns", &|| assert!(target.owns(&state)));
 
     // A resize: the file serves the new size, and says so without a stat.
     host.resize(&disk, &backing(&file, MIB, 6 * MIB)).unwrap();
