@@ -7,7 +7,7 @@ mod common;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
-use common::{Client, Emu, dev_node, losetup_all, wait_for_disk};
+use common::{Client, Emu, dev_node, free_vf, losetup_all, wait_for_disk};
 use serde_json::{Value, json};
 use snap_emu::{Config, FunctionLayout};
 
@@ -80,19 +80,6 @@ async fn listed_function(c: &mut Client, vuid: &str) -> Value {
         .find(|f| f["vuid"] == vuid)
         .cloned()
         .expect("the function is listed")
-}
-
-/// The first VF of the first PF of an emulation type that has no controller.
-async fn free_vf(c: &mut Client, emulation: &str) -> String {
-    let fns = c.ok("emulation_function_list", json!({"all": true})).await;
-    fns.as_array()
-        .unwrap()
-        .iter()
-        .filter(|pf| pf["emulation_type"] == emulation)
-        .flat_map(|pf| pf["vfs"].as_array().unwrap().iter())
-        .find(|vf| vf.get("ctrl_id").is_none())
-        .map(|vf| vf["pci_bdf"].as_str().unwrap().to_owned())
-        .expect("a free VF")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use common::binary::{connect, spawn_with, terminate};
-use common::{Client, dev_node, losetup_all, wait_for_disk};
+use common::{Client, dev_node, free_vf, losetup_all, wait_for_disk};
 use serde_json::json;
 
 const MIB: u64 = 1 << 20;
@@ -71,19 +71,6 @@ impl Dpu {
         let all = losetup_all();
         [&self.nvme_img, &self.vblk_img].map(|img| all.contains(img.to_str().unwrap()))
     }
-}
-
-/// A free VF of `emulation`'s PF, as SNAP names it: a BDF without a domain.
-async fn free_vf(c: &mut Client, emulation: &str) -> String {
-    let fns = c.ok("emulation_function_list", json!({"all": true})).await;
-    fns.as_array()
-        .unwrap()
-        .iter()
-        .filter(|pf| pf["emulation_type"] == emulation)
-        .flat_map(|pf| pf["vfs"].as_array().unwrap().iter())
-        .find(|vf| vf.get("ctrl_id").is_none())
-        .map(|vf| vf["pci_bdf"].as_str().unwrap().to_owned())
-        .expect("a free VF")
 }
 
 /// What the host sees of one DPU's volumes.

@@ -107,6 +107,20 @@ pub struct Client {
     next_id: u64,
 }
 
+/// The first VF of `emulation`'s PFs that has no controller, as SNAP
+/// names it: a BDF without a domain.
+pub async fn free_vf(c: &mut Client, emulation: &str) -> String {
+    let fns = c.ok("emulation_function_list", json!({"all": true})).await;
+    fns.as_array()
+        .unwrap()
+        .iter()
+        .filter(|pf| pf["emulation_type"] == emulation)
+        .flat_map(|pf| pf["vfs"].as_array().unwrap().iter())
+        .find(|vf| vf.get("ctrl_id").is_none())
+        .map(|vf| vf["pci_bdf"].as_str().unwrap().to_owned())
+        .expect("a free VF")
+}
+
 impl Client {
     pub async fn connect(path: &Path) -> Self {
         let stream = UnixStream::connect(path)
