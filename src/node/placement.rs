@@ -285,9 +285,18 @@ impl NodeService {
     /// Detaches the volume from `dpu`, under the volume's hold and only
     /// while its record does not name `dpu` (a later stage may have put it
     /// there since), until that succeeds.
+    ///
+    /// A DPU known down is waited for without the hold: a detach there
+    /// would hold the volume, which lives on another DPU, for its whole
+    /// timeout, and kubelet's calls for it would be refused as busy.
     async fn clear_on(&self, volume_id: &str, dpu: &str) {
         let mut delay = CLEAR_FIRST_RETRY;
         loop {
+            let fleet = self.fleet();
+            if fleet.recorded(Some(dpu)).is_ok_and(|m| fleet.known_down(m)) {
+                tokio::time::sleep(CLEAR_FIRST_RETRY).await;
+                continue;
+            }
             if let Ok(_held) = self.hold(volume_id) {
                 match self.clear_held(volume_id, dpu).await {
                     Ok(()) => return,
@@ -317,7 +326,98 @@ impl NodeService {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
     use super::*;
+    use crate::node::config::NodeConfig;
+    use crate::node::fleet::Fleet;
+
+    /// A DPU that answers once `back`; gone, a detach waits out its
+    /// deadline (as a call to an agent that does not answer, retried).
+    #[derive(Debug)]
+    struct Dpu {
+        back: AtomicBool,
+        detached: AtomicUsize,
+    }
+
+    impl Dpu {
+        fn new(back: bool) -> Arc<Dpu> {
+            Arc::new(Dpu {
+                back: AtomicBool::new(back),
+                detached: AtomicUsize::new(0),
+            })
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl crate::dpu::DpuAttach for Dpu {
+        async fn attach(&self, _: &AttachRequest, _: Instant) -> Result<Attachment, DpuError> {
+            Err(DpuError::Unavailable("not in this test".into()))
+        }
+        async fn detach(
+            &self,
+            _: &str,
+            _: Option<&str>,
+            deadline: Instant,
+        ) -> Result<(), DpuError> {
+            if !self.back.load(Ordering::SeqCst) {
+                tokio::time::sleep_until(deadline).await;
+                return Err(DpuError::Unavailable("gone".into()));
+            }
+            self.detached.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        }
+        async fn probe(&self, _: Instant) -> Result<bool, DpuError> {
+            Ok(self.back.load(Ordering::SeqCst))
+        }
+        async fn inventory(&self, _: Instant) -> Result<crate::dpu::Inventory, DpuError> {
+            Ok(Default::default())
+        }
+        async fn io_stats(&self, _: Instant) -> Result<crate::dpu::IoStats, DpuError> {
+            Err(DpuError::Unavailable("not in this test".into()))
+        }
+    }
+
+    async fn until(what: &str, done: impl Fn() -> bool) {
+        let patience = Instant::now() + Duration::from_secs(10);
+        while !done() {
+            assert!(Instant::now() < patience, "{what}: not within 10 s");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn a_dpu_known_down_is_cleared_once_back_without_holding_the_volume_meanwhile() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = NodeConfig {
+            state_dir: dir.path().to_path_buf(),
+            ..NodeConfig::default()
+        };
+        let gone = Dpu::new(false);
+        let fleet = Arc::new(Fleet::new(vec![
+            ("a".into(), 0, Dpu::new(true) as _),
+            ("b".into(), 1, Arc::clone(&gone) as _),
+        ]));
+        fleet.watch();
+        until("b known down", || fleet.known_down(&fleet.members()[1])).await;
+        let node = NodeService::new(config, Arc::clone(&fleet)).unwrap();
+        node.placing().trying("pvc-1", "b").unwrap();
+        node.clear("pvc-1", vec!["b".into()]);
+        // kubelet's calls for the volume are not refused as busy meanwhile.
+        let meanwhile = Instant::now() + CLEAR_FIRST_RETRY * 2;
+        while Instant::now() < meanwhile {
+            assert!(node.hold("pvc-1").is_ok(), "the volume is held");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(gone.detached.load(Ordering::SeqCst), 0);
+        gone.back.store(true, Ordering::SeqCst);
+        until("b cleared", || gone.detached.load(Ordering::SeqCst) == 1).await;
+        until("b forgotten", || {
+            node.placing().tried("pvc-1").is_ok_and(|t| t.is_empty())
+        })
+        .await;
+    }
 
     #[test]
     fn the_dpus_tried_are_kept_in_order_until_each_is_forgotten() {
