@@ -40,6 +40,7 @@ pub mod mount;
 pub mod mountinfo;
 pub mod paths;
 mod placement;
+mod placing;
 mod publish;
 mod reconcile;
 pub mod records;

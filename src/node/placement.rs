@@ -3,19 +3,16 @@
 //! ([`super::fleet`]); and what a DPU that was tried and not kept may hold.
 //!
 //! On a host with several DPUs the choice is written down before anything
-//! is made there ([`Placing`]: the DPUs a stage tried, in order), so that a
+//! is made there ([`super::placing`]: the DPUs a stage tried, in order), so that a
 //! stage cut short by a crash before its record is retried on the DPU it
 //! last tried, and every other DPU it tried is cleared once the record names
 //! one. Clearing runs in the background, under the volume's hold, until each
 //! detach succeeds, and again after a restart.
 
 use std::collections::HashSet;
-use std::io;
-use std::path::Path;
 use std::time::Duration;
 
 use futures::future::join_all;
-use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 use tonic::Status;
 
@@ -24,97 +21,12 @@ use super::fleet::Member;
 use super::records::VolumeRecord;
 use super::service::NodeService;
 use crate::dpu::{AttachRequest, Attachment, DpuError};
-use crate::json_dir::JsonDir;
 
 /// One detach of what a DPU tried and not kept may hold gets this long; the
 /// next waits from the first delay, doubling, to the last.
 const CLEAR_TIMEOUT: Duration = Duration::from_secs(30);
 const CLEAR_FIRST_RETRY: Duration = Duration::from_secs(1);
 const CLEAR_LAST_RETRY: Duration = Duration::from_secs(60);
-
-/// The DPUs each volume's stages tried that its record does not name: a
-/// file per volume, while there are any (none on a host with one DPU).
-#[derive(Debug, Clone)]
-pub(super) struct Placing {
-    dir: JsonDir,
-}
-
-#[derive(Debug, Default, Serialize, Deserialize)]
-struct Tried {
-    volume_id: String,
-    dpus: Vec<String>,
-}
-
-impl Placing {
-    pub(super) fn open(dir: &Path) -> io::Result<Placing> {
-        Ok(Placing {
-            dir: JsonDir::open(dir)?,
-        })
-    }
-
-    fn tried(&self, volume_id: &str) -> Result<Vec<String>, NodeError> {
-        let tried: Option<Tried> = self
-            .dir
-            .load(volume_id)
-            .map_err(|e| NodeError::state("reading the DPUs a stage tried", e))?;
-        Ok(tried.map(|t| t.dpus).unwrap_or_default())
-    }
-
-    fn keep(&self, volume_id: &str, dpus: Vec<String>) -> Result<(), NodeError> {
-        let kept = match dpus.is_empty() {
-            true => self.dir.remove(volume_id),
-            false => self.dir.store(
-                volume_id,
-                &Tried {
-                    volume_id: volume_id.to_string(),
-                    dpus,
-                },
-            ),
-        };
-        kept.map_err(|e| NodeError::state("writing the DPUs a stage tried", e))
-    }
-
-    /// `dpu` is about to be tried (last in the list).
-    fn trying(&self, volume_id: &str, dpu: &str) -> Result<(), NodeError> {
-        let mut dpus = self.tried(volume_id)?;
-        if dpus.last().is_some_and(|d| d == dpu) {
-            return Ok(());
-        }
-        dpus.retain(|d| d != dpu);
-        dpus.push(dpu.to_string());
-        self.keep(volume_id, dpus)
-    }
-
-    fn forget(&self, volume_id: &str, dpu: &str) -> Result<Vec<String>, NodeError> {
-        let mut dpus = self.tried(volume_id)?;
-        let before = dpus.len();
-        dpus.retain(|d| d != dpu);
-        if dpus.len() != before {
-            self.keep(volume_id, dpus.clone())?;
-        }
-        Ok(dpus)
-    }
-
-    /// Every volume with DPUs to clear, for a restart.
-    fn all(&self) -> Vec<(String, Vec<String>)> {
-        match self.dir.all::<Tried>() {
-            Ok(all) => all
-                .into_iter()
-                .filter_map(|t| match t {
-                    Ok(t) => Some((t.volume_id, t.dpus)),
-                    Err((path, e)) => {
-                        tracing::warn!(path = %path.display(), "cannot read which DPUs a stage tried: {e}");
-                        None
-                    }
-                })
-                .collect(),
-            Err(e) => {
-                tracing::warn!("cannot list which DPUs stages tried: {e}");
-                Vec::new()
-            }
-        }
-    }
-}
 
 impl NodeService {
     /// Attaches the volume on a DPU: the one `previous` names (a restage),
@@ -417,32 +329,5 @@ mod tests {
             node.placing().tried("pvc-1").is_ok_and(|t| t.is_empty())
         })
         .await;
-    }
-
-    #[test]
-    fn the_dpus_tried_are_kept_in_order_until_each_is_forgotten() {
-        let dir = tempfile::tempdir().unwrap();
-        let placing = Placing::open(dir.path()).unwrap();
-        assert!(placing.tried("pvc-1").unwrap().is_empty());
-        placing.trying("pvc-1", "bf3-a").unwrap();
-        placing.trying("pvc-1", "bf3-b").unwrap();
-        // A retry on the first again moves it last: the one to continue on.
-        placing.trying("pvc-1", "bf3-a").unwrap();
-        assert_eq!(placing.tried("pvc-1").unwrap(), ["bf3-b", "bf3-a"]);
-        // A restart finds it with its volume id.
-        let reopened = Placing::open(dir.path()).unwrap();
-        assert_eq!(
-            reopened.all(),
-            [(
-                "pvc-1".to_string(),
-                vec!["bf3-b".to_string(), "bf3-a".to_string()]
-            )]
-        );
-        assert_eq!(placing.forget("pvc-1", "bf3-a").unwrap(), ["bf3-b"]);
-        assert_eq!(
-            placing.forget("pvc-1", "bf3-b").unwrap(),
-            Vec::<String>::new()
-        );
-        assert!(placing.all().is_empty(), "no file once none is left");
     }
 }

@@ -20,7 +20,7 @@ use tracing::Instrument;
 use super::config::NodeConfig;
 use super::error::NodeError;
 use super::fleet::Fleet;
-use super::placement::Placing;
+use super::placing::Placing;
 use super::records::{Records, VolumeRecord};
 use super::{mountinfo, paths};
 pub(crate) use crate::deadline::call_deadline;
