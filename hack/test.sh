@@ -41,6 +41,15 @@ SNAP_CSI_TEST_DPU=split SNAP_CSI_CRASH_TRIALS=100 cargo test --locked \
   --test node_orphans --test node_dependency_faults --test node_kubelet_restart \
   --test node_snap_live_update --test node_encryption --test node_volume_io --test node_snap_crash \
   -p snap-csi-spdk-plugin --test node_attach --test csi_stack
+# A host with two DPUs (tests/common/dpus.rs: a second SNAP emulator in PCI domain 0001 on the
+# first's sysfs tree, its own plugin, in split mode its own agent; the node given both in its
+# dpus): the crash suites in both modes, one round each (every crash point and kill cell once; a
+# smaller count is rounded up to that), each volume where the node places it and the census over
+# both DPUs; node_two_dpus (placement, one DPU dead, cut off or hung) split (co-located above).
+# About 4 minutes.
+SNAP_CSI_TEST_DPUS=2 SNAP_CSI_CRASH_TRIALS=1 cargo test --locked -p snap-csi --test node_crash --test node_kill
+SNAP_CSI_TEST_DPU=split SNAP_CSI_TEST_DPUS=2 SNAP_CSI_CRASH_TRIALS=1 cargo test --locked -p snap-csi \
+  --test node_crash --test node_kill --test node_two_dpus
 ./deploy/check.sh
 ./hack/demo.sh --profile debug
 # csi-sanity (built once from csi-test's pinned source, then cached): fails on

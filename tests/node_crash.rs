@@ -17,7 +17,11 @@
 //! split-mode run (`common::dpu`) the DPU steps (attach and detach) run in a
 //! `snap-csi dpu-agent` process reached over mutual TLS, and it is the agent
 //! that is killed after each of them. `node_kill.rs` kills the same
-//! processes at random instants inside the steps instead.
+//! processes at random instants inside the steps instead. With
+//! `SNAP_CSI_TEST_DPUS=2` the host has two DPUs (`common::crash`): each
+//! trial's volume goes where the node places it, the agent killed is that
+//! DPU's, and "exactly one of everything" is counted over both DPUs, all of
+//! it on one.
 
 mod common;
 
@@ -188,7 +192,10 @@ async fn until_the_crash(
                     (ended, None)
                 }
             };
-            processes.put(crasher, stack.spawn(crasher, None, &trial.shape));
+            processes.put(
+                crasher,
+                stack.spawn(crasher, None, &trial.shape, volume.dpu),
+            );
             let answer = match answer {
                 Some(answer) => answer,
                 None => attempt.await,
@@ -227,7 +234,9 @@ async fn run(stack: &Stack, n: usize, trial: &Trial) {
         stack.remove_spare_functions().await;
     }
     let crasher = trial.crasher(stack);
-    let mut processes = stack.processes(Some((crasher, trial.point)), &trial.shape);
+    let mut processes = stack
+        .processes(Some((crasher, trial.point)), &trial.shape, volume.dpu)
+        .await;
     let mut seen = kubelet::Volume::default();
     let crash = until_the_crash((stack, &mut processes, crasher), trial, &volume, &mut seen)
         .await
@@ -256,11 +265,13 @@ async fn run(stack: &Stack, n: usize, trial: &Trial) {
             .settle(&node, &mut seen)
             .await
             .unwrap_or_else(|stuck| panic!("{trial:?}: after the restart, stuck: {stuck}"));
+        let published = Census::published(&trial.shape);
         assert_eq!(
-            stack.census(&volume.backing).await,
-            Census::published(&trial.shape),
+            stack.settled_census(&volume.backing, &published).await,
+            published,
             "{trial:?}: published once"
         );
+        stack.note_placement(&volume);
         assert_eq!(
             read_only_mount(&volume.target),
             trial.read_only,
@@ -274,7 +285,9 @@ async fn run(stack: &Stack, n: usize, trial: &Trial) {
         .unwrap_or_else(|stuck| panic!("{trial:?}: after the restart, stuck: {stuck}"));
     processes.stop().await;
     assert_eq!(
-        stack.census(&volume.backing).await,
+        stack
+            .settled_census(&volume.backing, &Census::nothing())
+            .await,
         Census::nothing(),
         "{trial:?}: after unstage"
     );
@@ -296,4 +309,5 @@ async fn a_crash_after_any_step_converges_on_retry_without_leaks_or_duplicates()
         run(&stack, n, trial).await;
     }
     check_log(&stack);
+    stack.check_placements();
 }

@@ -20,7 +20,9 @@
 //! order (`SNAP_CSI_CRASH_SEED` replays a run; `SNAP_CSI_KILL_TRIALS` sets
 //! how many, one round by default, and a smaller number is rounded up to
 //! one). The table of kills per process and step, and how each trial ended,
-//! is printed at the end.
+//! is printed at the end. With `SNAP_CSI_TEST_DPUS=2` the host has two DPUs
+//! (`common::crash`): the agent killed is that of the DPU the trial's volume
+//! is on, and the census counts both DPUs.
 
 mod common;
 
@@ -89,6 +91,8 @@ fn trials(count: Option<usize>, random: &mut Random, split: bool) -> Vec<Trial> 
 struct Killer<'a> {
     stack: &'a Stack,
     trial: &'a Trial,
+    /// The DPU the volume is on, whose agent is the one killed.
+    dpu: usize,
     processes: Mutex<Processes>,
 }
 
@@ -103,7 +107,7 @@ impl Killer<'_> {
         child.start_kill().unwrap();
         reap(child).await;
         tokio::time::sleep(self.trial.restart).await;
-        let successor = self.stack.spawn(victim, None, &self.trial.shape);
+        let successor = self.stack.spawn(victim, None, &self.trial.shape, self.dpu);
         self.processes
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -146,7 +150,8 @@ async fn run(stack: &Stack, n: usize, trial: &Trial, switch: &Switch) -> (Verdic
     let killer = Killer {
         stack,
         trial,
-        processes: Mutex::new(stack.processes(None, &trial.shape)),
+        dpu: volume.dpu,
+        processes: Mutex::new(stack.processes(None, &trial.shape, volume.dpu).await),
     };
     let node = stack.client().await;
     let data: Vec<u8> = format!("trial {n} of a kill at a random instant\n")
@@ -163,11 +168,13 @@ async fn run(stack: &Stack, n: usize, trial: &Trial, switch: &Switch) -> (Verdic
             stuck = Some(format!("pod {pod} never starts: {e}"));
             break;
         }
+        let published = Census::published(&trial.shape);
         assert_eq!(
-            stack.census(&volume.backing).await,
-            Census::published(&trial.shape),
+            stack.settled_census(&volume.backing, &published).await,
+            published,
             "{trial:?}: pod {pod} runs"
         );
+        stack.note_placement(&volume);
         if pod == 1 {
             write_volume(&volume.target, &data);
         } else {
@@ -183,7 +190,9 @@ async fn run(stack: &Stack, n: usize, trial: &Trial, switch: &Switch) -> (Verdic
             break;
         }
         assert_eq!(
-            stack.census(&volume.backing).await,
+            stack
+                .settled_census(&volume.backing, &Census::nothing())
+                .await,
             Census::nothing(),
             "{trial:?}: pod {pod} has gone"
         );
@@ -195,7 +204,9 @@ async fn run(stack: &Stack, n: usize, trial: &Trial, switch: &Switch) -> (Verdic
             println!("STUCK: {trial:?}, seed trial {n}: {why}");
             by_hand(&volume, &node, &mut seen).await;
             assert_eq!(
-                stack.census(&volume.backing).await,
+                stack
+                    .settled_census(&volume.backing, &Census::nothing())
+                    .await,
                 Census::nothing(),
                 "{trial:?}: cleaned up by hand"
             );
@@ -267,4 +278,5 @@ async fn a_kill_at_a_random_instant_inside_any_step_converges_as_kubelet_drives_
         "volumes kubelet would leave stuck (STUCK lines above)"
     );
     common::crash::check_log(&stack);
+    stack.check_placements();
 }

@@ -14,6 +14,7 @@ pub mod crash;
 pub mod csi_samples;
 pub mod csi_v1_11;
 pub mod dpu;
+pub mod dpus;
 // kubelet's rules and the kills at random instants, shared with the chaos
 // soak (`hack/harness`).
 #[path = "../../hack/harness/src/kills.rs"]
@@ -144,6 +145,36 @@ impl Emulator {
             .as_mut()
             .expect("the emulator runs until stopped");
         running.restart(self.config.clone()).await.unwrap();
+    }
+
+    /// SNAP dies and stays down until [`Emulator::start_again`]: its socket
+    /// is gone, and the host loses every disk it exposed (a disk still
+    /// mounted keeps its loop device until the mount goes, as the kernel
+    /// keeps it, but no function shows it).
+    pub fn stop_for_now(&mut self) {
+        if let Some(running) = self.running.take() {
+            running.stop().expect("the emulator shuts down cleanly");
+        }
+    }
+
+    /// SNAP back after [`Emulator::stop_for_now`]: empty, as SPDK starts, on
+    /// the same socket and sysfs root.
+    pub async fn start_again(&mut self) {
+        assert!(self.running.is_none(), "the emulator is running");
+        // The stopped one's state-directory lock goes with its last
+        // descriptor, which a child forked just then holds until it execs.
+        let patience = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+        let running = loop {
+            match snap_emu::InProcess::start(self.config.clone()).await {
+                Ok(running) => break running,
+                Err(e) if tokio::time::Instant::now() < patience => {
+                    eprintln!("starting the emulator again: {e:#}; retrying");
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                }
+                Err(e) => panic!("the emulator does not start again: {e:#}"),
+            }
+        };
+        self.running = Some(running);
     }
 
     /// Stops the emulator gracefully and checks that it shut down cleanly

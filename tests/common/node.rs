@@ -25,6 +25,7 @@ use tokio::sync::oneshot;
 use tonic::transport::Channel;
 
 use super::dpu::{Agent, DPU_NAME, HOST_NAME};
+use super::dpus::{Reach, SecondDpu};
 use super::plugin::TestPlugin;
 use super::shared::free_local_address;
 use super::{Emulator, loop_devices_of};
@@ -38,6 +39,9 @@ pub struct NodeStack {
     /// The DPU agent the node reaches, in a split-mode run.
     pub agent: Option<Agent>,
     pub plugin: Option<TestPlugin>,
+    /// The host's second DPU, with [`Tweaks::second_dpu`]; the node then
+    /// lists both in its `dpus` (`common::dpus`).
+    pub second: Option<SecondDpu>,
     pub emulator: Emulator,
 }
 
@@ -55,6 +59,9 @@ pub struct Tweaks {
     pub namespaces_per_controller: Option<u32>,
     /// What the test plugin advertises (`plugin::CAPABILITIES` otherwise).
     pub plugin_capabilities: Option<Vec<super::plugin::Capability>>,
+    /// A host with two DPUs (`common::dpus`): a second SNAP, plugin and in
+    /// split mode agent, both DPUs in the node's `dpus`.
+    pub second_dpu: bool,
 }
 
 pub type WrapDpu = Box<dyn FnMut(Arc<dyn DpuAttach>) -> Arc<dyn DpuAttach> + Send>;
@@ -74,9 +81,32 @@ impl NodeStack {
         let kubelet = root.join("kubelet");
         std::fs::create_dir_all(&kubelet).unwrap();
         let snap_template = emulator.socket.display().to_string();
-        let agent = match super::dpu::split() {
-            true => Some(Agent::start(&plugin.socket, &snap_template, &root).await),
+        let mut second = match tweaks.second_dpu {
+            true => Some(SecondDpu::start(&emulator).await),
             false => None,
+        };
+        let agent = match (super::dpu::split(), &mut second) {
+            (false, _) => None,
+            (true, None) => Some(Agent::start(&plugin.socket, &snap_template, &root).await),
+            (true, Some(second)) => {
+                let first = (plugin.socket.as_path(), snap_template.as_str());
+                let (agent, second_agent) = super::dpus::agents(first, second, &root).await;
+                second.agent = Some(second_agent);
+                Some(agent)
+            }
+        };
+        let dpus = match &second {
+            None => Vec::new(),
+            Some(second) => super::dpus::settings(match (&agent, &second.agent) {
+                (Some(first), Some(second)) => [
+                    Reach::Agent(first.address.to_string()),
+                    Reach::Agent(second.address.to_string()),
+                ],
+                _ => [
+                    Reach::Sockets(plugin.socket.clone(), snap_template.clone()),
+                    Reach::Sockets(second.plugin_socket.clone(), second.snap_template()),
+                ],
+            }),
         };
         let config = NodeConfig {
             endpoint: root.join("csi.sock"),
@@ -91,10 +121,17 @@ impl NodeStack {
             placement: tweaks.placement.unwrap_or(PlacementSetting::Dedicated),
             namespaces_per_controller: tweaks.namespaces_per_controller.unwrap_or(32),
             max_volumes_per_node: None,
-            dpu_name: DPU_NAME.into(),
-            dpu_endpoint: agent.as_ref().map(|a| a.address.to_string()),
+            // With `dpus`, each entry names its DPU and reach.
+            dpu_name: match dpus.is_empty() {
+                true => DPU_NAME.into(),
+                false => String::new(),
+            },
+            dpu_endpoint: agent
+                .as_ref()
+                .filter(|_| dpus.is_empty())
+                .map(|a| a.address.to_string()),
             dpu_insecure_plaintext: false,
-            dpus: Vec::new(),
+            dpus,
             dpu_tls: agent
                 .as_ref()
                 .map_or_else(Default::default, |a| a.node_tls.clone()),
@@ -114,6 +151,7 @@ impl NodeStack {
             client,
             agent,
             plugin: Some(plugin),
+            second,
             emulator,
         }
     }
@@ -169,28 +207,23 @@ impl NodeStack {
 
     /// Nothing of the volume on `backing` is left on the DPU side or the
     /// host, and no volume has a record: the census after an unstage.
+    /// With two DPUs, nothing on either.
     pub async fn assert_nothing_left(&self, backing: &Path) {
-        let snap = self.emulator.client();
         assert!(loop_devices_of(backing).is_empty(), "a loop device is left");
         let left = super::shared::loop_devices_under(self.emulator.root());
         assert!(left.is_empty(), "a loop device is left: {left:?}");
         assert!(mounts_under(&self.kubelet).is_empty(), "a mount is left");
-        let bdevs = snap.call(&BdevGetBdevs::default()).await.unwrap();
-        assert!(bdevs.is_empty(), "a bdev is left: {bdevs:?}");
-        // Pools of packed volumes stay, empty, with their controllers.
-        let subsystems = snap.call(&NvmeSubsystemList {}).await.unwrap();
-        assert!(
-            subsystems
-                .iter()
-                .all(|s| pool_index(&s.nqn).is_some() && s.namespaces.is_empty()),
-            "an NVMe subsystem or namespace is left: {subsystems:?}"
-        );
-        let controllers = snap.call(&VirtioBlkControllerList {}).await.unwrap();
-        assert!(
-            controllers.is_empty(),
-            "a virtio-blk controller is left: {controllers:?}"
-        );
+        for emulator in self.emulators() {
+            assert_snap_holds_nothing(emulator).await;
+        }
         assert_eq!(self.records(), 0, "a volume record is left");
+    }
+
+    /// The SNAP emulators of the host's DPUs, the first's first.
+    pub fn emulators(&self) -> Vec<&Emulator> {
+        std::iter::once(&self.emulator)
+            .chain(self.second.as_ref().map(|s| &s.snap))
+            .collect()
     }
 
     /// SNAP's NVMe subsystems (pools included).
@@ -270,6 +303,27 @@ fn spawn_node(
         })
     });
     (stop, thread)
+}
+
+/// SNAP holds no bdev, no NVMe subsystem but empty pools, no virtio-blk
+/// controller.
+pub async fn assert_snap_holds_nothing(emulator: &Emulator) {
+    let snap = emulator.client();
+    let bdevs = snap.call(&BdevGetBdevs::default()).await.unwrap();
+    assert!(bdevs.is_empty(), "a bdev is left: {bdevs:?}");
+    // Pools of packed volumes stay, empty, with their controllers.
+    let subsystems = snap.call(&NvmeSubsystemList {}).await.unwrap();
+    assert!(
+        subsystems
+            .iter()
+            .all(|s| pool_index(&s.nqn).is_some() && s.namespaces.is_empty()),
+        "an NVMe subsystem or namespace is left: {subsystems:?}"
+    );
+    let controllers = snap.call(&VirtioBlkControllerList {}).await.unwrap();
+    assert!(
+        controllers.is_empty(),
+        "a virtio-blk controller is left: {controllers:?}"
+    );
 }
 
 /// Detaches every mount under `root`, deepest first.
