@@ -33,8 +33,8 @@ export SNAP_CSI_SPDK_IMAGE
 cargo test --workspace --locked
 # Split mode: the suites that reach the DPU again, now through a real DPU
 # agent over mutual TLS (tests/common/dpu.rs), so both modes behave alike.
-# node_crash: 100 of its seeded trials here (200 co-located above), which
-# crash every step once in every configuration (the first round of 83).
+# node_crash: 100 of its seeded trials here (200 co-located above), rounded
+# up to one round, which crashes every step once in every configuration.
 SNAP_CSI_TEST_DPU=split SNAP_CSI_CRASH_TRIALS=100 cargo test --locked \
   -p snap-csi --test dpu_attach --test dpu_packed --test node_lifecycle --test csi_node_conformance \
   --test node_metrics --test node_concurrency --test node_crash --test node_kill --test node_recovery \
