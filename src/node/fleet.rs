@@ -164,6 +164,12 @@ impl Fleet {
         }
     }
 
+    /// A host with more than one DPU: only there is a volume's DPU a
+    /// choice, written down, watched and cleared.
+    pub fn several(&self) -> bool {
+        self.members.len() > 1
+    }
+
     pub fn members(&self) -> &[Member] {
         &self.members
     }
@@ -175,7 +181,7 @@ impl Fleet {
     pub fn recorded(&self, name: Option<&str>) -> Result<&Member, Status> {
         match name {
             None => Ok(&self.members[0]),
-            Some(_) if self.members.len() == 1 => Ok(&self.members[0]),
+            Some(_) if !self.several() => Ok(&self.members[0]),
             Some(name) => self.named(name).ok_or_else(|| {
                 Status::failed_precondition(format!(
                     "the volume is on DPU {name}, which this node no longer reaches (its DPUs: {})",
@@ -247,7 +253,7 @@ impl Fleet {
     /// Down by the background probes' last word (a host with several
     /// DPUs: [`Fleet::watch`]); a caller need not wait on such a DPU.
     pub fn known_down(&self, member: &Member) -> bool {
-        self.members.len() > 1 && !member.is_up()
+        self.several() && !member.is_up()
     }
 
     /// Probes every DPU every [`WATCH_PERIOD`] until the fleet is dropped,
@@ -256,7 +262,7 @@ impl Fleet {
     /// (kubelet's liveness probe), so its SNAP sees no calls of ours
     /// between the CO's.
     pub fn watch(self: &Arc<Fleet>) {
-        if self.members.len() == 1 {
+        if !self.several() {
             return;
         }
         let fleet = Arc::downgrade(self);

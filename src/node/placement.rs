@@ -55,7 +55,7 @@ impl NodeService {
     ) -> Result<(Attachment, String), Status> {
         let fleet = self.fleet();
         let volume_id = &request.volume_id;
-        let several = fleet.members().len() > 1;
+        let several = fleet.several();
         let members = match previous {
             Some(record) => vec![fleet.recorded(record.dpu.as_deref())?],
             None => {
@@ -152,7 +152,7 @@ impl NodeService {
     /// The record now names `dpu`: every other DPU a stage of the volume
     /// tried is cleared in the background.
     pub(super) fn placed(&self, volume_id: &str, dpu: &str) -> Result<(), NodeError> {
-        if self.fleet().members().len() == 1 {
+        if !self.fleet().several() {
             return Ok(());
         }
         let others = self.placing().forget(volume_id, dpu)?;
