@@ -50,6 +50,7 @@ use snap_csi::spdk::snap::{
     VirtioBlkControllerDestroy,
 };
 use snap_csi_harness::csi::Clients;
+use snap_csi_harness::dpus::Stopped;
 use snap_csi_harness::stack::Stack;
 use tokio::net::UnixStream;
 
@@ -569,23 +570,5 @@ pub async fn successor(stack: &Stack, victim: &str, pid: Pid) -> Result<(), Stri
             return Err(successor.why_not(stack, victim, RESTART_BUDGET));
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-/// A process stopped with SIGSTOP until this is dropped (SIGCONT), so that no
-/// path out of a stall leaves SNAP frozen.
-#[derive(Debug)]
-struct Stopped(Pid);
-
-impl Stopped {
-    fn new(pid: Pid) -> anyhow::Result<Stopped> {
-        kill(pid, Signal::SIGSTOP).with_context(|| format!("SIGSTOP to SNAP ({pid})"))?;
-        Ok(Stopped(pid))
-    }
-}
-
-impl Drop for Stopped {
-    fn drop(&mut self) {
-        let _ = kill(self.0, Signal::SIGCONT);
     }
 }
