@@ -21,7 +21,9 @@
 //!   whose SNAP answers (a plugin's absence takes no function away). New
 //!   volumes whose first choice is the dead DPU are staged on the live one,
 //!   at once after the death (tried there first, or not: the node may not
-//!   know yet) and once the node knows (not tried there); the first one's
+//!   know yet; a hung DPU is left when the node learns it is down, well
+//!   before half the call's deadline) and once the node knows (not tried
+//!   there); the first one's
 //!   pod moves (unpublish, publish) without a call refused as busy while the
 //!   node waits to clear the dead DPU of what its stage may have left there.
 //!   When the DPU is back its `dpu_up` and its volumes' condition recover,
@@ -67,9 +69,11 @@ use tonic::Code;
 const SIZE: u64 = 64 << 20;
 /// What a call gets, as kubelet gives its calls two minutes.
 const CALL: Duration = Duration::from_secs(60);
-/// A new volume's stage while a DPU may hang: the node gives a DPU that is
-/// not its last candidate half of it, and the rest to the next.
-const STAGE_PAST_A_HUNG_DPU: Duration = Duration::from_secs(24);
+/// How long a new volume's stage may take while its first choice hangs:
+/// the node leaves that DPU once its watch finds it down (a probe every 2 s,
+/// answered within 3 s), long before the half of [`CALL`] it would otherwise
+/// give a DPU that is not its last candidate.
+const STAGE_PAST_A_HUNG_DPU: Duration = Duration::from_secs(15);
 /// A call to a node one of whose DPUs may hang: it answers within its
 /// deadline, without that DPU.
 const SHORT_CALL: Duration = Duration::from_secs(5);
@@ -571,12 +575,14 @@ async fn one_dpu_dies(death: Death) {
     // may not know yet, and then passes it over when it does not answer.
     let ids = ids_on(SECOND_DPU_NAME, "pvc-new", 2);
     let started = Instant::now();
-    let volume = stage(&stack, &ids[0], false, &[], STAGE_PAST_A_HUNG_DPU)
+    let volume = stage(&stack, &ids[0], false, &[], CALL)
         .await
         .unwrap_or_else(|e| panic!("{death:?}: a new volume goes to the DPU that serves: {e}"));
-    println!(
-        "{death:?}: the first new volume staged in {:?}",
-        started.elapsed()
+    let took = started.elapsed();
+    println!("{death:?}: the first new volume staged in {took:?}");
+    assert!(
+        took < STAGE_PAST_A_HUNG_DPU,
+        "{death:?}: the stage waited {took:?} on the dead DPU"
     );
     publish_and_write(&stack, &volume).await;
     assert_eq!(recorded_dpu(&stack, &volume.id), DPU_NAME, "{death:?}");
@@ -593,7 +599,7 @@ async fn one_dpu_dies(death: Death) {
     wait_dpu_up(&stack, SECOND_DPU_NAME, false).await;
     assert!(dpu_up_is(&stack, DPU_NAME, true).await);
     // Known down: the next goes straight to the first DPU.
-    let volume = stage(&stack, &ids[1], false, &[], STAGE_PAST_A_HUNG_DPU)
+    let volume = stage(&stack, &ids[1], false, &[], CALL)
         .await
         .unwrap_or_else(|e| panic!("{death:?}: a new volume once the node knows: {e}"));
     publish_and_write(&stack, &volume).await;

@@ -17,11 +17,11 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
+use tokio::sync::watch;
 use tokio::time::Instant;
 use tonic::Status;
 
@@ -51,7 +51,7 @@ pub struct Member {
     pci_domain: u16,
     dpu: Arc<dyn DpuAttach>,
     /// What its last probe found; up until one says otherwise.
-    up: AtomicBool,
+    up: watch::Sender<bool>,
 }
 
 impl Member {
@@ -64,7 +64,19 @@ impl Member {
     }
 
     pub fn is_up(&self) -> bool {
-        self.up.load(Ordering::Relaxed)
+        *self.up.borrow()
+    }
+
+    /// Resolves when a probe finds down the DPU that was up when this was
+    /// called; never for one already down, of which nothing new is learnt.
+    pub async fn goes_down(&self) {
+        let mut up = self.up.subscribe();
+        if *up.borrow_and_update() {
+            // The sender lives as long as `self`, so this ends by the value.
+            let _ = up.wait_for(|up| !*up).await;
+        } else {
+            std::future::pending::<()>().await;
+        }
     }
 
     /// Whether the DPU serves: up by its last probe, or by one made now,
@@ -93,7 +105,7 @@ impl Member {
             .await
             .unwrap_or_else(|_| Err(DpuError::Unavailable("no answer to the probe".into())));
         let ready = matches!(result, Ok(true));
-        if self.up.swap(ready, Ordering::Relaxed) != ready {
+        if self.up.send_replace(ready) != ready {
             match &result {
                 Ok(true) => tracing::info!(dpu = %self.name, "the DPU serves again"),
                 Ok(false) => tracing::warn!(dpu = %self.name, "the DPU is down: not ready"),
@@ -116,7 +128,7 @@ impl Fleet {
                     name,
                     pci_domain,
                     dpu,
-                    up: AtomicBool::new(true),
+                    up: watch::Sender::new(true),
                 })
                 .collect(),
         }
@@ -386,7 +398,7 @@ mod tests {
             asked.elapsed() < Duration::from_secs(1),
             "waited on the hung DPU"
         );
-        two.members[0].up.store(false, Ordering::Relaxed);
+        two.members[0].up.send_replace(false);
         assert!(two.known_down(&two.members[0]) && !two.known_down(&two.members[1]));
         // Its condition is asked under a caller's long deadline: answered
         // within the watch's timeout, not the caller's two minutes.
@@ -459,7 +471,7 @@ mod tests {
             .map(|i| format!("pvc-{i}"))
             .find(|id| first(&two, id) == "bf3-a")
             .unwrap();
-        two.members[0].up.store(false, Ordering::Relaxed);
+        two.members[0].up.send_replace(false);
         let order: Vec<&str> = two
             .candidates(&id, &HashMap::new())
             .unwrap()

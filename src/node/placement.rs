@@ -33,8 +33,9 @@ impl NodeService {
     /// else the first of the fleet's candidates that takes it (a DPU that
     /// answers UNAVAILABLE, has no free function or cannot serve it passes
     /// it on; one that is not the last may take half of what is left of
-    /// the deadline). A bad request is refused by the first: it is bad
-    /// everywhere.
+    /// the deadline, and is left at once when the fleet's watch finds it
+    /// down meanwhile, a DPU that hung). A bad request is refused by the
+    /// first: it is bad everywhere.
     /// Returns where it went.
     ///
     /// An attach that fails for a reason the DPU cannot name (INTERNAL:
@@ -83,7 +84,17 @@ impl NodeService {
                 true => deadline,
                 false => Instant::now() + deadline.saturating_duration_since(Instant::now()) / 2,
             };
-            match self.attach_on(member, request, until).await {
+            let attempt = match last {
+                true => self.attach_on(member, request, until).await,
+                false => tokio::select! {
+                    biased;
+                    attempt = self.attach_on(member, request, until) => attempt,
+                    () = member.goes_down() => Err(DpuError::Unavailable(
+                        "the DPU went down during the attach".into(),
+                    )),
+                },
+            };
+            match attempt {
                 Ok(attachment) => return Ok((attachment, member.name().to_string())),
                 Err(
                     e @ (DpuError::Unavailable(_)
