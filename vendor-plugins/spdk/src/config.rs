@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use snap_csi::dpu::plugin::{PROVIDER_PLACEHOLDER, snap_socket_path};
+use snap_csi::node::dpus::is_label_name;
 use snap_csi::settings::MAX_SECONDS;
 
 use crate::backend::{Devices, Kind};
@@ -106,6 +107,11 @@ pub struct Args {
     /// CSI controller: bytes the AIO pool may hold [default: the filesystem's free space].
     #[arg(long, env = "SPDK_PLUGIN_AIO_POOL_CAPACITY")]
     pub aio_pool_capacity: Option<u64>,
+    /// CSI controller: the one DPU whose storage holds the AIO pool, as the
+    /// node names it: AIO volumes are then used only on the host with that
+    /// DPU, and only on that DPU there [default: every DPU reaches the pool].
+    #[arg(long, env = "SPDK_PLUGIN_AIO_DPU")]
+    pub aio_dpu: Option<String>,
     /// CSI controller: the NVMe-oF backend's target, its SPDK JSON-RPC socket.
     #[arg(long, env = "SPDK_PLUGIN_NVMF_TARGET_SOCKET")]
     pub nvmf_target_socket: Option<PathBuf>,
@@ -200,6 +206,7 @@ impl Args {
             Some(dir) if dir.is_absolute() => Some(AioConfig {
                 pool_dir: dir.clone(),
                 capacity: self.aio_pool_capacity,
+                dpu: self.aio_dpu.clone(),
             }),
             Some(dir) => {
                 return Err(format!(
@@ -207,11 +214,17 @@ impl Args {
                     dir.display()
                 ));
             }
-            None if self.aio_pool_capacity.is_some() => {
-                return Err("--aio-pool-capacity needs --aio-pool-dir".into());
+            None if self.aio_pool_capacity.is_some() || self.aio_dpu.is_some() => {
+                return Err("--aio-pool-capacity and --aio-dpu need --aio-pool-dir".into());
             }
             None => None,
         };
+        if let Some(dpu) = self.aio_dpu.as_ref().filter(|d| !is_label_name(d)) {
+            return Err(format!(
+                "--aio-dpu must be a DPU's name as the node gives it (a Kubernetes label \
+                 name: letters, digits, '-', '_', '.', at most 63), got {dpu:?}"
+            ));
+        }
         let nvmf = match (
             &self.nvmf_target_socket,
             &self.nvmf_lvstore,
@@ -374,6 +387,20 @@ mod tests {
         let mut all = vec!["p"];
         all.extend_from_slice(args);
         Args::try_parse_from(all).unwrap().resolve().map(|c| c.csi)
+    }
+
+    #[test]
+    fn an_aio_pool_on_one_dpu_is_named_as_the_node_names_it() {
+        let base = ["--csi-socket", "/run/csi.sock", "--aio-pool-dir", "/pool"];
+        let with = |dpu: &str| csi(&[&base[..], &["--aio-dpu", dpu]].concat());
+        let local = with("bf3-b").unwrap().unwrap();
+        assert_eq!(local.aio.unwrap().dpu.as_deref(), Some("bf3-b"));
+        for bad in ["", "bf3-", "bf3/b", &"b".repeat(64)] {
+            let error = with(bad).unwrap_err();
+            assert!(error.contains("--aio-dpu"), "{bad:?}: {error}");
+        }
+        let error = csi(&["--csi-socket", "/s", "--aio-dpu", "bf3-b"]).unwrap_err();
+        assert!(error.contains("--aio-pool-dir"), "{error}");
     }
 
     #[test]

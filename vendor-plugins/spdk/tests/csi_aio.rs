@@ -123,3 +123,116 @@ async fn a_group_snapshot_of_volumes_being_written_fails_and_leaves_nothing() {
     }
     assert!(csi.leftovers().await.is_empty());
 }
+
+/// A pool only one DPU reaches (`--aio-dpu`): its volumes carry that DPU's
+/// topology key, which the node reports for each of its DPUs, and name the
+/// DPU in their context, where the node attaches them (tests/node_two_dpus.rs
+/// holds the node to it). A CreateVolume whose requisite topologies lack the
+/// DPU is RESOURCE_EXHAUSTED and makes nothing; GetCapacity has nothing for
+/// another DPU's segment; the plugin advertises the topology it now reports.
+#[tokio::test]
+async fn a_pool_on_one_dpu_makes_volumes_only_for_that_dpu() {
+    use common::csi::{MIB, assert_code, volume};
+    use snap_csi::proto::csi::v1 as csi;
+    use std::collections::HashMap;
+    use tonic::Code;
+
+    let accessibility = |csi: &Csi| {
+        let mut identity = csi.identity.clone();
+        async move {
+            let response = identity
+                .get_plugin_capabilities(csi::GetPluginCapabilitiesRequest {})
+                .await
+                .unwrap();
+            response.into_inner().capabilities.iter().any(|c| {
+                matches!(&c.r#type, Some(csi::plugin_capability::Type::Service(s))
+                    if s.r#type == csi::plugin_capability::service::Type::VolumeAccessibilityConstraints as i32)
+            })
+        }
+    };
+    assert!(
+        !accessibility(&controller().await).await,
+        "a pool every DPU reaches has no topology to advertise"
+    );
+
+    let csi = Csi::start_with(
+        common::csi::Backends {
+            aio: true,
+            nvmf: false,
+            default: BACKEND,
+        },
+        &common::Source::Emulator,
+        |config| config.aio.as_mut().unwrap().dpu = Some("bf3-b".into()),
+    )
+    .await;
+    assert!(accessibility(&csi).await);
+    // A host's segments, as its node reports them: a key per DPU, the first
+    // DPU's name under the old key.
+    let host = |dpus: &[&str]| csi::Topology {
+        segments: dpus
+            .iter()
+            .map(|d| (format!("dpu.snap-csi.io/{d}"), "true".to_string()))
+            .chain([("topology.snap-csi.io/dpu".to_string(), dpus[0].to_string())])
+            .collect(),
+    };
+    let on = |hosts: Vec<csi::Topology>| {
+        let mut request = volume("pvc-local", BACKEND, 4 * MIB, 0);
+        request.accessibility_requirements = Some(csi::TopologyRequirement {
+            preferred: hosts.clone(),
+            requisite: hosts,
+        });
+        request
+    };
+
+    let refused = assert_code(
+        csi.create(on(vec![host(&["bf3-a"]), host(&["bf3-c", "bf3-d"])]))
+            .await,
+        Code::ResourceExhausted,
+        "hosts without the pool's DPU",
+    );
+    assert!(refused.message().contains("bf3-b"), "{}", refused.message());
+    assert!(csi.leftovers().await.is_empty(), "a refusal made nothing");
+
+    let wanted = vec![csi::Topology {
+        segments: HashMap::from([("dpu.snap-csi.io/bf3-b".to_string(), "true".to_string())]),
+    }];
+    for _retry in 0..2 {
+        let created = csi
+            .create(on(vec![host(&["bf3-a", "bf3-b"])]))
+            .await
+            .unwrap();
+        assert_eq!(created.accessible_topology, wanted);
+        assert_eq!(created.volume_context["snap-csi.io/dpu"], "bf3-b");
+    }
+    // Without requirements (a CO that sends none) it is made, as local.
+    let free = csi
+        .create(volume("pvc-anywhere", BACKEND, 4 * MIB, 0))
+        .await
+        .unwrap();
+    assert_eq!(free.accessible_topology, wanted);
+    let listed = csi.list(0, "").await.unwrap().entries;
+    assert_eq!(listed.len(), 2);
+    for entry in listed {
+        assert_eq!(entry.volume.unwrap().accessible_topology, wanted);
+    }
+
+    let capacity = |topology: csi::Topology| {
+        let mut controller = csi.controller.clone();
+        async move {
+            let request = csi::GetCapacityRequest {
+                parameters: HashMap::from([("backend".to_string(), BACKEND.to_string())]),
+                accessible_topology: Some(topology),
+                ..Default::default()
+            };
+            let response = controller.get_capacity(request).await.unwrap();
+            response.into_inner().available_capacity
+        }
+    };
+    assert_eq!(capacity(host(&["bf3-a"])).await, 0, "another DPU's segment");
+    assert!(capacity(host(&["bf3-b"])).await > 0);
+
+    for id in ["aio-pvc-local", "aio-pvc-anywhere"] {
+        csi.delete(id).await.unwrap();
+    }
+    assert!(csi.leftovers().await.is_empty());
+}

@@ -46,6 +46,13 @@
 //! The QoS record, not the volume context, is the truth: the CO never
 //! changes a volume's context after CreateVolume.
 //!
+//! A pool only one DPU reaches (`--aio-dpu`: storage on that DPU) makes
+//! DPU-local volumes: each carries that DPU's topology
+//! (`dpu.snap-csi.io/NAME: "true"`, which the node reports for each of its
+//! DPUs) and names it in its context (`snap-csi.io/dpu`), so Kubernetes
+//! schedules its pods only to the host with that DPU, and that host's node
+//! attaches it on that DPU of its several.
+//!
 //! Capacity: with `--aio-pool-capacity` the pool holds that many bytes of
 //! volumes and snapshots (their full sizes, written or not), within the
 //! filesystem's free space; without it, the filesystem's free space is the
@@ -58,6 +65,8 @@ use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
 use snap_csi::json_dir::JsonDir;
+use snap_csi::node::dpus::DPU_TOPOLOGY_PREFIX;
+use snap_csi::node::fleet::DPU_KEY;
 use tokio::time::Instant;
 use tonic::Status;
 
@@ -78,6 +87,8 @@ const COPY_CHUNK: usize = 1 << 20;
 pub struct AioPool {
     dir: PathBuf,
     capacity: Option<u64>,
+    /// The one DPU that reaches the pool, if only one does.
+    dpu: Option<String>,
     records: JsonDir,
     /// Volumes' QoS limits, by volume id, where the plugin reads them.
     qos: JsonDir,
@@ -85,11 +96,12 @@ pub struct AioPool {
 
 impl AioPool {
     /// The pool at `dir` (absolute, as SNAP sees it too), created if missing.
-    pub fn open(dir: &Path, capacity: Option<u64>) -> io::Result<AioPool> {
+    pub fn open(dir: &Path, capacity: Option<u64>, dpu: Option<String>) -> io::Result<AioPool> {
         fs::create_dir_all(dir.join(SNAPSHOTS))?;
         Ok(AioPool {
             dir: dir.to_path_buf(),
             capacity,
+            dpu,
             records: JsonDir::open(dir.join(SNAPSHOTS).join(RECORDS))?,
             qos: JsonDir::open(qos::records_in(dir))?,
         })
@@ -262,13 +274,25 @@ impl VolumeBackend for AioPool {
     }
 
     fn context(&self, volume_id: &str, _multipath: bool) -> HashMap<String, String> {
-        HashMap::from([
+        let mut context = HashMap::from([
             (BACKEND_KEY.to_string(), AIO.to_string()),
             (
                 PATH_KEY.to_string(),
                 self.volume_path(volume_id).display().to_string(),
             ),
-        ])
+        ]);
+        if let Some(dpu) = &self.dpu {
+            context.insert(DPU_KEY.to_string(), dpu.clone());
+        }
+        context
+    }
+
+    fn topology(&self) -> Option<HashMap<String, String>> {
+        let dpu = self.dpu.as_ref()?;
+        Some(HashMap::from([(
+            format!("{DPU_TOPOLOGY_PREFIX}{dpu}"),
+            "true".to_string(),
+        )]))
     }
 
     async fn room(&self, _deadline: Instant) -> Result<Room, Status> {

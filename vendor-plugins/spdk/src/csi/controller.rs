@@ -103,6 +103,37 @@ pub(super) fn snapshot_message(record: &SnapshotRecord, size: u64) -> csi::Snaps
     }
 }
 
+/// Whether a volume reachable from `ours` is reachable from `term`: the
+/// term has each of its segments.
+fn within(ours: &HashMap<String, String>, term: &HashMap<String, String>) -> bool {
+    ours.iter().all(|(key, value)| term.get(key) == Some(value))
+}
+
+/// A DPU-local backend can make a volume only for a CreateVolume whose
+/// requisite topologies (if any) include its DPU: RESOURCE_EXHAUSTED
+/// otherwise, as CSI says for a volume that cannot be made where asked.
+fn check_requisite(
+    backend: &dyn VolumeBackend,
+    requirements: Option<&csi::TopologyRequirement>,
+) -> Result<(), Status> {
+    let (Some(ours), Some(requirements)) = (backend.topology(), requirements) else {
+        return Ok(());
+    };
+    if requirements.requisite.is_empty()
+        || requirements
+            .requisite
+            .iter()
+            .any(|term| within(&ours, &term.segments))
+    {
+        return Ok(());
+    }
+    Err(Status::resource_exhausted(format!(
+        "the {} backend's volumes can be used only where {ours:?} holds, and no requisite \
+         topology has it",
+        backend.kind().as_str()
+    )))
+}
+
 /// The source of a CreateVolume, parsed: an id we could not have issued
 /// names nothing that exists.
 fn parse_source(source: &csi::VolumeContentSource) -> Result<(Kind, Source), Status> {
@@ -144,7 +175,11 @@ impl CsiController {
             volume_id: volume_id.to_string(),
             volume_context: context,
             content_source: source,
-            accessible_topology: vec![],
+            accessible_topology: backend
+                .topology()
+                .map(|segments| csi::Topology { segments })
+                .into_iter()
+                .collect(),
         }
     }
 
@@ -311,6 +346,7 @@ impl csi::controller_server::Controller for CsiController {
                  listener)"
             )));
         }
+        check_requisite(backend, req.accessibility_requirements.as_ref())?;
         let source = source.map(|(_, s)| s);
         let id = volume_id(kind, &req.name);
         let _held = self.hold(volume_key(&slug(&req.name)))?;
@@ -510,6 +546,12 @@ impl csi::controller_server::Controller for CsiController {
         };
         if !req.volume_capabilities.is_empty()
             && check_capabilities(kind, &req.volume_capabilities).is_err()
+        {
+            return Ok(nothing);
+        }
+        // A DPU-local pool has nothing for a segment its DPU is not in.
+        if let (Some(ours), Some(asked)) = (backend.topology(), &req.accessible_topology)
+            && !within(&ours, &asked.segments)
         {
             return Ok(nothing);
         }

@@ -45,7 +45,7 @@ impl csi::identity_server::Identity for CsiController {
         &self,
         _: Request<csi::GetPluginCapabilitiesRequest>,
     ) -> Result<Response<csi::GetPluginCapabilitiesResponse>, Status> {
-        let capabilities = vec![
+        let mut capabilities = vec![
             csi::PluginCapability {
                 r#type: Some(Type::Service(Service {
                     r#type: service::Type::ControllerService as i32,
@@ -62,6 +62,15 @@ impl csi::identity_server::Identity for CsiController {
                 })),
             },
         ];
+        // A DPU-local backend's volumes carry topology, which the CO then
+        // keeps to: its pods go only to the host with that DPU.
+        if self.backends().any(|b| b.topology().is_some()) {
+            capabilities.push(csi::PluginCapability {
+                r#type: Some(Type::Service(Service {
+                    r#type: service::Type::VolumeAccessibilityConstraints as i32,
+                })),
+            });
+        }
         Ok(Response::new(csi::GetPluginCapabilitiesResponse {
             capabilities,
         }))

@@ -82,6 +82,8 @@ pub struct AioConfig {
     pub pool_dir: PathBuf,
     /// Bytes the pool may hold; `None`: the filesystem's free space.
     pub capacity: Option<u64>,
+    /// The one DPU whose storage holds the pool; `None`: every DPU reaches it.
+    pub dpu: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -133,7 +135,11 @@ impl CsiController {
         if let Some(aio) = &config.aio {
             backends.insert(
                 Kind::Aio,
-                Box::new(aio::AioPool::open(&aio.pool_dir, aio.capacity)?),
+                Box::new(aio::AioPool::open(
+                    &aio.pool_dir,
+                    aio.capacity,
+                    aio.dpu.clone(),
+                )?),
             );
         }
         if let Some(nvmf) = &config.nvmf {

@@ -50,6 +50,13 @@ pub trait VolumeBackend: Send + Sync + Debug {
     /// `multipath`, every path to it the backend has ([`Self::paths`]).
     fn context(&self, volume_id: &str, multipath: bool) -> HashMap<String, String>;
 
+    /// Where the backend's volumes can be used when that is not every host:
+    /// the topology segments of a DPU-local backend's one DPU. `None`:
+    /// everywhere.
+    fn topology(&self) -> Option<HashMap<String, String>> {
+        None
+    }
+
     /// How many network paths lead to a volume (an NVMe-oF target's
     /// listeners); a local one has one.
     fn paths(&self) -> usize {

@@ -71,7 +71,11 @@ impl CsiController {
                 volume_id: id.clone(),
                 volume_context: backend.context(id, false),
                 content_source: None,
-                accessible_topology: vec![],
+                accessible_topology: backend
+                    .topology()
+                    .map(|segments| vg::VgTopology { segments })
+                    .into_iter()
+                    .collect(),
             });
         }
         Ok(vg::VolumeGroup {

@@ -250,6 +250,7 @@ impl Csi {
                 aio: backends.aio.then(|| AioConfig {
                     pool_dir: pool.clone(),
                     capacity: Some(POOL),
+                    dpu: None,
                 }),
                 nvmf: target.as_ref().map(|t| NvmfConfig {
                     target_socket: t.spdk.socket().to_path_buf(),
