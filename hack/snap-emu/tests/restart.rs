@@ -176,26 +176,8 @@ async fn a_restart_cleans_up_a_killed_emulators_virtio_fs_devices() {
 
     let mut first = spawn(&socket, &state);
     let mut c = connect(&socket, &mut first).await;
-    c.ok(
-        "fsdev_aio_create",
-        json!({"name": "fs0", "root_path": share}),
-    )
-    .await;
-    let doca = json!({"transport_name": "DOCA"});
-    c.ok("virtio_fs_transport_create", doca.clone()).await;
-    c.ok("virtio_fs_transport_start", doca).await;
-    let manager = json!({"manager": "mlx5_0"});
-    c.ok("virtio_fs_doca_manager_create", manager.clone()).await;
-    let vuid = c.ok("virtio_fs_doca_function_create", manager).await;
-    let device =
-        json!({"transport_name": "DOCA", "dev_name": "d", "tag": "killed", "fsdev": "fs0"});
-    c.ok("virtio_fs_device_create", device).await;
-    let bind = json!({"dev_name": "d", "manager": "mlx5_0", "vuid": vuid});
-    c.ok("virtio_fs_doca_device_modify", bind).await;
-    c.ok("virtio_fs_device_start", json!({"dev_name": "d"}))
-        .await;
-    let plug = json!({"dev_name": "d", "wait_for_done": true});
-    c.ok("virtio_fs_doca_device_hotplug", plug).await;
+    common::virtio_fs_ready(&mut c, &share).await;
+    common::virtio_fs_attach(&mut c, "d", "killed").await;
     assert!(mounted(&mountpoint), "the device is mounted on the host");
     assert_eq!(
         std::fs::read_to_string(entry.join("tag")).unwrap(),

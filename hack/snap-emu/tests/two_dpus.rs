@@ -153,34 +153,8 @@ async fn expose(c: &mut Client, dpu: &Dpu, sysfs: &Path) -> Seen {
     )
     .await;
 
-    c.ok(
-        "fsdev_aio_create",
-        json!({"name": "fs0", "root_path": dpu.share}),
-    )
-    .await;
-    let doca = json!({"transport_name": "DOCA"});
-    c.ok("virtio_fs_transport_create", doca.clone()).await;
-    c.ok("virtio_fs_transport_start", doca).await;
-    let manager = json!({"manager": "mlx5_0"});
-    c.ok("virtio_fs_doca_manager_create", manager.clone()).await;
-    let vuid = c.ok("virtio_fs_doca_function_create", manager).await;
-    c.ok(
-        "virtio_fs_device_create",
-        json!({"transport_name": "DOCA", "dev_name": "d", "tag": dpu.tag(), "fsdev": "fs0"}),
-    )
-    .await;
-    c.ok(
-        "virtio_fs_doca_device_modify",
-        json!({"dev_name": "d", "manager": "mlx5_0", "vuid": vuid}),
-    )
-    .await;
-    c.ok("virtio_fs_device_start", json!({"dev_name": "d"}))
-        .await;
-    c.ok(
-        "virtio_fs_doca_device_hotplug",
-        json!({"dev_name": "d", "wait_for_done": true}),
-    )
-    .await;
+    common::virtio_fs_ready(c, &dpu.share).await;
+    common::virtio_fs_attach(c, "d", &dpu.tag()).await;
 
     let function = |bdf: &str| sysfs.join(format!("bus/pci/devices/{}:{bdf}", dpu.domain));
     let nvme = wait_for_disk(&function(&nvme_bdf).join("nvme/nvme0/nvme0n1")).await;

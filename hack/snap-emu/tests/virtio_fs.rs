@@ -41,23 +41,7 @@ async fn fixture() -> Fixture {
     let virtiofs_dir = config.effective_virtiofs_dir();
     let emu = Emu::start(config).await;
     let mut client = emu.client().await;
-    let root = share.display().to_string();
-    let created = client
-        .ok(
-            "fsdev_aio_create",
-            json!({"name": "fs0", "root_path": root}),
-        )
-        .await;
-    assert_eq!(created, json!("fs0"));
-    let doca = json!({"transport_name": "DOCA"});
-    client.ok("virtio_fs_transport_create", doca.clone()).await;
-    client.ok("virtio_fs_transport_start", doca).await;
-    client
-        .ok(
-            "virtio_fs_doca_manager_create",
-            json!({"manager": "mlx5_0"}),
-        )
-        .await;
+    common::virtio_fs_ready(&mut client, &share).await;
     Fixture {
         emu,
         client,
@@ -71,24 +55,7 @@ impl Fixture {
     /// DPF's attach: a function, a device on it serving `fs0` under `tag`,
     /// bound, started, hot-plugged. Returns the function's VUID.
     async fn attach(&mut self, dev: &str, tag: &str) -> String {
-        let c = &mut self.client;
-        let vuid = c
-            .ok(
-                "virtio_fs_doca_function_create",
-                json!({"manager": "mlx5_0"}),
-            )
-            .await;
-        let vuid = vuid.as_str().expect("a VUID").to_owned();
-        let device = json!({"transport_name": "DOCA", "dev_name": dev, "tag": tag,
-            "fsdev": "fs0", "num_request_queues": 2, "queue_size": 256, "driver_platform": "x86_64"});
-        c.ok("virtio_fs_device_create", device).await;
-        let bind = json!({"dev_name": dev, "manager": "mlx5_0", "vuid": vuid});
-        c.ok("virtio_fs_doca_device_modify", bind).await;
-        c.ok("virtio_fs_device_start", json!({"dev_name": dev}))
-            .await;
-        let plug = json!({"dev_name": dev, "wait_for_done": true});
-        c.ok("virtio_fs_doca_device_hotplug", plug).await;
-        vuid
+        common::virtio_fs_attach(&mut self.client, dev, tag).await
     }
 
     /// The host's `fs/virtiofs/<n>` whose tag is `tag`, if any.

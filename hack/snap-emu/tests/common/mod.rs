@@ -121,6 +121,49 @@ pub async fn free_vf(c: &mut Client, emulation: &str) -> String {
         .expect("a free VF")
 }
 
+/// What DPF sets up once for virtio-fs: the AIO fsdev `fs0` over `share`,
+/// the DOCA transport, started, and the manager `mlx5_0`.
+pub async fn virtio_fs_ready(c: &mut Client, share: &Path) {
+    let created = c
+        .ok(
+            "fsdev_aio_create",
+            json!({"name": "fs0", "root_path": share}),
+        )
+        .await;
+    assert_eq!(created, json!("fs0"));
+    let doca = json!({"transport_name": "DOCA"});
+    c.ok("virtio_fs_transport_create", doca.clone()).await;
+    c.ok("virtio_fs_transport_start", doca).await;
+    c.ok(
+        "virtio_fs_doca_manager_create",
+        json!({"manager": "mlx5_0"}),
+    )
+    .await;
+}
+
+/// DPF's attach after [`virtio_fs_ready`]: a function, a device on it
+/// serving `fs0` under `tag`, bound, started, hot-plugged. Returns the
+/// function's VUID.
+pub async fn virtio_fs_attach(c: &mut Client, dev: &str, tag: &str) -> String {
+    let vuid = c
+        .ok(
+            "virtio_fs_doca_function_create",
+            json!({"manager": "mlx5_0"}),
+        )
+        .await;
+    let vuid = vuid.as_str().expect("a VUID").to_owned();
+    let device = json!({"transport_name": "DOCA", "dev_name": dev, "tag": tag,
+        "fsdev": "fs0", "num_request_queues": 2, "queue_size": 256, "driver_platform": "x86_64"});
+    c.ok("virtio_fs_device_create", device).await;
+    let bind = json!({"dev_name": dev, "manager": "mlx5_0", "vuid": vuid});
+    c.ok("virtio_fs_doca_device_modify", bind).await;
+    c.ok("virtio_fs_device_start", json!({"dev_name": dev}))
+        .await;
+    let plug = json!({"dev_name": dev, "wait_for_done": true});
+    c.ok("virtio_fs_doca_device_hotplug", plug).await;
+    vuid
+}
+
 impl Client {
     pub async fn connect(path: &Path) -> Self {
         let stream = UnixStream::connect(path)
