@@ -67,16 +67,11 @@ impl Member {
         *self.up.borrow()
     }
 
-    /// Resolves when a probe finds down the DPU that was up when this was
-    /// called; never for one already down, of which nothing new is learnt.
-    pub async fn goes_down(&self) {
-        let mut up = self.up.subscribe();
-        if *up.borrow_and_update() {
-            // The sender lives as long as `self`, so this ends by the value.
-            let _ = up.wait_for(|up| !*up).await;
-        } else {
-            std::future::pending::<()>().await;
-        }
+    /// Resolves once the probes find the DPU down: at once if the last one
+    /// did, which may have come after the DPU was chosen.
+    pub async fn down(&self) {
+        // The sender lives as long as `self`: this ends by the value alone.
+        let _ = self.up.subscribe().wait_for(|up| !*up).await;
     }
 
     /// Whether the DPU serves: up by its last probe, or by one made now,

@@ -33,8 +33,9 @@ impl NodeService {
     /// else the first of the fleet's candidates that takes it (a DPU that
     /// answers UNAVAILABLE, has no free function or cannot serve it passes
     /// it on; one that is not the last may take half of what is left of
-    /// the deadline, and is left at once when the fleet's watch finds it
-    /// down meanwhile, a DPU that hung). A bad request is refused by the
+    /// the deadline, and is left as soon as the fleet's watch finds it down,
+    /// before or during its attempt: a DPU that hung, or died, whose plugin
+    /// keeps trying to reach its SNAP). A bad request is refused by the
     /// first: it is bad everywhere.
     /// Returns where it went.
     ///
@@ -89,8 +90,8 @@ impl NodeService {
                 false => tokio::select! {
                     biased;
                     attempt = self.attach_on(member, request, until) => attempt,
-                    () = member.goes_down() => Err(DpuError::Unavailable(
-                        "the DPU went down during the attach".into(),
+                    () = member.down() => Err(DpuError::Unavailable(
+                        "the DPU's probes find it down".into(),
                     )),
                 },
             };
