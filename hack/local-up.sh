@@ -6,6 +6,7 @@
 #   DIR/fs-share (btrfs on a loop file, quotas on) <- the controller's fs volumes, SNAP's fsdevs
 #   snap-csi controller (proxy)           -> CSI     -> sample plugin's CSI controller
 #   snap-csi node (co-located DPU attach) -> plugins.v1 -> sample plugin; JSON-RPC -> SNAP emulator
+#   sample plugin's CSI controller        -> plugins.v1 -> every DPU's plugin (DeleteVolume: in use?)
 #
 # --mode split puts the DPU attach layer behind a link, as on a BlueField host:
 #
@@ -539,6 +540,14 @@ fi
 # backend's btrfs quotas on one need CAP_SYS_ADMIN, which its container
 # then needs too (deploy/README.md, "The manifests' containers on one machine").
 fs_cap=(--also --cap-add=SYS_ADMIN)
+# DeleteVolume refuses a volume a DPU still serves: the controller asks every
+# DPU's plugin this run starts, each under the name the node gives that DPU
+# (this one's; --dpus 2: plugin-b's; --second-host: plugin2's, all started
+# below: the controller connects at its first DeleteVolume). --containers:
+# their sockets are in DIR, which dpu_maps maps.
+dpu_plugins=(--dpu-plugin "local-dpu=$dir/plugin.sock")
+((dpus == 2)) && dpu_plugins+=(--dpu-plugin "local-dpu-b=$dir/plugin-b.sock")
+((second_host)) && dpu_plugins+=(--dpu-plugin "local-dpu-2=$dir/plugin2.sock")
 run plugin plugin "${dpu_maps[@]}" "${fs_cap[@]}" -- snap-csi-spdk-plugin \
   --plugin-socket "$dir/plugin.sock" \
   --spdk-socket "$dir/snap.sock" \
@@ -547,6 +556,7 @@ run plugin plugin "${dpu_maps[@]}" "${fs_cap[@]}" -- snap-csi-spdk-plugin \
   "${devices[@]}" \
   --fs-share "$dir/fs-share" \
   --default-backend "$backend" \
+  "${dpu_plugins[@]}" \
   --metrics-address "$plugin_metrics"
 wait_for_socket "$dir/plugin.sock"
 wait_for_socket "$dir/vendor-csi.sock"

@@ -40,6 +40,7 @@ SNAP_CSI_TEST_DPU=split SNAP_CSI_CRASH_TRIALS=100 cargo test --locked \
   --test node_metrics --test node_concurrency --test node_crash --test node_kill --test node_recovery \
   --test node_orphans --test node_dependency_faults --test node_kubelet_restart \
   --test node_snap_live_update --test node_encryption --test node_volume_io --test node_snap_crash \
+  --test node_virtio_fs --test node_virtio_fs_pods \
   -p snap-csi-spdk-plugin --test node_attach --test csi_stack
 # A host with two DPUs (tests/common/dpus.rs: a second SNAP emulator in PCI domain 0001 on the
 # first's sysfs tree, its own plugin, in split mode its own agent; the node given both in its

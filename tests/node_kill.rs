@@ -129,7 +129,8 @@ async fn settle(
         (Call::Stage, false) => format!("stage {shape:?} again"),
         _ => format!("{} {shape:?}", call.step()),
     };
-    kubelet::settle(seen, &common::crash::BACKOFF, |call| {
+    let checked = volume.device_mount_path();
+    kubelet::settle(seen, checked, &common::crash::BACKOFF, |call| {
         let mut node = node.clone();
         let keys = [key(call, pod == 1), key(call, pod != 1)];
         async move {

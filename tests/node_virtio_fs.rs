@@ -11,194 +11,20 @@
 mod common;
 
 use std::collections::HashMap;
-use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use common::node::{self, NodeStack, Tweaks, block_capability, mounts_under, unpublish, unstage};
+use common::node::{Tweaks, block_capability, mount_capability, unstage};
 use common::plugin::{CAPABILITIES, Capability, PLUGIN_NAME};
-use snap_csi::node::config::EmulationSetting;
-use snap_csi::node::service::EMULATION_KEY;
+use common::virtio_fs::{Host, fs_type_at, stage_request, write_file};
 use snap_csi::proto::csi::v1 as csi;
 use snap_csi::proto::csi::v1::volume_capability::access_mode::Mode;
-use snap_csi::proto::csi::v1::volume_capability::{AccessMode, AccessType, MountVolume};
-use snap_csi::spdk::snap::{VirtioFsDocaGetFunctions, VirtioFsGetDevices};
 use tonic::Code;
-
-fn capability(fs_type: &str, mode: Mode) -> csi::VolumeCapability {
-    csi::VolumeCapability {
-        access_type: Some(AccessType::Mount(MountVolume {
-            fs_type: fs_type.into(),
-            mount_flags: vec!["noatime".into()],
-            volume_mount_group: String::new(),
-        })),
-        access_mode: Some(AccessMode { mode: mode as i32 }),
-    }
-}
-
-/// The volume's context as the StorageClass gives it: virtio-fs over `share`.
-fn context(share: &Path) -> HashMap<String, String> {
-    [
-        (EMULATION_KEY.to_string(), "virtio-fs".to_string()),
-        ("path".to_string(), share.display().to_string()),
-    ]
-    .into()
-}
-
-/// The common stage request, with the StorageClass's virtio-fs context and
-/// no secrets.
-fn stage_request(
-    volume_id: &str,
-    staging: &Path,
-    capability: csi::VolumeCapability,
-    share: &Path,
-) -> csi::NodeStageVolumeRequest {
-    csi::NodeStageVolumeRequest {
-        secrets: HashMap::new(),
-        volume_context: context(share),
-        ..node::stage_request(volume_id, staging, capability, share)
-    }
-}
-
-/// The common publish request, with the StorageClass's virtio-fs context.
-fn publish_request(
-    volume_id: &str,
-    (staging, target): (&Path, &Path),
-    capability: csi::VolumeCapability,
-    share: &Path,
-    readonly: bool,
-) -> csi::NodePublishVolumeRequest {
-    csi::NodePublishVolumeRequest {
-        volume_context: context(share),
-        ..node::publish_request(volume_id, staging, target, capability, readonly)
-    }
-}
-
-/// One host: a node stack and the paths kubelet gives one volume there.
-struct Host {
-    stack: NodeStack,
-    staging: PathBuf,
-    target: PathBuf,
-}
-
-impl Host {
-    async fn start() -> Host {
-        Host::start_with(Tweaks::default()).await
-    }
-
-    async fn start_with(tweaks: Tweaks) -> Host {
-        let stack = NodeStack::start_with(EmulationSetting::Nvme, tweaks).await;
-        let staging = stack.path("plugins/staging/pvc-fs");
-        let target = stack.path("pods/a/volumes/pvc-fs");
-        Host {
-            stack,
-            staging,
-            target,
-        }
-    }
-
-    async fn stage(
-        &self,
-        capability: csi::VolumeCapability,
-        share: &Path,
-    ) -> Result<(), tonic::Status> {
-        let request = stage_request("pvc-fs", &self.staging, capability, share);
-        self.stack
-            .client
-            .clone()
-            .node_stage_volume(request)
-            .await
-            .map(drop)
-    }
-
-    async fn publish(
-        &self,
-        capability: csi::VolumeCapability,
-        share: &Path,
-        readonly: bool,
-    ) -> Result<(), tonic::Status> {
-        let paths = (self.staging.as_path(), self.target.as_path());
-        let request = publish_request("pvc-fs", paths, capability, share, readonly);
-        self.stack
-            .client
-            .clone()
-            .node_publish_volume(request)
-            .await
-            .map(drop)
-    }
-
-    async fn stage_and_publish(&self, capability: csi::VolumeCapability, share: &Path) {
-        self.stage(capability.clone(), share).await.unwrap();
-        self.publish(capability, share, false).await.unwrap();
-    }
-
-    async fn take_down(&self) {
-        let mut node = self.stack.client.clone();
-        unpublish(&mut node, "pvc-fs", &self.target).await;
-        unstage(&mut node, "pvc-fs", &self.staging).await;
-    }
-
-    /// SNAP's virtio-fs devices and functions, the plugin's fsdevs' owner's
-    /// census: how many of each this host's DPU holds.
-    async fn snap_objects(&self) -> (usize, usize) {
-        let snap = self.stack.emulator.client();
-        let devices = snap.call(&VirtioFsGetDevices {}).await.unwrap();
-        let functions = snap.call(&VirtioFsDocaGetFunctions {}).await.unwrap();
-        let functions = functions.iter().map(|m| m.functions.len()).sum();
-        (devices.len(), functions)
-    }
-
-    /// Nothing of the volume is left on this host or its DPU.
-    async fn assert_nothing_left(&self) {
-        assert_eq!(
-            self.snap_objects().await,
-            (0, 0),
-            "a virtio-fs device or function is left"
-        );
-        assert!(
-            mounts_under(&self.stack.kubelet).is_empty(),
-            "a mount is left"
-        );
-        assert_eq!(self.stack.records(), 0, "a volume record is left");
-        let calls = self.stack.plugin.as_ref().unwrap().calls();
-        let created = calls
-            .iter()
-            .filter(|c| c.starts_with("CreateDevice"))
-            .count();
-        let deleted = calls
-            .iter()
-            .filter(|c| c.starts_with("DeleteDevice"))
-            .count();
-        assert!(
-            deleted >= usize::from(created > 0),
-            "DeleteDevice never came: {calls:?}"
-        );
-    }
-}
-
-fn fs_type_at(path: &Path) -> String {
-    let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    let point = path.display().to_string();
-    let line = table
-        .lines()
-        .rfind(|l| l.split(' ').nth(4) == Some(point.as_str()))
-        .unwrap_or_else(|| panic!("nothing mounted at {point}"));
-    let after = line.split(" - ").nth(1).unwrap();
-    after.split(' ').next().unwrap().to_string()
-}
-
-/// Writes `data` to `name` under `dir` as a pod would before another reads
-/// it: written, fsynced, closed.
-fn write_file(dir: &Path, name: &str, data: &[u8]) {
-    let mut file = std::fs::File::create(dir.join(name)).unwrap();
-    file.write_all(data).unwrap();
-    file.sync_all().unwrap();
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_filesystem_device_is_staged_published_used_and_taken_down_idempotently() {
     let host = Host::start().await;
     let share = tempfile::tempdir().unwrap();
-    let rwo = capability("", Mode::SingleNodeWriter);
+    let rwo = mount_capability("", Mode::SingleNodeWriter);
     for _ in 0..2 {
         host.stage(rwo.clone(), share.path()).await.unwrap();
     }
@@ -280,7 +106,7 @@ async fn a_device_snap_lost_is_attached_and_mounted_again_by_the_next_publish_or
     let mut host = Host::start().await;
     let share = tempfile::tempdir().unwrap();
     write_file(share.path(), "kept.txt", b"kept");
-    let rwo = capability("", Mode::SingleNodeWriter);
+    let rwo = mount_capability("", Mode::SingleNodeWriter);
     let kept = |dir: &Path| std::fs::read(dir.join("kept.txt")).map_err(|e| e.raw_os_error());
     host.stage(rwo.clone(), share.path()).await.unwrap();
     host.stack.emulator.restart_empty().await;
@@ -315,7 +141,7 @@ async fn a_capability_a_filesystem_device_cannot_serve_is_refused_and_changes_no
     let host = Host::start().await;
     let share = tempfile::tempdir().unwrap();
     let refused = [
-        (capability("ext4", Mode::SingleNodeWriter), "fs_type"),
+        (mount_capability("ext4", Mode::SingleNodeWriter), "fs_type"),
         (block_capability(Mode::SingleNodeWriter), "mount capability"),
     ];
     for (capability, says) in refused {
@@ -326,7 +152,7 @@ async fn a_capability_a_filesystem_device_cannot_serve_is_refused_and_changes_no
     let mut encrypted = stage_request(
         "pvc-fs",
         &host.staging,
-        capability("virtiofs", Mode::SingleNodeWriter),
+        mount_capability("virtiofs", Mode::SingleNodeWriter),
         share.path(),
     );
     encrypted
@@ -358,7 +184,7 @@ async fn a_capability_a_filesystem_device_cannot_serve_is_refused_and_changes_no
 async fn another_volumes_tag_at_the_staging_path_is_refused() {
     let host = Host::start().await;
     let (share, other_share) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let rwo = capability("", Mode::SingleNodeWriter);
+    let rwo = mount_capability("", Mode::SingleNodeWriter);
     host.stage(rwo.clone(), share.path()).await.unwrap();
     let mut node = host.stack.client.clone();
     let other = stage_request("pvc-other", &host.staging, rwo, other_share.path());
@@ -387,7 +213,10 @@ async fn a_plugin_without_filesystem_devices_is_named_in_a_failed_precondition()
     .await;
     let share = tempfile::tempdir().unwrap();
     let error = host
-        .stage(capability("virtiofs", Mode::SingleNodeWriter), share.path())
+        .stage(
+            mount_capability("virtiofs", Mode::SingleNodeWriter),
+            share.path(),
+        )
         .await
         .unwrap_err();
     assert_eq!(error.code(), Code::FailedPrecondition, "{error:?}");
@@ -411,7 +240,7 @@ async fn a_plugin_without_filesystem_devices_is_named_in_a_failed_precondition()
 async fn hosts_share_a_read_write_many_volume_and_a_read_only_one_cannot_write() {
     let (a, b, c) = tokio::join!(Host::start(), Host::start(), Host::start());
     let share = tempfile::tempdir().unwrap();
-    let rwx = capability("virtiofs", Mode::MultiNodeMultiWriter);
+    let rwx = mount_capability("virtiofs", Mode::MultiNodeMultiWriter);
     tokio::join!(
         a.stage_and_publish(rwx.clone(), share.path()),
         b.stage_and_publish(rwx.clone(), share.path())
@@ -427,7 +256,7 @@ async fn hosts_share_a_read_write_many_volume_and_a_read_only_one_cannot_write()
         b"written on host b"
     );
 
-    let rox = capability("", Mode::MultiNodeReaderOnly);
+    let rox = mount_capability("", Mode::MultiNodeReaderOnly);
     c.stage(rox.clone(), share.path()).await.unwrap();
     c.publish(rox, share.path(), true).await.unwrap();
     assert_eq!(

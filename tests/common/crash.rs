@@ -721,6 +721,16 @@ impl Volume {
         }
     }
 
+    /// The staging path kubelet checks for other mounts before it unstages
+    /// (a filesystem volume's; a block volume has none).
+    pub fn device_mount_path(&self) -> Option<&Path> {
+        let mounted = matches!(
+            self.capability.access_type,
+            Some(csi::volume_capability::AccessType::Mount(_))
+        );
+        mounted.then_some(self.staging.as_path())
+    }
+
     /// Makes `call` for this volume, cut off after `timeout`.
     pub async fn call(
         &self,
@@ -781,7 +791,7 @@ impl Volume {
         node: &NodeClient<Channel>,
         seen: &mut kubelet::Volume,
     ) -> Result<(), Stuck> {
-        kubelet::settle(seen, &BACKOFF, |call| {
+        kubelet::settle(seen, self.device_mount_path(), &BACKOFF, |call| {
             let mut node = node.clone();
             async move {
                 self.call(&mut node, call, CALL)

@@ -21,6 +21,8 @@ pub mod dpus;
 pub mod kills;
 #[path = "../../hack/harness/src/kubelet.rs"]
 pub mod kubelet;
+#[path = "../../hack/harness/src/kubelet_fs.rs"]
+pub mod kubelet_fs;
 pub mod node;
 pub mod pki;
 pub mod plugin;
@@ -28,6 +30,7 @@ pub mod proxy;
 pub mod real_spdk;
 pub mod shared;
 pub mod vendor_controller;
+pub mod virtio_fs;
 
 // Each test crate uses some of them, as with `dead_code` above.
 #[allow(unused_imports)]

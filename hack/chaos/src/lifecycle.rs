@@ -364,7 +364,7 @@ impl Worker {
                 .collect(),
         );
         seen.wanted = true;
-        kubelet::settle(seen, &self.backoff, |call| {
+        kubelet::settle(seen, volume.device_mount_path(), &self.backoff, |call| {
             self.node_call(call, volume, shape, label, pod)
         })
         .await
@@ -397,7 +397,7 @@ impl Worker {
             None
         };
         seen.wanted = false;
-        let settled = kubelet::settle(seen, &self.backoff, |call| {
+        let settled = kubelet::settle(seen, volume.device_mount_path(), &self.backoff, |call| {
             self.node_call(call, volume, shape, label, pod)
         });
         let settled = match holder {

@@ -354,6 +354,12 @@ fn kubelet_paths(kubelet: &Path, name: &str) -> anyhow::Result<(PathBuf, PathBuf
 }
 
 impl Volume {
+    /// The staging path kubelet checks for other mounts before it unstages
+    /// (a filesystem volume's; a block volume has none).
+    pub fn device_mount_path(&self) -> Option<&Path> {
+        (self.kind != Kind::Block).then_some(self.staging.as_path())
+    }
+
     /// The same volume as another host's kubelet (directory `kubelet`) lays
     /// it out, for a volume many nodes use.
     pub fn on_host(&self, kubelet: &Path, name: &str) -> anyhow::Result<Volume> {

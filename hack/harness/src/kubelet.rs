@@ -28,6 +28,15 @@
 //!   for it is unpublished (again until that succeeds); then the device is
 //!   unstaged only if it is mounted or uncertain (`DeviceMayBeMounted`). A
 //!   device marked not mounted is forgotten, whatever the driver holds.
+//! - `operation_generator.go` `GenerateUnmountDeviceFunc`: before
+//!   NodeUnstageVolume of a filesystem volume kubelet asks
+//!   `GetDeviceMountRefs` (k8s.io/mount-utils `GetMountRefs`, then
+//!   `SearchMountPoints`): every other mount of the staging path's filesystem
+//!   at the same directory of it (same major:minor and root) is a reference,
+//!   and one that is not kubelet's own (`util.HasMountRefs`) fails the
+//!   unmount without any call: the device stays uncertain and the check runs
+//!   again after the backoff, for ever while the reference stays
+//!   (`kubelet_fs::device_mount_refs`).
 //! - `pkg/volume/util/operationexecutor/node_expander.go`: a failed
 //!   NodeExpandVolume is tried again, but FAILED_PRECONDITION stops expansion
 //!   on this node while the volume is in use (the mount goes on).
@@ -38,9 +47,12 @@
 //! cannot wait two minutes between attempts); the rules are kubelet's.
 
 use std::future::Future;
+use std::path::Path;
 use std::time::Duration;
 
 use tonic::Code;
+
+use super::kubelet_fs;
 
 /// A Node call kubelet makes for a volume.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -238,9 +250,12 @@ impl std::fmt::Display for Stuck {
 /// Makes kubelet's calls for `volume` until it has nothing more to do (the
 /// pod runs with the volume, or the volume is forgotten), each through
 /// `make`, pausing as `backoff` says after a failure. A call that keeps
-/// failing for `backoff.patience` is [`Stuck`].
+/// failing for `backoff.patience` is [`Stuck`]. `device_mount_path` is a
+/// filesystem volume's staging path, which kubelet checks for references
+/// before each NodeUnstageVolume (`None`: a block volume, which it does not).
 pub async fn settle<F, Fut>(
     volume: &mut Volume,
+    device_mount_path: Option<&Path>,
     backoff: &Backoff,
     mut make: F,
 ) -> Result<(), Stuck>
@@ -251,7 +266,15 @@ where
     let mut failing: Option<(Call, u32, tokio::time::Instant)> = None;
     let mut pause = backoff.first;
     while let Some(call) = volume.next() {
-        match make(call).await {
+        let checked = match (call, device_mount_path) {
+            (Call::Unstage, Some(path)) => kubelet_fs::check_device_mount_refs(path),
+            _ => Ok(()),
+        };
+        let outcome = match checked {
+            Ok(()) => make(call).await,
+            Err(failure) => Err(failure),
+        };
+        match outcome {
             Ok(()) => {
                 volume.record(call, Ok(()));
                 failing = None;

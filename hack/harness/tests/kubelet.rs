@@ -1,11 +1,14 @@
 //! kubelet's rules for the Node calls (`snap_csi_harness::kubelet`), each
 //! rule as the source it comes from states it.
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use nix::mount::{MntFlags, MsFlags, mount, umount2};
 use snap_csi_harness::kubelet::{
     Backoff, Belief, Call, Failure, Volume, is_final, retries_expand, settle,
 };
+use snap_csi_harness::kubelet_fs::device_mount_refs;
 use tonic::Code;
 
 fn wanted() -> Volume {
@@ -130,7 +133,7 @@ async fn settle_retries_until_it_works_or_its_patience_ends() {
     let mut volume = wanted();
     let mut calls = Vec::new();
     let mut failures = 2;
-    settle(&mut volume, &backoff, |call| {
+    settle(&mut volume, None, &backoff, |call| {
         calls.push(call);
         let fail = call == Call::Stage && failures > 0;
         failures -= usize::from(fail);
@@ -152,7 +155,7 @@ async fn settle_retries_until_it_works_or_its_patience_ends() {
     );
 
     let mut volume = wanted();
-    let stuck = settle(&mut volume, &backoff, |_| async {
+    let stuck = settle(&mut volume, None, &backoff, |_| async {
         Err(Failure {
             code: Some(Code::FailedPrecondition),
             message: "on a dead device".into(),
@@ -163,4 +166,101 @@ async fn settle_retries_until_it_works_or_its_patience_ends() {
     assert_eq!(stuck.call, Call::Stage);
     assert!(stuck.attempts > 3, "{stuck}");
     assert_eq!(stuck.volume.device, Belief::NotMounted);
+}
+
+/// A tmpfs at `at`, unmounted when dropped.
+struct Mounted(PathBuf);
+
+impl Mounted {
+    fn tmpfs(at: &Path) -> Mounted {
+        std::fs::create_dir_all(at).unwrap();
+        mount(
+            Some("tmpfs"),
+            at,
+            Some("tmpfs"),
+            MsFlags::empty(),
+            None::<&str>,
+        )
+        .unwrap();
+        Mounted(at.to_owned())
+    }
+
+    fn bind(from: &Path, at: &Path) -> Mounted {
+        std::fs::create_dir_all(at).unwrap();
+        mount(Some(from), at, None::<&str>, MsFlags::MS_BIND, None::<&str>).unwrap();
+        Mounted(at.to_owned())
+    }
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        let _ = umount2(&self.0, MntFlags::MNT_DETACH);
+    }
+}
+
+/// GetDeviceMountRefs: the layout the SNAP emulator's host once left, its
+/// own mount of a virtio-fs device bound onto the staging path, is a
+/// reference kubelet will not unstage past; kubelet's own mounts (another
+/// kubelet root's path, a pod's) and a subdirectory's bind are not; a
+/// dead mount has none. Needs root.
+#[tokio::test]
+async fn another_mount_of_the_staging_filesystem_keeps_kubelet_from_unstaging() {
+    let dir = tempfile::tempdir().unwrap();
+    let csi = "plugins/kubernetes.io/csi/csi.snap-csi.io/0123abcd/globalmount";
+    let staging = dir.path().join("var/lib/kubelet").join(csi);
+    let emulator = dir.path().join("emulator/virtiofs/tag");
+    let device = Mounted::tmpfs(&emulator);
+    std::fs::create_dir(emulator.join("sub")).unwrap();
+    let staged = Mounted::bind(&emulator, &staging);
+    assert_eq!(
+        device_mount_refs(&staging).unwrap(),
+        std::slice::from_ref(&emulator)
+    );
+
+    let backoff = Backoff {
+        first: Duration::from_millis(1),
+        max: Duration::from_millis(2),
+        patience: Duration::from_millis(50),
+    };
+    let mut volume = Volume {
+        device: Belief::Mounted,
+        ..Volume::default()
+    };
+    let mut calls = Vec::new();
+    let stuck = settle(&mut volume, Some(&staging), &backoff, |call| {
+        calls.push(call);
+        async { Ok(()) }
+    })
+    .await
+    .unwrap_err();
+    assert!(calls.is_empty(), "NodeUnstageVolume was sent: {calls:?}");
+    assert_eq!(stuck.call, Call::Unstage);
+    assert_eq!(stuck.volume.device, Belief::Uncertain);
+    assert!(
+        stuck
+            .last
+            .message
+            .contains("GetDeviceMountRefs check failed")
+            && stuck.last.message.contains(emulator.to_str().unwrap()),
+        "{stuck}"
+    );
+    drop(device);
+    assert_eq!(device_mount_refs(&staging).unwrap(), Vec::<PathBuf>::new());
+
+    let other_root = dir.path().join("mnt/kubelet").join(csi);
+    let _kubelets = Mounted::bind(&staging, &other_root);
+    let _sub = Mounted::bind(&staging.join("sub"), &dir.path().join("subpath"));
+    assert_eq!(device_mount_refs(&staging).unwrap(), Vec::<PathBuf>::new());
+    let mut volume = Volume {
+        device: Belief::Mounted,
+        ..Volume::default()
+    };
+    settle(&mut volume, Some(&staging), &backoff, |_| async { Ok(()) })
+        .await
+        .unwrap();
+    drop(staged);
+    assert_eq!(
+        device_mount_refs(&dir.path().join("gone")).unwrap(),
+        Vec::<PathBuf>::new()
+    );
 }

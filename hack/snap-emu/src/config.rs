@@ -139,9 +139,10 @@ impl Config {
             .unwrap_or_else(|| self.state_dir.join("sysfs"))
     }
 
-    /// Where the host side mounts virtio-fs devices, one directory per tag
-    /// (`<state_dir>/host/virtiofs`): a host here bind-mounts `<it>/<tag>`
-    /// where a real one mounts `-t virtiofs <tag>`.
+    /// Where the host's virtio-fs devices are, a socket per tag
+    /// (`<state_dir>/host/virtiofs`): a host here mounts one with
+    /// `fuse_handoff::mount(<it>, tag, ...)` where a real one mounts `-t
+    /// virtiofs <tag>`.
     pub fn effective_virtiofs_dir(&self) -> PathBuf {
         self.host_dir().join(crate::host::VIRTIOFS_DIR)
     }

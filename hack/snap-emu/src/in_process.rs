@@ -90,9 +90,10 @@ impl InProcess {
         &self.sysfs_root
     }
 
-    /// Where the host mounts virtio-fs devices, one directory per tag: a
-    /// host here bind-mounts `<it>/<tag>` where a real one mounts
-    /// `-t virtiofs <tag>` (see [`Config::effective_virtiofs_dir`]).
+    /// Where the host's virtio-fs devices are, a socket per tag: a host
+    /// here mounts one with `fuse_handoff::mount(<it>, tag, ...)` where a
+    /// real one mounts `-t virtiofs <tag>` (see
+    /// [`Config::effective_virtiofs_dir`]).
     pub fn virtiofs_dir(&self) -> &Path {
         &self.virtiofs_dir
     }

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::Command;
 
 use common::binary::{connect, spawn, spawn_with, terminate, wait_exit};
-use common::{Client, losetup_all};
+use common::{Client, HostMount, losetup_all};
 use serde_json::json;
 
 /// The disk a killed emulator leaves: an AIO bdev over `img` on a
@@ -171,14 +171,20 @@ async fn a_restart_cleans_up_a_killed_emulators_virtio_fs_devices() {
     let state = dir.path().join("state");
     let share = dir.path().join("share");
     std::fs::create_dir(&share).unwrap();
-    let mountpoint = state.join("host/virtiofs/killed");
+    let devices = state.join("host/virtiofs");
     let entry = state.join("sysfs/fs/virtiofs/0");
+    let dead = |mount: &Path| {
+        std::fs::metadata(mount.join("kept"))
+            .is_err_and(|e| e.raw_os_error() == Some(nix::libc::ENOTCONN))
+    };
 
+    std::fs::write(share.join("kept"), b"kept").unwrap();
     let mut first = spawn(&socket, &state);
     let mut c = connect(&socket, &mut first).await;
     common::virtio_fs_ready(&mut c, &share).await;
     common::virtio_fs_attach(&mut c, "d", "killed").await;
-    assert!(mounted(&mountpoint), "the device is mounted on the host");
+    let host = HostMount::new(&devices, "killed", &dir.path().join("host"));
+    assert_eq!(std::fs::read(host.join("kept")).unwrap(), b"kept");
     assert_eq!(
         std::fs::read_to_string(entry.join("tag")).unwrap(),
         "killed\n"
@@ -187,12 +193,18 @@ async fn a_restart_cleans_up_a_killed_emulators_virtio_fs_devices() {
     drop(c);
     first.kill().expect("SIGKILL");
     first.wait().expect("reap");
-    assert!(mounted(&mountpoint), "SIGKILL leaves the mount, dead");
+    assert!(dead(&host), "the host's mount dies with its server");
+    assert!(devices.join("killed").exists(), "SIGKILL leaves the socket");
 
     let mut again = spawn(&socket, &state);
     let c = connect(&socket, &mut again).await;
-    assert!(!mounted(&mountpoint), "the restart unmounted it");
+    assert!(
+        !devices.join("killed").exists(),
+        "the restart removed the socket"
+    );
     assert!(!entry.exists(), "the restart removed its sysfs entry");
+    assert!(dead(&host), "a restart serves no earlier mount");
+    drop(host);
     drop(c);
     terminate(again);
 }

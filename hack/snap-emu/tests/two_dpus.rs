@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use common::binary::{connect, spawn_with, terminate};
-use common::{Client, dev_node, free_vf, losetup_all, wait_for_disk};
+use common::{Client, HostMount, dev_node, free_vf, losetup_all, wait_for_disk};
 use serde_json::json;
 
 const MIB: u64 = 1 << 20;
@@ -99,7 +99,8 @@ impl Seen {
         }
         let tag = std::fs::read_to_string(self.fs_entry.join("tag")).unwrap();
         assert_eq!(tag, format!("{}\n", dpu.tag()));
-        let mount = dpu.state.join("host/virtiofs").join(dpu.tag());
+        let at = dpu.state.join("host-mount");
+        let mount = HostMount::new(&dpu.state.join("host/virtiofs"), &dpu.tag(), &at);
         assert_eq!(
             std::fs::read_to_string(mount.join("hello")).unwrap(),
             dpu.pattern("fs")

@@ -11,10 +11,8 @@ use std::io::{Read, Write};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use common::{Client, Emu};
-use nix::mount::{MntFlags, MsFlags, mount, umount2};
+use common::{HostMount, VirtioFsFixture};
 use serde_json::{Value, json};
-use snap_emu::Config;
 
 const ENODEV: i64 = -19;
 const EEXIST: i64 = -17;
@@ -22,42 +20,13 @@ const EBUSY: i64 = -16;
 const EINVAL: i64 = -22;
 const DECODE: i64 = -32603;
 
-struct Fixture {
-    emu: Emu,
-    client: Client,
-    virtiofs_dir: PathBuf,
-    /// The fsdev `fs0`'s tree.
-    share: PathBuf,
-    _dir: tempfile::TempDir,
-}
+type Fixture = VirtioFsFixture;
 
-/// An emulator with `fs0` over a fresh directory, the DOCA transport
-/// started and manager `mlx5_0`.
 async fn fixture() -> Fixture {
-    let dir = tempfile::tempdir().unwrap();
-    let share = dir.path().join("share");
-    fs::create_dir(&share).unwrap();
-    let config = Config::for_test(dir.path());
-    let virtiofs_dir = config.effective_virtiofs_dir();
-    let emu = Emu::start(config).await;
-    let mut client = emu.client().await;
-    common::virtio_fs_ready(&mut client, &share).await;
-    Fixture {
-        emu,
-        client,
-        virtiofs_dir,
-        share,
-        _dir: dir,
-    }
+    VirtioFsFixture::start().await
 }
 
-impl Fixture {
-    /// DPF's attach: a function, a device on it serving `fs0` under `tag`,
-    /// bound, started, hot-plugged. Returns the function's VUID.
-    async fn attach(&mut self, dev: &str, tag: &str) -> String {
-        common::virtio_fs_attach(&mut self.client, dev, tag).await
-    }
-
+impl VirtioFsFixture {
     /// The host's `fs/virtiofs/<n>` whose tag is `tag`, if any.
     fn sysfs_entry(&self, tag: &str) -> Option<PathBuf> {
         let dir = self.emu.sysfs_root.join("fs/virtiofs");
@@ -81,6 +50,15 @@ fn mounted_at(point: &Path) -> Option<(String, String)> {
         let fstype = right.next()?.to_owned();
         Some((right.next()?.to_owned(), fstype))
     })
+}
+
+/// Every mount point whose source is `tag`.
+fn mounts_of_tag(tag: &str) -> Vec<PathBuf> {
+    let info = fs::read_to_string("/proc/self/mountinfo").unwrap();
+    info.lines()
+        .filter(|line| line.split(" - ").nth(1).and_then(|r| r.split(' ').nth(1)) == Some(tag))
+        .map(|line| PathBuf::from(line.split(' ').nth(4).unwrap()))
+        .collect()
 }
 
 fn function_of(functions: &Value, vuid: &str) -> Value {
@@ -259,12 +237,20 @@ async fn two_hot_plugged_devices_serve_one_tree_through_real_fuse_mounts() {
             .unwrap()
             .starts_with("virtio")
     );
-    let (mount_a, mount_b) = (fx.virtiofs_dir.join("tag-a"), fx.virtiofs_dir.join("tag-b"));
+    // Two hosts, each mounting its device as a real host does.
+    let hosts = fx.dir.path().join("hosts");
+    let mount_a = HostMount::new(&fx.virtiofs_dir, "tag-a", &hosts.join("a"));
+    let mount_b = HostMount::new(&fx.virtiofs_dir, "tag-b", &hosts.join("b"));
     let shown = mounted_at(&mount_a).unwrap_or_else(|| {
         let info = fs::read_to_string("/proc/self/mountinfo").unwrap();
         panic!("{} is not mounted:\n{info}", mount_a.display())
     });
     assert_eq!(shown, ("tag-a".to_owned(), "fuse.virtiofs".to_owned()));
+    assert_eq!(
+        mounts_of_tag("tag-a"),
+        [mount_a.to_path_buf()],
+        "the host's mount is the device's only one"
+    );
 
     // What one host writes and closes, the tree and the other host read.
     fs::create_dir(mount_a.join("dir")).unwrap();
@@ -329,31 +315,26 @@ async fn two_hot_plugged_devices_serve_one_tree_through_real_fuse_mounts() {
     assert!(!fx.share.join("empty").exists());
     fs::remove_file(mount_a.join("dir/hard")).unwrap();
     fs::remove_file(mount_a.join("dir/link")).unwrap();
-    let over = nix::sys::statvfs::statvfs(&mount_a).unwrap();
+    let over = nix::sys::statvfs::statvfs(&*mount_a).unwrap();
     let under = nix::sys::statvfs::statvfs(&fx.share).unwrap();
     assert_eq!(
         (over.blocks(), over.block_size()),
         (under.blocks(), under.block_size())
     );
 
-    // A host with the device mounted (a bind, as the node mounts it) and a
-    // file open: hot-unplug takes the entry and the mount, and both refuse.
-    let staging = fx._dir.path().join("staging");
-    fs::create_dir(&staging).unwrap();
-    mount(
-        Some(&mount_a),
-        &staging,
-        None::<&str>,
-        MsFlags::MS_BIND,
-        None::<&str>,
-    )
-    .unwrap();
-    let mut open = fs::File::open(staging.join("dir/moved")).unwrap();
+    // A host with the device mounted and a file open: hot-unplug takes the
+    // entry and the device, and the mount and the file refuse.
+    let mut open = fs::File::open(mount_a.join("dir/moved")).unwrap();
     let plug = json!({"dev_name": "dev-a", "wait_for_done": true});
     fx.client.ok("virtio_fs_doca_device_hotunplug", plug).await;
     assert!(fx.sysfs_entry("tag-a").is_none(), "the tag left sysfs");
-    assert!(mounted_at(&mount_a).is_none(), "the device's mount is gone");
-    let refused = fs::metadata(staging.join("dir/moved")).unwrap_err();
+    let again = HostMount::try_new(&fx.virtiofs_dir, "tag-a", &hosts.join("again"));
+    assert_eq!(
+        again.unwrap_err(),
+        nix::errno::Errno::ENOENT,
+        "the device left the host"
+    );
+    let refused = fs::metadata(mount_a.join("dir/moved")).unwrap_err();
     assert_eq!(
         refused.raw_os_error(),
         Some(nix::libc::ENOTCONN),
@@ -362,7 +343,7 @@ async fn two_hot_plugged_devices_serve_one_tree_through_real_fuse_mounts() {
     let read = open.read(&mut [0; 4]).unwrap_err();
     assert_eq!(read.raw_os_error(), Some(nix::libc::ENOTCONN), "{read}");
     drop(open);
-    umount2(&staging, MntFlags::MNT_DETACH).unwrap();
+    drop(mount_a);
     // The other device still serves the tree.
     assert_eq!(fs::read(mount_b.join("dir/moved")).unwrap(), b"b");
 
@@ -383,11 +364,16 @@ async fn two_hot_plugged_devices_serve_one_tree_through_real_fuse_mounts() {
         .ok("virtio_fs_doca_function_destroy", function)
         .await;
 
-    // Deleting the fsdev takes the other device's mount off the host.
+    // Deleting the fsdev takes the other device off the host.
     fx.client
         .ok("fsdev_aio_delete", json!({"name": "fs0"}))
         .await;
     assert!(fx.sysfs_entry("tag-b").is_none());
-    assert!(mounted_at(&mount_b).is_none());
+    let refused = fs::metadata(mount_b.join("dir")).unwrap_err();
+    assert_eq!(
+        refused.raw_os_error(),
+        Some(nix::libc::ENOTCONN),
+        "{refused}"
+    );
     fx.emu.stop().await;
 }

@@ -2,11 +2,13 @@
 //! `mount(tag, staging, "virtiofs")`, the kernel's virtio-fs client. No
 //! device node, no filesystem to make or preen: the DPU serves the tree.
 //!
-//! On the emulator (`--virtiofs-emulated-dir`), the emulated host has
-//! already mounted each hot-plugged device's tree at `<dir>/<tag>` (a real
-//! kernel FUSE mount, `fuse.virtiofs`, source the tag: virtio-fs is FUSE over
-//! virtqueues), and the stage binds that mount instead. That is the whole
-//! seam; everything around it is the code a BlueField host runs.
+//! On the emulator (`--virtiofs-emulated-dir`), a device is the
+//! emulator's socket `<dir>/<tag>`: the stage mounts FUSE at the staging path
+//! itself (`fuse.virtiofs`, source the tag: virtio-fs is FUSE over
+//! virtqueues) and hands the connection to the emulated device, which serves
+//! it (crate `fuse-handoff`). That is the whole seam; everything around it is
+//! the code a BlueField host runs, and the staging path is the only mount of
+//! the volume's filesystem, as on a real host.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -81,16 +83,16 @@ pub async fn mount_virtio_fs(
         return Ok(false);
     }
     let source = match emulated {
-        Some(dir) => Source::Emulated(dir.join(tag)),
-        None => Source::Kernel(tag.to_string()),
+        Some(dir) => Source::Emulated(dir.to_path_buf()),
+        None => Source::Kernel,
     };
     let data = options.data_string();
     let mut delay = Duration::from_millis(5);
     loop {
         let (source, tgt, sent) = (source.clone(), target.to_path_buf(), data.clone());
-        let flags = options.flags;
+        let (flags, tag) = (options.flags, tag.to_string());
         let tried = command::run_blocking("mount", &what, deadline, move || {
-            Ok(source.mount(&tgt, flags, sent.as_deref()))
+            Ok(source.mount(&tag, &tgt, flags, sent.as_deref(), deadline))
         })
         .await?;
         let errno = match tried {
@@ -130,43 +132,27 @@ pub async fn mount_virtio_fs(
 #[derive(Debug, Clone)]
 enum Source {
     /// The kernel's virtio-fs client finds the device by tag.
-    Kernel(String),
-    /// The emulated host's FUSE mount of the tag.
+    Kernel,
+    /// The emulator's directory of devices, a socket per tag.
     Emulated(PathBuf),
 }
 
 impl Source {
-    fn mount(&self, target: &Path, flags: MsFlags, data: Option<&str>) -> Result<(), Errno> {
+    fn mount(
+        &self,
+        tag: &str,
+        target: &Path,
+        flags: MsFlags,
+        data: Option<&str>,
+        deadline: Instant,
+    ) -> Result<(), Errno> {
         match self {
-            Source::Kernel(tag) => {
-                nix::mount::mount(Some(tag.as_str()), target, Some(VIRTIOFS), flags, data)
-            }
-            Source::Emulated(tree) => {
-                // Not there yet is what the kernel says of an unknown tag.
-                let tag = tree.file_name().and_then(|t| t.to_str()).unwrap_or("");
-                match mountinfo::at(tree) {
-                    Ok(Some(entry)) if is_tag_mount(&entry, tag) => {}
-                    _ => return Err(Errno::ENOENT),
-                }
-                nix::mount::mount(
-                    Some(tree),
-                    target,
-                    None::<&str>,
-                    MsFlags::MS_BIND,
-                    None::<&str>,
-                )?;
-                // A bind takes the CO's flags (read-only among them) only
-                // on a remount.
-                let flags = flags & !MsFlags::MS_BIND;
-                if flags.is_empty() {
-                    return Ok(());
-                }
-                let remount = MsFlags::MS_REMOUNT | MsFlags::MS_BIND | flags;
-                nix::mount::mount(None::<&str>, target, None::<&str>, remount, None::<&str>)
-                    .inspect_err(|_| {
-                        // A writable bind where read-only was asked must not stay.
-                        let _ = nix::mount::umount2(target, nix::mount::MntFlags::MNT_DETACH);
-                    })
+            Source::Kernel => nix::mount::mount(Some(tag), target, Some(VIRTIOFS), flags, data),
+            // FUSE knows none of virtio-fs's own options (dax, ...): the
+            // emulated mount takes the flags only.
+            Source::Emulated(devices) => {
+                let left = deadline.saturating_duration_since(Instant::now());
+                fuse_handoff::mount(devices, tag, target, flags, left)
             }
         }
     }

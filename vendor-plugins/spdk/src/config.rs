@@ -9,7 +9,7 @@ use snap_csi::node::dpus::is_label_name;
 use snap_csi::settings::MAX_SECONDS;
 
 use crate::backend::{Devices, Kind};
-use crate::csi::{AioConfig, CsiConfig, FsConfig, NvmfConfig};
+use crate::csi::{AioConfig, CsiConfig, DpuPlugin, FsConfig, NvmfConfig};
 use crate::service::ServiceConfig;
 
 /// Where DPF looks for this plugin (`plugins/<plugin-name>/dpu.sock`).
@@ -132,6 +132,60 @@ pub struct Args {
     /// sidecars built on CSI v1.11 crash on it, so only for sidecars built on 1.12.
     #[arg(long, env = "SPDK_PLUGIN_ADVERTISE_GET_SNAPSHOT")]
     pub advertise_get_snapshot: bool,
+    /// CSI controller: a DPU's vendor plugin socket, under the DPU's name as
+    /// the node gives it (NAME=PATH); given again (or comma-separated), more
+    /// DPUs. DeleteVolume asks each for its devices (ListDevices) and refuses
+    /// a volume one serves (FAILED_PRECONDITION) or while one does not answer
+    /// (UNAVAILABLE). Without it, DeleteVolume checks nothing: a volume still
+    /// staged on a host is deleted.
+    #[arg(
+        long = "dpu-plugin",
+        env = "SPDK_PLUGIN_DPU_PLUGIN",
+        value_delimiter = ',',
+        value_name = "NAME=PATH",
+        value_parser = parse_dpu_plugin
+    )]
+    pub dpu_plugins: Vec<DpuPlugin>,
+}
+
+/// `--dpu-plugin NAME=PATH`.
+fn parse_dpu_plugin(value: &str) -> Result<DpuPlugin, String> {
+    let (name, path) = value
+        .split_once('=')
+        .ok_or_else(|| format!("{value:?} is not NAME=PATH"))?;
+    if !is_label_name(name) {
+        return Err(format!(
+            "{name:?} is not a DPU's name as the node gives it (a Kubernetes label name: \
+             letters, digits, '-', '_', '.', at most 63)"
+        ));
+    }
+    if path.is_empty() {
+        return Err(format!("DPU {name} has no socket path"));
+    }
+    Ok(DpuPlugin {
+        name: name.to_string(),
+        socket: PathBuf::from(path),
+    })
+}
+
+/// The DPUs' plugins: no name or socket twice (a typo that would leave a
+/// DPU unchecked).
+fn check_dpu_plugins(plugins: &[DpuPlugin]) -> Result<Vec<DpuPlugin>, String> {
+    for (i, plugin) in plugins.iter().enumerate() {
+        if let Some(other) = plugins[..i]
+            .iter()
+            .find(|p| p.name == plugin.name || p.socket == plugin.socket)
+        {
+            return Err(format!(
+                "--dpu-plugin {}={} and {}={} repeat a DPU or a socket",
+                other.name,
+                other.socket.display(),
+                plugin.name,
+                plugin.socket.display()
+            ));
+        }
+    }
+    Ok(plugins.to_vec())
 }
 
 impl Args {
@@ -200,6 +254,9 @@ impl Args {
 
     fn csi(&self, call_timeout: Duration) -> Result<Option<CsiConfig>, String> {
         let Some(socket) = &self.csi_socket else {
+            if !self.dpu_plugins.is_empty() {
+                return Err("--dpu-plugin needs --csi-socket: only the controller asks".into());
+            }
             return Ok(None);
         };
         let aio = match &self.aio_pool_dir {
@@ -282,6 +339,7 @@ impl Args {
             default_backend,
             call_timeout,
             advertise_get_snapshot: self.advertise_get_snapshot,
+            dpu_plugins: check_dpu_plugins(&self.dpu_plugins)?,
         }))
     }
 }
@@ -495,6 +553,46 @@ mod tests {
         let nine: Vec<String> = (0..9).map(|n| format!("10.0.0.1:{}", 4420 + n)).collect();
         let nine: Vec<&str> = nine.iter().map(String::as_str).collect();
         assert!(nvmf(&nine).unwrap_err().contains("at most 8 paths"));
+    }
+
+    #[test]
+    fn dpu_plugins_are_named_as_the_node_names_dpus_and_none_is_given_twice() {
+        let base = ["--csi-socket", "/run/csi.sock", "--aio-pool-dir", "/pool"];
+        let with = |plugins: &[&str]| {
+            let mut args = base.to_vec();
+            for p in plugins {
+                args.extend(["--dpu-plugin", p]);
+            }
+            csi(&args).map(|c| c.unwrap().dpu_plugins)
+        };
+        assert!(with(&[]).unwrap().is_empty());
+        let plugin = |name: &str, socket: &str| DpuPlugin {
+            name: name.into(),
+            socket: socket.into(),
+        };
+        let two = with(&["bf-a=/run/a.sock", "bf-b=/run/b.sock"]).unwrap();
+        assert_eq!(
+            two,
+            [plugin("bf-a", "/run/a.sock"), plugin("bf-b", "/run/b.sock")]
+        );
+        // Comma-separated, as the environment variable gives them.
+        assert_eq!(with(&["bf-a=/run/a.sock,bf-b=/run/b.sock"]).unwrap(), two);
+        for bad in ["bf-a", "bf/a=/run/a.sock", "=/run/a.sock", "bf-a="] {
+            let mut args = base.to_vec();
+            args.extend(["--dpu-plugin", bad]);
+            let mut all = vec!["p"];
+            all.extend(args);
+            assert!(Args::try_parse_from(all).is_err(), "{bad}");
+        }
+        for twice in [
+            &["bf-a=/run/a.sock", "bf-a=/run/b.sock"][..],
+            &["bf-a=/run/a.sock", "bf-b=/run/a.sock"][..],
+        ] {
+            let error = with(twice).unwrap_err();
+            assert!(error.contains("repeat a DPU or a socket"), "{error}");
+        }
+        let error = csi(&["--dpu-plugin", "bf-a=/run/a.sock"]).unwrap_err();
+        assert!(error.contains("needs --csi-socket"), "{error}");
     }
 
     #[test]

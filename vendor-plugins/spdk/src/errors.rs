@@ -1,6 +1,8 @@
 //! Every failure's gRPC code, in one place: a [`Failure`] says what failed
 //! and where, and `From<Failure> for Status` is the one map (the plugin
-//! service's and the CSI controller's alike).
+//! service's and the CSI controller's alike). DeleteVolume's refusals of a
+//! volume a DPU serves are answers about the DPUs, not failures: they are
+//! mapped beside their check ([`crate::csi::in_use`]).
 //!
 //! The node retries UNAVAILABLE and DEADLINE_EXCEEDED with backoff and gives
 //! up on anything else, so the choice says whether waiting can help. Any

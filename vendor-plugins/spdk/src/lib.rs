@@ -194,8 +194,15 @@ fn bind_csi(config: &csi::CsiConfig) -> Result<Endpoint, ServeError> {
         aio_pool = ?config.aio.as_ref().map(|a| &a.pool_dir),
         nvmf_target = ?config.nvmf.as_ref().map(|n| &n.target_socket),
         default_backend = config.default_backend.as_str(),
+        dpu_plugins = ?config.dpu_plugins.iter().map(|p| &p.name).collect::<Vec<_>>(),
         "CSI controller listening"
     );
+    if config.dpu_plugins.is_empty() {
+        tracing::info!(
+            "no --dpu-plugin: DeleteVolume does not check whether a DPU still serves the volume \
+             (a volume staged on a host is deleted)"
+        );
+    }
     Ok(Endpoint {
         router,
         listener,

@@ -166,8 +166,43 @@ async fn serves_the_csi_controller_beside_the_plugin() {
         .unwrap();
     drop((identity, controller));
 
-    terminate(child, "the binary stops on SIGTERM").await;
+    let logs = terminate(child, "the binary stops on SIGTERM").await;
     assert!(!csi_socket.exists() && !plugin_socket.exists());
+    // Said once, as it starts: no --dpu-plugin, no in-use check.
+    let unchecked = "no --dpu-plugin: DeleteVolume does not check whether a DPU still serves";
+    assert_eq!(logs.matches(unchecked).count(), 1, "{logs}");
+}
+
+/// The DPUs' plugins, from the environment (comma-separated): the start
+/// line names them, and nothing says that DeleteVolume checks nothing.
+#[tokio::test]
+async fn the_controller_names_the_dpus_it_asks_before_deleting() {
+    let dir = tempfile::tempdir().unwrap();
+    let plugin_socket = dir.path().join("dpu.sock");
+    let csi_socket = dir.path().join("csi.sock");
+    let dpus = format!(
+        "bf-a={},bf-b={}",
+        dir.path().join("a.sock").display(),
+        dir.path().join("b.sock").display()
+    );
+    let child = tokio::process::Command::new(BINARY)
+        .arg("--plugin-socket")
+        .arg(&plugin_socket)
+        .arg("--csi-socket")
+        .arg(&csi_socket)
+        .arg("--aio-pool-dir")
+        .arg(dir.path().join("pool"))
+        .env("SPDK_PLUGIN_STATE_DIR", dir.path().join("state"))
+        .env("SPDK_PLUGIN_DPU_PLUGIN", dpus)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    wait_for(&[&csi_socket, &plugin_socket]).await;
+    let logs = terminate(child, "the binary stops on SIGTERM").await;
+    assert!(logs.contains(r#"dpu_plugins=["bf-a", "bf-b"]"#), "{logs}");
+    assert!(!logs.contains("no --dpu-plugin"), "{logs}");
 }
 
 #[test]

@@ -7,8 +7,9 @@
 //! (`tree`), in the PCI domain of the DPU it emulates ([`PciDomain`]), so
 //! that the emulators of a host's two DPUs can share one tree.
 //!
-//! A started, hot-plugged virtio-fs device is a kernel FUSE mount of its
-//! fsdev's tree and its entry under `fs/virtiofs` (`virtiofs`).
+//! A started, hot-plugged virtio-fs device is its entry under `fs/virtiofs`
+//! and a socket a host mounts it through, handing the emulator the FUSE
+//! connection to serve its fsdev's tree on (`virtiofs`).
 //!
 //! The data path: a disk whose [`Source`] is [`Source::DataPath`] gets its
 //! loop device over a file the emulator serves through FUSE (see
@@ -472,11 +473,11 @@ impl HostSide {
         Ok(())
     }
 
-    /// The directory holding a mount per virtio-fs device on the host,
-    /// named by its tag: a host here bind-mounts `<it>/<tag>` where a real
-    /// one mounts `-t virtiofs <tag>`.
+    /// The directory holding a socket per virtio-fs device on the host,
+    /// named by its tag: a host here mounts `fuse_handoff::mount(<it>, tag,
+    /// ...)` where a real one mounts `-t virtiofs <tag>`.
     pub fn virtiofs_dir(&self) -> PathBuf {
-        self.virtiofs().mounts_dir().to_owned()
+        self.virtiofs().devices_dir().to_owned()
     }
 
     /// A started virtio-fs device of the function at `bdf` appears on the

@@ -1,10 +1,10 @@
 //! virtio-fs devices on the host: what a host's kernel (6.9+) shows of a
-//! started, hot-plugged device, and the mount it serves.
+//! started, hot-plugged device, and how a host mounts it.
 //!
 //! ```text
 //! <sysfs root>/fs/virtiofs/<n>/tag       the tag and a newline
 //! <sysfs root>/fs/virtiofs/<n>/device -> <sysfs root>/bus/pci/devices/<domain>:<bdf>/virtio<n>
-//! <state dir>/virtiofs/<tag>             a kernel FUSE mount of the fsdev's tree
+//! <state dir>/virtiofs/<tag>             the device: a UNIX socket (crate fuse-handoff)
 //! ```
 //!
 //! `<n>` is the host's virtio device index, one numbering for all its
@@ -12,67 +12,68 @@
 //! `<n>` neither has, and each emulator takes away only the entries that
 //! link to its own domain's functions.
 //!
-//! The mount is `fuse.virtiofs` with the tag as its source (FUSE's
-//! `subtype=virtiofs`), `allow_other` and
-//! `default_permissions`, served by `datapath::passthrough`. Where a real
-//! host runs `mount -t virtiofs <tag> <dir>`, a host here bind-mounts
-//! `<state dir>/virtiofs/<tag>` onto `<dir>`.
+//! Where a real host runs `mount -t virtiofs <tag> <dir>`, a host here runs
+//! `fuse_handoff::mount`: it mounts FUSE at `<dir>` itself (`fuse.virtiofs`,
+//! the tag as its source, `allow_other`, `default_permissions`) and hands
+//! the connection to the device's socket, where a passthrough server
+//! (`datapath::passthrough`) serves the fsdev's tree on it until the host
+//! unmounts. The emulator mounts nothing of its own, so a host's mount is
+//! the only one of that filesystem, as on a real host.
 //!
-//! A device appears mount first, then its sysfs entry (what a host waits
-//! for), and goes the other way round: its entry, then the mount, lazily,
-//! while its filesystem answers ENOTCONN to whoever still has it mounted,
-//! as a host's mount does once its device is gone. The FUSE session ends
-//! with the last such mount, unmounting nothing itself ([`mount_fuse`]).
+//! A device appears socket first, then its sysfs entry (what a host waits
+//! for), and goes the other way round: its entry, then its socket, while
+//! every connection it serves answers ENOTCONN to whoever still has it
+//! mounted, as a host's mount does once its device is gone. A connection
+//! whose server died (the emulator killed) is aborted by the kernel: the
+//! same ENOTCONN.
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::os::fd::AsRawFd;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use anyhow::{Context, bail};
-use fuser::SessionACL;
-use nix::mount::{MntFlags, MsFlags, umount2};
+use fuse_handoff::Listener;
 
 use super::tree::{Tree, remove_dir_if_empty};
-use crate::datapath::fuse::unmount_stale;
-use crate::datapath::passthrough::Passthrough;
+use crate::datapath::passthrough::{self, Passthrough};
 
 /// Where the kernel lists virtio-fs devices, under the sysfs root.
 const SYSFS_DIR: &str = "fs/virtiofs";
 /// The virtio device id of a filesystem device (virtio spec 5.11).
 const VIRTIO_ID_FS: u32 = 26;
+/// How long a host that came to mount a device has to send its connection.
+const HANDOFF_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// One device the host sees.
 #[derive(Debug)]
 struct Shown {
     bdf: String,
     tag: String,
-    mountpoint: PathBuf,
     gone: Arc<AtomicBool>,
-    session: fuser::BackgroundSession,
+    listener: Arc<Listener>,
 }
 
 /// The host's virtio-fs devices, by the `<n>` the kernel numbers them with.
 #[derive(Debug)]
 pub(super) struct VirtioFs {
-    /// `<state dir>/virtiofs`, holding a mount per device's tag.
-    mounts_dir: PathBuf,
+    /// `<state dir>/virtiofs`, holding a socket per device's tag.
+    devices_dir: PathBuf,
     shown: BTreeMap<u32, Shown>,
 }
 
 impl VirtioFs {
-    pub(super) fn new(mounts_dir: PathBuf) -> Self {
+    pub(super) fn new(devices_dir: PathBuf) -> Self {
         Self {
-            mounts_dir,
+            devices_dir,
             shown: BTreeMap::new(),
         }
     }
 
-    pub(super) fn mounts_dir(&self) -> &Path {
-        &self.mounts_dir
+    pub(super) fn devices_dir(&self) -> &Path {
+        &self.devices_dir
     }
 
     /// Shows a device of the function at `bdf` serving `root` under `tag`;
@@ -87,22 +88,25 @@ impl VirtioFs {
         if self.shown.values().any(|s| s.tag == tag) {
             bail!("a virtio-fs device with tag {tag} is already on the host");
         }
-        let mountpoint = self.mounts_dir.join(tag);
-        fs::create_dir_all(&mountpoint)
-            .with_context(|| format!("creating {}", mountpoint.display()))?;
-        let gone = Arc::new(AtomicBool::new(false));
-        let fs = Passthrough::new(root, Arc::clone(&gone))
-            .with_context(|| format!("opening the fsdev's tree {}", root.display()))?;
-        let session = mount_fuse(fs, &mountpoint, tag)
-            .with_context(|| format!("mounting {tag} at {} (FUSE)", mountpoint.display()))?;
+        // The tree must open now: a device over nothing is refused here,
+        // not at a host's mount.
+        drop(
+            Passthrough::new(root, Arc::new(AtomicBool::new(false)))
+                .with_context(|| format!("opening the fsdev's tree {}", root.display()))?,
+        );
+        fs::create_dir_all(&self.devices_dir)
+            .with_context(|| format!("creating {}", self.devices_dir.display()))?;
+        let socket = self.devices_dir.join(tag);
+        let listener = Listener::bind(&socket)
+            .with_context(|| format!("listening for hosts at {}", socket.display()))?;
         let shown = Shown {
             bdf: bdf.to_owned(),
             tag: tag.to_owned(),
-            mountpoint,
-            gone,
-            session,
+            gone: Arc::new(AtomicBool::new(false)),
+            listener: Arc::new(listener),
         };
-        let n = match self.claim(tree, bdf, tag) {
+        let served = serve_hosts(&shown, root);
+        let n = match served.and_then(|()| self.claim(tree, bdf, tag)) {
             Ok(n) => n,
             Err(e) => {
                 take_down(shown);
@@ -145,7 +149,8 @@ impl VirtioFs {
     }
 
     /// What an earlier run left: its entries in the tree (those linking to
-    /// our domain's functions) and its mounts (dead once it died: ENOTCONN).
+    /// our domain's functions) and its devices' sockets. Its hosts' mounts
+    /// died with it (ENOTCONN) and are theirs to take away.
     pub(super) fn clean_up(&self, tree: &Tree) -> anyhow::Result<()> {
         let entries = tree.root().join(SYSFS_DIR);
         for entry in fs::read_dir(&entries).into_iter().flatten() {
@@ -155,80 +160,63 @@ impl VirtioFs {
             }
         }
         remove_dir_if_empty(&entries)?;
-        let Ok(mounts) = fs::read_dir(&self.mounts_dir) else {
-            return Ok(());
-        };
-        for mount in mounts {
-            let path = mount?.path();
-            unmount_stale(&path)?;
-            let _ = fs::remove_dir(&path);
+        for socket in fs::read_dir(&self.devices_dir).into_iter().flatten() {
+            let socket = socket?.path();
+            fs::remove_file(&socket).with_context(|| format!("removing {}", socket.display()))?;
         }
         Ok(())
     }
 }
 
-/// Mounts `fs` at `mountpoint` as a host shows a virtio-fs mount (type
-/// `fuse.virtiofs`, the tag as its source) and serves it in the background.
-/// The mount is made here, not by fuser: a session fuser mounted unmounts
-/// its mount point by path when it ends, and a device's session ends only
-/// once the last host mount of it goes, by when the tag's path may hold the
-/// mount of the device that replaced it (SNAP restarted, the volume
-/// attached again), which it would take away.
-fn mount_fuse(
-    fs: Passthrough,
-    mountpoint: &Path,
-    tag: &str,
-) -> anyhow::Result<fuser::BackgroundSession> {
-    let dev = fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/fuse")
-        .context("opening /dev/fuse")?;
-    let root_mode = fs::metadata(mountpoint)?.permissions().mode();
-    let data = format!(
-        "fd={},rootmode={root_mode:o},user_id={},group_id={},default_permissions,\
-         allow_other,subtype=virtiofs",
-        dev.as_raw_fd(),
-        nix::unistd::getuid(),
-        nix::unistd::getgid(),
+/// Serves every host that comes to mount the device, each on a thread of
+/// its own, until the device is taken down.
+fn serve_hosts(shown: &Shown, root: &Path) -> anyhow::Result<()> {
+    let (listener, gone, root) = (
+        Arc::clone(&shown.listener),
+        Arc::clone(&shown.gone),
+        root.to_owned(),
     );
-    nix::mount::mount(
-        Some(tag),
-        mountpoint,
-        Some("fuse"),
-        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-        Some(data.as_str()),
-    )?;
-    let mut config = fuser::Config::default();
-    config.n_threads = Some(2);
-    config.clone_fd = true;
-    let served = fuser::Session::from_fd(fs, dev.into(), SessionACL::All, config)
-        .and_then(fuser::Session::spawn);
-    if served.is_err() {
-        let _ = umount2(mountpoint, MntFlags::MNT_DETACH);
-    }
-    Ok(served?)
+    std::thread::Builder::new()
+        .name(format!("virtiofs-{}", shown.tag))
+        .spawn(move || {
+            while let Ok(host) = listener.accept() {
+                let (gone, root) = (Arc::clone(&gone), root.clone());
+                let spawned = std::thread::Builder::new()
+                    .name("virtiofs-mount".into())
+                    .spawn(move || {
+                        if let Err(e) = serve_host(host, &root, gone) {
+                            tracing::warn!("a host's virtio-fs mount is not served: {e:#}");
+                        }
+                    });
+                if let Err(e) = spawned {
+                    tracing::error!("cannot serve a host's virtio-fs mount: {e}");
+                }
+            }
+        })
+        .context("starting the device's listener")?;
+    Ok(())
 }
 
-/// Its filesystem refuses from now on, its mount point goes, and its
-/// session ends once no host has it mounted any more.
+/// Serves the tree on the connection `host` sends, then tells it so.
+fn serve_host(host: fuse_handoff::Host, root: &Path, gone: Arc<AtomicBool>) -> anyhow::Result<()> {
+    let fuse = host
+        .connection(HANDOFF_TIMEOUT)
+        .context("receiving the host's FUSE connection")?;
+    if gone.load(Ordering::SeqCst) {
+        // Unanswered, the host sees no such device.
+        return Ok(());
+    }
+    let fs = Passthrough::new(root, gone)
+        .with_context(|| format!("opening the fsdev's tree {}", root.display()))?;
+    passthrough::serve(fs, fuse).context("serving the host's FUSE connection")?;
+    host.serving().context("answering the host")
+}
+
+/// No host reaches the device from now on, and every mount of it answers
+/// ENOTCONN until its host unmounts it (which ends its session).
 fn take_down(shown: Shown) {
     shown.gone.store(true, Ordering::SeqCst);
-    if let Err(e) = umount2(&shown.mountpoint, MntFlags::MNT_DETACH) {
-        tracing::warn!("unmounting {}: {e}", shown.mountpoint.display());
-    }
-    let _ = fs::remove_dir(&shown.mountpoint);
-    let session = shown.session;
-    let ended = std::thread::Builder::new()
-        .name("virtiofs-end".into())
-        .spawn(move || {
-            if session.join().is_err() {
-                tracing::warn!("a virtio-fs FUSE session ended with an error");
-            }
-        });
-    if let Err(e) = ended {
-        tracing::error!("cannot wait for a virtio-fs session's end: {e}");
-    }
+    shown.listener.close();
 }
 
 /// `virtio<n>` under the function, and `fs/virtiofs/<n>` naming it, each

@@ -141,6 +141,89 @@ pub async fn virtio_fs_ready(c: &mut Client, share: &Path) {
     .await;
 }
 
+/// An emulator ready for virtio-fs devices ([`virtio_fs_ready`]: the fsdev
+/// `fs0` over the fresh directory `share`), and the directory its hosts
+/// mount them under.
+pub struct VirtioFsFixture {
+    pub emu: Emu,
+    pub client: Client,
+    pub virtiofs_dir: PathBuf,
+    pub share: PathBuf,
+    pub dir: tempfile::TempDir,
+}
+
+impl VirtioFsFixture {
+    pub async fn start() -> VirtioFsFixture {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let share = dir.path().join("share");
+        // Pods run as other users: they must reach the tree.
+        for d in [dir.path(), &share] {
+            std::fs::create_dir_all(d).unwrap();
+            std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        let config = Config::for_test(dir.path());
+        let virtiofs_dir = config.effective_virtiofs_dir();
+        let emu = Emu::start(config).await;
+        let mut client = emu.client().await;
+        virtio_fs_ready(&mut client, &share).await;
+        VirtioFsFixture {
+            emu,
+            client,
+            virtiofs_dir,
+            share,
+            dir,
+        }
+    }
+
+    /// [`virtio_fs_attach`]: returns the function's VUID.
+    pub async fn attach(&mut self, dev: &str, tag: &str) -> String {
+        virtio_fs_attach(&mut self.client, dev, tag).await
+    }
+
+    /// A host's mount of a new device `tag` over `fs0`.
+    pub async fn host(&mut self, tag: &str) -> HostMount {
+        self.attach(&format!("dev-{tag}"), tag).await;
+        let at = self.dir.path().join("hosts").join(tag);
+        HostMount::new(&self.virtiofs_dir, tag, &at)
+    }
+}
+
+/// A host's mount of the virtio-fs device `tag` (its socket in `devices`)
+/// at `at`, as the node makes it where a real host runs `mount -t virtiofs`;
+/// unmounted when dropped.
+#[derive(Debug)]
+pub struct HostMount(PathBuf);
+
+impl HostMount {
+    pub fn new(devices: &Path, tag: &str, at: &Path) -> HostMount {
+        Self::try_new(devices, tag, at)
+            .unwrap_or_else(|e| panic!("mounting {tag} at {}: {e}", at.display()))
+    }
+
+    /// ENOENT: the host has no device with that tag.
+    pub fn try_new(devices: &Path, tag: &str, at: &Path) -> Result<HostMount, nix::errno::Errno> {
+        std::fs::create_dir_all(at).unwrap();
+        let flags = nix::mount::MsFlags::empty();
+        fuse_handoff::mount(devices, tag, at, flags, REPLY_TIMEOUT)?;
+        Ok(HostMount(at.to_owned()))
+    }
+}
+
+impl std::ops::Deref for HostMount {
+    type Target = Path;
+
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for HostMount {
+    fn drop(&mut self) {
+        let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
+    }
+}
+
 /// DPF's attach after [`virtio_fs_ready`]: a function, a device on it
 /// serving `fs0` under `tag`, bound, started, hot-plugged. Returns the
 /// function's VUID.

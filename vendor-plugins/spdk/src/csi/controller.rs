@@ -19,8 +19,9 @@
 //! CSI's FAILED_PRECONDITION for a volume in use is for a plugin that cannot
 //! grow one online. This controller never answers it: the plugin grows
 //! every bdev it makes online in every configuration of its binary (its
-//! follower cannot be turned off), and the controller could not tell a
-//! volume in use anyway (it sees neither SNAP nor the node). Two things
+//! follower cannot be turned off), and without `--dpu-plugin` the controller
+//! could not tell a volume in use anyway (it sees neither SNAP nor the node;
+//! with it, only DeleteVolume asks, [`super::in_use`]). Two things
 //! outside it keep a host disk from following, each said where it is known:
 //! a plugin that cannot see SNAP's files (a broken deployment: it logs it),
 //! and an encrypted volume, whose crypto vbdev the node stacks on the
@@ -416,6 +417,9 @@ impl csi::controller_server::Controller for CsiController {
         let Some((kind, slug)) = parse_volume_id(&req.volume_id) else {
             return Ok(Response::new(csi::DeleteVolumeResponse {}));
         };
+        // A backend not configured here is refused before any DPU is asked.
+        self.backend_of(kind, &format!("volume {}", req.volume_id))?;
+        self.refuse_in_use(&[&req.volume_id], deadline).await?;
         let _held = self.hold(volume_key(slug))?;
         if let Some(group) = self.group_of(&req.volume_id)? {
             return Err(Status::failed_precondition(format!(

@@ -22,8 +22,11 @@
 //! [`volume_group`], [`group_snapshot`] (GroupController), [`store`] (what a backend offers: [`aio`], [`nvmf`]),
 //! [`params`] (parameters and capabilities), [`sizes`] (capacity ranges),
 //! [`nvmf_export`] (an NVMe-oF volume's subsystem, limits and record),
-//! [`reexport`] (what a restarted target lost, exported again).
-//! Failures become CSI codes in the crate's one map, [`crate::errors`].
+//! [`reexport`] (what a restarted target lost, exported again), [`in_use`]
+//! (DeleteVolume refused while a DPU serves the volume).
+//! Failures become CSI codes in the crate's one map, [`crate::errors`]; the
+//! refusals of a volume in use, which are answers about the DPUs rather than
+//! failures, beside their check in [`in_use`].
 
 pub mod aio;
 pub mod controller;
@@ -31,6 +34,7 @@ pub mod fs;
 pub mod group_snapshot;
 pub mod identity;
 pub mod ids;
+pub mod in_use;
 pub mod modify;
 pub mod nvmf;
 pub mod nvmf_export;
@@ -54,6 +58,7 @@ use tokio::time::Instant;
 use tonic::{Request, Status};
 
 use crate::backend::Kind;
+pub use in_use::DpuPlugin;
 use store::VolumeBackend;
 
 /// The controller's settings.
@@ -74,6 +79,9 @@ pub struct CsiConfig {
     /// Whether ControllerGetCapabilities lists GET_SNAPSHOT (see
     /// [`controller::capabilities`]).
     pub advertise_get_snapshot: bool,
+    /// The DPUs' vendor plugins DeleteVolume asks whether a volume is in
+    /// use ([`in_use`]); none: it does not ask.
+    pub dpu_plugins: Vec<DpuPlugin>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -118,6 +126,7 @@ struct Inner {
     default_backend: Kind,
     call_timeout: Duration,
     advertise_get_snapshot: bool,
+    dpus: in_use::DpuPlugins,
     /// One operation per volume, snapshot or group name at a time.
     busy: VolumeGuard,
     groups: JsonDir,
@@ -129,7 +138,8 @@ struct Inner {
 }
 
 impl CsiController {
-    /// Opens the pool and state directories; no backend is contacted.
+    /// Opens the pool and state directories; no backend and no DPU is
+    /// contacted. Must be called inside a Tokio runtime (the DPUs' clients).
     pub fn new(config: &CsiConfig) -> std::io::Result<CsiController> {
         let mut backends: HashMap<Kind, Box<dyn VolumeBackend>> = HashMap::new();
         if let Some(aio) = &config.aio {
@@ -171,6 +181,7 @@ impl CsiController {
                 default_backend: config.default_backend,
                 call_timeout: config.call_timeout,
                 advertise_get_snapshot: config.advertise_get_snapshot,
+                dpus: in_use::DpuPlugins::new(&config.dpu_plugins),
                 busy: VolumeGuard::default(),
                 groups: JsonDir::open(config.state_dir.join("volume-groups"))?,
                 group_changes: tokio::sync::Mutex::new(()),

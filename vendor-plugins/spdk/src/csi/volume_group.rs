@@ -5,7 +5,8 @@
 //! notion of groups, so membership is ours to keep. Groups are idempotent by
 //! name (`group-<slug>` ids, [`super::ids`]); a volume belongs to at most one
 //! group, and while it does DeleteVolume refuses it (FAILED_PRECONDITION), as
-//! the API says; DeleteVolumeGroup deletes the group's volumes with it.
+//! the API says; DeleteVolumeGroup deletes the group's volumes with it, and
+//! none while a DPU serves one of them ([`super::in_use`]).
 //! Membership changes run one at a time, so two groups can never both claim
 //! a volume.
 
@@ -188,10 +189,24 @@ impl vg::controller_server::Controller for CsiController {
         let req = request.into_inner();
         required_id(&req.volume_group_id)?;
         let _held = self.hold(group_key(&req.volume_group_id))?;
-        let _changes = self.inner.group_changes.lock().await;
+        // Its name held, the group's members cannot change (only calls that
+        // hold it change them): they are checked before the membership lock,
+        // which every group's changes wait for.
         let Some(record) = self.group_record(&req.volume_group_id)? else {
             return Ok(Response::new(vg::DeleteVolumeGroupResponse {}));
         };
+        let members: Vec<&str> = record.volume_ids.iter().map(String::as_str).collect();
+        self.refuse_in_use(&members, deadline).await.map_err(|s| {
+            Status::new(
+                s.code(),
+                format!(
+                    "volume group {} is not deleted, nor any of its volumes: {}",
+                    record.group_id,
+                    s.message()
+                ),
+            )
+        })?;
+        let _changes = self.inner.group_changes.lock().await;
         // Deleting a group deletes its volumes; a failure keeps the record so
         // that the retry finds the rest.
         for id in &record.volume_ids {

@@ -262,6 +262,7 @@ impl Csi {
                     .unwrap(),
                 call_timeout: Duration::from_secs(30),
                 advertise_get_snapshot: false,
+                dpu_plugins: vec![],
             }),
             metrics_address: None,
         };

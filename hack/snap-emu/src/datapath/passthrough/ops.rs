@@ -1,7 +1,9 @@
-//! The FUSE operations of [`Passthrough`], each a thin answer over its
-//! `*at` call (see the parent module for confinement and coherence).
+//! The FUSE operations of [`Passthrough`], each a thin answer over a call
+//! on its inodes' descriptors (see the parent module for confinement,
+//! ownership and coherence).
 
 use std::ffi::OsStr;
+use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::Arc;
@@ -12,12 +14,17 @@ use fuser::{
     OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty,
     ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request, TimeOrNow, WriteFlags,
 };
-use nix::fcntl::{AtFlags, RenameFlags as NixRenameFlags, readlinkat, renameat2};
-use nix::sys::stat::{Mode, SFlag, mkdirat, mknodat};
+use nix::errno::Errno as NixErrno;
+use nix::fcntl::{
+    AT_FDCWD, AtFlags, OFlag, RenameFlags as NixRenameFlags, openat, readlinkat, renameat2,
+};
+use nix::sys::stat::{Mode, SFlag, fstat, mkdirat, mknodat};
 use nix::sys::statvfs::fstatvfs;
 use nix::unistd::{UnlinkatFlags, linkat, symlinkat, unlinkat};
 
-use super::{Passthrough, TTL, err, io_err, lock};
+use super::attrs::attr;
+use super::inodes::ROOT;
+use super::{Made, Passthrough, TTL, err, io_err, lock, one_name, own, proc_path, reopen};
 
 /// Replies `$ok(value)` or the error.
 macro_rules! answer {
@@ -29,22 +36,54 @@ macro_rules! answer {
     };
 }
 
+/// The permission bits a request asks for, after the caller's umask (which
+/// the host's VFS applied already, unless FUSE_DONT_MASK, which we do not ask).
+fn masked(mode: u32, umask: u32) -> u32 {
+    mode & !umask & 0o7777
+}
+
+/// What the kernel's open flags mean for a reopen through the magic link:
+/// creation is create's, and `O_NOFOLLOW` would refuse the link itself.
+fn open_flags(flags: i32) -> OFlag {
+    let made = OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOCTTY | OFlag::O_NOFOLLOW;
+    OFlag::from_bits_truncate(flags) & !made
+}
+
 impl Passthrough {
-    fn make(
+    /// Removes `name` from `parent`.
+    fn remove(&self, parent: INodeNo, name: &OsStr, how: UnlinkatFlags) -> Result<(), Errno> {
+        let parent = self.node(parent)?;
+        unlinkat(&parent.fd, one_name(name)?, how).map_err(err)
+    }
+
+    /// create(2): made here (and owned by the caller), or opened as another
+    /// host made it an instant before, unless the caller asked `O_EXCL`.
+    fn create_file(
         &self,
         req: &Request,
         parent: INodeNo,
         name: &OsStr,
-        make: impl FnOnce(&std::os::fd::OwnedFd) -> nix::Result<()>,
-    ) -> Result<fuser::FileAttr, Errno> {
-        let dir = self.dir(&self.path(parent)?)?;
-        make(&dir).map_err(err)?;
-        self.own(parent, name, req)
+        mode: u32,
+        flags: i32,
+    ) -> Result<(fuser::FileAttr, FileHandle), Errno> {
+        let parent = self.node(parent)?;
+        let name = one_name(name)?;
+        let exclusive = flags & nix::libc::O_EXCL != 0;
+        let flags = open_flags(flags) | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+        let new = flags | OFlag::O_CREAT | OFlag::O_EXCL;
+        let file = match openat(&parent.fd, name, new, Mode::from_bits_truncate(mode)) {
+            Ok(file) => {
+                own(&parent, &file, Made::Other(mode), req)?;
+                file
+            }
+            Err(NixErrno::EEXIST) if !exclusive => {
+                openat(&parent.fd, name, flags, Mode::empty()).map_err(err)?
+            }
+            Err(e) => return Err(err(e)),
+        };
+        let attr = self.remember(reopen(&file, OFlag::O_PATH)?)?;
+        Ok((attr, self.keep_file(File::from(file))))
     }
-}
-
-fn masked(mode: u32, umask: u32) -> Mode {
-    Mode::from_bits_truncate(mode & !umask & 0o7777)
 }
 
 impl Filesystem for Passthrough {
@@ -54,22 +93,20 @@ impl Filesystem for Passthrough {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        answer!(reply, self.entry(parent, name), |a| reply.entry(
-            &TTL,
-            &a,
-            Generation(0)
-        ));
+        let found = self
+            .node(parent)
+            .and_then(|parent| self.lookup_in(&parent, name));
+        answer!(reply, found, |a| reply.entry(&TTL, &a, Generation(0)));
     }
 
-    fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
-        let st = match fh {
-            // An open file may have no name left (unlinked while open).
-            Some(fh) => self
-                .file(fh)
-                .and_then(|f| nix::sys::stat::fstat(&*f).map_err(err)),
-            None => self.stat(ino),
-        };
-        answer!(reply, st, |st| reply.attr(&TTL, &super::attr(ino.0, &st)));
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        self.forgotten(ino, nlookup);
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        // The inode's own descriptor: a file without a name left has one too.
+        let st = self.node(ino).and_then(|node| fstat(&node.fd).map_err(err));
+        answer!(reply, st, |st| reply.attr(&TTL, &attr(ino.0, &st)));
     }
 
     fn setattr(
@@ -96,8 +133,8 @@ impl Filesystem for Passthrough {
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
         let target = self
-            .place(ino)
-            .and_then(|(dir, name)| readlinkat(&dir, name.as_os_str()).map_err(err));
+            .node(ino)
+            .and_then(|node| readlinkat(&node.fd, "").map_err(err));
         answer!(reply, target, |t| reply
             .data(std::os::unix::ffi::OsStrExt::as_bytes(t.as_os_str())));
     }
@@ -113,8 +150,10 @@ impl Filesystem for Passthrough {
         reply: ReplyEntry,
     ) {
         let kind = SFlag::from_bits_truncate(mode & SFlag::S_IFMT.bits());
-        let made = self.make(req, parent, name, |dir| {
-            mknodat(dir, name, kind, masked(mode, umask), u64::from(rdev))
+        let perm = masked(mode, umask);
+        let made = self.make(req, parent, name, Made::Other(perm), |dir, name| {
+            let perm = Mode::from_bits_truncate(perm);
+            mknodat(dir, name, kind, perm, u64::from(rdev))
         });
         answer!(reply, made, |a| reply.entry(&TTL, &a, Generation(0)));
     }
@@ -128,25 +167,20 @@ impl Filesystem for Passthrough {
         umask: u32,
         reply: ReplyEntry,
     ) {
-        let made = self.make(req, parent, name, |dir| {
-            mkdirat(dir, name, masked(mode, umask))
+        let perm = masked(mode, umask);
+        let made = self.make(req, parent, name, Made::Dir(perm), |dir, name| {
+            mkdirat(dir, name, Mode::from_bits_truncate(perm))
         });
         answer!(reply, made, |a| reply.entry(&TTL, &a, Generation(0)));
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let done = self
-            .path(parent)
-            .and_then(|p| self.dir(&p))
-            .and_then(|dir| unlinkat(&dir, name, UnlinkatFlags::NoRemoveDir).map_err(err));
+        let done = self.remove(parent, name, UnlinkatFlags::NoRemoveDir);
         answer!(reply, done, |()| reply.ok());
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let done = self
-            .path(parent)
-            .and_then(|p| self.dir(&p))
-            .and_then(|dir| unlinkat(&dir, name, UnlinkatFlags::RemoveDir).map_err(err));
+        let done = self.remove(parent, name, UnlinkatFlags::RemoveDir);
         answer!(reply, done, |()| reply.ok());
     }
 
@@ -158,8 +192,8 @@ impl Filesystem for Passthrough {
         target: &Path,
         reply: ReplyEntry,
     ) {
-        let made = self.make(req, parent, link_name, |dir| {
-            symlinkat(target, dir, link_name)
+        let made = self.make(req, parent, link_name, Made::Symlink, |dir, name| {
+            symlinkat(target, dir, name)
         });
         answer!(reply, made, |a| reply.entry(&TTL, &a, Generation(0)));
     }
@@ -175,12 +209,10 @@ impl Filesystem for Passthrough {
         reply: ReplyEmpty,
     ) {
         let done = (|| {
-            let (from, to) = (self.path(parent)?, self.path(newparent)?);
-            let (from_dir, to_dir) = (self.dir(&from)?, self.dir(&to)?);
+            let (from, to) = (self.node(parent)?, self.node(newparent)?);
+            let (name, newname) = (one_name(name)?, one_name(newname)?);
             let flags = NixRenameFlags::from_bits_truncate(flags.bits());
-            renameat2(&from_dir, name, &to_dir, newname, flags).map_err(err)?;
-            self.moved(&from.join(name), &to.join(newname));
-            Ok(())
+            renameat2(&from.fd, name, &to.fd, newname, flags).map_err(err)
         })();
         answer!(reply, done, |()| reply.ok());
     }
@@ -194,22 +226,24 @@ impl Filesystem for Passthrough {
         reply: ReplyEntry,
     ) {
         let made = (|| {
-            let (dir, name) = self.place(ino)?;
-            let to = self.dir(&self.path(newparent)?)?;
-            linkat(&dir, name.as_os_str(), &to, newname, AtFlags::empty()).map_err(err)?;
-            self.entry(newparent, newname)
+            let (node, to) = (self.node(ino)?, self.node(newparent)?);
+            let newname = one_name(newname)?;
+            // Through the magic link: AT_EMPTY_PATH would need CAP_DAC_READ_SEARCH.
+            let follow = AtFlags::AT_SYMLINK_FOLLOW;
+            linkat(AT_FDCWD, &proc_path(&node.fd), &to.fd, newname, follow).map_err(err)?;
+            // The same inode under one more name: one more lookup of it.
+            self.remember(node.fd.try_clone().map_err(io_err)?)
         })();
         answer!(reply, made, |a| reply.entry(&TTL, &a, Generation(0)));
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        let opened = self.place(ino).and_then(|(dir, name)| {
-            let flags = flags.0 & !(nix::libc::O_CREAT | nix::libc::O_EXCL);
-            Self::open_at(&dir, &name, flags, 0)
-        });
+        let opened = self
+            .node(ino)
+            .and_then(|node| reopen(&node.fd, open_flags(flags.0)));
         // No FOPEN_KEEP_CACHE: the kernel drops cached pages at each open.
         answer!(reply, opened, |f| reply
-            .opened(self.keep_file(f), FopenFlags::empty()));
+            .opened(self.keep_file(File::from(f)), FopenFlags::empty()));
     }
 
     fn read(
@@ -351,7 +385,9 @@ impl Filesystem for Passthrough {
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        let st = self.live().and_then(|()| fstatvfs(&self.root).map_err(err));
+        let st = self
+            .node(INodeNo(ROOT))
+            .and_then(|root| fstatvfs(&root.fd).map_err(err));
         answer!(reply, st, |s| reply.statfs(
             s.blocks(),
             s.blocks_free(),
@@ -374,13 +410,7 @@ impl Filesystem for Passthrough {
         flags: i32,
         reply: ReplyCreate,
     ) {
-        let made = (|| {
-            let dir = self.dir(&self.path(parent)?)?;
-            let mode = masked(mode, umask).bits();
-            let file = Self::open_at(&dir, name, flags | nix::libc::O_CREAT, mode)?;
-            let attr = self.own(parent, name, req)?;
-            Ok((attr, self.keep_file(file)))
-        })();
+        let made = self.create_file(req, parent, name, masked(mode, umask), flags);
         answer!(reply, made, |(a, fh)| reply.created(
             &TTL,
             &a,
