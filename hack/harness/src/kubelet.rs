@@ -247,6 +247,23 @@ impl std::fmt::Display for Stuck {
     }
 }
 
+/// kubelet's mount-reference check on a blocking thread: its stat of a
+/// FUSE mount whose server is stopped (a SNAP stall) waits until the server
+/// answers, as kubelet's goroutine for the volume does, and must not hold a
+/// runtime worker the caller's other tasks (the one that ends the stall)
+/// need meanwhile.
+async fn check_off_the_runtime(path: &Path) -> Result<(), Failure> {
+    let path = path.to_owned();
+    tokio::task::spawn_blocking(move || kubelet_fs::check_device_mount_refs(&path))
+        .await
+        .unwrap_or_else(|e| {
+            Err(Failure {
+                code: None,
+                message: format!("GetDeviceMountRefs check failed: {e}"),
+            })
+        })
+}
+
 /// Makes kubelet's calls for `volume` until it has nothing more to do (the
 /// pod runs with the volume, or the volume is forgotten), each through
 /// `make`, pausing as `backoff` says after a failure. A call that keeps
@@ -267,7 +284,7 @@ where
     let mut pause = backoff.first;
     while let Some(call) = volume.next() {
         let checked = match (call, device_mount_path) {
-            (Call::Unstage, Some(path)) => kubelet_fs::check_device_mount_refs(path),
+            (Call::Unstage, Some(path)) => check_off_the_runtime(path).await,
             _ => Ok(()),
         };
         let outcome = match checked {
