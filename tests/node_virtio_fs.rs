@@ -1,8 +1,9 @@
 //! Filesystem devices (virtio-fs) as kubelet drives the node: the test
 //! plugin makes an SPDK fsdev over a directory (`fsdev_aio_create`), SNAP's
-//! emulator serves it as a hot-plugged virtio-fs device whose tree the
-//! emulated host mounts (a real kernel FUSE mount, `docs/virtio-fs.md`), and
-//! the node mounts it by tag, binds it into pods, and takes it all down.
+//! emulator serves it as a hot-plugged virtio-fs device, the node mounts it
+//! by tag (a real kernel FUSE mount whose connection the emulator serves,
+//! `docs/virtio-fs.md`), binds it into pods, and takes it all down, kubelet's
+//! mount-reference check holding before each unstage.
 //! Several node stacks (each its own kubelet directory, its own emulated DPU
 //! with its own functions) share one backing directory as hosts share a
 //! ReadWriteMany volume. `SNAP_CSI_TEST_DPU=split` runs the same through DPU

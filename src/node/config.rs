@@ -69,11 +69,12 @@ pub struct NodeConfig {
     /// At start, unstage the volumes staged here that nothing under the
     /// kubelet directory uses (NodeUnstage never came); off: only report them.
     pub unstage_orphans: bool,
-    /// For the emulator only: the directory where the emulated host mounts
-    /// each hot-plugged virtio-fs device's tree (`<dir>/<tag>`, a FUSE
-    /// mount). Set, a stage binds that mount instead of mounting the tag with
-    /// the kernel's virtiofs, which a host without real virtio-fs functions
-    /// cannot. Unset on a real host.
+    /// For the emulator only: the emulator's directory of the host's
+    /// virtio-fs devices (`<dir>/<tag>`, a UNIX socket each). Set, a stage
+    /// mounts FUSE itself and hands the connection to the tag's socket
+    /// (crate `fuse-handoff`) instead of mounting the tag with the kernel's
+    /// virtiofs, which a host without real virtio-fs functions cannot.
+    /// Unset on a real host.
     pub virtiofs_emulated_dir: Option<PathBuf>,
 }
 
@@ -276,7 +277,7 @@ pub struct NodeArgs {
     /// At start, unstage staged volumes nothing under the kubelet directory uses (default: only report them).
     #[arg(long, env = "SNAP_CSI_UNSTAGE_ORPHANS")]
     pub unstage_orphans: bool,
-    /// For the emulator only: where the emulated host mounts each virtio-fs tag's tree (<dir>/<tag>); unset on a real host.
+    /// For the emulator only: the emulator's directory of virtio-fs devices, a socket per tag (<dir>/<tag>); unset on a real host.
     #[arg(long, env = "SNAP_CSI_VIRTIOFS_EMULATED_DIR")]
     pub virtiofs_emulated_dir: Option<PathBuf>,
 }

@@ -9,8 +9,8 @@
 //!
 //! The second offers fewer functions than the first (9 of each emulation
 //! against 17), so that a sum over the DPUs is told from twice one of them.
-//! The emulated host mounts virtio-fs devices under one emulator's directory
-//! and the node has one `virtiofs_emulated_dir` (as with `hack/local-up.sh
+//! The node has one `virtiofs_emulated_dir`, one emulator's directory of
+//! virtio-fs devices (as with `hack/local-up.sh
 //! --dpus 2`): a filesystem device goes to the first DPU ([`pinned_first`]).
 
 use std::collections::HashMap;

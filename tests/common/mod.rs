@@ -50,9 +50,9 @@ pub struct Emulator {
     root: PathBuf,
     pub socket: PathBuf,
     pub sysfs_root: PathBuf,
-    /// Where its host mounts virtio-fs devices, one directory per tag: a
-    /// host here bind-mounts `<virtiofs_dir>/<tag>` where a real one mounts
-    /// `-t virtiofs <tag>`.
+    /// Its host's virtio-fs devices, a socket per tag: a host here mounts
+    /// one with `fuse_handoff::mount(<virtiofs_dir>, tag, ...)` where a real
+    /// one mounts `-t virtiofs <tag>`.
     pub virtiofs_dir: PathBuf,
     /// Faults the test switches on while it runs (`snap_emu::faults`).
     pub faults: snap_emu::Faults,
