@@ -28,6 +28,13 @@ if ! grep -Eqs '^[^#]*bookworm-backports' /etc/apt/sources.list /etc/apt/sources
   /etc/apt/sources.list.d/*.sources; then
   echo 'deb http://deb.debian.org/debian bookworm-backports main' >/etc/apt/sources.list.d/bookworm-backports.list
 fi
+# The guest host (hack/guest/: Debian's own kernel under QEMU, hot-plugged
+# as SNAP's functions are): QEMU 10 from bookworm-backports (below), busybox
+# for its initramfs, xz to unpack the kernel's modules, python3 for mount(2)
+# errnos in the guest; virtiofsd's build (crates.io) links libseccomp and
+# libcap-ng.
+packages+=(busybox-static xz-utils python3 libseccomp-dev libcap-ng-dev)
+backports=(qemu-system-x86)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -36,6 +43,11 @@ if ((${#missing[@]})); then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+if ! dpkg-query -W -f='${Version}' qemu-system-x86 2>/dev/null | grep -q bpo12; then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends -t bookworm-backports "${backports[@]}" >/dev/null
 fi
 
 # Loop devices back the emulated host functions.

@@ -67,7 +67,8 @@ enum Command {
         /// Params as a JSON object, e.g. '{"name":"Malloc0"}'. Omit for none.
         params: Option<String>,
     },
-    /// Find the block device an emulated PCI function carries and print its node.
+    /// Find the block device an emulated PCI function carries and print its
+    /// node, or whether the host shows a virtio-fs device's tag.
     FindDevice(FindDevice),
     /// Check a vendor plugin against the nvidia.storage.plugins.v1 API, call by call.
     PluginCheck(snap_csi::plugin_check::PluginCheckArgs),
@@ -79,17 +80,20 @@ struct FindDevice {
     #[arg(long, default_value = "/sys")]
     sysfs_root: PathBuf,
     /// Host PCI address of the function, with or without domain (`26:00.1`).
-    #[arg(long)]
-    bdf: String,
+    #[arg(long, required_unless_present = "tag")]
+    bdf: Option<String>,
     /// NVMe namespace id.
-    #[arg(long, required_unless_present = "serial", conflicts_with = "serial")]
+    #[arg(long, required_unless_present_any = ["serial", "tag"], conflicts_with_all = ["serial", "tag"])]
     nsid: Option<u32>,
     /// Expected NVMe namespace UUID.
     #[arg(long, requires = "nsid")]
     uuid: Option<String>,
     /// virtio-blk serial.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "tag")]
     serial: Option<String>,
+    /// virtio-fs tag: whether the host lists a device with it (Linux 6.9+).
+    #[arg(long, conflicts_with = "bdf")]
+    tag: Option<String>,
 }
 
 fn main() -> ExitCode {
@@ -206,11 +210,13 @@ where
 
 fn find_device(args: &FindDevice) -> ExitCode {
     let sysfs = Sysfs::new(&args.sysfs_root);
-    let found = match (&args.serial, args.nsid) {
-        (Some(serial), _) => sysfs.find_virtio_blk(&args.bdf, serial),
-        (None, Some(nsid)) => sysfs.find_nvme_namespace(&args.bdf, nsid, args.uuid.as_deref()),
-        (None, None) => {
-            eprintln!("give --nsid (NVMe) or --serial (virtio-blk)");
+    let bdf = args.bdf.as_deref().unwrap_or_default();
+    let found = match (&args.serial, args.nsid, &args.tag) {
+        (_, _, Some(tag)) => return find_tag(&sysfs, tag),
+        (Some(serial), _, None) => sysfs.find_virtio_blk(bdf, serial),
+        (None, Some(nsid), None) => sysfs.find_nvme_namespace(bdf, nsid, args.uuid.as_deref()),
+        (None, None, None) => {
+            eprintln!("give --nsid (NVMe), --serial (virtio-blk) or --tag (virtio-fs)");
             return ExitCode::from(2);
         }
     };
@@ -227,8 +233,34 @@ fn find_device(args: &FindDevice) -> ExitCode {
             ExitCode::SUCCESS
         }
         Ok(None) => {
-            eprintln!("no ready device under {} for that function", args.bdf);
+            eprintln!("no ready device under {bdf} for that function");
             ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("{e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Prints whether the host lists a virtio-fs device with `tag`: exit 0 when
+/// it does, 1 when it does not, 3 when it keeps no list (only a mount tells).
+fn find_tag(sysfs: &Sysfs, tag: &str) -> ExitCode {
+    match sysfs.virtio_fs_tag_shown(tag) {
+        Ok(Some(true)) => {
+            println!("virtio-fs tag {tag} is shown");
+            ExitCode::SUCCESS
+        }
+        Ok(Some(false)) => {
+            eprintln!("the host shows no virtio-fs device with tag {tag}");
+            ExitCode::FAILURE
+        }
+        Ok(None) => {
+            eprintln!(
+                "the host lists no virtio-fs tags (no {}/fs/virtiofs): only a mount can tell",
+                sysfs.root().display()
+            );
+            ExitCode::from(3)
         }
         Err(e) => {
             eprintln!("{e}");

@@ -32,6 +32,17 @@ pub enum HostError {
     },
     #[error("unexpected content {content:?} in {}", path.display())]
     Parse { path: PathBuf, content: String },
+    /// The namespace at the volume's NSID shows no UUID to check it by.
+    #[error(
+        "{} has the volume's NSID but no UUID (the volume's is {expected}): the host \
+         cannot tell it from another volume's namespace, so it is not used; a namespace \
+         without a UUID is found only by a locator that names none",
+        namespace.display()
+    )]
+    NoUuid {
+        namespace: PathBuf,
+        expected: String,
+    },
     #[error("no device node for block device {major}:{minor}")]
     NoDeviceNode { major: u32, minor: u32 },
     /// No kernel reports this: a corrupt or hostile tree must not wrap to a
@@ -99,7 +110,15 @@ impl Sysfs {
                 continue;
             }
             if let Some(expected) = uuid {
-                let found = read_optional(&namespace.join("uuid"))?.unwrap_or_default();
+                // The kernel lists no `uuid` for a namespace that reports
+                // neither a UUID nor an NGUID (and ignores QEMU's). It could
+                // be ours or a stranger's: say so rather than guess or wait.
+                let Some(found) = read_optional(&namespace.join("uuid"))? else {
+                    return Err(HostError::NoUuid {
+                        namespace,
+                        expected: expected.to_owned(),
+                    });
+                };
                 if !found.trim().eq_ignore_ascii_case(expected) {
                     continue;
                 }
@@ -250,8 +269,10 @@ impl Sysfs {
 /// PCI domain; SNAP reports addresses without it).
 impl Sysfs {
     /// Whether the host shows a virtio-fs device with `tag`; `None` when the
-    /// tree has no `fs/virtiofs` (a kernel before 6.9, or no virtio-fs
-    /// device yet): then only a mount can tell.
+    /// tree has no `fs/virtiofs`: then only a mount can tell. A 6.9+ kernel
+    /// with virtio-fs built in (Debian's) has the directory from boot, empty
+    /// until a device comes; where virtio-fs is a module it comes with the
+    /// module; a kernel before 6.9 never has it.
     pub fn virtio_fs_tag_shown(&self, tag: &str) -> Result<Option<bool>, HostError> {
         let dir = self.root.join("fs/virtiofs");
         if !dir.is_dir() {
@@ -275,12 +296,24 @@ pub fn normalize_bdf(bdf: &str) -> String {
     }
 }
 
-/// `nvme0n1` and `nvme0c1n1` belong to controller `nvme0`; `nvme0` itself and
-/// other entries (`device`, `power`, ...) do not.
+/// Whether `entry` under controller `nvme<C>` is one of its namespaces:
+/// `nvme<C>n<N>`, or with native multipath the path `nvme<S>c<C>n<N>`, named
+/// after the subsystem's instance `S` (a controller of a subsystem that has
+/// several holds e.g. `nvme2c1n1` under `nvme1`: a real kernel's naming,
+/// issue 33); `nvme<C>` itself, `ng<C>n<N>` and other entries do not.
 fn is_namespace_of(controller: &str, entry: &str) -> bool {
-    entry
-        .strip_prefix(controller)
-        .is_some_and(|rest| rest.starts_with('n') || rest.starts_with('c'))
+    let number = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    let Some(ctrl) = controller.strip_prefix("nvme").filter(|c| number(c)) else {
+        return false;
+    };
+    let Some((head, nsid)) = entry.strip_prefix("nvme").and_then(|e| e.rsplit_once('n')) else {
+        return false;
+    };
+    number(nsid)
+        && match head.split_once('c') {
+            Some((subsystem, path)) => number(subsystem) && path == ctrl,
+            None => head == ctrl,
+        }
 }
 
 /// `nvme0c1n2` -> `nvme0n2`; `None` for a non-multipath name.
@@ -361,9 +394,16 @@ mod tests {
         assert_eq!(multipath_head("nvme0c1n2").as_deref(), Some("nvme0n2"));
         assert_eq!(multipath_head("nvme0n2"), None);
         assert!(is_namespace_of("nvme0", "nvme0n1"));
-        assert!(is_namespace_of("nvme0", "nvme0c3n1"));
+        // Paths are named after the subsystem's instance, then the
+        // controller's (the guest suite's kernel, tests/guest_host.rs).
+        assert!(is_namespace_of("nvme1", "nvme2c1n1"));
+        assert!(is_namespace_of("nvme0", "nvme0c0n12"));
+        assert!(!is_namespace_of("nvme2", "nvme2c1n1"));
         assert!(!is_namespace_of("nvme1", "nvme10n1"));
-        assert!(!is_namespace_of("nvme0", "device"));
+        assert!(!is_namespace_of("nvme1", "nvme2c10n1"));
+        for other in ["device", "nvme1", "ng1n1", "nvme1n", "nvme1c1", "nvme1nx"] {
+            assert!(!is_namespace_of("nvme1", other), "{other}");
+        }
     }
 
     /// A tree shaped like the kernel's, pointing at a block device this machine
@@ -431,6 +471,32 @@ mod tests {
             "the first disk with that number, named with its identity"
         );
         assert_eq!(sysfs.describe_device(major, minor + 1000).unwrap(), None);
+    }
+
+    #[test]
+    fn a_namespace_without_a_uuid_is_refused_when_one_is_expected() {
+        let (major, minor) = any_block_device().expect("this machine has a block device");
+        let root = tempfile::tempdir().unwrap();
+        // As the guest's kernel lists QEMU's namespaces: no `uuid`.
+        let ns = root
+            .path()
+            .join("bus/pci/devices/0000:01:00.0/nvme/nvme1/nvme0c1n1");
+        write(&ns.join("nsid"), "1\n");
+        write(&ns.join("size"), "2048\n");
+        let head = root.path().join("block/nvme0n1");
+        write(&head.join("size"), "2048\n");
+        write(&head.join("dev"), &format!("{major}:{minor}\n"));
+        let sysfs = Sysfs::new(root.path());
+
+        let refused = sysfs
+            .find_nvme_namespace("01:00.0", 1, Some("0b0a0c3e-0000-4000-8000-000000000001"))
+            .unwrap_err();
+        assert!(
+            matches!(&refused, HostError::NoUuid { namespace, .. } if *namespace == ns),
+            "{refused}"
+        );
+        let found = sysfs.find_nvme_namespace("01:00.0", 1, None).unwrap();
+        assert_eq!(found.map(|d| d.name).as_deref(), Some("nvme0n1"));
     }
 
     #[test]

@@ -26,7 +26,7 @@ use super::{mountinfo, paths};
 pub(crate) use crate::deadline::call_deadline;
 use crate::dpu::HostLocator;
 use crate::guard::{Busy, Held, VolumeGuard};
-use crate::host::{BlockDevice, Sysfs};
+use crate::host::{BlockDevice, HostError, Sysfs};
 use crate::proto::csi::v1 as csi;
 
 pub use super::context::{
@@ -153,9 +153,11 @@ impl NodeService {
 
     /// The host device at `locator`, if sysfs shows it now.
     pub(super) fn find_device(&self, locator: &HostLocator) -> Result<Option<BlockDevice>, Status> {
-        locator
-            .find(&self.inner.sysfs)
-            .map_err(|e| Status::internal(format!("looking for the host device: {e}")))
+        locator.find(&self.inner.sysfs).map_err(|e| match e {
+            // Waiting cannot help, and the volume is fine: the host is not.
+            HostError::NoUuid { .. } => Status::failed_precondition(e.to_string()),
+            e => Status::internal(format!("looking for the host device: {e}")),
+        })
     }
 
     /// Waits (polling, with the deadline) until sysfs shows the device.

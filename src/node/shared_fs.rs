@@ -78,7 +78,8 @@ impl NodeService {
             )));
         }
         let emulated = self.config().virtiofs_emulated_dir.as_deref();
-        mount::mount_virtio_fs(tag, staging, (flags, read_only), emulated, until, deadline).await?;
+        let host = (emulated, sysfs);
+        mount::mount_virtio_fs(tag, staging, (flags, read_only), host, until, deadline).await?;
         crate::failpoint::step("stage:mount");
         Ok(())
     }

@@ -6,10 +6,13 @@
 //! a volume's mounts and files itself, [`paths`] cuts a remote volume's
 //! network path while it writes and reads it back, [`dpus`] looks at a
 //! host's DPUs from outside (where the node put a volume, what a DPU holds
-//! of one) and stops one, and [`prom`] reads our Prometheus pages.
+//! of one) and stops one, [`guest`] boots a real Linux kernel as the host
+//! and hot-plugs PCI functions into it, and [`prom`] reads our Prometheus
+//! pages.
 
 pub mod csi;
 pub mod dpus;
+pub mod guest;
 pub mod kills;
 pub mod kubelet;
 pub mod kubelet_fs;

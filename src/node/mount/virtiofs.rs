@@ -19,6 +19,7 @@ use tokio::time::Instant;
 
 use super::options::MountOptions;
 use super::target::{already_mounted, ensure_directory};
+use crate::host::Sysfs;
 use crate::node::command;
 use crate::node::error::NodeError;
 use crate::node::mountinfo::{self, MountEntry};
@@ -62,7 +63,7 @@ pub async fn mount_virtio_fs(
     tag: &str,
     target: &Path,
     (flags, read_only): (&[String], bool),
-    emulated: Option<&Path>,
+    (emulated, sysfs): (Option<&Path>, &Sysfs),
     until: Instant,
     deadline: Instant,
 ) -> Result<bool, NodeError> {
@@ -90,19 +91,16 @@ pub async fn mount_virtio_fs(
     let mut delay = Duration::from_millis(5);
     loop {
         let (source, tgt, sent) = (source.clone(), target.to_path_buf(), data.clone());
-        let (flags, tag) = (options.flags, tag.to_string());
+        let (flags, name) = (options.flags, tag.to_string());
         let tried = command::run_blocking("mount", &what, deadline, move || {
-            Ok(source.mount(&tag, &tgt, flags, sent.as_deref(), deadline))
+            Ok(source.mount(&name, &tgt, flags, sent.as_deref(), deadline))
         })
         .await?;
         let errno = match tried {
             Ok(()) => return Ok(true),
             Err(errno) => errno,
         };
-        // The kernel answers a tag it does not know with ENOENT (older
-        // kernels: EINVAL, which a bad option also gives: retried only
-        // without options).
-        let not_found = errno == Errno::ENOENT || (errno == Errno::EINVAL && data.is_none());
+        let not_found = tag_not_found(errno, || sysfs.virtio_fs_tag_shown(tag).ok().flatten());
         if errno == Errno::ENODEV {
             // The kernel knows no filesystem type "virtiofs".
             return Err(NodeError::failed(
@@ -118,13 +116,31 @@ pub async fn mount_virtio_fs(
             return Err(NodeError::Timeout {
                 what: format!(
                     "{what}: the host does not find the tag ({}); the device was hot-plugged \
-                     but the host's virtio-fs driver has not taken it yet",
-                    errno.desc()
+                     but the host's virtio-fs driver has not taken it yet{}",
+                    errno.desc(),
+                    if errno == Errno::EINVAL && data.is_some() {
+                        ", or the kernel refuses the mount options"
+                    } else {
+                        ""
+                    }
                 ),
             });
         }
         tokio::time::sleep(delay).await;
         delay = (delay * 2).min(Duration::from_millis(200));
+    }
+}
+
+/// Whether a failed mount means the host does not know the tag (yet).
+/// Linux 6.12 answers an unknown tag with EINVAL ("tag <x> not found"), as
+/// it does an option it refuses (older kernels: ENOENT). Where the kernel
+/// lists its tags (6.9+, `tag_shown`) that tells the two apart; where it
+/// cannot, the mount is tried again until the device wait ends.
+fn tag_not_found(errno: Errno, tag_shown: impl FnOnce() -> Option<bool>) -> bool {
+    match errno {
+        Errno::ENOENT => true,
+        Errno::EINVAL => tag_shown() != Some(true),
+        _ => false,
     }
 }
 
@@ -155,5 +171,27 @@ impl Source {
                 fuse_handoff::mount(devices, tag, target, flags, left)
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unknown_tag_is_waited_for_whatever_the_options() {
+        // What Linux 6.12 answers (tests/guest_host.rs checks it on the
+        // guest): EINVAL for a tag it does not know, options or not.
+        assert!(tag_not_found(Errno::ENOENT, || None));
+        assert!(tag_not_found(Errno::EINVAL, || Some(false)));
+        assert!(
+            tag_not_found(Errno::EINVAL, || None),
+            "a kernel before 6.9 cannot tell"
+        );
+        assert!(
+            !tag_not_found(Errno::EINVAL, || Some(true)),
+            "the tag is there: the options are refused"
+        );
+        assert!(!tag_not_found(Errno::EACCES, || Some(false)));
     }
 }
