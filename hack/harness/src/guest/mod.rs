@@ -324,14 +324,11 @@ impl Guest {
             let status = guest.qmp.execute("query-status", json!({}))?;
             let state = status["status"].as_str().unwrap_or_default();
             if matches!(state, "internal-error" | "guest-panicked" | "shutdown") {
-                bail!(
-                    "the machine stopped ({state}); console:\n{}",
-                    guest.console_tail()
-                );
+                bail!("the machine stopped ({state}) {}", guest.console_tail());
             }
             if Instant::now() > deadline {
                 bail!(
-                    "the guest's agent did not answer in {timeout:?}; console:\n{}",
+                    "the guest's agent did not answer in {timeout:?} {}",
                     guest.console_tail()
                 );
             }
@@ -510,11 +507,15 @@ impl Guest {
         Ok(())
     }
 
-    /// The end of the guest's console, for a failure's message.
+    /// The end of the guest's console, for a failure's message (nothing
+    /// when the kernel wrote nothing).
     pub fn console_tail(&self) -> String {
         let text = fs::read_to_string(self.dir.path().join("console.log")).unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(30)..].join("\n")
+        match lines.len() {
+            0 => String::new(),
+            n => format!("(console:\n{})", lines[n.saturating_sub(30)..].join("\n")),
+        }
     }
 }
 
