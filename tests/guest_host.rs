@@ -4,8 +4,9 @@
 //! the node's own lookup (`snap-csi find-device`, the code a stage runs) run
 //! inside it. What a real kernel names and answers differently from the
 //! emulator's tree is held here: NVMe paths under native multipath, a
-//! namespace without a UUID, virtio-blk serials, virtio-fs tags and the
-//! kernel's answer to an unknown one.
+//! namespace without a UUID, virtio-blk serials, a disk that grows online or
+//! goes from under a mounted filesystem, virtio-fs tags and the kernel's
+//! answer to an unknown one.
 //!
 //! What this does not prove: QEMU's devices stand in for SNAP's (the same
 //! kernel drivers, not SNAP's firmware), the node runs no CSI call here, and
@@ -21,6 +22,7 @@ use std::process::{Child, Command};
 use std::time::Duration;
 
 use guest::{Guest, GuestSpec};
+use serde_json::json;
 
 const SNAP_CSI: &str = env!("CARGO_BIN_EXE_snap-csi");
 /// A hot-plugged function's disk on a loaded machine under TCG (measured:
@@ -60,6 +62,19 @@ fn two_controllers_of_one_subsystem(native_multipath: bool) {
     let mut guest = Guest::boot(&spec).unwrap();
     let first = guest.add_nvme("fn1", 1).unwrap();
     let second = guest.add_nvme("fn2", 2).unwrap();
+
+    // QEMU's NVMe namespace cannot grow (it does not share the resize
+    // permission of its drive): online expansion of NVMe is not shown on the
+    // guest. SNAP's namespace resize and its notice to the host are not
+    // QEMU's; the emulator's tree holds the node to it instead.
+    let resize = guest.qmp().execute(
+        "block_resize",
+        json!({"node-name": "ns1", "size": 128 * MIB}),
+    );
+    assert!(
+        resize.is_err(),
+        "QEMU grew an NVMe namespace: hold the node's online expansion to it here"
+    );
 
     let (node1, name1, size1) = find_device(&mut guest, &format!("--bdf {first} --nsid 1"));
     let (node2, name2, size2) = find_device(&mut guest, &format!("--bdf {second} --nsid 1"));
@@ -136,7 +151,7 @@ fn two_nvme_controllers_of_one_subsystem_without_native_multipath() {
 }
 
 #[test]
-fn a_virtio_blk_disk_is_found_by_its_serial_and_goes_with_its_function() {
+fn a_virtio_blk_disk_is_found_by_its_serial_grows_online_and_goes_from_under_a_mount() {
     let dir = tempfile::tempdir().unwrap();
     let mut guest = Guest::boot(&GuestSpec::new("virtio-blk")).unwrap();
     let disk = sparse_file(dir.path(), "blk.img", 48 * MIB);
@@ -161,7 +176,44 @@ fn a_virtio_blk_disk_is_found_by_its_serial_and_goes_with_its_function() {
         .unwrap();
     assert_ne!(wrong.status, 0, "another function's disk: {wrong:?}");
 
+    // A disk grows online (SNAP's resize; here QEMU's block_resize): the
+    // kernel takes the new capacity, and the node's lookup sees it.
+    guest
+        .qmp()
+        .execute(
+            "block_resize",
+            json!({"node-name": "blk-drive", "size": 96 * MIB}),
+        )
+        .unwrap();
+    guest
+        .wait_until(
+            &format!("[ $(cat /sys/block/{name}/size) -eq {} ]", 96 * MIB / 512),
+            HOT_PLUG,
+        )
+        .unwrap();
+    let (_, grown_name, grown) = find_device(
+        &mut guest,
+        &format!("--bdf {bdf} --serial sc-6aaea6508ef75653a"),
+    );
+    assert_eq!((grown_name.as_str(), grown), (name.as_str(), 96 * MIB));
+
+    // The function goes under a mounted filesystem (a DPU that dropped it):
+    // the kernel lets the disk go, the filesystem fails its I/O, and it
+    // still unmounts, leaving nothing behind.
+    guest
+        .sh(&format!(
+            "mkfs.ext4 -q {node} && mkdir -p /run/staged && mount {node} /run/staged && \
+             echo kept >/run/staged/file && sync"
+        ))
+        .unwrap();
     guest.remove("blk").unwrap();
+    let write = guest
+        .run("echo more >/run/staged/more && sync -f /run/staged")
+        .unwrap();
+    assert_ne!(write.status, 0, "I/O to a removed disk: {write:?}");
+    guest
+        .sh("umount /run/staged && ! grep -q ' /run/staged ' /proc/self/mountinfo")
+        .unwrap();
     let gone = guest
         .run(&format!(
             "{SNAP_CSI} find-device --bdf {bdf} --serial sc-6aaea6508ef75653a"
