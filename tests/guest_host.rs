@@ -13,7 +13,6 @@
 //! TCG's timing is not a host's.
 
 #[path = "../hack/harness/src/guest/mod.rs"]
-#[allow(dead_code)]
 mod guest;
 
 use std::fs::File;

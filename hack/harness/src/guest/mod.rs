@@ -94,7 +94,6 @@ pub struct Guest {
     dir: tempfile::TempDir,
     agent: BufReader<UnixStream>,
     qmp: Qmp,
-    pub accel: Accel,
     /// The guest kernel's release (`uname -r`).
     pub release: String,
     /// Each root port's secondary bus, as the guest's firmware numbered it.
@@ -249,7 +248,7 @@ impl Guest {
         let qemu = command
             .spawn()
             .context("starting qemu-system-x86_64 (hack/setup.sh installs it)")?;
-        let mut guest = Guest::attach(qemu, dir, accel, timeout)
+        let mut guest = Guest::attach(qemu, dir, timeout)
             .with_context(|| format!("booting the guest {} with {accel:?}", spec.hostname))?;
         guest.buses = (1..=PORTS)
             .map(|port| guest.port_bus(port))
@@ -258,12 +257,7 @@ impl Guest {
     }
 
     /// Connects to a starting QEMU's sockets and waits for the agent.
-    fn attach(
-        mut qemu: Child,
-        dir: tempfile::TempDir,
-        accel: Accel,
-        timeout: Duration,
-    ) -> anyhow::Result<Guest> {
+    fn attach(mut qemu: Child, dir: tempfile::TempDir, timeout: Duration) -> anyhow::Result<Guest> {
         let deadline = Instant::now() + timeout;
         let exited = |qemu: &mut Child| -> anyhow::Result<()> {
             if let Some(status) = qemu.try_wait()? {
@@ -295,7 +289,6 @@ impl Guest {
             qmp: qmp?,
             qemu,
             dir,
-            accel,
             release: String::new(),
             buses: Vec::new(),
         };
