@@ -39,7 +39,7 @@ fn sparse_file(dir: &Path, name: &str, bytes: u64) -> PathBuf {
 fn find_device(guest: &mut Guest, args: &str) -> (String, String, u64) {
     let out = guest
         .wait_until(&format!("{SNAP_CSI} find-device {args}"), HOT_PLUG)
-        .unwrap_or_else(|e| panic!("{e:#} {}", guest.console_tail()));
+        .unwrap_or_else(|e| panic!("{e:#}{}", guest.console_tail()));
     let fields: Vec<&str> = out.split_whitespace().collect();
     assert_eq!(fields.len(), 4, "find-device printed {out:?}");
     (

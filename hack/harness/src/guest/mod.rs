@@ -317,11 +317,11 @@ impl Guest {
             let status = guest.qmp.execute("query-status", json!({}))?;
             let state = status["status"].as_str().unwrap_or_default();
             if matches!(state, "internal-error" | "guest-panicked" | "shutdown") {
-                bail!("the machine stopped ({state}) {}", guest.console_tail());
+                bail!("the machine stopped ({state}){}", guest.console_tail());
             }
             if Instant::now() > deadline {
                 bail!(
-                    "the guest's agent did not answer in {timeout:?} {}",
+                    "the guest's agent did not answer in {timeout:?}{}",
                     guest.console_tail()
                 );
             }
@@ -507,7 +507,7 @@ impl Guest {
         let lines: Vec<&str> = text.lines().collect();
         match lines.len() {
             0 => String::new(),
-            n => format!("(console:\n{})", lines[n.saturating_sub(30)..].join("\n")),
+            n => format!(" (console:\n{})", lines[n.saturating_sub(30)..].join("\n")),
         }
     }
 }
