@@ -11,23 +11,28 @@ here=$(cd "$(dirname "$0")" && pwd)
 
 # The kernel package linux-image-amd64 names in bookworm-backports: the
 # version users of Debian 12 get, whose name keys the cache.
-package=$(apt-cache depends linux-image-amd64/bookworm-backports 2>/dev/null |
-  sed -n 's/^ *Depends: \(linux-image-[0-9][^ ]*\)$/\1/p' | head -1)
-if [ -z "$package" ]; then
+kernel_package() {
+  package=$(apt-cache depends linux-image-amd64/bookworm-backports 2>/dev/null |
+    sed -n 's/^ *Depends: \(linux-image-[0-9][^ ]*\)$/\1/p' | head -1)
+  version=$(apt-cache show "$package" 2>/dev/null | sed -n 's/^Version: //p' | head -1)
+}
+kernel_package
+if [ -z "$package" ] || [ -z "$version" ]; then
   echo "guest: no linux-image-amd64 in bookworm-backports (hack/setup.sh enables it; run apt-get update)" >&2
   exit 1
 fi
-version=$(apt-cache show "$package" | sed -n 's/^Version: //p' | head -1)
 busybox=$(command -v busybox || true)
 case "$busybox" in
   /bin/busybox|/usr/bin/busybox) ;;
   *) echo "guest: busybox-static is missing (hack/setup.sh installs it)" >&2; exit 1 ;;
 esac
 cache_root=${SNAP_CSI_CACHE:-$HOME/.cache/snap-csi}
-key=$({ echo "$package $version"; sha256sum "$busybox"; cat "$here/build.sh" "$here/init" "$here/agent.sh"; } |
-  sha256sum | cut -c1-16)
-out=$cache_root/guest-$key
-if [ -s "$out/initrd" ]; then
+cached() {
+  out=$cache_root/guest-$({ echo "$package $version"; sha256sum "$busybox"; cat "$here/build.sh" "$here/init" "$here/agent.sh"; } |
+    sha256sum | cut -c1-16)
+  [ -s "$out/initrd" ]
+}
+if cached; then
   echo "$out"
   exit 0
 fi
@@ -35,10 +40,19 @@ fi
 mkdir -p "$cache_root"
 scratch=$(mktemp -d "$cache_root/.guest-build.XXXXXX")
 trap 'rm -rf "$scratch"' EXIT
-(cd "$scratch" && apt-get download -qq "$package=$version" 2>/dev/null)
+# Backports keeps only its newest kernel: lists older than that name one the
+# archive no longer has, so a failed download refreshes them once.
+if ! (cd "$scratch" && apt-get download -qq "$package=$version" 2>/dev/null); then
+  apt-get update -qq
+  kernel_package
+  if cached; then
+    echo "$out"
+    exit 0
+  fi
+  (cd "$scratch" && apt-get download -qq "$package=$version")
+fi
 dpkg-deb -x "$scratch"/*.deb "$scratch/kernel"
 release=${package#linux-image-}
-moddir=$scratch/kernel/lib/modules/$release
 depmod -b "$scratch/kernel" "$release"
 
 # What a host needs of its storage, in load order with dependencies first:
