@@ -8,10 +8,20 @@
 //! goes from under a mounted filesystem, virtio-fs tags and the kernel's
 //! answer to an unknown one.
 //!
+//!
+//! And split mode from a real host: the node runs inside the guest and
+//! reaches its DPU agent on this machine over the guest's network link with
+//! mutual TLS, as a BlueField host reaches its DPU; a node whose certificate
+//! the agent's CA did not sign is refused. The node's start (its records, the
+//! kernel's mount table and sysfs, the census it asks the agent for) runs on
+//! the real kernel.
+//!
 //! What this does not prove: QEMU's devices stand in for SNAP's (the same
-//! kernel drivers, not SNAP's firmware), the node runs no CSI call here, and
-//! TCG's timing is not a host's.
+//! kernel drivers, not SNAP's firmware); no volume is staged through the
+//! node here (the emulator does not hot-plug into the guest yet), so the DPU
+//! behind the agent is a stand-in; and TCG's timing is not a host's.
 
+mod common;
 #[path = "../hack/harness/src/guest/mod.rs"]
 mod guest;
 
@@ -20,14 +30,21 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::Duration;
 
-use guest::{Guest, GuestSpec};
+use common::dpu::{Agent, DPU_NAME, GatedDpu, HOST_NAME, test_config};
+use common::pki::{Pki, Role};
+use guest::{Guest, GuestSpec, Link};
 use serde_json::json;
+use snap_csi::dpu::HostLocator;
+use snap_csi::tls::TlsFiles;
 
 const SNAP_CSI: &str = env!("CARGO_BIN_EXE_snap-csi");
 /// A hot-plugged function's disk on a loaded machine under TCG (measured:
 /// 0.3-1.4 s idle).
 const HOT_PLUG: Duration = Duration::from_secs(60);
 const MIB: u64 = 1 << 20;
+/// The node's start and its first call to the agent, under TCG on a loaded
+/// machine.
+const STARTED: Duration = Duration::from_secs(120);
 
 fn sparse_file(dir: &Path, name: &str, bytes: u64) -> PathBuf {
     let path = dir.join(name);
@@ -310,4 +327,113 @@ fn wait_for_socket(socket: &Path) {
 
 fn libc_einval() -> i32 {
     nix::errno::Errno::EINVAL as i32
+}
+
+/// Starts `snap-csi node` in the guest under `/run/<name>`, its metrics on
+/// the guest's loopback at `metrics_port`.
+fn start_node(guest: &mut Guest, name: &str, agent: &str, tls: &TlsFiles, metrics_port: u16) {
+    let dir = format!("/run/{name}");
+    guest
+        .sh(&format!(
+            "mkdir -p {dir}/state /var/lib/kubelet && \
+             {SNAP_CSI} node --endpoint {dir}/csi.sock --node-id {HOST_NAME} \
+             --state-dir {dir}/state --kubelet-dir /var/lib/kubelet \
+             --dpu-endpoint {agent} --dpu-name {DPU_NAME} \
+             --dpu-tls-cert {} --dpu-tls-key {} --dpu-tls-ca {} \
+             --metrics-address 127.0.0.1:{metrics_port} >{dir}/log 2>&1 &",
+            tls.cert.display(),
+            tls.key.display(),
+            tls.ca.display()
+        ))
+        .unwrap();
+}
+
+/// The node's metrics page in the guest.
+fn metrics_in_guest(port: u16) -> String {
+    format!(
+        "python3 -c \"import urllib.request; \
+         print(urllib.request.urlopen('http://127.0.0.1:{port}/metrics').read().decode())\""
+    )
+}
+
+/// Whether the page has `name{...}` with every label in `labels` above zero.
+fn counted(page: &str, name: &str, labels: &[&str]) -> bool {
+    page.lines().any(|line| {
+        line.strip_prefix(name)
+            .is_some_and(|rest| rest.starts_with('{'))
+            && labels.iter().all(|l| line.contains(l))
+            && line
+                .rsplit(' ')
+                .next()
+                .and_then(|v| v.parse::<f64>().ok())
+                .is_some_and(|v| v > 0.0)
+    })
+}
+
+async fn agent_counted(labels: &[&str]) {
+    let deadline = tokio::time::Instant::now() + STARTED;
+    loop {
+        if counted(
+            &snap_csi::metrics::render().await,
+            "snap_csi_tls_handshakes_total",
+            labels,
+        ) {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the agent never counted a handshake {labels:?}:\n{}",
+            snap_csi::metrics::render().await
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_node_in_the_guest_reaches_its_dpu_agent_over_mutual_tls_and_a_stranger_is_refused() {
+    // The guest reads the certificates over its shared root: not under /tmp,
+    // which is its own.
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let link = Link::new().unwrap();
+    let (mut config, node_tls, _) = test_config(dir.path());
+    let port = common::free_tcp_port();
+    config.listen = format!("https://{}:{port}", link.host);
+    let locator = HostLocator::VirtioBlk {
+        bdf: "01:00.0".into(),
+        serial: "unused".into(),
+    };
+    let agent = Agent::launch(config, node_tls.clone(), Some(GatedDpu::new(locator) as _)).await;
+    let endpoint = format!("https://{}:{port}", link.host);
+
+    let mut spec = GuestSpec::new("bf-host");
+    spec.link = Some((link.tap.clone(), link.guest));
+    let mut guest = tokio::task::block_in_place(|| Guest::boot(&spec)).unwrap();
+
+    tokio::task::block_in_place(|| start_node(&mut guest, "node", &endpoint, &node_tls, 9101));
+    tokio::task::block_in_place(|| {
+        let script = format!(
+            "{} | grep '^snap_csi_tls_handshakes_total{{' | grep 'role=\"client\"' | grep 'outcome=\"ok\"'",
+            metrics_in_guest(9101)
+        );
+        guest.wait_until(&script, STARTED).unwrap_or_else(|e| {
+            panic!(
+                "{e:#}\n{}",
+                guest.sh("cat /run/node/log").unwrap_or_default()
+            )
+        });
+    });
+    agent_counted(&["role=\"server\"", "outcome=\"ok\""]).await;
+
+    // A node with a certificate from another CA (it trusts the agent's):
+    // the agent refuses it at the handshake.
+    let stranger =
+        Pki::new(&dir.path().join("stranger"), "stranger-ca").issue(Role::Node, HOST_NAME);
+    let stranger = TlsFiles {
+        ca: node_tls.ca.clone(),
+        ..stranger
+    };
+    tokio::task::block_in_place(|| start_node(&mut guest, "stranger", &endpoint, &stranger, 9102));
+    agent_counted(&["role=\"server\"", "outcome=\"refused\""]).await;
+    drop(guest);
+    drop(agent);
 }

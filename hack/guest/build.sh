@@ -57,11 +57,12 @@ depmod -b "$scratch/kernel" "$release"
 
 # What a host needs of its storage, in load order with dependencies first:
 # NVMe (native multipath is nvme_core's parameter, set at boot), virtio-blk,
-# the filesystems the node makes, 9p for the shared userland. virtio-fs,
+# the filesystems the node makes, 9p for the shared userland, virtio-net for
+# its link to the DPU. virtio-fs,
 # FUSE, virtio-pci and the console (the agent's port) are built in.
 root=$scratch/root
 mkdir -p "$root"/{bin,dev,proc,sys,newroot,lib/modules}
-for m in nvme virtio_blk ext4 xfs 9p 9pnet_virtio crc32c_generic; do
+for m in nvme virtio_blk ext4 xfs 9p 9pnet_virtio virtio_net crc32c_generic; do
   modprobe -d "$scratch/kernel" -S "$release" --show-depends "$m" | sed -n 's/^insmod \([^ ]*\).*/\1/p'
 done | awk '!seen[$0]++' | while read -r ko; do
   name=$(basename "$ko"); name=${name%.ko*}

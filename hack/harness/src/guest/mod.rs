@@ -7,7 +7,8 @@
 //! own `/tmp`, `/run`, `/var`, `/root`): every binary here runs there at the
 //! same path, so a test runs `env!("CARGO_BIN_EXE_snap-csi")` in the guest
 //! as it is. Commands go to the guest's agent (`hack/guest/agent.sh`) on a
-//! virtio-serial port; devices come and go through QMP ([`qmp`]).
+//! virtio-serial port; devices come and go through QMP ([`qmp`]); a
+//! [`Link`] is its network to this machine, where the DPU side listens.
 //!
 //! KVM is used where it boots the kernel; where it does not (a nested
 //! `kvm-pvm`, or no `/dev/kvm`) the first boot says so on stderr, once, and
@@ -18,6 +19,7 @@
 //! and vhost-user-fs devices stand in for SNAP's), the virtqueues of a
 //! BlueField's PCIe, and its timing (TCG is slow and steady).
 
+mod link;
 mod qmp;
 
 use std::fs;
@@ -33,6 +35,7 @@ use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use serde_json::json;
 
+pub use link::Link;
 pub use qmp::Qmp;
 
 /// PCIe root ports a guest boots with, each an empty slot to hot-plug one
@@ -60,6 +63,9 @@ pub struct GuestSpec {
     /// controller hot-plugged into the subsystem later carries them too.
     pub nvme_namespaces: Vec<PathBuf>,
     pub memory_mib: u32,
+    /// A network link to this machine: `(tap, the guest's address)`, from
+    /// [`Link`].
+    pub link: Option<(String, std::net::Ipv4Addr)>,
 }
 
 impl GuestSpec {
@@ -69,6 +75,7 @@ impl GuestSpec {
             native_multipath: true,
             nvme_namespaces: Vec::new(),
             memory_mib: 512,
+            link: None,
         }
     }
 }
@@ -163,6 +170,9 @@ impl Guest {
             spec.hostname,
             if spec.native_multipath { "Y" } else { "N" }
         );
+        if let Some((_, address)) = &spec.link {
+            append.push_str(&format!(" snapcsi.ip={address}/30"));
+        }
         if accel == Accel::Tcg {
             // TCG's clock is steady enough; don't spend boot on calibration.
             append.push_str(" tsc=reliable");
@@ -239,6 +249,14 @@ impl Guest {
                 ),
                 "-device",
                 &format!("nvme-ns,drive=ns{nsid},nsid={nsid},bus=nvme-boot,shared=on"),
+            ]);
+        }
+        if let Some((tap, _)) = &spec.link {
+            command.args([
+                "-netdev",
+                &format!("tap,id=link,ifname={tap},script=no,downscript=no"),
+                "-device",
+                "virtio-net-pci,netdev=link",
             ]);
         }
         command
