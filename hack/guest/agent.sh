@@ -16,11 +16,13 @@ fi
 work=/run/snapcsi-guest
 # The port reads end-of-file while no one is connected on the outside: wait
 # for the harness (it connects once per boot, and asks first for the release).
+# A command never holds the port (3>&-): a service it leaves running would
+# keep the port busy, and PID 1 could not open it again.
 while :; do
   exec 3<>"$port"
   while read -r line <&3; do
     echo "$line" | base64 -d >"$work/cmd"
-    /bin/sh "$work/cmd" </dev/null >"$work/out" 2>"$work/err"
+    /bin/sh "$work/cmd" </dev/null >"$work/out" 2>"$work/err" 3>&-
     echo "$? $(base64 -w0 <"$work/out") $(base64 -w0 <"$work/err")" >&3
   done
   exec 3<&-
