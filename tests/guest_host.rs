@@ -25,14 +25,14 @@ mod common;
 #[path = "../hack/harness/src/guest/mod.rs"]
 mod guest;
 
-use std::fs::File;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command};
 use std::time::Duration;
 
 use common::dpu::{Agent, DPU_NAME, GatedDpu, HOST_NAME, test_config};
 use common::pki::{Pki, Role};
 use guest::{Guest, GuestSpec, Link};
+use nix::errno::Errno;
 use serde_json::json;
 use snap_csi::dpu::HostLocator;
 use snap_csi::tls::TlsFiles;
@@ -45,12 +45,6 @@ const MIB: u64 = 1 << 20;
 /// The node's start and its first call to the agent, under TCG on a loaded
 /// machine.
 const STARTED: Duration = Duration::from_secs(120);
-
-fn sparse_file(dir: &Path, name: &str, bytes: u64) -> PathBuf {
-    let path = dir.join(name);
-    File::create(&path).unwrap().set_len(bytes).unwrap();
-    path
-}
 
 /// `snap-csi find-device` in the guest: (node, kernel name, size in bytes).
 fn find_device(guest: &mut Guest, args: &str) -> (String, String, u64) {
@@ -74,7 +68,9 @@ fn two_controllers_of_one_subsystem(native_multipath: bool) {
     let dir = tempfile::tempdir().unwrap();
     let mut spec = GuestSpec::new(if native_multipath { "mp-on" } else { "mp-off" });
     spec.native_multipath = native_multipath;
-    spec.nvme_namespaces = vec![sparse_file(dir.path(), "ns1.img", 64 * MIB)];
+    let namespace = dir.path().join("ns1.img");
+    common::sparse_file(&namespace, 64 * MIB);
+    spec.nvme_namespaces = vec![namespace];
     let mut guest = Guest::boot(&spec).unwrap();
     let first = guest.add_nvme("fn1", 1).unwrap();
     let second = guest.add_nvme("fn2", 2).unwrap();
@@ -170,8 +166,9 @@ fn two_nvme_controllers_of_one_subsystem_without_native_multipath() {
 fn a_virtio_blk_disk_is_found_by_its_serial_grows_online_and_goes_from_under_a_mount() {
     let dir = tempfile::tempdir().unwrap();
     let mut guest = Guest::boot(&GuestSpec::new("virtio-blk")).unwrap();
-    let disk = sparse_file(dir.path(), "blk.img", 48 * MIB);
-    let other = sparse_file(dir.path(), "other.img", 16 * MIB);
+    let (disk, other) = (dir.path().join("blk.img"), dir.path().join("other.img"));
+    common::sparse_file(&disk, 48 * MIB);
+    common::sparse_file(&other, 16 * MIB);
     // SNAP's serials are 20 bytes, virtio-blk's limit.
     let bdf = guest
         .add_virtio_blk("blk", 3, &disk, "sc-6aaea6508ef75653a")
@@ -286,9 +283,12 @@ fn virtio_fs_tags_and_the_kernels_answer_to_an_unknown_one() {
     // node's mount retries (src/node/mount/virtiofs.rs `tag_not_found`).
     assert_eq!(
         mount_errno(&mut guest, tag, "/run/t", "dax=never"),
-        libc_einval()
+        Errno::EINVAL as i32
     );
-    assert_eq!(mount_errno(&mut guest, tag, "/run/t", ""), libc_einval());
+    assert_eq!(
+        mount_errno(&mut guest, tag, "/run/t", ""),
+        Errno::EINVAL as i32
+    );
 
     wait_for_socket(&socket);
     guest.add_virtio_fs("fs", 5, &socket, tag).unwrap();
@@ -323,10 +323,6 @@ fn wait_for_socket(socket: &Path) {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-}
-
-fn libc_einval() -> i32 {
-    nix::errno::Errno::EINVAL as i32
 }
 
 /// Starts `snap-csi node` in the guest under `/run/<name>`, its metrics on
