@@ -3,7 +3,8 @@
 # the container images built and started (hack/images.sh), the whole test
 # suite (as root: the tests make real loop devices and mounts; with a real
 # SPDK in its container for the suites that need one, and a real Linux kernel
-# booted under QEMU as the host for tests/guest_host.rs: hack/guest/)
+# booted under QEMU as the host for tests/guest_host.rs and guest_node.rs:
+# hack/guest/)
 # and the DPU and node suites again in split mode,
 # the offline checks of the Kubernetes manifests and Dockerfiles, the main job
 # (the whole stack on the emulator, volumes through their life; co-located and

@@ -17,34 +17,28 @@
 //! the real kernel.
 //!
 //! What this does not prove: QEMU's devices stand in for SNAP's (the same
-//! kernel drivers, not SNAP's firmware); no volume is staged through the
-//! node here (the emulator does not hot-plug into the guest yet), so the DPU
-//! behind the agent is a stand-in; and TCG's timing is not a host's.
+//! kernel drivers, not SNAP's firmware), and TCG's timing is not a host's.
+//! Volumes staged through the node in the guest are `guest_node.rs`.
 
 mod common;
-#[path = "../hack/harness/src/guest/mod.rs"]
-mod guest;
 
 use std::path::Path;
 use std::process::{Child, Command};
 use std::time::Duration;
 
-use common::dpu::{Agent, DPU_NAME, GatedDpu, HOST_NAME, test_config};
+use common::dpu::{Agent, GatedDpu, HOST_NAME, test_config};
+use common::guest::{Guest, GuestSpec, Link};
+use common::guest_node::{SNAP_CSI, STARTED, start_node, virtiofsd};
 use common::pki::{Pki, Role};
-use guest::{Guest, GuestSpec, Link};
 use nix::errno::Errno;
 use serde_json::json;
 use snap_csi::dpu::HostLocator;
 use snap_csi::tls::TlsFiles;
 
-const SNAP_CSI: &str = env!("CARGO_BIN_EXE_snap-csi");
 /// A hot-plugged function's disk on a loaded machine under TCG (measured:
 /// 0.3-1.4 s idle).
 const HOT_PLUG: Duration = Duration::from_secs(60);
 const MIB: u64 = 1 << 20;
-/// The node's start and its first call to the agent, under TCG on a loaded
-/// machine.
-const STARTED: Duration = Duration::from_secs(120);
 
 /// `snap-csi find-device` in the guest: (node, kernel name, size in bytes).
 fn find_device(guest: &mut Guest, args: &str) -> (String, String, u64) {
@@ -235,13 +229,9 @@ fn a_virtio_blk_disk_is_found_by_its_serial_grows_online_and_goes_from_under_a_m
     assert_ne!(gone.status, 0, "{gone:?}");
 }
 
-/// virtiofsd serving `dir` on `socket` (built once: hack/guest/virtiofsd.sh).
-fn virtiofsd(socket: &Path, dir: &Path) -> Child {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("hack/guest/virtiofsd.sh");
-    let out = Command::new(&script).output().unwrap();
-    assert!(out.status.success(), "{}: {out:?}", script.display());
-    let binary = String::from_utf8(out.stdout).unwrap();
-    Command::new(binary.trim())
+/// virtiofsd serving `dir` on `socket`.
+fn virtiofsd_on(socket: &Path, dir: &Path) -> Child {
+    Command::new(virtiofsd())
         .arg(format!("--socket-path={}", socket.display()))
         .arg(format!("--shared-dir={}", dir.display()))
         .args(["--sandbox=none", "--cache=never", "--log-level=error"])
@@ -268,7 +258,7 @@ fn virtio_fs_tags_and_the_kernels_answer_to_an_unknown_one() {
     let shared = dir.path().join("shared");
     std::fs::create_dir(&shared).unwrap();
     let socket = dir.path().join("virtiofsd.sock");
-    let mut daemon = virtiofsd(&socket, &shared);
+    let mut daemon = virtiofsd_on(&socket, &shared);
     let mut guest = Guest::boot(&GuestSpec::new("virtio-fs")).unwrap();
 
     // Debian's kernel has virtio-fs built in: the list exists from boot,
@@ -323,25 +313,6 @@ fn wait_for_socket(socket: &Path) {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-}
-
-/// Starts `snap-csi node` in the guest under `/run/<name>`, its metrics on
-/// the guest's loopback at `metrics_port`.
-fn start_node(guest: &mut Guest, name: &str, agent: &str, tls: &TlsFiles, metrics_port: u16) {
-    let dir = format!("/run/{name}");
-    guest
-        .sh(&format!(
-            "mkdir -p {dir}/state /var/lib/kubelet && \
-             {SNAP_CSI} node --endpoint {dir}/csi.sock --node-id {HOST_NAME} \
-             --state-dir {dir}/state --kubelet-dir /var/lib/kubelet \
-             --dpu-endpoint {agent} --dpu-name {DPU_NAME} \
-             --dpu-tls-cert {} --dpu-tls-key {} --dpu-tls-ca {} \
-             --metrics-address 127.0.0.1:{metrics_port} >{dir}/log 2>&1 &",
-            tls.cert.display(),
-            tls.key.display(),
-            tls.ca.display()
-        ))
-        .unwrap();
 }
 
 /// The node's metrics page in the guest.
@@ -405,7 +376,9 @@ async fn the_node_in_the_guest_reaches_its_dpu_agent_over_mutual_tls_and_a_stran
     spec.link = Some((link.tap.clone(), link.guest));
     let mut guest = tokio::task::block_in_place(|| Guest::boot(&spec)).unwrap();
 
-    tokio::task::block_in_place(|| start_node(&mut guest, "node", &endpoint, &node_tls, 9101));
+    tokio::task::block_in_place(|| {
+        start_node(&mut guest, "node", (&endpoint, &node_tls), 9101, "")
+    });
     tokio::task::block_in_place(|| {
         let script = format!(
             "{} | grep '^snap_csi_tls_handshakes_total{{' | grep 'role=\"client\"' | grep 'outcome=\"ok\"'",
@@ -428,7 +401,9 @@ async fn the_node_in_the_guest_reaches_its_dpu_agent_over_mutual_tls_and_a_stran
         ca: node_tls.ca.clone(),
         ..stranger
     };
-    tokio::task::block_in_place(|| start_node(&mut guest, "stranger", &endpoint, &stranger, 9102));
+    tokio::task::block_in_place(|| {
+        start_node(&mut guest, "stranger", (&endpoint, &stranger), 9102, "")
+    });
     agent_counted(&["role=\"server\"", "outcome=\"refused\""]).await;
     drop(guest);
     drop(agent);

@@ -15,6 +15,9 @@ pub mod csi_samples;
 pub mod csi_v1_11;
 pub mod dpu;
 pub mod dpus;
+#[path = "../../hack/harness/src/guest/mod.rs"]
+pub mod guest;
+pub mod guest_node;
 // kubelet's rules and the kills at random instants, shared with the chaos
 // soak (`hack/harness`).
 #[path = "../../hack/harness/src/kills.rs"]

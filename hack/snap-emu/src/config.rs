@@ -7,7 +7,7 @@ use anyhow::bail;
 
 use crate::datapath::DataPathMode;
 use crate::faults::Faults;
-use crate::host::PciDomain;
+use crate::host::{GuestHostConfig, PciDomain};
 
 /// How many emulated PCI functions the DPU offers the host.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,6 +58,9 @@ pub struct Config {
     /// A configuration in `save_config`'s format run before the socket
     /// serves anyone (`spdk_tgt --json`).
     pub json_config: Option<PathBuf>,
+    /// Plug the functions into a QEMU guest instead of showing them in the
+    /// tree: each PF is one of its root ports (no VFs).
+    pub guest: Option<GuestHostConfig>,
 }
 
 /// PCI bus numbers start at 0x26 and each PF owns one bus (function 0 is the PF,
@@ -80,6 +83,7 @@ impl Config {
             faults: Faults::default(),
             data_path: DataPathMode::default(),
             json_config: None,
+            guest: None,
         }
     }
 
@@ -133,6 +137,20 @@ impl Config {
         self
     }
 
+    pub fn with_guest_host(mut self, guest: GuestHostConfig) -> Self {
+        self.guest = Some(guest);
+        self
+    }
+
+    /// The buses PFs take, in order: a guest's root ports, or the tree's
+    /// from [`FIRST_BUS`] on.
+    pub(crate) fn buses(&self) -> Vec<u32> {
+        match &self.guest {
+            Some(guest) => guest.buses(),
+            None => (FIRST_BUS..FIRST_BUS + MAX_PFS).collect(),
+        }
+    }
+
     pub fn effective_sysfs_root(&self) -> PathBuf {
         self.sysfs_root
             .clone()
@@ -160,8 +178,15 @@ impl Config {
         if f.nvme_vfs_per_pf > MAX_VFS_PER_PF || f.virtio_blk_vfs_per_pf > MAX_VFS_PER_PF {
             bail!("at most {MAX_VFS_PER_PF} VFs per PF fit on one PCI bus");
         }
+        if self.guest.is_some() {
+            if f.nvme_vfs_per_pf + f.virtio_blk_vfs_per_pf > 0 {
+                bail!("a guest host has no VFs: each function is a root port");
+            }
+            if f.nvme_pfs + f.virtio_blk_pfs > self.buses().len() as u32 {
+                bail!("a guest host needs a root port per static PF");
+            }
         // Leave half of the buses for hot-plugged PFs.
-        if f.nvme_pfs + f.virtio_blk_pfs > MAX_PFS / 2 {
+        } else if f.nvme_pfs + f.virtio_blk_pfs > MAX_PFS / 2 {
             bail!("at most {} static PFs are supported", MAX_PFS / 2);
         }
         Ok(())

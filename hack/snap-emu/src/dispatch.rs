@@ -189,7 +189,10 @@ mod tests {
 
     fn shared(dir: &std::path::Path) -> Arc<Shared> {
         let snap = Snap::new(
-            Functions::new(FunctionLayout::default()),
+            Functions::new(
+                FunctionLayout::default(),
+                crate::config::Config::new("s", "d").buses(),
+            ),
             None,
             DataPathMode::default(),
         );

@@ -31,9 +31,11 @@
 //!   `snap` (SNAP's model,
 //!   what the host sees, one file per emulation, hot-plug) with `snap_api`
 //!   (every SNAP JSON name).
-//! - [`host`]: loop devices and the sysfs tree (the host's view), its
-//!   functions in the PCI domain of [`PciDomain`] (`--pci-domain`), so that
-//!   the emulators of a host's two DPUs share one tree.
+//! - [`host`]: the host's view behind one seam (`host::Host`): loop devices
+//!   and the sysfs tree, its functions in the PCI domain of [`PciDomain`]
+//!   (`--pci-domain`), so that the emulators of a host's two DPUs share one
+//!   tree; or a QEMU guest's real kernel, SNAP's functions hot-plugged into
+//!   its root ports ([`GuestHostConfig`], in-process only for now).
 //! - [`datapath`]: the FUSE data path exposed bdevs reach the host through
 //!   when their I/O must pass the emulator (a cipher, QoS, iostat, an
 //!   NVMe-oF target over the paths its multipath policy picks;
@@ -118,7 +120,7 @@ mod snap_api;
 pub use config::{Cli, Config, FunctionLayout};
 pub use datapath::DataPathMode;
 pub use faults::Faults;
-pub use host::PciDomain;
+pub use host::{GuestHostConfig, PciDomain};
 pub use in_process::InProcess;
 pub use poller::Rounds;
 pub use rpc::RpcError;

@@ -29,7 +29,7 @@ use crate::config::Config;
 use crate::dispatch::{self, answer_framed};
 use crate::faults::Faults;
 use crate::framing::{self, READ_CHUNK};
-use crate::host::HostSide;
+use crate::host::{GuestHost, Host, HostSide};
 use crate::poller::{self, Rounds};
 use crate::registry::Shared;
 use crate::snap::Snap;
@@ -96,17 +96,30 @@ pub async fn bind(config: Config) -> anyhow::Result<Server> {
     // The host side goes first: it detaches loop devices that a killed run
     // left on files we are about to remove.
     let host = if config.snap {
-        let sysfs = config.effective_sysfs_root();
-        let host_dir = config.host_dir();
-        let (domain, faults) = (config.pci_domain, config.faults.clone());
-        let host = tokio::task::spawn_blocking(move || {
-            HostSide::open(&sysfs, domain, &host_dir).map(|h| h.with_faults(faults))
-        })
-        .await
-        .context("opening the host side")?
-        .context("opening the host side")?;
-        let host = Arc::new(host);
-        config.faults.register_host(&host);
+        let host: Arc<dyn Host> = match config.guest.clone() {
+            Some(guest) => {
+                let host_dir = config.host_dir();
+                let host = tokio::task::spawn_blocking(move || GuestHost::open(&guest, &host_dir))
+                    .await
+                    .context("opening the guest host")?
+                    .context("opening the guest host")?;
+                Arc::new(host)
+            }
+            None => {
+                let sysfs = config.effective_sysfs_root();
+                let host_dir = config.host_dir();
+                let (domain, faults) = (config.pci_domain, config.faults.clone());
+                let host = tokio::task::spawn_blocking(move || {
+                    HostSide::open(&sysfs, domain, &host_dir).map(|h| h.with_faults(faults))
+                })
+                .await
+                .context("opening the host side")?
+                .context("opening the host side")?;
+                let host = Arc::new(host);
+                config.faults.register_host(&host);
+                host
+            }
+        };
         Some(host)
     } else {
         // A plain target needs no host side, but a SNAP run on this state
@@ -132,12 +145,12 @@ pub async fn bind(config: Config) -> anyhow::Result<Server> {
     std::fs::create_dir_all(&files)?;
 
     let snap = if config.snap {
-        let functions = Functions::new(config.functions);
+        let functions = Functions::new(config.functions, config.buses());
         let (functions, host) = tokio::task::spawn_blocking(move || {
             if let Some(host) = &host {
                 for f in functions.iter() {
                     if let Some(bdf) = &f.bdf {
-                        host.add_pci_function(bdf, host_kind(f.emulation))
+                        host.add_function(bdf, host_kind(f.emulation))
                             .with_context(|| format!("adding PCI function {bdf}"))?;
                     }
                 }

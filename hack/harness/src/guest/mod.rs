@@ -7,7 +7,9 @@
 //! own `/tmp`, `/run`, `/var`, `/root`): every binary here runs there at the
 //! same path, so a test runs `env!("CARGO_BIN_EXE_snap-csi")` in the guest
 //! as it is. Commands go to the guest's agent (`hack/guest/agent.sh`) on a
-//! virtio-serial port; devices come and go through QMP ([`qmp`]); a
+//! virtio-serial port; devices come and go through QMP (crate
+//! `qemu-hotplug`, which the emulator's guest host uses on a monitor of its
+//! own, [`Guest::hotplug_monitor`]); a
 //! [`Link`] is its network to this machine, where the DPU side listens.
 //!
 //! KVM is used where it boots the kernel; where it does not (a nested
@@ -20,7 +22,6 @@
 //! BlueField's PCIe, and its timing (TCG is slow and steady).
 
 mod link;
-mod qmp;
 
 use std::fs;
 use std::io::{self, BufRead, BufReader, Write};
@@ -36,7 +37,8 @@ use base64::engine::general_purpose::STANDARD;
 use serde_json::json;
 
 pub use link::Link;
-pub use qmp::Qmp;
+use qemu_hotplug::Drive;
+pub use qemu_hotplug::Qmp;
 
 /// PCIe root ports a guest boots with, each an empty slot to hot-plug one
 /// function into (`1..=PORTS`).
@@ -45,6 +47,9 @@ pub const PORTS: u8 = 8;
 /// subsystem, a controller per function).
 pub const SUBSYSTEM_NQN: &str = "nqn.2026-12.io.snap-csi:guest";
 const SUBSYSTEM_SERIAL: &str = "snapcsi-guest";
+const SUBSYSTEM_ID: &str = "snapcsi-subsys";
+/// The second monitor's socket in the guest's directory.
+const HOTPLUG_QMP: &str = "qmp-hotplug.sock";
 /// Booting under TCG on a loaded two-core machine.
 const BOOT_TIMEOUT: Duration = Duration::from_secs(180);
 /// A command in the guest, unless the caller allows more.
@@ -217,6 +222,11 @@ impl Guest {
                 "virtserialport,chardev=agent,name=snapcsi.agent",
                 "-qmp",
                 &format!("unix:{},server=on,wait=off", qmp_socket.display()),
+                "-qmp",
+                &format!(
+                    "unix:{},server=on,wait=off",
+                    dir.path().join(HOTPLUG_QMP).display()
+                ),
                 "-serial",
                 &format!("file:{}", console.display()),
             ]);
@@ -224,19 +234,20 @@ impl Guest {
             command.args([
                 "-device",
                 &format!(
-                    "pcie-root-port,id=rp{port},bus=pcie.0,chassis={port},addr={:#x}",
+                    "pcie-root-port,id={},bus=pcie.0,chassis={port},addr={:#x}",
+                    port_id(port),
                     0x10 + port
                 ),
             ]);
         }
         command.args([
             "-device",
-            &format!("nvme-subsys,id=snapcsi-subsys,nqn={SUBSYSTEM_NQN}"),
+            &format!("nvme-subsys,id={SUBSYSTEM_ID},nqn={SUBSYSTEM_NQN}"),
         ]);
         if !spec.nvme_namespaces.is_empty() {
             command.args([
                 "-device",
-                &format!("nvme,id=nvme-boot,serial={SUBSYSTEM_SERIAL},subsys=snapcsi-subsys,bus=pcie.0,addr=0x5"),
+                &format!("nvme,id=nvme-boot,serial={SUBSYSTEM_SERIAL},subsys={SUBSYSTEM_ID},bus=pcie.0,addr=0x5"),
             ]);
         }
         for (i, file) in spec.nvme_namespaces.iter().enumerate() {
@@ -451,10 +462,12 @@ impl Guest {
     /// Hot-plugs an NVMe controller of the subsystem into `port` (it carries
     /// the subsystem's namespaces); returns its address.
     pub fn add_nvme(&mut self, id: &str, port: u8) -> anyhow::Result<String> {
-        self.qmp.execute(
-            "device_add",
-            json!({"driver": "nvme", "id": id, "bus": format!("rp{port}"),
-                   "subsys": "snapcsi-subsys", "serial": SUBSYSTEM_SERIAL}),
+        qemu_hotplug::add_nvme(
+            &mut self.qmp,
+            id,
+            &port_id(port),
+            SUBSYSTEM_ID,
+            SUBSYSTEM_SERIAL,
         )?;
         Ok(self.bdf(port))
     }
@@ -467,15 +480,12 @@ impl Guest {
         file: &Path,
         serial: &str,
     ) -> anyhow::Result<String> {
-        self.qmp.execute(
-            "blockdev-add",
-            json!({"driver": "raw", "node-name": format!("{id}-drive"),
-                   "file": {"driver": "file", "filename": file}}),
-        )?;
-        self.qmp.execute(
-            "device_add",
-            json!({"driver": "virtio-blk-pci", "id": id, "bus": format!("rp{port}"),
-                   "drive": format!("{id}-drive"), "serial": serial}),
+        qemu_hotplug::add_virtio_blk(
+            &mut self.qmp,
+            id,
+            &port_id(port),
+            &Drive::whole(file),
+            serial,
         )?;
         Ok(self.bdf(port))
     }
@@ -489,33 +499,24 @@ impl Guest {
         socket: &Path,
         tag: &str,
     ) -> anyhow::Result<String> {
-        self.qmp.execute(
-            "chardev-add",
-            json!({"id": format!("{id}-chr"), "backend": {"type": "socket", "data": {
-                "addr": {"type": "unix", "data": {"path": socket}}, "server": false}}}),
-        )?;
-        self.qmp.execute(
-            "device_add",
-            json!({"driver": "vhost-user-fs-pci", "id": id, "bus": format!("rp{port}"),
-                   "chardev": format!("{id}-chr"), "tag": tag}),
-        )?;
+        qemu_hotplug::add_virtio_fs(&mut self.qmp, id, &port_id(port), socket, tag)?;
         Ok(self.bdf(port))
     }
 
     /// Unplugs device `id` and waits until the guest let it go, then drops
     /// what QEMU held for it.
     pub fn remove(&mut self, id: &str) -> anyhow::Result<()> {
-        self.qmp.execute("device_del", json!({"id": id}))?;
-        self.qmp
-            .wait_event("DEVICE_DELETED", "device", id, COMMAND_TIMEOUT)?;
-        // Whichever backend the device had (none for an NVMe controller).
-        let _ = self
-            .qmp
-            .execute("blockdev-del", json!({"node-name": format!("{id}-drive")}));
-        let _ = self
-            .qmp
-            .execute("chardev-remove", json!({"id": format!("{id}-chr")}));
-        Ok(())
+        qemu_hotplug::remove(&mut self.qmp, id, COMMAND_TIMEOUT)
+    }
+
+    /// A second QMP monitor, for whoever hot-plugs into this guest beside
+    /// the test (the emulator's guest host), and every root port from
+    /// `first_port` on as it names them: (port id, the bus the guest gave it).
+    pub fn hotplug_monitor(&self, first_port: u8) -> (PathBuf, Vec<(String, u8)>) {
+        let ports = (first_port..=PORTS)
+            .map(|port| (port_id(port), self.buses[usize::from(port - 1)]))
+            .collect();
+        (self.dir.path().join(HOTPLUG_QMP), ports)
     }
 
     /// The end of the guest's console, for a failure's message (nothing
@@ -558,6 +559,11 @@ fn image() -> anyhow::Result<&'static Path> {
         Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
     });
     built.as_deref().map_err(|e| anyhow!("{e}"))
+}
+
+/// Root port `port`'s QEMU id.
+fn port_id(port: u8) -> String {
+    format!("rp{port}")
 }
 
 fn first_line(text: &str) -> &str {

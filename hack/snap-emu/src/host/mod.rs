@@ -1,4 +1,7 @@
 //! The host side of emulated PCI functions: what the x86 host would see.
+//! SNAP's model reaches a host through one seam ([`Host`], `side`); this
+//! module's [`HostSide`] is the host this machine makes, `guest` a QEMU
+//! guest's real kernel.
 //!
 //! A real BlueField makes an emulated NVMe namespace or virtio-blk disk appear
 //! as a PCI function with a block device under it. We make the same thing real
@@ -44,12 +47,14 @@
 //! here, while a real host learns of it after SNAP answered.
 
 mod domain;
+mod guest;
 mod loop_ioctl;
 mod loopdev;
 mod missed;
 mod queue;
 mod records;
 mod recovery;
+mod side;
 #[cfg(test)]
 mod tests;
 mod tree;
@@ -77,54 +82,9 @@ use tree::{
 use virtiofs::VirtioFs;
 
 pub use domain::PciDomain;
+pub use guest::{GuestHost, GuestHostConfig};
+pub use side::{BlockStat, Host, NvmeDisk, VirtioBlkDisk};
 pub use tree::{DiskRef, FunctionKind, HostDisk};
-
-/// Kernel block-layer counters of one device (`/sys/block/<dev>/stat`).
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct BlockStat {
-    pub read_ios: u64,
-    pub read_sectors: u64,
-    pub read_ms: u64,
-    pub write_ios: u64,
-    pub write_sectors: u64,
-    pub write_ms: u64,
-    pub discard_ios: u64,
-    pub discard_sectors: u64,
-    pub discard_ms: u64,
-}
-
-impl BlockStat {
-    fn parse(text: &str) -> Self {
-        let f: Vec<u64> = text
-            .split_whitespace()
-            .map(|x| x.parse().unwrap_or(0))
-            .collect();
-        let at = |i: usize| f.get(i).copied().unwrap_or(0);
-        Self {
-            read_ios: at(0),
-            read_sectors: at(2),
-            read_ms: at(3),
-            write_ios: at(4),
-            write_sectors: at(6),
-            write_ms: at(7),
-            discard_ios: at(11),
-            discard_sectors: at(13),
-            discard_ms: at(14),
-        }
-    }
-
-    pub fn add(&mut self, o: &Self) {
-        self.read_ios += o.read_ios;
-        self.read_sectors += o.read_sectors;
-        self.read_ms += o.read_ms;
-        self.write_ios += o.write_ios;
-        self.write_sectors += o.write_sectors;
-        self.write_ms += o.write_ms;
-        self.discard_ios += o.discard_ios;
-        self.discard_sectors += o.discard_sectors;
-        self.discard_ms += o.discard_ms;
-    }
-}
 
 #[derive(Debug)]
 pub struct HostSide {
@@ -793,5 +753,59 @@ impl HostSide {
 impl Rescan for HostSide {
     fn rescan(self: Arc<Self>, identity: &str) {
         self.attach_missed(identity);
+    }
+}
+
+impl Host for HostSide {
+    fn add_function(&self, bdf: &str, kind: FunctionKind) -> anyhow::Result<()> {
+        self.add_pci_function(bdf, kind)
+    }
+
+    fn remove_function(&self, bdf: &str) -> anyhow::Result<()> {
+        self.remove_pci_function(bdf)
+    }
+
+    fn attach_nvme(self: Arc<Self>, d: NvmeDisk<'_>, source: Source) -> anyhow::Result<DiskRef> {
+        self.attach_nvme_namespace_in_background(d.bdf, d.ctrl, d.ns, d.nsid, d.uuid, source)
+    }
+
+    fn attach_virtio_blk(
+        self: Arc<Self>,
+        d: VirtioBlkDisk<'_>,
+        source: Source,
+    ) -> anyhow::Result<DiskRef> {
+        self.attach_virtio_blk_in_background(d.bdf, d.index, d.name, d.serial, source)
+    }
+
+    fn detach(&self, disk: &DiskRef) -> anyhow::Result<()> {
+        self.detach_queued(disk)
+    }
+
+    fn resize(&self, disk: &DiskRef, backing: &Backing) -> anyhow::Result<()> {
+        self.resize_queued(disk, backing)
+    }
+
+    fn block_stat(&self, disk: &DiskRef) -> Option<BlockStat> {
+        HostSide::block_stat(self, disk)
+    }
+
+    fn rename_nvme(&self, disk: &DiskRef, ctrl: u32) -> anyhow::Result<DiskRef> {
+        self.rename_nvme_queued(disk, ctrl)
+    }
+
+    fn rename_virtio_blk(&self, disk: &DiskRef, index: u32, name: &str) -> anyhow::Result<DiskRef> {
+        self.rename_virtio_blk_queued(disk, index, name)
+    }
+
+    fn show_virtiofs(&self, bdf: &str, tag: &str, root: &Path) -> anyhow::Result<u32> {
+        HostSide::show_virtiofs(self, bdf, tag, root)
+    }
+
+    fn hide_virtiofs(&self, n: u32) {
+        HostSide::hide_virtiofs(self, n);
+    }
+
+    fn shutdown(&self) -> anyhow::Result<()> {
+        HostSide::shutdown(self)
     }
 }

@@ -46,7 +46,7 @@ use crate::bdev::registry::{Bdev, Bdevs};
 use crate::datapath::DataPathMode;
 use crate::framing::to_json;
 use crate::fsdev::registry::Fsdev;
-use crate::host::{BlockStat, DiskRef, HostSide};
+use crate::host::{BlockStat, DiskRef, Host};
 use crate::registry::{Answer, BdevModule, BdevUser, Cx, Family, Reply};
 use crate::rpc::{OnDecodeError, RpcError, decode_opt};
 use crate::snap_api as api;
@@ -70,7 +70,7 @@ impl Snap {
     /// side) through the data path as `data_path` says.
     pub(crate) fn new(
         functions: Functions,
-        host: Option<Arc<HostSide>>,
+        host: Option<Arc<dyn Host>>,
         data_path: DataPathMode,
     ) -> Self {
         Self {

@@ -4,15 +4,16 @@
 //! most one, and a controller's name is unique across the emulations.
 //!
 //! Addresses are deterministic so tests and demos can name them: every PF owns
-//! one bus starting at 0x26 (NVMe PFs first, then virtio-blk PFs, then
-//! hot-plugged PFs on the lowest free bus), the PF is function 0 and its VFs
+//! one bus of the configured ones, from 0x26 on or a guest's root ports
+//! (NVMe PFs first, then virtio-blk PFs, then hot-plugged PFs on the first
+//! free bus), the PF is function 0 and its VFs
 //! follow as `26:00.1` .. `26:00.7`, `26:01.0`, ... `pci_bdf` carries no PCI
 //! domain, as in SNAP. A hot-plugged PF reads `00:00.0` until the host has
 //! enumerated it (its controller was hot-plugged).
 
 use std::collections::HashMap;
 
-use crate::config::{FIRST_BUS, FunctionLayout, MAX_PFS};
+use crate::config::FunctionLayout;
 use crate::host::FunctionKind;
 use crate::rpc::{EBUSY, EEXIST, EINVAL, ENODEV, ENOSPC, RpcError};
 use crate::snap_api::{Emulation, FunctionView, emulation_type};
@@ -100,16 +101,21 @@ fn make_vuid(e: Emulation, pf_index: u32, vf_index: Option<u32>) -> String {
 pub(crate) struct Functions {
     list: Vec<Function>,
     next_vhca: u32,
+    /// The buses PFs take, in order.
+    buses: Vec<u32>,
 }
 
 impl Functions {
-    pub fn new(layout: FunctionLayout) -> Self {
+    /// The static functions of `layout`, their PFs on `buses` (which must
+    /// have one for each, [`crate::Config`] checks).
+    pub fn new(layout: FunctionLayout, buses: Vec<u32>) -> Self {
         let mut fns = Self {
             list: vec![],
             // vhca 0 and 1 belong to the DPU's own ECPFs.
             next_vhca: 2,
+            buses,
         };
-        let mut bus = FIRST_BUS;
+        let mut free = fns.buses.clone().into_iter();
         let groups = [
             (Emulation::Nvme, layout.nvme_pfs, layout.nvme_vfs_per_pf),
             (
@@ -121,6 +127,7 @@ impl Functions {
         let mut pfs = vec![];
         for (emulation, count, vfs) in groups {
             for pf_index in 0..count {
+                let bus = free.next().expect("a bus for every static PF");
                 pfs.push((emulation, pf_index, bus, vfs));
                 fns.push(
                     emulation,
@@ -130,7 +137,6 @@ impl Functions {
                     Some(format_bdf(bus, 0)),
                     false,
                 );
-                bus += 1;
             }
         }
         // VFs are numbered after every PF, as SR-IOV enables them later.
@@ -223,7 +229,10 @@ impl Functions {
             .filter(|f| f.is_pf())
             .map(|f| f.bus)
             .collect();
-        let bus = (FIRST_BUS..FIRST_BUS + MAX_PFS)
+        let bus = self
+            .buses
+            .iter()
+            .copied()
             .find(|b| !used.contains(b))
             .ok_or(RpcError::errno(ENOSPC))?;
         let pf_index = self
@@ -300,10 +309,11 @@ impl Functions {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Config;
 
     #[test]
     fn default_layout_is_deterministic() {
-        let f = Functions::new(FunctionLayout::default());
+        let f = Functions::new(FunctionLayout::default(), Config::new("s", "d").buses());
         let bdfs: Vec<&str> = f.iter().map(|f| f.listed_bdf()).collect();
         assert_eq!(bdfs.len(), 34);
         assert_eq!(&bdfs[..2], ["26:00.0", "27:00.0"]);
@@ -325,7 +335,7 @@ mod tests {
 
     #[test]
     fn selectors_resolve_one_function() {
-        let f = Functions::new(FunctionLayout::default());
+        let f = Functions::new(FunctionLayout::default(), Config::new("s", "d").buses());
         let by_bdf = Selector {
             pci_bdf: Some("26:00.1".into()),
             ..Default::default()
@@ -360,7 +370,7 @@ mod tests {
 
     #[test]
     fn hotplug_pfs_take_the_next_free_bus() {
-        let mut f = Functions::new(FunctionLayout::default());
+        let mut f = Functions::new(FunctionLayout::default(), Config::new("s", "d").buses());
         let (vuid, pf_index) = {
             let h = f.create_hotplug(Emulation::Nvme).unwrap();
             (h.vuid.clone(), h.pf_index)

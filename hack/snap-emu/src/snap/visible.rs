@@ -1,5 +1,5 @@
 //! What the host can see of SNAP: the disks of its controllers, which the
-//! host side ([`HostSide`]) makes real, named as the kernel names them, and
+//! host ([`Host`]: this machine's tree, or a guest) makes real, and
 //! how each reaches the host, straight over the bdev's bytes or through the
 //! emulator's data path.
 //!
@@ -14,7 +14,7 @@ use std::sync::Arc;
 use crate::bdev::registry::Bdev;
 use crate::datapath::DataPathMode;
 use crate::datapath::volume::{Backing, Source};
-use crate::host::{BlockStat, DiskRef, FunctionKind, HostSide};
+use crate::host::{BlockStat, DiskRef, FunctionKind, Host, NvmeDisk, VirtioBlkDisk};
 use crate::registry::Cx;
 use crate::rpc::{EIO, ENODEV, RpcError};
 
@@ -22,12 +22,12 @@ use crate::rpc::{EIO, ENODEV, RpcError};
 #[derive(Debug)]
 pub(super) struct Visible {
     /// `None` once shut down.
-    host: Option<Arc<HostSide>>,
+    host: Option<Arc<dyn Host>>,
     data_path: DataPathMode,
 }
 
 impl Visible {
-    pub(super) fn new(host: Option<Arc<HostSide>>, data_path: DataPathMode) -> Self {
+    pub(super) fn new(host: Option<Arc<dyn Host>>, data_path: DataPathMode) -> Self {
         Self { host, data_path }
     }
 
@@ -60,9 +60,8 @@ impl Visible {
         Ok(Source::DataPath(Arc::new(volume)))
     }
 
-    /// Queues an NVMe namespace's attach (see
-    /// [`HostSide::attach_nvme_namespace_in_background`]); `None` without a
-    /// host side.
+    /// Queues an NVMe namespace's attach (see [`Host::attach_nvme`]);
+    /// `None` without a host side.
     pub(super) fn attach_nvme(
         &self,
         bdf: &str,
@@ -75,7 +74,15 @@ impl Visible {
         let Some(host) = &self.host else {
             return Ok(None);
         };
-        host.attach_nvme_namespace_in_background(bdf, ctrl, ns, nsid, uuid, source)
+        let disk = NvmeDisk {
+            bdf,
+            ctrl,
+            ns,
+            nsid,
+            uuid,
+        };
+        Arc::clone(host)
+            .attach_nvme(disk, source)
             .map(Some)
             .map_err(|e| host_error("attach an NVMe namespace", &e))
     }
@@ -92,14 +99,22 @@ impl Visible {
         let Some(host) = &self.host else {
             return Ok(None);
         };
-        host.attach_virtio_blk_in_background(bdf, index, &virtio_disk_name(letter), serial, source)
+        let name = virtio_disk_name(letter);
+        let disk = VirtioBlkDisk {
+            bdf,
+            index,
+            name: &name,
+            serial,
+        };
+        Arc::clone(host)
+            .attach_virtio_blk(disk, source)
             .map(Some)
             .map_err(|e| host_error("attach a virtio-blk disk", &e))
     }
 
     pub(super) fn detach(&self, disk: &DiskRef) {
         if let Some(host) = &self.host
-            && let Err(e) = host.detach_queued(disk)
+            && let Err(e) = host.detach(disk)
         {
             tracing::error!("failed to detach {}: {e:#}", disk.sysfs_dir.display());
         }
@@ -111,7 +126,7 @@ impl Visible {
             return;
         };
         for d in disks {
-            if let Err(e) = host.resize_queued(d, backing) {
+            if let Err(e) = host.resize(d, backing) {
                 tracing::error!("failed to resize {}: {e:#}", d.sysfs_dir.display());
             }
         }
@@ -134,7 +149,7 @@ impl Visible {
     /// (`nvme<ctrl>`), keeping its device and identity. -19 without a host.
     pub(super) fn rename_nvme(&self, disk: &DiskRef, ctrl: u32) -> Result<DiskRef, RpcError> {
         let host = self.host.as_ref().ok_or(RpcError::errno(ENODEV))?;
-        host.rename_nvme_queued(disk, ctrl)
+        host.rename_nvme(disk, ctrl)
             .map_err(|e| host_error("rename a disk", &e))
     }
 
@@ -146,7 +161,7 @@ impl Visible {
         letter: u32,
     ) -> Result<DiskRef, RpcError> {
         let host = self.host.as_ref().ok_or(RpcError::errno(ENODEV))?;
-        host.rename_virtio_blk_queued(disk, index, &virtio_disk_name(letter))
+        host.rename_virtio_blk(disk, index, &virtio_disk_name(letter))
             .map_err(|e| host_error("rename a disk", &e))
     }
 
@@ -159,7 +174,7 @@ impl Visible {
     pub(super) fn add_function(&self, bdf: &str, kind: FunctionKind) -> Result<(), RpcError> {
         match &self.host {
             Some(host) => host
-                .add_pci_function(bdf, kind)
+                .add_function(bdf, kind)
                 .map_err(|e| host_error("add a PCI function", &e)),
             None => Ok(()),
         }
@@ -169,7 +184,7 @@ impl Visible {
     /// SNAP's state has let go of it).
     pub(super) fn remove_function(&self, bdf: &str) {
         if let Some(host) = &self.host
-            && let Err(e) = host.remove_pci_function(bdf)
+            && let Err(e) = host.remove_function(bdf)
         {
             tracing::error!("failed to remove PCI function {bdf}: {e:#}");
         }

@@ -11,6 +11,22 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, anyhow, bail};
 use serde_json::{Value, json};
 
+/// QEMU's `error` answer to a command.
+#[derive(Debug)]
+pub struct Refused {
+    /// `GenericError`, `DeviceNotFound`, ...
+    pub class: String,
+    pub desc: String,
+}
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} ({})", self.desc, self.class)
+    }
+}
+
+impl std::error::Error for Refused {}
+
 #[derive(Debug)]
 pub struct Qmp {
     reader: BufReader<UnixStream>,
@@ -38,7 +54,7 @@ impl Qmp {
     }
 
     /// Runs `command` with `arguments` and returns its `return`; QEMU's
-    /// `error` is an error naming the command.
+    /// `error` is a [`Refused`] in an error naming the command.
     pub fn execute(&mut self, command: &str, arguments: Value) -> anyhow::Result<Value> {
         let mut line = serde_json::to_vec(&json!({"execute": command, "arguments": arguments}))?;
         line.push(b'\n');
@@ -51,7 +67,12 @@ impl Qmp {
                 return Ok(value.clone());
             } else {
                 let error = reply.get("error").unwrap_or(&reply);
-                bail!("QMP {command} {arguments}: {error}");
+                let text = |key: &str| error[key].as_str().unwrap_or_default().to_owned();
+                return Err(Refused {
+                    class: text("class"),
+                    desc: text("desc"),
+                })
+                .with_context(|| format!("QMP {command} {arguments}"));
             }
         }
     }
