@@ -117,6 +117,43 @@ fn script() -> Vec<Step> {
     steps
 }
 
+/// `text` with every `number` that is a whole number (no digit either side)
+/// replaced: a port must not be masked inside a longer number (port 41943
+/// in a cluster size of 4194304).
+fn replace_number(text: &str, number: &str, with: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find(number) {
+        let end = at + number.len();
+        let digit_before = rest[..at].ends_with(|c: char| c.is_ascii_digit())
+            || (at == 0 && out.ends_with(|c: char| c.is_ascii_digit()));
+        let digit_after = rest[end..].starts_with(|c: char| c.is_ascii_digit());
+        out.push_str(&rest[..at]);
+        out.push_str(if digit_before || digit_after {
+            number
+        } else {
+            with
+        });
+        rest = &rest[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
+#[test]
+fn a_port_is_masked_only_as_a_whole_number() {
+    assert_eq!(
+        replace_number(
+            r#"{"trsvcid":"41943","cluster_size":4194304}"#,
+            "41943",
+            "{port}"
+        ),
+        r#"{"trsvcid":"{port}","cluster_size":4194304}"#
+    );
+    assert_eq!(replace_number("4194341943", "41943", "P"), "4194341943");
+    assert_eq!(replace_number("41943:41943", "41943", "P"), "P:P");
+}
+
 /// One side: the emulator or the real target, with its directory and port.
 struct Side {
     client: Client,
@@ -170,7 +207,7 @@ impl Side {
         .replace(&self.dir, "{dir}");
         let mut text = mask_nguids(&String::from_utf8(mask_uuids(text.as_bytes())).unwrap());
         for (name, value) in &self.vars {
-            text = text.replace(value.as_str(), &format!("{{{name}}}"));
+            text = replace_number(&text, value, &format!("{{{name}}}"));
         }
         text
     }
