@@ -5,7 +5,7 @@
 //! ([`Qmp`]).
 //!
 //! Shared by the guest host that tests boot (`hack/harness/src/guest`) and
-//! the emulator's guest host (`hack/snap-emu/src/host/guest.rs`), so both
+//! the emulator's guest host (`hack/snap-emu/src/host/guest/`), so both
 //! name a device's backends the same way: device `<id>` owns block node
 //! `<id>-drive` or character device `<id>-chr`, which [`remove`] drops with it.
 

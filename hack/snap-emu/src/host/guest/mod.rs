@@ -2,7 +2,8 @@
 //! by hot-plug, as a BlueField's host does, where [`super::HostSide`] shows
 //! them in a tree of our own.
 //!
-//! Each SNAP function is a PCIe root port of the guest (`--guest-port`): its
+//! Each SNAP function is a PCIe root port of the guest
+//! ([`GuestHostConfig::ports`]): its
 //! bus is the function's bus, so the `pci_bdf` SNAP lists is the address the
 //! guest's kernel gives the device (`<bus>:00.0`), and the node finds it
 //! there as on a real host. A function shows in the guest when it has
@@ -126,9 +127,7 @@ impl GuestHost {
 
     /// The bus of the function at `bdf` and its root port.
     fn port(&self, bdf: &str) -> anyhow::Result<(u32, &str)> {
-        let bus = bdf
-            .strip_suffix(":00.0")
-            .and_then(|bus| u32::from_str_radix(bus, 16).ok())
+        let bus = port_bus(bdf)
             .ok_or_else(|| anyhow!("{bdf} is not a function a root port holds (<bus>:00.0)"))?;
         let port = self
             .ports
@@ -151,6 +150,11 @@ impl GuestHost {
     }
 }
 
+/// The bus of `<bus>:00.0`, the one function a root port holds.
+fn port_bus(bdf: &str) -> Option<u32> {
+    u32::from_str_radix(bdf.strip_suffix(":00.0")?, 16).ok()
+}
+
 /// The QEMU id of what SNAP's function on `bus` shows.
 fn device_id(bus: u32) -> String {
     format!("snap-{bus:02x}")
@@ -169,8 +173,7 @@ fn bus_of(disk: &DiskRef) -> anyhow::Result<u32> {
         .file_name()
         .and_then(|name| name.to_str())
         .and_then(|name| name.strip_prefix("0000:"))
-        .and_then(|bdf| bdf.strip_suffix(":00.0"))
-        .and_then(|bus| u32::from_str_radix(bus, 16).ok())
+        .and_then(port_bus)
         .ok_or_else(|| anyhow!("{} is not a guest's disk", disk.sysfs_dir.display()))
 }
 
