@@ -7,7 +7,9 @@
 # against direct, filesystem devices, a multipath volume's path failover
 # (the longest write a cut path costs the pod), and stage time on a host
 # with two DPUs against a host with one (a batch at once and one at a time,
-# and the batch's spread over the DPUs) tables (README "Performance");
+# and the batch's spread over the DPUs), and stage time on a real Linux
+# kernel as the host (a QEMU guest, hack/guest/) against the emulated tree
+# tables (README "Performance");
 # section 7, density with the packed placement, runs only when named.
 # Arguments go to the bench (--help lists them), e.g.
 #   ./hack/bench.sh --json /tmp/bench.json
@@ -42,4 +44,5 @@ case "$profile" in
 esac
 ./hack/setup.sh >&2
 cargo build "${build[@]}" --locked --quiet -p snap-csi -p snap-emu -p snap-csi-spdk-plugin -p snap-csi-bench >&2
+cargo build "${build[@]}" --locked --quiet -p snap-csi-harness --bin snap-csi-guest >&2
 exec "./target/$profile/snap-csi-bench" "$@"

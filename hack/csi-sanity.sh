@@ -40,14 +40,23 @@
 # nvmf-multipath: "true": every volume attached on the DPU through both of
 # the target's listeners, as one device.
 #
+# --parameter KEY=VALUE adds a StorageClass parameter to every backend's
+# volumes, e.g. snap-csi.io/emulation=virtio-blk (block volumes are NVMe
+# otherwise): the node's other paths held to the same suite. (Not
+# encryption: its key is a stage secret, which this script does not give.)
+#
 # Usage (as root): hack/csi-sanity.sh [--profile release|debug] [--no-build]
 #   [--backend aio|nvmf|nvmf-multipath|fs]... [--no-mutable-parameters]
-#   [--csi-sanity BINARY] [--tarball CSI-TEST.tar.gz] [-- LOCAL-UP-ARGS...]
+#   [--parameter KEY=VALUE]... [--csi-sanity BINARY] [--tarball CSI-TEST.tar.gz]
+#   [-- LOCAL-UP-ARGS...]
 # Default: debug, every backend, with mutable parameters. Arguments after --
 # go to hack/local-up.sh (e.g. `-- --containers`: the plugin, controller
 # proxy, node and agent run from their images, with their manifests'
 # privileges and mounts; `-- --mode split`; `-- --dpus 2`: a host with two
-# DPUs, the node given both, in either mode). With --dpus 2 the default
+# DPUs, the node given both, in either mode; `-- --host vm`: the node in a
+# QEMU guest, a real Linux kernel as the host, where csi-sanity's staging
+# and target paths are then made, checked and removed, through
+# snap-csi-guest exec). With --dpus 2 the default
 # backends are all but fs, which local-up refuses there (its second DPU makes
 # no filesystem devices).
 set -euo pipefail
@@ -64,12 +73,16 @@ binary=
 tarball=
 local_up_args=()
 mutable=1
+parameters=()
 while (($#)); do
   case $1 in
     --profile) profile=$2; shift 2 ;;
     --no-build) build=0; shift ;;
     --backend) backends+=("$2"); shift 2 ;;
     --no-mutable-parameters) mutable=0; shift ;;
+    --parameter)
+      [[ $2 == ?*=* ]] || { echo "csi-sanity: --parameter takes KEY=VALUE, not $2" >&2; exit 2; }
+      parameters+=("$2"); shift 2 ;;
     --csi-sanity) binary=$(absolute "$2"); shift 2 ;;
     --tarball) tarball=$(absolute "$2"); shift 2 ;;
     --) shift; local_up_args=("$@"); break ;;
@@ -147,8 +160,48 @@ fi
 # shellcheck source=hack/lib/local-up-client.sh
 . hack/lib/local-up-client.sh
 local_up_images "$profile" "${local_up_args[@]}"
-work=$(mktemp -d /tmp/snap-csi-sanity.XXXXXX)
+guest=0
+[[ " ${local_up_args[*]} " == *" --host vm "* ]] && guest=1
+if ((guest)); then
+  ((build)) && cargo build "${flag[@]}" --locked --quiet -p snap-csi-harness --bin snap-csi-guest
+  # Where the guest sees it (hack/lib/local-up-vm.sh: vm_visible).
+  work=$(mktemp -d "$repo/target/snap-csi-sanity.XXXXXX")
+else
+  work=$(mktemp -d /tmp/snap-csi-sanity.XXXXXX)
+fi
 trap 'local_up_stop; rm -rf "$work"' EXIT
+
+# guest_path_commands RUN: csi-sanity's commands that make, check and remove
+# its staging and target paths in the guest host, where the node mounts
+# (csi-sanity runs each with the path as its one argument); sets
+# path_commands to its flags for them.
+path_commands=()
+guest_path_commands() {
+  local run=$1 name script esc
+  for name in create check remove; do
+    case $name in
+      create) script='mkdir -p "$1" && echo "$1"' ;;
+      check) script='if [ -f "$1" ]; then echo file; elif [ -d "$1" ]; then echo directory;
+        elif [ -e "$1" ]; then echo other; else echo not_found; fi' ;;
+      remove) script='rm -rf "$1"' ;;
+    esac
+    # The path is the guest shell's $1 (single-quoted: csi-sanity's paths
+    # are below the kubelet directory, without quotes); the script's own
+    # quotes and $ are escaped for the double quotes around it.
+    esc=${script//\\/\\\\}
+    esc=${esc//\"/\\\"}
+    esc=${esc//\$/\\\$}
+    printf '#!/bin/sh\nexec %q exec --socket %q "set -- '"'"'$1'"'"'; %s"\n' \
+      "$repo/target/$profile/snap-csi-guest" "$GUEST_EXEC" "$esc" >"$run/guest-$name"
+    chmod +x "$run/guest-$name"
+  done
+  path_commands=(
+    --csi.createstagingpathcmd "$run/guest-create" --csi.createmountpathcmd "$run/guest-create"
+    --csi.checkpathcmd "$run/guest-check"
+    --csi.removestagingpathcmd "$run/guest-remove" --csi.removemountpathcmd "$run/guest-remove"
+    --csi.createpathcmdtimeout 60s --csi.checkpathcmdtimeout 60s --csi.removepathcmdtimeout 60s
+  )
+}
 
 # verdict REPORT.json NAME: prints the counts; fails on a failed spec or a
 # skip that NOT_OFFERED does not explain.
@@ -210,10 +263,14 @@ for backend in "${backends[@]}"; do
   [ "$backend" = fs ] && fs_only=(--fs-only)
   local_up_start "$run" --profile "$profile" --backend "${backend%-multipath}" --dir "$run/stack" \
     "${fs_only[@]}" "${local_up_args[@]}"
+  ((guest)) && guest_path_commands "$run"
   # The volumes go to the backend under test whatever local-up's default.
   echo "backend: ${backend%-multipath}" >"$run/parameters.yaml"
   [ "$backend" = nvmf-multipath ] && echo 'nvmf-multipath: "true"' >>"$run/parameters.yaml"
-  name="csi-sanity $backend"
+  for parameter in "${parameters[@]}"; do
+    printf '%s: "%s"\n' "${parameter%%=*}" "${parameter#*=}" >>"$run/parameters.yaml"
+  done
+  name="csi-sanity $backend${parameters[*]:+ (${parameters[*]})}"
   saved=/tmp/csi-sanity-$backend.log
   mutable_flag=()
   if ((mutable)) && [ "$backend" = fs ]; then
@@ -239,8 +296,10 @@ YAML
   # Staging and target directories under the kubelet directory: the node
   # refuses paths outside it. Sizes: small, and not csi-sanity's defaults.
   sanity_status=0
+  # A guest's node is at http://ADDRESS:PORT, which gRPC-Go (csi-sanity)
+  # takes as ADDRESS:PORT.
   "$binary" \
-    --csi.endpoint "$CSI_NODE_ENDPOINT" \
+    --csi.endpoint "${CSI_NODE_ENDPOINT#http://}" \
     --csi.controllerendpoint "$CSI_CONTROLLER_ENDPOINT" \
     --csi.stagingdir "$KUBELET_DIR/csi-sanity-staging" \
     --csi.mountdir "$KUBELET_DIR/csi-sanity-mount" \
@@ -248,6 +307,7 @@ YAML
     --csi.testvolumeexpandsize $((96 << 20)) \
     --csi.testvolumeparameters "$run/parameters.yaml" \
     "${mutable_flag[@]}" \
+    "${path_commands[@]}" \
     --ginkgo.no-color \
     --ginkgo.json-report "$run/report.json" \
     >"$run/csi-sanity.log" 2>&1 || sanity_status=$?

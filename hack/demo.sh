@@ -31,24 +31,37 @@
 # sets). Every process runs at debug level, and the encrypted volume's key is
 # a canary: found in any process's log, the demo fails. Run as root:
 #   ./hack/demo.sh [--profile release|debug] [--mode colocated|split] [--containers]
+#     [--host vm]
 # (default: both modes; the test command runs it in debug, on the binaries the
 # tests just built). --containers runs the stack's plugin, controller proxy,
 # node and agent from their images, with their manifests' privileges and
-# mounts (hack/local-up.sh --containers).
+# mounts (hack/local-up.sh --containers). --host vm runs the main job once
+# with a real Linux kernel as the host (hack/local-up.sh --host vm: the node
+# in a QEMU guest, split mode, one DPU): it prints the guest's kernel and,
+# under each volume's row, the device and filesystem that kernel mounted;
+# plain volumes of every kind (the data-path proofs, the second DPU and the
+# second host need this machine's devices and stay with the emulated host).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 profile=release
 modes=(colocated split)
 containers=()
+host=local
 while (($#)); do
   case $1 in
     --profile) profile=${2:?--profile needs release or debug}; shift 2 ;;
     --mode) modes=("${2:?--mode needs colocated or split}"); shift 2 ;;
     --containers) containers=(--containers); shift ;;
+    --host) host=${2:?--host needs local or vm}; shift 2 ;;
     *) echo "demo: unknown argument $1" >&2; exit 2 ;;
   esac
 done
 case $profile in release | debug) ;; *) echo "demo: --profile must be release or debug" >&2; exit 2 ;; esac
+case $host in local | vm) ;; *) echo "demo: --host must be local or vm" >&2; exit 2 ;; esac
+if [ "$host" = vm ] && ((${#containers[@]})); then
+  echo "demo: --host vm runs bare processes (no --containers)" >&2
+  exit 2
+fi
 for mode in "${modes[@]}"; do
   case $mode in colocated | split) ;; *) echo "demo: --mode must be colocated or split" >&2; exit 2 ;; esac
 done
@@ -56,10 +69,16 @@ done
 flag=()
 [ "$profile" = release ] && flag=(--release)
 cargo build "${flag[@]}" --locked --quiet -p snap-csi -p snap-emu -p snap-csi-spdk-plugin -p csi-player
+[ "$host" = vm ] && cargo build "${flag[@]}" --locked --quiet -p snap-csi-harness --bin snap-csi-guest
 # shellcheck source=hack/lib/local-up-client.sh
 . hack/lib/local-up-client.sh
 local_up_images "$profile" "${containers[@]}"
-work=$(mktemp -d /tmp/snap-csi-demo.XXXXXX)
+if [ "$host" = vm ]; then
+  # Where the guest sees it (hack/lib/local-up-vm.sh: vm_visible).
+  work=$(mktemp -d "$PWD/target/snap-csi-demo.XXXXXX")
+else
+  work=$(mktemp -d /tmp/snap-csi-demo.XXXXXX)
+fi
 trap 'local_up_stop; rm -rf "$work"' EXIT
 
 # scrape URL: the Prometheus page at http://HOST:PORT/metrics (bash's /dev/tcp: no curl needed).
@@ -129,6 +148,34 @@ key_canary() {
   fi
   echo "  canary: the encryption key is in none of the $(find "$dir" -name '*.log' | wc -l) processes' debug logs ($lines lines)"
 }
+
+# vm_job: the main job with the guest as the host.
+vm_job() {
+  local run=$work/vm started took
+  mkdir -p "$run"
+  started=$EPOCHREALTIME
+  echo
+  echo "== main job, the host a real Linux kernel (a QEMU guest), split mode"
+  local_up_start "$run" --profile "$profile" --host vm --dir "$run/stack"
+  echo "  the guest's kernel: $GUEST_KERNEL; the node there reaches the DPU agent at" \
+    "$DPU_AGENT_ENDPOINT over the guest's link"
+  ./target/"$profile"/csi-player --volumes \
+    aio:nvme:ext4,aio:virtio-blk:xfs,aio:nvme:block,nvmf:nvme:xfs,nvmf:virtio-blk:ext4,nvmf:virtio-blk:block,fs:virtio-fs:virtiofs
+  echo
+  echo "metrics (calls served by method, from each endpoint during this run):"
+  for page in "$NODE_METRICS" "$CONTROLLER_METRICS" "$PLUGIN_METRICS" "$AGENT_METRICS"; do
+    show "$page" '^snap_csi_grpc_requests_total'
+  done
+  local_up_stop
+  local_up_assert_clean "$run/stack"
+  took=$(awk -v from="$started" -v to="$EPOCHREALTIME" 'BEGIN { printf "%.1f", to - from }')
+  echo "OK (the guest host, $took s from start to stopped): the stack and the guest are stopped;" \
+    "no loop device, mount, directory or tap is left"
+}
+if [ "$host" = vm ]; then
+  vm_job
+  exit 0
+fi
 
 for mode in "${modes[@]}"; do
   run=$work/$mode

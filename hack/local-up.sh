@@ -75,7 +75,7 @@
 # Usage (as root): hack/local-up.sh [--mode colocated|split] [--backend aio|nvmf|fs] [--dir DIR]
 #   [--profile release|debug] [--no-build] [--snap-poll-period-us N] [--snap-nvme-pfs N]
 #   [--snap-nvme-vfs-per-pf N] [--snap-data-path auto|fuse|direct] [--allow-node-restart]
-#   [--supervise] [--fs-only] [--second-host] [--containers] [--dpus 1|2]
+#   [--supervise] [--fs-only] [--second-host] [--containers] [--dpus 1|2] [--host local|vm]
 # The --snap-* options go to each DPU's SNAP emulator only (not the NVMe-oF
 # target): its RPC poller period (8000 reproduces real SPDK's ~8 ms per
 # sequential call), how many NVMe functions it offers (default 1 PF with 16
@@ -91,6 +91,18 @@
 # its log gains a line per restart. The pause before a restart is 0.2 s, or
 # the seconds in DIR/pids/NAME.restart-delay when that file exists (read at
 # each restart).
+# --host vm makes the host a real Linux kernel (hack/lib/local-up-vm.sh):
+# Debian's kernel under QEMU (KVM where it boots, else TCG), the node inside
+# it, SNAP's functions hot-plugged into it (two NVMe PFs, three virtio-blk,
+# virtio-fs devices as they are made), the agent here on the guest's link;
+# split mode. CSI_NODE_ENDPOINT is then http://GUEST_ADDRESS:PORT (a
+# forwarder in the guest, on the link only), KUBELET_DIR and NODE_STATE_DIR
+# are the guest's (the same paths here hold nothing of theirs), and it also
+# prints GUEST_KERNEL= (its uname -r),
+# GUEST_ADDRESS= and GUEST_EXEC= (`snap-csi-guest exec --socket GUEST_EXEC
+# SCRIPT` runs a script in the guest, as a pod would); no DPU_NETNS or
+# DPU_VETH. Not with --containers, --supervise, --allow-node-restart,
+# --second-host or --dpus 2.
 # --containers runs every process that has an image (the sample plugin, the
 # controller proxy, the node and, in split mode, the DPU agent; the second
 # host's and the second DPU's too) from it with podman instead of the bare
@@ -128,6 +140,7 @@ second_host=0
 fs_only=0
 containers=0
 dpus=1
+host=local
 while (($#)); do
   case $1 in
     --mode) mode=$2; shift 2 ;;
@@ -145,6 +158,7 @@ while (($#)); do
     --fs-only) fs_only=1; backend=fs; shift ;;
     --containers) containers=1; shift ;;
     --dpus) dpus=$2; shift 2 ;;
+    --host) host=$2; shift 2 ;;
     -h | --help) sed -n '/^set -euo/q; 2,$p' "$0"; exit 0 ;;
     *) echo "local-up: unknown argument $1" >&2; exit 2 ;;
   esac
@@ -153,6 +167,15 @@ case $mode in colocated | split) ;; *) echo "local-up: --mode must be colocated 
 case $backend in aio | nvmf | fs) ;; *) echo "local-up: --backend must be aio, nvmf or fs" >&2; exit 2 ;; esac
 case $profile in release | debug) ;; *) echo "local-up: --profile must be release or debug" >&2; exit 2 ;; esac
 case $dpus in 1 | 2) ;; *) echo "local-up: --dpus must be 1 or 2" >&2; exit 2 ;; esac
+case $host in local | vm) ;; *) echo "local-up: --host must be local or vm" >&2; exit 2 ;; esac
+if [ "$host" = vm ]; then
+  if ((containers || supervise || allow_node_restart || second_host || dpus == 2)); then
+    echo "local-up: --host vm cannot be combined with --containers, --supervise," \
+      "--allow-node-restart, --second-host or --dpus 2" >&2
+    exit 2
+  fi
+  mode=split
+fi
 if ((dpus == 2)) && [ "$backend" = fs ]; then
   echo "local-up: --dpus 2 cannot be combined with --fs-only or --backend fs (the emulated" \
     "host's virtio-fs devices are one emulator's; the node has one --virtiofs-emulated-dir)" >&2
@@ -169,8 +192,11 @@ if ((build)); then
   flag=()
   [ "$profile" = release ] && flag=(--release)
   cargo build "${flag[@]}" --locked --quiet -p snap-csi -p snap-emu -p snap-csi-spdk-plugin >&2
+  [ "$host" = vm ] && cargo build "${flag[@]}" --locked --quiet -p snap-csi-harness --bin snap-csi-guest >&2
 fi
 bin=$repo/target/$profile
+# shellcheck source=hack/lib/local-up-vm.sh
+. "$repo/hack/lib/local-up-vm.sh"
 
 # --containers: the images of these binaries (built unless their tags exist),
 # and the tool that reads each container's flags from the manifests.
@@ -200,11 +226,20 @@ if ((containers)); then
 fi
 
 if [ -z "$dir" ]; then
-  dir=$(mktemp -d /tmp/snap-csi-local.XXXXXX)
+  # --host vm: where the guest sees it (vm_visible).
+  if [ "$host" = vm ]; then
+    mkdir -p "$repo/target"
+    dir=$(mktemp -d "$repo/target/local-up-vm.XXXXXX")
+  else
+    dir=$(mktemp -d /tmp/snap-csi-local.XXXXXX)
+  fi
 else
   mkdir -p "$dir"
 fi
 dir=$(cd "$dir" && pwd)
+if [ "$host" = vm ]; then
+  vm_visible "$dir" && vm_visible "$bin" || exit 2
+fi
 kubelet=$dir/kubelet
 mkdir -p "$kubelet" "$dir/logs" "$dir/aio-pool"
 
@@ -223,6 +258,7 @@ cleanup() {
   trap - INT TERM EXIT
   # Best effort from here on: one failed step must not skip the rest.
   set +e
+  [ "$host" = vm ] && vm_save_log
   # Stop in reverse order of start, each gracefully: the node and the
   # emulators take their mounts and loop devices down themselves.
   for ((i = ${#pids[@]} - 1; i >= 0; i--)); do
@@ -449,7 +485,7 @@ make_certificates() {
   (
     umask 077
     openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 7 \
-      -subj "/CN=local-up CA $netns" -keyout "$tls/ca.key" -out "$tls/ca.crt" \
+      -subj "/CN=local-up CA ${netns:-$GUEST_ADDRESS}" -keyout "$tls/ca.key" -out "$tls/ca.crt" \
       -addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign,cRLSign
     for role in "${roles[@]}"; do
       IFS=: read -r role name usage <<<"$role"
@@ -464,7 +500,15 @@ make_certificates() {
   ) 2>"$dir/logs/openssl.log" || gave_up "openssl could not make the certificates"
 }
 
-if [ "$mode" = split ]; then
+if [ "$host" = vm ]; then
+  # The guest's link is its tap: the agent listens on this machine's end.
+  # Booted first, so that it goes last, after SNAP unplugged from it.
+  vm_boot
+  netns= veth=
+  agent_listen=$GUEST_LINK:9830
+  agent_metrics=$GUEST_LINK:9831
+  make_certificates
+elif [ "$mode" = split ]; then
   # The agents' namespaces are fresh and their own: the deployment's default
   # ports are free there. (The second DPU's link first: link_up sets netns,
   # veth and subnet, and the first DPU's stay in them.)
@@ -513,8 +557,11 @@ mkfs.btrfs -q "$dir/fs-share.img" >"$dir/logs/fs-share.log" 2>&1 &&
   btrfs quota enable "$dir/fs-share" >>"$dir/logs/fs-share.log" 2>&1 ||
   gave_up "could not make the filesystem share (btrfs on a loop file, with quotas)"
 
-# The DPU's SNAP.
-start snap "$bin/snap-emu" --socket "$dir/snap.sock" --state-dir "$dir/snap" "${snap_args[@]}"
+# The DPU's SNAP (--host vm: hot-plugging into the guest).
+vm_snap=()
+[ "$host" = vm ] && vm_snap_args
+start snap "$bin/snap-emu" --socket "$dir/snap.sock" --state-dir "$dir/snap" "${snap_args[@]}" \
+  "${vm_snap[@]}"
 wait_for_socket "$dir/snap.sock"
 
 # The sample vendor plugin: plugins.v1 toward the node, CSI toward the proxy.
@@ -609,6 +656,9 @@ start_agent() {
   if ((containers)); then
     # The manifest's hostNetwork is the DPU's own network: the namespace.
     run "$name" agent "${dpu_maps[@]}" --host-network "ns:/run/netns/$ns" -- snap-csi dpu-agent "${args[@]}"
+  elif [ -z "$ns" ]; then
+    # --host vm: this machine is the DPU, the guest's link its own.
+    start "$name" "$bin/snap-csi" dpu-agent "${args[@]}"
   else
     start "$name" nsenter --net="/run/netns/$ns" "$bin/snap-csi" dpu-agent "${args[@]}"
   fi
@@ -694,20 +744,26 @@ if ((containers)); then
   share_dir "$kubelet"
 fi
 virtiofs_mounts "$dir/snap/host/virtiofs"
-run node node --mode "$mode" "${node_maps[@]}" --map "/var/lib/kubelet=$kubelet" \
-  --map "/var/lib/snap-csi=$dir/node-state" "${virtiofs[@]}" -- snap-csi node \
-  --endpoint "$dir/node.sock" \
-  --device-wait 5 \
-  --node-id local-node \
-  --kubelet-dir "$kubelet" \
-  --state-dir "$dir/node-state" \
-  --sysfs-root "$dir/snap/sysfs" \
-  --virtiofs-emulated-dir "$dir/snap/host/virtiofs" \
-  "${dpu[@]}" \
-  "${dpu_name[@]}" \
-  --metrics-address "$node_metrics"
-wait_for_socket "$dir/node.sock"
-node_pid=${pids[-1]}
+if [ "$host" = vm ]; then
+  node_metrics=$GUEST_ADDRESS:$(free_port)
+  vm_node "$kubelet" "$dir/node-state" "${dpu[@]}" "${dpu_name[@]}" --metrics-address "$node_metrics"
+  node_pid=
+else
+  run node node --mode "$mode" "${node_maps[@]}" --map "/var/lib/kubelet=$kubelet" \
+    --map "/var/lib/snap-csi=$dir/node-state" "${virtiofs[@]}" -- snap-csi node \
+    --endpoint "$dir/node.sock" \
+    --device-wait 5 \
+    --node-id local-node \
+    --kubelet-dir "$kubelet" \
+    --state-dir "$dir/node-state" \
+    --sysfs-root "$dir/snap/sysfs" \
+    --virtiofs-emulated-dir "$dir/snap/host/virtiofs" \
+    "${dpu[@]}" \
+    "${dpu_name[@]}" \
+    --metrics-address "$node_metrics"
+  wait_for_socket "$dir/node.sock"
+  node_pid=${pids[-1]}
+fi
 
 # The second host: its own SNAP (own functions and sysfs tree), plugin and
 # node, its DPU co-located; the volumes' data (the share, the pools) is the
@@ -744,18 +800,27 @@ if ((second_host)); then
 fi
 
 echo "CSI_CONTROLLER_ENDPOINT=unix://$dir/controller.sock"
-echo "CSI_NODE_ENDPOINT=unix://$dir/node.sock"
+if [ "$host" = vm ]; then
+  echo "CSI_NODE_ENDPOINT=http://$GUEST_ADDRESS:$vm_csi_port"
+  echo "GUEST_KERNEL=$GUEST_KERNEL"
+  echo "GUEST_ADDRESS=$GUEST_ADDRESS"
+  echo "GUEST_EXEC=$GUEST_EXEC"
+else
+  echo "CSI_NODE_ENDPOINT=unix://$dir/node.sock"
+fi
 echo "KUBELET_DIR=$kubelet"
+echo "NODE_STATE_DIR=$dir/node-state"
 echo "NODE_METRICS=http://$node_metrics/metrics"
 echo "CONTROLLER_METRICS=http://$controller_metrics/metrics"
 echo "PLUGIN_METRICS=http://$plugin_metrics/metrics"
 echo "NVMF_TARGET_SOCKET=$dir/target.sock"
-echo "NODE_STATE_DIR=$dir/node-state"
 if [ "$mode" = split ]; then
   echo "DPU_AGENT_ENDPOINT=https://$agent_listen"
   echo "AGENT_METRICS=http://$agent_metrics/metrics"
-  echo "DPU_NETNS=$netns"
-  echo "DPU_VETH=$veth"
+  if [ "$host" = local ]; then
+    echo "DPU_NETNS=$netns"
+    echo "DPU_VETH=$veth"
+  fi
 fi
 if ((dpus == 2)); then
   echo "DPUS=local-dpu,local-dpu-b"

@@ -3,14 +3,16 @@
 # the container images built and started (hack/images.sh), the whole test
 # suite (as root: the tests make real loop devices and mounts; with a real
 # SPDK in its container for the suites that need one, and a real Linux kernel
-# booted under QEMU as the host for tests/guest_host.rs and guest_node.rs:
+# booted under QEMU as the host for tests/guest_host.rs and guest_node*.rs:
 # hack/guest/)
 # and the DPU and node suites again in split mode,
 # the offline checks of the Kubernetes manifests and Dockerfiles, the main job
 # (the whole stack on the emulator, volumes through their life; co-located and
-# split) in debug, the official CSI conformance suite (csi-sanity) on that
-# stack for each backend (and in split mode for one, and on a host with two
-# DPUs in both modes for the block backends), and the benchmark on a
+# split; and with the node in that guest, a real kernel as the host) in
+# debug, the official CSI conformance suite (csi-sanity) on that
+# stack for each backend (and in split mode for one, on a host with two
+# DPUs in both modes for the block backends, and with the guest as the host
+# for a block and the filesystem backend), and the benchmark on a
 # few volumes in debug: proof that every section still runs and cleans up, not
 # a measurement (that is ./hack/bench.sh, release); the demo and csi-sanity
 # again from the container images; and the chaos soak for two minutes in debug.
@@ -55,6 +57,10 @@ SNAP_CSI_TEST_DPU=split SNAP_CSI_TEST_DPUS=2 SNAP_CSI_CRASH_TRIALS=1 cargo test 
   --test node_crash --test node_kill --test node_two_dpus
 ./deploy/check.sh
 ./hack/demo.sh --profile debug
+# The main job with a real Linux kernel as the host (a QEMU guest, the node
+# inside it, SNAP's functions hot-plugged through QMP; hack/local-up.sh --host vm):
+# every plain volume kind, each row with the device the guest's kernel mounted.
+./hack/demo.sh --profile debug --host vm
 # csi-sanity (built once from csi-test's pinned source, then cached): fails on
 # any failed spec, and on any skip not explained by a capability we lack.
 # Every backend: AIO, NVMe-oF (one path, and nvmf-multipath: both of the
@@ -78,6 +84,11 @@ SNAP_CSI_TEST_DPU=split SNAP_CSI_TEST_DPUS=2 SNAP_CSI_CRASH_TRIALS=1 cargo test 
 # in both modes; AIO the DPU-local backend, NVMe-oF the remote one.
 ./hack/csi-sanity.sh --profile debug --no-build --backend aio --backend nvmf -- --dpus 2
 ./hack/csi-sanity.sh --profile debug --no-build --backend aio --backend nvmf -- --dpus 2 --mode split
+# csi-sanity with a real Linux kernel as the host (the node in a QEMU guest,
+# split mode; local-up --host vm): block (AIO, as NVMe) and filesystem
+# devices (virtio-fs), csi-sanity's paths made and checked in the guest.
+cargo build --locked -p snap-csi-harness --bin snap-csi-guest
+./hack/csi-sanity.sh --profile debug --no-build --backend aio --backend fs -- --host vm
 # The main job and csi-sanity once more with every process that has an image
 # started from it, with the privileges, mounts and propagation its manifest
 # gives it (hack/local-up.sh --containers; deploy/tools/podman_spec.py reads
@@ -94,7 +105,7 @@ cargo build --locked -p snap-csi -p snap-emu -p snap-csi-spdk-plugin -p snap-csi
 # loaded machine give NOISY, which does not fail.
 ./target/debug/snap-csi-bench --profile debug --volumes 2 --poll-volumes 1 --count-volumes 1 \
   --floor-iterations 20 --scale-volumes 8 --scale-repeats 2 --concurrency 1,4 \
-  --rpc-seconds 0.2 --rpc-repeats 1 --dpu-volumes 8 --dpu-repeats 2
+  --rpc-seconds 0.2 --rpc-repeats 1 --dpu-volumes 8 --dpu-repeats 2 --guest-volumes 2
 # The chaos soak for two minutes (README "Chaos soak"): random volume lives while the stack's
 # processes are killed, SNAP stalls, functions run out and a path of the NVMe-oF target goes
 # down or flaps (half the NVMe-oF volumes are multipath: they must see no I/O error at all);

@@ -83,12 +83,13 @@ struct FindDevice {
     #[arg(long, required_unless_present = "tag")]
     bdf: Option<String>,
     /// NVMe namespace id.
-    #[arg(long, required_unless_present_any = ["serial", "tag"], conflicts_with_all = ["serial", "tag"])]
+    #[arg(long, required_unless_present_any = ["serial", "tag"], conflicts_with = "tag")]
     nsid: Option<u32>,
     /// Expected NVMe namespace UUID.
     #[arg(long, requires = "nsid")]
     uuid: Option<String>,
-    /// virtio-blk serial.
+    /// virtio-blk serial; with --nsid, the NVMe controller's serial that
+    /// identifies a namespace the host lists no UUID for.
     #[arg(long, conflicts_with = "tag")]
     serial: Option<String>,
     /// virtio-fs tag: whether the host lists a device with it (Linux 6.9+).
@@ -213,8 +214,10 @@ fn find_device(args: &FindDevice) -> ExitCode {
     let bdf = args.bdf.as_deref().unwrap_or_default();
     let found = match (&args.serial, args.nsid, &args.tag) {
         (_, _, Some(tag)) => return find_tag(&sysfs, tag),
-        (Some(serial), _, None) => sysfs.find_virtio_blk(bdf, serial),
-        (None, Some(nsid), None) => sysfs.find_nvme_namespace(bdf, nsid, args.uuid.as_deref()),
+        (serial, Some(nsid), None) => {
+            sysfs.find_nvme_namespace(bdf, nsid, args.uuid.as_deref(), serial.as_deref())
+        }
+        (Some(serial), None, None) => sysfs.find_virtio_blk(bdf, serial),
         (None, None, None) => {
             eprintln!("give --nsid (NVMe), --serial (virtio-blk) or --tag (virtio-fs)");
             return ExitCode::from(2);

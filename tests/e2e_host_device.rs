@@ -126,7 +126,9 @@ async fn a_volume_through_nvme_then_virtio_blk_keeps_its_data_and_leaves_nothing
         .await
         .unwrap();
     assert_eq!(
-        sysfs.find_nvme_namespace(&bdf, 1, Some(&uuid)).unwrap(),
+        sysfs
+            .find_nvme_namespace(&bdf, 1, Some(&uuid), None)
+            .unwrap(),
         None,
         "a suspended controller is invisible to the host"
     );
@@ -145,7 +147,9 @@ async fn a_volume_through_nvme_then_virtio_blk_keeps_its_data_and_leaves_nothing
     assert_eq!(subsystem.namespaces[0].bdev, "aio-vol1");
 
     let device = discovered("the namespace appears on the host once resumed", || {
-        sysfs.find_nvme_namespace(&bdf, 1, Some(&uuid)).unwrap()
+        sysfs
+            .find_nvme_namespace(&bdf, 1, Some(&uuid), None)
+            .unwrap()
     })
     .await;
     assert_eq!(device.size_bytes, SIZE);
@@ -183,7 +187,10 @@ async fn a_volume_through_nvme_then_virtio_blk_keeps_its_data_and_leaves_nothing
         .call(&NvmeSubsystemDestroy { nqn: nqn.clone() })
         .await
         .unwrap();
-    assert_eq!(sysfs.find_nvme_namespace(&bdf, 1, None).unwrap(), None);
+    assert_eq!(
+        sysfs.find_nvme_namespace(&bdf, 1, None, None).unwrap(),
+        None
+    );
     assert!(
         loop_devices_of(&backing).is_empty(),
         "NVMe teardown detached the loop device"

@@ -13,14 +13,16 @@
 
 # local_up_start OUT_DIR ARGS...: runs `hack/local-up.sh --no-build ARGS...` in
 # the background with its output in OUT_DIR/local-up.{out,err}, waits (60 s at
-# most) for READY, then exports what it printed: CSI_CONTROLLER_ENDPOINT,
+# most; 5 minutes with --host vm, a guest booting) for READY, then exports
+# what it printed: CSI_CONTROLLER_ENDPOINT,
 # CSI_NODE_ENDPOINT, KUBELET_DIR, NODE_METRICS, CONTROLLER_METRICS,
 # PLUGIN_METRICS, NVMF_TARGET_SOCKET, NODE_STATE_DIR, with --second-host CSI_NODE2_ENDPOINT and KUBELET2_DIR, and
 # in split mode DPU_AGENT_ENDPOINT, AGENT_METRICS,
 # DPU_NETNS and DPU_VETH (unset in co-located mode, also after a split run),
 # DPUS, and with --dpus 2 SNAP_SOCKET_B, PLUGIN_SOCKET_B and PLUGIN_METRICS_B, in split mode
-# also DPU_AGENT_ENDPOINT_B, AGENT_METRICS_B, DPU_NETNS_B and DPU_VETH_B.
-LOCAL_UP_KEYS='CSI_CONTROLLER_ENDPOINT|CSI_NODE_ENDPOINT|KUBELET_DIR|CSI_NODE2_ENDPOINT|KUBELET2_DIR|NODE_METRICS|CONTROLLER_METRICS|PLUGIN_METRICS|NVMF_TARGET_SOCKET|NODE_STATE_DIR|DPU_AGENT_ENDPOINT|AGENT_METRICS|DPU_NETNS|DPU_VETH|DPUS|SNAP_SOCKET_B|PLUGIN_SOCKET_B|PLUGIN_METRICS_B|DPU_AGENT_ENDPOINT_B|AGENT_METRICS_B|DPU_NETNS_B|DPU_VETH_B'
+# also DPU_AGENT_ENDPOINT_B, AGENT_METRICS_B, DPU_NETNS_B and DPU_VETH_B;
+# with --host vm GUEST_KERNEL, GUEST_ADDRESS and GUEST_EXEC.
+LOCAL_UP_KEYS='CSI_CONTROLLER_ENDPOINT|CSI_NODE_ENDPOINT|KUBELET_DIR|CSI_NODE2_ENDPOINT|KUBELET2_DIR|NODE_METRICS|CONTROLLER_METRICS|PLUGIN_METRICS|NVMF_TARGET_SOCKET|NODE_STATE_DIR|DPU_AGENT_ENDPOINT|AGENT_METRICS|DPU_NETNS|DPU_VETH|DPUS|SNAP_SOCKET_B|PLUGIN_SOCKET_B|PLUGIN_METRICS_B|DPU_AGENT_ENDPOINT_B|AGENT_METRICS_B|DPU_NETNS_B|DPU_VETH_B|GUEST_KERNEL|GUEST_ADDRESS|GUEST_EXEC'
 # local_up_images PROFILE ARGS...: when ARGS (local-up's) hold --containers,
 # builds the images of PROFILE's binaries now (hack/images.sh), so that no
 # stack's start spends its 60 s on them.
@@ -36,15 +38,16 @@ local_up_images() {
 }
 
 local_up_start() {
-  local out=$1
+  local out=$1 limit=600
   shift
+  [[ " $* " == *" --host vm "* ]] && limit=3000
   # shellcheck disable=SC2086 # the keys are words separated by |
   unset ${LOCAL_UP_KEYS//|/ }
   # Made first, so that the wait below never looks before the stack has written.
   : >"$out/local-up.out"
   ./hack/local-up.sh --no-build "$@" >"$out/local-up.out" 2>"$out/local-up.err" &
   LOCAL_UP_PID=$!
-  for _ in $(seq 600); do
+  for _ in $(seq "$limit"); do
     grep -qx READY "$out/local-up.out" && break
     if ! kill -0 "$LOCAL_UP_PID" 2>/dev/null; then
       echo "$(basename "$0"): the stack did not come up:" >&2
@@ -54,7 +57,7 @@ local_up_start() {
     sleep 0.1
   done
   if ! grep -qx READY "$out/local-up.out"; then
-    echo "$(basename "$0"): the stack did not come up in 60 s" >&2
+    echo "$(basename "$0"): the stack did not come up in $((limit / 10)) s" >&2
     return 1
   fi
   set -a
@@ -74,7 +77,8 @@ local_up_stop() {
 
 # local_up_assert_clean STACK_DIR: after local_up_stop, fails unless the stack
 # left no loop device, no mount and no directory behind, nor (split mode) its
-# network namespaces or veth pairs (one per DPU).
+# network namespaces or veth pairs (one per DPU), nor (--host vm) the guest
+# or its tap.
 local_up_assert_clean() {
   local stack=$1 left mounted link= netns
   left=$( (losetup -a | grep -F "$stack") || true)
@@ -84,6 +88,10 @@ local_up_assert_clean() {
     # The pair's two ends are named after the namespace.
     link+=$( (ip -o link show | grep -F "$netns") || true)
   done
+  if [ -n "${GUEST_ADDRESS:-}" ]; then
+    link+=$( (ip -4 -o addr show to "$GUEST_ADDRESS/30") || true)
+    link+=$( (pgrep -af -- "--dir $stack/guest") || true)
+  fi
   if [ -n "$left" ] || [ -n "$mounted" ] || [ -n "$link" ] || [ -e "$stack" ]; then
     echo "FAIL: left behind:" >&2
     printf '%s\n' "$left" "$mounted" "$link" >&2

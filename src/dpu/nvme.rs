@@ -295,6 +295,10 @@ async fn expose(
         tracing::info!(%nqn, ctrl_id = %controller.ctrl_id, "resumed NVMe controller");
         crate::failpoint::step("attach:nvme-resume");
     }
+    let serial = found
+        .as_ref()
+        .and_then(|s| s.listed.sn.clone())
+        .unwrap_or_else(|| names.serial.clone());
     Ok(HostLocator::Nvme {
         bdf: controller.bdf,
         nsid: NSID,
@@ -303,6 +307,7 @@ async fn expose(
                 .and_then(|n| n.uuid.clone())
                 .unwrap_or_else(|| names.namespace_uuid.clone()),
         ),
+        serial: Some(serial),
     })
 }
 

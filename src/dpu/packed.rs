@@ -654,6 +654,8 @@ impl Stage<'_> {
             bdf,
             nsid,
             uuid: Some(self.names.namespace_uuid.clone()),
+            // The pool's subsystem is shared: its serial names no volume.
+            serial: None,
         }
     }
 }

@@ -121,13 +121,17 @@ impl TryFrom<api::AttachRequest> for AttachRequest {
 impl From<Attachment> for api::AttachResponse {
     fn from(attachment: Attachment) -> Self {
         let kind = match attachment.locator {
-            HostLocator::Nvme { bdf, nsid, uuid } => {
-                api::host_locator::Kind::Nvme(api::NvmeLocator {
-                    bdf,
-                    nsid,
-                    uuid: uuid.unwrap_or_default(),
-                })
-            }
+            HostLocator::Nvme {
+                bdf,
+                nsid,
+                uuid,
+                serial,
+            } => api::host_locator::Kind::Nvme(api::NvmeLocator {
+                bdf,
+                nsid,
+                uuid: uuid.unwrap_or_default(),
+                serial: serial.unwrap_or_default(),
+            }),
             HostLocator::VirtioBlk { bdf, serial } => {
                 api::host_locator::Kind::VirtioBlk(api::VirtioBlkLocator { bdf, serial })
             }
@@ -151,6 +155,7 @@ impl TryFrom<api::AttachResponse> for Attachment {
                 bdf: nvme.bdf,
                 nsid: nvme.nsid,
                 uuid: Some(nvme.uuid).filter(|u| !u.is_empty()),
+                serial: Some(nvme.serial).filter(|s| !s.is_empty()),
             },
             Some(api::host_locator::Kind::VirtioBlk(virtio)) => HostLocator::VirtioBlk {
                 bdf: virtio.bdf,
@@ -347,11 +352,13 @@ mod tests {
                 bdf: "26:00.2".into(),
                 nsid: 1,
                 uuid: Some("6aaea650-8ef7-5653-a05a-0aea9d997ec8".into()),
+                serial: Some("sc-0123456789abcdef0".into()),
             },
             HostLocator::Nvme {
                 bdf: "26:00.2".into(),
                 nsid: 1,
                 uuid: None,
+                serial: None,
             },
             HostLocator::VirtioBlk {
                 bdf: "27:00.2".into(),

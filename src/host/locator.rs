@@ -19,6 +19,12 @@ pub enum HostLocator {
         nsid: u32,
         /// Namespace UUID when known (verifies a reused function).
         uuid: Option<String>,
+        /// The controller's serial, when the subsystem is the volume's own:
+        /// it identifies the namespace where the host's kernel lists no
+        /// UUID (`Sysfs::find_nvme_namespace`). Records written before it
+        /// existed have none.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        serial: Option<String>,
     },
     VirtioBlk {
         bdf: String,
@@ -35,9 +41,12 @@ impl HostLocator {
     /// filesystem device has none.
     pub fn find(&self, sysfs: &Sysfs) -> Result<Option<BlockDevice>, HostError> {
         match self {
-            HostLocator::Nvme { bdf, nsid, uuid } => {
-                sysfs.find_nvme_namespace(bdf, *nsid, uuid.as_deref())
-            }
+            HostLocator::Nvme {
+                bdf,
+                nsid,
+                uuid,
+                serial,
+            } => sysfs.find_nvme_namespace(bdf, *nsid, uuid.as_deref(), serial.as_deref()),
             HostLocator::VirtioBlk { bdf, serial } => sysfs.find_virtio_blk(bdf, serial),
             HostLocator::VirtioFs { .. } => Ok(None),
         }
@@ -54,10 +63,16 @@ impl HostLocator {
             _ => format!("{domain:04x}:{bdf}"),
         };
         match self {
-            HostLocator::Nvme { bdf, nsid, uuid } => HostLocator::Nvme {
+            HostLocator::Nvme {
+                bdf,
+                nsid,
+                uuid,
+                serial,
+            } => HostLocator::Nvme {
                 bdf: with_domain(bdf),
                 nsid,
                 uuid,
+                serial,
             },
             HostLocator::VirtioBlk { bdf, serial } => HostLocator::VirtioBlk {
                 bdf: with_domain(bdf),
@@ -80,7 +95,9 @@ impl HostLocator {
 impl std::fmt::Display for HostLocator {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            HostLocator::Nvme { bdf, nsid, uuid } => write!(
+            HostLocator::Nvme {
+                bdf, nsid, uuid, ..
+            } => write!(
                 f,
                 "function {bdf}, NSID {nsid}, UUID {}",
                 uuid.as_deref().unwrap_or("not checked")

@@ -34,9 +34,9 @@ pub enum HostError {
     Parse { path: PathBuf, content: String },
     /// The namespace at the volume's NSID shows no UUID to check it by.
     #[error(
-        "{} has the volume's NSID but no UUID (the volume's is {expected}): the host \
-         cannot tell it from another volume's namespace, so it is not used; a namespace \
-         without a UUID is found only by a locator that names none",
+        "{} has the volume's NSID but no UUID (the volume's is {expected}), and its \
+         subsystem is shared, so no serial names the volume: the host cannot tell it \
+         from another volume's namespace, so it is not used",
         namespace.display()
     )]
     NoUuid {
@@ -92,12 +92,15 @@ impl Sysfs {
     }
 
     /// The namespace `nsid` under the NVMe function at `bdf`, if the host sees
-    /// it with a non-zero size (and, when given, the expected UUID).
+    /// it with a non-zero size (and, when given, the expected UUID; where the
+    /// kernel lists none, the controller's `serial`, when the subsystem is
+    /// the volume's own and so names it).
     pub fn find_nvme_namespace(
         &self,
         bdf: &str,
         nsid: u32,
         uuid: Option<&str>,
+        serial: Option<&str>,
     ) -> Result<Option<BlockDevice>, HostError> {
         for (namespace, disk) in self.nvme_namespaces(&self.function_dir(bdf))? {
             // A namespace that vanishes between the listing and these reads
@@ -110,16 +113,27 @@ impl Sysfs {
                 continue;
             }
             if let Some(expected) = uuid {
-                // The kernel lists no `uuid` for a namespace that reports
-                // neither a UUID nor an NGUID (and ignores QEMU's). It could
-                // be ours or a stranger's: say so rather than guess or wait.
-                let Some(found) = read_optional(&namespace.join("uuid"))? else {
-                    return Err(HostError::NoUuid {
-                        namespace,
-                        expected: expected.to_owned(),
-                    });
+                let ours = match (read_optional(&namespace.join("uuid"))?, serial) {
+                    (Some(found), _) => found.trim().eq_ignore_ascii_case(expected),
+                    // The kernel lists no `uuid` for a namespace that reports
+                    // neither a UUID nor an NGUID (and ignores QEMU's). A
+                    // subsystem of the volume's own carries the volume's
+                    // serial, which the host shows on its controller.
+                    (None, Some(serial)) => {
+                        let controller = namespace.parent().unwrap_or(&namespace);
+                        read_optional(&controller.join("serial"))?
+                            .is_some_and(|shown| shown.trim() == serial)
+                    }
+                    // A shared subsystem's namespace could be ours or a
+                    // stranger's: say so rather than guess or wait.
+                    (None, None) => {
+                        return Err(HostError::NoUuid {
+                            namespace,
+                            expected: expected.to_owned(),
+                        });
+                    }
                 };
-                if !found.trim().eq_ignore_ascii_case(expected) {
+                if !ours {
                     continue;
                 }
             }
@@ -212,13 +226,22 @@ impl Sysfs {
 
     /// A disk directory's device, or `None` while its size is still zero.
     fn block_device(&self, disk: &Path) -> Result<Option<BlockDevice>, HostError> {
+        // A disk not there yet is not ready, as one of size 0 is: a real
+        // kernel lists a namespace's path before its multipath head's disk
+        // (seen on Linux 6.12 while a controller is hot-plugged).
         let size_path = disk.join("size");
-        let sectors = parse(&size_path, &read_trimmed(&size_path)?)?;
+        let Some(size) = read_optional(&size_path)? else {
+            return Ok(None);
+        };
+        let sectors = parse(&size_path, size.trim())?;
         if sectors == 0 {
             return Ok(None);
         }
         let dev_path = disk.join("dev");
-        let dev = read_trimmed(&dev_path)?;
+        let Some(dev) = read_optional(&dev_path)? else {
+            return Ok(None);
+        };
+        let dev = dev.trim().to_owned();
         let (major, minor) = dev
             .split_once(':')
             .and_then(|(a, b)| Some((a.parse().ok()?, b.parse().ok()?)))
@@ -445,7 +468,12 @@ mod tests {
         let sysfs = Sysfs::new(root.path());
 
         let found = sysfs
-            .find_nvme_namespace("26:00.2", 7, Some("0B0A0C3E-0000-4000-8000-000000000001"))
+            .find_nvme_namespace(
+                "26:00.2",
+                7,
+                Some("0B0A0C3E-0000-4000-8000-000000000001"),
+                None,
+            )
             .unwrap()
             .expect("namespace 7");
         assert_eq!(found.name, "nvme3n1");
@@ -454,15 +482,23 @@ mod tests {
         assert!(found.node.starts_with("/dev"));
 
         let wrong_uuid = sysfs
-            .find_nvme_namespace("26:00.2", 7, Some("0b0a0c3e-0000-4000-8000-00000000ffff"))
+            .find_nvme_namespace(
+                "26:00.2",
+                7,
+                Some("0b0a0c3e-0000-4000-8000-00000000ffff"),
+                None,
+            )
             .unwrap();
         assert_eq!(wrong_uuid, None, "a reused function must not match");
         assert_eq!(
-            sysfs.find_nvme_namespace("26:00.2", 8, None).unwrap(),
+            sysfs.find_nvme_namespace("26:00.2", 8, None, None).unwrap(),
             None,
             "size 0 is not ready"
         );
-        assert_eq!(sysfs.find_nvme_namespace("26:00.3", 7, None).unwrap(), None);
+        assert_eq!(
+            sysfs.find_nvme_namespace("26:00.3", 7, None, None).unwrap(),
+            None
+        );
         assert_eq!(
             sysfs.describe_device(major, minor).unwrap().as_deref(),
             Some(
@@ -474,7 +510,7 @@ mod tests {
     }
 
     #[test]
-    fn a_namespace_without_a_uuid_is_refused_when_one_is_expected() {
+    fn a_namespace_without_a_uuid_is_found_by_its_controllers_serial_or_refused() {
         let (major, minor) = any_block_device().expect("this machine has a block device");
         let root = tempfile::tempdir().unwrap();
         // As the guest's kernel lists QEMU's namespaces: no `uuid`.
@@ -487,15 +523,59 @@ mod tests {
         write(&head.join("size"), "2048\n");
         write(&head.join("dev"), &format!("{major}:{minor}\n"));
         let sysfs = Sysfs::new(root.path());
+        let uuid = Some("0b0a0c3e-0000-4000-8000-000000000001");
 
+        // A shared subsystem's namespace: nothing names the volume.
         let refused = sysfs
-            .find_nvme_namespace("01:00.0", 1, Some("0b0a0c3e-0000-4000-8000-000000000001"))
+            .find_nvme_namespace("01:00.0", 1, uuid, None)
             .unwrap_err();
         assert!(
             matches!(&refused, HostError::NoUuid { namespace, .. } if *namespace == ns),
             "{refused}"
         );
-        let found = sysfs.find_nvme_namespace("01:00.0", 1, None).unwrap();
+        // The volume's own subsystem: its controller shows the volume's
+        // serial, or it is another volume's function.
+        let own = |serial| sysfs.find_nvme_namespace("01:00.0", 1, uuid, Some(serial));
+        assert_eq!(
+            own("sc-0123456789abcdef0").unwrap(),
+            None,
+            "no serial shown"
+        );
+        write(
+            &ns.parent().unwrap().join("serial"),
+            "sc-0123456789abcdef0\n",
+        );
+        let found = own("sc-0123456789abcdef0").unwrap();
+        assert_eq!(found.map(|d| d.name).as_deref(), Some("nvme0n1"));
+        assert_eq!(own("sc-fedcba9876543210f").unwrap(), None);
+
+        let found = sysfs.find_nvme_namespace("01:00.0", 1, None, None).unwrap();
+        assert_eq!(found.map(|d| d.name).as_deref(), Some("nvme0n1"));
+    }
+
+    #[test]
+    fn a_namespace_whose_head_is_not_registered_yet_is_not_ready() {
+        let (major, minor) = any_block_device().expect("this machine has a block device");
+        let root = tempfile::tempdir().unwrap();
+        // A controller hot-plugged under native multipath: its path is
+        // listed before the head's disk exists.
+        let ns = root
+            .path()
+            .join("bus/pci/devices/0000:01:00.0/nvme/nvme0/nvme0c0n1");
+        write(&ns.join("nsid"), "1\n");
+        let sysfs = Sysfs::new(root.path());
+        assert_eq!(
+            sysfs.find_nvme_namespace("01:00.0", 1, None, None).unwrap(),
+            None
+        );
+        let head = root.path().join("block/nvme0n1");
+        write(&head.join("size"), "2048\n");
+        assert_eq!(
+            sysfs.find_nvme_namespace("01:00.0", 1, None, None).unwrap(),
+            None
+        );
+        write(&head.join("dev"), &format!("{major}:{minor}\n"));
+        let found = sysfs.find_nvme_namespace("01:00.0", 1, None, None).unwrap();
         assert_eq!(found.map(|d| d.name).as_deref(), Some("nvme0n1"));
     }
 
@@ -511,7 +591,7 @@ mod tests {
         write(&ctrl.join("nvme3n2/size"), "8\n");
         write(&ctrl.join("nvme3n2/dev"), &format!("{major}:{minor}\n"));
         let found = Sysfs::new(root.path())
-            .find_nvme_namespace("26:00.3", 2, None)
+            .find_nvme_namespace("26:00.3", 2, None, None)
             .unwrap()
             .expect("namespace 2");
         assert_eq!(found.name, "nvme3n2");

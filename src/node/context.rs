@@ -80,6 +80,7 @@ pub(super) fn dpf_locator(
         bdf: bdf.clone(),
         nsid,
         uuid: None,
+        serial: None,
     }))
 }
 
@@ -103,7 +104,8 @@ mod tests {
             Ok(Some(HostLocator::Nvme {
                 bdf: "26:00.3".into(),
                 nsid: 2,
-                uuid: None
+                uuid: None,
+                serial: None,
             }))
         );
     }

@@ -294,6 +294,7 @@ mod tests {
                 bdf: "26:00.2".into(),
                 nsid: 1,
                 uuid: None,
+                serial: None,
             },
             external_attach,
             dpu: None,

@@ -124,6 +124,7 @@ pub(super) fn sample(id: &str) -> VolumeRecord {
             bdf: "26:00.1".into(),
             nsid: 1,
             uuid: Some("6a1f3c2e-5b6d-4e8f-9a0b-1c2d3e4f5a6b".into()),
+            serial: None,
         },
         external_attach: false,
         dpu: None,

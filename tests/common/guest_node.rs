@@ -18,7 +18,11 @@ use tonic::transport::Channel;
 use super::Emulator;
 use super::dpu::{Agent, DPU_NAME, HOST_NAME, test_config};
 use super::guest::{Guest, GuestSpec, Link};
+use super::node::{
+    block_capability, mount_capability, publish_request, stage_request, unpublish, unstage,
+};
 use super::plugin::{self, TestPlugin};
+use snap_csi::proto::csi::v1::volume_capability::access_mode::Mode;
 
 pub const SNAP_CSI: &str = env!("CARGO_BIN_EXE_snap-csi");
 /// The node's start and its first call to the agent, under TCG on a loaded
@@ -26,9 +30,10 @@ pub const SNAP_CSI: &str = env!("CARGO_BIN_EXE_snap-csi");
 pub const STARTED: Duration = Duration::from_secs(120);
 /// Where the guest's kubelet keeps its volumes.
 pub const KUBELET_DIR: &str = "/var/lib/kubelet";
-/// Root ports the emulator's virtio-blk PFs take; the rest are for
-/// hot-plugged PFs (virtio-fs).
-const VIRTIO_BLK_PFS: u32 = 4;
+/// Root ports the emulator's NVMe and virtio-blk PFs take; the rest are
+/// for hot-plugged PFs (virtio-fs).
+const NVME_PFS: u32 = 2;
+const VIRTIO_BLK_PFS: u32 = 3;
 
 /// Starts `snap-csi node` in the guest under `/run/<name>`, reaching the
 /// agent at `agent` with `tls`, its metrics on the guest's loopback at
@@ -81,7 +86,7 @@ impl GuestNode {
 
         let (qmp, ports) = guest.hotplug_monitor(1);
         let functions = snap_emu::FunctionLayout {
-            nvme_pfs: 0,
+            nvme_pfs: NVME_PFS,
             nvme_vfs_per_pf: 0,
             virtio_blk_pfs: VIRTIO_BLK_PFS,
             virtio_blk_vfs_per_pf: 0,
@@ -154,6 +159,126 @@ impl GuestNode {
         ))
         .unwrap();
         (staging, target)
+    }
+}
+
+/// The kind of disk the guest's kernel shows a volume as.
+#[derive(Debug, Clone, Copy)]
+pub enum Disk {
+    VirtioBlk,
+    Nvme,
+}
+
+impl Disk {
+    /// How the kernel names such a disk.
+    fn prefix(self) -> &'static str {
+        match self {
+            Disk::VirtioBlk => "vd",
+            Disk::Nvme => "nvme",
+        }
+    }
+}
+
+const MIB: u64 = 1 << 20;
+/// Large enough for mkfs.xfs (300 MiB at least).
+const VOLUME: u64 = 512 * MIB;
+
+/// How a test volume is asked for and what a pod checks of it.
+#[derive(Debug, Clone, Copy)]
+pub enum Kind {
+    Mount(&'static str),
+    Block,
+}
+
+/// Stages and publishes `volume_id` as `kind` (read-only if `readonly`),
+/// checks it as a pod would, on the kernel's `disk`, and takes it down.
+pub async fn round_trip(
+    host: &mut GuestNode,
+    volume_id: &str,
+    kind: Kind,
+    readonly: bool,
+    disk: Disk,
+) {
+    let backing = host.dir.path().join(format!("{volume_id}.img"));
+    super::sparse_file(&backing, VOLUME);
+    let (staging, target) = host.paths(volume_id);
+    let capability = match kind {
+        Kind::Mount(fs) => mount_capability(fs, Mode::SingleNodeWriter),
+        Kind::Block => block_capability(Mode::SingleNodeWriter),
+    };
+    let staged = host
+        .client
+        .node_stage_volume(stage_request(
+            volume_id,
+            &staging,
+            capability.clone(),
+            &backing,
+        ))
+        .await;
+    if let Err(e) = staged {
+        panic!("stage {volume_id}: {e}\n{}", host.node_log());
+    }
+    host.client
+        .node_publish_volume(publish_request(
+            volume_id, &staging, &target, capability, readonly,
+        ))
+        .await
+        .unwrap_or_else(|e| panic!("publish {volume_id}: {e}"));
+
+    let target_s = target.display();
+    match kind {
+        Kind::Mount(fs) => {
+            let mounted = host
+                .sh(&format!("findmnt -no SOURCE,FSTYPE {target_s}"))
+                .unwrap();
+            let (source, fstype) = mounted.trim().split_once(' ').unwrap();
+            let name = source.trim_start_matches("/dev/");
+            assert!(
+                name.starts_with(disk.prefix()),
+                "{volume_id} is mounted from {source}, not the guest's {disk:?} disk"
+            );
+            assert_eq!(fstype.trim(), fs);
+            if let Disk::Nvme = disk {
+                // The kernel's own disk, with no UUID to go by: what the
+                // node read.
+                let uuid = host
+                    .sh(&format!("cat /sys/block/{name}/uuid 2>&1 || true"))
+                    .unwrap();
+                assert!(uuid.contains("No such file"), "{name} lists a uuid: {uuid}");
+            }
+            if readonly {
+                let refused = host.sh(&format!("touch {target_s}/x 2>&1")).unwrap_err();
+                assert!(
+                    format!("{refused:#}").contains("Read-only file system"),
+                    "{refused:#}"
+                );
+            } else {
+                host.sh(&format!(
+                    "echo {volume_id} >{target_s}/written && sync && \
+                     [ \"$(cat {target_s}/written)\" = {volume_id} ]"
+                ))
+                .unwrap();
+            }
+        }
+        Kind::Block => {
+            let size = host
+                .sh(&format!("blockdev --getsize64 {target_s}"))
+                .unwrap();
+            assert_eq!(size.trim().parse::<u64>().unwrap(), VOLUME);
+            host.sh(&format!(
+                "(printf snap-csi; head -c 504 /dev/zero) | \
+                 dd of={target_s} iflag=fullblock oflag=direct bs=512 count=1 status=none"
+            ))
+            .unwrap();
+        }
+    }
+
+    unpublish(&mut host.client, volume_id, &target).await;
+    unstage(&mut host.client, volume_id, &staging).await;
+    if let Kind::Block = kind {
+        // What the pod wrote reached the volume's bytes on the DPU side.
+        let head = std::fs::read(&backing).unwrap();
+        assert_eq!(&head[..8], b"snap-csi");
     }
 }
 

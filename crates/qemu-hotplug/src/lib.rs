@@ -77,19 +77,36 @@ fn plug(
     qmp.execute("device_add", properties).map(drop)
 }
 
-/// A virtio-blk function over `drive`, with the serial the host reads back
-/// (`/sys/block/vdX/serial`), into root port `port`.
-pub fn add_virtio_blk(
+/// A block function over one drive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Disk {
+    /// `virtio-blk-pci`: the host reads the serial back from
+    /// `/sys/block/vdX/serial`.
+    VirtioBlk,
+    /// An NVMe controller of a subsystem of its own, whose one namespace
+    /// (NSID 1) is the drive: QEMU cannot add a namespace to a live
+    /// controller, so it comes with the controller. The host shows the
+    /// serial as the controller's (`/sys/class/nvme/nvmeX/serial`).
+    NvmeWithNamespace,
+}
+
+/// A `disk` function over `drive`, with `serial`, as device `id` into root
+/// port `port`; the drive goes if the device does not come.
+pub fn add_disk(
     qmp: &mut Qmp,
-    id: &str,
-    port: &str,
+    disk: Disk,
+    (id, port): (&str, &str),
     drive: &Drive<'_>,
     serial: &str,
 ) -> anyhow::Result<()> {
+    let driver = match disk {
+        Disk::VirtioBlk => "virtio-blk-pci",
+        Disk::NvmeWithNamespace => "nvme",
+    };
     drive.add(qmp, id)?;
     let plugged = plug(
         qmp,
-        "virtio-blk-pci",
+        driver,
         id,
         port,
         json!({"drive": drive_node(id), "serial": serial}),
@@ -155,7 +172,8 @@ pub fn remove(qmp: &mut Qmp, id: &str, timeout: Duration) -> anyhow::Result<()> 
                 .is_some_and(|r| r.class == "DeviceNotFound") => {}
         Err(e) => return Err(e),
     }
-    // Whichever backend the device had (none for an NVMe controller).
+    // Whichever backend the device had (none for a controller of a
+    // subsystem's namespaces).
     let _ = qmp.execute("blockdev-del", json!({"node-name": drive_node(id)}));
     let _ = qmp.execute("chardev-remove", json!({"id": chardev(id)}));
     Ok(())

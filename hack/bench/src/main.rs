@@ -29,7 +29,9 @@
 //!     path's return, every block read back (`failover.rs`);
 //! 12. stage time on a host with two DPUs against a host with one: a batch
 //!     of block volumes staged at once and one at a time on each, and how
-//!     the two-DPU host spread them over its DPUs (`two_dpus.rs`).
+//!     the two-DPU host spread them over its DPUs (`two_dpus.rs`);
+//! 13. stage and unstage with a real Linux kernel (a QEMU guest) as the
+//!     host against the emulated tree (`guest.rs`).
 //!
 //! Timing targets are ratios against floors sampled in turns with what they
 //! measure (`stats::Paired`), judged only when the run's own spread allows:
@@ -48,9 +50,10 @@
 //! this process (`trips.rs`, as are section 8's); io-direct and io-fuse
 //! (`--data-path direct` and `fuse`, side by side) for 9; dpu1 and dpu2
 //! (one DPU and two, the poller on, side by side) for 12, then their split
-//! twins (`dpu1-split`, `dpu2-split`). Each is stopped and checked for
-//! leftovers (loop devices, mounts, its directory, a split stack's network
-//! namespace and veth) before the next starts; Ctrl-C or an error drops the
+//! twins (`dpu1-split`, `dpu2-split`); vm (the host a QEMU guest) and
+//! vm-tree (its split twin on the tree) for 13. Each is stopped and checked
+//! for leftovers (loop devices, mounts, its directory, a split stack's
+//! network namespace and veth, a guest's link) before the next starts; Ctrl-C or an error drops the
 //! running ones, which stops them. Run as root: `./hack/bench.sh`.
 
 mod datapath;
@@ -58,6 +61,7 @@ mod encryption;
 mod failover;
 mod filesystem;
 mod floors;
+mod guest;
 mod latency;
 mod memory;
 mod packed;
@@ -179,16 +183,22 @@ pub struct Args {
     /// judged over 6 or more, when every repeat agrees).
     #[arg(long, default_value_t = 6, value_parser = clap::value_parser!(u32).range(1..))]
     pub dpu_repeats: u32,
+    /// Raw block volumes of each emulation staged in section 13 on a guest
+    /// host and as many on the emulated tree.
+    #[arg(long, default_value_t = 8)]
+    pub guest_volumes: usize,
     /// Sections to run, comma separated: 1 latency, 2 floors, 3 SNAP round
     /// trips, 4 scale and the metrics scrape, 5 memory, 6 JSON-RPC client, 7
     /// density, 8 stage with and without encryption, 9 the FUSE data path
     /// against the direct one, 10 filesystem devices, 11 a path failover's
-    /// stall, 12 stage time on a host with two DPUs against one. Section 7
-    /// (about four minutes on the 2-core machine) runs only when named.
+    /// stall, 12 stage time on a host with two DPUs against one, 13 stage
+    /// time on a real kernel (a QEMU guest) against the emulated tree.
+    /// Section 7 (about four minutes on the 2-core machine) runs only when
+    /// named.
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "1,2,3,4,5,6,8,9,10,11,12"
+        default_value = "1,2,3,4,5,6,8,9,10,11,12,13"
     )]
     pub sections: Vec<u8>,
     /// Also write every figure as JSON here.
@@ -242,6 +252,8 @@ fn stop(stack: Stack, report: &mut Report) -> anyhow::Result<()> {
     let name = stack.name.clone();
     let what = if stack.split.is_some() {
         "loop device, mount, directory, network namespace or veth"
+    } else if stack.guest.is_some() {
+        "loop device, mount, directory or guest's link"
     } else {
         "loop device, mount or directory"
     };
@@ -416,6 +428,13 @@ async fn run(args: &Args, work: &Work, report: &mut Report) -> anyhow::Result<()
     if args.wants(12) {
         two_dpus::run(args, work, report).await?;
     }
+    if args.wants(13) {
+        eprintln!(
+            "bench: section 13: {} raw block volumes of each emulation on a guest host and on the tree",
+            args.guest_volumes
+        );
+        guest::run(args, work, report).await?;
+    }
     Ok(())
 }
 
@@ -492,8 +511,8 @@ async fn main() -> anyhow::Result<()> {
     if !is_root()? {
         bail!("run as root: the stack makes loop devices and mounts");
     }
-    if args.sections.iter().any(|s| !(1..=12).contains(s)) {
-        bail!("--sections takes numbers from 1 to 12");
+    if args.sections.iter().any(|s| !(1..=13).contains(s)) {
+        bail!("--sections takes numbers from 1 to 13");
     }
     if args.dpu_volumes == 0 {
         bail!("--dpu-volumes must be 1 or more");

@@ -8,6 +8,7 @@ use crate::encryption::Encryption;
 use crate::failover::Failover;
 use crate::filesystem::Filesystem;
 use crate::floors::Floors;
+use crate::guest::GuestHost;
 use crate::latency::{Row, design_round_trips};
 use crate::memory::{Memory, Rss};
 use crate::packed::Density;
@@ -87,6 +88,8 @@ pub struct Report {
     pub failover: Option<Failover>,
     /// Section 12.
     pub two_dpus: Option<TwoDpus>,
+    /// Section 13.
+    pub guest_host: Option<GuestHost>,
     pub targets: Vec<Target>,
     pub cleanup: Vec<String>,
 }
@@ -130,6 +133,7 @@ impl Report {
             data_path: None,
             failover: None,
             two_dpus: None,
+            guest_host: None,
             targets: Vec::new(),
             cleanup: Vec::new(),
         }

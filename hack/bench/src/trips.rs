@@ -168,13 +168,19 @@ impl Rig {
     async fn attach(&self, request: &AttachRequest) -> anyhow::Result<(Attachment, u64)> {
         let (attached, trips) = self.counted(self.dpu.attach(request, deadline())).await;
         let attached = attached.with_context(|| format!("attaching {}", request.volume_id))?;
-        let HostLocator::Nvme { bdf, nsid, uuid } = &attached.locator else {
+        let HostLocator::Nvme {
+            bdf,
+            nsid,
+            uuid,
+            serial,
+        } = &attached.locator
+        else {
             bail!("{}: not an NVMe namespace", request.volume_id);
         };
         let waiting = Instant::now();
         while self
             .sysfs
-            .find_nvme_namespace(bdf, *nsid, uuid.as_deref())?
+            .find_nvme_namespace(bdf, *nsid, uuid.as_deref(), serial.as_deref())?
             .is_none()
         {
             if waiting.elapsed() > CALL_DEADLINE {

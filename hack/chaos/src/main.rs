@@ -351,6 +351,7 @@ pub(crate) async fn start_stack(
         namespaces_per_controller: Some(args.namespaces_per_controller),
         data_path: None,
         two_dpus: configuration.two_dpus,
+        guest_host: false,
     };
     let stack_dir = std::env::temp_dir().join(format!("snap-csi-chaos-{seed}-{name}"));
     let stack = Stack::start(

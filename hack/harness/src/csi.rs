@@ -354,6 +354,17 @@ fn kubelet_paths(kubelet: &Path, name: &str) -> anyhow::Result<(PathBuf, PathBuf
 }
 
 impl Volume {
+    /// Kubelet's directories of the volume in a guest host (its
+    /// `snap-csi-guest` command socket, local-up's GUEST_EXEC), where the
+    /// node mounts: the guest's kubelet directory is its own, at the same
+    /// path as this machine's (`hack/lib/local-up-vm.sh`).
+    pub fn make_dirs_in_guest(&self, socket: &Path) -> anyhow::Result<()> {
+        let parent = self.target.parent().context("target has a parent")?;
+        let script = format!("mkdir -p {} {}", self.staging.display(), parent.display());
+        crate::guest::exec(socket, &script)?.stdout_of(&script)?;
+        Ok(())
+    }
+
     /// The staging path kubelet checks for other mounts before it unstages
     /// (a filesystem volume's; a block volume has none).
     pub fn device_mount_path(&self) -> Option<&Path> {

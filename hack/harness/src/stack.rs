@@ -38,6 +38,9 @@ pub struct StackOptions {
     pub data_path: Option<&'static str>,
     /// A host with two DPUs (`--dpus 2`): [`Stack::dpus`] names both.
     pub two_dpus: bool,
+    /// The host a QEMU guest (`--host vm`, split mode; its directory must
+    /// be one the guest sees): [`Stack::guest`].
+    pub guest_host: bool,
 }
 
 /// A stack that `hack/local-up.sh` started and printed READY for.
@@ -60,6 +63,8 @@ pub struct Stack {
     pub split: Option<SplitLink>,
     /// Split mode with two DPUs: the second DPU's agent.
     pub split_b: Option<SplitLink>,
+    /// With [`StackOptions::guest_host`]: the guest.
+    pub guest: Option<GuestHost>,
     local_up: Option<Child>,
     /// Held so that local-up never writes into a closed pipe.
     _stdout: Option<ChildStdout>,
@@ -78,6 +83,17 @@ pub struct SplitLink {
     pub metrics: String,
     /// The agent's network namespace; the veth pair's ends carry its name.
     pub netns: String,
+}
+
+/// What local-up printed about a guest host (`--host vm`).
+#[derive(Debug, Default)]
+pub struct GuestHost {
+    /// Its kernel's `uname -r`.
+    pub kernel: String,
+    /// Its end of the link to this machine.
+    pub address: String,
+    /// `snap-csi-guest exec`'s socket: commands in the guest.
+    pub exec: PathBuf,
 }
 
 /// One DPU of the stack's host as local-up lays it out: the first, or with
@@ -123,8 +139,13 @@ impl Stack {
         let stderr_path = logs.join(format!("local-up-{name}.err"));
         let stderr = File::create(&stderr_path)?;
         let mut command = Command::new(local_up);
+        command.args(["--no-build", "--profile", profile]);
+        if options.guest_host {
+            command.args(["--host", "vm"]);
+        } else {
+            command.arg("--allow-node-restart");
+        }
         command
-            .args(["--no-build", "--profile", profile, "--allow-node-restart"])
             .arg("--dir")
             .arg(&dir)
             .stdin(Stdio::null())
@@ -177,6 +198,7 @@ impl Stack {
             dpus: Vec::new(),
             split: None,
             split_b: None,
+            guest: None,
             local_up: Some(child),
             _stdout: None,
             stderr_path,
@@ -212,6 +234,12 @@ impl Stack {
                 stack.dpus.join(",")
             )));
         }
+        if options.guest_host && printed.guest.exec.as_os_str().is_empty() {
+            return Err(stack.explain(anyhow::anyhow!(
+                "local-up --host vm printed READY without the guest's command socket"
+            )));
+        }
+        stack.guest = options.guest_host.then_some(printed.guest);
         let [link, link_b] = links;
         stack.split = options.split.then_some(link);
         stack.split_b = (options.split && options.two_dpus).then_some(link_b);
@@ -333,6 +361,21 @@ impl Stack {
         if self.dir.exists() {
             left.push(format!("directory: {}", self.dir.display()));
         }
+        if let Some(guest) = &self.guest {
+            // The guest's tap holds this machine's end of its /30.
+            match Command::new("ip")
+                .args(["-4", "-o", "addr", "show", "to"])
+                .arg(format!("{}/30", guest.address))
+                .output()
+            {
+                Ok(out) => left.extend(
+                    String::from_utf8_lossy(&out.stdout)
+                        .lines()
+                        .map(|l| format!("the guest's link: {l}")),
+                ),
+                Err(e) => left.push(format!("cannot run ip addr: {e}")),
+            }
+        }
         for link in self.split.iter().chain(&self.split_b) {
             // The pair's ends are named after the namespace.
             for (what, command) in [
@@ -382,6 +425,7 @@ struct Printed {
     dpus: Vec<String>,
     link: SplitLink,
     link_b: SplitLink,
+    guest: GuestHost,
 }
 
 impl Printed {
@@ -413,6 +457,9 @@ impl Printed {
                 "DPU_AGENT_ENDPOINT_B" => printed.link_b.endpoint = value,
                 "AGENT_METRICS_B" => printed.link_b.metrics = value,
                 "DPU_NETNS_B" => printed.link_b.netns = value,
+                "GUEST_KERNEL" => printed.guest.kernel = value,
+                "GUEST_ADDRESS" => printed.guest.address = value,
+                "GUEST_EXEC" => printed.guest.exec = value.into(),
                 _ => {}
             }
         }

@@ -17,12 +17,11 @@
 
 mod dpu_down;
 mod failover;
+mod pod_host;
 mod proofs;
 mod shared;
 
-use std::fs::{self, OpenOptions};
-use std::io::{Read, Seek, SeekFrom, Write};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
@@ -30,6 +29,8 @@ use clap::Parser;
 use snap_csi::node::fleet::DPU_KEY;
 use snap_csi_harness::csi::{Clients, Kind, Volume, parameters};
 use snap_csi_harness::dpus;
+
+use pod_host::{OFFSET, PodHost};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -94,9 +95,22 @@ struct Args {
     /// The second host's kubelet directory.
     #[arg(long, env = "KUBELET2_DIR")]
     kubelet2_dir: Option<PathBuf>,
+    /// The guest host's command socket (`hack/local-up.sh --host vm`): the
+    /// node runs in the guest, and so does the pod's side of each volume;
+    /// each row then names the device the guest's kernel mounted. One DPU,
+    /// plain volumes only (the proofs read this machine's devices).
+    #[arg(long, env = "GUEST_EXEC")]
+    guest_exec: Option<PathBuf>,
 }
 
 impl Args {
+    fn pod_host(&self) -> PodHost {
+        match &self.guest_exec {
+            Some(socket) => PodHost::Guest(socket.clone()),
+            None => PodHost::Local,
+        }
+    }
+
     fn two_dpus(&self) -> bool {
         self.dpus.len() > 1
     }
@@ -231,47 +245,12 @@ async fn timed<T>(
     Ok(result)
 }
 
-/// 1 MiB written past where mkfs or a partition table would go.
-const OFFSET: u64 = 4 << 20;
-
-fn data_path(target: &Path, block: bool) -> PathBuf {
-    if block {
-        target.to_path_buf()
-    } else {
-        target.join("player.bin")
-    }
-}
-
-fn write(target: &Path, block: bool, data: &[u8]) -> anyhow::Result<()> {
-    let path = data_path(target, block);
-    let mut file = OpenOptions::new()
-        .write(true)
-        .create(!block)
-        .open(&path)
-        .with_context(|| path.display().to_string())?;
-    if block {
-        file.seek(SeekFrom::Start(OFFSET))?;
-    }
-    file.write_all(data)?;
-    file.sync_all()?;
-    Ok(())
-}
-
-fn read(target: &Path, block: bool, len: usize) -> anyhow::Result<Vec<u8>> {
-    let path = data_path(target, block);
-    let mut file = fs::File::open(&path).with_context(|| path.display().to_string())?;
-    if block {
-        file.seek(SeekFrom::Start(OFFSET))?;
-    }
-    let mut data = vec![0; len];
-    file.read_exact(&mut data)?;
-    Ok(data)
-}
-
 /// What one volume's life showed.
 struct Lived {
     /// Each of [`STEPS`]' time.
     times: Vec<Duration>,
+    /// What a guest host's kernel mounted for it.
+    device: Option<String>,
     /// Its proof's lines, if it has a proof.
     proof: Option<String>,
     /// The DPU the node's record put it on.
@@ -328,18 +307,28 @@ async fn lifecycle(
     if plan.kind == Kind::Filesystem("virtiofs".into()) && args.two_dpus() {
         pin(&mut volume, &args.dpus[0]);
     }
+    let pod = args.pod_host();
+    pod.prepare(&volume)?;
     timed(&mut times, "NodeStageVolume", clients.stage(&volume)).await?;
-    let (dpu, _) = dpus::recorded_on(&args.node_state_dir, &volume.id, &args.dpus)?;
+    // The guest's node keeps its records in the guest: its one DPU.
+    let dpu = match pod {
+        PodHost::Local => dpus::recorded_on(&args.node_state_dir, &volume.id, &args.dpus)?.0,
+        PodHost::Guest(_) => args.dpus[0].clone(),
+    };
     timed(&mut times, "NodePublishVolume", clients.publish(&volume)).await?;
     let data: Vec<u8> = (0..1u32 << 20)
         .map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8)
         .collect();
     let target = &volume.target;
-    timed(&mut times, "write", async { write(target, block, &data) }).await?;
-    let back = timed(&mut times, "read", async {
-        read(target, block, data.len())
+    timed(&mut times, "write", async {
+        pod.write(target, block, &data)
     })
     .await?;
+    let back = timed(&mut times, "read", async {
+        pod.read(target, block, data.len())
+    })
+    .await?;
+    let device = pod.device(target)?;
     if back != data {
         bail!("{name}: the bytes read back differ from those written");
     }
@@ -375,7 +364,12 @@ async fn lifecycle(
         proof = Some(proofs::encryption(&volume, &data, OFFSET)?);
     }
     timed(&mut times, "DeleteVolume", clients.delete(&volume)).await?;
-    Ok(Lived { times, proof, dpu })
+    Ok(Lived {
+        times,
+        device,
+        proof,
+        dpu,
+    })
 }
 
 #[tokio::main]
@@ -386,6 +380,16 @@ async fn main() -> anyhow::Result<()> {
         .iter()
         .map(|spec| Plan::parse(spec))
         .collect::<anyhow::Result<Vec<_>>>()?;
+    if args.guest_exec.is_some() {
+        ensure!(
+            !args.two_dpus() && args.node2.is_none(),
+            "a guest host (GUEST_EXEC) has one DPU and is the only host"
+        );
+        ensure!(
+            plans.iter().all(|p| p.feature == Feature::Plain),
+            "a guest host's volumes are plain ones (the proofs read this machine's devices)"
+        );
+    }
     let mut clients = Clients::connect(&args.controller, &args.node).await?;
 
     print!(
@@ -420,6 +424,9 @@ async fn main() -> anyhow::Result<()> {
             print!(" {:>9.1}", time.as_secs_f64() * 1000.0);
         }
         println!();
+        if let Some(device) = lived.device {
+            println!("  the guest's kernel mounted {device}");
+        }
         if let Some(proof) = lived.proof {
             println!("  {proof}");
         }

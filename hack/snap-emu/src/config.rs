@@ -243,6 +243,28 @@ pub struct Cli {
     /// does: what a restarted target must have again, such as its pool.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
+    /// Host the functions in a QEMU guest instead of the sysfs tree: the
+    /// guest's QMP monitor to hot-plug through (`snap-csi-guest boot` prints
+    /// it as GUEST_QMP).
+    #[arg(long, value_name = "SOCKET", requires_all = ["guest_port", "virtiofsd"])]
+    pub guest_qmp: Option<PathBuf>,
+    /// A root port of the guest a PF takes, as QEMU's id and the bus the
+    /// guest gave it (`rp1:01`), in the order of the PFs (NVMe first); one
+    /// per PF, no VFs.
+    #[arg(long, value_name = "ID:BUS", value_parser = guest_port, requires = "guest_qmp")]
+    pub guest_port: Vec<(String, u8)>,
+    /// virtiofsd, which serves a guest's virtio-fs devices
+    /// (hack/guest/virtiofsd.sh builds it).
+    #[arg(long, value_name = "PATH", requires = "guest_qmp")]
+    pub virtiofsd: Option<PathBuf>,
+}
+
+fn guest_port(text: &str) -> Result<(String, u8), String> {
+    let (id, bus) = text
+        .split_once(':')
+        .ok_or_else(|| format!("{text:?} is not ID:BUS"))?;
+    let bus = u8::from_str_radix(bus, 16).map_err(|_| format!("{bus:?} is not a hex bus"))?;
+    Ok((id.to_owned(), bus))
 }
 
 impl Cli {
@@ -259,6 +281,13 @@ impl Cli {
         c.pci_domain = self.pci_domain;
         c.data_path = self.data_path;
         c.json_config = self.json;
+        if let (Some(qmp), Some(virtiofsd)) = (self.guest_qmp, self.virtiofsd) {
+            c = c.with_guest_host(GuestHostConfig {
+                qmp,
+                ports: self.guest_port,
+                virtiofsd,
+            });
+        }
         if self.no_snap {
             c = c.without_snap();
         }
@@ -277,6 +306,37 @@ mod tests {
         Cli::try_parse_from(argv)
             .map(|cli| cli.into_config().pci_domain.to_string())
             .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn guest_host_flags() {
+        let parse = |args: &[&str]| {
+            let argv = ["snap-emu"].iter().chain(args);
+            Cli::try_parse_from(argv).map(|cli| cli.into_config().guest)
+        };
+        assert!(parse(&[]).unwrap().is_none());
+        let guest = parse(&[
+            "--guest-qmp=/q.sock",
+            "--guest-port=rp1:01",
+            "--guest-port=rp2:0a",
+            "--virtiofsd=/v",
+        ])
+        .unwrap()
+        .expect("a guest host");
+        assert_eq!(guest.ports, [("rp1".into(), 1), ("rp2".into(), 10)]);
+        assert_eq!(guest.buses(), [1, 10]);
+        for bad in [
+            &["--guest-qmp=/q.sock", "--virtiofsd=/v"][..],
+            &["--guest-port=rp1:01"],
+            &["--guest-qmp=/q.sock", "--guest-port=rp1", "--virtiofsd=/v"],
+            &[
+                "--guest-qmp=/q.sock",
+                "--guest-port=rp1:zz",
+                "--virtiofsd=/v",
+            ],
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

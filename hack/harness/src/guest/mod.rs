@@ -93,6 +93,74 @@ pub struct Output {
     pub stderr: String,
 }
 
+impl Output {
+    /// The agent's answer: `<status> <base64 stdout> <base64 stderr>`.
+    pub fn parse(reply: &str) -> anyhow::Result<Output> {
+        let mut fields = reply.trim_end_matches('\n').splitn(3, ' ');
+        let status = fields
+            .next()
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| anyhow!("the guest answered {reply:?}"))?;
+        let text = |field: Option<&str>| -> anyhow::Result<String> {
+            let bytes = STANDARD.decode(field.unwrap_or_default())?;
+            Ok(String::from_utf8_lossy(&bytes).into_owned())
+        };
+        Ok(Output {
+            status,
+            stdout: text(fields.next())?,
+            stderr: text(fields.next())?,
+        })
+    }
+
+    /// The stdout of `script`, which gave this; an exit status other than 0
+    /// is an error with both outputs.
+    pub fn stdout_of(self, script: &str) -> anyhow::Result<String> {
+        if self.status != 0 {
+            bail!(
+                "in the guest, {script:?} exited {}: {}{}",
+                self.status,
+                self.stdout,
+                self.stderr
+            );
+        }
+        Ok(self.stdout)
+    }
+
+    /// The agent's answer for this output: a line [`Output::parse`] reads.
+    pub fn to_line(&self) -> String {
+        format!(
+            "{} {} {}\n",
+            self.status,
+            STANDARD.encode(&self.stdout),
+            STANDARD.encode(&self.stderr)
+        )
+    }
+}
+
+/// A script as the agent reads it: one line.
+pub fn script_line(script: &str) -> String {
+    let mut line = STANDARD.encode(script);
+    line.push('\n');
+    line
+}
+
+/// Runs `script` in the guest that `snap-csi-guest boot` serves at
+/// `socket` (its GUEST_EXEC).
+pub fn exec(socket: &Path, script: &str) -> anyhow::Result<Output> {
+    let mut stream = UnixStream::connect(socket)
+        .with_context(|| format!("connecting to {} (is `boot` running?)", socket.display()))?;
+    stream.write_all(script_line(script).as_bytes())?;
+    let mut reply = String::new();
+    BufReader::new(stream).read_line(&mut reply)?;
+    Output::parse(&reply)
+}
+
+/// The script of a [`script_line`].
+pub fn script_of_line(line: &str) -> anyhow::Result<String> {
+    let bytes = STANDARD.decode(line.trim_end_matches('\n'))?;
+    String::from_utf8(bytes).context("a script that is not UTF-8")
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Accel {
     Kvm,
@@ -332,7 +400,7 @@ impl Guest {
                 .get_mut()
                 .set_read_timeout(Some(Duration::from_millis(500)))?;
             match guest.agent.read_line(&mut reply) {
-                Ok(_) if reply.ends_with('\n') => break Guest::parse(&reply)?,
+                Ok(_) if reply.ends_with('\n') => break Output::parse(&reply)?,
                 Ok(0) => bail!("QEMU closed the agent's port"),
                 Ok(_) => continue,
                 Err(e)
@@ -374,47 +442,20 @@ impl Guest {
         self.agent
             .read_line(&mut reply)
             .with_context(|| format!("the guest did not answer {script:?} in {timeout:?}"))?;
-        Guest::parse(&reply)
+        Output::parse(&reply)
     }
 
     fn send(&mut self, script: &str) -> anyhow::Result<()> {
-        let mut line = STANDARD.encode(script).into_bytes();
-        line.push(b'\n');
-        self.agent.get_mut().write_all(&line)?;
+        self.agent
+            .get_mut()
+            .write_all(script_line(script).as_bytes())?;
         Ok(())
-    }
-
-    /// The agent's answer: `<status> <base64 stdout> <base64 stderr>`.
-    fn parse(reply: &str) -> anyhow::Result<Output> {
-        let mut fields = reply.trim_end_matches('\n').splitn(3, ' ');
-        let status = fields
-            .next()
-            .and_then(|s| s.parse().ok())
-            .ok_or_else(|| anyhow!("the guest answered {reply:?}"))?;
-        let text = |field: Option<&str>| -> anyhow::Result<String> {
-            let bytes = STANDARD.decode(field.unwrap_or_default())?;
-            Ok(String::from_utf8_lossy(&bytes).into_owned())
-        };
-        Ok(Output {
-            status,
-            stdout: text(fields.next())?,
-            stderr: text(fields.next())?,
-        })
     }
 
     /// Runs `script` and returns its stdout; an exit status other than 0 is
     /// an error with both outputs.
     pub fn sh(&mut self, script: &str) -> anyhow::Result<String> {
-        let out = self.run(script)?;
-        if out.status != 0 {
-            bail!(
-                "in the guest, {script:?} exited {}: {}{}",
-                out.status,
-                out.stdout,
-                out.stderr
-            );
-        }
-        Ok(out.stdout)
+        self.run(script)?.stdout_of(script)
     }
 
     /// Runs `script` until it exits 0 (a kernel finishing a hot-plug), at
@@ -480,10 +521,10 @@ impl Guest {
         file: &Path,
         serial: &str,
     ) -> anyhow::Result<String> {
-        qemu_hotplug::add_virtio_blk(
+        qemu_hotplug::add_disk(
             &mut self.qmp,
-            id,
-            &port_id(port),
+            qemu_hotplug::Disk::VirtioBlk,
+            (id, &port_id(port)),
             &Drive::whole(file),
             serial,
         )?;

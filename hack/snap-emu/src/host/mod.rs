@@ -463,17 +463,20 @@ impl HostSide {
     /// whole tree (graceful shutdown).
     pub fn shutdown(&self) -> anyhow::Result<()> {
         self.queue.wait_idle();
-        self.virtiofs().hide_all(&self.tree);
-        // Loop devices first: detaching one closes its data path file.
-        self.release_everything()
-            .and_then(|()| self.datapath.unmount())
-            .with_context(|| {
-                format!(
-                    "shutting down the host side (records in {}, tree under {})",
-                    self.state_dir.display(),
-                    self.tree.root().display()
-                )
-            })
+        let hidden = self.virtiofs().hide_all(&self.tree);
+        // Released whether or not the list went: a loop device kept here
+        // would outlive the emulator. Loop devices first: detaching one
+        // closes its data path file.
+        let released = self
+            .release_everything()
+            .and_then(|()| self.datapath.unmount());
+        hidden.and(released).with_context(|| {
+            format!(
+                "shutting down the host side (records in {}, tree under {})",
+                self.state_dir.display(),
+                self.tree.root().display()
+            )
+        })
     }
 
     fn attach_locked(

@@ -57,6 +57,8 @@ pub struct NvmeDisk<'a> {
     pub ns: u32,
     pub nsid: u32,
     pub uuid: &'a str,
+    /// The subsystem's serial, which the host shows on the controller.
+    pub serial: &'a str,
 }
 
 /// A virtio-blk disk as the host will name and identify it.

@@ -1056,3 +1056,18 @@ fn kernel_stat_lines_parse() {
     assert_eq!(s.discard_sectors, 8);
     assert_eq!(BlockStat::parse(""), BlockStat::default());
 }
+
+#[test]
+fn the_virtiofs_list_is_there_from_the_start_and_goes_with_the_tree() {
+    let fx = Fixture::new();
+    let host = fx.open();
+    let list = fx.root().join("fs/virtiofs");
+    let entries = fs::read_dir(&list).expect("fs/virtiofs from the start");
+    assert_eq!(entries.count(), 0);
+    host.shutdown().unwrap();
+    assert!(!fx.root().join("fs").exists());
+    drop(host);
+    // A restart finds it again, as after a host's boot.
+    let _host = fx.open();
+    assert!(list.is_dir());
+}

@@ -7,6 +7,10 @@
 //! <state dir>/virtiofs/<tag>             the device: a UNIX socket (crate fuse-handoff)
 //! ```
 //!
+//! `fs/virtiofs` itself is there from the host side's start, empty or not,
+//! as a kernel with virtiofs built in has it from boot (seen on 6.12 in
+//! `tests/guest_host.rs`): its absence means a kernel without the list.
+//!
 //! `<n>` is the host's virtio device index, one numbering for all its
 //! DPUs: on a root shared with another emulator, a device takes the lowest
 //! `<n>` neither has, and each emulator takes away only the entries that
@@ -140,17 +144,22 @@ impl VirtioFs {
         tracing::info!(n, "virtio-fs device left the host");
     }
 
-    /// Every device off the host (shutdown).
-    pub(super) fn hide_all(&mut self, tree: &Tree) {
+    /// Every device off the host, and the list with the tree when no
+    /// other emulator's device is in it (shutdown).
+    pub(super) fn hide_all(&mut self, tree: &Tree) -> anyhow::Result<()> {
         let all: Vec<u32> = self.shown.keys().copied().collect();
         for n in all {
             self.hide(tree, n);
         }
+        let entries = tree.root().join(SYSFS_DIR);
+        remove_dir_if_empty(&entries)?;
+        remove_dir_if_empty(entries.parent().unwrap_or(&entries))
     }
 
     /// What an earlier run left: its entries in the tree (those linking to
     /// our domain's functions) and its devices' sockets. Its hosts' mounts
-    /// died with it (ENOTCONN) and are theirs to take away.
+    /// died with it (ENOTCONN) and are theirs to take away. The list stays,
+    /// as the kernel's does.
     pub(super) fn clean_up(&self, tree: &Tree) -> anyhow::Result<()> {
         let entries = tree.root().join(SYSFS_DIR);
         for entry in fs::read_dir(&entries).into_iter().flatten() {
@@ -159,7 +168,7 @@ impl VirtioFs {
                 remove_if_present(&entry)?;
             }
         }
-        remove_dir_if_empty(&entries)?;
+        fs::create_dir_all(&entries).with_context(|| format!("creating {}", entries.display()))?;
         for socket in fs::read_dir(&self.devices_dir).into_iter().flatten() {
             let socket = socket?.path();
             fs::remove_file(&socket).with_context(|| format!("removing {}", socket.display()))?;

@@ -26,9 +26,10 @@
 //!   other than "spdk", hot-plug calls on static functions, a serial longer
 //!   than 20 bytes, namespaces on an admin-only controller): -22 (EINVAL);
 //! - a subsystem already holding `mnan` namespaces: -28 (ENOSPC);
-//! - the host side refusing a disk before queueing its attach: -5 (EIO). An
-//!   attach that fails later is logged; SNAP's state keeps the namespace
-//!   attached, as SNAP knows nothing of the host's driver.
+//! - the host side refusing a disk before queueing its attach: -5 (EIO), its
+//!   reason after the strerror text. An attach that fails later is logged;
+//!   SNAP's state keeps the namespace attached, as SNAP knows nothing of the
+//!   host's driver.
 
 pub(crate) mod emulation;
 pub(crate) mod hotplug;

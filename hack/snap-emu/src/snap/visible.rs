@@ -68,7 +68,7 @@ impl Visible {
         ctrl: u32,
         ns: u32,
         nsid: u32,
-        uuid: &str,
+        (uuid, serial): (&str, &str),
         source: Source,
     ) -> Result<Option<DiskRef>, RpcError> {
         let Some(host) = &self.host else {
@@ -80,6 +80,7 @@ impl Visible {
             ns,
             nsid,
             uuid,
+            serial,
         };
         Arc::clone(host)
             .attach_nvme(disk, source)
@@ -252,10 +253,17 @@ pub(super) fn lowest_free(used: impl Iterator<Item = u32>) -> u32 {
     n
 }
 
-/// The host side refused a disk before queueing it: -5 (EIO).
+/// The host side refused a disk before queueing it: -5 (EIO). The message
+/// says why after SPDK's `strerror` text (free text on the wire, which no
+/// caller parses): a test that sees the code alone has only "Input/output
+/// error" to go on (a CI run's kill trials once did).
 fn host_error(what: &str, e: &anyhow::Error) -> RpcError {
     tracing::error!("host side failed to {what}: {e:#}");
-    RpcError::errno(EIO)
+    let eio = RpcError::errno(EIO);
+    RpcError::new(
+        eio.code,
+        format!("{}: the emulated host failed to {what}: {e:#}", eio.message),
+    )
 }
 
 #[cfg(test)]

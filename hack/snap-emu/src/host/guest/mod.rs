@@ -9,17 +9,21 @@
 //! there as on a real host. A function shows in the guest when it has
 //! something to show, as device `snap-<bus>` on its port (crate
 //! `qemu-hotplug`):
-//! - a virtio-blk disk (`virtio_blk`): `virtio-blk-pci` with SNAP's serial
-//!   over the disk's bytes (the bdev's file, or its file on the emulator's
-//!   data path, so encryption, QoS and NVMe-oF targets behave as on the
-//!   tree);
+//! - a disk (`disk`) over its bytes (the bdev's file, or its file on the
+//!   emulator's data path, so encryption, QoS and NVMe-oF targets behave as
+//!   on the tree): a virtio-blk function is `virtio-blk-pci` with SNAP's
+//!   serial; an NVMe namespace is an NVMe controller with the subsystem's
+//!   serial that comes with it as its NSID 1;
 //! - a virtio-fs device (`virtio_fs`): `vhost-user-fs-pci` with the tag,
 //!   served by virtiofsd over the fsdev's tree.
 //!
-//! NVMe is not here yet: QEMU cannot add a namespace to a live controller,
-//! which SNAP's namespace attach needs (the way around it, namespaces made
-//! detached at boot and attached from inside the guest, is to come); an
-//! attach is refused with that reason.
+//! NVMe, what QEMU cannot show: a namespace added to a live controller (QMP
+//! has no hot-plug of `nvme-ns`), so only a dedicated volume's namespace
+//! (NSID 1, the controller's first and only) shows; a packed pool's
+//! namespaces are refused with that reason. The kernel also trusts none of
+//! QEMU's namespace identifiers (its BOGUS_NID quirk): the host lists no
+//! `uuid`, and the node identifies the namespace by its controller's serial
+//! (`snap_csi::host::Sysfs::find_nvme_namespace`).
 //!
 //! Crash safety: the emulator keeps nothing on disk for the guest. A
 //! restarted emulator unplugs whatever is on its ports, which only it
@@ -29,7 +33,7 @@
 //! for SNAP's) and a BlueField's PCIe timing; the guest's I/O counters are
 //! the guest's own (`block_stat` knows none).
 
-mod virtio_blk;
+mod disk;
 mod virtio_fs;
 
 use std::collections::BTreeMap;
@@ -85,7 +89,9 @@ struct State {
 
 #[derive(Debug)]
 enum Plugged {
-    Disk(virtio_blk::Disk),
+    Disk(disk::Disk),
+    /// A controller with its namespace, which QEMU cannot grow.
+    Nvme(disk::Disk),
     Fs(Daemon),
 }
 
@@ -136,6 +142,27 @@ impl GuestHost {
         Ok((bus, port))
     }
 
+    /// Plugs the function at `bdf` as `device` with its serial over
+    /// `source`'s bytes, kept as `kind`.
+    fn plug_disk(
+        &self,
+        bdf: &str,
+        source: Source,
+        (device, serial): (qemu_hotplug::Disk, &str),
+        kind: fn(disk::Disk) -> Plugged,
+    ) -> anyhow::Result<DiskRef> {
+        let (bus, port) = self.port(bdf)?;
+        let mut state = self.state();
+        if state.plugged.contains_key(&bus) {
+            bail!("{bdf} already shows a device");
+        }
+        let disk = disk::plug(&mut state.qmp, &self.datapath, source, |qmp, drive| {
+            qemu_hotplug::add_disk(qmp, device, (&device_id(bus), port), drive, serial)
+        })?;
+        state.plugged.insert(bus, kind(disk));
+        Ok(disk_ref(bus))
+    }
+
     /// Unplugs what is on `bus`, if anything.
     fn unplug(&self, state: &mut State, bus: u32) -> anyhow::Result<()> {
         let Some(plugged) = state.plugged.remove(&bus) else {
@@ -143,7 +170,7 @@ impl GuestHost {
         };
         let removed = qemu_hotplug::remove(&mut state.qmp, &device_id(bus), QMP_TIMEOUT);
         match plugged {
-            Plugged::Disk(disk) => disk.release(&self.datapath),
+            Plugged::Disk(disk) | Plugged::Nvme(disk) => disk.release(&self.datapath),
             Plugged::Fs(daemon) => drop(daemon),
         }
         removed.with_context(|| format!("unplugging {}", device_id(bus)))
@@ -187,13 +214,19 @@ impl Host for GuestHost {
         self.unplug(&mut self.state(), bus)
     }
 
-    fn attach_nvme(self: Arc<Self>, d: NvmeDisk<'_>, _: Source) -> anyhow::Result<DiskRef> {
-        bail!(
-            "namespace {} of {}: a guest host has no NVMe yet (QEMU cannot add a namespace \
-             to a live controller)",
-            d.nsid,
-            d.bdf
-        )
+    fn attach_nvme(self: Arc<Self>, d: NvmeDisk<'_>, source: Source) -> anyhow::Result<DiskRef> {
+        // QEMU gives a live controller no new namespace: the controller
+        // comes with its one namespace, NSID 1, a dedicated volume's.
+        if d.nsid != 1 {
+            bail!(
+                "namespace {} of {}: a guest's NVMe controller carries NSID 1 only \
+                 (QEMU cannot add a namespace to a live controller)",
+                d.nsid,
+                d.bdf
+            );
+        }
+        let nvme = (qemu_hotplug::Disk::NvmeWithNamespace, d.serial);
+        self.plug_disk(d.bdf, source, nvme, Plugged::Nvme)
     }
 
     fn attach_virtio_blk(
@@ -201,20 +234,8 @@ impl Host for GuestHost {
         d: VirtioBlkDisk<'_>,
         source: Source,
     ) -> anyhow::Result<DiskRef> {
-        let (bus, port) = self.port(d.bdf)?;
-        let mut state = self.state();
-        if state.plugged.contains_key(&bus) {
-            bail!("{} already shows a device", d.bdf);
-        }
-        let disk = virtio_blk::plug(
-            &mut state.qmp,
-            &self.datapath,
-            (&device_id(bus), port),
-            d.serial,
-            source,
-        )?;
-        state.plugged.insert(bus, Plugged::Disk(disk));
-        Ok(disk_ref(bus))
+        let virtio_blk = (qemu_hotplug::Disk::VirtioBlk, d.serial);
+        self.plug_disk(d.bdf, source, virtio_blk, Plugged::Disk)
     }
 
     fn detach(&self, disk: &DiskRef) -> anyhow::Result<()> {
@@ -227,6 +248,12 @@ impl Host for GuestHost {
         let State { qmp, plugged } = &mut *state;
         match plugged.get(&bus) {
             Some(Plugged::Disk(d)) => d.resize(qmp, &self.datapath, &device_id(bus), backing),
+            // QEMU's namespace keeps the size it had when the controller
+            // came, and the guest is told of no change.
+            Some(Plugged::Nvme(_)) => bail!(
+                "{}: QEMU's NVMe namespace cannot grow",
+                disk.sysfs_dir.display()
+            ),
             _ => bail!("{} shows no disk", disk.sysfs_dir.display()),
         }
     }

@@ -1,6 +1,6 @@
-//! A virtio-blk disk in the guest: `virtio-blk-pci` with SNAP's serial over
-//! the disk's bytes, read straight from the bdev's file or from its file on
-//! the emulator's data path.
+//! A disk in the guest: a block function (`virtio-blk-pci`, or an NVMe
+//! controller with its namespace) over the disk's bytes, read straight from
+//! the bdev's file or from its file on the emulator's data path.
 
 use std::path::PathBuf;
 
@@ -20,13 +20,13 @@ pub(super) struct Disk {
     whole_file: bool,
 }
 
-/// Plugs device `id` into root port `port`.
+/// Plugs the disk's function with `device` (a `qemu_hotplug` block
+/// function's add) over the bytes of `source`.
 pub(super) fn plug(
     qmp: &mut Qmp,
     datapath: &DataPath,
-    (id, port): (&str, &str),
-    serial: &str,
     source: Source,
+    device: impl FnOnce(&mut Qmp, &Drive<'_>) -> anyhow::Result<()>,
 ) -> anyhow::Result<Disk> {
     let (backing, datapath_file) = match source {
         Source::Direct(backing) => (backing, None),
@@ -48,7 +48,7 @@ pub(super) fn plug(
         datapath_file,
         whole_file,
     };
-    if let Err(e) = qemu_hotplug::add_virtio_blk(qmp, id, port, &drive, serial) {
+    if let Err(e) = device(qmp, &drive) {
         disk.release(datapath);
         return Err(e);
     }
