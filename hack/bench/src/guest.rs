@@ -136,15 +136,15 @@ pub async fn run(args: &Args, work: &Work, report: &mut Report) -> anyhow::Resul
     crate::stop(tree, report)
 }
 
-/// How QEMU ran the guest: snap-csi-guest says when KVM could not boot it.
+/// How QEMU ran the guest, as snap-csi-guest printed it (its GUEST_ACCEL,
+/// whether KVM could not boot it or SNAP_CSI_GUEST_ACCEL chose).
 fn accelerator(stack: &Stack) -> anyhow::Result<String> {
     let text =
         std::fs::read_to_string(stack.dir.join("logs/guest.log")).context("the guest's log")?;
-    Ok(if text.contains("guests boot with TCG") {
-        "TCG (KVM could not boot it here)".to_string()
-    } else {
-        "KVM".to_string()
-    })
+    text.lines()
+        .find_map(|line| line.strip_prefix("GUEST_ACCEL="))
+        .map(str::to_uppercase)
+        .context("the guest's log names no GUEST_ACCEL")
 }
 
 impl Report {
@@ -178,7 +178,7 @@ impl Report {
         table.print();
         println!(
             "   (split mode both; the guest's functions hot-plugged through QMP into its root \
-             ports; no target judged: the ratio is one run's, and TCG's)"
+             ports; no target judged: the ratio is one run's, under the accelerator above)"
         );
     }
 }

@@ -28,7 +28,8 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Boot a guest host and serve until SIGINT or SIGTERM. Prints
-    /// GUEST_KERNEL= (its `uname -r`), GUEST_QMP= (the monitor to hot-plug
+    /// GUEST_KERNEL= (its `uname -r`), GUEST_ACCEL= (kvm or tcg: how QEMU
+    /// runs it), GUEST_QMP= (the monitor to hot-plug
     /// through: snap-emu --guest-qmp), GUEST_PORTS= (its root ports as
     /// ID:BUS, comma-separated: snap-emu --guest-port), GUEST_ADDRESS= (the
     /// guest's end of the link), GUEST_LINK= (this machine's end: where a
@@ -113,6 +114,7 @@ fn boot(spec: &GuestSpec, dir: PathBuf) -> anyhow::Result<()> {
         .map(|(id, bus)| format!("{id}:{bus:02x}"))
         .collect();
     println!("GUEST_KERNEL={}", guest.release);
+    println!("GUEST_ACCEL={}", guest.accel.name());
     println!("GUEST_QMP={}", qmp.display());
     println!("GUEST_PORTS={}", ports.join(","));
     println!("GUEST_ADDRESS={}", link.guest);

@@ -167,6 +167,16 @@ pub enum Accel {
     Tcg,
 }
 
+impl Accel {
+    /// QEMU's name for it (`-accel`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Accel::Kvm => "kvm",
+            Accel::Tcg => "tcg",
+        }
+    }
+}
+
 /// A booted guest; dropping it ends QEMU.
 #[derive(Debug)]
 pub struct Guest {
@@ -176,6 +186,8 @@ pub struct Guest {
     qmp: Qmp,
     /// The guest kernel's release (`uname -r`).
     pub release: String,
+    /// How QEMU runs it.
+    pub accel: Accel,
     /// Each root port's secondary bus, as the guest's firmware numbered it.
     buses: Vec<u8>,
 }
@@ -260,7 +272,7 @@ impl Guest {
                 "none",
                 "-no-reboot",
             ])
-            .args(["-accel", if accel == Accel::Kvm { "kvm" } else { "tcg" }])
+            .args(["-accel", accel.name()])
             .args(["-smp", "1", "-m", &format!("{memory}M")])
             // vhost-user devices (virtio-fs) map the guest's memory: shared.
             .args([
@@ -345,7 +357,7 @@ impl Guest {
         let qemu = command
             .spawn()
             .context("starting qemu-system-x86_64 (hack/setup.sh installs it)")?;
-        let mut guest = Guest::attach(qemu, dir, timeout)
+        let mut guest = Guest::attach(qemu, dir, accel, timeout)
             .with_context(|| format!("booting the guest {} with {accel:?}", spec.hostname))?;
         guest.buses = (1..=PORTS)
             .map(|port| guest.port_bus(port))
@@ -354,7 +366,12 @@ impl Guest {
     }
 
     /// Connects to a starting QEMU's sockets and waits for the agent.
-    fn attach(mut qemu: Child, dir: tempfile::TempDir, timeout: Duration) -> anyhow::Result<Guest> {
+    fn attach(
+        mut qemu: Child,
+        dir: tempfile::TempDir,
+        accel: Accel,
+        timeout: Duration,
+    ) -> anyhow::Result<Guest> {
         let deadline = Instant::now() + timeout;
         let exited = |qemu: &mut Child| -> anyhow::Result<()> {
             if let Some(status) = qemu.try_wait()? {
@@ -387,6 +404,7 @@ impl Guest {
             qemu,
             dir,
             release: String::new(),
+            accel,
             buses: Vec::new(),
         };
         // The agent reads its port once the kernel booted: the first
