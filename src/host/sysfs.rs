@@ -249,9 +249,16 @@ impl Sysfs {
                 path: dev_path.clone(),
                 content: dev.clone(),
             })?;
+        // A disk whose node is not made yet (or is still the previous disk
+        // of its name's) is not ready either: seen on 6.12 under load, a
+        // virtio-blk disk plugged as vda just after the last vda went.
+        let node = match self.device_node(major, minor) {
+            Err(HostError::NoDeviceNode { .. }) => return Ok(None),
+            node => node?,
+        };
         Ok(Some(BlockDevice {
             name: file_name(disk),
-            node: self.device_node(major, minor)?,
+            node,
             major,
             minor,
             size_bytes: sectors.checked_mul(512).ok_or(HostError::SizeOverflow {
@@ -551,6 +558,20 @@ mod tests {
 
         let found = sysfs.find_nvme_namespace("01:00.0", 1, None, None).unwrap();
         assert_eq!(found.map(|d| d.name).as_deref(), Some("nvme0n1"));
+    }
+
+    #[test]
+    fn a_disk_without_its_device_node_yet_is_not_ready() {
+        let root = tempfile::tempdir().unwrap();
+        let disk = root
+            .path()
+            .join("bus/pci/devices/0000:27:00.0/virtio3/block/vda");
+        write(&disk.join("serial"), "sn-1\n");
+        write(&disk.join("size"), "2048\n");
+        // No machine has a block device at this number: no node for it.
+        write(&disk.join("dev"), "4095:1048575\n");
+        let sysfs = Sysfs::new(root.path());
+        assert_eq!(sysfs.find_virtio_blk("27:00.0", "sn-1").unwrap(), None);
     }
 
     #[test]
