@@ -377,7 +377,7 @@ async fn the_node_in_the_guest_reaches_its_dpu_agent_over_mutual_tls_and_a_stran
     let mut guest = tokio::task::block_in_place(|| Guest::boot(&spec)).unwrap();
 
     tokio::task::block_in_place(|| {
-        start_node(&mut guest, "node", (&endpoint, &node_tls), 9101, "")
+        start_node(&mut guest, "node", (&endpoint, &node_tls), 9101, ("", None))
     });
     tokio::task::block_in_place(|| {
         let script = format!(
@@ -402,7 +402,13 @@ async fn the_node_in_the_guest_reaches_its_dpu_agent_over_mutual_tls_and_a_stran
         ..stranger
     };
     tokio::task::block_in_place(|| {
-        start_node(&mut guest, "stranger", (&endpoint, &stranger), 9102, "")
+        start_node(
+            &mut guest,
+            "stranger",
+            (&endpoint, &stranger),
+            9102,
+            ("", None),
+        )
     });
     agent_counted(&["role=\"server\"", "outcome=\"refused\""]).await;
     drop(guest);

@@ -17,19 +17,8 @@
 
 mod common;
 
-use common::guest_node::{Disk, GuestNode, Kind, SNAP_CSI, round_trip};
-use common::node::{assert_snap_holds_nothing, mount_capability, unpublish, unstage};
-use common::virtio_fs;
-use snap_csi::proto::csi::v1::volume_capability::access_mode::Mode;
-
-/// No disk, no virtio-fs tag in the guest, nothing held by SNAP.
-async fn assert_nothing_left(host: &mut GuestNode) {
-    let left = host
-        .sh("ls /sys/block | grep '^vd' || true; ls -A /sys/fs/virtiofs")
-        .unwrap();
-    assert_eq!(left.trim(), "", "the guest still has {left}");
-    assert_snap_holds_nothing(&host.emulator).await;
-}
+use common::guest_node::{Disk, GuestNode, Kind, SNAP_CSI, round_trip, stage_and_publish_share};
+use common::node::{unpublish, unstage};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn virtio_blk_volumes_staged_by_the_node_on_a_real_kernel() {
@@ -61,7 +50,7 @@ async fn virtio_blk_volumes_staged_by_the_node_on_a_real_kernel() {
         Disk::VirtioBlk,
     )
     .await;
-    assert_nothing_left(&mut host).await;
+    host.assert_nothing_left().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -70,30 +59,7 @@ async fn a_virtio_fs_volume_staged_by_the_node_on_a_real_kernel() {
     let share = host.dir.path().join("share");
     std::fs::create_dir(&share).unwrap();
     let volume_id = "pvc-fs";
-    let (staging, target) = host.paths(volume_id);
-    let capability = mount_capability("", Mode::MultiNodeMultiWriter);
-    let staged = host
-        .client
-        .node_stage_volume(virtio_fs::stage_request(
-            volume_id,
-            &staging,
-            capability.clone(),
-            &share,
-        ))
-        .await;
-    if let Err(e) = staged {
-        panic!("stage {volume_id}: {e}\n{}", host.node_log());
-    }
-    host.client
-        .node_publish_volume(virtio_fs::publish_request(
-            volume_id,
-            (&staging, &target),
-            capability,
-            &share,
-            false,
-        ))
-        .await
-        .unwrap();
+    let (staging, target) = stage_and_publish_share(&mut host, volume_id, &share).await;
     let target_s = target.display();
     let fstype = host.sh(&format!("findmnt -no FSTYPE {target_s}")).unwrap();
     assert_eq!(fstype.trim(), "virtiofs");
@@ -116,5 +82,5 @@ async fn a_virtio_fs_volume_staged_by_the_node_on_a_real_kernel() {
     );
     unpublish(&mut host.client, volume_id, &target).await;
     unstage(&mut host.client, volume_id, &staging).await;
-    assert_nothing_left(&mut host).await;
+    host.assert_nothing_left().await;
 }

@@ -47,6 +47,11 @@ pub fn filesystem_usage(path: &Path) -> Result<Usage, NodeError> {
 ///
 /// How it is told, each look read-only and cheap enough for kubelet's
 /// periodic stats:
+/// - The filesystem's block device still on the host (`/sys/dev/block`):
+///   a function removed under a mount (SNAP's function deleted, a surprise
+///   removal) takes its disk away while the mount stays. A 6.12 kernel then
+///   answers the flush below with EIO, which alone would read as a
+///   filesystem that shut down by itself.
 /// - An fsync of the mount's root directory. A filesystem that shut down
 ///   (after an I/O error it could not survive, or on request: the
 ///   `XFS_IOC_GOINGDOWN`/`EXT4_IOC_SHUTDOWN` ioctl) answers EIO to it, to
@@ -81,6 +86,14 @@ pub async fn filesystem_fault(
 
 fn fault(path: &Path, entry: &MountEntry) -> Result<Option<String>, NodeError> {
     let fs = &entry.fs_type;
+    // Major 0 is no disk's: a virtio-fs, tmpfs or network mount.
+    let (major, minor) = (entry.major, entry.minor);
+    if major != 0 && !Path::new(&format!("/sys/dev/block/{major}:{minor}")).exists() {
+        return Ok(Some(format!(
+            "the {fs} filesystem's block device {major}:{minor} is gone from the host \
+             (its PCI function was removed)"
+        )));
+    }
     match std::fs::File::open(path).and_then(|dir| dir.sync_all()) {
         Ok(()) => {}
         Err(err) if err.raw_os_error() == Some(Errno::EIO as i32) => {
@@ -145,6 +158,13 @@ mod tests {
     fn saturates_instead_of_wrapping() {
         assert_eq!(saturate(5), 5);
         assert_eq!(saturate(u64::MAX), i64::MAX);
+    }
+
+    #[test]
+    fn a_filesystem_whose_device_left_the_host_says_so() {
+        let table = mountinfo::parse(b"36 35 259:1048575 / /tmp rw - ext4 /dev/gone rw\n").unwrap();
+        let why = fault(Path::new("/tmp"), &table[0]).unwrap().unwrap();
+        assert!(why.contains("259:1048575 is gone from the host"), "{why}");
     }
 
     #[test]

@@ -17,7 +17,7 @@ use tonic::transport::Channel;
 
 use super::Emulator;
 use super::dpu::{Agent, DPU_NAME, HOST_NAME, test_config};
-use super::guest::{Guest, GuestSpec, Link};
+use super::guest::{DATA_DIR, Guest, GuestSpec, Link};
 use super::node::{
     block_capability, mount_capability, publish_request, stage_request, unpublish, unstage,
 };
@@ -28,6 +28,9 @@ pub const SNAP_CSI: &str = env!("CARGO_BIN_EXE_snap-csi");
 /// The node's start and its first call to the agent, under TCG on a loaded
 /// machine.
 pub const STARTED: Duration = Duration::from_secs(120);
+/// The node of [`GuestNode`] among the guest's processes (not its
+/// forwarder, which names the node's socket too).
+const NODE_PATTERN: &str = "snap-csi node --endpoint /run/node/";
 /// Where the guest's kubelet keeps its volumes.
 pub const KUBELET_DIR: &str = "/var/lib/kubelet";
 /// Root ports the emulator's NVMe and virtio-blk PFs take; the rest are
@@ -37,23 +40,28 @@ const VIRTIO_BLK_PFS: u32 = 3;
 
 /// Starts `snap-csi node` in the guest under `/run/<name>`, reaching the
 /// agent at `agent` with `tls`, its metrics on the guest's loopback at
-/// `metrics_port`, with `extra` flags.
+/// `metrics_port`, with `extra` flags; it kills itself right after the step
+/// `crash_after` if one is named (`snap_csi::failpoint`).
 pub fn start_node(
     guest: &mut Guest,
     name: &str,
     (agent, tls): (&str, &TlsFiles),
     metrics_port: u16,
-    extra: &str,
+    (extra, crash_after): (&str, Option<&str>),
 ) {
     let dir = format!("/run/{name}");
+    let state = format!("{DATA_DIR}/{name}");
+    let env = crash_after
+        .map(|step| format!("{}={step} ", snap_csi::failpoint::ENV))
+        .unwrap_or_default();
     guest
         .sh(&format!(
-            "mkdir -p {dir}/state {KUBELET_DIR} && \
-             {SNAP_CSI} node --endpoint {dir}/csi.sock --node-id {HOST_NAME} \
-             --state-dir {dir}/state --kubelet-dir {KUBELET_DIR} \
+            "mkdir -p {dir} {state} {KUBELET_DIR} && \
+             {env}{SNAP_CSI} node --endpoint {dir}/csi.sock --node-id {HOST_NAME} \
+             --state-dir {state} --kubelet-dir {KUBELET_DIR} \
              --dpu-endpoint {agent} --dpu-name {DPU_NAME} \
              --dpu-tls-cert {} --dpu-tls-key {} --dpu-tls-ca {} \
-             --metrics-address 127.0.0.1:{metrics_port} {extra} >{dir}/log 2>&1 &",
+             --metrics-address 127.0.0.1:{metrics_port} {extra} >>{dir}/log 2>&1 &",
             tls.cert.display(),
             tls.key.display(),
             tls.ca.display()
@@ -70,6 +78,12 @@ pub struct GuestNode {
     pub emulator: Emulator,
     pub guest: Guest,
     _link: Link,
+    /// How the node was started: the agent's address, its TLS, its flags.
+    node: (String, TlsFiles, String),
+    /// Where the node's CSI socket is forwarded to, and the guest's command
+    /// that forwards it.
+    csi_address: String,
+    forwarder: String,
     /// Under the target directory, which the guest sees over its shared root.
     pub dir: tempfile::TempDir,
 }
@@ -82,6 +96,9 @@ impl GuestNode {
         let link = Link::new().unwrap();
         let mut spec = GuestSpec::new("bf-host");
         spec.link = Some((link.tap.clone(), link.guest));
+        let data = dir.path().join("host-data");
+        std::fs::create_dir(&data).unwrap();
+        spec.data = Some(data);
         let mut guest = tokio::task::block_in_place(|| Guest::boot(&spec)).unwrap();
 
         let (qmp, ports) = guest.hotplug_monitor(1);
@@ -110,23 +127,24 @@ impl GuestNode {
 
         let csi_port = super::free_tcp_port();
         let forward = Path::new(env!("CARGO_MANIFEST_DIR")).join("hack/guest/uds-forward.py");
+        let forwarder = format!(
+            "python3 {} {} {csi_port} /run/node/csi.sock >/run/forward.log 2>&1 &",
+            forward.display(),
+            link.guest
+        );
+        let flags = format!("--emulation {emulation}");
         tokio::task::block_in_place(|| {
             start_node(
                 &mut guest,
                 "node",
                 (&endpoint, &node_tls),
                 9101,
-                &format!("--emulation {emulation}"),
+                (&flags, None),
             );
-            guest
-                .sh(&format!(
-                    "python3 {} {} {csi_port} /run/node/csi.sock >/run/forward.log 2>&1 &",
-                    forward.display(),
-                    link.guest
-                ))
-                .unwrap();
+            guest.sh(&forwarder).unwrap();
         });
-        let client = NodeClient::new(connect(&format!("http://{}:{csi_port}", link.guest)).await);
+        let csi_address = format!("http://{}:{csi_port}", link.guest);
+        let client = NodeClient::new(connect(&csi_address).await);
         GuestNode {
             client,
             agent,
@@ -134,8 +152,67 @@ impl GuestNode {
             emulator,
             guest,
             _link: link,
+            node: (endpoint, node_tls, flags),
+            csi_address,
+            forwarder,
             dir,
         }
+    }
+
+    /// Kills the node in the guest (SIGKILL, if it still runs) and starts
+    /// it again with the same state, crashing after `crash_after` if named.
+    pub async fn restart_node(&mut self, crash_after: Option<&str>) {
+        self.sh(&format!(
+            "pkill -KILL -f '{NODE_PATTERN}'; \
+             while pgrep -f '{NODE_PATTERN}' >/dev/null; do sleep 0.1; done"
+        ))
+        .unwrap();
+        self.start_node(crash_after).await;
+    }
+
+    async fn start_node(&mut self, crash_after: Option<&str>) {
+        let (endpoint, tls, flags) = self.node.clone();
+        tokio::task::block_in_place(|| {
+            start_node(
+                &mut self.guest,
+                "node",
+                (&endpoint, &tls),
+                9101,
+                (&flags, crash_after),
+            );
+        });
+        self.client = NodeClient::new(connect(&self.csi_address).await);
+    }
+
+    /// Reboots the guest (`Guest::reboot`: its mounts and processes gone,
+    /// SNAP's functions still plugged, the node's state directory kept) and
+    /// starts the node as its DaemonSet would.
+    pub async fn reboot(&mut self) {
+        tokio::task::block_in_place(|| {
+            self.guest.reboot()?;
+            self.guest.sh(&self.forwarder).map(drop)
+        })
+        .unwrap();
+        self.start_node(None).await;
+    }
+
+    /// Whether the node still runs in the guest.
+    pub fn node_runs(&mut self) -> bool {
+        self.sh(&format!("pgrep -f '{NODE_PATTERN}' >/dev/null"))
+            .is_ok()
+    }
+
+    /// No disk, no virtio-fs tag in the guest, no mount under kubelet's
+    /// directory, nothing held by SNAP.
+    pub async fn assert_nothing_left(&mut self) {
+        let left = self
+            .sh(&format!(
+                "ls /sys/block | grep -E '^(vd|nvme)' || true; ls -A /sys/fs/virtiofs; \
+                 findmnt -rno TARGET | grep '^{KUBELET_DIR}/' || true"
+            ))
+            .unwrap();
+        assert_eq!(left.trim(), "", "the guest still has {left}");
+        super::node::assert_snap_holds_nothing(&self.emulator).await;
     }
 
     /// Runs `script` in the guest (blocking this test's worker).
@@ -181,13 +258,89 @@ impl Disk {
 
 const MIB: u64 = 1 << 20;
 /// Large enough for mkfs.xfs (300 MiB at least).
-const VOLUME: u64 = 512 * MIB;
+pub const VOLUME: u64 = 512 * MIB;
 
 /// How a test volume is asked for and what a pod checks of it.
 #[derive(Debug, Clone, Copy)]
 pub enum Kind {
     Mount(&'static str),
     Block,
+}
+
+impl Kind {
+    pub fn capability(self) -> snap_csi::proto::csi::v1::VolumeCapability {
+        match self {
+            Kind::Mount(fs) => mount_capability(fs, Mode::SingleNodeWriter),
+            Kind::Block => block_capability(Mode::SingleNodeWriter),
+        }
+    }
+}
+
+/// A volume staged and published in the guest: its bytes on the DPU side
+/// and kubelet's paths of it in the guest.
+pub struct Published {
+    pub backing: PathBuf,
+    pub staging: PathBuf,
+    pub target: PathBuf,
+}
+
+/// Stages and publishes `volume_id` as `kind` (read-only if `readonly`),
+/// a new volume of [`VOLUME`] bytes.
+pub async fn stage_and_publish(
+    host: &mut GuestNode,
+    volume_id: &str,
+    kind: Kind,
+    readonly: bool,
+) -> Published {
+    let backing = host.dir.path().join(format!("{volume_id}.img"));
+    super::sparse_file(&backing, VOLUME);
+    let (staging, target) = host.paths(volume_id);
+    let volume = Published {
+        backing,
+        staging,
+        target,
+    };
+    volume
+        .stage_and_publish(host, volume_id, kind, readonly)
+        .await;
+    volume
+}
+
+impl Published {
+    /// Kubelet's stage and publish of the volume: its first, or again after
+    /// a node's restart or a host's reboot.
+    pub async fn stage_and_publish(
+        &self,
+        host: &mut GuestNode,
+        volume_id: &str,
+        kind: Kind,
+        readonly: bool,
+    ) {
+        let Published {
+            backing,
+            staging,
+            target,
+        } = self;
+        let capability = kind.capability();
+        let staged = host
+            .client
+            .node_stage_volume(stage_request(
+                volume_id,
+                staging,
+                capability.clone(),
+                backing,
+            ))
+            .await;
+        if let Err(e) = staged {
+            panic!("stage {volume_id}: {e}\n{}", host.node_log());
+        }
+        host.client
+            .node_publish_volume(publish_request(
+                volume_id, staging, target, capability, readonly,
+            ))
+            .await
+            .unwrap_or_else(|e| panic!("publish {volume_id}: {e}"));
+    }
 }
 
 /// Stages and publishes `volume_id` as `kind` (read-only if `readonly`),
@@ -199,31 +352,11 @@ pub async fn round_trip(
     readonly: bool,
     disk: Disk,
 ) {
-    let backing = host.dir.path().join(format!("{volume_id}.img"));
-    super::sparse_file(&backing, VOLUME);
-    let (staging, target) = host.paths(volume_id);
-    let capability = match kind {
-        Kind::Mount(fs) => mount_capability(fs, Mode::SingleNodeWriter),
-        Kind::Block => block_capability(Mode::SingleNodeWriter),
-    };
-    let staged = host
-        .client
-        .node_stage_volume(stage_request(
-            volume_id,
-            &staging,
-            capability.clone(),
-            &backing,
-        ))
-        .await;
-    if let Err(e) = staged {
-        panic!("stage {volume_id}: {e}\n{}", host.node_log());
-    }
-    host.client
-        .node_publish_volume(publish_request(
-            volume_id, &staging, &target, capability, readonly,
-        ))
-        .await
-        .unwrap_or_else(|e| panic!("publish {volume_id}: {e}"));
+    let Published {
+        backing,
+        staging,
+        target,
+    } = stage_and_publish(host, volume_id, kind, readonly).await;
 
     let target_s = target.display();
     match kind {
@@ -280,6 +413,40 @@ pub async fn round_trip(
         let head = std::fs::read(&backing).unwrap();
         assert_eq!(&head[..8], b"snap-csi");
     }
+}
+
+/// Stages and publishes `volume_id`, a ReadWriteMany filesystem device
+/// over `share` (the fsdev's tree on the DPU side); kubelet's paths of it.
+pub async fn stage_and_publish_share(
+    host: &mut GuestNode,
+    volume_id: &str,
+    share: &Path,
+) -> (PathBuf, PathBuf) {
+    let (staging, target) = host.paths(volume_id);
+    let capability = mount_capability("", Mode::MultiNodeMultiWriter);
+    let staged = host
+        .client
+        .node_stage_volume(super::virtio_fs::stage_request(
+            volume_id,
+            &staging,
+            capability.clone(),
+            share,
+        ))
+        .await;
+    if let Err(e) = staged {
+        panic!("stage {volume_id}: {e}\n{}", host.node_log());
+    }
+    host.client
+        .node_publish_volume(super::virtio_fs::publish_request(
+            volume_id,
+            (&staging, &target),
+            capability,
+            share,
+            false,
+        ))
+        .await
+        .unwrap_or_else(|e| panic!("publish {volume_id}: {e}"));
+    (staging, target)
 }
 
 /// virtiofsd, built once (hack/guest/virtiofsd.sh).

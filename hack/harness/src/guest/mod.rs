@@ -71,7 +71,14 @@ pub struct GuestSpec {
     /// A network link to this machine: `(tap, the guest's address)`, from
     /// [`Link`].
     pub link: Option<(String, std::net::Ipv4Addr)>,
+    /// A directory of this machine the guest mounts read-write at
+    /// [`DATA_DIR`] on every boot: what a host's own disk keeps across a
+    /// reboot (the guest's root is read-only, its `/var` in memory).
+    pub data: Option<PathBuf>,
 }
+
+/// Where a guest with [`GuestSpec::data`] mounts it.
+pub const DATA_DIR: &str = "/var/lib/snap-csi";
 
 impl GuestSpec {
     pub fn new(hostname: &str) -> Self {
@@ -81,8 +88,21 @@ impl GuestSpec {
             nvme_namespaces: Vec::new(),
             memory_mib: 512,
             link: None,
+            data: None,
         }
     }
+}
+
+/// Fails with QEMU's own words if it has exited.
+fn exited(qemu: &mut Child) -> anyhow::Result<()> {
+    if let Some(status) = qemu.try_wait()? {
+        let mut stderr = String::new();
+        if let Some(mut pipe) = qemu.stderr.take() {
+            let _ = std::io::Read::read_to_string(&mut pipe, &mut stderr);
+        }
+        bail!("QEMU exited ({status}): {}", stderr.trim());
+    }
+    Ok(())
 }
 
 /// What a command run in the guest gave.
@@ -190,6 +210,8 @@ pub struct Guest {
     pub accel: Accel,
     /// Each root port's secondary bus, as the guest's firmware numbered it.
     buses: Vec<u8>,
+    /// Whether [`GuestSpec::data`] is mounted on each boot.
+    data: bool,
 }
 
 impl Guest {
@@ -342,6 +364,14 @@ impl Guest {
                 &format!("nvme-ns,drive=ns{nsid},nsid={nsid},bus=nvme-boot,shared=on"),
             ]);
         }
+        if let Some(data) = &spec.data {
+            command.args([
+                "-fsdev",
+                &format!("local,id=data,path={},security_model=none", data.display()),
+                "-device",
+                "virtio-9p-pci,fsdev=data,mount_tag=snapcsi.data",
+            ]);
+        }
         if let Some((tap, _)) = &spec.link {
             command.args([
                 "-netdev",
@@ -359,6 +389,8 @@ impl Guest {
             .context("starting qemu-system-x86_64 (hack/setup.sh installs it)")?;
         let mut guest = Guest::attach(qemu, dir, accel, timeout)
             .with_context(|| format!("booting the guest {} with {accel:?}", spec.hostname))?;
+        guest.data = spec.data.is_some();
+        guest.mount_data()?;
         guest.buses = (1..=PORTS)
             .map(|port| guest.port_bus(port))
             .collect::<anyhow::Result<_>>()?;
@@ -373,16 +405,6 @@ impl Guest {
         timeout: Duration,
     ) -> anyhow::Result<Guest> {
         let deadline = Instant::now() + timeout;
-        let exited = |qemu: &mut Child| -> anyhow::Result<()> {
-            if let Some(status) = qemu.try_wait()? {
-                let mut stderr = String::new();
-                if let Some(mut pipe) = qemu.stderr.take() {
-                    let _ = std::io::Read::read_to_string(&mut pipe, &mut stderr);
-                }
-                bail!("QEMU exited ({status}): {}", stderr.trim());
-            }
-            Ok(())
-        };
         let connect = |qemu: &mut Child, path: &Path| -> anyhow::Result<UnixStream> {
             loop {
                 exited(qemu)?;
@@ -406,18 +428,24 @@ impl Guest {
             release: String::new(),
             accel,
             buses: Vec::new(),
+            data: false,
         };
+        guest.await_agent(deadline)?;
+        Ok(guest)
+    }
+
+    /// Waits until the agent of a booting kernel answers, until `deadline`.
+    fn await_agent(&mut self, deadline: Instant) -> anyhow::Result<()> {
         // The agent reads its port once the kernel booted: the first
         // command waits in the port until then. Meanwhile QEMU may stop the
         // machine (KVM that cannot run this kernel: "internal-error").
-        guest.send("uname -r")?;
+        self.send("uname -r")?;
         let mut reply = String::new();
         let answered = loop {
-            guest
-                .agent
+            self.agent
                 .get_mut()
                 .set_read_timeout(Some(Duration::from_millis(500)))?;
-            match guest.agent.read_line(&mut reply) {
+            match self.agent.read_line(&mut reply) {
                 Ok(_) if reply.ends_with('\n') => break Output::parse(&reply)?,
                 Ok(0) => bail!("QEMU closed the agent's port"),
                 Ok(_) => continue,
@@ -428,24 +456,50 @@ impl Guest {
                     ) => {}
                 Err(e) => return Err(e).context("reading the guest's agent"),
             }
-            exited(&mut guest.qemu)?;
-            let status = guest.qmp.execute("query-status", json!({}))?;
+            exited(&mut self.qemu)?;
+            let status = self.qmp.execute("query-status", json!({}))?;
             let state = status["status"].as_str().unwrap_or_default();
             if matches!(state, "internal-error" | "guest-panicked" | "shutdown") {
-                bail!("the machine stopped ({state}){}", guest.console_tail());
+                bail!("the machine stopped ({state}){}", self.console_tail());
             }
             if Instant::now() > deadline {
                 bail!(
-                    "the guest's agent did not answer in {timeout:?}{}",
-                    guest.console_tail()
+                    "the guest's agent did not answer in time{}",
+                    self.console_tail()
                 );
             }
         };
         if answered.status != 0 {
             bail!("the guest's first command failed: {answered:?}");
         }
-        guest.release = answered.stdout.trim().to_owned();
-        Ok(guest)
+        self.release = answered.stdout.trim().to_owned();
+        Ok(())
+    }
+
+    /// Reboots the guest as a host reboots: a reset, after which its kernel
+    /// and everything in its memory start over, while the functions plugged
+    /// into it stay (as a BlueField's functions stay across its host's
+    /// reboot) and [`GuestSpec::data`] keeps what was written there.
+    pub fn reboot(&mut self) -> anyhow::Result<()> {
+        // Booted with -no-reboot, a reset would stop QEMU instead.
+        self.qmp.execute("set-action", json!({"reboot": "reset"}))?;
+        self.qmp.execute("system_reset", json!({}))?;
+        // Only then is the old kernel gone and a command the new one's.
+        self.qmp
+            .wait_event("RESET", "reason", "host-qmp-system-reset", BOOT_TIMEOUT)?;
+        self.await_agent(Instant::now() + BOOT_TIMEOUT)
+            .context("rebooting the guest")?;
+        self.mount_data()
+    }
+
+    fn mount_data(&mut self) -> anyhow::Result<()> {
+        if self.data {
+            self.sh(&format!(
+                "mkdir -p {DATA_DIR} && \
+                 mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000 snapcsi.data {DATA_DIR}"
+            ))?;
+        }
+        Ok(())
     }
 
     /// Runs `script` with the guest's `/bin/sh`.
