@@ -39,8 +39,9 @@
 # with a real Linux kernel as the host (hack/local-up.sh --host vm: the node
 # in a QEMU guest, split mode, one DPU): it prints the guest's kernel and,
 # under each volume's row, the device and filesystem that kernel mounted;
-# plain volumes of every kind (the data-path proofs, the second DPU and the
-# second host need this machine's devices and stay with the emulated host).
+# plain volumes of every kind (the data-path proofs and the second DPU need
+# this machine's devices and stay with the emulated host); and a second
+# guest, a host with a DPU side of its own, shares the ReadWriteMany volume.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 profile=release
@@ -156,9 +157,9 @@ vm_job() {
   started=$EPOCHREALTIME
   echo
   echo "== main job, the host a real Linux kernel (a QEMU guest), split mode"
-  local_up_start "$run" --profile "$profile" --host vm --dir "$run/stack"
+  local_up_start "$run" --profile "$profile" --host vm --second-host --dir "$run/stack"
   echo "  the guest's kernel: $GUEST_KERNEL; the node there reaches the DPU agent at" \
-    "$DPU_AGENT_ENDPOINT over the guest's link"
+    "$DPU_AGENT_ENDPOINT over the guest's link; a second guest is host B"
   ./target/"$profile"/csi-player --volumes \
     aio:nvme:ext4,aio:virtio-blk:xfs,aio:nvme:block,nvmf:nvme:xfs,nvmf:virtio-blk:ext4,nvmf:virtio-blk:block,fs:virtio-fs:virtiofs
   echo

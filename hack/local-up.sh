@@ -47,9 +47,11 @@
 # its controller serves the fs backend alone (the default then).
 #
 # --second-host adds a second host (node service local-node-2 with its own
-# kubelet directory, SNAP emulator and plugin, co-located in either mode) over
+# kubelet directory, SNAP emulator and plugin, co-located in either mode;
+# with --host vm a second guest, its node reaching its own agent here) over
 # the same filesystem share, for a ReadWriteMany volume: it prints
-# CSI_NODE2_ENDPOINT= and KUBELET2_DIR= as well.
+# CSI_NODE2_ENDPOINT= and KUBELET2_DIR= as well (with --host vm
+# GUEST2_ADDRESS= and GUEST2_EXEC= too).
 #
 # --dpus 2 makes the host one with two DPUs, as a server with two BlueFields
 # is: a second SNAP emulator (--pci-domain 0001: its functions appear in the
@@ -101,8 +103,8 @@
 # prints GUEST_KERNEL= (its uname -r),
 # GUEST_ADDRESS= and GUEST_EXEC= (`snap-csi-guest exec --socket GUEST_EXEC
 # SCRIPT` runs a script in the guest, as a pod would); no DPU_NETNS or
-# DPU_VETH. Not with --containers, --supervise, --allow-node-restart,
-# --second-host or --dpus 2.
+# DPU_VETH. Not with --containers, --supervise, --allow-node-restart or
+# --dpus 2.
 # --containers runs every process that has an image (the sample plugin, the
 # controller proxy, the node and, in split mode, the DPU agent; the second
 # host's and the second DPU's too) from it with podman instead of the bare
@@ -169,9 +171,9 @@ case $profile in release | debug) ;; *) echo "local-up: --profile must be releas
 case $dpus in 1 | 2) ;; *) echo "local-up: --dpus must be 1 or 2" >&2; exit 2 ;; esac
 case $host in local | vm) ;; *) echo "local-up: --host must be local or vm" >&2; exit 2 ;; esac
 if [ "$host" = vm ]; then
-  if ((containers || supervise || allow_node_restart || second_host || dpus == 2)); then
+  if ((containers || supervise || allow_node_restart || dpus == 2)); then
     echo "local-up: --host vm cannot be combined with --containers, --supervise," \
-      "--allow-node-restart, --second-host or --dpus 2" >&2
+      "--allow-node-restart or --dpus 2" >&2
     exit 2
   fi
   mode=split
@@ -476,11 +478,14 @@ link_up() {
 
 # Split mode's certificates, fresh for this run: a CA (P-256), the agent's
 # certificate naming the DPU for serverAuth (with --dpus 2 also agent-b's,
-# naming the second), the node's naming the node for clientAuth. Keys are
-# readable by root only.
+# naming the second), the node's naming the node for clientAuth (with
+# --host vm --second-host also the second host's agent's and node's). Keys
+# are readable by root only.
 make_certificates() {
   local tls=$dir/tls role name usage roles=(agent:local-dpu:serverAuth node:local-node:clientAuth)
   ((dpus == 2)) && roles+=(agent-b:local-dpu-b:serverAuth)
+  [ "$host" = vm ] && ((second_host)) &&
+    roles+=(agent2:local-dpu-2:serverAuth node2:local-node-2:clientAuth)
   mkdir -m 700 "$tls"
   (
     umask 077
@@ -503,7 +508,8 @@ make_certificates() {
 if [ "$host" = vm ]; then
   # The guest's link is its tap: the agent listens on this machine's end.
   # Booted first, so that it goes last, after SNAP unplugged from it.
-  vm_boot
+  vm_boot guest local-node GUEST
+  ((second_host)) && vm_boot guest2 local-node-2 GUEST2
   netns= veth=
   agent_listen=$GUEST_LINK:9830
   agent_metrics=$GUEST_LINK:9831
@@ -559,7 +565,7 @@ mkfs.btrfs -q "$dir/fs-share.img" >"$dir/logs/fs-share.log" 2>&1 &&
 
 # The DPU's SNAP (--host vm: hot-plugging into the guest).
 vm_snap=()
-[ "$host" = vm ] && vm_snap_args
+[ "$host" = vm ] && vm_snap_args "$GUEST_QMP" "$GUEST_PORTS"
 start snap "$bin/snap-emu" --socket "$dir/snap.sock" --state-dir "$dir/snap" "${snap_args[@]}" \
   "${vm_snap[@]}"
 wait_for_socket "$dir/snap.sock"
@@ -645,7 +651,7 @@ start_agent() {
   local name=$1 ns=$2 listen=$3 metrics=$4 cert=$5 args
   args=(
     --listen "https://$listen"
-    --host-name local-node
+    --host-name "${8:-local-node}"
     --tls-cert "$dir/tls/$cert.crt"
     --tls-key "$dir/tls/$cert.key"
     --tls-ca "$dir/tls/ca.crt"
@@ -746,7 +752,9 @@ fi
 virtiofs_mounts "$dir/snap/host/virtiofs"
 if [ "$host" = vm ]; then
   node_metrics=$GUEST_ADDRESS:$(free_port)
-  vm_node "$kubelet" "$dir/node-state" "${dpu[@]}" "${dpu_name[@]}" --metrics-address "$node_metrics"
+  vm_node "$GUEST_EXEC" "$GUEST_ADDRESS" local-node "$kubelet" "$dir/node-state" \
+    "${dpu[@]}" "${dpu_name[@]}" --metrics-address "$node_metrics"
+  node_endpoint=http://$GUEST_ADDRESS:$vm_csi_port
   node_pid=
 else
   run node node --mode "$mode" "${node_maps[@]}" --map "/var/lib/kubelet=$kubelet" \
@@ -767,10 +775,14 @@ fi
 
 # The second host: its own SNAP (own functions and sysfs tree), plugin and
 # node, its DPU co-located; the volumes' data (the share, the pools) is the
-# one machine's.
+# one machine's. With --host vm the second guest, its DPU split as the
+# first's: SNAP hot-plugging into it, and an agent here on its link.
 if ((second_host)); then
   mkdir -p "${kubelet}2"
-  start snap2 "$bin/snap-emu" --socket "$dir/snap2.sock" --state-dir "$dir/snap2" "${snap_args[@]}"
+  vm_snap=()
+  [ "$host" = vm ] && vm_snap_args "$GUEST2_QMP" "$GUEST2_PORTS"
+  start snap2 "$bin/snap-emu" --socket "$dir/snap2.sock" --state-dir "$dir/snap2" "${snap_args[@]}" \
+    "${vm_snap[@]}"
   wait_for_socket "$dir/snap2.sock"
   run plugin2 plugin "${dpu_maps[@]}" "${fs_cap[@]}" -- snap-csi-spdk-plugin \
     --plugin-socket "$dir/plugin2.sock" \
@@ -779,6 +791,16 @@ if ((second_host)); then
     "${block_devices[@]}" \
     --fs-share "$dir/fs-share"
   wait_for_socket "$dir/plugin2.sock"
+fi
+if ((second_host)) && [ "$host" = vm ]; then
+  start_agent agent2 "" "$GUEST2_LINK:9830" "$GUEST2_LINK:9831" agent2 "$dir/plugin2.sock" \
+    "$dir/snap2.sock" local-node-2
+  vm_node "$GUEST2_EXEC" "$GUEST2_ADDRESS" local-node-2 "${kubelet}2" "$dir/node2-state" \
+    --dpu-endpoint "https://$GUEST2_LINK:9830" --dpu-name local-dpu-2 \
+    --dpu-tls-cert "$dir/tls/node2.crt" --dpu-tls-key "$dir/tls/node2.key" \
+    --dpu-tls-ca "$dir/tls/ca.crt"
+  node2_endpoint=http://$GUEST2_ADDRESS:$vm_csi_port
+elif ((second_host)); then
   if ((containers)); then
     mkdir -p "$dir/node2-state"
     share_dir "${kubelet}2"
@@ -797,11 +819,12 @@ if ((second_host)); then
     --snap-socket-template "$dir/snap2.sock" \
     --dpu-name local-dpu-2
   wait_for_socket "$dir/node2.sock"
+  node2_endpoint=unix://$dir/node2.sock
 fi
 
 echo "CSI_CONTROLLER_ENDPOINT=unix://$dir/controller.sock"
 if [ "$host" = vm ]; then
-  echo "CSI_NODE_ENDPOINT=http://$GUEST_ADDRESS:$vm_csi_port"
+  echo "CSI_NODE_ENDPOINT=$node_endpoint"
   echo "GUEST_KERNEL=$GUEST_KERNEL"
   echo "GUEST_ADDRESS=$GUEST_ADDRESS"
   echo "GUEST_EXEC=$GUEST_EXEC"
@@ -837,8 +860,12 @@ else
   echo "DPUS=local-dpu"
 fi
 if ((second_host)); then
-  echo "CSI_NODE2_ENDPOINT=unix://$dir/node2.sock"
+  echo "CSI_NODE2_ENDPOINT=$node2_endpoint"
   echo "KUBELET2_DIR=${kubelet}2"
+  if [ "$host" = vm ]; then
+    echo "GUEST2_ADDRESS=$GUEST2_ADDRESS"
+    echo "GUEST2_EXEC=$GUEST2_EXEC"
+  fi
 fi
 echo "READY"
 

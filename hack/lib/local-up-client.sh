@@ -22,7 +22,7 @@
 # DPUS, and with --dpus 2 SNAP_SOCKET_B, PLUGIN_SOCKET_B and PLUGIN_METRICS_B, in split mode
 # also DPU_AGENT_ENDPOINT_B, AGENT_METRICS_B, DPU_NETNS_B and DPU_VETH_B;
 # with --host vm GUEST_KERNEL, GUEST_ADDRESS and GUEST_EXEC.
-LOCAL_UP_KEYS='CSI_CONTROLLER_ENDPOINT|CSI_NODE_ENDPOINT|KUBELET_DIR|CSI_NODE2_ENDPOINT|KUBELET2_DIR|NODE_METRICS|CONTROLLER_METRICS|PLUGIN_METRICS|NVMF_TARGET_SOCKET|NODE_STATE_DIR|DPU_AGENT_ENDPOINT|AGENT_METRICS|DPU_NETNS|DPU_VETH|DPUS|SNAP_SOCKET_B|PLUGIN_SOCKET_B|PLUGIN_METRICS_B|DPU_AGENT_ENDPOINT_B|AGENT_METRICS_B|DPU_NETNS_B|DPU_VETH_B|GUEST_KERNEL|GUEST_ADDRESS|GUEST_EXEC'
+LOCAL_UP_KEYS='CSI_CONTROLLER_ENDPOINT|CSI_NODE_ENDPOINT|KUBELET_DIR|CSI_NODE2_ENDPOINT|KUBELET2_DIR|NODE_METRICS|CONTROLLER_METRICS|PLUGIN_METRICS|NVMF_TARGET_SOCKET|NODE_STATE_DIR|DPU_AGENT_ENDPOINT|AGENT_METRICS|DPU_NETNS|DPU_VETH|DPUS|SNAP_SOCKET_B|PLUGIN_SOCKET_B|PLUGIN_METRICS_B|DPU_AGENT_ENDPOINT_B|AGENT_METRICS_B|DPU_NETNS_B|DPU_VETH_B|GUEST_KERNEL|GUEST_ADDRESS|GUEST_EXEC|GUEST2_ADDRESS|GUEST2_EXEC'
 # local_up_images PROFILE ARGS...: when ARGS (local-up's) hold --containers,
 # builds the images of PROFILE's binaries now (hack/images.sh), so that no
 # stack's start spends its 60 s on them.
@@ -80,7 +80,7 @@ local_up_stop() {
 # network namespaces or veth pairs (one per DPU), nor (--host vm) the guest
 # or its tap.
 local_up_assert_clean() {
-  local stack=$1 left mounted link= netns
+  local stack=$1 left mounted link= netns address
   left=$( (losetup -a | grep -F "$stack") || true)
   mounted=$( (grep -F "$stack" /proc/self/mountinfo) || true)
   for netns in ${DPU_NETNS:-} ${DPU_NETNS_B:-}; do
@@ -88,10 +88,11 @@ local_up_assert_clean() {
     # The pair's two ends are named after the namespace.
     link+=$( (ip -o link show | grep -F "$netns") || true)
   done
-  if [ -n "${GUEST_ADDRESS:-}" ]; then
-    link+=$( (ip -4 -o addr show to "$GUEST_ADDRESS/30") || true)
-    link+=$( (pgrep -af -- "--dir $stack/guest") || true)
-  fi
+  for address in ${GUEST_ADDRESS:-} ${GUEST2_ADDRESS:-}; do
+    link+=$( (ip -4 -o addr show to "$address/30") || true)
+  done
+  # Each guest's directory is $stack/guest or $stack/guest2.
+  [ -n "${GUEST_ADDRESS:-}" ] && link+=$( (pgrep -af -- "--dir $stack/guest") || true)
   if [ -n "$left" ] || [ -n "$mounted" ] || [ -n "$link" ] || [ -e "$stack" ]; then
     echo "FAIL: left behind:" >&2
     printf '%s\n' "$left" "$mounted" "$link" >&2

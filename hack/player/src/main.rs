@@ -101,14 +101,15 @@ struct Args {
     /// plain volumes only (the proofs read this machine's devices).
     #[arg(long, env = "GUEST_EXEC")]
     guest_exec: Option<PathBuf>,
+    /// The second guest host's command socket (`hack/local-up.sh --host vm
+    /// --second-host`): the second host's pods run there.
+    #[arg(long, env = "GUEST2_EXEC")]
+    guest2_exec: Option<PathBuf>,
 }
 
 impl Args {
     fn pod_host(&self) -> PodHost {
-        match &self.guest_exec {
-            Some(socket) => PodHost::Guest(socket.clone()),
-            None => PodHost::Local,
-        }
+        PodHost::of(self.guest_exec.as_ref())
     }
 
     fn two_dpus(&self) -> bool {
@@ -381,9 +382,10 @@ async fn main() -> anyhow::Result<()> {
         .map(|spec| Plan::parse(spec))
         .collect::<anyhow::Result<Vec<_>>>()?;
     if args.guest_exec.is_some() {
+        ensure!(!args.two_dpus(), "a guest host (GUEST_EXEC) has one DPU");
         ensure!(
-            !args.two_dpus() && args.node2.is_none(),
-            "a guest host (GUEST_EXEC) has one DPU and is the only host"
+            args.node2.is_none() || args.guest2_exec.is_some(),
+            "the second host of a guest host is a guest too (GUEST2_EXEC)"
         );
         ensure!(
             plans.iter().all(|p| p.feature == Feature::Plain),
@@ -462,13 +464,14 @@ async fn main() -> anyhow::Result<()> {
         let other = shared::OtherHost {
             node: node.clone(),
             kubelet: kubelet.clone(),
+            pod: PodHost::of(args.guest2_exec.as_ref()),
         };
         // On a host with two DPUs, host A's stage pins the volume to the
         // first, as the player's virtio-fs volumes are.
         let pinned = args.two_dpus().then(|| args.dpus[0].as_str());
         let seen = shared::shared(
             &mut clients,
-            &args.kubelet_dir,
+            (&args.kubelet_dir, &args.pod_host()),
             &other,
             args.size_mib,
             pinned,

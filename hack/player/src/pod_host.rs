@@ -26,6 +26,11 @@ pub enum PodHost {
 }
 
 impl PodHost {
+    /// A guest's, given its command socket; else this machine's.
+    pub fn of(guest_exec: Option<&PathBuf>) -> PodHost {
+        guest_exec.map_or(PodHost::Local, |socket| PodHost::Guest(socket.clone()))
+    }
+
     /// Kubelet's directories of `volume` where the node makes its mounts
     /// (this machine's are made with the volume).
     pub fn prepare(&self, volume: &Volume) -> anyhow::Result<()> {
@@ -95,6 +100,59 @@ impl PodHost {
                     .context("the guest's base64")
             }
         }
+    }
+
+    /// Writes `text` to the file `name` in the published directory `dir`,
+    /// synced, as a pod that hands data over would (write, fsync, close).
+    pub fn write_file(&self, dir: &Path, name: &str, text: &str) -> anyhow::Result<()> {
+        let path = dir.join(name);
+        match self {
+            PodHost::Local => {
+                let mut file =
+                    fs::File::create(&path).with_context(|| path.display().to_string())?;
+                file.write_all(text.as_bytes())?;
+                file.sync_all()?;
+                Ok(())
+            }
+            PodHost::Guest(_) => self
+                .sh(&format!(
+                    "printf %s {} | base64 -d | dd of={} conv=fsync status=none",
+                    STANDARD.encode(text),
+                    path.display()
+                ))
+                .map(drop),
+        }
+    }
+
+    /// The text of the file `name` in the published directory `dir`.
+    pub fn read_file(&self, dir: &Path, name: &str) -> anyhow::Result<String> {
+        let path = dir.join(name);
+        match self {
+            PodHost::Local => fs::read_to_string(&path).with_context(|| path.display().to_string()),
+            PodHost::Guest(_) => {
+                let encoded = self.sh(&format!("base64 -w0 {}", path.display()))?;
+                let bytes = STANDARD
+                    .decode(encoded.trim())
+                    .context("the guest's base64")?;
+                String::from_utf8(bytes).context("the file's text")
+            }
+        }
+    }
+
+    /// The names in the published directory `dir`, sorted.
+    pub fn list(&self, dir: &Path) -> anyhow::Result<Vec<String>> {
+        let mut names: Vec<String> = match self {
+            PodHost::Local => fs::read_dir(dir)?
+                .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
+                .collect::<Result<_, _>>()?,
+            PodHost::Guest(_) => self
+                .sh(&format!("ls -A {}", dir.display()))?
+                .lines()
+                .map(str::to_owned)
+                .collect(),
+        };
+        names.sort();
+        Ok(names)
     }
 
     /// What the guest's kernel mounted at a published volume's target: its

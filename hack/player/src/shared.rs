@@ -6,30 +6,22 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use anyhow::{Context, bail};
+use anyhow::bail;
 use snap_csi_harness::csi::{Clients, Kind, Volume, parameters};
 
-/// The second host: its node's endpoint and kubelet directory.
+use crate::pod_host::PodHost;
+
+/// The second host: its node's endpoint, kubelet directory, and where its
+/// pods run.
 pub struct OtherHost {
     pub node: String,
     pub kubelet: PathBuf,
+    pub pod: PodHost,
 }
 
-/// Writes `name` in the published directory `dir`, synced as a pod that
-/// hands data over would (write, fsync, close).
-fn write(dir: &Path, name: &str, text: &str) -> anyhow::Result<()> {
-    use std::io::Write;
-    let path = dir.join(name);
-    let mut file = std::fs::File::create(&path).with_context(|| path.display().to_string())?;
-    file.write_all(text.as_bytes())?;
-    file.sync_all()?;
-    Ok(())
-}
-
-/// What the other host finds in `name`: it must be `text`.
-fn read_back(dir: &Path, name: &str, text: &str, host: &str) -> anyhow::Result<()> {
-    let path = dir.join(name);
-    let found = std::fs::read_to_string(&path).with_context(|| path.display().to_string())?;
+/// What host `host` (on `pod`) finds in `name` in `dir`: it must be `text`.
+fn read_back(pod: &PodHost, dir: &Path, name: &str, text: &str, host: &str) -> anyhow::Result<()> {
+    let found = pod.read_file(dir, name)?;
     if found != text {
         bail!("{host} read {found:?} in {name}, not {text:?}");
     }
@@ -40,7 +32,7 @@ fn read_back(dir: &Path, name: &str, text: &str, host: &str) -> anyhow::Result<(
 /// `pinned`: the DPU of host A it must go to (host A has two DPUs).
 pub async fn shared(
     clients: &mut Clients,
-    kubelet: &Path,
+    (kubelet, pod_a): (&Path, &PodHost),
     other: &OtherHost,
     size_mib: i64,
     pinned: Option<&str>,
@@ -69,7 +61,12 @@ pub async fn shared(
         "shared volume {} (ReadWriteMany, virtio-fs), on host A and host B, each through its own DPU",
         on_a.id
     )];
-    for (host, node, volume) in [("A", &mut *clients, &on_a), ("B", &mut b, &on_b)] {
+    let pod_b = &other.pod;
+    for (host, node, volume, pod) in [
+        ("A", &mut *clients, &on_a, pod_a),
+        ("B", &mut b, &on_b, pod_b),
+    ] {
+        pod.prepare(volume)?;
         let started = Instant::now();
         node.stage(volume).await?;
         node.publish(volume).await?;
@@ -79,23 +76,20 @@ pub async fn shared(
         ));
     }
     let from_a = "written on host A";
-    write(&on_a.target, "from-a.txt", from_a)?;
-    read_back(&on_b.target, "from-a.txt", from_a, "host B")?;
+    pod_a.write_file(&on_a.target, "from-a.txt", from_a)?;
+    read_back(pod_b, &on_b.target, "from-a.txt", from_a, "host B")?;
     seen.push(format!("host A wrote from-a.txt; host B read {from_a:?}"));
     let from_b = "written on host B";
-    write(&on_b.target, "from-b.txt", from_b)?;
-    read_back(&on_a.target, "from-b.txt", from_b, "host A")?;
+    pod_b.write_file(&on_b.target, "from-b.txt", from_b)?;
+    read_back(pod_a, &on_a.target, "from-b.txt", from_b, "host A")?;
     seen.push(format!("host B wrote from-b.txt; host A read {from_b:?}"));
 
     clients.unpublish(&on_a).await?;
     clients.unstage(&on_a).await?;
     let after = "host B writes on after host A left";
-    write(&on_b.target, "after-a.txt", after)?;
-    read_back(&on_b.target, "after-a.txt", after, "host B")?;
-    let mut listed: Vec<String> = std::fs::read_dir(&on_b.target)?
-        .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
-        .collect::<Result<_, _>>()?;
-    listed.sort();
+    pod_b.write_file(&on_b.target, "after-a.txt", after)?;
+    read_back(pod_b, &on_b.target, "after-a.txt", after, "host B")?;
+    let listed = pod_b.list(&on_b.target)?;
     seen.push(format!(
         "host A unstaged; host B kept writing and sees {}",
         listed.join(", ")
