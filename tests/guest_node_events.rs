@@ -1,7 +1,8 @@
 //! What happens to a host, on a real Linux kernel (`common::guest_node`):
 //! a volume grows under a mounted filesystem, a function goes away under
-//! one, the node dies in the middle of its calls, the host reboots, and a
-//! second host shares a ReadWriteMany filesystem device with the first.
+//! one, the node dies in the middle of its calls, SNAP dies under a
+//! published volume, the host reboots, and a second host shares a
+//! ReadWriteMany filesystem device with the first.
 //!
 //! What this does not prove: QEMU's devices stand in for SNAP's (a
 //! virtio-blk device grows by QEMU's `block_resize`, as SNAP passes an SPDK
@@ -272,6 +273,69 @@ async fn a_host_reboot_stages_the_volume_again_with_its_data() {
 
     unpublish(&mut host.client, id, target).await;
     unstage(&mut host.client, id, staging).await;
+    host.assert_nothing_left().await;
+}
+
+/// SNAP crashes under a published volume and comes back empty, as SPDK
+/// does: the host loses the function (the restarted emulator unplugs what
+/// the crashed one showed), and the node says the volume's device is gone.
+/// The next pod's publish waits while the first pod still has the old
+/// filesystem mounted, then attaches the volume again, with its data. (Each
+/// of those publishes first gives the device the node's device wait, 30 s
+/// by default, to show again, as after a reconnect it would.)
+#[tokio::test(flavor = "multi_thread")]
+async fn snap_crashed_under_a_published_volume_heals_on_the_next_publish() {
+    let mut host = GuestNode::start("virtio-blk").await;
+    let id = "pvc-snap-crash";
+    let kind = Kind::Mount("ext4");
+    let Published {
+        staging, target, ..
+    } = stage_and_publish(&mut host, id, kind, false).await;
+    host.sh(&format!(
+        "echo before-the-crash >{}/file && sync",
+        target.display()
+    ))
+    .unwrap();
+
+    host.emulator.restart_empty().await;
+    let disks = host.sh("ls /sys/block | grep ^vd || true").unwrap();
+    assert_eq!(
+        disks.trim(),
+        "",
+        "the crashed SNAP's disk is still on the host"
+    );
+    let condition = stats(&mut host, id, &target)
+        .await
+        .volume_condition
+        .expect("a condition");
+    assert!(
+        condition.abnormal && condition.message.contains("is gone from the host"),
+        "{condition:?}"
+    );
+
+    let second = std::path::PathBuf::from(format!("{KUBELET_DIR}/pods/{id}-2/volume"));
+    host.sh(&format!("mkdir -p {}", second.parent().unwrap().display()))
+        .unwrap();
+    let publish = common::node::publish_request(id, &staging, &second, kind.capability(), false);
+    let waits = host
+        .client
+        .node_publish_volume(publish.clone())
+        .await
+        .expect_err("the first pod still has the old filesystem mounted");
+    assert_eq!(waits.code(), tonic::Code::Aborted, "{waits:?}");
+    unpublish(&mut host.client, id, &target).await;
+    host.client
+        .node_publish_volume(publish)
+        .await
+        .unwrap_or_else(|e| panic!("publish after SNAP came back: {e}\n{}", host.node_log()));
+    assert_eq!(
+        host.sh(&format!("cat {}/file", second.display())).unwrap(),
+        "before-the-crash\n"
+    );
+    assert_one_disk(&mut host);
+
+    unpublish(&mut host.client, id, &second).await;
+    unstage(&mut host.client, id, &staging).await;
     host.assert_nothing_left().await;
 }
 
