@@ -18,7 +18,16 @@
 # again from the container images; and the chaos soak for two minutes in debug.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Each part's time in the log (how CI's 90 minutes are spent): `part NAME`
+# ends the part before it, and the last one ends with the script.
+part_name=setup part_started=$SECONDS
+part() {
+  echo "== test.sh: $part_name took $((SECONDS - part_started)) s; next: $1 (at $SECONDS s)" >&2
+  part_name=$1 part_started=$SECONDS
+}
+trap 'echo "== test.sh: $part_name took $((SECONDS - part_started)) s; $SECONDS s in all (exit $?)" >&2' EXIT
 ./hack/setup.sh
+part lints
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 # The images deploy/ names (hack/images.sh), from the debug binaries the
@@ -28,13 +37,17 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 # hack/spdk/README.md), each started and checked; cached by content, so an
 # unchanged image costs its hash. The real-SPDK suites run spdk_tgt from its
 # image, as users test.
+part "test build"
 cargo test --workspace --locked --no-run
+part images
 export CONTAINERS_CONF=${CONTAINERS_CONF:-$PWD/hack/containers.conf}
 images=$(./hack/images.sh --profile debug --no-build)
 echo "$images"
 SNAP_CSI_SPDK_IMAGE=$(echo "$images" | sed -n 's/^snap-csi-spdk=\([^ ]*\) .*/\1/p')
 export SNAP_CSI_SPDK_IMAGE
+part "cargo test"
 cargo test --workspace --locked
+part "split-mode suites"
 # Split mode: the suites that reach the DPU again, now through a real DPU
 # agent over mutual TLS (tests/common/dpu.rs), so both modes behave alike.
 # node_crash: 100 of its seeded trials here (200 co-located above), rounded
@@ -52,15 +65,19 @@ SNAP_CSI_TEST_DPU=split SNAP_CSI_CRASH_TRIALS=100 cargo test --locked \
 # smaller count is rounded up to that), each volume where the node places it and the census over
 # both DPUs; node_two_dpus (placement, one DPU dead, cut off or hung) split (co-located above).
 # About 4 minutes.
+part "two-DPU suites"
 SNAP_CSI_TEST_DPUS=2 SNAP_CSI_CRASH_TRIALS=1 cargo test --locked -p snap-csi --test node_crash --test node_kill
 SNAP_CSI_TEST_DPU=split SNAP_CSI_TEST_DPUS=2 SNAP_CSI_CRASH_TRIALS=1 cargo test --locked -p snap-csi \
   --test node_crash --test node_kill --test node_two_dpus
+part "manifests and the demo"
 ./deploy/check.sh
 ./hack/demo.sh --profile debug
 # The main job with a real Linux kernel as the host (a QEMU guest, the node
 # inside it, SNAP's functions hot-plugged through QMP; hack/local-up.sh --host vm):
 # every plain volume kind, each row with the device the guest's kernel mounted.
+part "the demo on the guest host"
 ./hack/demo.sh --profile debug --host vm
+part csi-sanity
 # csi-sanity (built once from csi-test's pinned source, then cached): fails on
 # any failed spec, and on any skip not explained by a capability we lack.
 # Every backend: AIO, NVMe-oF (one path, and nvmf-multipath: both of the
@@ -89,6 +106,7 @@ SNAP_CSI_TEST_DPU=split SNAP_CSI_TEST_DPUS=2 SNAP_CSI_CRASH_TRIALS=1 cargo test 
 # devices (virtio-fs), csi-sanity's paths made and checked in the guest.
 cargo build --locked -p snap-csi-harness --bin snap-csi-guest
 ./hack/csi-sanity.sh --profile debug --no-build --backend aio --backend fs -- --host vm
+part "the demo and csi-sanity from the images"
 # The main job and csi-sanity once more with every process that has an image
 # started from it, with the privileges, mounts and propagation its manifest
 # gives it (hack/local-up.sh --containers; deploy/tools/podman_spec.py reads
@@ -96,6 +114,7 @@ cargo build --locked -p snap-csi-harness --bin snap-csi-guest
 ./hack/demo.sh --profile debug --containers
 ./hack/csi-sanity.sh --profile debug --no-build --backend aio --backend nvmf --backend fs -- --containers
 ./hack/csi-sanity.sh --profile debug --no-build --backend aio --backend fs -- --mode split --containers
+part bench
 cargo build --locked -p snap-csi -p snap-emu -p snap-csi-spdk-plugin -p snap-csi-bench
 # The bench in debug on a few volumes: every section runs and cleans up, and
 # it fails on a target missed beyond its samples' doubt (debug time targets
@@ -118,5 +137,6 @@ cargo build --locked -p snap-csi -p snap-emu -p snap-csi-spdk-plugin -p snap-csi
 # data error or a call that never converges as kubelet makes it; a pod's I/O refused while a
 # SNAP restart took its device away is counted apart and the pod restarted (unpublish, unstage,
 # stage, publish), its data then read back. Its seed (printed first) replays the same script.
+part "chaos soak"
 ./hack/chaos.sh --profile debug --duration 2m --round 30s --kill-trials 180 \
   --kill-processes node,plugin,agent,snap,target
