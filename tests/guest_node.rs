@@ -17,7 +17,7 @@
 
 mod common;
 
-use common::guest_node::{Disk, GuestNode, Kind, SNAP_CSI, round_trip, stage_and_publish_share};
+use common::guest_node::{Disk, GuestNode, SNAP_CSI, stage_and_publish_share, volume_matrix};
 use common::node::{unpublish, unstage};
 
 #[tokio::test(flavor = "multi_thread")]
@@ -25,31 +25,7 @@ async fn virtio_blk_volumes_staged_by_the_node_on_a_real_kernel() {
     let mut host = GuestNode::start("virtio-blk").await;
     let kernel = host.sh("uname -r").unwrap();
     eprintln!("guest kernel {}", kernel.trim());
-    round_trip(
-        &mut host,
-        "pvc-ext4",
-        Kind::Mount("ext4"),
-        false,
-        Disk::VirtioBlk,
-    )
-    .await;
-    round_trip(
-        &mut host,
-        "pvc-xfs",
-        Kind::Mount("xfs"),
-        false,
-        Disk::VirtioBlk,
-    )
-    .await;
-    round_trip(&mut host, "pvc-block", Kind::Block, false, Disk::VirtioBlk).await;
-    round_trip(
-        &mut host,
-        "pvc-ro",
-        Kind::Mount("ext4"),
-        true,
-        Disk::VirtioBlk,
-    )
-    .await;
+    volume_matrix(&mut host, Disk::VirtioBlk).await;
     host.assert_nothing_left().await;
 }
 

@@ -13,37 +13,13 @@
 
 mod common;
 
-use common::guest_node::{Disk, GuestNode, Kind, round_trip};
+use common::guest_node::{Disk, GuestNode, volume_matrix};
 use common::node::assert_snap_holds_nothing;
 
 #[tokio::test(flavor = "multi_thread")]
 async fn dedicated_nvme_volumes_staged_by_the_node_on_a_real_kernel() {
     let mut host = GuestNode::start("nvme").await;
-    round_trip(
-        &mut host,
-        "pvc-nvme-ext4",
-        Kind::Mount("ext4"),
-        false,
-        Disk::Nvme,
-    )
-    .await;
-    round_trip(
-        &mut host,
-        "pvc-nvme-xfs",
-        Kind::Mount("xfs"),
-        false,
-        Disk::Nvme,
-    )
-    .await;
-    round_trip(&mut host, "pvc-nvme-block", Kind::Block, false, Disk::Nvme).await;
-    round_trip(
-        &mut host,
-        "pvc-nvme-ro",
-        Kind::Mount("ext4"),
-        true,
-        Disk::Nvme,
-    )
-    .await;
+    volume_matrix(&mut host, Disk::Nvme).await;
 
     let left = host.sh("ls /sys/class/nvme").unwrap();
     assert_eq!(left.trim(), "", "the guest still has {left}");

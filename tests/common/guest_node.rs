@@ -343,15 +343,25 @@ impl Published {
     }
 }
 
+/// The volume matrix of a kind of disk, each volume staged, published,
+/// checked as a pod would on the kernel's `disk`, and taken down in turn:
+/// ext4, xfs, raw block, and ext4 published read-only.
+pub async fn volume_matrix(host: &mut GuestNode, disk: Disk) {
+    let volumes = [
+        ("ext4", Kind::Mount("ext4"), false),
+        ("xfs", Kind::Mount("xfs"), false),
+        ("block", Kind::Block, false),
+        ("ro", Kind::Mount("ext4"), true),
+    ];
+    for (name, kind, readonly) in volumes {
+        let volume_id = format!("pvc-{}-{name}", disk.prefix());
+        round_trip(host, &volume_id, kind, readonly, disk).await;
+    }
+}
+
 /// Stages and publishes `volume_id` as `kind` (read-only if `readonly`),
 /// checks it as a pod would, on the kernel's `disk`, and takes it down.
-pub async fn round_trip(
-    host: &mut GuestNode,
-    volume_id: &str,
-    kind: Kind,
-    readonly: bool,
-    disk: Disk,
-) {
+async fn round_trip(host: &mut GuestNode, volume_id: &str, kind: Kind, readonly: bool, disk: Disk) {
     let Published {
         backing,
         staging,

@@ -159,12 +159,7 @@ impl Nvme {
             .unwrap_or_else(|| lowest_free(self.ctrls.iter().filter_map(|c| c.instance)));
         let ns_instance = c.last_ns_instance + 1;
         let uuid = ns.uuid.clone();
-        let serial = self
-            .subsystems
-            .iter()
-            .find(|s| s.nqn == c.nqn)
-            .map(|s| s.sn.clone())
-            .unwrap_or_default();
+        let serial = self.subsystems[self.subsystem(&c.nqn)?].sn.clone();
         let Some(disk) =
             cx.visible
                 .attach_nvme(bdf, instance, ns_instance, nsid, (&uuid, &serial), source)?
