@@ -47,8 +47,8 @@ async fn namespaces_of(stack: &Stack, volume_id: &str) -> Vec<(String, u32)> {
 }
 
 /// The host's NVMe controllers under the function at `bdf` and the
-/// namespace disks under each (`nvme<X>` -> [`nvme<X>n<Y>`]), as its sysfs
-/// tree shows them.
+/// namespaces under each (`nvme<X>` -> [`nvme<X>c<X>n<Y>`], paths as native
+/// multipath names them), as its sysfs tree shows them.
 fn host_controllers(stack: &Stack, bdf: &str) -> HashMap<String, Vec<String>> {
     let function = stack
         .emulator
@@ -72,7 +72,7 @@ fn host_controllers(stack: &Stack, bdf: &str) -> HashMap<String, Vec<String>> {
         .map(|controller| {
             let disks = names(&function.join(&controller))
                 .into_iter()
-                .filter(|n| n.starts_with(&format!("{controller}n")))
+                .filter(|n| n.starts_with(&format!("{controller}c")))
                 .collect();
             (controller, disks)
         })

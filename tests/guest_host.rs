@@ -64,7 +64,12 @@ fn two_controllers_of_one_subsystem(native_multipath: bool) {
     spec.native_multipath = native_multipath;
     let namespace = dir.path().join("ns1.img");
     common::sparse_file(&namespace, 64 * MIB);
-    spec.nvme_namespaces = vec![namespace];
+    // A second namespace on the same controllers, as a packed pool has: the
+    // kernel numbers its disks by discovery (`n<N>` need not be the NSID),
+    // the node finds each by its `nsid`.
+    let second_namespace = dir.path().join("ns2.img");
+    common::sparse_file(&second_namespace, 32 * MIB);
+    spec.nvme_namespaces = vec![namespace, second_namespace];
     let mut guest = Guest::boot(&spec).unwrap();
     let first = guest.add_nvme("fn1", 1).unwrap();
     let second = guest.add_nvme("fn2", 2).unwrap();
@@ -85,6 +90,11 @@ fn two_controllers_of_one_subsystem(native_multipath: bool) {
     let (node1, name1, size1) = find_device(&mut guest, &format!("--bdf {first} --nsid 1"));
     let (node2, name2, size2) = find_device(&mut guest, &format!("--bdf {second} --nsid 1"));
     assert_eq!((size1, size2), (64 * MIB, 64 * MIB));
+    for bdf in [&first, &second] {
+        let (node, _, size) = find_device(&mut guest, &format!("--bdf {bdf} --nsid 2"));
+        assert_eq!(size, 32 * MIB, "NSID 2 of {bdf} is {node}");
+        assert_ne!(node, node1);
+    }
     let controller = |guest: &mut Guest, bdf: &str| {
         guest
             .sh(&format!("ls /sys/bus/pci/devices/{bdf}/nvme"))
@@ -108,8 +118,15 @@ fn two_controllers_of_one_subsystem(native_multipath: bool) {
         );
     } else {
         assert_ne!(node1, node2);
-        assert_eq!(name1, format!("{ctrl1}n1"));
-        assert_eq!(name2, format!("{ctrl2}n1"));
+        // Each controller's own disk, numbered by discovery.
+        let own = |name: &str, ctrl: &str| {
+            name.strip_prefix(&format!("{ctrl}n"))
+                .is_some_and(|n| n.parse::<u32>().is_ok())
+        };
+        assert!(
+            own(&name1, &ctrl1) && own(&name2, &ctrl2),
+            "{name1} {name2}"
+        );
     }
     // One namespace: what one function writes, the other reads.
     guest

@@ -38,7 +38,7 @@ mod common;
 
 use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use common::dpu::{DPU_NAME, split};
@@ -246,29 +246,14 @@ fn disk_domain(stack: &NodeStack, volume: &Volume) -> String {
             (u64::from(mount.major), u64::from(mount.minor))
         }
     };
-    let wanted = format!("{major}:{minor}");
-    let functions = stack.emulator.sysfs_root.join("bus/pci/devices");
-    for function in std::fs::read_dir(&functions).unwrap().flatten() {
-        if holds_disk(&function.path(), &wanted) {
-            let name = function.file_name().to_string_lossy().into_owned();
-            return name.split(':').next().unwrap().to_string();
-        }
-    }
-    panic!("{}: no function shows disk {wanted}", volume.id);
-}
-
-/// Whether a directory below `dir` is the disk `major:minor`.
-fn holds_disk(dir: &Path, wanted: &str) -> bool {
-    std::fs::read_dir(dir)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .any(|entry| {
-            let path = entry.path();
-            entry.file_type().is_ok_and(|t| t.is_dir())
-                && (std::fs::read_to_string(path.join("dev")).is_ok_and(|d| d.trim() == wanted)
-                    || holds_disk(&path, wanted))
-        })
+    let (major, minor) = (major.try_into().unwrap(), minor.try_into().unwrap());
+    let described = snap_csi::host::Sysfs::new(&stack.emulator.sysfs_root)
+        .describe_device(major, minor)
+        .unwrap()
+        .unwrap_or_else(|| panic!("{}: no function shows disk {major}:{minor}", volume.id));
+    // "<disk> of function <domain>:<bdf>, ..."
+    let function = described.split(" of function ").nth(1).unwrap();
+    function.split(':').next().unwrap().to_string()
 }
 
 /// The host's PCI domain of each DPU's functions, in [`NAMES`]' order.

@@ -537,13 +537,15 @@ pub struct HostDisk {
     pub minor: u32,
 }
 
-/// Every disk in the emulator's tree at `sysfs_root` (a directory with a
-/// `dev` file below a PCI function).
+/// Every disk in the emulator's tree at `sysfs_root`: a directory with a
+/// `dev` file, below a PCI function or a multipath head under `block`.
 pub fn host_disks(sysfs_root: &Path) -> Vec<HostDisk> {
     fn walk(dir: &Path, found: &mut Vec<HostDisk>) {
         for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
             let path = entry.path();
-            if !entry.file_type().is_ok_and(|t| t.is_dir()) {
+            // Not what the emulator is still building (`.snap-emu-tmp-*`).
+            let building = entry.file_name().to_string_lossy().starts_with('.');
+            if building || !entry.file_type().is_ok_and(|t| t.is_dir()) {
                 continue;
             }
             if let Ok(dev) = std::fs::read_to_string(path.join("dev")) {
@@ -558,6 +560,6 @@ pub fn host_disks(sysfs_root: &Path) -> Vec<HostDisk> {
         }
     }
     let mut found = Vec::new();
-    walk(&sysfs_root.join("bus/pci/devices"), &mut found);
+    walk(sysfs_root, &mut found);
     found
 }

@@ -7,7 +7,7 @@ use anyhow::bail;
 
 use crate::datapath::DataPathMode;
 use crate::faults::Faults;
-use crate::host::{GuestHostConfig, PciDomain};
+use crate::host::{GuestHostConfig, NvmeNaming, PciDomain};
 
 /// How many emulated PCI functions the DPU offers the host.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,6 +42,9 @@ pub struct Config {
     /// The host's PCI domain of this DPU's functions (`<domain>:<bdf>` in
     /// the tree); emulators sharing a root must each have their own.
     pub pci_domain: PciDomain,
+    /// How the host names NVMe disks: with native multipath (its default)
+    /// or one disk per controller.
+    pub nvme_naming: NvmeNaming,
     /// `false` behaves as a plain `spdk_tgt`: no SNAP methods, no functions, no host side.
     pub snap: bool,
     /// SPDK's RPC poller period; `None` answers at once.
@@ -76,6 +79,7 @@ impl Config {
             state_dir: state_dir.into(),
             sysfs_root: None,
             pci_domain: PciDomain::default(),
+            nvme_naming: NvmeNaming::default(),
             snap: true,
             poll_period: None,
             reply_on_next_tick: false,
@@ -135,6 +139,16 @@ impl Config {
     pub fn with_pci_domain(mut self, domain: PciDomain) -> Self {
         self.pci_domain = domain;
         self
+    }
+
+    pub fn with_nvme_naming(mut self, naming: NvmeNaming) -> Self {
+        self.nvme_naming = naming;
+        self
+    }
+
+    /// What the host side names its functions and NVMe disks by.
+    pub(crate) fn host_names(&self) -> (PciDomain, NvmeNaming) {
+        (self.pci_domain, self.nvme_naming)
     }
 
     pub fn with_guest_host(mut self, guest: GuestHostConfig) -> Self {
@@ -214,6 +228,12 @@ pub struct Cli {
     /// domain each (0000, 0001).
     #[arg(long, value_name = "HEX", default_value = "0000")]
     pub pci_domain: PciDomain,
+    /// Name NVMe disks as a host with `nvme_core.multipath=N` does
+    /// (`nvme<C>n<N>` under the controller), not with native multipath
+    /// (a path `nvme<S>c<C>n<N>` under the controller, the disk its head
+    /// `block/nvme<S>n<N>`).
+    #[arg(long)]
+    pub no_native_multipath: bool,
     /// Behave as a plain spdk_tgt (no SNAP methods, no emulated functions).
     #[arg(long)]
     pub no_snap: bool,
@@ -279,6 +299,9 @@ impl Cli {
             });
         c.sysfs_root = self.sysfs_root;
         c.pci_domain = self.pci_domain;
+        if self.no_native_multipath {
+            c.nvme_naming = NvmeNaming::PerController;
+        }
         c.data_path = self.data_path;
         c.json_config = self.json;
         if let (Some(qmp), Some(virtiofsd)) = (self.guest_qmp, self.virtiofsd) {
@@ -299,7 +322,7 @@ impl Cli {
 mod tests {
     use clap::Parser;
 
-    use super::Cli;
+    use super::{Cli, NvmeNaming};
 
     fn domain(args: &[&str]) -> Result<String, String> {
         let argv = ["snap-emu"].iter().chain(args);
@@ -337,6 +360,19 @@ mod tests {
         ] {
             assert!(parse(bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn native_multipath_is_the_default_naming() {
+        let naming = |args: &[&str]| {
+            let argv = ["snap-emu"].iter().chain(args);
+            Cli::try_parse_from(argv).unwrap().into_config().nvme_naming
+        };
+        assert_eq!(naming(&[]), NvmeNaming::NativeMultipath);
+        assert_eq!(
+            naming(&["--no-native-multipath"]),
+            NvmeNaming::PerController
+        );
     }
 
     #[test]

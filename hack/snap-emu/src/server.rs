@@ -108,9 +108,9 @@ pub async fn bind(config: Config) -> anyhow::Result<Server> {
             None => {
                 let sysfs = config.effective_sysfs_root();
                 let host_dir = config.host_dir();
-                let (domain, faults) = (config.pci_domain, config.faults.clone());
+                let (names, faults) = (config.host_names(), config.faults.clone());
                 let host = tokio::task::spawn_blocking(move || {
-                    HostSide::open(&sysfs, domain, &host_dir).map(|h| h.with_faults(faults))
+                    HostSide::open(&sysfs, names, &host_dir).map(|h| h.with_faults(faults))
                 })
                 .await
                 .context("opening the host side")?
@@ -127,9 +127,9 @@ pub async fn bind(config: Config) -> anyhow::Result<Server> {
         let host_dir = config.host_dir();
         if host_dir.exists() {
             let sysfs = config.effective_sysfs_root();
-            let domain = config.pci_domain;
+            let names = config.host_names();
             tokio::task::spawn_blocking(move || {
-                HostSide::open(&sysfs, domain, &host_dir).and_then(|h| h.shutdown())
+                HostSide::open(&sysfs, names, &host_dir).and_then(|h| h.shutdown())
             })
             .await
             .context("cleaning up an earlier SNAP run")?

@@ -14,7 +14,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use common::{Client, Emu, dev_node, expose_virtio_blk, wait_for_disk};
+use common::{Client, Emu, dev_node, expose_virtio_blk, wait_for_nvme_disk};
 use direct_io::{Aligned, assert_within_10_percent, open_direct, steady_write_rate};
 use serde_json::{Value, json};
 use snap_emu::{Config, DataPathMode};
@@ -49,10 +49,8 @@ async fn expose_nvme(emu: &Emu, c: &mut Client, bdev: &str) -> PathBuf {
     .await;
     c.ok("nvme_controller_resume", json!({"ctrl_id": ctrl}))
         .await;
-    let dir = emu
-        .sysfs_root
-        .join(format!("bus/pci/devices/0000:{bdf}/nvme/nvme0/nvme0n1"));
-    dev_node(&wait_for_disk(&dir).await.join("dev"))
+    let function = emu.sysfs_root.join(format!("bus/pci/devices/0000:{bdf}"));
+    dev_node(&wait_for_nvme_disk(&function).await.1.join("dev"))
 }
 
 /// The file the kernel shows behind a loop device.

@@ -7,7 +7,7 @@ mod common;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
-use common::{Client, Emu, dev_node, free_vf, losetup_all, wait_for_disk};
+use common::{Client, Emu, dev_node, free_vf, losetup_all, wait_for_disk, wait_for_nvme_disk};
 use serde_json::{Value, json};
 use snap_emu::{Config, FunctionLayout};
 
@@ -218,7 +218,7 @@ async fn nvme_attach_order_produces_a_loop_device_and_teardown_leaves_nothing() 
     c.ok("nvme_controller_resume", json!({"ctrl_id": ctrl}))
         .await;
 
-    let ns_dir = wait_for_disk(&fn_dir.join("nvme/nvme0/nvme0n1")).await;
+    let (ns_dir, head) = wait_for_nvme_disk(&fn_dir).await;
     assert_eq!(
         std::fs::read_to_string(ns_dir.join("nsid")).unwrap().trim(),
         "1"
@@ -231,7 +231,11 @@ async fn nvme_attach_order_produces_a_loop_device_and_teardown_leaves_nothing() 
         std::fs::read_to_string(ns_dir.join("size")).unwrap().trim(),
         (16 * MIB / 512).to_string()
     );
-    let node = dev_node(&ns_dir.join("dev"));
+    assert!(!ns_dir.join("dev").exists(), "a path has no device node");
+    let read = |dir: &Path, name: &str| std::fs::read_to_string(dir.join(name)).unwrap();
+    assert_eq!(read(&head, "nsid"), read(&ns_dir, "nsid"));
+    assert_eq!(read(&head, "size"), read(&ns_dir, "size"));
+    let node = dev_node(&head.join("dev"));
     assert_eq!(read_at(&node, 4096, 19), b"snap-emu nvme bytes");
     assert!(losetup_all().contains(img.to_str().unwrap()));
 
@@ -454,7 +458,7 @@ async fn hotplug_function_is_invisible_until_plugged() {
         .to_owned();
     assert_eq!(bdf, "28:00.0");
     // nvme<X>n<Y>: Y counts attachments, so NSID 3 is nvme0n1.
-    let ns_dir = wait_for_disk(&devices(&emu).join(format!("0000:{bdf}/nvme/nvme0/nvme0n1"))).await;
+    let (ns_dir, _) = wait_for_nvme_disk(&devices(&emu).join(format!("0000:{bdf}"))).await;
     assert_eq!(
         std::fs::read_to_string(ns_dir.join("nsid")).unwrap().trim(),
         "3"
@@ -541,8 +545,8 @@ async fn expose_remote_namespace(d: &mut Client, dpu: &Emu) -> (String, PathBuf)
     .await;
     let bdf = free_vf(d, "NVME").await;
     expose_namespace(d, snqn, ("pci_bdf", &bdf), 1).await;
-    let ns_dir = wait_for_disk(&devices(dpu).join(format!("0000:{bdf}/nvme/nvme0/nvme0n1"))).await;
-    (bdf, dev_node(&ns_dir.join("dev")))
+    let (_, head) = wait_for_nvme_disk(&devices(dpu).join(format!("0000:{bdf}"))).await;
+    (bdf, dev_node(&head.join("dev")))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -11,7 +11,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use common::binary::{connect, spawn_with, terminate};
-use common::{Client, HostMount, dev_node, free_vf, losetup_all, wait_for_disk};
+use common::{
+    Client, HostMount, dev_node, free_vf, losetup_all, wait_for_disk, wait_for_nvme_disk,
+};
 use serde_json::json;
 
 const MIB: u64 = 1 << 20;
@@ -158,7 +160,7 @@ async fn expose(c: &mut Client, dpu: &Dpu, sysfs: &Path) -> Seen {
     common::virtio_fs_attach(c, "d", &dpu.tag()).await;
 
     let function = |bdf: &str| sysfs.join(format!("bus/pci/devices/{}:{bdf}", dpu.domain));
-    let nvme = wait_for_disk(&function(&nvme_bdf).join("nvme/nvme0/nvme0n1")).await;
+    let (_, nvme) = wait_for_nvme_disk(&function(&nvme_bdf)).await;
     let vblk = wait_for_disk(&function(&vblk_bdf).join("virtio0/block/vda")).await;
     let fs_entry = virtiofs_entry(sysfs, &dpu.tag()).expect("the virtio-fs device's entry");
     let device = std::fs::read_link(fs_entry.join("device")).unwrap();
@@ -220,11 +222,11 @@ async fn two_emulators_share_a_sysfs_root_in_their_own_pci_domains() {
     assert_eq!(functions_in(&sysfs, "0000"), functions);
     let a_seen = expose(&mut ca, &a, &sysfs).await;
     let b_seen = expose(&mut cb, &b, &sysfs).await;
-    // SNAP names the same BDFs on both DPUs; the host tells them apart by domain.
-    for (a_dir, b_dir) in [(&a_seen.nvme, &b_seen.nvme), (&a_seen.vblk, &b_seen.vblk)] {
-        let a_dir = a_dir.to_str().unwrap().replace("/0000:", "/0001:");
-        assert_eq!(Path::new(&a_dir), b_dir);
-    }
+    // SNAP names the same BDFs on both DPUs; the host tells them apart by
+    // domain, and numbers NVMe controllers, and so their disks, once.
+    let a_vblk = a_seen.vblk.to_str().unwrap().replace("/0000:", "/0001:");
+    assert_eq!(Path::new(&a_vblk), b_seen.vblk);
+    assert_ne!(a_seen.nvme, b_seen.nvme, "one NVMe numbering on the host");
     assert_ne!(
         a_seen.fs_entry, b_seen.fs_entry,
         "one virtio numbering on the host"

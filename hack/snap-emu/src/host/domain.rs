@@ -23,6 +23,12 @@ impl FromStr for PciDomain {
     }
 }
 
+impl PciDomain {
+    pub(super) fn number(self) -> u16 {
+        self.0
+    }
+}
+
 /// As the kernel names it in sysfs: four lowercase hex digits.
 impl fmt::Display for PciDomain {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -51,6 +51,7 @@ mod guest;
 mod loop_ioctl;
 mod loopdev;
 mod missed;
+mod nvme_names;
 mod queue;
 mod records;
 mod recovery;
@@ -76,13 +77,14 @@ use queue::Queue;
 use records::{DiskRecord, Records};
 use recovery::{Target, live_state};
 use tree::{
-    DiskAttrs, DiskId, SECTOR, Tree, key_bdf, nvme_disk, remove_dir_all_if_present, validate_bdf,
-    validate_disk_name, virtio_disk,
+    DiskAttrs, DiskId, SECTOR, Tree, key_bdf, nvme_disk, validate_bdf, validate_disk_name,
+    virtio_disk,
 };
 use virtiofs::VirtioFs;
 
 pub use domain::PciDomain;
 pub use guest::{GuestHost, GuestHostConfig};
+pub use nvme_names::NvmeNaming;
 pub use side::{BlockStat, Host, NvmeDisk, VirtioBlkDisk};
 pub use tree::{DiskRef, FunctionKind, HostDisk};
 
@@ -112,11 +114,16 @@ const DATAPATH_DIR: &str = "datapath";
 pub const VIRTIOFS_DIR: &str = "virtiofs";
 
 impl HostSide {
-    /// Opens the host side of the functions in `domain` and removes whatever
-    /// an earlier run left behind: recorded loop devices whose backing file
-    /// still matches, and its domain of the tree.
-    pub fn open(sysfs_root: &Path, domain: PciDomain, state_dir: &Path) -> anyhow::Result<Self> {
-        let tree = Tree::open(sysfs_root, domain)?;
+    /// Opens the host side of the functions in `domain`, naming NVMe disks
+    /// by `naming`, and removes whatever an earlier run left behind: recorded
+    /// loop devices whose backing file still matches, and its domain of the
+    /// tree.
+    pub fn open(
+        sysfs_root: &Path,
+        (domain, naming): (PciDomain, NvmeNaming),
+        state_dir: &Path,
+    ) -> anyhow::Result<Self> {
+        let tree = Tree::open(sysfs_root, domain, naming)?;
         fs::create_dir_all(state_dir)
             .with_context(|| format!("creating state dir {}", state_dir.display()))?;
         let state_dir = fs::canonicalize(state_dir)
@@ -214,7 +221,8 @@ impl HostSide {
             self.release(&key, &record)
                 .with_context(|| format!("removing PCI function {}", dir.display()))?;
         }
-        remove_dir_all_if_present(&dir)
+        self.tree
+            .remove_function(bdf)
             .with_context(|| format!("removing PCI function {}", dir.display()))?;
         tracing::info!(bdf, "removed PCI function");
         Ok(())

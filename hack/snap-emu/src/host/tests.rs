@@ -84,7 +84,12 @@ impl Fixture {
     }
 
     fn open(&self) -> HostSide {
-        HostSide::open(&self.root(), PciDomain::default(), &self.state()).expect("open host side")
+        HostSide::open(
+            &self.root(),
+            (PciDomain::default(), NvmeNaming::default()),
+            &self.state(),
+        )
+        .expect("open host side")
     }
 
     /// A host side with one PCI function, where most tests start.
@@ -170,11 +175,30 @@ fn device_size(dev: &Path) -> u64 {
         .expect("measure device")
 }
 
+/// The directory of the disk's `dev`: a multipath path's head
+/// (`<root>/bus/pci/devices/F/nvme/nvme0/nvme0c0n1` -> `<root>/block/nvme0n1`).
+fn dev_dir(sysfs_dir: &Path) -> PathBuf {
+    let name = sysfs_dir.file_name().unwrap().to_str().unwrap();
+    let head = name
+        .strip_prefix("nvme")
+        .and_then(|rest| rest.split_once('c'))
+        .and_then(|(s, rest)| Some(format!("nvme{s}n{}", rest.split_once('n')?.1)));
+    match head {
+        Some(head) => sysfs_dir
+            .ancestors()
+            .nth(7)
+            .unwrap()
+            .join("block")
+            .join(head),
+        None => sysfs_dir.to_owned(),
+    }
+}
+
 /// Checks `dev` against the kernel's own view of the loop device, both ways.
 fn check_dev(disk: &HostDisk) {
     let name = loopdev::name_of(&disk.loop_device).unwrap();
     let kernel = read(&Path::new("/sys/block").join(&name).join("dev"));
-    assert_eq!(read(&disk.sysfs_dir.join("dev")), kernel);
+    assert_eq!(read(&dev_dir(&disk.sysfs_dir).join("dev")), kernel);
     assert_eq!(format!("{}:{}\n", disk.major, disk.minor), kernel);
     let rdev = fs::metadata(&disk.loop_device).unwrap().rdev();
     assert_eq!(loopdev::split_dev(rdev), (disk.major, disk.minor));
@@ -248,7 +272,16 @@ fn nvme_whole_file() {
         .unwrap();
 
     let function = fx.devices().join("0000:26:00.1");
-    assert_eq!(disk.sysfs_dir, function.join("nvme/nvme0/nvme0n1"));
+    assert_eq!(disk.sysfs_dir, function.join("nvme/nvme0/nvme0c0n1"));
+    let head = fx.root().join("block/nvme0n1");
+    assert_eq!(dev_dir(&disk.sysfs_dir), head);
+    assert!(
+        !disk.sysfs_dir.join("dev").exists(),
+        "a path has no device node"
+    );
+    for name in ["nsid", "uuid", "size"] {
+        assert_eq!(read(&head.join(name)), read(&disk.sysfs_dir.join(name)));
+    }
     assert_eq!(read(&disk.sysfs_dir.join("nsid")), "1\n");
     assert_eq!(
         read(&disk.sysfs_dir.join("uuid")),
@@ -262,9 +295,67 @@ fn nvme_whole_file() {
     host.detach(&disk).unwrap();
     assert!(loops_over(&file).is_empty());
     assert!(!function.join("nvme").exists());
+    assert!(!head.exists(), "the head goes with its path");
     assert!(function.join("class").exists());
     // Detaching what is gone succeeds.
     host.detach(&disk).unwrap();
+}
+
+#[test]
+fn without_native_multipath_the_controller_holds_the_disk() {
+    let fx = Fixture::new();
+    let file = fx.file("ns.img", 4 * MIB);
+    let naming = (PciDomain::default(), NvmeNaming::PerController);
+    let host = HostSide::open(&fx.root(), naming, &fx.state()).unwrap();
+    host.add_pci_function(BDF, FunctionKind::Nvme).unwrap();
+    let disk = host
+        .attach_nvme_namespace(BDF, 2, 1, 5, UUID, &backing(&file, 0, 4 * MIB))
+        .unwrap();
+    assert_eq!(
+        disk.sysfs_dir,
+        fx.devices().join("0000:26:00.1/nvme/nvme2/nvme2n1")
+    );
+    check_dev(&disk);
+    assert!(!fx.root().join("block").exists(), "no heads");
+    host.detach(&disk).unwrap();
+    assert!(!fx.devices().join("0000:26:00.1/nvme").exists());
+}
+
+/// A host with two DPUs: each emulator's heads are named from its domain's
+/// base, and its clean-up takes only its own.
+#[test]
+fn two_domains_name_their_heads_apart_and_clean_up_their_own() {
+    let fx = Fixture::new();
+    let file = fx.file("ns.img", 8 * MIB);
+    let open = |domain: &str, state: &str| {
+        let domain = (domain.parse().unwrap(), NvmeNaming::NativeMultipath);
+        let host = HostSide::open(&fx.root(), domain, &fx.dir.path().join(state)).unwrap();
+        host.add_pci_function(BDF, FunctionKind::Nvme).unwrap();
+        host
+    };
+    let (first, second) = (open("0000", "a"), open("0001", "b"));
+    let a = first
+        .attach_nvme_namespace(BDF, 0, 1, 1, UUID, &backing(&file, 0, 4 * MIB))
+        .unwrap();
+    let b = second
+        .attach_nvme_namespace(BDF, 0, 1, 1, UUID, &backing(&file, 4 * MIB, 4 * MIB))
+        .unwrap();
+    assert!(
+        b.sysfs_dir
+            .ends_with("0001:26:00.1/nvme/nvme65536/nvme65536c65536n1")
+    );
+    check_dev(&a);
+    check_dev(&b);
+    drop(second);
+    first.shutdown().unwrap();
+    let heads: Vec<_> = fs::read_dir(fx.root().join("block"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(heads, ["nvme65536n1"], "the other domain's head stays");
+    open("0001", "b").shutdown().unwrap();
+    assert!(!fx.root().join("block").exists());
+    assert!(loops_over(&file).is_empty());
 }
 
 #[test]
@@ -275,7 +366,7 @@ fn nvme_byte_range() {
     let disk = host
         .attach_nvme_namespace(BDF, 3, 2, 7, UUID, &backing(&file, 4 * MIB, 8 * MIB))
         .unwrap();
-    assert!(disk.sysfs_dir.ends_with("nvme/nvme3/nvme3n2"));
+    assert!(disk.sysfs_dir.ends_with("nvme/nvme3/nvme3c3n2"));
     assert_eq!(read(&disk.sysfs_dir.join("nsid")), "7\n");
     assert_eq!(read(&disk.sysfs_dir.join("size")), "16384\n");
     check_dev(&disk);
@@ -538,11 +629,21 @@ fn bad_input_changes_nothing() {
 fn refuses_system_roots_and_a_second_owner() {
     let fx = Fixture::new();
     for root in ["/", "/sys", "/sys/bus", "/proc", "/dev"] {
-        let err = HostSide::open(Path::new(root), PciDomain::default(), &fx.state()).unwrap_err();
+        let err = HostSide::open(
+            Path::new(root),
+            (PciDomain::default(), NvmeNaming::default()),
+            &fx.state(),
+        )
+        .unwrap_err();
         assert!(format!("{err:#}").contains("refusing"), "{root}: {err:#}");
     }
     let host = fx.open();
-    let err = HostSide::open(&fx.root(), PciDomain::default(), &fx.state()).unwrap_err();
+    let err = HostSide::open(
+        &fx.root(),
+        (PciDomain::default(), NvmeNaming::default()),
+        &fx.state(),
+    )
+    .unwrap_err();
     assert!(format!("{err:#}").contains("locked"), "{err:#}");
     drop(host);
     fx.open();
@@ -577,6 +678,10 @@ fn reopen_cleans_up_after_a_crash_and_only_that() {
     assert_eq!(loops_over(&other), std::slice::from_ref(&elsewhere));
     assert!(!nvme.sysfs_dir.exists() && !vblk.sysfs_dir.exists());
     assert!(!fx.root().join("bus").exists());
+    assert!(
+        !fx.root().join("block").exists(),
+        "the crashed run's head went"
+    );
     assert!(host.records.list().unwrap().is_empty());
 
     // A crash after the backing file was deleted still cleans up our device,
@@ -648,9 +753,14 @@ fn remove_function_and_shutdown_leave_nothing() {
         .unwrap();
     assert_eq!(loops_over(&file).len(), 3);
 
+    assert!(fx.root().join("block/nvme0n2").exists());
     host.remove_pci_function(BDF).unwrap();
     assert_eq!(loops_over(&file).len(), 1);
     assert!(!fx.devices().join("0000:26:00.1").exists());
+    assert!(
+        !fx.root().join("block/nvme0n1").exists() && !fx.root().join("block/nvme0n2").exists(),
+        "the function's heads went with it"
+    );
 
     // Not ours: shutdown leaves it.
     let stranger = fx.root().join("bus/pci/devices/0000:99:00.0");
@@ -683,7 +793,14 @@ fn parallel_functions() {
                 for round in 0..3 {
                     host.add_pci_function(&bdf, FunctionKind::Nvme).unwrap();
                     let disk = host
-                        .attach_nvme_namespace(&bdf, 0, 1, 1, UUID, &backing(file, 0, 4 * MIB))
+                        .attach_nvme_namespace(
+                            &bdf,
+                            i as u32,
+                            1,
+                            1,
+                            UUID,
+                            &backing(file, 0, 4 * MIB),
+                        )
                         .unwrap();
                     check_dev(&disk);
                     check_data_path(&disk, file, 0, 4 * MIB);
@@ -739,7 +856,7 @@ fn host_side_can_be_shared_across_tasks() {
 /// Waits for a queued attach, as a host's consumer polls sysfs.
 fn discovered(disk: &DiskRef) {
     let deadline = Instant::now() + Duration::from_secs(30);
-    while !disk.sysfs_dir.join("dev").exists() {
+    while !dev_dir(&disk.sysfs_dir).join("dev").exists() {
         assert!(
             Instant::now() < deadline,
             "{} never appeared",
@@ -816,7 +933,7 @@ fn shutdown_waits_for_queued_attaches() {
         host.add_pci_function(&bdf, FunctionKind::Nvme).unwrap();
         host.attach_nvme_namespace_in_background(
             &bdf,
-            0,
+            i as u32,
             1,
             1,
             UUID,
@@ -843,7 +960,12 @@ fn a_renamed_disk_keeps_its_device_and_identity_and_detaches_cleanly() {
     let renamed = host.rename_nvme_queued(&disk, 1).unwrap();
     assert_eq!(
         renamed.sysfs_dir,
-        fx.devices().join("0000:26:00.1/nvme/nvme1/nvme1n1")
+        fx.devices().join("0000:26:00.1/nvme/nvme1/nvme1c1n1")
+    );
+    assert!(dev_dir(&renamed.sysfs_dir).join("dev").exists());
+    assert!(
+        !fx.root().join("block/nvme0n1").exists(),
+        "the old head went"
     );
     assert!(!fx.devices().join("0000:26:00.1/nvme/nvme0").exists());
     assert_eq!(read(&renamed.sysfs_dir.join("nsid")), "7\n");

@@ -2,9 +2,15 @@
 //!
 //! ```text
 //! <root>/bus/pci/devices/<domain>:<bdf>/{vendor,device,class}
-//! <root>/bus/pci/devices/<domain>:<bdf>/nvme/nvme<X>/nvme<X>n<Y>/{nsid,uuid,size,dev}
+//! <root>/bus/pci/devices/<domain>:<bdf>/nvme/nvme<C>/nvme<C>c<C>n<N>/{nsid,uuid,size}
+//! <root>/block/nvme<C>n<N>/{nsid,uuid,size,dev}
 //! <root>/bus/pci/devices/<domain>:<bdf>/virtio<N>/block/vd<x>/{serial,size,dev}
 //! ```
+//!
+//! NVMe as with native multipath, the kernel's default: a path under the
+//! controller and its subsystem's head under `block`; or, named
+//! [`NvmeNaming::PerController`], the disk `nvme<C>/nvme<C>n<N>` itself
+//! (`nvme_names`). A head comes before its path and goes after it.
 //!
 //! File contents are the kernel's, byte for byte: `size` is in 512-byte sectors
 //! and `dev` holds the loop device's real `major:minor`, so a reader resolves the
@@ -31,6 +37,7 @@ use anyhow::{Context, anyhow, bail};
 
 use super::domain::PciDomain;
 use super::loopdev::{self, LoopState};
+use super::nvme_names::{HEADS_DIR, NvmeNames, NvmeNaming, number};
 use super::queue::Queue;
 
 const DEVICES: &str = "bus/pci/devices";
@@ -69,13 +76,18 @@ pub(super) struct Tree {
     /// Canonical, so that the `sysfs_dir` of a `HostDisk` maps back to its disk.
     root: PathBuf,
     domain: PciDomain,
+    naming: NvmeNaming,
     tmp_seq: AtomicU64,
 }
 
 impl Tree {
     /// Our `domain` of the tree at `sysfs_root` (made if missing), refusing
     /// the real system's.
-    pub(super) fn open(sysfs_root: &Path, domain: PciDomain) -> anyhow::Result<Self> {
+    pub(super) fn open(
+        sysfs_root: &Path,
+        domain: PciDomain,
+        naming: NvmeNaming,
+    ) -> anyhow::Result<Self> {
         refuse_system_root(sysfs_root)?;
         fs::create_dir_all(sysfs_root)
             .with_context(|| format!("creating sysfs root {}", sysfs_root.display()))?;
@@ -85,8 +97,16 @@ impl Tree {
         Ok(Self {
             root,
             domain,
+            naming,
             tmp_seq: AtomicU64::new(0),
         })
+    }
+
+    fn nvme_names(&self) -> NvmeNames {
+        NvmeNames {
+            domain: self.domain,
+            naming: self.naming,
+        }
     }
 
     pub(super) fn root(&self) -> &Path {
@@ -115,8 +135,17 @@ impl Tree {
 
     pub(super) fn disk_dir(&self, id: &DiskId) -> PathBuf {
         let mut dir = self.function_dir(id.bdf());
-        dir.extend(id.rel_dirs());
+        dir.extend(id.rel_dirs(self.nvme_names()));
         dir
+    }
+
+    /// The multipath head of an NVMe disk, where the naming has heads.
+    fn head_dir(&self, id: &DiskId) -> Option<PathBuf> {
+        let DiskId::Nvme { ctrl, ns, .. } = id else {
+            return None;
+        };
+        let head = self.nvme_names().head(*ctrl, *ns)?;
+        Some(self.root.join(HEADS_DIR).join(head))
     }
 
     /// Maps a disk's directory back to the disk it names, refusing one that is not
@@ -125,7 +154,7 @@ impl Tree {
         sysfs_dir
             .strip_prefix(self.devices_dir())
             .ok()
-            .and_then(|rel| DiskId::parse(rel, self.domain))
+            .and_then(|rel| DiskId::parse(rel, self.nvme_names()))
             .ok_or_else(|| {
                 anyhow!(
                     "{} is not a disk directory under {}",
@@ -197,10 +226,17 @@ impl Tree {
             }
         };
         let dir = self.disk_dir(id);
-        if !dir_holds(&dir, &files) {
-            self.install_dir(&dir, &files)
-                .with_context(|| format!("writing {}", dir.display()))?;
+        let mut path_files = files.clone();
+        if let Some(head) = self.head_dir(id) {
+            // A head is the subsystem's, named after its controller's
+            // instance, which SNAP gives one controller at a time.
+            if !dir_holds(&head, &files) && !self.install_new(&head, &files, &[])? {
+                bail!("{} is another disk's head", head.display());
+            }
+            // A path is a hidden disk: no device node, so no `dev`.
+            path_files.retain(|(name, _)| *name != "dev");
         }
+        self.install_if_different(&dir, &path_files)?;
         Ok(HostDisk {
             loop_device: loopdev::dev_path(&state.name),
             major: state.major,
@@ -209,22 +245,65 @@ impl Tree {
         })
     }
 
-    /// Shows a new size (in sectors) in the disk's `size`.
-    pub(super) fn set_size(&self, id: &DiskId, sectors: u64) -> anyhow::Result<()> {
-        replace_file(
-            &self.disk_dir(id).join("size"),
-            format!("{sectors}\n").as_bytes(),
-        )
+    fn install_if_different(&self, dir: &Path, files: &[(&str, Vec<u8>)]) -> anyhow::Result<()> {
+        if dir_holds(dir, files) {
+            return Ok(());
+        }
+        self.install_dir(dir, files)
+            .with_context(|| format!("writing {}", dir.display()))
     }
 
-    /// Moves a disk's directory to another place under its function.
+    /// Shows a new size (in sectors) in the disk's `size`, and its head's.
+    pub(super) fn set_size(&self, id: &DiskId, sectors: u64) -> anyhow::Result<()> {
+        let size = format!("{sectors}\n");
+        for dir in self.head_dir(id).into_iter().chain([self.disk_dir(id)]) {
+            replace_file(&dir.join("size"), size.as_bytes())?;
+        }
+        Ok(())
+    }
+
+    /// Moves a disk's directory, and its head, to another place under its
+    /// function.
     pub(super) fn move_disk(&self, from: &DiskId, to: &DiskId) -> anyhow::Result<()> {
+        if let (Some(old), Some(new)) = (self.head_dir(from), self.head_dir(to)) {
+            fs::rename(old, new)?;
+        }
         let new_dir = self.disk_dir(to);
         if let Some(parent) = new_dir.parent() {
             fs::create_dir_all(parent)?;
         }
         fs::rename(self.disk_dir(from), &new_dir)?;
         self.remove_disk_dirs(from)
+    }
+
+    /// Removes a function's directory, with the heads of the NVMe paths
+    /// under it.
+    pub(super) fn remove_function(&self, bdf: &str) -> anyhow::Result<()> {
+        let dir = self.function_dir(bdf);
+        for controller in subdirs(&dir.join("nvme"))? {
+            for path in subdirs(&controller)? {
+                if let Some(head) = self.disk_id(&path).ok().and_then(|id| self.head_dir(&id)) {
+                    remove_dir_all_if_present(&head)?;
+                }
+            }
+        }
+        remove_dir_all_if_present(&dir)
+    }
+
+    /// Removes the heads in our domain's range under `block`, whichever
+    /// naming made them, and `block` if that leaves it empty.
+    fn remove_heads(&self) -> anyhow::Result<()> {
+        let heads = self.root.join(HEADS_DIR);
+        for head in subdirs(&heads)? {
+            let name = head
+                .file_name()
+                .and_then(|n| n.to_str())
+                .unwrap_or_default();
+            if self.nvme_names().is_our_head(name) {
+                remove_dir_all_if_present(&head)?;
+            }
+        }
+        remove_dir_if_empty(&heads)
     }
 
     /// Removes the functions we made (in our domain, recognised by their ids)
@@ -255,6 +334,7 @@ impl Tree {
                 Err(e) => tracing::warn!("leaving {} alone: {e:#}", path.display()),
             }
         }
+        self.remove_heads()?;
         for dir in [devices, self.root.join("bus/pci"), self.root.join("bus")] {
             remove_dir_if_empty(&dir)?;
         }
@@ -262,15 +342,16 @@ impl Tree {
     }
 
     /// Removes the disk's directory and the parents it leaves empty, up to but
-    /// not including the function's directory.
+    /// not including the function's directory, then its head.
     pub(super) fn remove_disk_dirs(&self, id: &DiskId) -> anyhow::Result<()> {
         let mut dir = self.disk_dir(id);
         remove_dir_all_if_present(&dir).with_context(|| format!("removing {}", dir.display()))?;
-        for _ in 1..id.rel_dirs().len() {
+        for _ in 1..id.rel_dirs(self.nvme_names()).len() {
             dir.pop();
             remove_dir_if_empty(&dir)?;
         }
-        Ok(())
+        self.head_dir(id)
+            .map_or(Ok(()), |head| remove_dir_all_if_present(&head))
     }
 
     /// Puts a directory with exactly `files` at `dir`, replacing what is there,
@@ -535,13 +616,12 @@ impl DiskId {
     }
 
     /// Directories below the function's, outermost first; the last is the disk's.
-    fn rel_dirs(&self) -> Vec<String> {
+    fn rel_dirs(&self, names: NvmeNames) -> Vec<String> {
         match self {
-            DiskId::Nvme { ctrl, ns, .. } => vec![
-                "nvme".to_owned(),
-                format!("nvme{ctrl}"),
-                format!("nvme{ctrl}n{ns}"),
-            ],
+            DiskId::Nvme { ctrl, ns, .. } => {
+                let [controller, namespace] = names.dirs(*ctrl, *ns);
+                vec!["nvme".to_owned(), controller, namespace]
+            }
             DiskId::VirtioBlk { virtio, disk, .. } => {
                 vec![format!("virtio{virtio}"), "block".to_owned(), disk.clone()]
             }
@@ -549,8 +629,8 @@ impl DiskId {
     }
 
     /// Parses a path relative to `bus/pci/devices`; only the exact spelling
-    /// `rel_dirs` produces, in `domain`, is accepted.
-    fn parse(rel: &Path, domain: PciDomain) -> Option<DiskId> {
+    /// `rel_dirs` produces, in `names`' domain, is accepted.
+    fn parse(rel: &Path, names: NvmeNames) -> Option<DiskId> {
         let parts: Vec<&str> = rel
             .components()
             .map(|c| c.as_os_str().to_str())
@@ -558,15 +638,9 @@ impl DiskId {
         let [function, a, b, c] = parts.as_slice() else {
             return None;
         };
-        let bdf = domain_bdf(domain, function)?;
-        let number = |s: &str| -> Option<u32> {
-            s.bytes()
-                .all(|b| b.is_ascii_digit())
-                .then(|| s.parse().ok())?
-        };
+        let bdf = domain_bdf(names.domain, function)?;
         let id = if *a == "nvme" {
-            let ctrl = number(b.strip_prefix("nvme")?)?;
-            let ns = number(c.strip_prefix(b)?.strip_prefix('n')?)?;
+            let (ctrl, ns) = names.parse(b, c)?;
             DiskId::Nvme {
                 bdf: bdf.to_owned(),
                 ctrl,
@@ -580,7 +654,7 @@ impl DiskId {
                 disk: (*c).to_owned(),
             }
         };
-        (id.rel_dirs() == [*a, *b, *c]).then_some(id)
+        (id.rel_dirs(names) == [*a, *b, *c]).then_some(id)
     }
 }
 
@@ -683,6 +757,23 @@ fn replace_file(path: &Path, contents: &[u8]) -> anyhow::Result<()> {
         .with_context(|| format!("writing {}", path.display()))
 }
 
+/// The directories in `dir`, none if it is missing.
+fn subdirs(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    let entries = match fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e).with_context(|| format!("listing {}", dir.display())),
+    };
+    let mut found = Vec::new();
+    for entry in entries {
+        let entry = entry.with_context(|| format!("listing {}", dir.display()))?;
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            found.push(entry.path());
+        }
+    }
+    Ok(found)
+}
+
 pub(super) fn remove_dir_all_if_present(dir: &Path) -> anyhow::Result<()> {
     match fs::remove_dir_all(dir) {
         Err(e) if e.kind() != io::ErrorKind::NotFound => {
@@ -729,11 +820,20 @@ mod tests {
                 disk: "vdab".into(),
             },
         ] {
-            let domain: PciDomain = "1f".parse().unwrap();
-            let mut rel = PathBuf::from(format!("001f:{}", id.bdf()));
-            rel.extend(id.rel_dirs());
-            assert_eq!(DiskId::parse(&rel, domain), Some(id.clone()));
-            assert_eq!(DiskId::parse(&rel, PciDomain::default()), None);
+            for naming in [NvmeNaming::NativeMultipath, NvmeNaming::PerController] {
+                let names = NvmeNames {
+                    domain: "1f".parse().unwrap(),
+                    naming,
+                };
+                let mut rel = PathBuf::from(format!("001f:{}", id.bdf()));
+                rel.extend(id.rel_dirs(names));
+                assert_eq!(DiskId::parse(&rel, names), Some(id.clone()));
+                let elsewhere = NvmeNames {
+                    domain: PciDomain::default(),
+                    naming,
+                };
+                assert_eq!(DiskId::parse(&rel, elsewhere), None);
+            }
             assert_eq!(key_bdf(&id.key()), Some(id.bdf()));
         }
         for bad in [
@@ -746,11 +846,11 @@ mod tests {
             "0000:26:00.1/virtio0/block",
             "0:26:00.1/virtio0/block/vda",
         ] {
-            assert_eq!(
-                DiskId::parse(Path::new(bad), PciDomain::default()),
-                None,
-                "{bad}"
-            );
+            let names = NvmeNames {
+                domain: PciDomain::default(),
+                naming: NvmeNaming::PerController,
+            };
+            assert_eq!(DiskId::parse(Path::new(bad), names), None, "{bad}");
         }
     }
 }

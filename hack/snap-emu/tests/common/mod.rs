@@ -624,6 +624,22 @@ pub async fn wait_for_disk(dir: &Path) -> PathBuf {
     dir.to_path_buf()
 }
 
+/// Waits for the first namespace (`n1`) of the first controller the
+/// emulator shows on the NVMe `function` (its directory in the tree),
+/// named as a host with native multipath names it (the emulator's default):
+/// `(the path under the controller, the subsystem's head with its dev)`.
+pub async fn wait_for_nvme_disk(function: &Path) -> (PathBuf, PathBuf) {
+    let name = function.file_name().unwrap().to_str().unwrap();
+    let domain = u32::from_str_radix(&name[..4], 16).unwrap();
+    let c = domain << 16;
+    let path = function.join(format!("nvme/nvme{c}/nvme{c}c{c}n1"));
+    let root = function.ancestors().nth(4).unwrap();
+    let head = root.join(format!("block/nvme{c}n1"));
+    wait_for_disk(&path).await;
+    assert!(head.join("dev").exists(), "{} has its head", path.display());
+    (path, head)
+}
+
 /// Waits until `done` holds, for what the emulator finishes in the background.
 pub async fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
     let deadline = tokio::time::Instant::now() + DISCOVERY_TIMEOUT;
