@@ -2,8 +2,10 @@
 //! against the real thing: a container of the image `SNAP_CSI_SPDK_IMAGE`
 //! names (the test command builds it with `hack/images.sh` and sets it), or
 //! the binary `SNAP_CSI_SPDK_TGT` names (`hack/spdk/build.sh` builds one).
-//! Without either each suite says it skipped, in one line, and its tests
-//! return.
+//! Without either its tests fail, naming the command that sets one up,
+//! unless `SNAP_CSI_SKIP_REAL_SPDK=1` says to skip: then each suite says it
+//! skipped, in one line, and its tests return. A suite that ran nothing is
+//! never green by accident.
 //!
 //! Included by path by three test crates: the root crate's, the sample
 //! plugin's and the emulator's. The emulator must not link `snap-csi`, so
@@ -26,6 +28,8 @@ use serde_json::{Value, json};
 pub const BINARY_ENV: &str = "SNAP_CSI_SPDK_TGT";
 /// Names the image to run `spdk_tgt` from with podman (preferred when both are set).
 pub const IMAGE_ENV: &str = "SNAP_CSI_SPDK_IMAGE";
+/// `1`: run without real SPDK, its suites skipped (said in one line each).
+pub const SKIP_ENV: &str = "SNAP_CSI_SKIP_REAL_SPDK";
 /// The label of every container started here, so that one a killed test left
 /// behind is found and removed.
 const LABEL: &str = "snap-csi.test=real-spdk";
@@ -47,7 +51,8 @@ pub struct Suite {
 
 impl Suite {
     /// This test's turn, waiting for other tests' to end; `None` (after one
-    /// line on stderr per test binary) when neither variable is set.
+    /// line on stderr per test binary) when neither variable is set and
+    /// [`SKIP_ENV`] says to skip. Panics when neither is set otherwise.
     pub fn acquire() -> Option<Suite> {
         let runner = if let Some(image) = std::env::var_os(IMAGE_ENV) {
             Runner::Image(image.into_string().expect("an image name is UTF-8"))
@@ -60,13 +65,19 @@ impl Suite {
             );
             Runner::Binary(binary)
         } else {
+            assert!(
+                std::env::var_os(SKIP_ENV).is_some_and(|v| v == "1"),
+                "real SPDK is not set up: set {IMAGE_ENV} (./hack/test.sh builds the image \
+                 with ./hack/images.sh and sets it) or {BINARY_ENV}=<spdk_tgt> \
+                 (tgt=$(hack/spdk/build.sh | tail -n1)), or {SKIP_ENV}=1 to skip these suites"
+            );
             static SAID: Once = Once::new();
             SAID.call_once(|| {
                 // Straight to the handle: libtest captures eprintln!, and a
                 // skipped suite must be visible in a green run.
                 let _ = writeln!(
                     std::io::stderr(),
-                    "real-SPDK suite skipped: neither {IMAGE_ENV} nor {BINARY_ENV} is set (hack/test.sh sets one)"
+                    "real-SPDK suite SKIPPED ({SKIP_ENV}=1): neither {IMAGE_ENV} nor {BINARY_ENV} is set (hack/test.sh sets one)"
                 );
             });
             return None;

@@ -85,7 +85,8 @@ pub enum Source {
 }
 
 impl Source {
-    /// Real SPDK, or `None` (the suite said it skipped) without `SNAP_CSI_SPDK_TGT`.
+    /// Real SPDK, or `None` where `SNAP_CSI_SKIP_REAL_SPDK=1` skips it (the
+    /// suite said so).
     pub fn real() -> Option<Source> {
         Suite::acquire().map(|suite| Source::Real(Arc::new(suite)))
     }
