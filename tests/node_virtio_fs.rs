@@ -14,11 +14,16 @@ mod common;
 use std::collections::HashMap;
 use std::path::Path;
 
-use common::node::{Tweaks, block_capability, mount_capability, unstage};
+use common::node::{Tweaks, block_capability, mount_capability, mounts_under, unstage};
 use common::plugin::{CAPABILITIES, Capability, PLUGIN_NAME};
 use common::virtio_fs::{Host, fs_type_at, stage_request, write_file};
 use snap_csi::proto::csi::v1 as csi;
 use snap_csi::proto::csi::v1::volume_capability::access_mode::Mode;
+use snap_csi::spdk::fsdev::FsdevAioCreate;
+use snap_csi::spdk::snap::{
+    VIRTIO_FS_TRANSPORT, VirtioFsDeviceCreate, VirtioFsDeviceDestroy, VirtioFsGetDevices,
+    VirtioFsTransportCreate,
+};
 use tonic::Code;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -179,7 +184,7 @@ async fn a_capability_a_filesystem_device_cannot_serve_is_refused_and_changes_no
     host.assert_nothing_left().await;
 }
 
-/// The wrong-device guard: a staging path that holds another volume's tag
+/// The node's wrong-device guard: a staging path that holds another volume's tag
 /// is not taken for this volume's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_volumes_tag_at_the_staging_path_is_refused() {
@@ -198,6 +203,65 @@ async fn another_volumes_tag_at_the_staging_path_is_refused() {
     let elsewhere = host.stack.path("plugins/staging/pvc-other");
     unstage(&mut node, "pvc-other", &elsewhere).await;
     unstage(&mut node, "pvc-fs", &host.staging).await;
+    host.assert_nothing_left().await;
+}
+
+/// The DPU-side guard: SNAP already has a device of the volume's name (and
+/// tag) serving another fsdev, as a leftover of another volume's or an
+/// operator's would. The stage is refused, naming both, and that device is
+/// left as it was: not started, not bound, not plugged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_device_of_the_volumes_name_serving_another_fsdev_is_refused_and_left_alone() {
+    let host = Host::start().await;
+    let (share, stray_root) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let snap = host.stack.emulator.client();
+    let names = snap_csi::dpu::names::VolumeNames::new("pvc-fs");
+    snap.call(&FsdevAioCreate {
+        name: "stray".into(),
+        root_path: stray_root.path().display().to_string(),
+    })
+    .await
+    .unwrap();
+    snap.call(&VirtioFsTransportCreate {
+        transport_name: VIRTIO_FS_TRANSPORT.into(),
+    })
+    .await
+    .unwrap();
+    snap.call(&VirtioFsDeviceCreate {
+        transport_name: VIRTIO_FS_TRANSPORT.into(),
+        dev_name: names.fs_device.clone(),
+        tag: names.fs_tag.clone(),
+        fsdev: "stray".into(),
+        num_request_queues: 1,
+        queue_size: 64,
+        driver_platform: "x86_64".into(),
+    })
+    .await
+    .unwrap();
+    let rwo = mount_capability("", Mode::SingleNodeWriter);
+
+    let error = host.stage(rwo.clone(), share.path()).await.unwrap_err();
+    assert_eq!(error.code(), Code::FailedPrecondition, "{error:?}");
+    assert!(
+        error.message().contains("serves fsdev stray") && error.message().contains(&names.fs_tag),
+        "{error:?}"
+    );
+    let devices = snap.call(&VirtioFsGetDevices {}).await.unwrap();
+    assert_eq!(devices.len(), 1, "{devices:?}");
+    assert_eq!(devices[0].fsdev.as_deref(), Some("stray"));
+    assert_ne!(devices[0].state.as_deref(), Some("running"), "{devices:?}");
+    assert_eq!(host.snap_objects().await, (1, 0), "no function bound");
+    assert!(mounts_under(&host.stack.kubelet).is_empty());
+
+    // Once the stray device goes, the volume's own comes.
+    snap.call(&VirtioFsDeviceDestroy {
+        dev_name: names.fs_device.clone(),
+    })
+    .await
+    .unwrap();
+    host.stage(rwo, share.path()).await.unwrap();
+    assert_eq!(fs_type_at(&host.staging), "fuse.virtiofs");
+    host.take_down().await;
     host.assert_nothing_left().await;
 }
 
