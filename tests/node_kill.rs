@@ -7,8 +7,10 @@
 //! make it. The instant is a random fraction of the step's duration as last
 //! measured without a fault (`common::kills`), so kills spread over the
 //! whole step; a step that ends before its instant is killed the next time
-//! it comes (each trial's volume lives through two pods, and up to two more
-//! while its kill has not landed).
+//! it comes (each trial's volume lives through two pods, and up to six more
+//! while its kill has not landed). A trial whose kill never landed is no
+//! trial: it is counted apart, not as converged, and the test fails unless
+//! every (process, step) cell got a landed kill.
 //!
 //! It must converge: with the pod running, exactly one of everything exists
 //! (bdev, subsystem or namespace, controller, loop device, mounts) and the
@@ -42,8 +44,9 @@ use tonic::transport::Channel;
 /// The longest pause before a killed process is started again.
 const MAX_RESTART_DELAY_MS: u64 = 300;
 /// Pods a trial's volume has at least (the first writes, the second reads
-/// back) and at most (while its kill has not landed).
-const PODS: (u64, u64) = (2, 4);
+/// back) and at most (while its kill has not landed: a fast step, such as
+/// an unpublish, often ends before its instant).
+const PODS: (u64, u64) = (2, 8);
 
 #[derive(Clone, Copy, Debug)]
 struct Trial {
@@ -273,7 +276,11 @@ async fn a_kill_at_a_random_instant_inside_any_step_converges_as_kubelet_drives_
         )
     );
     let total = table.total();
-    assert!(total.kills > 0, "no kill landed inside its step");
+    let unkilled = table.unkilled();
+    assert!(
+        unkilled.is_empty(),
+        "no kill landed inside these steps, which the run promised: {unkilled:?}"
+    );
     assert_eq!(
         total.stuck, 0,
         "volumes kubelet would leave stuck (STUCK lines above)"

@@ -175,8 +175,10 @@ pub enum Verdict {
 pub struct Cell {
     /// Kills that landed inside the step.
     pub kills: u64,
-    /// Trials whose step ended before its instant, twice: no kill.
+    /// Trials whose step ended before its instant each time: no kill, so
+    /// no trial; counted apart, and not as converged.
     pub missed: u64,
+    /// Trials whose kill landed and whose volume converged.
     pub converged: u64,
     pub stuck: u64,
     pub leaked: u64,
@@ -188,7 +190,9 @@ pub struct Cell {
 pub struct Cells(BTreeMap<(String, String), Cell>);
 
 impl Cells {
-    /// A trial whose kill landed inside `step` (`killed`) or not.
+    /// A trial whose kill landed inside `step` (`killed`) or not. One
+    /// without a kill proves nothing by converging; stuck, a leak or a
+    /// data error is a defect whether or not the kill landed.
     pub fn count(
         &mut self,
         process: &str,
@@ -204,11 +208,22 @@ impl Cells {
             cell.kills += 1;
         }
         match verdict {
-            Verdict::Converged => cell.converged += 1,
+            Verdict::Converged if killed => cell.converged += 1,
+            Verdict::Converged => {}
             Verdict::Stuck => cell.stuck += 1,
             Verdict::Leaked => cell.leaked += 1,
         }
         cell.data_errors += data_errors;
+    }
+
+    /// The cells (`process step`) that had trials but no landed kill: a
+    /// run that promised them did not test them.
+    pub fn unkilled(&self) -> Vec<String> {
+        self.0
+            .iter()
+            .filter(|(_, c)| c.kills == 0)
+            .map(|((process, step), _)| format!("{process} {step}"))
+            .collect()
     }
 
     /// All trials of every cell.
