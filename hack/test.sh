@@ -134,7 +134,8 @@ cargo build --locked -p snap-csi -p snap-emu -p snap-csi-spdk-plugin -p snap-csi
 # does not name; then 180 kill trials per mode on a host with one DPU (one
 # volume's life, the node, plugin, agent, SNAP or the NVMe-oF target killed at a random instant
 # inside one step, a census after each; about 3 minutes per mode in debug). Fails on a leak, a
-# data error or a call that never converges as kubelet makes it; a pod's I/O refused while a
+# data error, a call that never converges as kubelet makes it, or what it promised and did not
+# test (a fault not injected, a kind of fault that never fired, a kill cell without a kill); a pod's I/O refused while a
 # SNAP restart took its device away is counted apart and the pod restarted (unpublish, unstage,
 # stage, publish), its data then read back. Its seed (printed first) replays the same script.
 part "chaos soak"

@@ -31,10 +31,16 @@
 //!
 //! EBUSY holders are the workers' (they must meet an unpublish). One fault at
 //! a time, each finished before the next (a stalled SNAP is always continued).
+//!
+//! The kinds come from a deck ([`Deck`], shuffled by the seed, dealt across
+//! the run's rounds), a process kill three times in it and a full pool twice,
+//! so that a run of a deck's length has every kind; a DPU down comes at
+//! random beside it where the host has two DPUs, and first in such a round.
+//! A fault that cannot be injected is a shortfall, and the run fails.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -88,6 +94,68 @@ pub struct Injector<'a> {
     pub paths: Vec<ListenAddress>,
     /// The DPU-down faults so far, which the workers read.
     pub outages: Arc<Outages>,
+    pub deck: Arc<Deck>,
+}
+
+/// The kinds of fault still to come in this pass through them, shared by a
+/// run's rounds.
+#[derive(Debug, Default)]
+pub struct Deck(std::sync::Mutex<Vec<Kind>>);
+
+/// A kind of fault (a DPU down apart: it needs two DPUs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Kill,
+    StallSnap,
+    FillPool,
+    PathDown,
+    PathFlapping,
+}
+
+impl Kind {
+    /// A pass through every kind, as often as each comes.
+    const PASS: [Kind; 8] = [
+        Kind::Kill,
+        Kind::Kill,
+        Kind::Kill,
+        Kind::StallSnap,
+        Kind::FillPool,
+        Kind::FillPool,
+        Kind::PathDown,
+        Kind::PathFlapping,
+    ];
+
+    /// The prefix of its name in the tally.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Kind::Kill => "kill",
+            Kind::StallSnap => "SNAP stalled",
+            Kind::FillPool => "function pool full",
+            Kind::PathDown => "path down",
+            Kind::PathFlapping => "path flapping",
+        }
+    }
+
+    /// Every kind a run of at least one pass promises.
+    pub const ALL: [Kind; 5] = [
+        Kind::Kill,
+        Kind::StallSnap,
+        Kind::FillPool,
+        Kind::PathDown,
+        Kind::PathFlapping,
+    ];
+}
+
+impl Deck {
+    /// The next kind, a new pass shuffled by `rng` when one ends.
+    fn deal(&self, rng: &mut Rng) -> Kind {
+        let mut left = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if left.is_empty() {
+            left.extend(Kind::PASS);
+            rng.shuffle(&mut left);
+        }
+        left.pop().unwrap_or(Kind::Kill)
+    }
 }
 
 impl Injector<'_> {
@@ -103,10 +171,10 @@ impl Injector<'_> {
             }
         }
         // A host with two DPUs has the DPU-down fault too, as often as two
-        // of the others, and first: a short round (the test command's are
-        // 30 s, some five faults) then has one at least.
-        let kinds = if dpus.len() > 1 { 10 } else { 8 };
-        let mut dpu_down_first = dpus.len() > 1;
+        // of the others (one in five), and first: a short round (the test
+        // command's are 30 s, some five faults) then has one at least.
+        let two_dpus = dpus.len() > 1;
+        let mut dpu_down_first = two_dpus;
         let mean = u64::try_from(self.interval.as_millis()).unwrap_or(5000);
         loop {
             let pause = self.rng.millis(mean / 2, mean * 3 / 2);
@@ -114,28 +182,30 @@ impl Injector<'_> {
                 self.round_end().await;
                 return self.paths;
             }
-            let kind = match std::mem::take(&mut dpu_down_first) {
-                true => kinds - 1,
-                false => self.rng.range(0, kinds - 1),
-            };
-            let result = match kind {
-                0..=2 => {
-                    let victim = self.rng.pick(&victims).clone();
-                    self.kill(&victim).await
+            let dpu_down =
+                std::mem::take(&mut dpu_down_first) || two_dpus && self.rng.range(0, 4) == 0;
+            let result = if dpu_down {
+                self.dpu_down().await
+            } else {
+                match self.deck.deal(&mut self.rng) {
+                    Kind::Kill => {
+                        let victim = self.rng.pick(&victims).clone();
+                        self.kill(&victim).await
+                    }
+                    Kind::StallSnap => self.stall_snap().await,
+                    Kind::FillPool => {
+                        let emulation = *self
+                            .rng
+                            .pick(&[EmulationType::Nvme, EmulationType::VirtioBlk]);
+                        self.fill_pool(emulation).await
+                    }
+                    Kind::PathDown => self.path_down().await,
+                    Kind::PathFlapping => self.path_flapping().await,
                 }
-                3 => self.stall_snap().await,
-                4 | 5 => {
-                    let emulation = *self
-                        .rng
-                        .pick(&[EmulationType::Nvme, EmulationType::VirtioBlk]);
-                    self.fill_pool(emulation).await
-                }
-                6 => self.path_down().await,
-                7 => self.path_flapping().await,
-                _ => self.dpu_down().await,
             };
             if let Err(error) = result {
-                eprintln!("chaos: a fault could not be injected: {error:#}");
+                self.tally
+                    .shortfall(format!("a fault could not be injected: {error:#}"));
             }
         }
     }

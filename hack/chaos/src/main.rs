@@ -15,7 +15,9 @@
 //!
 //! Prints the faults by kind, then last `chaos: N operations, F faults, L
 //! leaks, D data errors, R I/O refused (pod restarted)`, and exits non-zero when L or D is not zero, when
-//! a call did not converge, or when the stack itself failed (R, I/O a pod
+//! a call did not converge, when something it promised was not tested (a
+//! fault not injected, a kind of fault that never fired, a kill-trial cell
+//! without a landed kill), or when the stack itself failed (R, I/O a pod
 //! had refused while its device was gone, is expected: see `lifecycle`). `--seed` repeats every random choice.
 
 mod census;
@@ -38,7 +40,7 @@ use snap_csi_harness::csi::Clients;
 use snap_csi_harness::stack::{Stack, StackOptions};
 
 use crate::dpu_down::Outages;
-use crate::faults::Injector;
+use crate::faults::{Deck, Injector, Kind};
 use crate::lifecycle::Worker;
 use crate::rng::Rng;
 use crate::tally::Tally;
@@ -205,26 +207,34 @@ async fn run(args: &Args, seed: u64, logs: &Path, tally: &Arc<Tally>) -> anyhow:
     }
     let mut left = args.duration;
     let mut round = 0u64;
+    let deck = Arc::new(Deck::default());
+    let mut two_dpus = false;
     while !left.is_zero() {
         let length = left.min(args.round);
         left -= length;
         let index = usize::try_from(round).unwrap_or(0) % configurations.len();
+        let configuration = &configurations[index];
+        two_dpus |= configuration.two_dpus;
         one_round(
             args,
-            seed,
-            logs,
-            tally,
+            (seed, logs, tally, &deck),
             round,
-            &configurations[index],
+            configuration,
             length,
         )
         .await?;
         round += 1;
     }
+    if round > 0 {
+        promised_kinds(tally, two_dpus);
+    }
     if args.kill_trials > 0 {
         // Configuration::all has checked the modes.
         for mode in &args.modes {
             let cells = trials::run(args, seed, logs, tally, mode == "split").await?;
+            for cell in cells.unkilled() {
+                tally.shortfall(format!("kill trials, {mode}: no kill landed inside {cell}"));
+            }
             eprintln!(
                 "{}",
                 cells.table(&format!(
@@ -236,11 +246,27 @@ async fn run(args: &Args, seed: u64, logs: &Path, tally: &Arc<Tally>) -> anyhow:
     Ok(())
 }
 
+/// Every kind of fault fired in the rounds (a DPU down where one had two
+/// DPUs): one that never did is a shortfall, the rounds too short for it.
+fn promised_kinds(tally: &Tally, two_dpus: bool) {
+    let fired = tally.kinds();
+    let names = Kind::ALL
+        .map(Kind::name)
+        .into_iter()
+        .chain(two_dpus.then_some("DPU down"));
+    for name in names {
+        if !fired.keys().any(|kind| kind.starts_with(name)) {
+            let all: u64 = fired.values().sum();
+            tally.shortfall(format!(
+                "no {name} fault fired ({all} faults in all): the rounds were too short for it"
+            ));
+        }
+    }
+}
+
 async fn one_round(
     args: &Args,
-    seed: u64,
-    logs: &Path,
-    tally: &Arc<Tally>,
+    (seed, logs, tally, deck): (u64, &Path, &Arc<Tally>, &Arc<Deck>),
     round: u64,
     configuration: &Configuration,
     length: Duration,
@@ -286,6 +312,7 @@ async fn one_round(
         interval: args.fault_interval,
         paths: Vec::new(),
         outages,
+        deck: deck.clone(),
     };
     let clock = async {
         tokio::time::sleep(length).await;
@@ -418,6 +445,12 @@ async fn main() -> anyhow::Result<()> {
     if totals.stuck > 0 {
         eprintln!("chaos: {} calls did not converge", totals.stuck);
     }
+    if totals.shortfalls > 0 {
+        eprintln!(
+            "chaos: {} things the run promised were not tested (NOT TESTED lines above)",
+            totals.shortfalls
+        );
+    }
     let kinds: Vec<String> = tally
         .kinds()
         .into_iter()
@@ -428,7 +461,11 @@ async fn main() -> anyhow::Result<()> {
         "chaos: {} operations, {} faults, {} leaks, {} data errors, {} I/O refused (pod restarted)",
         totals.operations, totals.faults, totals.leaks, totals.data_errors, totals.refused
     );
-    let failed = outcome.is_err() || totals.stuck > 0 || totals.leaks > 0 || totals.data_errors > 0;
+    let failed = outcome.is_err()
+        || totals.stuck > 0
+        || totals.leaks > 0
+        || totals.data_errors > 0
+        || totals.shortfalls > 0;
     std::process::exit(i32::from(failed));
 }
 

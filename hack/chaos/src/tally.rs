@@ -1,7 +1,9 @@
 //! What the run counts: operations that converged, faults injected, data that
 //! came back wrong, I/O refused while a volume's device was gone (a pod
 //! restart then finds its data: expected, counted), calls that never
-//! converged, and leaks found by the census;
+//! converged, leaks found by the census, and shortfalls (what the run
+//! promised and did not do: a fault that could not be injected, a kind of
+//! fault that never fired, a kill-trial cell without a landed kill);
 //! with the codes the stack answered on the way, for the round's summary.
 
 use std::collections::BTreeMap;
@@ -16,6 +18,7 @@ pub struct Tally {
     refused: AtomicU64,
     stuck: AtomicU64,
     leaks: AtomicU64,
+    shortfalls: AtomicU64,
     /// Faults by kind, and failed attempts by call and code, each with the
     /// first message seen.
     detail: Mutex<BTreeMap<String, (u64, String)>>,
@@ -32,6 +35,7 @@ pub struct Totals {
     pub data_errors: u64,
     pub refused: u64,
     pub stuck: u64,
+    pub shortfalls: u64,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -84,6 +88,13 @@ impl Tally {
         eprintln!("chaos: DID NOT CONVERGE: {what}");
     }
 
+    /// Something the run promised to test and did not: it fails the run,
+    /// which would otherwise report as tested what was not.
+    pub fn shortfall(&self, what: String) {
+        self.shortfalls.fetch_add(1, Ordering::Relaxed);
+        eprintln!("chaos: NOT TESTED: {what}");
+    }
+
     pub fn leak(&self, what: String) {
         self.leaks.fetch_add(1, Ordering::Relaxed);
         eprintln!("chaos: LEAK: {what}");
@@ -126,6 +137,7 @@ impl Tally {
             data_errors: self.data_errors.load(Ordering::Relaxed),
             refused: self.refused.load(Ordering::Relaxed),
             stuck: self.stuck.load(Ordering::Relaxed),
+            shortfalls: self.shortfalls.load(Ordering::Relaxed),
         }
     }
 }
