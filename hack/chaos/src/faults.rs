@@ -33,8 +33,8 @@
 //! a time, each finished before the next (a stalled SNAP is always continued).
 //!
 //! The kinds come from a deck ([`Deck`], shuffled by the seed, dealt across
-//! the run's rounds), a process kill three times in it and a full pool twice,
-//! so that a run of a deck's length has every kind; a DPU down comes at
+//! the run's rounds): each kind once, then a process kill twice more and a
+//! full pool once more, so that a run of five faults has every kind; a DPU down comes at
 //! random beside it where the host has two DPUs, and first in such a round.
 //! A fault that cannot be injected is a shortfall, and the run fails.
 
@@ -113,17 +113,9 @@ pub enum Kind {
 }
 
 impl Kind {
-    /// A pass through every kind, as often as each comes.
-    const PASS: [Kind; 8] = [
-        Kind::Kill,
-        Kind::Kill,
-        Kind::Kill,
-        Kind::StallSnap,
-        Kind::FillPool,
-        Kind::FillPool,
-        Kind::PathDown,
-        Kind::PathFlapping,
-    ];
+    /// What a pass deals after one of each kind: a process kill and a full
+    /// pool come more often than the rest.
+    const MORE: [Kind; 3] = [Kind::Kill, Kind::Kill, Kind::FillPool];
 
     /// The prefix of its name in the tally.
     pub const fn name(self) -> &'static str {
@@ -147,12 +139,18 @@ impl Kind {
 }
 
 impl Deck {
-    /// The next kind, a new pass shuffled by `rng` when one ends.
+    /// The next kind; when a pass ends, a new one shuffled by `rng`: every
+    /// kind once first, so that five faults have them all, then
+    /// [`Kind::MORE`].
     fn deal(&self, rng: &mut Rng) -> Kind {
         let mut left = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         if left.is_empty() {
-            left.extend(Kind::PASS);
-            rng.shuffle(&mut left);
+            let (mut first, mut then) = (Kind::ALL, Kind::MORE);
+            rng.shuffle(&mut first);
+            rng.shuffle(&mut then);
+            // Dealt from the end.
+            left.extend(then);
+            left.extend(first);
         }
         left.pop().unwrap_or(Kind::Kill)
     }
