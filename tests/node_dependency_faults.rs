@@ -28,9 +28,6 @@ use tonic::Code;
 
 /// The deadline kubelet gives each call here.
 const KUBELET_TIMEOUT: Duration = Duration::from_secs(4);
-/// How much later than its deadline an answer may come on a loaded machine:
-/// generous, as the point is that the call ends, not how fast.
-const SLACK: Duration = Duration::from_secs(2);
 /// How long recovery may take once the dependency is back.
 const RECOVERY: Duration = Duration::from_secs(30);
 const SIZE: u64 = 64 << 20;
@@ -338,8 +335,11 @@ async fn a_disk_the_host_never_sees_fails_the_stage_in_time_and_the_retry_conver
                 );
                 assert!(
                     // It waited (half the wait, as it gives up when the next
-                    // look would come too late), and no longer than it should.
-                    took >= DEVICE_WAIT / 2 && took < DEVICE_WAIT + SLACK,
+                    // look would come too late), and gave up by its own
+                    // setting, not at kubelet's deadline (five waits): a
+                    // loaded machine may add seconds to the calls around
+                    // the wait, not three waits.
+                    took >= DEVICE_WAIT / 2 && took < 4 * DEVICE_WAIT,
                     "{emulation:?} attempt {attempt}: gave up after {took:?}, waiting {DEVICE_WAIT:?}"
                 );
                 // Exposed once, on no host device, mounted nowhere: what a
