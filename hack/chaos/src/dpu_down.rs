@@ -40,6 +40,9 @@ use crate::census::{self, CLEARING_BUDGET};
 use crate::faults::{Injector, RESTART_BUDGET, Successor, restart_delay};
 use crate::lifecycle::converge;
 
+/// The fault's name in the tally.
+pub const DPU_DOWN: &str = "DPU down";
+
 /// The node's gauge of each DPU: 1 while its last probe found it serving.
 const DPU_UP: &str = "snap_csi_dpu_up";
 /// How long after the kill the node's page may take to show the DPU down
@@ -205,7 +208,7 @@ impl Injector<'_> {
         for (process, pid) in &victims {
             kill(*pid, Signal::SIGKILL).with_context(|| format!("SIGKILL to {process} ({pid})"))?;
         }
-        self.tally.fault("DPU down");
+        self.tally.fault(DPU_DOWN);
         self.tally
             .note(format!("DPU down: {}", downed.describe()), "");
         let outage = self.outages.begin(&dead.name);

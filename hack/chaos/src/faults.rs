@@ -117,7 +117,7 @@ impl Kind {
     /// pool come more often than the rest.
     const MORE: [Kind; 3] = [Kind::Kill, Kind::Kill, Kind::FillPool];
 
-    /// The prefix of its name in the tally.
+    /// Its name in the tally (a kill's and a full pool's followed by what).
     pub const fn name(self) -> &'static str {
         match self {
             Kind::Kill => "kill",
@@ -228,7 +228,7 @@ impl Injector<'_> {
     async fn kill(&self, victim: &str) -> anyhow::Result<()> {
         let pid = self.stack.pid(victim)?;
         kill(pid, Signal::SIGKILL).with_context(|| format!("SIGKILL to {victim} ({pid})"))?;
-        self.tally.fault(&format!("kill {victim}"));
+        self.tally.fault(&format!("{} {victim}", Kind::Kill.name()));
         if let Err(why) = successor(self.stack, victim, pid).await {
             self.tally.stuck(why);
         }
@@ -240,7 +240,7 @@ impl Injector<'_> {
         let pid = self.stack.pid(&dpu.process("snap"))?;
         let stall = self.rng.millis(200, 5000);
         let stopped = Stopped::new(pid)?;
-        self.tally.fault("SNAP stalled");
+        self.tally.fault(Kind::StallSnap.name());
         tokio::time::sleep(stall).await;
         drop(stopped);
         Ok(())
@@ -304,7 +304,7 @@ impl Injector<'_> {
             }
         }
         self.tally
-            .fault(&format!("function pool full ({emulation:?})"));
+            .fault(&format!("{} ({emulation:?})", Kind::FillPool.name()));
         tokio::time::sleep(self.rng.millis(1000, 8000)).await;
         for ctrl in taken {
             let released = match emulation {
@@ -401,7 +401,7 @@ impl Injector<'_> {
                 .note("path down skipped: no subsystem listened there", "");
             return Ok(());
         }
-        self.tally.fault("path down");
+        self.tally.fault(Kind::PathDown.name());
         let mut again = 0;
         while started.elapsed() < hold {
             tokio::time::sleep(RECUT_EVERY).await;
@@ -451,7 +451,7 @@ impl Injector<'_> {
                         .note("path flapping skipped: no subsystem listened there", "");
                     return Ok(());
                 }
-                self.tally.fault("path flapping");
+                self.tally.fault(Kind::PathFlapping.name());
             }
             tokio::time::sleep(down).await;
             restore(&target, &cut, &path).await?;

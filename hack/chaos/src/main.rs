@@ -253,7 +253,7 @@ fn promised_kinds(tally: &Tally, two_dpus: bool) {
     let names = Kind::ALL
         .map(Kind::name)
         .into_iter()
-        .chain(two_dpus.then_some("DPU down"));
+        .chain(two_dpus.then_some(dpu_down::DPU_DOWN));
     for name in names {
         if !fired.keys().any(|kind| kind.starts_with(name)) {
             let all: u64 = fired.values().sum();

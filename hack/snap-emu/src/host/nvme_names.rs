@@ -71,10 +71,7 @@ impl NvmeNames {
     pub(super) fn parse(self, controller: &str, namespace: &str) -> Option<(u32, u32)> {
         let instance = number(controller.strip_prefix("nvme")?)?;
         let ctrl = self.ctrl(instance)?;
-        let ns = match namespace.rsplit_once('n') {
-            Some((_, ns)) => number(ns)?,
-            None => return None,
-        };
+        let ns = number(namespace.rsplit_once('n')?.1)?;
         (self.dirs(ctrl, ns) == [controller, namespace]).then_some((ctrl, ns))
     }
 

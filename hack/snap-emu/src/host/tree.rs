@@ -75,8 +75,8 @@ pub struct DiskRef {
 pub(super) struct Tree {
     /// Canonical, so that the `sysfs_dir` of a `HostDisk` maps back to its disk.
     root: PathBuf,
-    domain: PciDomain,
-    naming: NvmeNaming,
+    /// Our PCI domain, and how NVMe disks are named in it.
+    names: NvmeNames,
     tmp_seq: AtomicU64,
 }
 
@@ -96,17 +96,9 @@ impl Tree {
         refuse_system_root(&root)?;
         Ok(Self {
             root,
-            domain,
-            naming,
+            names: NvmeNames { domain, naming },
             tmp_seq: AtomicU64::new(0),
         })
-    }
-
-    fn nvme_names(&self) -> NvmeNames {
-        NvmeNames {
-            domain: self.domain,
-            naming: self.naming,
-        }
     }
 
     pub(super) fn root(&self) -> &Path {
@@ -114,7 +106,7 @@ impl Tree {
     }
 
     pub(super) fn tmp_dir(&self) -> PathBuf {
-        self.root.join(format!("{TMP_DIR}-{}", self.domain))
+        self.root.join(format!("{TMP_DIR}-{}", self.names.domain))
     }
 
     pub(super) fn devices_dir(&self) -> PathBuf {
@@ -122,7 +114,8 @@ impl Tree {
     }
 
     pub(super) fn function_dir(&self, bdf: &str) -> PathBuf {
-        self.devices_dir().join(format!("{}:{bdf}", self.domain))
+        self.devices_dir()
+            .join(format!("{}:{bdf}", self.names.domain))
     }
 
     /// Whether `path` is in one of our functions' directories (or is one).
@@ -130,12 +123,12 @@ impl Tree {
         path.strip_prefix(self.devices_dir())
             .ok()
             .and_then(|rel| rel.components().next()?.as_os_str().to_str())
-            .is_some_and(|function| domain_bdf(self.domain, function).is_some())
+            .is_some_and(|function| domain_bdf(self.names.domain, function).is_some())
     }
 
     pub(super) fn disk_dir(&self, id: &DiskId) -> PathBuf {
         let mut dir = self.function_dir(id.bdf());
-        dir.extend(id.rel_dirs(self.nvme_names()));
+        dir.extend(id.rel_dirs(self.names));
         dir
     }
 
@@ -144,7 +137,7 @@ impl Tree {
         let DiskId::Nvme { ctrl, ns, .. } = id else {
             return None;
         };
-        let head = self.nvme_names().head(*ctrl, *ns)?;
+        let head = self.names.head(*ctrl, *ns)?;
         Some(self.root.join(HEADS_DIR).join(head))
     }
 
@@ -154,7 +147,7 @@ impl Tree {
         sysfs_dir
             .strip_prefix(self.devices_dir())
             .ok()
-            .and_then(|rel| DiskId::parse(rel, self.nvme_names()))
+            .and_then(|rel| DiskId::parse(rel, self.names))
             .ok_or_else(|| {
                 anyhow!(
                     "{} is not a disk directory under {}",
@@ -299,7 +292,7 @@ impl Tree {
                 .file_name()
                 .and_then(|n| n.to_str())
                 .unwrap_or_default();
-            if self.nvme_names().is_our_head(name) {
+            if self.names.is_our_head(name) {
                 remove_dir_all_if_present(&head)?;
             }
         }
@@ -319,7 +312,7 @@ impl Tree {
         for entry in entries.into_iter().flatten() {
             let entry = entry.with_context(|| format!("listing {}", devices.display()))?;
             let name = entry.file_name();
-            let Some(bdf) = name.to_str().and_then(|n| domain_bdf(self.domain, n)) else {
+            let Some(bdf) = name.to_str().and_then(|n| domain_bdf(self.names.domain, n)) else {
                 continue;
             };
             if !entry.file_type().is_ok_and(|t| t.is_dir()) {
@@ -346,7 +339,7 @@ impl Tree {
     pub(super) fn remove_disk_dirs(&self, id: &DiskId) -> anyhow::Result<()> {
         let mut dir = self.disk_dir(id);
         remove_dir_all_if_present(&dir).with_context(|| format!("removing {}", dir.display()))?;
-        for _ in 1..id.rel_dirs(self.nvme_names()).len() {
+        for _ in 1..id.rel_dirs(self.names).len() {
             dir.pop();
             remove_dir_if_empty(&dir)?;
         }
