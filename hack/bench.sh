@@ -19,9 +19,9 @@
 #   ./hack/bench.sh --sections 11 --failovers 12
 #   ./hack/bench.sh --sections 12 --dpu-volumes 32 --dpu-repeats 8
 #   ./hack/bench.sh --profile debug --sections 1,2   # builds and runs debug
-# It exits non-zero when a target it could judge was missed; a run too noisy
-# to judge a target says NOISY and does not fail (README "Ratios, noise and
-# verdicts").
+# It exits non-zero when a target was missed; a run too short to judge a
+# target says "not judged" and counts it as not met (README "Ratios, noise
+# and verdicts").
 # Run as root: the emulator makes loop devices and the node mounts.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -15,7 +15,7 @@ use crate::packed::Density;
 use crate::rpc::Level;
 use crate::scale::{ByMethod, Round};
 use crate::split::Split;
-use crate::stats::{NOISE, Paired, STEADY_PAIRS};
+use crate::stats::{JUDGED_PAIRS, Paired};
 use crate::table::{Table, ms, num};
 use crate::targets::Target;
 use crate::two_dpus::TwoDpus;
@@ -537,15 +537,18 @@ fn print_ratios(title: &str, ratios: &[Ratio]) {
             format!(
                 "+-{:.0}%{}",
                 (p.run_to_run() * 100.0).min(999.0),
-                if p.steady() { "" } else { " noisy" }
+                if p.pairs < JUDGED_PAIRS {
+                    " (too few to judge)"
+                } else {
+                    ""
+                }
             ),
             r.floor.clone(),
         ]);
     }
     table.print();
     println!(
-        "   (x floor: the median of each call divided by its own floor sample; 95% in: that median's interval (order\n    statistics); run to run: how far another run may put it, the interval's half-width x sqrt 2; over {:.0}%, or\n    fewer than {STEADY_PAIRS} pairs, is noisy)",
-        NOISE * 100.0
+        "   (x floor: the median of each call divided by its own floor sample; 95% in: that median's interval (order\n    statistics); run to run: how far another run may put it, the interval's half-width x sqrt 2; a target is\n    judged by the median over {JUDGED_PAIRS} pairs or more)"
     );
 }
 

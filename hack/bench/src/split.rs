@@ -23,7 +23,7 @@ use crate::scale::{Round, levels, pooled_rate, repeat_rates};
 use crate::stack::Stack;
 use crate::stats::{Spread, Verdict, mean, medians_at_most};
 use crate::table::{Table, ms, num};
-use crate::targets::{RSS_MIB, Target, restart_target};
+use crate::targets::{RSS_MIB, Target, repeat_ratios, restart_target};
 
 /// Split mode's figures; each one's co-located counterpart is the
 /// [`Report`] field of the same name.
@@ -72,7 +72,8 @@ pub async fn handshakes(stack: &Stack, when: &str) -> anyhow::Result<Handshakes>
 /// A split stage or unstage's median latency at most this many times the
 /// co-located one's (the poller on: SNAP answers as real SPDK does).
 const SPLIT_LATENCY_TIMES: f64 = 1.1;
-/// Split throughput at least this share of co-located, at each concurrency.
+/// Split throughput at least this share of co-located, at each concurrency
+/// (a debug build's link, unoptimised at both ends, may cost twice the share).
 const SPLIT_THROUGHPUT_AT_LEAST: f64 = 0.9;
 /// The node RPCs whose p50 split mode must keep within
 /// [`SPLIT_LATENCY_TIMES`] co-located.
@@ -288,18 +289,22 @@ impl Report {
                 continue;
             };
             for (concurrency, colocated, split, _) in pairs(base, rounds) {
-                let ratio = split / colocated;
+                let at_least = 1.0 - (1.0 - SPLIT_THROUGHPUT_AT_LEAST) * allowance;
                 // The two modes' rounds ran in turns, so each repeat is a pair.
-                let met = repeat_rates(rounds, concurrency)
+                let ratios: Vec<f64> = repeat_rates(rounds, concurrency)
                     .zip(repeat_rates(base, concurrency))
-                    .map(|(split, colocated)| split >= SPLIT_THROUGHPUT_AT_LEAST * colocated);
+                    .map(|(split, colocated)| split / colocated)
+                    .collect();
                 targets.push(Target {
                     target: format!(
-                        "split >= {SPLIT_THROUGHPUT_AT_LEAST}x co-located throughput, {} volumes at concurrency {concurrency}{how}, every repeat",
+                        "split >= {at_least:.1}x co-located throughput, {} volumes at concurrency {concurrency}{how}, median of the repeats{built}",
                         self.settings.scale_volumes
                     ),
-                    measured: format!("{ratio:.2}x ({split:.1} vs {colocated:.1} volumes/s)"),
-                    verdict: Verdict::by_repeats(met),
+                    measured: format!(
+                        "{} ({split:.1} vs {colocated:.1} volumes/s pooled)",
+                        repeat_ratios(&ratios)
+                    ),
+                    verdict: Verdict::by_median(&ratios, |r| r >= at_least),
                 });
             }
         }

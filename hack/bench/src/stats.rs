@@ -61,21 +61,16 @@ pub struct Paired {
     pub floor_p50_ms: f64,
 }
 
-/// A run whose ratios could move more than this from one run to the next
-/// (see [`Paired::run_to_run`]) is too noisy to judge a target by its
-/// median alone.
-pub const NOISE: f64 = 0.10;
-
-/// A figure measured once per repeat is judged only over at least this
-/// many repeats, all on one side of its target: the range of n repeats
-/// covers their median with probability 1 - 2^(1-n), 97% at 6 (at 2, a
-/// coin's toss).
+/// A figure measured once per repeat (a round, a restart, a failover) is
+/// judged over at least this many repeats: the range of n repeats covers
+/// their median with probability 1 - 2^(1-n), 97% at 6 (at 2, a coin's
+/// toss).
 pub const JUDGED_REPEATS: usize = 6;
 
-/// Fewer pairs than this never count as steady: the interval of a median
-/// of n samples covers it with probability 1 - 2^(1-n) at best (the whole
-/// range; 97% at 6), so a few close quotients say nothing about the next run.
-pub const STEADY_PAIRS: usize = 8;
+/// A ratio sampled in turns is judged by its median over at least this many
+/// pairs: the 95% interval of a median needs 8 samples to fall inside their
+/// range at all.
+pub const JUDGED_PAIRS: usize = 8;
 
 impl Paired {
     /// `floor[i]` is the floor sample taken just before `measured[i]`.
@@ -110,25 +105,16 @@ impl Paired {
         (self.high - self.low) / 2.0 * std::f64::consts::SQRT_2 / self.ratio
     }
 
-    /// Whether the run is steady enough to judge by the median alone.
-    pub fn steady(&self) -> bool {
-        self.pairs >= STEADY_PAIRS && self.run_to_run() <= NOISE
-    }
-
-    /// Whether this run can say if the ratio is at most `most`: by the
-    /// median while the run is [steady](Self::steady); otherwise only when
-    /// the whole interval is on one side of it.
+    /// Whether the median quotient is at most `most`, over at least
+    /// [`JUDGED_PAIRS`] pairs. The median, not the interval: pairing puts
+    /// the machine's load on both sides of each quotient, so the median
+    /// holds still where a bound on every pair or the interval's edge would
+    /// follow one descheduled call; its run-to-run spread is shown beside it.
     pub fn at_most(&self, most: f64) -> Verdict {
-        if self.pairs == 0 {
-            Verdict::Noisy
-        } else if self.steady() {
-            Verdict::of(self.ratio <= most)
-        } else if self.high <= most {
-            Verdict::Met
-        } else if self.low > most {
-            Verdict::Missed
+        if self.pairs < JUDGED_PAIRS {
+            Verdict::NotJudged
         } else {
-            Verdict::Noisy
+            Verdict::of(self.ratio <= most)
         }
     }
 
@@ -155,10 +141,10 @@ fn median_interval(sorted: &[f64]) -> (f64, f64) {
 }
 
 /// Whether the median of `measured` is at most `most` times the median of
-/// `base`, two sets of samples taken apart (not in turns): judged only when
-/// each has [`JUDGED_REPEATS`] samples or more and the quotient of their 95%
-/// intervals lies whole on one side of `most`.
-/// Returns the verdict and that quotient's interval.
+/// `base`, two sets of samples taken apart (not in turns): judged by that
+/// quotient of medians when each side has [`JUDGED_REPEATS`] samples or more.
+/// Returns the verdict and the quotient's 95% interval (shown: how far
+/// another run may put it).
 pub fn medians_at_most(base: &[f64], measured: &[f64], most: f64) -> (Verdict, f64, f64) {
     let sorted = |v: &[f64]| {
         let mut v = v.to_vec();
@@ -167,30 +153,23 @@ pub fn medians_at_most(base: &[f64], measured: &[f64], most: f64) -> (Verdict, f
     };
     let (base, measured) = (sorted(base), sorted(measured));
     if base.len().min(measured.len()) < JUDGED_REPEATS || base[0] <= 0.0 {
-        return (Verdict::Noisy, 0.0, f64::INFINITY);
+        return (Verdict::NotJudged, 0.0, f64::INFINITY);
     }
     let (base_low, base_high) = median_interval(&base);
     let (low, high) = median_interval(&measured);
-    let (low, high) = (low / base_high, high / base_low);
-    let verdict = if high <= most {
-        Verdict::Met
-    } else if low > most {
-        Verdict::Missed
-    } else {
-        Verdict::Noisy
-    };
-    (verdict, low, high)
+    let ratio = percentile(&measured, 0.5) / percentile(&base, 0.5);
+    (Verdict::of(ratio <= most), low / base_high, high / base_low)
 }
 
-/// Whether a run met a target, missed it, or was too noisy to tell.
+/// Whether a run met a target, missed it, or was too short to judge it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "snake_case")]
 pub enum Verdict {
     Met,
     Missed,
-    /// Neither: the run's own spread is over [`NOISE`] and its interval
-    /// straddles the target. Not a pass, not a failure.
-    Noisy,
+    /// Too few samples or repeats for the target's statistic: not met,
+    /// and said so (a run that judges it needs more repeats).
+    NotJudged,
     /// A figure this build does not judge (the heap and the JSON-RPC
     /// client of a debug build are not the product's): whether it met its
     /// target, shown.
@@ -203,19 +182,29 @@ impl Verdict {
         if met { Verdict::Met } else { Verdict::Missed }
     }
 
-    /// A figure measured once per repeat (a round, a restart): met or
-    /// missed when every repeat says so, of at least [`JUDGED_REPEATS`];
-    /// otherwise the run cannot tell its noise from the target.
-    pub fn by_repeats(met: impl IntoIterator<Item = bool>) -> Verdict {
+    /// A bound on every sample ("each restart ready within ..."): missed
+    /// when any sample misses it, however few; met when every one of at
+    /// least [`JUDGED_REPEATS`] holds it.
+    pub fn each(met: impl IntoIterator<Item = bool>) -> Verdict {
         let met: Vec<bool> = met.into_iter().collect();
-        if met.len() < JUDGED_REPEATS {
-            Verdict::Noisy
-        } else if met.iter().all(|&m| m) {
-            Verdict::Met
-        } else if met.iter().all(|&m| !m) {
+        if met.contains(&false) {
             Verdict::Missed
+        } else if met.len() < JUDGED_REPEATS {
+            Verdict::NotJudged
         } else {
-            Verdict::Noisy
+            Verdict::Met
+        }
+    }
+
+    /// A ratio measured once per repeat, each repeat a pair taken back to
+    /// back (one rate against another): judged by the median of the
+    /// repeats' ratios over at least [`JUDGED_REPEATS`], so that one repeat
+    /// a neighbour's burst fell on neither passes nor fails the run.
+    pub fn by_median(ratios: &[f64], met: impl Fn(f64) -> bool) -> Verdict {
+        if ratios.len() < JUDGED_REPEATS {
+            Verdict::NotJudged
+        } else {
+            Verdict::of(met(percentile_of(ratios, 0.5)))
         }
     }
 
@@ -289,7 +278,7 @@ mod tests {
     }
 
     #[test]
-    fn a_ratio_is_judged_by_its_median_only_when_the_run_is_steady() {
+    fn a_ratio_sampled_in_turns_is_judged_by_its_median_over_enough_pairs() {
         // Floors that wander 4x with the load, a measured side that moves
         // with them: every quotient is 1.4, and so is the verdict.
         let floor: Vec<f64> = (0..400).map(|i| 1.0 + f64::from(i % 4)).collect();
@@ -299,53 +288,65 @@ mod tests {
         assert_eq!(p.at_most(1.5), Verdict::Met);
         assert_eq!(p.at_most(1.3), Verdict::Missed);
 
-        // Quotients spread 1..2 evenly: the median 1.5 is known to about
-        // +-0.05 on 400 pairs (run to run +-7%), to +-0.25 on 16.
-        let spread = |n: usize| -> Paired {
-            let q: Vec<f64> = (0..n).map(|i| 1.0 + i as f64 / n as f64).collect();
-            Paired::of(&vec![1.0; n], &q)
-        };
-        let many = spread(400);
-        assert!(many.run_to_run() < NOISE, "{many:?}");
-        assert_eq!(many.at_most(1.45), Verdict::Missed);
-        let few = spread(16);
-        assert!(few.run_to_run() > NOISE, "{few:?}");
-        assert_eq!(few.at_most(1.5), Verdict::Noisy, "{few:?}");
-        // Too noisy for the median, yet on one side of it whole.
-        assert_eq!(few.at_most(2.5), Verdict::Met);
-        assert_eq!(few.at_most(0.9), Verdict::Missed);
-        // Nothing measured is no pass; two close pairs are no steady run.
-        assert_eq!(Paired::of(&[], &[]).at_most(10.0), Verdict::Noisy);
-        let two = Paired::of(&[1.0, 1.0], &[1.50, 1.51]);
-        assert!(!two.steady() && two.run_to_run() < NOISE, "{two:?}");
-        assert_eq!(two.at_most(1.505), Verdict::Noisy);
-        assert_eq!(two.at_most(1.6), Verdict::Met);
+        // Quotients spread 1..2 evenly, a few far out: the median decides,
+        // and a target just under it is missed, not excused as noise.
+        let mut q: Vec<f64> = (0..16).map(|i| 1.0 + f64::from(i) / 16.0).collect();
+        q[0] = 40.0;
+        let spread = Paired::of(&[1.0; 16], &q);
+        assert_eq!(spread.ratio, 1.5);
+        assert_eq!(spread.at_most(1.5), Verdict::Met);
+        assert_eq!(spread.at_most(1.45), Verdict::Missed);
+        // Too few pairs are not judged, either way.
+        assert_eq!(Paired::of(&[], &[]).at_most(10.0), Verdict::NotJudged);
+        let few = Paired::of(&[1.0; 7], &[1.0; 7]);
+        assert_eq!(few.at_most(1.5), Verdict::NotJudged);
+        assert_eq!(
+            Paired::of(&[1.0; 7], &[9.0; 7]).at_most(1.5),
+            Verdict::NotJudged
+        );
     }
 
     #[test]
-    fn samples_taken_apart_are_judged_by_their_medians_intervals() {
+    fn samples_taken_apart_are_judged_by_the_quotient_of_their_medians() {
         let base: Vec<f64> = (0..100).map(|i| 10.0 + f64::from(i % 5) * 0.1).collect();
         let near: Vec<f64> = base.iter().map(|b| b * 1.05).collect();
         let far: Vec<f64> = base.iter().map(|b| b * 1.5).collect();
         assert_eq!(medians_at_most(&base, &near, 1.1).0, Verdict::Met);
         assert_eq!(medians_at_most(&base, &far, 1.1).0, Verdict::Missed);
-        // Six samples a side: the intervals are the whole ranges.
+        // Six samples a side: judged, the interval the whole ranges.
         let spread = [1.0, 2.0, 3.0, 1.0, 2.0, 3.0];
         let (verdict, low, high) = medians_at_most(&spread, &[2.0; 6], 1.1);
-        assert_eq!((verdict, low, high), (Verdict::Noisy, 2.0 / 3.0, 2.0));
+        assert_eq!((verdict, low, high), (Verdict::Met, 2.0 / 3.0, 2.0));
+        assert_eq!(medians_at_most(&spread, &[2.5; 6], 1.1).0, Verdict::Missed);
         // One call a side says nothing of the next run.
-        assert_eq!(medians_at_most(&[1.0], &[2.0], 1.1).0, Verdict::Noisy);
+        assert_eq!(medians_at_most(&[1.0], &[2.0], 1.1).0, Verdict::NotJudged);
     }
 
     #[test]
-    fn a_repeated_figure_is_judged_only_when_every_repeat_agrees() {
-        assert_eq!(Verdict::by_repeats([true; 6]), Verdict::Met);
-        assert_eq!(Verdict::by_repeats([false; 7]), Verdict::Missed);
-        let mut mixed = [false; 8];
-        mixed[3] = true;
-        assert_eq!(Verdict::by_repeats(mixed), Verdict::Noisy);
-        // Two repeats agree by chance one time in two.
-        assert_eq!(Verdict::by_repeats([false, false]), Verdict::Noisy);
+    fn a_bound_on_every_sample_fails_on_any_and_passes_only_over_enough() {
+        assert_eq!(Verdict::each([true; 6]), Verdict::Met);
+        let mut one_over = [true; 8];
+        one_over[3] = false;
+        assert_eq!(Verdict::each(one_over), Verdict::Missed);
+        // A miss is a miss however few the samples; a pass needs six.
+        assert_eq!(Verdict::each([false]), Verdict::Missed);
+        assert_eq!(Verdict::each([true, true]), Verdict::NotJudged);
+        assert_eq!(Verdict::each([]), Verdict::NotJudged);
+    }
+
+    #[test]
+    fn repeated_ratios_are_judged_by_their_median_over_enough_repeats() {
+        let at_least = |r: f64| r >= 1.8;
+        // One repeat a burst fell on neither passes nor fails the run.
+        assert_eq!(
+            Verdict::by_median(&[2.1, 0.9, 2.0, 2.2, 1.9, 2.3], at_least),
+            Verdict::Met
+        );
+        assert_eq!(
+            Verdict::by_median(&[1.7, 2.5, 1.6, 1.7, 1.9, 1.5], at_least),
+            Verdict::Missed
+        );
+        assert_eq!(Verdict::by_median(&[2.0; 5], at_least), Verdict::NotJudged);
         assert_eq!(Verdict::in_release(false, false), Verdict::Shown(false));
         assert_eq!(Verdict::in_release(true, false), Verdict::Missed);
     }
