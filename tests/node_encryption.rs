@@ -4,19 +4,23 @@
 //! the host writes plaintext and the volume's storage holds ciphertext only;
 //! the same key reads it back after an unstage and a restage; unstage leaves
 //! no vbdev and no key in SPDK. Refusals (no key, a malformed key, another key
-//! for a staged volume) change nothing. In both modes: the key crosses the
-//! DPU link in split mode (`SNAP_CSI_TEST_DPU=split`).
+//! for a staged volume) change nothing. A volume grown while staged keeps
+//! its size until its next stage (SPDK's crypto vbdev ignores its base's
+//! resize), and NodeExpandVolume says so at once. In both modes: the key
+//! crosses the DPU link in split mode (`SNAP_CSI_TEST_DPU=split`).
 //!
 //! The emulator encrypts for real (AES-XTS as SPDK's software accel module
 //! does) in its data path, which every byte of a crypto bdev passes through.
 
 mod common;
 
+use std::io::Seek;
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 use common::node::{
-    NodeStack, Tweaks, block_capability, publish_request, read_volume, stage_request, unpublish,
-    unstage, write_volume,
+    NodeStack, Tweaks, block_capability, expand_request, grow_on_the_dpu, mount_capability,
+    publish_request, read_volume, stage_request, unpublish, unstage, write_volume,
 };
 use snap_csi::dpu::crypto::{AES_XTS_VALUE, ENCRYPTION, KEY_SECRET};
 use snap_csi::dpu::names::VolumeNames;
@@ -224,4 +228,111 @@ async fn another_key_for_a_staged_volume_is_refused_and_the_volume_stays() {
     unstage(&mut stack.client, "rekeyed-1", &staging).await;
     stack.assert_nothing_left(&backing).await;
     assert_eq!(dpu_side(&stack, "rekeyed-1").await, (None, false));
+}
+
+/// An encrypted volume the controller grew while a pod uses it: SPDK's
+/// crypto vbdev keeps the size it was made with, so NodeExpandVolume
+/// answers at once, naming encryption and the next stage, instead of
+/// waiting out kubelet's deadline for a size that cannot come. The next
+/// stage makes the vbdev over the grown base: the device has the new size
+/// and the stage itself grew the filesystem (what `df` in the pod shows),
+/// every byte written before still there. `fs_type` `None`: a raw block
+/// volume.
+async fn grown_while_in_use_grows_at_the_next_stage(
+    emulation: EmulationSetting,
+    fs_type: Option<&str>,
+) {
+    // xfs takes nothing under 300 MiB.
+    const SIZE: u64 = 320 << 20;
+    let mut stack = NodeStack::start(emulation).await;
+    let volume_id = "grown-1";
+    let backing = stack.backing_file("grown.img", SIZE);
+    let capability = match fs_type {
+        Some(fs) => mount_capability(fs, Mode::SingleNodeWriter),
+        None => block_capability(Mode::SingleNodeWriter),
+    };
+    let mut stage = encrypted_stage(&stack, volume_id, &backing, Some(KEY));
+    stage.volume_capability = Some(capability.clone());
+    let staging = Path::new(&stage.staging_target_path).to_path_buf();
+    let target = stack.path("pods/grown/volumes/grown-1");
+    let publish = publish_request(volume_id, &staging, &target, capability, false);
+    let stage_and_publish = async |stack: &mut NodeStack| {
+        stack.client.node_stage_volume(stage.clone()).await.unwrap();
+        let published = stack.client.node_publish_volume(publish.clone()).await;
+        published.unwrap();
+    };
+    // What the pod sees: its filesystem's size, or its device's.
+    let size_seen = |target: &Path| match fs_type {
+        Some(_) => {
+            let fs = nix::sys::statvfs::statvfs(target).unwrap();
+            fs.blocks() * fs.fragment_size()
+        }
+        None => std::fs::File::open(target)
+            .unwrap()
+            .seek(std::io::SeekFrom::End(0))
+            .unwrap(),
+    };
+    let data = pattern();
+
+    stage_and_publish(&mut stack).await;
+    write_volume(&target, &data);
+    let before = size_seen(&target);
+    grow_on_the_dpu(&stack, &backing, 2 * SIZE).await;
+
+    let deadline = Duration::from_secs(15);
+    let expand = expand_request(volume_id, &target, &staging, 2 * SIZE);
+    let asked = Instant::now();
+    let status = stack
+        .client
+        .node_expand_volume(common::timed(expand.clone(), deadline))
+        .await
+        .unwrap_err();
+    let took = asked.elapsed();
+    assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
+    assert!(
+        took < deadline / 10,
+        "NodeExpandVolume took {took:?} of its {deadline:?} to refuse what cannot happen"
+    );
+    for part in ["encrypted", "crypto bdev", "next stage", "stop every pod"] {
+        assert!(
+            status.message().contains(part),
+            "{part:?} not in {status:?}"
+        );
+    }
+    assert_eq!(size_seen(&target), before);
+    assert_eq!(read_volume(&target, data.len()), data);
+
+    // The pods stop: kubelet unpublishes and unstages; one starts again.
+    unpublish(&mut stack.client, volume_id, &target).await;
+    unstage(&mut stack.client, volume_id, &staging).await;
+    stage_and_publish(&mut stack).await;
+    let after = size_seen(&target);
+    assert!(
+        after > before + SIZE / 2,
+        "{fs_type:?}: {before} bytes before, {after} after the stage"
+    );
+    assert_eq!(read_volume(&target, data.len()), data);
+    // kubelet's NodeExpandVolume after the stage finds the size there.
+    let expanded = stack.client.node_expand_volume(expand).await.unwrap();
+    assert_eq!(expanded.into_inner().capacity_bytes, (2 * SIZE) as i64);
+
+    unpublish(&mut stack.client, volume_id, &target).await;
+    unstage(&mut stack.client, volume_id, &staging).await;
+    assert_eq!(dpu_side(&stack, volume_id).await, (None, false));
+    stack.assert_nothing_left(&backing).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_xfs_volume_grown_while_in_use_grows_at_its_next_stage() {
+    grown_while_in_use_grows_at_the_next_stage(EmulationSetting::Nvme, Some("xfs")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ext4_volume_grown_while_in_use_grows_at_its_next_stage() {
+    grown_while_in_use_grows_at_the_next_stage(EmulationSetting::VirtioBlk, Some("ext4")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_block_volume_grown_while_in_use_grows_at_its_next_stage() {
+    grown_while_in_use_grows_at_the_next_stage(EmulationSetting::Nvme, None).await;
 }

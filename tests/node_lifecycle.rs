@@ -14,16 +14,15 @@ use std::path::Path;
 
 use common::loop_devices_of;
 use common::node::{
-    NodeStack, Tweaks, assert_attached_once, block_capability, mount_capability, mounts_under,
-    publish_request, read_volume, stage_and_publish, stage_request, unpublish, unstage,
-    write_volume,
+    NodeStack, Tweaks, assert_attached_once, block_capability, expand_request, grow_on_the_dpu,
+    mount_capability, mounts_under, publish_request, read_volume, stage_and_publish, stage_request,
+    unpublish, unstage, write_volume,
 };
 use snap_csi::node::config::{EmulationSetting, PlacementSetting};
 use snap_csi::node::service::PLACEMENT_KEY;
 use snap_csi::proto::csi::v1 as csi;
 use snap_csi::proto::csi::v1::node_client::NodeClient;
 use snap_csi::proto::csi::v1::volume_capability::access_mode::Mode;
-use snap_csi::spdk::bdev::BdevGetBdevs;
 use snap_csi::spdk::snap::NvmeSubsystemList;
 use tonic::transport::Channel;
 
@@ -577,52 +576,6 @@ async fn expand_that_the_host_never_sees_names_the_missing_rescan() {
     unpublish(&mut node, "pvc-en", &target).await;
     unstage(&mut node, "pvc-en", &staging).await;
     stack.assert_nothing_left(&backing).await;
-}
-
-fn expand_request(
-    volume_id: &str,
-    target: &Path,
-    staging: &Path,
-    required: u64,
-) -> csi::NodeExpandVolumeRequest {
-    csi::NodeExpandVolumeRequest {
-        volume_id: volume_id.into(),
-        volume_path: target.display().to_string(),
-        capacity_range: Some(csi::CapacityRange {
-            required_bytes: required as i64,
-            limit_bytes: 0,
-        }),
-        staging_target_path: staging.display().to_string(),
-        volume_capability: None,
-        secrets: Default::default(),
-    }
-}
-
-/// What the vendor side does when the controller grows an AIO volume: the
-/// backing file grows and SPDK rescans the bdev, which SNAP passes on to
-/// the host.
-async fn grow_on_the_dpu(stack: &NodeStack, backing: &Path, size: u64) {
-    use snap_csi::spdk::bdev::BdevAioRescan;
-    fs::OpenOptions::new()
-        .write(true)
-        .open(backing)
-        .unwrap()
-        .set_len(size)
-        .unwrap();
-    let bdev = stack
-        .emulator
-        .client()
-        .call(&BdevGetBdevs::default())
-        .await
-        .unwrap()
-        .remove(0)
-        .name;
-    stack
-        .emulator
-        .client()
-        .call(&BdevAioRescan { name: bdev })
-        .await
-        .unwrap();
 }
 
 /// NodeExpandVolume asked before the host saw the volume grow: the DPU

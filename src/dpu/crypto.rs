@@ -55,6 +55,14 @@ impl std::fmt::Debug for VolumeKey {
     }
 }
 
+/// The encryption the volume context asks for (its mode, known or not);
+/// `None` for a plain volume. Also what a staged volume's record, which
+/// keeps its context but never its secrets, tells.
+pub fn asked(volume_context: &HashMap<String, String>) -> Option<&str> {
+    let mode = volume_context.get(ENCRYPTION)?.trim();
+    (!mode.is_empty() && mode != "none").then_some(mode)
+}
+
 /// The key the volume asks for: `None` for a plain volume; a clear refusal
 /// (naming keys, never values) for an unknown mode, or a missing or malformed
 /// key. Messages never quote the secret.
@@ -62,8 +70,8 @@ pub fn requested(
     volume_context: &HashMap<String, String>,
     secrets: &HashMap<String, String>,
 ) -> Result<Option<VolumeKey>, DpuError> {
-    let mode = match volume_context.get(ENCRYPTION).map(|m| m.trim()) {
-        None | Some("") | Some("none") => return Ok(None),
+    let mode = match asked(volume_context) {
+        None => return Ok(None),
         Some(AES_XTS_VALUE) => AES_XTS_VALUE,
         Some(other) => {
             return Err(DpuError::InvalidArgument(format!(
@@ -294,6 +302,14 @@ mod tests {
     fn plain_volumes_need_no_key() {
         assert_eq!(ask(None, None).unwrap(), None);
         assert_eq!(ask(Some("none"), Some("whatever")).unwrap(), None);
+        let context = |mode: &str| -> HashMap<String, String> {
+            [(ENCRYPTION.to_string(), mode.to_string())].into()
+        };
+        assert_eq!(asked(&HashMap::new()), None);
+        assert_eq!(asked(&context(" none ")), None);
+        assert_eq!(asked(&context("")), None);
+        assert_eq!(asked(&context(" aes-xts")), Some("aes-xts"));
+        assert_eq!(asked(&context("rot13")), Some("rot13"));
     }
 
     #[test]

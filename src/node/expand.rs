@@ -6,6 +6,16 @@
 //! bdev on `bdev_aio_rescan`), SNAP passes the new capacity to the host's
 //! driver, and the kernel updates the disk. The node waits for that inside
 //! the caller's deadline rather than fail a resize that is on its way.
+//!
+//! Except for an encrypted volume: SNAP exposes SPDK's crypto vbdev over
+//! the plugin's bdev, and the crypto vbdev takes its base's size when it is
+//! made and ignores the base's resize events (SPDK v24.09's
+//! `vbdev_crypto_base_bdev_event_cb` handles only removal), so its device
+//! cannot grow while staged. Smaller than asked, it is refused at once with
+//! FAILED_PRECONDITION (CSI's "volume in use"), telling how to get the size:
+//! its next stage makes the vbdev over the grown base, and the stage grows
+//! the filesystem (`stage.rs`). With the size already there (after that
+//! stage) it is expanded as any other.
 
 use std::path::Path;
 
@@ -49,6 +59,8 @@ impl NodeService {
         let device = self.wait_for_device(&record.locator, deadline).await?;
         let device = if device.size_bytes >= required {
             device
+        } else if crate::dpu::crypto::asked(&record.volume_context).is_some() {
+            return Err(grows_at_next_stage(volume_id, &device, required));
         } else {
             let on = (&record.locator, device);
             self.grown(volume_id, on, (&path, required), deadline)
@@ -95,4 +107,19 @@ impl NodeService {
             last.name, last.size_bytes
         )))
     }
+}
+
+/// Why an encrypted volume's device smaller than `required` will not grow
+/// while staged, and what grows it: waiting would only use up kubelet's
+/// deadline.
+fn grows_at_next_stage(volume_id: &str, device: &BlockDevice, required: u64) -> Status {
+    Status::failed_precondition(format!(
+        "volume {volume_id} is encrypted: its device {} is {} bytes, less than the {required} \
+         asked, and cannot grow while the volume is in use: the DPU exposes it through SPDK's \
+         crypto bdev, which keeps its size when the volume beneath it grows. It grows at its \
+         next stage: stop every pod using it on this node (delete or reschedule them; a \
+         container restart is not enough); when a pod uses it again, the device has the new \
+         size and the filesystem is grown to it",
+        device.name, device.size_bytes
+    ))
 }

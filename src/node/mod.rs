@@ -2,7 +2,9 @@
 //!
 //! - `service`: [`NodeService`] and what its calls share; the calls by
 //!   family: `stage` (stage, unstage), `publish` (publish, unpublish, and a
-//!   publish's restage after a reboot), `expand`, `volume_stats`;
+//!   publish's restage after a reboot), `expand` (online, but for an
+//!   encrypted volume, whose device grows only at its next stage),
+//!   `volume_stats`;
 //!   `shared_fs`: their host half for a filesystem device (virtio-fs,
 //!   mounted by tag); `identity`: the Identity RPCs.
 //! - `request`: what a stage or publish asks for, checked.

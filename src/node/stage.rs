@@ -3,8 +3,9 @@
 //! Stage attaches the volume on the DPU (or takes DPF's attachment from the
 //! publish context), records it, then does the host half: waits for the
 //! device in sysfs, sets its read-only flag, and for a filesystem formats it
-//! if blank and mounts it at the staging path. Unstage undoes each step in
-//! reverse, each tolerating its object being gone.
+//! if blank, or grows it to its device if the volume grew meanwhile (ext4
+//! before mounting, xfs once mounted), and mounts it at the staging path.
+//! Unstage undoes each step in reverse, each tolerating its object being gone.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -263,23 +264,39 @@ impl NodeService {
         // A kernel name the device had may be another's by now: nothing is
         // written through it unless sysfs still shows it as the volume's.
         self.still_there(volume_id, (locator, device), "formatting")?;
-        if read_only {
+        // A filesystem found on the device is grown to it here: the volume
+        // may have grown while unstaged, or while staged without the host
+        // seeing it (an encrypted one's device grows only when staged again,
+        // `expand.rs`). Not left to the NodeExpandVolume kubelet may send
+        // after the stage: whether it does depends on its resize bookkeeping.
+        let grow = if read_only {
             if let format::Probe::Blank = format::probe(&device.node, deadline).await? {
                 return Err(Refusal::BlankReadOnly {
                     volume_id: volume_id.to_string(),
                 }
                 .into());
             }
+            false
         } else {
             let formatted = self.format(volume_id, &device.node, *fs, deadline).await?;
             crate::failpoint::step("stage:format");
-            if !formatted && *fs == FsType::Ext4 {
-                grow::grow_ext4_offline(&device.node, deadline).await?;
-            }
+            !formatted
+        };
+        if grow && *fs == FsType::Ext4 {
+            grow::grow_ext4_offline(&device.node, deadline).await?;
         }
         self.still_there(volume_id, (locator, device), "mounting")?;
         mount::mount_filesystem(&device.node, staging, *fs, flags, read_only, deadline).await?;
         crate::failpoint::step("stage:mount");
+        // xfs grows only mounted; a no-op when it fills its device already.
+        // A failure leaves the volume usable at its old size, and a retried
+        // stage would keep the mount without growing it: say so, go on.
+        if grow
+            && *fs == FsType::Xfs
+            && let Err(error) = grow::expand_filesystem(&device.node, staging, *fs, deadline).await
+        {
+            tracing::warn!(%volume_id, %error, "the staged xfs was not grown to its device; NodeExpandVolume grows it");
+        }
         Ok(())
     }
 

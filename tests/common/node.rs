@@ -19,7 +19,7 @@ use snap_csi::proto::csi::v1::volume_capability::access_mode::Mode;
 use snap_csi::proto::csi::v1::volume_capability::{
     AccessMode, AccessType, BlockVolume, MountVolume,
 };
-use snap_csi::spdk::bdev::BdevGetBdevs;
+use snap_csi::spdk::bdev::{BdevAioRescan, BdevGetBdevs};
 use snap_csi::spdk::snap::{NvmeSubsystemList, VirtioBlkControllerList};
 use tokio::sync::oneshot;
 use tonic::transport::Channel;
@@ -461,6 +461,53 @@ pub async fn stage_and_publish(
     ))
     .await
     .unwrap_or_else(|e| panic!("publish {volume_id} at {}: {e}", target.display()));
+}
+
+/// NodeExpandVolume of a published volume to `required` bytes.
+pub fn expand_request(
+    volume_id: &str,
+    target: &Path,
+    staging: &Path,
+    required: u64,
+) -> csi::NodeExpandVolumeRequest {
+    csi::NodeExpandVolumeRequest {
+        volume_id: volume_id.into(),
+        volume_path: target.display().to_string(),
+        capacity_range: Some(csi::CapacityRange {
+            required_bytes: required as i64,
+            limit_bytes: 0,
+        }),
+        staging_target_path: staging.display().to_string(),
+        volume_capability: None,
+        secrets: Default::default(),
+    }
+}
+
+/// What the vendor side does when the controller grows an AIO volume: the
+/// backing file grows and SPDK rescans the bdev over it, which SNAP passes
+/// on to the host (unless a crypto vbdev stands in between).
+pub async fn grow_on_the_dpu(stack: &NodeStack, backing: &Path, size: u64) {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(backing)
+        .unwrap()
+        .set_len(size)
+        .unwrap();
+    let snap = stack.emulator.client();
+    let bdev = snap
+        .call(&BdevGetBdevs::default())
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|b| {
+            b.driver_specific
+                .aio
+                .as_ref()
+                .is_some_and(|aio| Path::new(&aio.filename) == backing)
+        })
+        .unwrap_or_else(|| panic!("no AIO bdev over {}", backing.display()))
+        .name;
+    snap.call(&BdevAioRescan { name: bdev }).await.unwrap();
 }
 
 /// NodeUnpublishVolume, which must succeed.

@@ -15,7 +15,10 @@
 //! yet succeeds and the vbdev appears when the base does (the emulator
 //! examines pending names after every call); hot removal of the base removes
 //! the vbdev but keeps its name pending, and `bdev_crypto_delete` of a
-//! pending name is `-19` and keeps it, as SPDK does. The tweak of block `lba`
+//! pending name is `-19` and keeps it, as SPDK does; it keeps the size it was
+//! made with when its base is resized (SPDK's takes only the base's removal
+//! event), and a write-zeroes to it is written as encrypted zeroes (it takes
+//! none: SPDK's bdev layer writes zeroes through it). The tweak of block `lba`
 //! is SPDK's `iv[0] = 0, iv[1] = lba` (16 bytes: eight zeros, then the LBA
 //! little-endian), with `key` the data key and `key2` the tweak key, as
 //! `accel_sw.c` hands them to ISA-L.

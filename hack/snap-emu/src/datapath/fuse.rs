@@ -780,6 +780,9 @@ impl Filesystem for Fs {
         let flags = FallocateFlags::from_bits_truncate(mode);
         let punch = flags.contains(FallocateFlags::FALLOC_FL_PUNCH_HOLE);
         let zero = flags.contains(FallocateFlags::FALLOC_FL_ZERO_RANGE);
+        // Zeroed ciphertext would read back as noise (mkfs.xfs zeroes its
+        // log so): SPDK writes zeroes through a crypto bdev instead.
+        let encrypted_zeroes = zero && served.volume.cipher.is_some();
         let (Ok(at), Ok(len)) = (
             i64::try_from(served.volume.backing.offset + offset),
             i64::try_from(length),
@@ -792,7 +795,9 @@ impl Filesystem for Fs {
         // Not rate-limited, as SPDK does not limit unmaps.
         self.submit(served, None, move |s| {
             let run = || fallocate(&s.file, flags, at, len).map_err(std::io::Error::from);
-            let done = if punch {
+            let done = if encrypted_zeroes {
+                s.volume.write_zeroes(&s.file, offset, length)
+            } else if punch {
                 s.volume.account(IoKind::Unmap, length, arrived, run)
             } else {
                 run()
