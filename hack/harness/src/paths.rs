@@ -3,15 +3,21 @@
 //! saw meanwhile (the longest a single write waited, and any error), then
 //! every byte read back.
 //!
-//! A path is cut by removing its listener from the volume's subsystem on the
-//! target: SPDK then drops the connections that came in through it, as a
-//! failed link or port would end them. The sample controller puts a lost
-//! listener back within its re-export period, which is the path's return.
+//! A path is cut one of two ways ([`How`]). [`How::Listener`] removes its
+//! listener from the volume's subsystem on the target: SPDK then closes the
+//! connections that came in through it, so the initiator knows at once (a
+//! port shut down); the sample controller puts a lost listener back within
+//! its re-export period, which is the path's return. [`How::Silent`] drops
+//! the path's packets ([`Blackhole`]) as a cable pulled or a switch dead
+//! would: nothing is closed, the initiator finds out only by its own
+//! timeouts; the path returns when the [`Cut`] is dropped.
 
 use std::fs::File;
+use std::io::Write;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -122,7 +128,37 @@ pub async fn wait_connected(
     }
 }
 
-/// Removes `path`'s listener from `nqn` on the target behind `socket`.
+/// How a path is cut.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum How {
+    /// The target removes the path's listener and closes its connections.
+    Listener,
+    /// The path's packets are dropped; no connection is told.
+    Silent,
+}
+
+/// A path cut by [`cut_as`]: a silent cut lasts as long as this value.
+#[derive(Debug)]
+pub enum Cut {
+    Listener,
+    Silent(Blackhole),
+}
+
+/// Cuts `path` of `nqn` (on the target behind `socket`) as `how` says.
+pub async fn cut_as(
+    how: How,
+    socket: &Path,
+    nqn: &str,
+    path: &ListenAddress,
+) -> anyhow::Result<Cut> {
+    match how {
+        How::Listener => cut(socket, nqn, path).await.map(|()| Cut::Listener),
+        How::Silent => Blackhole::new(path).map(Cut::Silent),
+    }
+}
+
+/// Removes `path`'s listener from `nqn` on the target behind `socket`
+/// ([`How::Listener`]).
 pub async fn cut(socket: &Path, nqn: &str, path: &ListenAddress) -> anyhow::Result<()> {
     let remove = NvmfSubsystemRemoveListener {
         nqn: nqn.to_string(),
@@ -137,6 +173,106 @@ pub async fn cut(socket: &Path, nqn: &str, path: &ListenAddress) -> anyhow::Resu
                 path.traddr, path.trsvcid
             )
         })?;
+    Ok(())
+}
+
+/// One path's packets dropped, both ways, until dropped itself: an
+/// nftables table of its own (`inet snapcsi_cut_<pid>_<n>`), nothing else
+/// on the machine touched, deleted by `Drop` (a test that panics unwinds
+/// through it too). Its one chain, on the input hook ahead of every other
+/// (priority -300), drops every TCP packet to or from the listener's
+/// address and port: on loopback, where the tests' target and initiator
+/// meet, each packet of the path passes that hook once, so the path goes
+/// silent both ways; nothing is refused or reset, so no socket hears of it
+/// (a drop on the output hook is reported to the local sender, its
+/// transmit failing with EPERM: not silent). With a target on another
+/// machine, its packets are dropped as they arrive here, which is what the
+/// initiator sees of a dead link (the target still gets the requests). A
+/// process killed outright leaves its table behind, named by its pid:
+/// `nft delete table inet snapcsi_cut_<pid>_<n>`.
+#[derive(Debug)]
+pub struct Blackhole {
+    table: String,
+}
+
+impl Blackhole {
+    pub fn new(path: &ListenAddress) -> anyhow::Result<Blackhole> {
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let table = format!(
+            "snapcsi_cut_{}_{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        );
+        let ruleset = blackhole_ruleset(&table, path)?;
+        nft(&ruleset).with_context(|| format!("silencing path {}", show(path)))?;
+        Ok(Blackhole { table })
+    }
+
+    /// The table's name, as `nft list tables` shows it.
+    pub fn table(&self) -> &str {
+        &self.table
+    }
+}
+
+impl Drop for Blackhole {
+    fn drop(&mut self) {
+        if let Err(error) = nft(&format!("delete table inet {}\n", self.table)) {
+            eprintln!("could not remove nftables table {}: {error:#}", self.table);
+        }
+    }
+}
+
+/// The nftables script that makes table `table` drop `path`'s packets.
+fn blackhole_ruleset(table: &str, path: &ListenAddress) -> anyhow::Result<String> {
+    let family = match path.adrfam.to_ascii_lowercase().as_str() {
+        "ipv4" => "ip",
+        "ipv6" => "ip6",
+        other => bail!("cannot silence a path of address family {other:?}"),
+    };
+    if !path.trtype.eq_ignore_ascii_case("tcp") {
+        bail!("cannot silence a path of transport {:?}", path.trtype);
+    }
+    let address: std::net::IpAddr = path
+        .traddr
+        .parse()
+        .with_context(|| format!("path address {:?}", path.traddr))?;
+    let port: u16 = path
+        .trsvcid
+        .parse()
+        .with_context(|| format!("path port {:?}", path.trsvcid))?;
+    Ok(format!(
+        "table inet {table} {{\n\
+         \tchain input {{\n\
+         \t\ttype filter hook input priority -300; policy accept;\n\
+         \t\t{family} daddr {address} tcp dport {port} drop\n\
+         \t\t{family} saddr {address} tcp sport {port} drop\n\
+         \t}}\n\
+         }}\n"
+    ))
+}
+
+/// Runs `nft -f -` on `script`.
+fn nft(script: &str) -> anyhow::Result<()> {
+    let mut child = Command::new("nft")
+        .args(["-f", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("running nft")?;
+    child
+        .stdin
+        .take()
+        .context("nft's stdin")?
+        .write_all(script.as_bytes())?;
+    let output = child.wait_with_output()?;
+    if !output.status.success() {
+        bail!(
+            "nft: {}: {}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
+    }
     Ok(())
 }
 
@@ -389,6 +525,74 @@ mod tests {
         assert_eq!(all_connected(&[current, Some((false, false))]), None);
         assert_eq!(all_connected(&[current, None]), None);
         assert_eq!(all_connected(&[]), None);
+    }
+
+    fn address(adrfam: &str, traddr: &str, trsvcid: &str) -> ListenAddress {
+        ListenAddress {
+            trtype: "tcp".into(),
+            adrfam: adrfam.into(),
+            traddr: traddr.into(),
+            trsvcid: trsvcid.into(),
+        }
+    }
+
+    #[test]
+    fn a_silent_cut_drops_the_paths_packets_both_ways() {
+        let rules = blackhole_ruleset("t", &address("ipv4", "127.0.0.1", "4420")).unwrap();
+        assert!(rules.contains("hook input priority -300"), "{rules}");
+        assert!(
+            rules.contains("ip daddr 127.0.0.1 tcp dport 4420 drop"),
+            "{rules}"
+        );
+        assert!(
+            rules.contains("ip saddr 127.0.0.1 tcp sport 4420 drop"),
+            "{rules}"
+        );
+        let v6 = blackhole_ruleset("t", &address("IPv6", "::1", "4420")).unwrap();
+        assert!(v6.contains("ip6 daddr ::1 tcp dport 4420 drop"), "{v6}");
+        for bad in [
+            address("ipv4", "localhost", "4420"),
+            address("ipv4", "127.0.0.1", "x"),
+            address("ib", "127.0.0.1", "4420"),
+        ] {
+            assert!(blackhole_ruleset("t", &bad).is_err(), "{bad:?}");
+        }
+    }
+
+    /// The real thing, as root (nftables): a connection to a silenced
+    /// port neither connects nor is refused, the table is listed while the
+    /// cut lasts and gone after it.
+    #[test]
+    fn a_silent_cut_swallows_the_port_until_dropped() {
+        use std::net::{TcpListener, TcpStream};
+        let status = std::fs::read_to_string("/proc/self/status").unwrap();
+        let root = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Uid:"))
+            .and_then(|ids| ids.split_whitespace().nth(1))
+            == Some("0");
+        if !root {
+            eprintln!("skipped: nftables needs root");
+            return;
+        }
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let at = listener.local_addr().unwrap();
+        let path = address("ipv4", "127.0.0.1", &at.port().to_string());
+        let tables = || {
+            let out = Command::new("nft")
+                .args(["list", "tables"])
+                .output()
+                .unwrap();
+            String::from_utf8(out.stdout).unwrap()
+        };
+        let hole = Blackhole::new(&path).unwrap();
+        assert!(tables().contains(hole.table()), "{}", tables());
+        let error = TcpStream::connect_timeout(&at, Duration::from_millis(300)).unwrap_err();
+        assert_eq!(error.kind(), std::io::ErrorKind::TimedOut, "{error}");
+        let table = hole.table().to_string();
+        drop(hole);
+        assert!(!tables().contains(&table), "{}", tables());
+        TcpStream::connect_timeout(&at, Duration::from_secs(5)).unwrap();
     }
 
     #[test]

@@ -51,8 +51,76 @@ use crate::backend::{NvmfPath, NvmfTarget};
 /// default (0) would fail every I/O of a target restart and never reconnect.
 /// Each path of a multipath device has the same policy: the bdev serves on
 /// through the others while one is reconnected.
+///
+/// `fast_io_fail_timeout_sec` is left unset (0: never) on purpose: it
+/// fails the I/O queued for a controller reconnecting longer than that,
+/// which on a single-path volume is a target restart's I/O (an error the
+/// host's filesystem sees), and on a multipath device changes nothing
+/// while another path is up (its I/O is not queued on the lost one). A
+/// silent path loss is found by [`TRANSPORT_ACK_TIMEOUT`], not by these.
+///
+/// The delay between reconnects is the price of a silently lost path on
+/// SPDK v24.09: each attempt blocks the reactor ~2 s (see
+/// [`TRANSPORT_ACK_TIMEOUT`]), so 1 s keeps it blocked two thirds of the
+/// time while the path is down (5 s measured twice the writes, the same
+/// longest stall); it is kept at 1 s because it is also how soon a target
+/// that restarted (a refused connection, which does not block) serves a
+/// single-path volume again.
 pub const CTRLR_LOSS_TIMEOUT_SEC: i32 = 600;
 pub const RECONNECT_DELAY_SEC: u32 = 1;
+
+/// `transport_ack_timeout` of `bdev_nvme_set_options` on the DPU's SPDK:
+/// NVMe/TCP sockets get `TCP_USER_TIMEOUT` = 2^8 ms, so a connection whose
+/// sent bytes (an I/O, or a keep-alive every half KATO) go unacknowledged
+/// that long is closed by the kernel, its I/O aborted and at once retried
+/// by the multipath bdev on another path (`bdev_retry_count`, SPDK's 3),
+/// the path reset and reconnected every [`RECONNECT_DELAY_SEC`]. It is
+/// the only thing that finds a *silent* path loss (packets gone, nothing
+/// closed). With SPDK's default (0) the write on the lost path waits as long
+/// as the link is down (measured: a 20 s cut, writes of 20.9 s, 23.7 s);
+/// keep-alive does not help (SPDK's host sends it and never checks the
+/// answer), nor do `fast_io_fail_timeout_sec` and `ctrlr_loss_timeout_sec`
+/// (clocks of a reconnect that never starts), and a per-command
+/// `timeout_us` with `action_on_timeout: reset` is worse: its reset
+/// reconnects in a blocking `connect()` that, without this timeout, holds
+/// SPDK's reactor for the kernel's SYN retries (over 30 s measured).
+///
+/// What it costs, on SPDK v24.09 (`tests/real_spdk.rs`, a silent cut of
+/// the current path under a writer, one reactor): SPDK's TCP `connect()`
+/// blocks its thread, and a SYN lost in the void is given up no sooner
+/// than the kernel's first SYN retransmission (1 s), whatever this
+/// timeout. So the failover stalls a write ~1.7 s (the kernel gives the
+/// socket up ~0.7 s after the cut, then the reset's `connect()` blocks
+/// ~1 s); 9 measured ~2.0 s, 10 ~2.5 s, 11 ~4.5 s. While the path stays
+/// silent, every reconnect attempt (SPDK chains two) blocks the reactor
+/// ~2.05 s, once per [`RECONNECT_DELAY_SEC`] + 2 s, whatever the value.
+///
+/// Why 8, not shorter or longer: the kernel retransmits at least once
+/// before it honours the timeout, so 8 gives a path up only when neither a
+/// segment nor its retransmission is acknowledged (or the target leaves
+/// its window shut 256 ms: an SPDK target reads its sockets on every
+/// poll, so that is a target stuck, not busy); a slow target never trips
+/// it, the kernel acknowledges whatever the target's load. A false alarm
+/// on a live link costs a reconnect that succeeds at once (no blocking:
+/// the SYN is answered), the other path carrying the I/O meanwhile. A
+/// longer value only lengthens the failover.
+///
+/// Global, not per attach: SPDK's `bdev_nvme_attach_controller` has no
+/// such parameter, and `bdev_nvme_set_options` is refused once any NVMe
+/// controller exists, so it belongs to SNAP's start-up configuration,
+/// not to the plugin's calls.
+pub const TRANSPORT_ACK_TIMEOUT: u8 = 8;
+
+/// The `bdev_nvme_set_options` parameters SNAP's SPDK should start with
+/// for the plugin's paths: [`TRANSPORT_ACK_TIMEOUT`], the rest SPDK's
+/// defaults. Keep-alive stays at 10 s: on an idle path it only sends the
+/// bytes whose missing acknowledgement finds the loss, and no writer
+/// waits on an idle path (2 s measured the same stalls, with more
+/// traffic). `bdev_retry_count` stays 3: an I/O aborted on the lost path
+/// is retried on another at once, not counted against it.
+pub fn snap_bdev_nvme_options() -> serde_json::Value {
+    serde_json::json!({ "transport_ack_timeout": TRANSPORT_ACK_TIMEOUT })
+}
 
 /// How often the keeper looks at the multipath devices it keeps.
 pub const PERIOD: Duration = Duration::from_secs(2);
@@ -318,6 +386,21 @@ mod tests {
                 })
                 .collect(),
         }
+    }
+
+    #[test]
+    fn snap_is_told_to_give_up_a_silent_path_in_a_quarter_second() {
+        let options = snap_bdev_nvme_options();
+        assert_eq!(options, serde_json::json!({"transport_ack_timeout": 8}));
+        // SPDK's TCP transport takes 0..=31 (0: never); 2^8 ms.
+        assert!((1..=31).contains(&TRANSPORT_ACK_TIMEOUT));
+        assert_eq!(1u64 << TRANSPORT_ACK_TIMEOUT, 256);
+        // The reconnect policy SPDK checks at attach: a delay within the loss
+        // timeout, and no fast I/O failure.
+        let attach = attach("c", &target(&[]), &target(&[]).paths()[0]);
+        assert_eq!(attach.reconnect_delay_sec, Some(RECONNECT_DELAY_SEC));
+        assert_eq!(attach.ctrlr_loss_timeout_sec, Some(CTRLR_LOSS_TIMEOUT_SEC));
+        assert!(i64::from(RECONNECT_DELAY_SEC) <= i64::from(CTRLR_LOSS_TIMEOUT_SEC));
     }
 
     #[tokio::test]

@@ -779,3 +779,248 @@ pub async fn a_multipath_device_costs_two_round_trips_whatever_its_paths(source:
         csi.delete(&v.volume_id).await.unwrap();
     }
 }
+
+/// What a silent cut test runs SNAP's SPDK with: `bdev_nvme_set_options`
+/// beyond SPDK's defaults (SNAP's own configuration, set before any
+/// controller: SPDK takes them for controllers attached later), and the
+/// longest a write may stall for the test to pass. With SPDK's defaults
+/// the write in flight waits out the whole cut (a 20 s cut measured 20.9 s
+/// and 23.7 s, no failover): `TRANSPORT_ACK_TIMEOUT` is what finds it.
+pub struct SilentCut {
+    pub options: serde_json::Value,
+    /// The failover's stall: the write in flight when the path went silent.
+    pub failover_bound: Duration,
+    /// Any write's stall while the path stays silent (SPDK trying it again).
+    pub cut_bound: Duration,
+    /// How long the path stays silent: SPDK must fail over within it, and writes go on through the other path meanwhile, while
+    /// SPDK tries the lost one again and again.
+    pub hold: Duration,
+}
+
+/// One write of the silent cut's writer.
+struct Timed {
+    began: std::time::Instant,
+    took: Duration,
+    error: Option<String>,
+}
+
+/// Bytes per write: 4 blocks of 4 KiB, small enough that a stall shows as
+/// itself (and, in base64, within the 32 KiB SPDK reads of one request).
+const SILENT_WRITE: usize = 16 << 10;
+
+/// The content of write `round` of slot `slot`: every word names both.
+fn silent_block(slot: usize, round: u32) -> Vec<u8> {
+    (0..SILENT_WRITE / 8)
+        .flat_map(|word| {
+            (((slot as u64) << 40) ^ (u64::from(round) << 20) ^ word as u64).to_le_bytes()
+        })
+        .collect()
+}
+
+/// A multipath device's current path loses its packets (no connection
+/// closed: [`snap_csi_harness::paths::How::Silent`]) while the host writes
+/// it, each write waiting for the one before. SPDK must notice by itself,
+/// fail over with no write failing, and every block must read back as last
+/// written. Prints the stall: the longest one write took from the cut on.
+pub async fn a_silent_cut_stalls_writes_briefly_and_fails_none(source: &Source, cut: &SilentCut) {
+    use snap_csi_harness::paths::{self, How};
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+    let _turn = PLUGIN_CALLS.lock().await;
+    let mut csi = two_listeners(source).await;
+    let volume = csi.create(multipath_volume("pvc-silent")).await.unwrap();
+    let (first, second) = volume_ports(&volume);
+    let subnqn = volume.volume_context["subnqn"].clone();
+    csi.halt().await;
+    let snap = &snap_of(&mut csi, source).await;
+    snap.client()
+        .call_raw(
+            "bdev_nvme_set_options",
+            Some(&cut.options),
+            Instant::now() + TIMEOUT,
+        )
+        .await
+        .unwrap();
+    let metrics: SocketAddr = format!("127.0.0.1:{}", free_tcp_port()).parse().unwrap();
+    let plugin = Plugin::start_with_metrics(snap.socket(), Duration::ZERO, metrics).await;
+    let id = &volume.volume_id;
+    let device = plugin
+        .create(id, volume.volume_context.clone())
+        .await
+        .unwrap();
+    let host_port = expose(snap, &device).await;
+    let host = Remote {
+        initiator: csi.target().spdk.client(),
+        traddr: "127.0.0.1",
+        trsvcid: &host_port,
+        subnqn: HOST_NQN,
+    };
+    let session = host.attach("silent").await;
+    let block_size = session.block_size();
+    let slots = (8 * MIB) as usize / SILENT_WRITE;
+    let per_write = cut.hold + Duration::from_secs(60);
+    session
+        .try_write_blocks(0, &silent_block(0, 0), per_write)
+        .await
+        .unwrap();
+    let routes = io_paths(snap, &device).await;
+    let current: Vec<&String> = routes.iter().filter(|r| r.1).map(|r| &r.0).collect();
+    assert_eq!(current.len(), 1, "one current path: {routes:?}");
+    let (lost, kept) = if *current[0] == first {
+        (first.clone(), second.clone())
+    } else {
+        (second.clone(), first.clone())
+    };
+
+    let stop = AtomicBool::new(false);
+    let done = AtomicU64::new(0);
+    let writer = async {
+        let mut rounds = vec![0u32; slots];
+        rounds[0] = 1;
+        let mut log = Vec::new();
+        let mut slot = 1;
+        while !stop.load(Ordering::Relaxed) {
+            let data = silent_block(slot, rounds[slot]);
+            let lba = (slot * SILENT_WRITE) as u64 / block_size;
+            let began = std::time::Instant::now();
+            let result = session.try_write_blocks(lba, &data, per_write).await;
+            let took = began.elapsed();
+            // A failed write leaves the slot unknown: not read back.
+            rounds[slot] = match &result {
+                Ok(()) => rounds[slot] + 1,
+                Err(_) => 0,
+            };
+            log.push(Timed {
+                began,
+                took,
+                error: result.err(),
+            });
+            done.fetch_add(1, Ordering::Relaxed);
+            slot = (slot + 1) % slots;
+        }
+        (rounds, log)
+    };
+    let wait_writes = |more: u64| {
+        let goal = done.load(Ordering::Relaxed) + more;
+        let done = &done;
+        async move {
+            while done.load(Ordering::Relaxed) < goal {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+    };
+    let cutter = async {
+        wait_writes(50).await;
+        let silenced = paths::cut_as(
+            How::Silent,
+            csi.target().spdk.socket(),
+            &subnqn,
+            &listen_address(&lost),
+        )
+        .await
+        .unwrap();
+        let cut_at = std::time::Instant::now();
+        // SPDK's own view: the kept path current, the lost one not connected.
+        let mut failed_over = None;
+        while cut_at.elapsed() < cut.hold {
+            if failed_over.is_none() {
+                let now = io_paths(snap, &device).await;
+                if now.iter().any(|r| r.0 == kept && r.1 && r.2)
+                    && now.iter().all(|r| r.0 != lost || !r.2)
+                {
+                    failed_over = Some(cut_at.elapsed());
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // The path's packets flow again; a write still waiting on it ends.
+        drop(silenced);
+        let lifted = cut_at.elapsed();
+        wait_writes(50).await;
+        stop.store(true, Ordering::Relaxed);
+        (cut_at, failed_over, lifted)
+    };
+    let ((rounds, log), (cut_at, failed_over, lifted)) = tokio::join!(writer, cutter);
+
+    let errors: Vec<&String> = log.iter().filter_map(|w| w.error.as_ref()).collect();
+    let during = |w: &&Timed| w.began + w.took >= cut_at;
+    let stall = log
+        .iter()
+        .filter(during)
+        .map(|w| w.took)
+        .max()
+        .unwrap_or_default();
+    // The first write to end after the cut: the one SPDK had to fail over.
+    let failover_stall = log
+        .iter()
+        .find(|w| w.began + w.took >= cut_at)
+        .map(|w| w.took)
+        .unwrap_or_default();
+    let before = log
+        .iter()
+        .filter(|w| w.began + w.took < cut_at)
+        .map(|w| w.took)
+        .max()
+        .unwrap_or_default();
+    // Every write that waited over 100 ms: when it began after the cut, how long.
+    let slow: Vec<String> = log
+        .iter()
+        .filter(during)
+        .filter(|w| w.took > Duration::from_millis(100))
+        .map(|w| {
+            let at = w.began.saturating_duration_since(cut_at).as_secs_f64();
+            format!("{at:.2}s+{:.2}s", w.took.as_secs_f64())
+        })
+        .collect();
+    eprintln!(
+        "silent cut of port {lost} for {lifted:.1?} with bdev_nvme options {}: failover \
+         stall {failover_stall:?}, longest stall {stall:?} (longest write before the cut \
+         {before:?}), SPDK failed over after {failed_over:?}, {} writes, {} errors, writes \
+         over 100 ms (began after the cut + took) [{}]",
+        cut.options,
+        log.len(),
+        errors.len(),
+        slow.join(" ")
+    );
+    assert!(
+        errors.is_empty(),
+        "{} writes failed: {:?}",
+        errors.len(),
+        errors[0]
+    );
+    // Every slot holds what its last write put there.
+    for (slot, round) in rounds.iter().enumerate() {
+        let Some(round) = round.checked_sub(1) else {
+            continue;
+        };
+        let at = (slot * SILENT_WRITE) as u64;
+        assert!(
+            session.read(at, SILENT_WRITE).await == silent_block(slot, round),
+            "slot {slot} does not hold its last write (round {round})"
+        );
+    }
+    assert!(
+        failed_over.is_some(),
+        "SPDK did not fail over within {:?}",
+        cut.hold
+    );
+    let bound = cut.failover_bound;
+    assert!(
+        failover_stall < bound,
+        "the failover stalled a write {failover_stall:?} (bound {bound:?})"
+    );
+    let bound = cut.cut_bound;
+    assert!(stall < bound, "a write stalled {stall:?} (bound {bound:?})");
+
+    session.detach().await;
+    snap.client()
+        .call(&NvmfDeleteSubsystem {
+            nqn: HOST_NQN.into(),
+        })
+        .await
+        .unwrap();
+    plugin.delete(id, &device).await.unwrap();
+    assert!(snap.nvme_controllers().await.is_empty());
+    csi.restart().await;
+    csi.delete(id).await.unwrap();
+}

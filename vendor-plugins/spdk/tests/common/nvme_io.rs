@@ -140,13 +140,42 @@ impl Session<'_> {
             .unwrap();
     }
 
+    /// Whole blocks at block `first`, as [`Session::write_blocks`], waiting
+    /// at most `within` for the command: the failed command's reply, or
+    /// SPDK's error, instead of a panic.
+    pub async fn try_write_blocks(
+        &self,
+        first: u64,
+        data: &[u8],
+        within: std::time::Duration,
+    ) -> Result<(), String> {
+        assert_eq!(data.len() as u64 % self.block_size, 0, "whole blocks");
+        let blocks = (data.len() as u64 / self.block_size) as u32;
+        self.try_transfer(WRITE, first, blocks, Some(data), within)
+            .await
+            .map(drop)
+    }
+
     /// One NVMe I/O command on namespace 1; returns what a read read.
     async fn transfer(&self, opcode: u8, first: u64, blocks: u32, data: Option<&[u8]>) -> Vec<u8> {
+        self.try_transfer(opcode, first, blocks, data, TIMEOUT)
+            .await
+            .unwrap_or_else(|error| panic!("{error}"))
+    }
+
+    async fn try_transfer(
+        &self,
+        opcode: u8,
+        first: u64,
+        blocks: u32,
+        data: Option<&[u8]>,
+        within: std::time::Duration,
+    ) -> Result<Vec<u8>, String> {
         let mut params = json!({
             "name": self.name,
             "cmd_type": "io",
             "cmdbuf": BASE64.encode(command(opcode, first, blocks)),
-            "timeout_ms": TIMEOUT.as_millis() as u64,
+            "timeout_ms": within.as_millis() as u64,
         });
         match data {
             // Without data_len: SPDK would check it against a length it
@@ -165,18 +194,20 @@ impl Session<'_> {
             .call_raw(
                 "bdev_nvme_send_cmd",
                 Some(&params),
-                Instant::now() + TIMEOUT,
+                Instant::now() + within + TIMEOUT,
             )
             .await
-            .unwrap();
+            .map_err(|error| format!("NVMe command {opcode:#x}: {error}"))?;
         let completion = BASE64.decode(reply["cpl"].as_str().unwrap()).unwrap();
         // Completion dword 3's upper half: phase tag, then the status field.
         let status = u16::from_le_bytes([completion[14], completion[15]]) >> 1;
-        assert_eq!(status, 0, "NVMe command {opcode:#x} failed: {reply}");
-        match reply.get("data").and_then(Value::as_str) {
+        if status != 0 {
+            return Err(format!("NVMe command {opcode:#x} failed: {reply}"));
+        }
+        Ok(match reply.get("data").and_then(Value::as_str) {
             Some(text) => BASE64.decode(text).unwrap(),
             None => vec![],
-        }
+        })
     }
 }
 
