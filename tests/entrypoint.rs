@@ -189,3 +189,29 @@ fn credentials_in_an_endpoint_are_refused_and_never_printed() {
         assert!(!String::from_utf8_lossy(&output.stdout).contains(secret));
     }
 }
+
+/// A DPU's topology segment is valued with the node id
+/// (`dpu.snap-csi.io/NAME: NODE_ID`), which kubelet makes a Node label: a
+/// node id that cannot be a label value is refused before the node serves.
+#[test]
+fn a_node_id_that_cannot_be_a_label_value_is_refused_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    // A file, not a socket: a node that went on would stop there, not serve.
+    let endpoint = dir.path().join("csi.sock");
+    std::fs::write(&endpoint, "").unwrap();
+    let output = snap_csi()
+        .args(["node", "--dpu-name", "bf3-a", "--node-id", &"n".repeat(64)])
+        .arg("--endpoint")
+        .arg(&endpoint)
+        .arg("--state-dir")
+        .arg(dir.path().join("state"))
+        .arg("--kubelet-dir")
+        .arg(dir.path().join("kubelet"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    for part in ["--node-id", "at most 63", "dpu.snap-csi.io/bf3-a"] {
+        assert!(stderr.contains(part), "{part}: {stderr}");
+    }
+}

@@ -10,8 +10,8 @@
 //!   volume whose context names a DPU (`snap-csi.io/dpu`) goes there; one
 //!   naming a DPU the node lacks is FAILED_PRECONDITION and nothing is made
 //!   anywhere. NodeGetInfo counts both DPUs' functions and gives a topology
-//!   key per DPU and the first under the legacy key. After the unstages
-//!   neither DPU holds anything.
+//!   key per DPU, valued with the node id, and the first under the legacy
+//!   key. After the unstages neither DPU holds anything.
 //! - One DPU dying, three ways: its SNAP stopped (and later started again,
 //!   empty, as SPDK starts), its link gone (split mode: its agent stopped;
 //!   co-located: its vendor plugin) and its SNAP hung (every request held,
@@ -41,7 +41,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use common::dpu::{DPU_NAME, split};
+use common::dpu::{DPU_NAME, HOST_NAME, split};
 use common::dpus::{NAMES, SECOND_DPU_NAME, first_choice, index};
 use common::node::{
     NodeStack, Tweaks, block_capability, mount_capability, publish_request, read_volume, scrape,
@@ -473,7 +473,8 @@ async fn volumes_spread_over_both_dpus_each_in_its_own_pci_domain() {
     assert_eq!(stack.records(), volumes.len(), "no record of it");
     assert!(common::node::mounts_under(&stack.path("plugins/staging/pvc-elsewhere")).is_empty());
 
-    // NodeGetInfo: both DPUs' functions, a topology key each.
+    // NodeGetInfo: both DPUs' functions, a topology key each, valued with
+    // the node id (another host's DPUs may have these names).
     let functions = [
         nvme_functions(&stack, 0).await,
         nvme_functions(&stack, 1).await,
@@ -485,10 +486,10 @@ async fn volumes_spread_over_both_dpus_each_in_its_own_pci_domain() {
         info.accessible_topology.unwrap().segments,
         HashMap::from([
             ("topology.snap-csi.io/dpu".to_string(), DPU_NAME.to_string()),
-            (format!("dpu.snap-csi.io/{DPU_NAME}"), "true".to_string()),
+            (format!("dpu.snap-csi.io/{DPU_NAME}"), HOST_NAME.to_string()),
             (
                 format!("dpu.snap-csi.io/{SECOND_DPU_NAME}"),
-                "true".to_string()
+                HOST_NAME.to_string()
             ),
         ])
     );

@@ -161,23 +161,27 @@ impl NodeConfig {
 impl NodeConfig {
     /// Every DPU this node reaches, in the configured order (the first
     /// serves volumes recorded by a node that knew only one), checked: the
-    /// `dpus` list, or the single-DPU settings as its one entry.
+    /// `dpus` list, or the single-DPU settings as its one entry; and the
+    /// node id, which values their topology segments.
     pub fn dpu_specs(&self) -> Result<Vec<DpuSpec>, String> {
         let sockets = Reach::Sockets {
             plugin_socket: self.plugin_socket.clone(),
             snap_socket_template: self.snap_socket_template.clone(),
         };
-        if !self.dpus.is_empty() {
-            return super::dpus::specs(&self.dpus, &sockets, self.dpu_insecure_plaintext);
-        }
-        Ok(vec![DpuSpec {
-            name: self.dpu_name.clone(),
-            pci_domain: 0,
-            reach: match self.dpu_link()? {
-                Some(address) => Reach::Agent(address),
-                None => sockets,
-            },
-        }])
+        let specs = if self.dpus.is_empty() {
+            vec![DpuSpec {
+                name: self.dpu_name.clone(),
+                pci_domain: 0,
+                reach: match self.dpu_link()? {
+                    Some(address) => Reach::Agent(address),
+                    None => sockets,
+                },
+            }]
+        } else {
+            super::dpus::specs(&self.dpus, &sockets, self.dpu_insecure_plaintext)?
+        };
+        super::dpus::check_node_id(&self.node_id, &specs)?;
+        Ok(specs)
     }
 
     /// The placement settings make sense together (the file is not checked
@@ -500,6 +504,40 @@ mod tests {
         let specs = resolve_dpus("dpu_name = \"bf3\"\n").unwrap();
         assert_eq!(specs.len(), 1);
         assert_eq!((specs[0].name.as_str(), specs[0].pci_domain), ("bf3", 0));
+    }
+
+    #[test]
+    fn a_node_id_valuing_a_dpu_segment_must_be_a_label_value() {
+        let long = "n".repeat(64);
+        let resolve = |node_id: &str, toml: &str| {
+            let (_dir, file) = test_file("node.toml", toml);
+            let args = NodeArgs {
+                config: Some(file),
+                node_id: Some(node_id.into()),
+                ..Default::default()
+            };
+            args.resolve().map_err(|e| e.to_string())
+        };
+        for (node_id, toml) in [
+            (long.as_str(), "dpu_name = \"bf3-a\"\n"),
+            (long.as_str(), "[[dpus]]\nname = \"bf3-a\"\n"),
+            ("host-1.", "dpu_name = \"bf3-a\"\n"),
+            ("host/1", "dpu_name = \"bf3-a\"\n"),
+        ] {
+            let error = resolve(node_id, toml).unwrap_err();
+            for part in ["--node-id", "63", "dpu.snap-csi.io/bf3-a"] {
+                assert!(error.contains(part), "{node_id} {toml}: {error}");
+            }
+        }
+        assert_eq!(
+            resolve("host-1.example", "dpu_name = \"bf3-a\"\n")
+                .unwrap()
+                .node_id,
+            "host-1.example"
+        );
+        // Named after a node id too long for a label, the one DPU has no
+        // segment of its own (as before), so nothing carries the id.
+        assert_eq!(resolve(&long, "").unwrap().dpu_name, long);
     }
 
     #[test]

@@ -3,10 +3,11 @@
 //! single-DPU settings (`dpu_name`, `dpu_endpoint`, `plugin_socket`,
 //! `snap_socket_template`), which are then its one entry.
 //!
-//! Each DPU has a name (its topology key `dpu.snap-csi.io/<name>`, and in
-//! split mode the name its agent's certificate carries) and the host PCI
-//! domain its emulated functions appear in: SNAP reports a function's
-//! address without a domain, and two DPUs' functions differ only in it.
+//! Each DPU has a name (its topology key `dpu.snap-csi.io/<name>`, valued
+//! with the node id, and in split mode the name its agent's certificate
+//! carries) and the host PCI domain its emulated functions appear in: SNAP
+//! reports a function's address without a domain, and two DPUs' functions
+//! differ only in it.
 
 use std::path::PathBuf;
 
@@ -17,8 +18,36 @@ use crate::grpc::LinkAddress;
 /// The flag that allows a plaintext agent endpoint (loopback only).
 pub const DPU_INSECURE_FLAG: &str = "--dpu-insecure-plaintext";
 
-/// Each DPU's topology key is this prefix and its name; the value is `true`.
+/// Each DPU's topology key is this prefix and its name ([`dpu_segment`]).
 pub const DPU_TOPOLOGY_PREFIX: &str = "dpu.snap-csi.io/";
+
+/// The topology segment of DPU `name` in the host of node `node_id`: what
+/// the node reports for it, and a volume local to it has as its accessible
+/// topology. Operators name DPUs alike on every host (`bf3-a`), so the name
+/// alone would let a volume on one host's DPU be scheduled to any host with
+/// a DPU of that name; the node id as the value makes it one host's.
+/// Kubernetes copies it to a Node label, so both must be of a label's form
+/// ([`is_label_name`]; the node checks its id with [`check_node_id`]).
+pub fn dpu_segment(name: &str, node_id: &str) -> (String, String) {
+    (format!("{DPU_TOPOLOGY_PREFIX}{name}"), node_id.to_string())
+}
+
+/// The node id values every DPU segment the node reports (a DPU whose name
+/// is a label name has one), so it must then be a label value, or kubelet
+/// could not copy the segment to the Node: refused at start, not reported.
+pub fn check_node_id(node_id: &str, specs: &[DpuSpec]) -> Result<(), String> {
+    match specs.iter().find(|s| is_label_name(&s.name)) {
+        Some(dpu) if !is_label_name(node_id) => Err(format!(
+            "node id {node_id:?} must be a Kubernetes label value (at most 63 letters, digits, \
+             '-', '_' or '.', beginning and ending with a letter or digit): it is the value of \
+             this host's topology segment {DPU_TOPOLOGY_PREFIX}{}, which tells its DPU from \
+             other hosts' DPUs of that name; give --node-id (SNAP_CSI_NODE_ID, node_id in the \
+             file) one that is",
+            dpu.name
+        )),
+        _ => Ok(()),
+    }
+}
 
 /// One entry of the config file's `dpus`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -131,7 +160,8 @@ fn parse_domain(hex: &str) -> Option<u16> {
     u16::from_str_radix(hex, 16).ok()
 }
 
-/// The name part of a Kubernetes label key.
+/// The name part of a Kubernetes label key; a label value, not empty, has
+/// the same form.
 pub fn is_label_name(name: &str) -> bool {
     let bytes = name.as_bytes();
     (1..=63).contains(&bytes.len())

@@ -26,13 +26,14 @@ use tokio::time::Instant;
 use tonic::Status;
 
 use super::config::NodeConfig;
-use super::dpus::{DPU_TOPOLOGY_PREFIX, Reach, is_label_name};
+use super::dpus::{Reach, dpu_segment, is_label_name};
 use crate::dpu::colocated::Colocated;
 use crate::dpu::remote::RemoteDpu;
 use crate::dpu::{AttachRequest, Attachment, DpuAttach, DpuError};
 
 /// Volume context key naming the one DPU that can serve the volume (a
-/// DPU-local backend sets it, with the topology `dpu.snap-csi.io/<name>`).
+/// DPU-local backend sets it, with the topology `dpu.snap-csi.io/<name>:
+/// <node id>`).
 pub const DPU_KEY: &str = "snap-csi.io/dpu";
 /// How often each DPU is probed in the background.
 const WATCH_PERIOD: Duration = Duration::from_secs(2);
@@ -284,18 +285,16 @@ impl Fleet {
 
     /// NodeGetInfo's segments: one key per DPU, since CSI gives a node one
     /// value per key and a volume local to one DPU must reach only the node
-    /// that has it; and the first DPU's name under the key nodes had before.
-    pub fn topology(&self, legacy_key: &str) -> HashMap<String, String> {
+    /// that has it, valued with `node_id`, since other hosts' DPUs may have
+    /// the same names ([`dpu_segment`]); and the first DPU's name under the
+    /// key nodes had before. A DPU whose name cannot be a label name (a
+    /// single DPU named after a long node id) has no key of its own.
+    pub fn topology(&self, legacy_key: &str, node_id: &str) -> HashMap<String, String> {
         let mut segments: HashMap<String, String> = self
             .members
             .iter()
             .filter(|m| is_label_name(&m.name))
-            .map(|m| {
-                (
-                    format!("{DPU_TOPOLOGY_PREFIX}{}", m.name),
-                    "true".to_string(),
-                )
-            })
+            .map(|m| dpu_segment(&m.name, node_id))
             .collect();
         segments.insert(legacy_key.to_string(), self.members[0].name.clone());
         segments
@@ -501,13 +500,13 @@ mod tests {
 
     #[test]
     fn topology_has_a_key_per_dpu_and_the_first_under_the_old_key() {
-        let segments = fleet(&["bf3-a", "bf3-b"]).topology("topology.snap-csi.io/dpu");
+        let segments = fleet(&["bf3-a", "bf3-b"]).topology("topology.snap-csi.io/dpu", "host-1");
         assert_eq!(
             segments,
             HashMap::from([
                 ("topology.snap-csi.io/dpu".to_string(), "bf3-a".to_string()),
-                ("dpu.snap-csi.io/bf3-a".to_string(), "true".to_string()),
-                ("dpu.snap-csi.io/bf3-b".to_string(), "true".to_string()),
+                ("dpu.snap-csi.io/bf3-a".to_string(), "host-1".to_string()),
+                ("dpu.snap-csi.io/bf3-b".to_string(), "host-1".to_string()),
             ])
         );
     }

@@ -252,7 +252,7 @@ impl NodeService {
             node_id: config.node_id.clone(),
             max_volumes_per_node,
             accessible_topology: Some(csi::Topology {
-                segments: self.fleet().topology(TOPOLOGY_KEY),
+                segments: self.fleet().topology(TOPOLOGY_KEY, &config.node_id),
             }),
         }))
     }

@@ -9,7 +9,7 @@ use snap_csi::node::dpus::is_label_name;
 use snap_csi::settings::MAX_SECONDS;
 
 use crate::backend::{Devices, Kind};
-use crate::csi::{AioConfig, CsiConfig, DpuPlugin, FsConfig, NvmfConfig};
+use crate::csi::{AioConfig, CsiConfig, DpuPlugin, FsConfig, HostDpu, NvmfConfig};
 use crate::service::ServiceConfig;
 
 /// Where DPF looks for this plugin (`plugins/<plugin-name>/dpu.sock`).
@@ -107,11 +107,16 @@ pub struct Args {
     /// CSI controller: bytes the AIO pool may hold [default: the filesystem's free space].
     #[arg(long, env = "SPDK_PLUGIN_AIO_POOL_CAPACITY")]
     pub aio_pool_capacity: Option<u64>,
-    /// CSI controller: the one DPU whose storage holds the AIO pool, as the
-    /// node names it: AIO volumes are then used only on the host with that
-    /// DPU, and only on that DPU there [default: every DPU reaches the pool].
+    /// CSI controller: the one DPU whose storage holds the AIO pool, as its
+    /// node names it, on the host --aio-node names: AIO volumes are then used
+    /// only on that host, and only on that DPU there [default: every DPU
+    /// reaches the pool].
     #[arg(long, env = "SPDK_PLUGIN_AIO_DPU")]
     pub aio_dpu: Option<String>,
+    /// CSI controller: with --aio-dpu, the node id of the host whose DPU that
+    /// is (DPUs are named alike on every host).
+    #[arg(long, env = "SPDK_PLUGIN_AIO_NODE")]
+    pub aio_node: Option<String>,
     /// CSI controller: the NVMe-oF backend's target, its SPDK JSON-RPC socket.
     #[arg(long, env = "SPDK_PLUGIN_NVMF_TARGET_SOCKET")]
     pub nvmf_target_socket: Option<PathBuf>,
@@ -263,7 +268,7 @@ impl Args {
             Some(dir) if dir.is_absolute() => Some(AioConfig {
                 pool_dir: dir.clone(),
                 capacity: self.aio_pool_capacity,
-                dpu: self.aio_dpu.clone(),
+                dpu: self.aio_host_dpu()?,
             }),
             Some(dir) => {
                 return Err(format!(
@@ -271,17 +276,16 @@ impl Args {
                     dir.display()
                 ));
             }
-            None if self.aio_pool_capacity.is_some() || self.aio_dpu.is_some() => {
-                return Err("--aio-pool-capacity and --aio-dpu need --aio-pool-dir".into());
+            None if self.aio_pool_capacity.is_some()
+                || self.aio_dpu.is_some()
+                || self.aio_node.is_some() =>
+            {
+                return Err(
+                    "--aio-pool-capacity, --aio-dpu and --aio-node need --aio-pool-dir".into(),
+                );
             }
             None => None,
         };
-        if let Some(dpu) = self.aio_dpu.as_ref().filter(|d| !is_label_name(d)) {
-            return Err(format!(
-                "--aio-dpu must be a DPU's name as the node gives it (a Kubernetes label \
-                 name: letters, digits, '-', '_', '.', at most 63), got {dpu:?}"
-            ));
-        }
         let nvmf = match (
             &self.nvmf_target_socket,
             &self.nvmf_lvstore,
@@ -340,6 +344,41 @@ impl Args {
             call_timeout,
             advertise_get_snapshot: self.advertise_get_snapshot,
             dpu_plugins: check_dpu_plugins(&self.dpu_plugins)?,
+        }))
+    }
+
+    /// `--aio-dpu` and `--aio-node`: both or neither, since a DPU's name
+    /// alone names one on every host; each as the node reports it in the
+    /// DPU's topology segment, where both must be label names.
+    fn aio_host_dpu(&self) -> Result<Option<HostDpu>, String> {
+        let (name, node_id) = match (&self.aio_dpu, &self.aio_node) {
+            (Some(name), Some(node_id)) => (name, node_id),
+            (None, None) => return Ok(None),
+            _ => {
+                return Err(
+                    "--aio-dpu and --aio-node go together: the DPU that holds the AIO pool is \
+                     named by its name and its host's node id, as DPUs are named alike on \
+                     every host"
+                        .into(),
+                );
+            }
+        };
+        if !is_label_name(name) {
+            return Err(format!(
+                "--aio-dpu must be a DPU's name as the node gives it (a Kubernetes label \
+                 name: letters, digits, '-', '_', '.', at most 63), got {name:?}"
+            ));
+        }
+        if !is_label_name(node_id) {
+            return Err(format!(
+                "--aio-node must be the node id of the DPU's host, as its node gives it (a \
+                 Kubernetes label value: letters, digits, '-', '_', '.', at most 63), got \
+                 {node_id:?}"
+            ));
+        }
+        Ok(Some(HostDpu {
+            name: name.clone(),
+            node_id: node_id.clone(),
         }))
     }
 }
@@ -448,17 +487,32 @@ mod tests {
     }
 
     #[test]
-    fn an_aio_pool_on_one_dpu_is_named_as_the_node_names_it() {
+    fn an_aio_pool_on_one_dpu_is_named_as_the_node_names_it_with_its_host() {
         let base = ["--csi-socket", "/run/csi.sock", "--aio-pool-dir", "/pool"];
-        let with = |dpu: &str| csi(&[&base[..], &["--aio-dpu", dpu]].concat());
-        let local = with("bf3-b").unwrap().unwrap();
-        assert_eq!(local.aio.unwrap().dpu.as_deref(), Some("bf3-b"));
+        let with = |dpu: &[&str]| csi(&[&base[..], dpu].concat());
+        let local = with(&["--aio-dpu", "bf3-b", "--aio-node", "host-1"])
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            local.aio.unwrap().dpu,
+            Some(HostDpu {
+                name: "bf3-b".into(),
+                node_id: "host-1".into()
+            })
+        );
         for bad in ["", "bf3-", "bf3/b", &"b".repeat(64)] {
-            let error = with(bad).unwrap_err();
-            assert!(error.contains("--aio-dpu"), "{bad:?}: {error}");
+            let error = with(&["--aio-dpu", bad, "--aio-node", "host-1"]).unwrap_err();
+            assert!(error.contains("--aio-dpu must be"), "{bad:?}: {error}");
+            let error = with(&["--aio-dpu", "bf3-b", "--aio-node", bad]).unwrap_err();
+            assert!(error.contains("--aio-node must be"), "{bad:?}: {error}");
         }
-        let error = csi(&["--csi-socket", "/s", "--aio-dpu", "bf3-b"]).unwrap_err();
-        assert!(error.contains("--aio-pool-dir"), "{error}");
+        // The name alone names a DPU on every host; the host alone, none.
+        for half in [["--aio-dpu", "bf3-b"], ["--aio-node", "host-1"]] {
+            let error = with(&half).unwrap_err();
+            assert!(error.contains("go together"), "{half:?}: {error}");
+            let error = csi(&[&["--csi-socket", "/s"][..], &half].concat()).unwrap_err();
+            assert!(error.contains("--aio-pool-dir"), "{half:?}: {error}");
+        }
     }
 
     #[test]

@@ -3,7 +3,15 @@
 
 mod common;
 
+use std::time::Duration;
+
 use common::csi::{Backends, Csi};
+use snap_csi::grpc::unix_channel;
+use snap_csi::node::NodeConfig;
+use snap_csi::node::dpus::DpuSetting;
+use snap_csi::proto::csi::v1 as csi;
+use snap_csi::proto::csi::v1::node_client::NodeClient;
+use snap_csi_spdk_plugin::csi::HostDpu;
 
 const BACKEND: &str = "aio";
 
@@ -124,16 +132,17 @@ async fn a_group_snapshot_of_volumes_being_written_fails_and_leaves_nothing() {
     assert!(csi.leftovers().await.is_empty());
 }
 
-/// A pool only one DPU reaches (`--aio-dpu`): its volumes carry that DPU's
-/// topology key, which the node reports for each of its DPUs, and name the
-/// DPU in their context, where the node attaches them (tests/node_two_dpus.rs
-/// holds the node to it). A CreateVolume whose requisite topologies lack the
-/// DPU is RESOURCE_EXHAUSTED and makes nothing; GetCapacity has nothing for
-/// another DPU's segment; the plugin advertises the topology it now reports.
+/// A pool only one DPU reaches (`--aio-dpu` on the host `--aio-node` names):
+/// its volumes carry that DPU's topology segment, which the node reports for
+/// each of its DPUs, and name the DPU in their context, where the node
+/// attaches them (tests/node_two_dpus.rs holds the node to it). A
+/// CreateVolume whose requisite topologies lack the segment is
+/// RESOURCE_EXHAUSTED and makes nothing; GetCapacity has nothing for another
+/// DPU's segment; the plugin advertises the topology it now reports.
 #[tokio::test]
 async fn a_pool_on_one_dpu_makes_volumes_only_for_that_dpu() {
     use common::csi::{MIB, assert_code, volume};
-    use snap_csi::proto::csi::v1 as csi;
+    use snap_csi::node::dpus::dpu_segment;
     use std::collections::HashMap;
     use tonic::Code;
 
@@ -155,38 +164,17 @@ async fn a_pool_on_one_dpu_makes_volumes_only_for_that_dpu() {
         "a pool every DPU reaches has no topology to advertise"
     );
 
-    let csi = Csi::start_with(
-        common::csi::Backends {
-            aio: true,
-            nvmf: false,
-            default: BACKEND,
-        },
-        &common::Source::Emulator,
-        |config| config.aio.as_mut().unwrap().dpu = Some("bf3-b".into()),
-    )
-    .await;
+    let csi = pool_on("bf3-b", "host-1").await;
     assert!(accessibility(&csi).await);
-    // A host's segments, as its node reports them: a key per DPU, the first
-    // DPU's name under the old key.
-    let host = |dpus: &[&str]| csi::Topology {
-        segments: dpus
-            .iter()
-            .map(|d| (format!("dpu.snap-csi.io/{d}"), "true".to_string()))
-            .chain([("topology.snap-csi.io/dpu".to_string(), dpus[0].to_string())])
-            .collect(),
-    };
-    let on = |hosts: Vec<csi::Topology>| {
-        let mut request = volume("pvc-local", BACKEND, 4 * MIB, 0);
-        request.accessibility_requirements = Some(csi::TopologyRequirement {
-            preferred: hosts.clone(),
-            requisite: hosts,
-        });
-        request
-    };
-
     let refused = assert_code(
-        csi.create(on(vec![host(&["bf3-a"]), host(&["bf3-c", "bf3-d"])]))
-            .await,
+        csi.create(on(
+            "pvc-local",
+            vec![
+                host_segments("host-2", &["bf3-a"]).await,
+                host_segments("host-3", &["bf3-c", "bf3-d"]).await,
+            ],
+        ))
+        .await,
         Code::ResourceExhausted,
         "hosts without the pool's DPU",
     );
@@ -194,11 +182,12 @@ async fn a_pool_on_one_dpu_makes_volumes_only_for_that_dpu() {
     assert!(csi.leftovers().await.is_empty(), "a refusal made nothing");
 
     let wanted = vec![csi::Topology {
-        segments: HashMap::from([("dpu.snap-csi.io/bf3-b".to_string(), "true".to_string())]),
+        segments: HashMap::from([dpu_segment("bf3-b", "host-1")]),
     }];
+    let host_1 = host_segments("host-1", &["bf3-a", "bf3-b"]).await;
     for _retry in 0..2 {
         let created = csi
-            .create(on(vec![host(&["bf3-a", "bf3-b"])]))
+            .create(on("pvc-local", vec![host_1.clone()]))
             .await
             .unwrap();
         assert_eq!(created.accessible_topology, wanted);
@@ -216,23 +205,142 @@ async fn a_pool_on_one_dpu_makes_volumes_only_for_that_dpu() {
         assert_eq!(entry.volume.unwrap().accessible_topology, wanted);
     }
 
-    let capacity = |topology: csi::Topology| {
-        let mut controller = csi.controller.clone();
-        async move {
-            let request = csi::GetCapacityRequest {
-                parameters: HashMap::from([("backend".to_string(), BACKEND.to_string())]),
-                accessible_topology: Some(topology),
-                ..Default::default()
-            };
-            let response = controller.get_capacity(request).await.unwrap();
-            response.into_inner().available_capacity
-        }
-    };
-    assert_eq!(capacity(host(&["bf3-a"])).await, 0, "another DPU's segment");
-    assert!(capacity(host(&["bf3-b"])).await > 0);
+    let another_dpu = host_segments("host-2", &["bf3-a"]).await;
+    assert_eq!(
+        capacity(&csi, another_dpu).await,
+        0,
+        "another DPU's segment"
+    );
+    assert!(capacity(&csi, host_segments("host-1", &["bf3-b"]).await).await > 0);
 
     for id in ["aio-pvc-local", "aio-pvc-anywhere"] {
         csi.delete(id).await.unwrap();
     }
     assert!(csi.leftovers().await.is_empty());
+}
+
+/// Operators name DPUs alike on every host: `host-1` and `host-2` each have
+/// a `bf3-a`, their segments from their own nodes' NodeGetInfo. A pool on
+/// host-1's makes no volume for host-2 and has no capacity there; the
+/// volumes it makes, Kubernetes uses on host-1 only.
+#[tokio::test]
+async fn a_pool_on_one_hosts_dpu_is_not_on_another_hosts_dpu_of_its_name() {
+    use common::csi::assert_code;
+    use tonic::Code;
+
+    let host_1 = host_segments("host-1", &["bf3-a"]).await;
+    let host_2 = host_segments("host-2", &["bf3-a"]).await;
+    let csi = pool_on("bf3-a", "host-1").await;
+
+    assert_code(
+        csi.create(on("pvc-there", vec![host_2.clone()])).await,
+        Code::ResourceExhausted,
+        "host-2, whose DPU has the pool's DPU's name",
+    );
+    assert!(csi.leftovers().await.is_empty(), "a refusal made nothing");
+    let created = csi
+        .create(on("pvc-here", vec![host_1.clone()]))
+        .await
+        .unwrap();
+    assert!(usable_on(&created.accessible_topology, &host_1));
+    assert!(!usable_on(&created.accessible_topology, &host_2));
+    assert_eq!(created.volume_context["snap-csi.io/dpu"], "bf3-a");
+    assert_eq!(capacity(&csi, host_2).await, 0, "host-2's segments");
+    assert!(capacity(&csi, host_1).await > 0);
+
+    csi.delete(&created.volume_id).await.unwrap();
+    assert!(csi.leftovers().await.is_empty());
+}
+
+/// The AIO controller with its pool on DPU `dpu` of host `node_id`.
+async fn pool_on(dpu: &str, node_id: &str) -> Csi {
+    let dpu = HostDpu {
+        name: dpu.into(),
+        node_id: node_id.into(),
+    };
+    Csi::start_with(
+        Backends {
+            aio: true,
+            nvmf: false,
+            default: BACKEND,
+        },
+        &common::Source::Emulator,
+        |config| config.aio.as_mut().unwrap().dpu = Some(dpu),
+    )
+    .await
+}
+
+/// A host's segments as its node reports them: NodeGetInfo of a node
+/// service with that node id and DPUs, which it does not reach (the volume
+/// limit is given, and NodeGetInfo asks them nothing else).
+async fn host_segments(node_id: &str, dpus: &[&str]) -> csi::Topology {
+    let dir = tempfile::tempdir().unwrap();
+    let config = NodeConfig {
+        endpoint: dir.path().join("csi.sock"),
+        node_id: node_id.into(),
+        kubelet_dir: dir.path().join("kubelet"),
+        state_dir: dir.path().join("state"),
+        sysfs_root: dir.path().join("sys"),
+        max_volumes_per_node: Some(1),
+        dpus: (0..)
+            .zip(dpus)
+            .map(|(domain, name)| DpuSetting {
+                name: name.to_string(),
+                pci_domain: Some(format!("{domain}")),
+                endpoint: None,
+                plugin_socket: Some(dir.path().join(format!("{name}.sock"))),
+                snap_socket_template: None,
+            })
+            .collect(),
+        ..NodeConfig::default()
+    };
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let node = tokio::spawn(snap_csi::node::run(config.clone(), async {
+        let _ = stopped.await;
+    }));
+    let mut client = NodeClient::new(unix_channel(config.endpoint.clone()));
+    let info = loop {
+        match client.node_get_info(csi::NodeGetInfoRequest {}).await {
+            Ok(info) => break info.into_inner(),
+            Err(_) if !node.is_finished() => tokio::time::sleep(Duration::from_millis(10)).await,
+            Err(e) => panic!("node {node_id}: {e}; {:?}", node.await),
+        }
+    };
+    let _ = stop.send(());
+    node.await.unwrap().unwrap();
+    assert_eq!(info.node_id, node_id);
+    info.accessible_topology
+        .expect("the node reports its topology")
+}
+
+/// A CreateVolume of an AIO volume that must be reachable from one of `hosts`.
+fn on(name: &str, hosts: Vec<csi::Topology>) -> csi::CreateVolumeRequest {
+    let mut request = common::csi::volume(name, BACKEND, 4 * common::csi::MIB, 0);
+    request.accessibility_requirements = Some(csi::TopologyRequirement {
+        preferred: hosts.clone(),
+        requisite: hosts,
+    });
+    request
+}
+
+/// GetCapacity of the AIO backend for a segment.
+async fn capacity(csi: &Csi, topology: csi::Topology) -> i64 {
+    let request = csi::GetCapacityRequest {
+        parameters: [("backend".to_string(), BACKEND.to_string())].into(),
+        accessible_topology: Some(topology),
+        ..Default::default()
+    };
+    let response = csi.controller.clone().get_capacity(request).await.unwrap();
+    response.into_inner().available_capacity
+}
+
+/// Whether Kubernetes uses a volume of this accessible topology on a node
+/// with these labels: the PV's node affinity has a term per segment, met
+/// where the node has every key of it with its value.
+fn usable_on(accessible: &[csi::Topology], node: &csi::Topology) -> bool {
+    accessible.iter().any(|term| {
+        term.segments
+            .iter()
+            .all(|(key, value)| node.segments.get(key) == Some(value))
+    })
 }

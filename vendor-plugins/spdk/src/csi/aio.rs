@@ -46,12 +46,13 @@
 //! The QoS record, not the volume context, is the truth: the CO never
 //! changes a volume's context after CreateVolume.
 //!
-//! A pool only one DPU reaches (`--aio-dpu`: storage on that DPU) makes
-//! DPU-local volumes: each carries that DPU's topology
-//! (`dpu.snap-csi.io/NAME: "true"`, which the node reports for each of its
-//! DPUs) and names it in its context (`snap-csi.io/dpu`), so Kubernetes
-//! schedules its pods only to the host with that DPU, and that host's node
-//! attaches it on that DPU of its several.
+//! A pool only one DPU reaches (`--aio-dpu` and `--aio-node`: storage on
+//! that DPU of that host) makes DPU-local volumes: each carries that DPU's
+//! topology (`dpu.snap-csi.io/NAME: NODE_ID`, which the node reports for
+//! each of its DPUs: the node id tells hosts whose DPUs share a name apart)
+//! and names it in its context (`snap-csi.io/dpu: NAME`), so Kubernetes
+//! schedules its pods only to that host, and its node attaches it on that
+//! DPU of its several.
 //!
 //! Capacity: with `--aio-pool-capacity` the pool holds that many bytes of
 //! volumes and snapshots (their full sizes, written or not), within the
@@ -65,7 +66,7 @@ use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
 use snap_csi::json_dir::JsonDir;
-use snap_csi::node::dpus::DPU_TOPOLOGY_PREFIX;
+use snap_csi::node::dpus::dpu_segment;
 use snap_csi::node::fleet::DPU_KEY;
 use tokio::time::Instant;
 use tonic::Status;
@@ -82,13 +83,23 @@ const SNAPSHOTS: &str = "snapshots";
 const RECORDS: &str = "records";
 const COPY_CHUNK: usize = 1 << 20;
 
+/// One host's DPU, as its node names it: DPUs are named alike on every
+/// host, so the name alone does not say which host's it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostDpu {
+    /// The DPU's name among its host's DPUs (`snap-csi.io/dpu`).
+    pub name: String,
+    /// The node id of its host, the value of the DPU's topology segment.
+    pub node_id: String,
+}
+
 /// A pool directory of volume files.
 #[derive(Debug)]
 pub struct AioPool {
     dir: PathBuf,
     capacity: Option<u64>,
     /// The one DPU that reaches the pool, if only one does.
-    dpu: Option<String>,
+    dpu: Option<HostDpu>,
     records: JsonDir,
     /// Volumes' QoS limits, by volume id, where the plugin reads them.
     qos: JsonDir,
@@ -96,7 +107,7 @@ pub struct AioPool {
 
 impl AioPool {
     /// The pool at `dir` (absolute, as SNAP sees it too), created if missing.
-    pub fn open(dir: &Path, capacity: Option<u64>, dpu: Option<String>) -> io::Result<AioPool> {
+    pub fn open(dir: &Path, capacity: Option<u64>, dpu: Option<HostDpu>) -> io::Result<AioPool> {
         fs::create_dir_all(dir.join(SNAPSHOTS))?;
         Ok(AioPool {
             dir: dir.to_path_buf(),
@@ -282,17 +293,14 @@ impl VolumeBackend for AioPool {
             ),
         ]);
         if let Some(dpu) = &self.dpu {
-            context.insert(DPU_KEY.to_string(), dpu.clone());
+            context.insert(DPU_KEY.to_string(), dpu.name.clone());
         }
         context
     }
 
     fn topology(&self) -> Option<HashMap<String, String>> {
         let dpu = self.dpu.as_ref()?;
-        Some(HashMap::from([(
-            format!("{DPU_TOPOLOGY_PREFIX}{dpu}"),
-            "true".to_string(),
-        )]))
+        Some(HashMap::from([dpu_segment(&dpu.name, &dpu.node_id)]))
     }
 
     async fn room(&self, _deadline: Instant) -> Result<Room, Status> {

@@ -58,6 +58,7 @@ use tokio::time::Instant;
 use tonic::{Request, Status};
 
 use crate::backend::Kind;
+pub use aio::HostDpu;
 pub use in_use::DpuPlugin;
 use store::VolumeBackend;
 
@@ -91,7 +92,7 @@ pub struct AioConfig {
     /// Bytes the pool may hold; `None`: the filesystem's free space.
     pub capacity: Option<u64>,
     /// The one DPU whose storage holds the pool; `None`: every DPU reaches it.
-    pub dpu: Option<String>,
+    pub dpu: Option<HostDpu>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
