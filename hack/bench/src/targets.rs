@@ -83,11 +83,16 @@ impl Report {
             table.print();
             let shown = self.targets.len() - met - missed - short;
             println!(
-                "   {met} of {} targets met, {missed} missed, {} not judged (not met): {short} in this run, {shown} in a {}\n   build",
+                "   {met} of {} targets met, {missed} missed, {} not judged (not met)",
                 self.targets.len(),
-                short + shown,
-                self.settings.profile
+                short + shown
             );
+            if shown > 0 {
+                println!(
+                    "   ({shown} not judged in a {} build)",
+                    self.settings.profile
+                );
+            }
             if short > 0 {
                 println!(
                     "   (not judged in this run: a ratio sampled in turns is judged by its median over {JUDGED_PAIRS} pairs or more,\n   a figure measured once per repeat over {JUDGED_REPEATS} repeats or more (run with more volumes or repeats), a\n   round-trip count by the poller's period only when within budget (sections 7 and 8 count them exactly))"
