@@ -563,6 +563,18 @@ mkfs.btrfs -q "$dir/fs-share.img" >"$dir/logs/fs-share.log" 2>&1 &&
   btrfs quota enable "$dir/fs-share" >>"$dir/logs/fs-share.log" 2>&1 ||
   gave_up "could not make the filesystem share (btrfs on a loop file, with quotas)"
 
+# SNAP's start-up configuration, every SNAP's here as a BlueField's:
+# bdev_nvme's options, which SPDK takes only before any controller exists.
+# transport_ack_timeout is the sample plugin's TRANSPORT_ACK_TIMEOUT
+# (vendor-plugins/spdk/src/paths.rs says why 8): a path gone silent is
+# given up and its I/O failed over.
+cat >"$dir/snap.json" <<EOF
+{"subsystems": [{"subsystem": "bdev", "config": [
+  {"method": "bdev_nvme_set_options", "params": {"transport_ack_timeout": 8}}
+]}]}
+EOF
+snap_args+=(--json "$dir/snap.json")
+
 # The DPU's SNAP (--host vm: hot-plugging into the guest).
 vm_snap=()
 [ "$host" = vm ] && vm_snap_args "$GUEST_QMP" "$GUEST_PORTS"

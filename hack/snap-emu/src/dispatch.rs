@@ -238,6 +238,7 @@ mod tests {
             "bdev_nvme_get_controllers",
             "bdev_nvme_get_io_paths",
             "bdev_nvme_set_multipath_policy",
+            "bdev_nvme_set_options",
             "bdev_set_qos_limit",
             "bdev_wait_for_examine",
             "framework_get_config",

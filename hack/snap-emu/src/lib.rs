@@ -23,7 +23,8 @@
 //! - The families: `bdev` (the bdev layer's registry; `bdev_get_bdevs`,
 //!   iostat, QoS; the aio/malloc/null, crypto, lvol and NVMe-oF initiator
 //!   modules, the last with SPDK's multipath: several controllers, paths,
-//!   under one name, each reconnecting as SPDK's reset does), `fsdev` (SPDK's fsdev layer's registry and the aio fsdev
+//!   under one name, each reconnecting as SPDK's reset does, their sockets
+//!   with `bdev_nvme_set_options`' `transport_ack_timeout`), `fsdev` (SPDK's fsdev layer's registry and the aio fsdev
 //!   module: a directory served as a filesystem device; with SNAP, DOCA
 //!   SNAP's NFS fsdev, a directory here standing in for the export), `nvmf` (the
 //!   target, its listeners and the connections that came in through each,

@@ -3,11 +3,18 @@
 //! The initiator's control plane (`crate::bdev::nvme`) adds and removes them
 //! and keeps each controller's connection, setting its state as SPDK's
 //! reset and reconnect do; its namespaces' I/O (`super::remote`) reads them
-//! to pick a path and waits on them when none is connected.
+//! to pick a path and waits on them when none is connected. Both open
+//! their sockets to a path here ([`connect`], [`connect_async`]), with the
+//! controller's `transport_ack_timeout` ([`AckTimeout`]).
 
+use std::io;
+use std::net::{SocketAddr, TcpStream};
+use std::os::fd::{AsFd, AsRawFd};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
+use nix::errno::Errno;
+use nix::sys::socket::{self, AddressFamily, SockFlag, SockType, SockaddrStorage, sockopt};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::sync::Notify;
@@ -64,6 +71,81 @@ impl Resilience {
     }
 }
 
+/// SPDK's `transport_ack_timeout` of a controller (`bdev_nvme_set_options`,
+/// taken at attach): its NVMe/TCP sockets get `TCP_USER_TIMEOUT` = 2^N ms
+/// (`nvme_tcp.c`, `posix.c`), N capped at 31 as `nvme_tcp_ctrlr_construct`
+/// caps it, 0 none. The kernel then closes a socket whose sent bytes stay
+/// unacknowledged that long (and gives up a connect whose SYN is not
+/// answered at its first retransmission past it), which is how a silently
+/// lost path is found: its I/O fails, and the controller resets.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct AckTimeout(Option<Duration>);
+
+impl AckTimeout {
+    /// The largest exponent an NVMe/TCP controller takes
+    /// (`NVME_TCP_CTRLR_MAX_TRANSPORT_ACK_TIMEOUT`).
+    pub(crate) const MAX_EXPONENT: u8 = 31;
+
+    pub(crate) fn from_exponent(n: u8) -> Self {
+        let n = n.min(Self::MAX_EXPONENT);
+        Self((n != 0).then(|| Duration::from_millis(1 << n)))
+    }
+
+    pub(crate) fn get(self) -> Option<Duration> {
+        self.0
+    }
+
+    /// Sets `TCP_USER_TIMEOUT` on `fd`, if any.
+    fn apply(self, fd: &impl AsFd) -> io::Result<()> {
+        let Some(timeout) = self.0 else {
+            return Ok(());
+        };
+        let ms = u32::try_from(timeout.as_millis()).unwrap_or(u32::MAX);
+        socket::setsockopt(fd, sockopt::TcpUserTimeout, &ms).map_err(io::Error::from)
+    }
+}
+
+/// A blocking connection to `addr` within `timeout`, with `ack`'s
+/// `TCP_USER_TIMEOUT` set before the SYN, as SPDK's posix sock sets it.
+pub(crate) fn connect(
+    addr: SocketAddr,
+    ack: AckTimeout,
+    timeout: Duration,
+) -> io::Result<TcpStream> {
+    if ack.get().is_none() {
+        return TcpStream::connect_timeout(&addr, timeout);
+    }
+    let family = match addr {
+        SocketAddr::V4(_) => AddressFamily::Inet,
+        SocketAddr::V6(_) => AddressFamily::Inet6,
+    };
+    let fd = socket::socket(family, SockType::Stream, SockFlag::SOCK_CLOEXEC, None)?;
+    ack.apply(&fd)?;
+    let stream = TcpStream::from(fd);
+    // A blocking connect gives up after SO_SNDTIMEO, with EINPROGRESS.
+    stream.set_write_timeout(Some(timeout))?;
+    match socket::connect(stream.as_raw_fd(), &SockaddrStorage::from(addr)) {
+        Ok(()) => {}
+        Err(Errno::EINPROGRESS) => return Err(io::ErrorKind::TimedOut.into()),
+        Err(e) => return Err(e.into()),
+    }
+    stream.set_write_timeout(None)?;
+    Ok(stream)
+}
+
+/// [`connect`] for the control plane's tasks.
+pub(crate) async fn connect_async(
+    addr: SocketAddr,
+    ack: AckTimeout,
+) -> io::Result<tokio::net::TcpStream> {
+    let socket = match addr {
+        SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+        SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+    };
+    ack.apply(&socket)?;
+    socket.connect(addr).await
+}
+
 /// `nvme_ctrlr_get_state_str` of a controller that is not being deleted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum PathState {
@@ -91,6 +173,8 @@ pub(crate) struct Path {
     /// The transport IDs: the one in use first, then failover's alternates.
     pub trids: Vec<Trid>,
     pub resilience: Resilience,
+    /// Its sockets' `transport_ack_timeout`, as the controller was attached.
+    pub ack_timeout: AckTimeout,
     pub cntlid: u16,
     pub state: PathState,
     /// Since when it is not connected, until it is again.
@@ -98,6 +182,11 @@ pub(crate) struct Path {
     /// Woken when I/O got through on it while it was not connected: its
     /// controller, given up on, tries again.
     pub retry: Arc<Notify>,
+    /// Woken (`notify_waiters`) when I/O lost its connection on it while it
+    /// was connected (a socket the ack timeout closed, say): its controller
+    /// resets, as SPDK's `bdev_nvme_disconnected_qpair_cb` fails the
+    /// controller over when an I/O qpair disconnects unexpectedly.
+    pub qpair_lost: Arc<Notify>,
 }
 
 impl Path {
@@ -185,7 +274,13 @@ impl Paths {
     }
 
     /// A connected controller joins; its id.
-    pub(crate) fn add(&self, trids: Vec<Trid>, resilience: Resilience, cntlid: u16) -> u64 {
+    pub(crate) fn add(
+        &self,
+        trids: Vec<Trid>,
+        resilience: Resilience,
+        ack_timeout: AckTimeout,
+        cntlid: u16,
+    ) -> u64 {
         let mut inner = self.lock();
         let id = inner.next_id;
         inner.next_id += 1;
@@ -193,10 +288,12 @@ impl Paths {
             id,
             trids,
             resilience,
+            ack_timeout,
             cntlid,
             state: PathState::Enabled,
             lost_since: None,
             retry: Arc::default(),
+            qpair_lost: Arc::default(),
         });
         self.changed(inner);
         id

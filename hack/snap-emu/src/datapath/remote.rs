@@ -17,7 +17,14 @@
 //! fails (so a path that comes back is preferred again), active_active the
 //! connected paths in turn, `rr_min_io` I/Os each (queue_depth: the first,
 //! as a volume has one I/O in flight). An I/O whose path is lost, in
-//! flight or not, is sent again at once on the next connected path.
+//! flight or not, is sent again at once on the next connected path. Its
+//! sockets carry the controller's `transport_ack_timeout`
+//! ([`super::paths::AckTimeout`]), so a path that goes silent fails the
+//! I/O on it once the kernel gives the socket up, and a connected path
+//! that lost I/O so has its controller reset (`Path::qpair_lost`), as
+//! SPDK's does; a connection made before the controller's last reconnect
+//! (another controller id) is not used again, as a reset makes SPDK's I/O
+//! qpairs anew.
 //!
 //! Only when every path is lost does each controller's [`Resilience`]
 //! apply, unchanged from one path: the I/O is sent again (on any path,
@@ -37,7 +44,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use super::paths::{MpPolicy, Path, Paths, Policy, Selector, Snapshot, Trid};
+use super::paths::{self, MpPolicy, Path, Paths, Policy, Selector, Snapshot};
 
 pub(crate) const IO_PROTO: &str = "snap-emu-nvmf-io/1";
 pub(crate) const READ: u8 = 0;
@@ -93,8 +100,9 @@ pub(crate) struct Remote {
 #[derive(Debug, Default)]
 struct Channel {
     /// Its connection on each path, made at the path's first I/O (and again
-    /// after a failure).
-    conns: HashMap<u64, TcpStream>,
+    /// after a failure or a reconnect of the path's controller), with the
+    /// controller id it was made under.
+    conns: HashMap<u64, (TcpStream, u16)>,
     /// The path the last I/O took (`current_io_path`), valid while the
     /// paths' generation is `seen`.
     current: Option<u64>,
@@ -184,7 +192,8 @@ impl Remote {
         }
     }
 
-    fn connect(&self, trid: &Trid) -> io::Result<TcpStream> {
+    fn connect(&self, path: &Path) -> io::Result<TcpStream> {
+        let trid = path.trid();
         let port: u16 = trid
             .trsvcid
             .parse()
@@ -192,7 +201,7 @@ impl Remote {
         let addr = std::net::ToSocketAddrs::to_socket_addrs(&(trid.traddr.as_str(), port))?
             .next()
             .ok_or_else(|| io::Error::from(io::ErrorKind::AddrNotAvailable))?;
-        let stream = TcpStream::connect_timeout(&addr, HELLO_TIMEOUT)?;
+        let stream = paths::connect(addr, path.ack_timeout, HELLO_TIMEOUT)?;
         stream.set_nodelay(true)?;
         let hello = IoHello {
             proto: IO_PROTO.into(),
@@ -247,6 +256,11 @@ impl Remote {
                     }
                     Err(Failure::Lost(e)) => {
                         tracing::debug!(trid = ?path.trid(), "I/O path lost: {e}");
+                        if path.connected() {
+                            // The controller may not know yet (a silent
+                            // path): it resets.
+                            path.qpair_lost.notify_waiters();
+                        }
                         ch.failing.entry(path.id).or_insert_with(Instant::now);
                         if ch.current == Some(path.id) {
                             ch.current = None;
@@ -263,7 +277,7 @@ impl Remote {
     }
 
     /// One request and its answer on `path`; its connection is dropped on
-    /// failure.
+    /// failure, and not used under another controller id.
     fn call_on(
         &self,
         ch: &mut Channel,
@@ -274,8 +288,8 @@ impl Remote {
         data: &[u8],
     ) -> Result<Vec<u8>, Failure> {
         let stream = match ch.conns.remove(&path.id) {
-            Some(s) => s,
-            None => self.connect(path.trid())?,
+            Some((s, cntlid)) if cntlid == path.cntlid => s,
+            _ => self.connect(path)?,
         };
         let mut frame = vec![op];
         frame.extend_from_slice(&offset.to_le_bytes());
@@ -294,7 +308,7 @@ impl Remote {
         if status == ENXIO {
             return Err(Failure::Lost(io::Error::from_raw_os_error(status)));
         }
-        ch.conns.insert(path.id, stream);
+        ch.conns.insert(path.id, (stream, path.cntlid));
         if status != 0 {
             return Err(Failure::Answered(status));
         }
@@ -317,7 +331,7 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::datapath::paths::{PathState, Resilience};
+    use crate::datapath::paths::{AckTimeout, PathState, Resilience, Trid};
 
     fn trid(port: &str) -> Trid {
         Trid {
@@ -347,11 +361,24 @@ mod tests {
             .collect()
     }
 
+    /// Two paths of one device, each with the same reconnect policy.
+    fn two_paths() -> (Paths, u64, u64) {
+        let paths = Paths::default();
+        let path = |n: &str, id| {
+            paths.add(
+                vec![trid(n)],
+                resilience(1, None),
+                AckTimeout::default(),
+                id,
+            )
+        };
+        let (a, b) = (path("1", 1), path("2", 2));
+        (paths, a, b)
+    }
+
     #[test]
     fn active_passive_keeps_the_first_connected_path_and_goes_back_to_it() {
-        let paths = Paths::default();
-        let a = paths.add(vec![trid("1")], resilience(1, None), 1);
-        let b = paths.add(vec![trid("2")], resilience(1, None), 2);
+        let (paths, a, b) = two_paths();
         let mut ch = Channel::default();
         let policy = Policy::default();
         assert_eq!(picks(&paths, &mut ch, policy, 3), [a, a, a]);
@@ -370,9 +397,7 @@ mod tests {
 
     #[test]
     fn active_active_takes_turns_of_rr_min_io() {
-        let paths = Paths::default();
-        let a = paths.add(vec![trid("1")], resilience(1, None), 1);
-        let b = paths.add(vec![trid("2")], resilience(1, None), 2);
+        let (paths, a, b) = two_paths();
         let mut ch = Channel::default();
         let policy = Policy {
             policy: MpPolicy::ActiveActive,
@@ -390,8 +415,18 @@ mod tests {
     #[test]
     fn io_waits_while_any_lost_path_has_patience_left() {
         let paths = Paths::default();
-        let a = paths.add(vec![trid("1")], resilience(2, Some(5)), 1);
-        let b = paths.add(vec![trid("2")], resilience(1, None), 2);
+        let a = paths.add(
+            vec![trid("1")],
+            resilience(2, Some(5)),
+            AckTimeout::default(),
+            1,
+        );
+        let b = paths.add(
+            vec![trid("2")],
+            resilience(1, None),
+            AckTimeout::default(),
+            2,
+        );
         let mut ch = Channel::default();
         let long_ago = Instant::now() - Duration::from_secs(10);
         ch.failing.insert(a, long_ago);

@@ -13,7 +13,9 @@
 //! `<name>n<nsid>` bdevs then use that same file, which works because both
 //! instances run on one machine. The connection stays open for the life of the
 //! controller: the target lists it, and closing either end ends it (the
-//! initiator then reconnects as its policy says, see `crate::bdev::nvme`).
+//! initiator then reconnects as its policy says, see `crate::bdev::nvme`);
+//! the initiator sends a keep-alive byte on it every half KATO, which the
+//! target reads and drops.
 //! A real NVMe/TCP host or target on the other end simply fails the handshake.
 //! An initiator's data path volume opens a connection of its own on the
 //! same listener for its I/O instead (see [`crate::datapath::remote`]).
@@ -28,6 +30,8 @@ use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 use tokio::sync::oneshot;
+
+use crate::datapath::paths::{self, AckTimeout};
 
 pub(crate) const DISCOVERY_NQN: &str = "nqn.2014-08.org.nvmexpress.discovery";
 
@@ -136,20 +140,31 @@ pub(crate) async fn hold(stream: &mut BufReader<TcpStream>, mut kick: oneshot::R
     }
 }
 
-/// Initiator side: connects and performs the handshake, bounded by `timeout`.
+/// Initiator side: connects (the socket with the controller's
+/// `transport_ack_timeout`) and performs the handshake, bounded by `timeout`.
 pub(crate) async fn connect(
     traddr: &str,
     trsvcid: &str,
     req: ConnectRequest,
     timeout: Duration,
+    ack: AckTimeout,
 ) -> Result<(TcpStream, Accepted), ConnectError> {
     let port: u16 = trsvcid.parse().map_err(|_| ConnectError::Unreachable)?;
-    let host = traddr.to_owned();
-    let stream =
-        match tokio::time::timeout(timeout, TcpStream::connect((host.as_str(), port))).await {
-            Ok(Ok(s)) => s,
-            _ => return Err(ConnectError::Unreachable),
-        };
+    // Each address in turn, as `TcpStream::connect` (and SPDK's posix sock).
+    let connected = async {
+        let mut last = std::io::Error::from(std::io::ErrorKind::AddrNotAvailable);
+        for addr in tokio::net::lookup_host((traddr, port)).await? {
+            match paths::connect_async(addr, ack).await {
+                Ok(stream) => return Ok(stream),
+                Err(e) => last = e,
+            }
+        }
+        Err(last)
+    };
+    let stream = match tokio::time::timeout(timeout, connected).await {
+        Ok(Ok(s)) => s,
+        _ => return Err(ConnectError::Unreachable),
+    };
     let mut stream = BufReader::new(stream);
     write_json(&mut stream, &req)
         .await

@@ -11,7 +11,8 @@ use serde::Deserialize;
 use tokio::net::TcpStream;
 
 use super::ctrlr::NvmeBdevCtrlr;
-use crate::datapath::paths::{Resilience, Trid};
+use super::options::{NvmeOpts, resilience_of};
+use crate::datapath::paths::{AckTimeout, Resilience, Trid};
 use crate::nvmf::wire::{self, Accepted, ConnectError, ConnectRequest, DISCOVERY_NQN, adrfam_name};
 use crate::rpc::{EALREADY, EEXIST, EINVAL, EIO, ENODEV, RpcError};
 
@@ -76,38 +77,31 @@ pub(super) struct Plan {
     pub timeout: Duration,
     pub max_bdevs: u32,
     pub resilience: Resilience,
+    /// `bdev_nvme_set_options`' as the attach starts (SPDK copies them
+    /// into the controller's options), and the keep-alive's period.
+    pub ack_timeout: AckTimeout,
+    pub keep_alive: Option<Duration>,
 }
 
 /// `bdev_nvme_check_io_error_resiliency_params`: SPDK refuses (-EINVAL,
-/// before connecting) what cannot be a reconnect policy.
-fn resilience(p: &AttachParams) -> Result<Resilience, RpcError> {
-    let loss = p.ctrlr_loss_timeout_sec.unwrap_or(0);
-    let delay = p.reconnect_delay_sec.unwrap_or(0);
-    let fast = p.fast_io_fail_timeout_sec.unwrap_or(0);
-    let valid = match loss {
-        ..-1 => false,
-        -1 => delay != 0 && (fast == 0 || fast >= delay),
-        0 => delay == 0 && fast == 0,
-        _ => {
-            let loss = loss.unsigned_abs();
-            delay != 0 && delay <= loss && (fast == 0 || (fast >= delay && fast <= loss))
-        }
-    };
-    if !valid {
-        return Err(RpcError::errno(EINVAL));
-    }
-    let secs = |s: u32| Duration::from_secs(u64::from(s));
-    Ok(Resilience {
-        reconnect_delay: secs(delay),
-        ctrlr_loss: u32::try_from(loss).ok().map(secs),
-        fast_io_fail: (fast != 0).then(|| secs(fast)),
-    })
+/// before connecting) what cannot be a reconnect policy. An attach's
+/// policy is its parameters', else `bdev_nvme_set_options`'
+/// (`spdk_bdev_nvme_get_default_ctrlr_opts`).
+fn resilience(p: &AttachParams, opts: &NvmeOpts) -> Result<Resilience, RpcError> {
+    resilience_of(
+        p.ctrlr_loss_timeout_sec
+            .unwrap_or(opts.ctrlr_loss_timeout_sec),
+        p.reconnect_delay_sec.unwrap_or(opts.reconnect_delay_sec),
+        p.fast_io_fail_timeout_sec
+            .unwrap_or(opts.fast_io_fail_timeout_sec),
+    )
 }
 
 pub(super) fn plan(
     p: &AttachParams,
     names: &[NvmeBdevCtrlr],
     default_hostnqn: &str,
+    opts: &NvmeOpts,
 ) -> Result<Plan, RpcError> {
     if p.max_bdevs == Some(0) {
         return Err(RpcError::new(-EINVAL, "max_bdevs cannot be zero"));
@@ -149,7 +143,7 @@ pub(super) fn plan(
         ));
     }
     check_trid(&path, names)?;
-    let resilience = resilience(p)?;
+    let resilience = resilience(p, opts)?;
     if !p.trtype.eq_ignore_ascii_case("tcp") {
         // Only TCP reaches other emulators; anything else finds no device.
         return Err(RpcError::errno(ENODEV));
@@ -164,6 +158,8 @@ pub(super) fn plan(
         },
         max_bdevs: p.max_bdevs.unwrap_or(DEFAULT_MAX_BDEVS),
         resilience,
+        ack_timeout: opts.ack_timeout(),
+        keep_alive: opts.keep_alive(),
     })
 }
 
@@ -251,7 +247,8 @@ pub(super) async fn connect(plan: &Plan) -> Result<(TcpStream, Accepted), RpcErr
         subnqn: want.trid.subnqn.clone(),
         hostnqn: want.hostnqn.clone(),
     };
-    match wire::connect(&want.trid.traddr, &want.trid.trsvcid, req, plan.timeout).await {
+    let (traddr, trsvcid) = (&want.trid.traddr, &want.trid.trsvcid);
+    match wire::connect(traddr, trsvcid, req, plan.timeout, plan.ack_timeout).await {
         Ok(connected) => Ok(connected),
         Err(ConnectError::Unreachable) => Err(RpcError::errno(ENODEV)),
         Err(ConnectError::Rejected(why)) => {

@@ -15,6 +15,7 @@ use super::ctrlr::{NvmeBdev, NvmeBdevCtrlr, NvmeController};
 use super::detach::detach;
 use super::monitor::{self, Reconnect};
 use super::multipath;
+use super::options::{self, NvmeOpts};
 use crate::bdev::registry::{Bdev, BdevKind, Bdevs, NvmeNsInfo};
 use crate::datapath::paths::{Paths, Policy};
 use crate::datapath::remote::Remote;
@@ -31,6 +32,8 @@ pub(crate) struct NvmeInitiator {
     names: Vec<NvmeBdevCtrlr>,
     /// `nqn.2014-08.org.nvmexpress:uuid:<uuid>`, fixed per process like SPDK's.
     default_hostnqn: String,
+    /// `bdev_nvme_set_options`', which each attach takes as it starts.
+    opts: NvmeOpts,
 }
 
 const METHODS: &[&str] = &[
@@ -39,6 +42,7 @@ const METHODS: &[&str] = &[
     "bdev_nvme_get_controllers",
     "bdev_nvme_get_io_paths",
     "bdev_nvme_set_multipath_policy",
+    "bdev_nvme_set_options",
 ];
 
 #[derive(Debug, Deserialize, Default)]
@@ -52,6 +56,7 @@ impl NvmeInitiator {
         Self {
             names: Vec::new(),
             default_hostnqn: format!("nqn.2014-08.org.nvmexpress:uuid:{}", Uuid::new_v4()),
+            opts: NvmeOpts::default(),
         }
     }
 
@@ -61,7 +66,7 @@ impl NvmeInitiator {
 
     fn bdev_nvme_attach_controller(&self, params: Option<Value>, cx: &Cx<'_>) -> Answer {
         let p: AttachParams = decode(params, OnDecodeError::DecodeFailed)?;
-        let plan = attach::plan(&p, &self.names, &self.default_hostnqn)?;
+        let plan = attach::plan(&p, &self.names, &self.default_hostnqn, &self.opts)?;
         let shared = cx
             .shared()
             .upgrade()
@@ -137,6 +142,13 @@ impl NvmeInitiator {
         Ok(Value::Array(
             names.into_iter().map(NvmeBdevCtrlr::json).collect(),
         ))
+    }
+
+    /// Refused while any controller name exists (SPDK's
+    /// `g_nvme_bdev_ctrlrs`), so it belongs to the start-up configuration.
+    fn bdev_nvme_set_options(&mut self, params: Option<Value>) -> RpcResult {
+        self.opts = options::set_options(&self.opts, params, !self.names.is_empty())?;
+        Ok(json!(true))
     }
 
     fn bdev_nvme_set_multipath_policy(&self, params: Option<Value>, cx: &Cx<'_>) -> RpcResult {
@@ -220,14 +232,19 @@ fn add_path(
         }
     }
     let want = plan.path;
-    let id = n
-        .paths
-        .add(vec![want.trid], plan.resilience, accepted.cntlid);
+    let id = n.paths.add(
+        vec![want.trid],
+        plan.resilience,
+        plan.ack_timeout,
+        accepted.cntlid,
+    );
     let how = Reconnect {
         paths: Arc::clone(&n.paths),
         id,
         hostnqn: want.hostnqn.clone(),
         timeout: plan.timeout,
+        ack_timeout: plan.ack_timeout,
+        keep_alive: plan.keep_alive,
     };
     n.ctrlrs.push(NvmeController {
         id,
@@ -259,6 +276,7 @@ impl Family for NvmeInitiator {
             "bdev_nvme_set_multipath_policy" => self
                 .bdev_nvme_set_multipath_policy(params, cx)
                 .map(Into::into),
+            "bdev_nvme_set_options" => self.bdev_nvme_set_options(params).map(Into::into),
             _ => Err(RpcError::method_not_found()),
         }
     }

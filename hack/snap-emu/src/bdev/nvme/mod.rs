@@ -9,7 +9,8 @@
 //! - `family`: the methods and the registration of an attached controller;
 //!   `attach`: the checks before connecting and the connection; `detach`;
 //!   `multipath`: `bdev_nvme_get_io_paths` and
-//!   `bdev_nvme_set_multipath_policy`.
+//!   `bdev_nvme_set_multipath_policy`; `options`: `bdev_nvme_set_options`
+//!   (the sockets' `transport_ack_timeout`, the default reconnect policy).
 //! - `ctrlr`: what is kept of a name, its controllers and bdevs, and their
 //!   JSON; `monitor`: each controller's connection, lost and reconnected
 //!   as SPDK's reset does.
@@ -20,5 +21,6 @@ mod detach;
 mod family;
 mod monitor;
 mod multipath;
+mod options;
 
 pub(crate) use family::NvmeInitiator;

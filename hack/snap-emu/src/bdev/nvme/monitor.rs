@@ -1,7 +1,9 @@
 //! A controller's connection to its target (its handshake, see
 //! `crate::nvmf::wire`; SPDK's admin queue), kept for the life of the
 //! controller. When the target drops it (the listener removed, the
-//! subsystem deleted, the target gone) the path is lost at once, and the
+//! subsystem deleted, the target gone), or the path's I/O loses its own
+//! connection (a path gone silent, its socket closed by the controller's
+//! `transport_ack_timeout`), the path is lost at once, and the
 //! controller reconnects as SPDK's reset does: right away, then every
 //! `reconnect_delay_sec` (`reconnect_is_delayed` meanwhile), trying
 //! failover's alternate trids in turn, until it is back (a new controller
@@ -14,11 +16,11 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::io::AsyncReadExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::{Notify, oneshot};
 
-use crate::datapath::paths::{PathState, Paths};
+use crate::datapath::paths::{AckTimeout, PathState, Paths};
 use crate::nvmf::wire::{self, ConnectRequest};
 
 /// The handle of a controller's monitor: dropping it stops the monitor,
@@ -44,6 +46,11 @@ pub(super) struct Reconnect {
     pub id: u64,
     pub hostnqn: String,
     pub timeout: Duration,
+    pub ack_timeout: AckTimeout,
+    /// How often the connection carries a keep-alive (SPDK's every half
+    /// KATO): the bytes whose missing acknowledgement finds a path gone
+    /// silent with no I/O on it.
+    pub keep_alive: Option<Duration>,
 }
 
 /// Keeps `stream`, the connection of path `how.id`, in the background.
@@ -60,7 +67,7 @@ pub(super) fn spawn(how: Reconnect, stream: TcpStream) -> Monitor {
 /// Why a connected controller stopped holding its connection.
 enum Held {
     Stopped,
-    /// The target dropped it.
+    /// The target dropped it, or the path's I/O lost its own connection.
     Lost,
     /// The control plane asked: the trid to use is first already.
     Reset,
@@ -76,7 +83,10 @@ async fn keep(
     let mut stream = Some(stream);
     loop {
         if let Some(s) = stream.take() {
-            let held = hold(s, &mut stop, &reset).await;
+            let Some(path) = paths.get(*id) else {
+                return;
+            };
+            let held = hold(s, &mut stop, &reset, &path.qpair_lost, how.keep_alive).await;
             if let Held::Stopped = held {
                 return;
             }
@@ -132,6 +142,14 @@ async fn keep(
     }
 }
 
+/// Sleeps until `at`, or for ever.
+async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
 /// Sleeps `delay`, or for ever.
 async fn sleep(delay: Option<Duration>) {
     match delay {
@@ -140,14 +158,34 @@ async fn sleep(delay: Option<Duration>) {
     }
 }
 
-/// Holds the connection until the target drops it, a reset is asked for, or
-/// the controller goes.
-async fn hold(mut stream: TcpStream, stop: &mut oneshot::Receiver<()>, reset: &Notify) -> Held {
+/// Holds the connection, sending a keep-alive byte every `keep_alive` (the
+/// target reads and drops it), until the target drops it or the kernel
+/// gives it up, I/O on the path loses its own (`qpair_lost`: both are the
+/// path lost, and SPDK fails over to the next trid), a reset is asked for,
+/// or the controller goes.
+async fn hold(
+    mut stream: TcpStream,
+    stop: &mut oneshot::Receiver<()>,
+    reset: &Notify,
+    qpair_lost: &Notify,
+    keep_alive: Option<Duration>,
+) -> Held {
     let mut scratch = [0u8; 512];
+    let mut next_keep_alive = keep_alive.map(|every| tokio::time::Instant::now() + every);
+    // Registered now: I/O that loses its connection while this holds wakes it.
+    let qpair_lost = qpair_lost.notified();
+    tokio::pin!(qpair_lost);
     loop {
         tokio::select! {
             _ = &mut *stop => return Held::Stopped,
             _ = reset.notified() => return Held::Reset,
+            () = &mut qpair_lost => return Held::Lost,
+            () = sleep_until(next_keep_alive) => {
+                if stream.write_all(&[0]).await.is_err() {
+                    return Held::Lost;
+                }
+                next_keep_alive = next_keep_alive.zip(keep_alive).map(|(at, every)| at + every);
+            }
             r = stream.read(&mut scratch) => match r {
                 Ok(0) | Err(_) => return Held::Lost,
                 Ok(_) => {}
@@ -165,7 +203,15 @@ async fn connect(how: &Reconnect) -> Option<TcpStream> {
         subnqn: trid.subnqn.clone(),
         hostnqn: how.hostnqn.clone(),
     };
-    match wire::connect(&trid.traddr, &trid.trsvcid, req, how.timeout).await {
+    match wire::connect(
+        &trid.traddr,
+        &trid.trsvcid,
+        req,
+        how.timeout,
+        how.ack_timeout,
+    )
+    .await
+    {
         Ok((stream, accepted)) => {
             how.paths.update(how.id, |p| {
                 p.cntlid = accepted.cntlid;
