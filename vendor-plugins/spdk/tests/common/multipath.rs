@@ -406,18 +406,59 @@ async fn snap_of(csi: &mut Csi, source: &Source) -> Spdk {
     }
 }
 
-pub async fn multipath_devices_fail_over_take_paths_back_and_detach_whole(source: &Source) {
-    let _turn = PLUGIN_CALLS.lock().await;
+/// A failover test's start: one multipath volume `name` made by the
+/// controller, which is then halted (from there the test decides which
+/// listeners the target has), the SNAP it is attached on, and a plugin
+/// with a metrics page and no background calls (SPDK alone takes a
+/// returning path back). Holds the plugin tests' turn.
+struct Failover {
+    _turn: tokio::sync::MutexGuard<'static, ()>,
+    csi: Csi,
+    volume: csi::Volume,
+    first: String,
+    second: String,
+    subnqn: String,
+    snap: Spdk,
+    plugin: Plugin,
+    metrics: SocketAddr,
+}
+
+async fn failover(source: &Source, name: &str) -> Failover {
+    let turn = PLUGIN_CALLS.lock().await;
     let mut csi = two_listeners(source).await;
-    let volume = csi.create(multipath_volume("pvc-mp")).await.unwrap();
+    let volume = csi.create(multipath_volume(name)).await.unwrap();
     let (first, second) = volume_ports(&volume);
     let subnqn = volume.volume_context["subnqn"].clone();
-    // From here the test decides which listeners the target has.
     csi.halt().await;
-    let snap = &snap_of(&mut csi, source).await;
+    let snap = snap_of(&mut csi, source).await;
     let metrics: SocketAddr = format!("127.0.0.1:{}", free_tcp_port()).parse().unwrap();
-    // No background calls: SPDK alone takes a returning path back.
     let plugin = Plugin::start_with_metrics(snap.socket(), Duration::ZERO, metrics).await;
+    Failover {
+        _turn: turn,
+        csi,
+        volume,
+        first,
+        second,
+        subnqn,
+        snap,
+        plugin,
+        metrics,
+    }
+}
+
+pub async fn multipath_devices_fail_over_take_paths_back_and_detach_whole(source: &Source) {
+    let Failover {
+        _turn,
+        mut csi,
+        volume,
+        first,
+        second,
+        subnqn,
+        snap,
+        plugin,
+        metrics,
+    } = failover(source, "pvc-mp").await;
+    let snap = &snap;
     let id = &volume.volume_id;
     let controller = format!("snapcsi-nvmf-{id}");
 
@@ -968,13 +1009,19 @@ pub async fn a_silent_cut_stalls_writes_briefly_and_fails_none(source: &Source, 
     use snap_csi_harness::paths::{self, How};
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-    let _turn = PLUGIN_CALLS.lock().await;
-    let mut csi = two_listeners(source).await;
-    let volume = csi.create(multipath_volume("pvc-silent")).await.unwrap();
-    let (first, second) = volume_ports(&volume);
-    let subnqn = volume.volume_context["subnqn"].clone();
-    csi.halt().await;
-    let snap = &snap_of(&mut csi, source).await;
+    let Failover {
+        _turn,
+        mut csi,
+        volume,
+        first,
+        second,
+        subnqn,
+        snap,
+        plugin,
+        metrics: _,
+    } = failover(source, "pvc-silent").await;
+    let snap = &snap;
+    // Before the plugin's first attach: SPDK takes it for controllers made later.
     snap.client()
         .call_raw(
             "bdev_nvme_set_options",
@@ -983,8 +1030,6 @@ pub async fn a_silent_cut_stalls_writes_briefly_and_fails_none(source: &Source, 
         )
         .await
         .unwrap();
-    let metrics: SocketAddr = format!("127.0.0.1:{}", free_tcp_port()).parse().unwrap();
-    let plugin = Plugin::start_with_metrics(snap.socket(), Duration::ZERO, metrics).await;
     let id = &volume.volume_id;
     let device = plugin
         .create(id, volume.volume_context.clone())
