@@ -15,9 +15,8 @@ mod common;
 use common::guest_node::{
     GuestNode, KUBELET_DIR, Kind, Published, VOLUME, stage_and_publish, stage_and_publish_share,
 };
-use common::node::{stage_request, unpublish, unstage};
+use common::node::{grow_on_the_dpu, stage_request, unpublish, unstage};
 use snap_csi::proto::csi::v1 as csi;
-use snap_csi::spdk::bdev::{BdevAioRescan, BdevGetBdevs};
 
 /// The disk the guest's kernel mounted at `target`, as `/dev/...`.
 fn mounted_disk(host: &mut GuestNode, target: &std::path::Path) -> String {
@@ -72,20 +71,7 @@ async fn a_virtio_blk_volume_grows_online_on_a_real_kernel() {
     } = stage_and_publish(&mut host, id, Kind::Mount("ext4"), false).await;
     let before = total_bytes(&stats(&mut host, id, &target).await);
 
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&backing)
-        .unwrap()
-        .set_len(2 * VOLUME)
-        .unwrap();
-    let client = host.emulator.client();
-    let bdev = client
-        .call(&BdevGetBdevs::default())
-        .await
-        .unwrap()
-        .remove(0)
-        .name;
-    client.call(&BdevAioRescan { name: bdev }).await.unwrap();
+    grow_on_the_dpu(&host.emulator, &backing, 2 * VOLUME).await;
 
     let grown = host
         .client

@@ -277,7 +277,7 @@ async fn grown_while_in_use_grows_at_the_next_stage(
     stage_and_publish(&mut stack).await;
     write_volume(&target, &data);
     let before = size_seen(&target);
-    grow_on_the_dpu(&stack, &backing, 2 * SIZE).await;
+    grow_on_the_dpu(&stack.emulator, &backing, 2 * SIZE).await;
 
     let deadline = Duration::from_secs(15);
     let expand = expand_request(volume_id, &target, &staging, 2 * SIZE);

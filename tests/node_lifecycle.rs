@@ -419,7 +419,7 @@ async fn expand(emulation: EmulationSetting, fs_type: &str, seen: Seen) {
     let expand = expand_request("pvc-e", &target, &staging, 2 * SIZE);
     let expanded = match seen {
         Seen::Before => {
-            grow_on_the_dpu(&stack, &backing, 2 * SIZE).await;
+            grow_on_the_dpu(&stack.emulator, &backing, 2 * SIZE).await;
             node.node_expand_volume(expand.clone())
                 .await
                 .map(tonic::Response::into_inner)
@@ -597,7 +597,7 @@ async fn expand_grown_meanwhile(
         waits = node_waits => waits.expect("the hook ran"),
         answer = &mut call => panic!("the node did not wait for the new size: {answer:?}"),
     }
-    grow_on_the_dpu(stack, backing, size).await;
+    grow_on_the_dpu(&stack.emulator, backing, size).await;
     call.await.unwrap().map(tonic::Response::into_inner)
 }
 

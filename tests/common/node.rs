@@ -486,14 +486,14 @@ pub fn expand_request(
 /// What the vendor side does when the controller grows an AIO volume: the
 /// backing file grows and SPDK rescans the bdev over it, which SNAP passes
 /// on to the host (unless a crypto vbdev stands in between).
-pub async fn grow_on_the_dpu(stack: &NodeStack, backing: &Path, size: u64) {
+pub async fn grow_on_the_dpu(emulator: &Emulator, backing: &Path, size: u64) {
     std::fs::OpenOptions::new()
         .write(true)
         .open(backing)
         .unwrap()
         .set_len(size)
         .unwrap();
-    let snap = stack.emulator.client();
+    let snap = emulator.client();
     let bdev = snap
         .call(&BdevGetBdevs::default())
         .await
