@@ -219,17 +219,23 @@ impl Tree {
             }
         };
         let dir = self.disk_dir(id);
+        let head = self.head_dir(id);
         let mut path_files = files.clone();
-        if let Some(head) = self.head_dir(id) {
-            // A head is the subsystem's, named after its controller's
-            // instance, which SNAP gives one controller at a time.
-            if !dir_holds(&head, &files) && !self.install_new(&head, &files, &[])? {
-                bail!("{} is another disk's head", head.display());
-            }
+        if head.is_some() {
             // A path is a hidden disk: no device node, so no `dev`.
             path_files.retain(|(name, _)| *name != "dev");
         }
+        // Linux adds a namespace's path before its head (nvme_alloc_ns, then
+        // nvme_mpath_set_live): whoever sees the head's `dev` finds the path.
         self.install_if_different(&dir, &path_files)?;
+        if let Some(head) = head {
+            // A head is the subsystem's, named after its controller's
+            // instance, which SNAP gives one controller at a time.
+            if !dir_holds(&head, &files) && !self.install_new(&head, &files, &[])? {
+                remove_dir_all_if_present(&dir)?;
+                bail!("{} is another disk's head", head.display());
+            }
+        }
         Ok(HostDisk {
             loop_device: loopdev::dev_path(&state.name),
             major: state.major,
