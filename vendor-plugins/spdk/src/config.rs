@@ -137,9 +137,10 @@ pub struct Args {
     /// sidecars built on CSI v1.11 crash on it, so only for sidecars built on 1.12.
     #[arg(long, env = "SPDK_PLUGIN_ADVERTISE_GET_SNAPSHOT")]
     pub advertise_get_snapshot: bool,
-    /// CSI controller: a DPU's vendor plugin socket, under the DPU's name as
-    /// the node gives it (NAME=PATH); given again (or comma-separated), more
-    /// DPUs. DeleteVolume asks each for its devices (ListDevices) and refuses
+    /// CSI controller: a DPU's vendor plugin socket, under its host's node
+    /// id and the DPU's name as the node gives it (NODE_ID/NAME=PATH; NAME=PATH
+    /// where one host has DPUs: every host may name its DPU `bf3-a`); given
+    /// again (or comma-separated), more DPUs. DeleteVolume asks each for its devices (ListDevices) and refuses
     /// a volume one serves (FAILED_PRECONDITION) or while one does not answer
     /// (UNAVAILABLE). Without it, DeleteVolume checks nothing: a volume still
     /// staged on a host is deleted.
@@ -147,20 +148,29 @@ pub struct Args {
         long = "dpu-plugin",
         env = "SPDK_PLUGIN_DPU_PLUGIN",
         value_delimiter = ',',
-        value_name = "NAME=PATH",
+        value_name = "NODE_ID/NAME=PATH",
         value_parser = parse_dpu_plugin
     )]
     pub dpu_plugins: Vec<DpuPlugin>,
 }
 
-/// `--dpu-plugin NAME=PATH`.
+/// `--dpu-plugin [NODE_ID/]NAME=PATH`.
 fn parse_dpu_plugin(value: &str) -> Result<DpuPlugin, String> {
     let (name, path) = value
         .split_once('=')
-        .ok_or_else(|| format!("{value:?} is not NAME=PATH"))?;
-    if !is_label_name(name) {
+        .ok_or_else(|| format!("{value:?} is not NODE_ID/NAME=PATH"))?;
+    // A node id is a label value where the node reports DPUs (it is the
+    // value of their topology segment), so the same form as a DPU's name.
+    let (node, dpu) = name.split_once('/').unwrap_or(("", name));
+    if name.starts_with('/') || !node.is_empty() && !is_label_name(node) {
         return Err(format!(
-            "{name:?} is not a DPU's name as the node gives it (a Kubernetes label name: \
+            "{node:?} is not a node id as the node reports it with DPUs (a Kubernetes label \
+             value: letters, digits, '-', '_', '.', at most 63)"
+        ));
+    }
+    if !is_label_name(dpu) {
+        return Err(format!(
+            "{dpu:?} is not a DPU's name as the node gives it (a Kubernetes label name: \
              letters, digits, '-', '_', '.', at most 63)"
         ));
     }
@@ -173,8 +183,8 @@ fn parse_dpu_plugin(value: &str) -> Result<DpuPlugin, String> {
     })
 }
 
-/// The DPUs' plugins: no name or socket twice (a typo that would leave a
-/// DPU unchecked).
+/// The DPUs' plugins: no DPU (host and name) or socket twice (a typo that
+/// would leave a DPU unchecked).
 fn check_dpu_plugins(plugins: &[DpuPlugin]) -> Result<Vec<DpuPlugin>, String> {
     for (i, plugin) in plugins.iter().enumerate() {
         if let Some(other) = plugins[..i]
@@ -631,7 +641,22 @@ mod tests {
         );
         // Comma-separated, as the environment variable gives them.
         assert_eq!(with(&["bf-a=/run/a.sock,bf-b=/run/b.sock"]).unwrap(), two);
-        for bad in ["bf-a", "bf/a=/run/a.sock", "=/run/a.sock", "bf-a="] {
+        // Two hosts whose DPUs have one name.
+        assert_eq!(
+            with(&["host-1/bf3-a=/run/a.sock", "host-2/bf3-a=/run/b.sock"]).unwrap(),
+            [
+                plugin("host-1/bf3-a", "/run/a.sock"),
+                plugin("host-2/bf3-a", "/run/b.sock")
+            ]
+        );
+        for bad in [
+            "bf-a",
+            "bf/a/b=/run/a.sock",
+            "/bf-a=/run/a.sock",
+            "host 1/bf-a=/run/a.sock",
+            "=/run/a.sock",
+            "bf-a=",
+        ] {
             let mut args = base.to_vec();
             args.extend(["--dpu-plugin", bad]);
             let mut all = vec!["p"];
@@ -641,6 +666,7 @@ mod tests {
         for twice in [
             &["bf-a=/run/a.sock", "bf-a=/run/b.sock"][..],
             &["bf-a=/run/a.sock", "bf-b=/run/a.sock"][..],
+            &["host-1/bf-a=/run/a.sock", "host-1/bf-a=/run/b.sock"][..],
         ] {
             let error = with(twice).unwrap_err();
             assert!(error.contains("repeat a DPU or a socket"), "{error}");

@@ -3,8 +3,9 @@
 //! The CSIDriver says `attachRequired: false`, so nothing in Kubernetes
 //! keeps a PV from being deleted while a node still has it staged (its pod
 //! gone, its unstage late or failing): the volume's data went while a DPU
-//! served it. So, given the DPUs' vendor plugins (`--dpu-plugin NAME=PATH`,
-//! NAME the DPU's name as the node gives it), the controller asks each,
+//! served it. So, given the DPUs' vendor plugins (`--dpu-plugin
+//! NODE_ID/NAME=PATH`, NAME the DPU's name as the node gives it on the host
+//! whose node id is NODE_ID), the controller asks each,
 //! at once, for every device it has (ListDevices, all pages, through the
 //! node's own plugin client) before it deletes a volume, and refuses while
 //! one lists a device of it. CSI's DeleteVolume table has the code for that:
@@ -41,10 +42,11 @@ use tonic::Status;
 use super::CsiController;
 use super::ids::parse_volume_id;
 
-/// One DPU's vendor plugin, as `--dpu-plugin NAME=PATH` gives it.
+/// One DPU's vendor plugin, as `--dpu-plugin NODE_ID/NAME=PATH` gives it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DpuPlugin {
-    /// The DPU's name as the node gives it (what an operator looks for).
+    /// `NODE_ID/NAME`, or the DPU's name alone where one host has DPUs:
+    /// what an operator looks for.
     pub name: String,
     pub socket: PathBuf,
 }
