@@ -12,7 +12,7 @@
 //!   longest write of a window without a fault, the stall's comparison;
 //! - then `--failovers` times: once the plugin's page shows both paths
 //!   connected, the path I/O goes through now is cut on the target
-//!   ([`paths::cut`]: its listener removed, its connections dropped), and
+//!   ([`How::Listener`]: its listener removed, its connections dropped), and
 //!   the longest write until [`WRITES`] more have ended is that failover's
 //!   stall; then the time until the controller has put the listener back
 //!   (its re-export, every 2 s) and the plugin's page shows both paths
@@ -20,7 +20,13 @@
 //!   no call of ours brings the path back. [`WRITES`] more writes then let
 //!   I/O go back to the path it prefers (SPDK's active-passive: the first
 //!   attached), so that the switch back, and its new connection, fall in
-//!   the return's window (reported too) and not in the next cut's.
+//!   the return's window (reported too) and not in the next cut's;
+//! - then `--silent-failovers` times the same with the path gone silent
+//!   ([`How::Silent`]: its packets dropped, nothing closed, as a link lost
+//!   on the way): the DPU's SPDK finds out only by its TCP_USER_TIMEOUT
+//!   (SNAP's `transport_ack_timeout`, which local-up gives every SNAP), so
+//!   the stall holds that detection. The bench lifts the cut once the
+//!   [`WRITES`] writes have ended; recovery runs from the cut as above.
 //!
 //! Afterwards the writer stops: zero I/O errors, and every block must read
 //! back as last written ([`paths::Written::verify`]), or the section fails.
@@ -35,7 +41,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, ensure};
 use serde::Serialize;
-use snap_csi_harness::paths::{self, ListenAddress, Writer};
+use snap_csi_harness::paths::{self, Cut, How, ListenAddress, Writer};
 
 use crate::Args;
 use crate::csi::{Clients, Kind, parameters};
@@ -64,16 +70,21 @@ const SPAN: u64 = 64 << 20;
 pub struct Event {
     /// `traddr:trsvcid` of the path cut.
     pub path: String,
+    /// Whether the path went silent (its packets dropped) rather than its
+    /// listener removed.
+    pub silent: bool,
     /// The longest write from just before the cut until [`WRITES`] more ended.
     pub stall_ms: f64,
-    /// Whether those writes ended before the cut path's listener was back
-    /// (false: the controller's re-export came first, so the writes may
-    /// have waited for the same path's return instead of failing over).
+    /// Whether those writes ended before the cut path was back (false: the
+    /// controller's re-export came first, so the writes may have waited for
+    /// the same path's return instead of failing over). A silent cut lasts
+    /// until they have ended.
     pub before_return: bool,
     /// The path I/O went through right after the stall, by the plugin's page.
     pub current_after: Option<String>,
-    /// From the cut until the target listed the path's listener again.
-    pub listener_back_ms: f64,
+    /// From the cut until the path was back: the target listed its listener
+    /// again, or the bench lifted the silent cut.
+    pub back_ms: f64,
     /// From the cut until the plugin's page showed both paths connected.
     pub recovered_ms: f64,
     /// The longest write from the stall's end until [`WRITES`] writes after
@@ -96,7 +107,10 @@ pub struct Failover {
     /// Without a fault, the longest write of each window of [`WRITES`].
     pub normal_windows: Summary,
     pub events: Vec<Event>,
+    /// The stalls of the listener cuts.
     pub stall: Summary,
+    /// The stalls of the silent cuts.
+    pub silent_stall: Summary,
     pub recovery: Summary,
     pub writes: u64,
     pub errors: u64,
@@ -150,7 +164,10 @@ pub async fn run(
     let per_look: Vec<f64> = looks.iter().map(|&(_, ms)| ms).collect();
 
     let mut events = Vec::new();
-    for n in 0..args.failovers {
+    let hows = std::iter::repeat_n(How::Listener, args.failovers as usize).chain(
+        std::iter::repeat_n(How::Silent, args.silent_failovers as usize),
+    );
+    for (n, how) in hows.enumerate() {
         let current = paths::wait_connected(
             &stack.plugin_metrics,
             &volume.id,
@@ -165,11 +182,15 @@ pub async fn run(
                 n + 1
             )
         })?;
-        let event = fail_over(&writer, &socket, &nqn, &all, current, stack, &volume.id).await?;
+        let event = fail_over(
+            how, &writer, &socket, &nqn, &all, current, stack, &volume.id,
+        )
+        .await?;
         eprintln!(
-            "bench: section 11: failover {}: {} cut, longest write {} ms, both connected again after {} ms",
+            "bench: section 11: failover {}: {} cut{}, longest write {} ms, both connected again after {} ms",
             n + 1,
             event.path,
+            if event.silent { " silently" } else { "" },
             ms(event.stall_ms),
             ms(event.recovered_ms)
         );
@@ -191,7 +212,13 @@ pub async fn run(
     clients.unstage(&volume).await?;
     clients.delete(&volume).await?;
 
-    let ms_of = |of: fn(&Event) -> f64| -> Vec<f64> { events.iter().map(of).collect() };
+    let ms_of = |silent: bool, of: fn(&Event) -> f64| -> Vec<f64> {
+        events
+            .iter()
+            .filter(|e| e.silent == silent)
+            .map(of)
+            .collect()
+    };
     let result = Failover {
         size_mib: args.size_mib,
         span_mib: span >> 20,
@@ -200,8 +227,9 @@ pub async fn run(
         normal: Summary::of_ms(&per_look),
         normal_writes: looks.iter().map(|&(w, _)| w).sum(),
         normal_windows: Summary::of_ms(&windows(&looks, WRITES)),
-        stall: Summary::of_ms(&ms_of(|e| e.stall_ms)),
-        recovery: Summary::of_ms(&ms_of(|e| e.recovered_ms)),
+        stall: Summary::of_ms(&ms_of(false, |e| e.stall_ms)),
+        silent_stall: Summary::of_ms(&ms_of(true, |e| e.stall_ms)),
+        recovery: Summary::of_ms(&events.iter().map(|e| e.recovered_ms).collect::<Vec<_>>()),
         events,
         writes: seen.writes,
         errors: seen.errors,
@@ -230,8 +258,10 @@ pub async fn run(
     Ok(())
 }
 
-/// One failover of `current` while `writer` writes: cut, stall, return.
+/// One failover of `current` while `writer` writes: cut `how`, stall, return.
+#[allow(clippy::too_many_arguments)]
 async fn fail_over(
+    how: How,
     writer: &Writer,
     socket: &Path,
     nqn: &str,
@@ -242,7 +272,7 @@ async fn fail_over(
 ) -> anyhow::Result<Event> {
     writer.take_window();
     let cut = Instant::now();
-    paths::cut(socket, nqn, &current).await?;
+    let held = paths::cut_as(how, socket, nqn, &current).await?;
     ensure!(
         tokio::task::block_in_place(|| writer.wait_writes(WRITES, BUDGET)),
         "the writes stopped when path {} was cut",
@@ -252,13 +282,17 @@ async fn fail_over(
     // What the failover left: the cut path still gone, I/O on the other.
     let (listed, page) =
         tokio::try_join!(paths::listeners(socket, nqn), scrape(&stack.plugin_metrics))?;
-    let before_return = !listed.contains(&current);
     let current_after = all
         .iter()
         .find(|p| paths::plugin_state(&page, volume_id, p).is_some_and(|(_, current)| current))
         .map(paths::show);
-    paths::wait_listed(socket, nqn, &current, cut + BUDGET).await?;
-    let listener_back = cut.elapsed();
+    let silent = matches!(held, Cut::Silent(_));
+    let before_return = silent || !listed.contains(&current);
+    match held {
+        Cut::Listener => paths::wait_listed(socket, nqn, &current, cut + BUDGET).await?,
+        Cut::Silent(hole) => drop(hole),
+    }
+    let back = cut.elapsed();
     paths::wait_connected(
         &stack.plugin_metrics,
         volume_id,
@@ -276,10 +310,11 @@ async fn fail_over(
     );
     Ok(Event {
         path: paths::show(&current),
+        silent,
         stall_ms: stall.as_secs_f64() * 1e3,
         before_return,
         current_after,
-        listener_back_ms: listener_back.as_secs_f64() * 1e3,
+        back_ms: back.as_secs_f64() * 1e3,
         recovered_ms: recovered.as_secs_f64() * 1e3,
         return_longest_ms: writer.take_window().as_secs_f64() * 1e3,
     })
@@ -341,13 +376,15 @@ impl Report {
         };
         println!();
         println!(
-            "11. A path failover's stall: a multipath NVMe-oF block volume (two paths), its current path cut on the target\n    while the host writes it (64 KiB, O_DIRECT|O_DSYNC, one at a time over {} MiB)",
+            "11. A path failover's stall: a multipath NVMe-oF block volume (two paths), its current path cut on the target\n    (its listener removed, or silenced) while the host writes it (64 KiB, O_DIRECT|O_DSYNC, one at a time over {} MiB)",
             f.span_mib
         );
         let mut table = Table::new(&[
             "failovers",
             "stall p50 ms",
             "stall max ms",
+            "silent stall p50 ms",
+            "silent max ms",
             "normal write p50 ms",
             "p99 ms",
             "no-fault window max ms",
@@ -361,6 +398,8 @@ impl Report {
             f.events.len().to_string(),
             ms(f.stall.p50_ms),
             ms(f.stall.max_ms),
+            ms(f.silent_stall.p50_ms),
+            ms(f.silent_stall.max_ms),
             ms(f.normal.p50_ms),
             ms(f.normal.p99_ms),
             ms(f.normal_windows.max_ms),
@@ -373,10 +412,11 @@ impl Report {
         let mut table = Table::new(&[
             "#",
             "path cut",
+            "how",
             "stall ms",
             "before its return",
             "current after",
-            "listener back s",
+            "path back s",
             "both connected s",
             "longest write meanwhile ms",
         ]);
@@ -384,17 +424,18 @@ impl Report {
             table.row(vec![
                 (i + 1).to_string(),
                 e.path.clone(),
+                if e.silent { "silent" } else { "listener" }.into(),
                 ms(e.stall_ms),
                 if e.before_return { "yes" } else { "no" }.into(),
                 e.current_after.clone().unwrap_or_else(|| "-".into()),
-                s(e.listener_back_ms),
+                s(e.back_ms),
                 s(e.recovered_ms),
                 ms(e.return_longest_ms),
             ]);
         }
         table.print();
         println!(
-            "   (stall: the longest write from just before the cut until {} more ended; normal: one look at the writer\n    per write without a fault ({} writes in {} looks), and the longest write of each window of {} writes without one;\n    recovery: the cut until the plugin's page shows both paths connected again (the controller re-exports a lost\n    listener within 2 s, SPDK reconnects every 1 s); {} writes ({} MiB), longest {} ms, {})",
+            "   (stall: the longest write from just before the cut until {} more ended; normal: one look at the writer\n    per write without a fault ({} writes in {} looks), and the longest write of each window of {} writes without one;\n    recovery: the cut until the plugin's page shows both paths connected again (the controller re-exports a lost\n    listener within 2 s, the bench lifts a silent cut once the writes ended, SPDK reconnects every 1 s); {} writes ({} MiB), longest {} ms, {})",
             f.writes_per_window,
             f.normal_writes,
             f.normal.samples,

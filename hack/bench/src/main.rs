@@ -176,6 +176,11 @@ pub struct Args {
     /// and is met over 6 or more).
     #[arg(long, default_value_t = 6, value_parser = clap::value_parser!(u32).range(1..))]
     pub failovers: u32,
+    /// Silent path failovers in section 11 after those: the current path's
+    /// packets dropped until the writes have gone on (its own stall
+    /// target, met over 6 or more).
+    #[arg(long, default_value_t = 6, value_parser = clap::value_parser!(u32).range(1..))]
+    pub silent_failovers: u32,
     /// Block volumes of section 12's batch, staged at once and then one at
     /// a time on a host with one DPU and on one with two.
     #[arg(long, default_value_t = 16)]
@@ -347,8 +352,8 @@ async fn run(args: &Args, work: &Work, report: &mut Report) -> anyhow::Result<()
         if args.wants(11) {
             // Last on this stack: it cuts the target's listeners.
             eprintln!(
-                "bench: section 11: {} path failovers of a multipath NVMe-oF volume",
-                args.failovers
+                "bench: section 11: {} path failovers of a multipath NVMe-oF volume, then {} silent",
+                args.failovers, args.silent_failovers
             );
             failover::run(args, &stack, &clients, report).await?;
         }

@@ -323,12 +323,32 @@ impl Stack {
     }
 
     /// SIGTERM to the caller's own node, then to local-up, waiting for each.
+    /// The processes' logs are copied beside local-up's stderr first: local-up
+    /// removes its directory, and a failed run keeps the caller's.
     fn shutdown(&mut self) {
         if let Some(mut node) = self.replacement_node.take() {
             stop_child(&mut node, Duration::from_secs(60));
         }
         if let Some(mut child) = self.local_up.take() {
+            self.copy_logs();
             stop_child(&mut child, Duration::from_secs(120));
+        }
+    }
+
+    /// Best effort: a log that cannot be copied is not worth failing a stop.
+    fn copy_logs(&self) {
+        let Some(beside) = self.stderr_path.parent() else {
+            return;
+        };
+        let to = beside.join(format!("logs-{}", self.name));
+        let Ok(entries) = std::fs::read_dir(self.dir.join("logs")) else {
+            return;
+        };
+        if std::fs::create_dir_all(&to).is_err() {
+            return;
+        }
+        for entry in entries.flatten() {
+            let _ = std::fs::copy(entry.path(), to.join(entry.file_name()));
         }
     }
 

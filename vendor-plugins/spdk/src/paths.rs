@@ -113,10 +113,16 @@ pub const TRANSPORT_ACK_TIMEOUT: u8 = 8;
 
 /// The `bdev_nvme_set_options` parameters SNAP's SPDK should start with
 /// for the plugin's paths: [`TRANSPORT_ACK_TIMEOUT`], the rest SPDK's
-/// defaults. Keep-alive stays at 10 s: on an idle path it only sends the
-/// bytes whose missing acknowledgement finds the loss, and no writer
-/// waits on an idle path (2 s measured the same stalls, with more
-/// traffic). `bdev_retry_count` stays 3: an I/O aborted on the lost path
+/// defaults. Keep-alive stays at 10 s. It sends the bytes whose missing
+/// acknowledgement finds a loss on a path with nothing else unacknowledged,
+/// which is also a path whose write the target acknowledged before the cut
+/// and whose answer the cut lost: that write waits for the next keep-alive
+/// (every 5 s; the bench's section 11 measured 5.6 s on the emulator, one
+/// cut in ~40). A shorter timeout shortens that wait, but a target drops a
+/// controller whose keep-alive is late, and while a path stays silent
+/// SPDK's reactor blocks ~2 s per reconnect round, delaying the healthy
+/// path's keep-alive too: 10 s keeps such false losses away (2 s measured
+/// the same typical stalls, with more traffic). `bdev_retry_count` stays 3: an I/O aborted on the lost path
 /// is retried on another at once, not counted against it.
 pub fn snap_bdev_nvme_options() -> serde_json::Value {
     serde_json::json!({ "transport_ack_timeout": TRANSPORT_ACK_TIMEOUT })

@@ -187,6 +187,58 @@ pub(crate) struct Path {
     /// resets, as SPDK's `bdev_nvme_disconnected_qpair_cb` fails the
     /// controller over when an I/O qpair disconnects unexpectedly.
     pub qpair_lost: Arc<Notify>,
+    /// The I/O connections with a request in flight on it: its controller's
+    /// reset shuts them down, as SPDK's reset disconnects the I/O qpairs and
+    /// aborts their I/O, which the multipath bdev retries on another path.
+    pub in_flight: Arc<InFlight>,
+}
+
+/// The I/O connections of a path with a request in flight, each a clone of
+/// the connection's socket. A request whose bytes the target acknowledged
+/// before the path went silent waits for an answer that never comes, and
+/// no ack timeout fires with nothing unacknowledged: only the controller's
+/// reset (its keep-alive unacknowledged) ends it.
+#[derive(Debug, Default)]
+pub(crate) struct InFlight {
+    next: std::sync::atomic::AtomicU64,
+    conns: Mutex<std::collections::HashMap<u64, TcpStream>>,
+}
+
+/// A request in flight on a connection; it leaves [`InFlight`] when dropped.
+pub(crate) struct Entered<'a> {
+    in_flight: &'a InFlight,
+    token: u64,
+}
+
+impl InFlight {
+    /// Counts `conn` in flight until the guard drops.
+    pub(crate) fn enter(&self, conn: &TcpStream) -> io::Result<Entered<'_>> {
+        let token = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        lock(&self.conns).insert(token, conn.try_clone()?);
+        Ok(Entered {
+            in_flight: self,
+            token,
+        })
+    }
+
+    /// Shuts down every connection in flight: their requests fail as lost.
+    pub(crate) fn abort(&self) {
+        for (_, conn) in lock(&self.conns).drain() {
+            let _ = conn.shutdown(std::net::Shutdown::Both);
+        }
+    }
+}
+
+impl Drop for Entered<'_> {
+    fn drop(&mut self) {
+        lock(&self.in_flight.conns).remove(&self.token);
+    }
+}
+
+/// A lock whose holder panicked still guards consistent data here: every
+/// change under it is one assignment or one collection operation.
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl Path {
@@ -264,7 +316,7 @@ pub(crate) struct Snapshot {
 
 impl Paths {
     fn lock(&self) -> MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+        lock(&self.inner)
     }
 
     fn changed(&self, mut inner: MutexGuard<'_, Inner>) {
@@ -294,6 +346,7 @@ impl Paths {
             lost_since: None,
             retry: Arc::default(),
             qpair_lost: Arc::default(),
+            in_flight: Arc::default(),
         });
         self.changed(inner);
         id

@@ -24,7 +24,11 @@
 //! that lost I/O so has its controller reset (`Path::qpair_lost`), as
 //! SPDK's does; a connection made before the controller's last reconnect
 //! (another controller id) is not used again, as a reset makes SPDK's I/O
-//! qpairs anew.
+//! qpairs anew. A controller's reset ends the I/O in flight on its path
+//! ([`super::paths::InFlight`]), which is sent again on the next path, as
+//! SPDK's reset aborts the I/O of the qpairs it disconnects: a request the
+//! target acknowledged before its path went silent leaves nothing for the
+//! ack timeout, and only the controller's keep-alive finds it.
 //!
 //! Only when every path is lost does each controller's [`Resilience`]
 //! apply, unchanged from one path: the I/O is sent again (on any path,
@@ -39,12 +43,12 @@
 use std::collections::HashMap;
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use super::paths::{self, MpPolicy, Path, Paths, Policy, Selector, Snapshot};
+use super::paths::{self, MpPolicy, Path, Paths, Policy, Selector, Snapshot, lock};
 
 pub(crate) const IO_PROTO: &str = "snap-emu-nvmf-io/1";
 pub(crate) const READ: u8 = 0;
@@ -296,6 +300,7 @@ impl Remote {
         let len32 = u32::try_from(len).map_err(|_| Failure::Answered(EIO))?;
         frame.extend_from_slice(&len32.to_le_bytes());
         frame.extend_from_slice(data);
+        let _in_flight = path.in_flight.enter(&stream)?;
         (&stream).write_all(&frame)?;
         let mut status = [0u8; 4];
         (&stream).read_exact(&mut status)?;
@@ -322,10 +327,6 @@ impl Remote {
     pub(crate) fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
         self.call(WRITE, offset, data.len(), data).map(|_| ())
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 #[cfg(test)]
@@ -445,5 +446,87 @@ mod tests {
         paths.update(a, |p| p.lost_since = Some(Instant::now()));
         ch.failing.insert(a, Instant::now());
         assert_eq!(ch.patience(&paths.snapshot()), Some(Duration::from_secs(2)));
+    }
+
+    /// A target on loopback that answers every hello; with `answer`, every
+    /// request (status 0), without, none (it reads the request and holds
+    /// the connection: a path gone silent after the request got through).
+    /// Each request read is sent on the channel.
+    fn target(answer: bool) -> (String, std::sync::mpsc::Receiver<()>) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port().to_string();
+        let (got, requests) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(conn) = conn else { return };
+                let got = got.clone();
+                std::thread::spawn(move || {
+                    let mut reader = BufReader::new(&conn);
+                    let mut line = String::new();
+                    reader.read_line(&mut line).unwrap();
+                    let mut hello: IoHello = serde_json::from_str(&line).unwrap();
+                    hello.error = None;
+                    let mut answer_line = serde_json::to_vec(&hello).unwrap();
+                    answer_line.push(b'\n');
+                    (&conn).write_all(&answer_line).unwrap();
+                    let mut head = [0u8; HEAD_LEN];
+                    while reader.read_exact(&mut head).is_ok() {
+                        let len = u32::from_le_bytes(head[9..13].try_into().unwrap());
+                        let mut data = vec![0; len as usize];
+                        reader.read_exact(&mut data).unwrap();
+                        let _ = got.send(());
+                        if !answer {
+                            // Held open, never answered, until the peer goes.
+                            let _ = reader.read_exact(&mut head);
+                            return;
+                        }
+                        (&conn).write_all(&0i32.to_le_bytes()).unwrap();
+                    }
+                });
+            }
+        });
+        (port, requests)
+    }
+
+    #[test]
+    fn a_reset_ends_the_io_in_flight_on_its_path_and_it_goes_to_the_next() {
+        let ((silent, on_silent), (live, on_live)) = (target(false), target(true));
+        let paths = Arc::new(Paths::default());
+        let add = |port: &str, id| {
+            paths.add(
+                vec![trid(port)],
+                resilience(1, None),
+                AckTimeout::default(),
+                id,
+            )
+        };
+        let (a, _b) = (add(&silent, 1), add(&live, 2));
+        let remote = Arc::new(Remote::new(
+            "nqn.host".into(),
+            1,
+            Arc::clone(&paths),
+            Arc::default(),
+        ));
+        let (done_tx, done) = std::sync::mpsc::channel();
+        let writer = Arc::clone(&remote);
+        std::thread::spawn(move || done_tx.send(writer.write(0, &[7; 4096])));
+        on_silent
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the write reached the first path");
+        assert!(
+            done.recv_timeout(Duration::from_millis(300)).is_err(),
+            "no answer came, nothing ended the write"
+        );
+        // What the controller's monitor does once its keep-alive goes
+        // unacknowledged: the path resets, its I/O in flight is ended.
+        paths.update(a, |p| p.state = PathState::Resetting);
+        paths.get(a).unwrap().in_flight.abort();
+        let written = done
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the write ended once its path was reset");
+        written.expect("the write succeeded on the other path");
+        on_live
+            .recv_timeout(Duration::from_secs(1))
+            .expect("the other path got the write");
     }
 }

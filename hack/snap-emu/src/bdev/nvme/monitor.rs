@@ -87,6 +87,8 @@ async fn keep(
                 return;
             };
             let held = hold(s, &mut stop, &reset, &path.qpair_lost, how.keep_alive).await;
+            // A reset, like a detach, ends the I/O qpairs and their I/O.
+            path.in_flight.abort();
             if let Held::Stopped = held {
                 return;
             }
