@@ -278,7 +278,9 @@ impl NodeService {
             }
             false
         } else {
-            let formatted = self.format(volume_id, &device.node, *fs, deadline).await?;
+            let formatted = self
+                .format(volume_id, (locator, device), *fs, deadline)
+                .await?;
             crate::failpoint::step("stage:format");
             !formatted
         };
@@ -302,14 +304,19 @@ impl NodeService {
 
     /// Makes the volume's filesystem if its device is blank, or again if
     /// the record says our last mkfs on it never ended; the record says so
-    /// from before mkfs starts until it has ended. `Ok(true)`: made now.
+    /// from before mkfs starts until it has ended on a device that stayed
+    /// the volume's: an mkfs that exits 0 while its device goes away (SNAP
+    /// restarted under it) may have lost writes, and a filesystem half made
+    /// is found, not made again, unless the record says so. `Ok(true)`:
+    /// made now.
     async fn format(
         &self,
         volume_id: &str,
-        device: &Path,
+        on_device: (&HostLocator, &BlockDevice),
         fs: FsType,
         deadline: Instant,
     ) -> Result<bool, Status> {
+        let device = &on_device.1.node;
         let Some(mut record) = self.recorded(volume_id)? else {
             return Err(Status::internal(format!(
                 "volume {volume_id} has no record to format it under"
@@ -325,6 +332,7 @@ impl NodeService {
         self.keep_record(&record)?;
         crate::failpoint::step("stage:formatting");
         format::mkfs(device, fs, cut_short, deadline).await?;
+        self.still_there(volume_id, on_device, "its mkfs was known to have ended")?;
         record.formatting = false;
         self.keep_record(&record)?;
         Ok(true)
