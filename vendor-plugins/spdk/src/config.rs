@@ -73,7 +73,8 @@ pub struct Args {
     /// as virtio-fs) of volume directories inside this share (absolute, as
     /// SNAP sees it; on a BlueField where the DPU mounted the NFS export).
     /// With --csi-socket, the controller also makes the fs backend's volumes
-    /// there: btrfs subvolumes with quotas (btrfs with `btrfs quota enable`).
+    /// there: ext4 images loop-mounted on their directories (the share must
+    /// support reflinks: btrfs, or XFS with reflink=1).
     #[arg(long, env = "SPDK_PLUGIN_FS_SHARE")]
     pub fs_share: Option<PathBuf>,
     /// Serve filesystem devices with DOCA SNAP's NFS fsdev (`fsdev_nfs_create`,

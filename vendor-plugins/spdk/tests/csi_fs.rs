@@ -1,8 +1,8 @@
-//! The CSI controller's filesystem backend over real gRPC: volumes are
-//! btrfs subvolumes in a share, each held to its size by a quota (as root,
-//! on a btrfs loop file; see `src/csi/fs.rs`). What a host writes is stood
-//! in for by writes into the volume's directory, which is what SNAP's fsdev
-//! serves.
+//! The CSI controller's filesystem backend over real gRPC: volumes are ext4
+//! images in a share, each loop-mounted on its directory (as root, on a
+//! btrfs loop file; see `src/csi/fs.rs`). What a host writes is stood in for
+//! by writes into the volume's directory, and what it sees in `df` by
+//! `statvfs` of it, which is what SNAP's fsdev serves and answers.
 
 mod common;
 
@@ -11,7 +11,7 @@ use std::io::Write;
 use std::path::Path;
 
 use common::csi::{Backends, Csi, MIB, capability, from_snapshot, from_volume, volume};
-use common::share::BtrfsShare;
+use common::share::Share;
 use snap_csi::proto::csi::v1 as csi;
 use snap_csi_spdk_plugin::csi::FsConfig;
 use tonic::Code;
@@ -20,10 +20,10 @@ use csi::volume_capability::AccessType;
 use csi::volume_capability::access_mode::Mode;
 
 const BACKEND: &str = "fs";
-/// EDQUOT: a write past the volume's quota.
-const EDQUOT: i32 = 122;
+/// ENOSPC: a write past the volume's size.
+const ENOSPC: i32 = 28;
 
-async fn controller(share: &BtrfsShare, capacity: Option<u64>) -> Csi {
+async fn controller(share: &Share, capacity: Option<u64>) -> Csi {
     let backends = Backends {
         aio: false,
         nvmf: false,
@@ -72,7 +72,7 @@ fn path_of(volume: &csi::Volume) -> &Path {
 
 #[tokio::test]
 async fn a_volume_holds_what_it_was_created_with_and_grows_online() {
-    let share = BtrfsShare::new(512 * MIB);
+    let share = Share::new(512 * MIB);
     let csi = controller(&share, Some(300 * MIB)).await;
     let before = csi.capacity(BACKEND).await.unwrap().available_capacity as u64;
     assert_eq!(before, 300 * MIB);
@@ -92,7 +92,7 @@ async fn a_volume_holds_what_it_was_created_with_and_grows_online() {
     let dir = path_of(&created);
     write_mib(dir, "a", 40).unwrap();
     let full = write_mib(dir, "b", 40).unwrap_err();
-    assert_eq!(full.raw_os_error(), Some(EDQUOT), "{full}");
+    assert_eq!(full.raw_os_error(), Some(ENOSPC), "{full}");
     std::fs::remove_file(dir.join("b")).unwrap();
 
     let expanded = csi
@@ -100,7 +100,10 @@ async fn a_volume_holds_what_it_was_created_with_and_grows_online() {
         .await
         .unwrap();
     assert_eq!(expanded.capacity_bytes as u64, 128 * MIB);
-    assert!(!expanded.node_expansion_required, "the quota is the size");
+    assert!(
+        !expanded.node_expansion_required,
+        "the volume's filesystem grows online"
+    );
     write_mib(dir, "b", 40).unwrap();
     let listed = csi.list(0, "").await.unwrap();
     let sizes: Vec<(String, i64)> = listed
@@ -124,7 +127,7 @@ async fn a_volume_holds_what_it_was_created_with_and_grows_online() {
 
 #[tokio::test]
 async fn snapshots_keep_the_tree_and_clones_start_from_it() {
-    let share = BtrfsShare::new(512 * MIB);
+    let share = Share::new(512 * MIB);
     let csi = controller(&share, None).await;
     let source = csi.create(fs_volume("pvc-fs-src", 32 * MIB)).await.unwrap();
     let dir = path_of(&source);
@@ -179,7 +182,7 @@ async fn snapshots_keep_the_tree_and_clones_start_from_it() {
 
 #[tokio::test]
 async fn block_options_and_capabilities_are_refused_and_change_nothing() {
-    let share = BtrfsShare::new(256 * MIB);
+    let share = Share::new(256 * MIB);
     let csi = controller(&share, None).await;
     let with = |pairs: &[(&str, &str)]| {
         let mut request = fs_volume("pvc-refused", 8 * MIB);
@@ -259,43 +262,130 @@ async fn block_options_and_capabilities_are_refused_and_change_nothing() {
     assert!(share.leftovers().is_empty(), "{:?}", share.leftovers());
 }
 
+/// `statvfs` of a volume's directory (what SPDK's fsdev answers a host's
+/// statfs with, so what `df` in a pod and kubelet's capacity metrics show)
+/// is the volume's own: its size less ext4's metadata, and what it holds.
+#[tokio::test]
+async fn a_volume_directory_says_its_own_size_and_use() {
+    let share = Share::new(1024 * MIB);
+    let csi = controller(&share, None).await;
+    let created = csi.create(fs_volume("pvc-df", 64 * MIB)).await.unwrap();
+    let dir = path_of(&created);
+    let stat = |dir: &Path| {
+        let s = nix::sys::statvfs::statvfs(dir).unwrap();
+        let unit = s.fragment_size() as u64;
+        let total = s.blocks() as u64 * unit;
+        (total, total - s.blocks_free() as u64 * unit)
+    };
+    let (total, used) = stat(dir);
+    assert!(
+        (50 * MIB..=64 * MIB).contains(&total),
+        "a 64 MiB volume shows {total} bytes"
+    );
+    write_mib(dir, "data", 8).unwrap();
+    let (total_after, used_after) = stat(dir);
+    assert_eq!(total_after, total);
+    let grown = used_after - used;
+    assert!(
+        (8 * MIB..=9 * MIB).contains(&grown),
+        "8 MiB written, used grew by {grown} bytes"
+    );
+    // The share's own statvfs is not the volume's.
+    assert!(stat(&share.dir).0 > 512 * MIB);
+    let full = write_mib(dir, "more", 64).unwrap_err();
+    assert_eq!(full.raw_os_error(), Some(ENOSPC), "{full}");
+
+    csi.delete(&created.volume_id).await.unwrap();
+    assert!(share.leftovers().is_empty(), "{:?}", share.leftovers());
+}
+
+/// The directory a volume is served from is immutable under its mount: if
+/// the mount is missing (a reboot, before the controller starts again),
+/// nothing lands in the share's own directory, and a controller that
+/// starts mounts every volume again.
+#[tokio::test]
+async fn an_unmounted_volume_refuses_writes_and_is_mounted_at_start() {
+    let share = Share::new(512 * MIB);
+    let csi = controller(&share, None).await;
+    let created = csi.create(fs_volume("pvc-m", 16 * MIB)).await.unwrap();
+    let dir = path_of(&created).to_path_buf();
+    std::fs::write(dir.join("kept"), b"in the volume").unwrap();
+    drop(csi);
+    let unmounted = std::process::Command::new("umount")
+        .arg(&dir)
+        .status()
+        .unwrap();
+    assert!(unmounted.success());
+    assert!(share.mounts().is_empty());
+    let refused = std::fs::write(dir.join("lost"), b"x").unwrap_err();
+    assert_eq!(refused.raw_os_error(), Some(1), "EPERM: {refused}");
+
+    let csi = controller(&share, None).await;
+    let mut mounted = false;
+    for _ in 0..100 {
+        mounted = share.mounts() == [dir.clone()];
+        if mounted {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(mounted, "{:?}", share.mounts());
+    assert_eq!(std::fs::read(dir.join("kept")).unwrap(), b"in the volume");
+    csi.delete(&created.volume_id).await.unwrap();
+    assert!(share.leftovers().is_empty(), "{:?}", share.leftovers());
+}
+
+/// SPDK's fsdev holds the volume's directory open while a DPU serves it:
+/// the mount is busy, and DeleteVolume says so and removes nothing (also
+/// when no DPU was asked, as here).
+#[tokio::test]
+async fn a_volume_held_open_is_not_deleted() {
+    let share = Share::new(256 * MIB);
+    let csi = controller(&share, None).await;
+    let created = csi.create(fs_volume("pvc-held", 8 * MIB)).await.unwrap();
+    let dir = path_of(&created).to_path_buf();
+    std::fs::write(dir.join("data"), b"served").unwrap();
+    let served = std::fs::File::open(&dir).unwrap();
+    let refused = csi.delete(&created.volume_id).await.unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
+    assert!(refused.message().contains("busy"), "{refused:?}");
+    assert_eq!(
+        csi.list_all(0).await,
+        std::slice::from_ref(&created.volume_id)
+    );
+    assert_eq!(std::fs::read(dir.join("data")).unwrap(), b"served");
+
+    drop(served);
+    csi.delete(&created.volume_id).await.unwrap();
+    assert!(!dir.exists());
+    assert!(share.leftovers().is_empty(), "{:?}", share.leftovers());
+}
+
 /// A CreateVolume interrupted before its rename leaves a hidden temporary
-/// subvolume: lists never show it, the next attempt replaces it, and a
+/// image: lists never show it, the next attempt replaces it, and a
 /// DeleteVolume removes it.
 #[tokio::test]
 async fn interrupted_creates_leave_only_a_temporary_the_next_call_replaces() {
-    let share = BtrfsShare::new(256 * MIB);
+    let share = Share::new(256 * MIB);
     let csi = controller(&share, None).await;
-    let temp = share.dir.join(".fs-pvc-t.tmp");
-    let made = std::process::Command::new("btrfs")
-        .args(["subvolume", "create"])
-        .arg(&temp)
-        .output()
-        .unwrap();
-    assert!(made.status.success());
-    std::fs::write(temp.join("half"), b"a crashed copy").unwrap();
+    let temp = share.dir.join(".images/.fs-pvc-t.img.tmp");
+    std::fs::write(&temp, b"a crashed copy").unwrap();
     assert!(csi.list_all(0).await.is_empty());
     let created = csi.create(fs_volume("pvc-t", 4 * MIB)).await.unwrap();
     assert!(!temp.exists());
-    assert!(!path_of(&created).join("half").exists());
+    assert_eq!(created.capacity_bytes as u64, 4 * MIB);
+    std::fs::write(path_of(&created).join("f"), b"fresh").unwrap();
     csi.delete(&created.volume_id).await.unwrap();
 
-    let made = std::process::Command::new("btrfs")
-        .args(["subvolume", "create"])
-        .arg(&temp)
-        .output()
-        .unwrap();
-    assert!(made.status.success());
+    std::fs::write(&temp, b"a crashed copy").unwrap();
     csi.delete("fs-pvc-t").await.unwrap();
     assert!(share.leftovers().is_empty(), "{:?}", share.leftovers());
 }
 
-/// Probe says what the share lacks: a directory that is not btrfs with
-/// quotas cannot hold a volume to its size.
+/// Probe says what the share lacks: snapshots and clones are reflink
+/// copies, which ext4 cannot make.
 #[tokio::test]
-async fn a_share_without_quotas_is_not_ready() {
-    let share = BtrfsShare::new(256 * MIB);
-    let csi = controller(&share, None).await;
+async fn a_share_without_reflinks_is_not_ready() {
     let probe = |csi: &Csi| {
         let mut identity = csi.identity.clone();
         async move {
@@ -307,24 +397,24 @@ async fn a_share_without_quotas_is_not_ready() {
                 .ready
         }
     };
+    let share = Share::new(256 * MIB);
+    let csi = controller(&share, None).await;
     assert_eq!(probe(&csi).await, Some(true));
-    let disabled = std::process::Command::new("btrfs")
-        .args(["quota", "disable"])
-        .arg(&share.dir)
-        .status()
-        .unwrap();
-    assert!(disabled.success());
+    assert!(share.leftovers().is_empty(), "{:?}", share.leftovers());
+    let ext4 = Share::ext4(64 * MIB);
+    let csi = controller(&ext4, None).await;
     assert_eq!(probe(&csi).await, Some(false));
 }
 
-/// A group snapshot of idle volumes holds each member's tree; one taken
-/// while a member is written fails and leaves no snapshot.
+/// A group snapshot freezes every member at once: each member's snapshot
+/// holds its tree, also while a member is written throughout (the writes
+/// wait for the thaw).
 #[tokio::test]
-async fn group_snapshots_of_idle_volumes_are_made_and_of_written_ones_refused() {
+async fn group_snapshots_are_of_one_instant_even_under_writes() {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-    let share = BtrfsShare::new(512 * MIB);
+    let share = Share::new(512 * MIB);
     let csi = controller(&share, None).await;
     let a = csi.create(fs_volume("pvc-ga", 16 * MIB)).await.unwrap();
     let b = csi.create(fs_volume("pvc-gb", 16 * MIB)).await.unwrap();
@@ -354,40 +444,49 @@ async fn group_snapshots_of_idle_volumes_are_made_and_of_written_ones_refused() 
     }
     csi.delete_whole_group_snapshot(&group).await;
 
+    // Both members written in turn, the same counter into each: in one
+    // instant, b holds what a holds or the one before.
     let stop = Arc::new(AtomicBool::new(false));
     let written = Arc::new(AtomicU64::new(0));
     let writer = {
         let (stop, written) = (stop.clone(), written.clone());
-        let dir = path_of(&a).to_path_buf();
+        let (da, db) = (path_of(&a).to_path_buf(), path_of(&b).to_path_buf());
         std::thread::spawn(move || {
             while !stop.load(Ordering::Relaxed) {
                 let n = written.fetch_add(1, Ordering::Relaxed);
-                std::fs::write(dir.join("busy"), n.to_le_bytes()).unwrap();
+                for dir in [&da, &db] {
+                    std::fs::write(dir.join("busy.new"), n.to_le_bytes()).unwrap();
+                    std::fs::rename(dir.join("busy.new"), dir.join("busy")).unwrap();
+                }
             }
         })
     };
-    // Writes land in an attempt's window only if the writer is scheduled
-    // then: a few attempts, each made while it keeps writing.
-    let mut refused = None;
-    for attempt in 0..5 {
-        let floor = written.load(Ordering::Relaxed) + 2;
-        while written.load(Ordering::Relaxed) < floor {
-            tokio::task::yield_now().await;
-        }
-        let name = format!("gs-busy-{attempt}");
-        match csi.create_group_snapshot(&name, &ids, HashMap::new()).await {
-            Err(status) => {
-                refused = Some(status);
-                break;
-            }
-            Ok(group) => csi.delete_whole_group_snapshot(&group).await,
-        }
+    while written.load(Ordering::Relaxed) < 10 {
+        tokio::task::yield_now().await;
     }
+    let group = csi
+        .create_group_snapshot("gs-busy", &ids, HashMap::new())
+        .await
+        .unwrap();
     stop.store(true, Ordering::Relaxed);
     writer.join().unwrap();
-    let error = refused.expect("a group snapshot made while a member was written");
-    assert_eq!(error.code(), Code::FailedPrecondition, "{error:?}");
-    assert!(error.message().contains("written"), "{error:?}");
+    let mut counters = HashMap::new();
+    for snapshot in &group.snapshots {
+        let restored = csi
+            .create(from_snapshot(
+                fs_volume(&format!("rb-{}", snapshot.source_volume_id), 16 * MIB),
+                &snapshot.snapshot_id,
+            ))
+            .await
+            .unwrap();
+        let held = std::fs::read(path_of(&restored).join("busy")).unwrap();
+        let held = u64::from_le_bytes(held.try_into().expect("a whole counter"));
+        counters.insert(snapshot.source_volume_id.clone(), held);
+        csi.delete(&restored.volume_id).await.unwrap();
+    }
+    let (in_a, in_b) = (counters[&a.volume_id], counters[&b.volume_id]);
+    assert!(in_b == in_a || in_b + 1 == in_a, "a {in_a}, b {in_b}");
+    csi.delete_whole_group_snapshot(&group).await;
     for volume in [&a, &b] {
         csi.delete(&volume.volume_id).await.unwrap();
     }

@@ -11,7 +11,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::csi::{Backends, Csi, MIB, assert_code, capability, volume};
-use common::share::BtrfsShare;
+use common::share::Share;
 use common::{Plugin, Source, Spdk, TIMEOUT, assert_kept_deadline, timed};
 use snap_csi::proto::csi::v1 as csi;
 use snap_csi::proto::volumegroup as vg;
@@ -122,7 +122,7 @@ async fn a_staged_aio_volume_is_deleted_only_once_its_device_is_gone() {
 
 #[tokio::test]
 async fn a_staged_filesystem_volume_is_deleted_only_once_its_device_is_gone() {
-    let share = BtrfsShare::new(512 * MIB);
+    let share = Share::new(512 * MIB);
     let devices = Devices {
         block: false,
         fs_share: Some(share.dir.clone()),

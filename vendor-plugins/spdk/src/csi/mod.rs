@@ -5,8 +5,9 @@
 //! - AIO ([`aio`]): volumes are sparse files in a pool directory.
 //! - NVMe-oF ([`nvmf`]): volumes are thin lvols on a remote SPDK target's
 //!   lvstore, each exported through its own subsystem.
-//! - Filesystem ([`fs`]): volumes are btrfs subvolumes in a share, each
-//!   limited by a quota, served as filesystem devices (virtio-fs).
+//! - Filesystem ([`fs`]): volumes are ext4 images in a share, each
+//!   loop-mounted on its directory there ([`fs_image`]), served as
+//!   filesystem devices (virtio-fs).
 //!
 //! Volumes keep no state of ours: their ids are derived from their names
 //! ([`ids`]) and their objects are found in the backends under those ids, so
@@ -31,6 +32,7 @@
 pub mod aio;
 pub mod controller;
 pub mod fs;
+pub mod fs_image;
 pub mod group_snapshot;
 pub mod identity;
 pub mod ids;

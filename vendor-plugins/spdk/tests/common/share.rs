@@ -1,10 +1,11 @@
-//! A filesystem share as the fs backend needs one: a btrfs on a loop file
-//! with quotas enabled, unmounted when dropped (as root, with btrfs-progs).
+//! A filesystem share as the fs backend needs one: a btrfs (reflinks) on a
+//! loop file, unmounted when dropped with every volume mounted in it (as
+//! root, with btrfs-progs and e2fsprogs).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-pub struct BtrfsShare {
+pub struct Share {
     pub dir: PathBuf,
     _scratch: tempfile::TempDir,
 }
@@ -18,9 +19,21 @@ fn run(program: &str, args: &[&str]) {
     );
 }
 
-impl BtrfsShare {
-    /// A share of `bytes` (btrfs needs ~110 MiB at least).
-    pub fn new(bytes: u64) -> BtrfsShare {
+/// The directories the controller keeps in the share.
+const KEPT: [&str; 3] = [".images", ".snapshots", ".snapshots/records"];
+
+impl Share {
+    /// A btrfs share of `bytes` (btrfs needs ~110 MiB at least).
+    pub fn new(bytes: u64) -> Share {
+        Share::of("btrfs", bytes)
+    }
+
+    /// A share on a filesystem without reflinks, which cannot serve.
+    pub fn ext4(bytes: u64) -> Share {
+        Share::of("ext4", bytes)
+    }
+
+    fn of(fs_type: &str, bytes: u64) -> Share {
         let scratch = tempfile::tempdir().unwrap();
         let image = scratch.path().join("share.img");
         std::fs::File::create(&image)
@@ -30,17 +43,18 @@ impl BtrfsShare {
         let dir = scratch.path().join("share");
         std::fs::create_dir(&dir).unwrap();
         let (image, mounted) = (image.to_str().unwrap(), dir.to_str().unwrap());
-        run("mkfs.btrfs", &["-q", image]);
+        match fs_type {
+            "btrfs" => run("mkfs.btrfs", &["-q", image]),
+            _ => run("mkfs.ext4", &["-q", "-F", image]),
+        }
         run("mount", &["-o", "loop", image, mounted]);
-        run("btrfs", &["quota", "enable", mounted]);
-        BtrfsShare {
+        Share {
             dir,
             _scratch: scratch,
         }
     }
 
-    /// Every entry of the share but the snapshot directory and its records
-    /// directory, which the controller keeps.
+    /// Every entry of the share but the directories the controller keeps.
     pub fn leftovers(&self) -> Vec<String> {
         let mut out = vec![];
         let mut pending = vec![self.dir.clone()];
@@ -48,7 +62,7 @@ impl BtrfsShare {
             for entry in std::fs::read_dir(&dir).unwrap() {
                 let path = entry.unwrap().path();
                 let name = path.strip_prefix(&self.dir).unwrap();
-                if name == Path::new(".snapshots") || name == Path::new(".snapshots/records") {
+                if KEPT.iter().any(|k| name == Path::new(k)) {
                     pending.push(path);
                 } else {
                     out.push(name.display().to_string());
@@ -58,10 +72,30 @@ impl BtrfsShare {
         out.sort();
         out
     }
+
+    /// The mount points inside the share (volumes' images), deepest first.
+    pub fn mounts(&self) -> Vec<PathBuf> {
+        let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        let mut out: Vec<PathBuf> = table
+            .lines()
+            .filter_map(|l| l.split(' ').nth(4))
+            .map(PathBuf::from)
+            .filter(|p| p.starts_with(&self.dir) && *p != self.dir)
+            .collect();
+        out.sort();
+        out.reverse();
+        out
+    }
 }
 
-impl Drop for BtrfsShare {
+impl Drop for Share {
     fn drop(&mut self) {
+        // What a failed test left: its volumes thawed and unmounted (their
+        // loop devices go with them), then the share.
+        for mount in self.mounts() {
+            let _ = Command::new("fsfreeze").arg("-u").arg(&mount).output();
+            let _ = Command::new("umount").arg(&mount).output();
+        }
         let _ = Command::new("umount").arg(&self.dir).status();
     }
 }
