@@ -129,11 +129,13 @@ pub async fn census(
             .into_iter()
             .map(|f| format!("vendor AIO file: {}", f.display())),
     );
-    // The share's snapshot directory (and its records') is no volume's.
+    // The share's image and snapshot directories (and the snapshots'
+    // records') are no volume's; what they hold is.
     left.extend(
         entries(&stack.dir.join("fs-share"))?
             .into_iter()
-            .filter(|e| e != ".snapshots")
+            .filter(|e| e != ".snapshots" && e != ".images")
+            .chain(entries(&stack.dir.join("fs-share/.images"))?)
             .chain(
                 entries(&stack.dir.join("fs-share/.snapshots"))?
                     .into_iter()

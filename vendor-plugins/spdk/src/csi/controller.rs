@@ -14,7 +14,8 @@
 //! ([`crate::follow`]), `bdev_aio_rescan`s its bdev (the controller has no
 //! socket to SNAP). The node then grows a filesystem (node_expansion_required
 //! unless the volume is a raw block device). Filesystem volumes: the
-//! share's quota rises ([`super::fs`]), which every host sees at once.
+//! volume's image and its mounted ext4 grow here ([`super::fs`]), which
+//! every host sees at once.
 //!
 //! CSI's FAILED_PRECONDITION for a volume in use is for a plugin that cannot
 //! grow one online. This controller never answers it: the plugin grows
@@ -791,7 +792,7 @@ impl csi::controller_server::Controller for CsiController {
         let reply = |size| {
             Ok(Response::new(csi::ControllerExpandVolumeResponse {
                 capacity_bytes: bytes(size),
-                // A filesystem volume's quota is its size: nothing to grow on the node.
+                // A filesystem volume grows on the share: nothing to grow on the node.
                 node_expansion_required: kind.is_block()
                     && !is_block(req.volume_capability.as_ref()),
             }))

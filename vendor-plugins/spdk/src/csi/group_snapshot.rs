@@ -11,8 +11,10 @@
 //! How the members are cut together is the backend's
 //! ([`super::store::VolumeBackend::group_snapshot`]): NVMe-oF pauses every
 //! member's subsystem around the snapshots, which is write-order consistent
-//! under load; AIO copies them in quick succession, consistent only when
-//! the members are not written meanwhile (each module says why). All members
+//! under load, and the filesystem backend freezes every member's ext4
+//! around the copies, likewise; AIO copies them in quick succession,
+//! consistent only when the members are not written meanwhile (each module
+//! says why). All members
 //! are on one backend: a group across both could not be cut at one point
 //! (FAILED_PRECONDITION, the spec's "cannot snapshot together").
 //!
