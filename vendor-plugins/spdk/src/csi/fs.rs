@@ -91,7 +91,9 @@ pub struct FsShare {
     /// Mounting and unmounting one at a time, so a volume is never mounted
     /// twice over itself.
     mounts: Mutex<()>,
-    /// Freezes one at a time, so two snapshots never freeze one volume.
+    /// Freezes one at a time, so two snapshots never freeze one volume;
+    /// also held while a volume's image changes unmounted (an expansion
+    /// grown offline). Taken before `mounts` when both are.
     freezes: Mutex<()>,
     /// Whether the start-up recovery ran (see [`VolumeBackend::recover`]).
     recovered: AtomicBool,
@@ -360,7 +362,9 @@ impl VolumeBackend for FsShare {
             "the kernel refuses to grow a mounted ext4 (this controller lacks \
              CAP_SYS_RESOURCE): growing it unmounted"
         );
-        let _turn = self.mounts.lock().await;
+        // No snapshot copies the image while it changes unmounted.
+        let _freezes = self.freezes.lock().await;
+        let _mounts = self.mounts.lock().await;
         image::unmount(&dir, deadline).await.map_err(|s| {
             Status::failed_precondition(format!(
                 "volume {volume_id} cannot grow while it is served: growing a mounted ext4 \
