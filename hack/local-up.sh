@@ -3,7 +3,7 @@
 #
 #   snap-emu (as the DPU's SNAP)          <- JSON-RPC <- sample plugin (plugins.v1 + CSI controller)
 #   snap-emu --no-snap (NVMe-oF target)   <- JSON-RPC <- sample plugin's CSI controller (lvols, subsystems)
-#   DIR/fs-share (btrfs on a loop file, quotas on) <- the controller's fs volumes, SNAP's fsdevs
+#   DIR/fs-share (btrfs on a loop file)   <- the controller's fs volumes (ext4 images, mounted), SNAP's fsdevs
 #   snap-csi controller (proxy)           -> CSI     -> sample plugin's CSI controller
 #   snap-csi node (co-located DPU attach) -> plugins.v1 -> sample plugin; JSON-RPC -> SNAP emulator
 #   sample plugin's CSI controller        -> plugins.v1 -> every DPU's plugin (DeleteVolume: in use?)
@@ -289,8 +289,9 @@ cleanup() {
   for m in "${shared_dirs[@]}"; do
     while mountpoint -q "$m"; do umount -l "$m" || break; done
   done
-  # The share's loop device goes with its mount (autoclear).
-  mountpoint -q "$dir/fs-share" && umount "$dir/fs-share"
+  # The share with the volumes the controller mounted in it; their loop
+  # devices, and the share's, go with their mounts (autoclear).
+  mountpoint -q "$dir/fs-share" && umount -R "$dir/fs-share"
   rm -rf "$dir"
 }
 trap cleanup EXIT
@@ -553,15 +554,17 @@ node_metrics=127.0.0.1:$(free_port)
 controller_metrics=127.0.0.1:$(free_port)
 plugin_metrics=127.0.0.1:$(free_port)
 
-# The filesystem share: the controller's fs volumes are its subvolumes, each
-# held to its size by a quota; SNAP's fsdevs serve them (README: Filesystem
-# devices).
+# The filesystem share: each of the controller's fs volumes is an ext4
+# image in it, mounted on the volume's directory there, which SNAP's fsdevs
+# serve (README: Filesystem devices); btrfs for its reflinks (snapshots and
+# clones). --containers: shared, so the controller's mounts in its
+# container reach the emulator.
 truncate -s 2G "$dir/fs-share.img"
 mkdir "$dir/fs-share"
 mkfs.btrfs -q "$dir/fs-share.img" >"$dir/logs/fs-share.log" 2>&1 &&
   mount -o loop "$dir/fs-share.img" "$dir/fs-share" &&
-  btrfs quota enable "$dir/fs-share" >>"$dir/logs/fs-share.log" 2>&1 ||
-  gave_up "could not make the filesystem share (btrfs on a loop file, with quotas)"
+  { ! ((containers)) || mount --make-rshared "$dir/fs-share"; } ||
+  gave_up "could not make the filesystem share (btrfs on a loop file)"
 
 # SNAP's start-up configuration, every SNAP's here as a BlueField's:
 # bdev_nvme's options, which SPDK takes only before any controller exists.
@@ -602,9 +605,11 @@ else
   )
 fi
 # The manifests deploy no filesystem share for the sample plugin; its fs
-# backend's btrfs quotas on one need CAP_SYS_ADMIN, which its container
-# then needs too (deploy/README.md, "The manifests' containers on one machine").
-fs_cap=(--also --cap-add=SYS_ADMIN)
+# backend mounts a loop device per volume (mount, chattr, fsfreeze, resize2fs)
+# in the share, so its container is privileged and its share bound rshared:
+# the mounts must reach SNAP (deploy/README.md, "The manifests' containers on
+# one machine").
+fs_cap=(--also --privileged --also "--volume=$dir/fs-share:$dir/fs-share:rshared")
 # DeleteVolume refuses a volume a DPU still serves: the controller asks every
 # DPU's plugin this run starts, each under the name the node gives that DPU
 # (this one's; --dpus 2: plugin-b's; --second-host: plugin2's, all started

@@ -41,13 +41,15 @@ COPY ${PREBUILT}/snap-csi-spdk-plugin /out/snap-csi-spdk-plugin
 FROM ${BINARIES} AS binaries
 
 
-# btrfs-progs: the CSI controller's filesystem backend makes a subvolume
-# with a quota per volume on its share (`btrfs`); nothing else is exec'd.
-# debian slim rather than distroless: the same base as the snap-csi image, a
-# release tag to pin, and apt for that one package.
+# The CSI controller's filesystem backend makes an ext4 image per volume on
+# its share and mounts it (e2fsprogs: mkfs.ext4, e2fsck, resize2fs, chattr;
+# mount: mount, umount, losetup; util-linux: fsfreeze; coreutils: cp), named
+# so that a slimmer base cannot drop them unseen (deploy/tools/check_images.py
+# looks for each). debian slim rather than distroless: the same base as the
+# snap-csi image, a release tag to pin, and apt for those packages.
 FROM ${BASE}
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends btrfs-progs \
+    && apt-get install -y --no-install-recommends e2fsprogs mount util-linux \
     && rm -rf /var/lib/apt/lists/*
 COPY --from=binaries /out/snap-csi-spdk-plugin /usr/local/bin/snap-csi-spdk-plugin
 LABEL org.opencontainers.image.title="snap-csi-spdk-plugin" \

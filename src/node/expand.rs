@@ -52,9 +52,7 @@ impl NodeService {
             })?,
         };
         if record.locator.tag().is_some() {
-            return Ok(Response::new(super::shared_fs::expanded(
-                &record, &path, required,
-            )?));
+            return Ok(Response::new(super::shared_fs::expanded(&path)?));
         }
         let device = self.wait_for_device(&record.locator, deadline).await?;
         let device = if device.size_bytes >= required {

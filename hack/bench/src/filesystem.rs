@@ -10,9 +10,12 @@
 //!   virtio-fs), against the same operations on the volume's backing
 //!   directory in the share (the floor: what the fsdev serves from).
 //!
-//! No target is judged: the emulated path is the emulator's FUSE passthrough
+//! No rate is judged: the emulated path is the emulator's FUSE passthrough
 //! on the same machine, not a BlueField's virtio-fs, so a ratio would rate
-//! the emulator. The figures say what the seam costs here.
+//! the emulator. The figures say what the seam costs here. One thing is
+//! judged, the published volume's NodeGetVolumeStats before and after the
+//! data run: its total is the volume's own size (less its filesystem's
+//! metadata), not the share's, and its use grows by what the run left.
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -27,6 +30,7 @@ use crate::encryption::{StageRow, stage_rows, timed};
 use crate::report::Report;
 use crate::stack::Stack;
 use crate::table::{Table, ms, num};
+use snap_csi::proto::csi::v1 as csi;
 
 /// Files each metadata run creates, stats and removes.
 const METADATA_FILES: usize = 500;
@@ -49,6 +53,17 @@ pub struct Filesystem {
     pub volumes: usize,
     pub stages: Vec<StageRow>,
     pub rates: Vec<Rate>,
+    /// The published volume's size, as created.
+    pub capacity_bytes: u64,
+    /// Its NodeGetVolumeStats in bytes, `(total, used)`, before the data
+    /// run and after it (which leaves [`DATA_BYTES`] in a file).
+    pub stats_before: (i64, i64),
+    pub stats_after: (i64, i64),
+}
+
+impl Filesystem {
+    /// Bytes the data run leaves in the volume.
+    pub const LEFT_BYTES: i64 = DATA_BYTES as i64;
 }
 
 const ROWS: [&str; 4] = [
@@ -85,21 +100,24 @@ pub async fn run(args: &Args, stack: &Stack, clients: &Clients) -> anyhow::Resul
 
     // The rates: one volume published, its tree and its backing directory.
     let kind = Kind::Filesystem("virtiofs".into());
+    // Room for the data run and the metadata run's files.
+    let size_mib = ((2 * DATA_BYTES as i64) >> 20).max(args.size_mib);
     let volume = clients
         .create_with(
             &stack.kubelet,
             "fsdev-rates",
             &kind,
-            // Room for the data run and the metadata run's files.
-            ((2 * DATA_BYTES as i64) >> 20).max(args.size_mib),
+            size_mib,
             parameters("fs", "virtio-fs", None),
         )
         .await?;
     clients.stage(&volume).await?;
     clients.publish(&volume).await?;
+    let stats_before = bytes(&clients.stats(&volume).await?)?;
     let backing = PathBuf::from(volume.context.get("path").context("the fs volume's path")?);
     let (target, back) = (volume.target.clone(), backing.clone());
     let rates = tokio::task::spawn_blocking(move || rates(&target, &back)).await??;
+    let stats_after = bytes(&clients.stats(&volume).await?)?;
     clients.unpublish(&volume).await?;
     clients.unstage(&volume).await?;
     clients.delete(&volume).await?;
@@ -107,7 +125,20 @@ pub async fn run(args: &Args, stack: &Stack, clients: &Clients) -> anyhow::Resul
         volumes: args.volumes,
         stages,
         rates,
+        capacity_bytes: u64::try_from(size_mib)? << 20,
+        stats_before,
+        stats_after,
     })
+}
+
+/// NodeGetVolumeStats' `(total, used)` in bytes.
+fn bytes(stats: &csi::NodeGetVolumeStatsResponse) -> anyhow::Result<(i64, i64)> {
+    stats
+        .usage
+        .iter()
+        .find(|u| u.unit == csi::volume_usage::Unit::Bytes as i32)
+        .map(|u| (u.total, u.used))
+        .context("NodeGetVolumeStats answered no usage in bytes")
 }
 
 /// Each operation through `mount` then on `backing`, in turns (three each)

@@ -3,6 +3,7 @@
 
 use serde::Serialize;
 
+use crate::filesystem::Filesystem;
 use crate::latency::design_round_trips;
 use crate::memory::Memory;
 use crate::report::{Report, each_ms};
@@ -292,9 +293,37 @@ impl Report {
         targets.extend(self.split_targets());
         targets.extend(self.density_targets());
         targets.extend(self.encryption_targets());
+        targets.extend(self.filesystem_targets());
         targets.extend(self.failover_targets());
         targets.extend(self.two_dpu_targets());
         targets
+    }
+
+    /// Section 10: a filesystem volume's stats are its own, not its share's.
+    fn filesystem_targets(&self) -> Vec<Target> {
+        let Some(f) = &self.filesystem else {
+            return Vec::new();
+        };
+        let capacity = i64::try_from(f.capacity_bytes).unwrap_or(i64::MAX);
+        let ((total, before), (after_total, after)) = (f.stats_before, f.stats_after);
+        // An ext4 per volume keeps a few percent for its metadata.
+        let own = |t: i64| t <= capacity && t * 10 >= capacity * 8;
+        let mib = |b: i64| b >> 20;
+        vec![Target {
+            target: "a filesystem volume's NodeGetVolumeStats (df in its pod) shows its own size, 80-100% of it, and its use grows by what is written".into(),
+            measured: format!(
+                "{} MiB volume: total {} MiB, used {} MiB; after {} MiB written: total {} MiB, used {} MiB",
+                mib(capacity),
+                mib(total),
+                mib(before),
+                mib(Filesystem::LEFT_BYTES),
+                mib(after_total),
+                mib(after)
+            ),
+            verdict: Verdict::of(
+                own(total) && own(after_total) && after - before >= Filesystem::LEFT_BYTES,
+            ),
+        }]
     }
 
     /// Section 11: each failover's stall, and not a byte lost.
@@ -458,6 +487,33 @@ mod tests {
             verify_error: None,
         });
         report
+    }
+
+    #[test]
+    fn a_filesystem_volumes_stats_are_its_own() {
+        let judged = |before: (i64, i64), after: (i64, i64)| {
+            let args = Args::parse_from(["snap-csi-bench"]);
+            let mut report = Report::new(&args);
+            report.filesystem = Some(Filesystem {
+                volumes: 1,
+                stages: vec![],
+                rates: vec![],
+                capacity_bytes: 128 << 20,
+                stats_before: before,
+                stats_after: after,
+            });
+            report.filesystem_targets()[0].verdict
+        };
+        let mib = |m: i64| m << 20;
+        assert_eq!(judged((mib(120), 1), (mib(120), mib(65))), Verdict::Met);
+        // The share's size (a quota-held directory on btrfs), or use that
+        // did not follow the writes.
+        assert_eq!(
+            judged((mib(2048), 1), (mib(2048), mib(65))),
+            Verdict::Missed
+        );
+        assert_eq!(judged((mib(120), 1), (mib(120), mib(10))), Verdict::Missed);
+        assert_eq!(judged((mib(90), 1), (mib(90), mib(65))), Verdict::Missed);
     }
 
     fn verdicts(report: &Report) -> Vec<Verdict> {

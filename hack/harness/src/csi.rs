@@ -271,10 +271,14 @@ impl Clients {
         Ok(())
     }
 
-    /// NodeGetVolumeStats of the published volume: its condition, as
-    /// kubelet's volume health monitoring reads it.
-    pub async fn condition(&mut self, volume: &Volume) -> anyhow::Result<csi::VolumeCondition> {
-        self.node
+    /// NodeGetVolumeStats of the published volume, as kubelet's metrics
+    /// and volume health monitoring read it.
+    pub async fn stats(
+        &mut self,
+        volume: &Volume,
+    ) -> anyhow::Result<csi::NodeGetVolumeStatsResponse> {
+        Ok(self
+            .node
             .node_get_volume_stats(request(
                 csi::NodeGetVolumeStatsRequest {
                     volume_id: volume.id.clone(),
@@ -285,7 +289,13 @@ impl Clients {
             ))
             .await
             .with_context(|| format!("NodeGetVolumeStats {}", volume.id))?
-            .into_inner()
+            .into_inner())
+    }
+
+    /// The published volume's condition (NodeGetVolumeStats).
+    pub async fn condition(&mut self, volume: &Volume) -> anyhow::Result<csi::VolumeCondition> {
+        self.stats(volume)
+            .await?
             .volume_condition
             .context("NodeGetVolumeStats answered no condition")
     }

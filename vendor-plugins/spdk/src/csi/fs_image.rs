@@ -20,12 +20,6 @@ use crate::errors::Failure;
 /// How long a thaw gets, whatever is left of the caller's deadline.
 pub(super) const CLEANUP: Duration = Duration::from_secs(10);
 
-/// `PROGRAM ARGS...` under `deadline`.
-async fn run(program: &str, args: &[&OsStr], deadline: Instant) -> Result<(), Status> {
-    command::run(program, args, deadline).await?;
-    Ok(())
-}
-
 fn os<S: AsRef<OsStr> + ?Sized>(s: &S) -> &OsStr {
     s.as_ref()
 }
@@ -128,7 +122,7 @@ pub(super) async fn make_empty(path: &Path, size: u64, deadline: Instant) -> Res
         os("lazy_itable_init=1,lazy_journal_init=1"),
         path.as_os_str(),
     ];
-    run("mkfs.ext4", &args, deadline).await?;
+    command::run("mkfs.ext4", &args, deadline).await?;
     sync(path).await
 }
 
@@ -137,7 +131,7 @@ pub(super) async fn make_empty(path: &Path, size: u64, deadline: Instant) -> Res
 pub(super) async fn reflink(from: &Path, to: &Path, deadline: Instant) -> Result<(), Status> {
     remove_file(to).await?;
     let args = [os("--reflink=always"), from.as_os_str(), to.as_os_str()];
-    run("cp", &args, deadline).await?;
+    command::run("cp", &args, deadline).await?;
     sync(to).await
 }
 
@@ -155,7 +149,8 @@ pub(super) async fn grow_offline(path: &Path, size: u64, deadline: Instant) -> R
             String::from_utf8_lossy(&output.stdout).trim()
         )));
     }
-    run("resize2fs", &[path.as_os_str()], deadline).await
+    command::run("resize2fs", &[path.as_os_str()], deadline).await?;
+    Ok(())
 }
 
 /// Grows the image at `path`, mounted at `mount_point`, to `size` bytes and
@@ -179,7 +174,7 @@ pub(super) async fn grow_online(
         }
     };
     at_least(path, size).await?;
-    run("losetup", &[os("-c"), os(&device)], deadline).await?;
+    command::run("losetup", &[os("-c"), os(&device)], deadline).await?;
     let output = command::run_unchecked("resize2fs", &[os(&device)], deadline).await?;
     let said = String::from_utf8_lossy(&output.stderr);
     if output.status.success() {
@@ -226,7 +221,7 @@ pub(super) async fn mount(path: &Path, dir: &Path, deadline: Instant) -> Result<
             dir.display()
         )));
     }
-    run("chattr", &[os("+i"), dir.as_os_str()], deadline).await?;
+    command::run("chattr", &[os("+i"), dir.as_os_str()], deadline).await?;
     let args = [
         os("-t"),
         os("ext4"),
@@ -235,7 +230,8 @@ pub(super) async fn mount(path: &Path, dir: &Path, deadline: Instant) -> Result<
         path.as_os_str(),
         dir.as_os_str(),
     ];
-    run("mount", &args, deadline).await
+    command::run("mount", &args, deadline).await?;
+    Ok(())
 }
 
 /// Unmounts `dir` if something is mounted there (its loop device goes with
@@ -269,7 +265,7 @@ pub(super) async fn remove_mount_point(dir: &Path, deadline: Instant) -> Result<
     if !exists(dir).await? {
         return Ok(());
     }
-    run("chattr", &[os("-i"), dir.as_os_str()], deadline).await?;
+    command::run("chattr", &[os("-i"), dir.as_os_str()], deadline).await?;
     match tokio::fs::remove_dir(dir).await {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
@@ -291,9 +287,10 @@ impl Frozen {
     pub(super) async fn freeze(mounts: Vec<PathBuf>, deadline: Instant) -> Result<Frozen, Status> {
         let mut frozen = Frozen { mounts: vec![] };
         for mount in mounts {
-            if let Err(status) = run("fsfreeze", &[os("-f"), mount.as_os_str()], deadline).await {
+            let freeze = command::run("fsfreeze", &[os("-f"), mount.as_os_str()], deadline).await;
+            if let Err(error) = freeze {
                 frozen.thaw().await;
-                return Err(status);
+                return Err(error.into());
             }
             frozen.mounts.push(mount);
         }
