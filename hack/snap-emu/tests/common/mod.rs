@@ -628,6 +628,7 @@ pub async fn wait_for_disk(dir: &Path) -> PathBuf {
 /// emulator shows on the NVMe `function` (its directory in the tree),
 /// named as a host with native multipath names it (the emulator's default):
 /// `(the path under the controller, the subsystem's head with its dev)`.
+/// Linux adds the path before the head, so the head's `dev` is waited for.
 pub async fn wait_for_nvme_disk(function: &Path) -> (PathBuf, PathBuf) {
     let name = function.file_name().unwrap().to_str().unwrap();
     let domain = u32::from_str_radix(&name[..4], 16).unwrap();
@@ -635,8 +636,12 @@ pub async fn wait_for_nvme_disk(function: &Path) -> (PathBuf, PathBuf) {
     let path = function.join(format!("nvme/nvme{c}/nvme{c}c{c}n1"));
     let root = function.ancestors().nth(4).unwrap();
     let head = root.join(format!("block/nvme{c}n1"));
-    wait_for_disk(&path).await;
-    assert!(head.join("dev").exists(), "{} has its head", path.display());
+    wait_for_disk(&head).await;
+    assert!(
+        path.join("nsid").exists(),
+        "{} has its path",
+        head.display()
+    );
     (path, head)
 }
 
