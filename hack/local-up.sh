@@ -415,19 +415,22 @@ wait_for_tcp() {
 
 rpc() { "$bin/snap-csi" rpc -s "$1" "${@:2}" >/dev/null; }
 
-# free_port: a loopback TCP port nobody listens on now and that this run has
-# not handed out yet. Below the kernel's ephemeral range (32768-60999 by
-# default), so no outgoing connection can take it between this check and
-# the bind (one did, while the bench restarted a node).
+# free_port VAR: sets VAR to a loopback TCP port nobody listens on now and
+# that this run has not handed out yet. Below the kernel's ephemeral range
+# (32768-60999 by default), so no outgoing connection can take it between
+# this check and the bind (one did, while the bench restarted a node). Not
+# called in a subshell ($(...)): the ports handed out must be remembered
+# here (in one they were not, and the plugin's metrics once took the
+# NVMe-oF target's second listener's port).
 picked_ports=" "
 free_port() {
-  local port
+  local candidate
   for _ in $(seq 100); do
-    port=$(shuf -i 20000-32000 -n 1)
-    [[ $picked_ports == *" $port "* ]] && continue
-    if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
-      picked_ports+="$port "
-      echo "$port"
+    candidate=$(shuf -i 20000-32000 -n 1)
+    [[ $picked_ports == *" $candidate "* ]] && continue
+    if ! (exec 3<>"/dev/tcp/127.0.0.1/$candidate") 2>/dev/null; then
+      picked_ports+="$candidate "
+      printf -v "$1" %s "$candidate"
       return 0
     fi
   done
@@ -548,11 +551,14 @@ wait_for_socket "$dir/target.sock"
 rpc "$dir/target.sock" bdev_lvol_create_lvstore '{"bdev_name":"pool0","lvs_name":"lvs0"}'
 # Two listeners: every NVMe-oF volume the controller exports is reachable on
 # both, and one asked for with nvmf-multipath is attached through both.
-port=$(free_port)
-port2=$(free_port)
-node_metrics=127.0.0.1:$(free_port)
-controller_metrics=127.0.0.1:$(free_port)
-plugin_metrics=127.0.0.1:$(free_port)
+free_port port
+free_port port2
+free_port node_metrics_port
+free_port controller_metrics_port
+free_port plugin_metrics_port
+node_metrics=127.0.0.1:$node_metrics_port
+controller_metrics=127.0.0.1:$controller_metrics_port
+plugin_metrics=127.0.0.1:$plugin_metrics_port
 
 # The filesystem share: each of the controller's fs volumes is an ext4
 # image in it, mounted on the volume's directory there, which SNAP's fsdevs
@@ -646,7 +652,8 @@ if ((dpus == 2)); then
   start snap-b "$bin/snap-emu" --socket "$dir/snap-b.sock" --state-dir "$dir/snap-b" \
     --sysfs-root "$dir/snap/sysfs" --pci-domain 0001 "${snap_args[@]}"
   wait_for_socket "$dir/snap-b.sock"
-  plugin_b_metrics=127.0.0.1:$(free_port)
+  free_port plugin_b_metrics_port
+  plugin_b_metrics=127.0.0.1:$plugin_b_metrics_port
   run plugin-b plugin "${dpu_maps[@]}" -- snap-csi-spdk-plugin \
     --plugin-socket "$dir/plugin-b.sock" \
     --spdk-socket "$dir/snap-b.sock" \
@@ -768,7 +775,8 @@ if ((containers)); then
 fi
 virtiofs_mounts "$dir/snap/host/virtiofs"
 if [ "$host" = vm ]; then
-  node_metrics=$GUEST_ADDRESS:$(free_port)
+  free_port node_metrics_port
+  node_metrics=$GUEST_ADDRESS:$node_metrics_port
   vm_node "$GUEST_EXEC" "$GUEST_ADDRESS" local-node "$kubelet" "$dir/node-state" \
     "${dpu[@]}" "${dpu_name[@]}" --metrics-address "$node_metrics"
   node_endpoint=http://$GUEST_ADDRESS:$vm_csi_port

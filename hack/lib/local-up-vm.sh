@@ -80,7 +80,7 @@ vm_snap_args() {
 vm_node() {
   local exec=$1 address=$2 node_id=$3 kubelet_dir=$4 state_dir=$5 flags
   shift 5
-  vm_csi_port=$(free_port)
+  free_port vm_csi_port
   mkdir -p "$kubelet_dir" "$state_dir"
   printf -v flags '%q ' "$@"
   vm_exec "$exec" "mkdir -p $vm_node_dir && mount -t tmpfs tmpfs $kubelet_dir &&
