@@ -31,7 +31,7 @@
 # sets). Every process runs at debug level, and the encrypted volume's key is
 # a canary: found in any process's log, the demo fails. Run as root:
 #   ./hack/demo.sh [--profile release|debug] [--mode colocated|split] [--containers]
-#     [--host vm]
+#     [--host vm] [--dpu-arch amd64|arm64]
 # (default: both modes; the test command runs it in debug, on the binaries the
 # tests just built). --containers runs the stack's plugin, controller proxy,
 # node and agent from their images, with their manifests' privileges and
@@ -42,18 +42,23 @@
 # plain volumes of every kind (the data-path proofs and the second DPU need
 # this machine's devices and stay with the emulated host); and a second
 # guest, a host with a DPU side of its own, shares the ReadWriteMany volume.
+# --dpu-arch arm64 runs every plugin and agent as an aarch64 process under
+# qemu-user, as on BlueField's Arm cores (hack/local-up.sh --dpu-arch); the
+# demo counts them (by the emulator each runs under) before it plays.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 profile=release
 modes=(colocated split)
 containers=()
 host=local
+dpu_arch=()
 while (($#)); do
   case $1 in
     --profile) profile=${2:?--profile needs release or debug}; shift 2 ;;
     --mode) modes=("${2:?--mode needs colocated or split}"); shift 2 ;;
     --containers) containers=(--containers); shift ;;
     --host) host=${2:?--host needs local or vm}; shift 2 ;;
+    --dpu-arch) dpu_arch=(--dpu-arch "${2:?--dpu-arch needs amd64 or arm64}"); shift 2 ;;
     *) echo "demo: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -70,6 +75,10 @@ done
 flag=()
 [ "$profile" = release ] && flag=(--release)
 cargo build "${flag[@]}" --locked --quiet -p snap-csi -p snap-emu -p snap-csi-spdk-plugin -p csi-player
+cross_bin=
+if ((${#dpu_arch[@]})) && [ "${dpu_arch[1]}" != "$(dpkg --print-architecture)" ]; then
+  cross_bin=$(./hack/cross-build.sh --arch "${dpu_arch[1]}" --profile "$profile")
+fi
 [ "$host" = vm ] && cargo build "${flag[@]}" --locked --quiet -p snap-csi-harness --bin snap-csi-guest
 # shellcheck source=hack/lib/local-up-client.sh
 . hack/lib/local-up-client.sh
@@ -134,6 +143,25 @@ split_checks() {
   fi
 }
 
+# cross_checks STACK MODE: with --dpu-arch another architecture, the DPU side
+# (three plugins: two DPUs' and the second host's; in split mode two agents)
+# runs as that architecture's processes, each a qemu-user process started on
+# this stack's cross-built binary.
+cross_checks() {
+  local stack=$1 want=3 found=0 pid exe emulator=
+  [ "$2" = split ] && want=5
+  for pid in $(pgrep -f -- "$cross_bin/snap-csi.* .*$stack/"); do
+    exe=$(readlink "/proc/$pid/exe" || true)
+    [[ $exe == */qemu-*-static ]] && found=$((found + 1)) emulator=${exe##*/}
+  done
+  echo "  the DPU side: $found processes of $(basename "$(dirname "$cross_bin")") under qemu-user" \
+    "(${emulator:-none})"
+  if ((found != want)); then
+    echo "FAIL: expected $want plugins and agents as qemu-user processes of $cross_bin, found $found" >&2
+    exit 1
+  fi
+}
+
 # key_canary DIR KEY: no process's log in DIR holds the key, either half of
 # it, or its upper-case form; the logs are at debug level (they say so).
 key_canary() {
@@ -186,8 +214,9 @@ for mode in "${modes[@]}"; do
   echo "== main job, $mode mode"
   # Every process at debug level: the key must reach no log even then.
   RUST_LOG=debug local_up_start "$run" --profile "$profile" --mode "$mode" --dir "$run/stack" \
-    --dpus 2 --second-host "${containers[@]}"
+    --dpus 2 --second-host "${containers[@]}" "${dpu_arch[@]}"
   echo "  a host with two DPUs: $DPUS (the second's functions in PCI domain 0001)"
+  [ -n "$cross_bin" ] && cross_checks "$run/stack" "$mode"
   if [ "$mode" = split ]; then
     echo "  the node reaches the DPU agents at $DPU_AGENT_ENDPOINT (namespace $DPU_NETNS) and" \
       "$DPU_AGENT_ENDPOINT_B (namespace $DPU_NETNS_B)"

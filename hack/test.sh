@@ -12,7 +12,9 @@
 # debug, the official CSI conformance suite (csi-sanity) on that
 # stack for each backend (and in split mode for one, on a host with two
 # DPUs in both modes for the block backends, and with the guest as the host
-# for a block and the filesystem backend), and the benchmark on a
+# for a block and the filesystem backend), the DPU side cross-built for
+# aarch64 and run as aarch64 processes under qemu-user (the demo's volume
+# matrix and csi-sanity in split mode), the benchmark on a
 # few volumes in debug: proof that every section still runs and cleans up, not
 # a measurement (that is ./hack/bench.sh, release); the demo and csi-sanity
 # again from the container images; and the chaos soak for two minutes in debug.
@@ -39,6 +41,12 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 # image, as users test.
 part "test build"
 cargo test --workspace --locked --no-run
+# The DPU side for BlueField's Arm cores (the agent, the plugin; snap-csi's
+# node and controller for Arm hosts): cross-built for aarch64 with Debian's
+# cross gcc, for the arm64 images below and the split-mode runs under
+# qemu-user after csi-sanity; both crates' unit tests run as aarch64
+# processes under qemu-user now.
+./hack/cross-build.sh --arch arm64 --profile debug --unit-tests
 part images
 export CONTAINERS_CONF=${CONTAINERS_CONF:-$PWD/hack/containers.conf}
 images=$(./hack/images.sh --profile debug --no-build)
@@ -106,6 +114,14 @@ part csi-sanity
 # devices (virtio-fs), csi-sanity's paths made and checked in the guest.
 cargo build --locked -p snap-csi-harness --bin snap-csi-guest
 ./hack/csi-sanity.sh --profile debug --no-build --backend aio --backend fs -- --host vm
+part "the DPU side as aarch64 processes"
+# Split mode with every plugin and agent an aarch64 process under qemu-user
+# (hack/local-up.sh --dpu-arch arm64): the demo's volume matrix (each kind of
+# volume through its life, a host with two DPUs, one of them stopped, and a
+# second host; it counts the qemu-user processes) and csi-sanity for a block
+# and the filesystem backend.
+./hack/demo.sh --profile debug --mode split --dpu-arch arm64
+./hack/csi-sanity.sh --profile debug --no-build --backend aio --backend fs -- --mode split --dpu-arch arm64
 part "the demo and csi-sanity from the images"
 # The main job and csi-sanity once more with every process that has an image
 # started from it, with the privileges, mounts and propagation its manifest

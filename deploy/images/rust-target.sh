@@ -7,12 +7,17 @@
 # rustls, has C and assembly) for that platform, instead of building under
 # an emulator. The build machine's own architecture is dpkg's (or BUILDARCH).
 #
-# Usage: TARGETARCH=ARCH rust-target.sh packages|triple|env
+# Usage: TARGETARCH=ARCH rust-target.sh packages|triple|env|runner
 #   packages  Debian packages the builder installs for ARCH: a C cross
 #             compiler and the target's libc, none when building natively
 #   triple    the Rust target triple for ARCH
 #   env       shell assignments for `eval`: RUST_TARGET, and the linker, C
-#             compiler and archiver cargo and cc-rs use for that target
+#             compiler and archiver cargo and cc-rs use for that target, and
+#             the runner of `cargo test` (runner, below) when cross-compiling
+#   runner    the command that runs ARCH's binaries on this machine when
+#             it is another architecture: qemu-user (qemu-user-static), with
+#             the cross libc's directory as the root of the loader and
+#             libraries; nothing when native
 # deploy/check.sh runs it for every pair of architectures.
 set -euo pipefail
 
@@ -45,6 +50,14 @@ case ${1:-} in
     echo "export CARGO_TARGET_${upper}_LINKER=$gnu-gcc"
     echo "export CC_$lower=$gnu-gcc"
     echo "export AR_$lower=$gnu-ar"
+    if [ "$arch" != "$build_arch" ]; then
+      echo "export CARGO_TARGET_${upper}_RUNNER='qemu-${triple%%-*}-static -L /usr/$gnu'"
+    fi
+    ;;
+  runner)
+    if [ "$arch" != "$build_arch" ]; then
+      echo "qemu-${triple%%-*}-static -L /usr/$gnu"
+    fi
     ;;
   *)
     awk '/^# Usage:/ { on = 1 } on && !/^#/ { exit } on { sub(/^# ?/, ""); print }' "$0" >&2

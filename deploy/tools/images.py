@@ -234,6 +234,13 @@ def check_helper(images: Path, t: Tally) -> None:
             }
             got = dict(re.findall(r"^export (\w+)=(\S+)$", out, re.M))
             t.check(rc == 0 and got == want, case, f"env must export {want}, exports {got} (exit {rc})")
+            # Another architecture's binaries run here under qemu-user: the
+            # runner of local-up --dpu-arch and of cargo test.
+            runner = "" if target == build else f"qemu-{triple.split('-')[0]}-static -L /usr/{gnu}"
+            exported = re.findall(rf"^export CARGO_TARGET_{upper}_RUNNER='([^']*)'$", out, re.M)
+            t.check(exported == ([runner] if runner else []), case, f"env's runner must be {runner!r}, is {exported}")
+            rc, out = run_helper(helper, target, build, "runner")
+            t.check(rc == 0 and out == runner, case, f"runner must be {runner!r}, is {out!r} (exit {rc})")
             rc, out = run_helper(helper, target, build, "packages")
             packages = out.split()
             if target == build:

@@ -25,6 +25,18 @@ pub async fn run(program: &str, args: &[&OsStr], deadline: Instant) -> Result<Ou
     let output = run_unchecked(program, args, deadline).await?;
     if output.status.success() {
         Ok(output)
+    } else if output.status.code() == Some(127)
+        && output.stdout.is_empty()
+        && output.stderr.is_empty()
+    {
+        // What a tool that never started looks like where spawn cannot say
+        // so: glibc's posix_spawn under qemu-user (its vfork is a fork, so
+        // the exec's error never reaches the parent) exits the child 127,
+        // the shell's code for a command not found.
+        Err(NodeError::failed(
+            command_line(program, args),
+            format!("{program} is not installed or could not start (exit 127, no output)"),
+        ))
     } else {
         Err(NodeError::failed(
             command_line(program, args),
@@ -251,6 +263,30 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(out.status.code(), Some(2));
+    }
+
+    #[tokio::test]
+    async fn a_tool_that_could_not_start_says_so() {
+        let err = run("sh", &[OsStr::new("-c"), OsStr::new("exit 127")], soon(10))
+            .await
+            .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("sh is not installed or could not start"),
+            "{err}"
+        );
+        // A 127 with something said is the tool's own failure, shown as it is.
+        let err = run(
+            "sh",
+            &[
+                OsStr::new("-c"),
+                OsStr::new("echo no such thing >&2; exit 127"),
+            ],
+            soon(10),
+        )
+        .await
+        .unwrap_err();
+        assert!(err.to_string().contains("no such thing"), "{err}");
     }
 
     #[tokio::test]

@@ -105,7 +105,10 @@ pub async fn held(
 
 /// The one running process whose program (its `argv[0]`'s file name) is
 /// `program` and whose arguments hold `args` in a row: a stack's process
-/// found by what local-up printed of it (a socket, an address).
+/// found by what local-up printed of it (a socket, an address). A program of
+/// another architecture runs under qemu-user (local-up --dpu-arch), whose
+/// command line is the emulator's, then the program's: its program is the
+/// first argument after the emulator's options that names it.
 pub fn process(program: &str, args: &[&str]) -> anyhow::Result<Pid> {
     let mut found = Vec::new();
     for entry in std::fs::read_dir("/proc").context("listing /proc")? {
@@ -117,19 +120,7 @@ pub fn process(program: &str, args: &[&str]) -> anyhow::Result<Pid> {
         let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
             continue;
         };
-        let argv: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
-        let Some((first, rest)) = argv.split_first() else {
-            continue;
-        };
-        let runs = Path::new(OsStr::from_bytes(first)).file_name() == Some(OsStr::new(program));
-        // windows(0) panics; no arguments asked for is held by any process.
-        let holds = args.is_empty()
-            || rest.windows(args.len()).any(|w| {
-                w.iter()
-                    .zip(args)
-                    .all(|(have, want)| *have == want.as_bytes())
-            });
-        if runs && holds {
+        if runs(&cmdline, program, args) {
             found.push(pid);
         }
     }
@@ -138,6 +129,33 @@ pub fn process(program: &str, args: &[&str]) -> anyhow::Result<Pid> {
         [] => bail!("no {program} process runs with {args:?}"),
         _ => bail!("several {program} processes run with {args:?}: {found:?}"),
     }
+}
+
+/// Whether a command line (`/proc/PID/cmdline`: NUL-separated) runs
+/// `program` with `args` in a row among its arguments; see [`process`].
+fn runs(cmdline: &[u8], program: &str, args: &[&str]) -> bool {
+    let argv: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+    let name =
+        |arg: &[u8]| Path::new(OsStr::from_bytes(arg)).file_name() == Some(OsStr::new(program));
+    let emulated = argv
+        .first()
+        .and_then(|a| Path::new(OsStr::from_bytes(a)).file_name())
+        .is_some_and(|n| n.as_bytes().starts_with(b"qemu-"));
+    let at = if emulated {
+        argv.iter().position(|a| name(a))
+    } else {
+        argv.first().is_some_and(|a| name(a)).then_some(0)
+    };
+    let Some(rest) = at.map(|i| &argv[i + 1..]) else {
+        return false;
+    };
+    // windows(0) panics; no arguments asked for is held by any process.
+    args.is_empty()
+        || rest.windows(args.len()).any(|w| {
+            w.iter()
+                .zip(args)
+                .all(|(have, want)| *have == want.as_bytes())
+        })
 }
 
 /// A process stopped (SIGSTOP) until this is dropped (SIGCONT), so that no
@@ -171,6 +189,40 @@ mod tests {
         assert!((430..=570).contains(&on_a), "{on_a} of 1000 on bf3-a");
         assert_eq!(first_choice(&two[..1], "pvc-0").unwrap(), "bf3-a");
         assert!(first_choice(&[], "pvc-0").is_err());
+    }
+
+    #[test]
+    fn a_program_under_qemu_user_is_found_after_the_emulators_options() {
+        let line = |argv: &[&str]| argv.iter().map(|a| format!("{a}\0")).collect::<String>();
+        let agent = ["/t/snap-csi", "dpu-agent", "--listen", "https://a:1"];
+        let emulated = [
+            &[
+                "/usr/bin/qemu-aarch64-static",
+                "-L",
+                "/usr/aarch64-linux-gnu",
+            ][..],
+            &agent,
+        ]
+        .concat();
+        for argv in [&agent[..], &emulated] {
+            let cmdline = line(argv);
+            assert!(
+                runs(cmdline.as_bytes(), "snap-csi", &["--listen", "https://a:1"]),
+                "{argv:?}"
+            );
+            assert!(
+                !runs(cmdline.as_bytes(), "snap-csi", &["--listen", "https://b:1"]),
+                "{argv:?}"
+            );
+            assert!(!runs(cmdline.as_bytes(), "snap-emu", &[]), "{argv:?}");
+        }
+        // Not the emulator: a program is its argv[0], not an argument naming it.
+        let editor = line(&["/usr/bin/vi", "/t/snap-csi", "--listen", "https://a:1"]);
+        assert!(!runs(
+            editor.as_bytes(),
+            "snap-csi",
+            &["--listen", "https://a:1"]
+        ));
     }
 
     #[test]
