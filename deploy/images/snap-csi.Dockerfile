@@ -73,7 +73,9 @@ COPY --from=binaries /out/snap-csi /usr/local/bin/snap-csi
 LABEL org.opencontainers.image.title="snap-csi" \
       org.opencontainers.image.description="CSI driver for BlueField DPU storage (SNAP): node plugin, DPU agent and controller proxy" \
       org.opencontainers.image.licenses="Apache-2.0"
-# Runs as root: the node mounts and formats host devices (the pod is
-# privileged), the agent opens SNAP's root-owned socket, and the proxy
-# shares its 0600 socket with root sidecars.
+# No USER: root by default. One image runs the node (root by need: mounts,
+# mkfs, /sys), the DPU agent (SNAP's root-owned socket) and the controller
+# proxy (its vendor's 0600 socket is root's); the manifests set the user of
+# each container (runAsUser, with a `# root:` reason: deploy/README.md,
+# "Users"), rather than an image-wide USER that the node would override.
 ENTRYPOINT ["/usr/local/bin/snap-csi"]

@@ -55,4 +55,7 @@ COPY --from=binaries /out/snap-csi-spdk-plugin /usr/local/bin/snap-csi-spdk-plug
 LABEL org.opencontainers.image.title="snap-csi-spdk-plugin" \
       org.opencontainers.image.description="Sample snap-csi vendor plugin: SPDK AIO and NVMe-oF bdevs inside SNAP" \
       org.opencontainers.image.licenses="Apache-2.0"
+# No USER: root by default. The plugin opens SNAP's root-owned socket, and
+# as the CSI controller with a filesystem share it loop-mounts volumes
+# (privileged); the manifests set the user (deploy/README.md, "Users").
 ENTRYPOINT ["/usr/local/bin/snap-csi-spdk-plugin"]

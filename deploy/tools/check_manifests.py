@@ -19,11 +19,13 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
+
 import split
-from checklib import SIG_STORAGE, Container, Location, Tally, image_parts, locate, obj_key, pod_spec_of, show
+from checklib import SIG_STORAGE, YAML_LOADER, Container, Location, Tally, image_parts, locate, obj_key, pod_spec_of, show
 from images import Dockerfile, check_dockerfiles, check_spdk_containerfile
 from kustomize import check_kustomize_tree, check_render, plain_objects, read_kustomizations
-from versions import NEWEST, OLDEST, check_base, check_floor, check_overlays, check_rows, check_schemas, minors, read_table
+from versions import NEWEST, OLDEST, check_base, check_floor, check_overlays, check_rows, check_run_table, check_schemas, minors, read_table
 
 
 @dataclass(frozen=True)
@@ -410,6 +412,7 @@ def analyse_pods(
                 if o:
                     check_mode_settings(o, t)
                     o.locs = check_paths(o, t)
+                    check_fs_share_mount(o, t)
                     ours.append(o)
             elif c.image_name in SIDECARS:
                 t.check(repo_ + "/" == SIG_STORAGE + c.image_name + "/", where, f"sidecars come from {SIG_STORAGE}")
@@ -659,8 +662,8 @@ def check_host_cluster(
     t.check(bool(emulations), "node --help", "--emulation lists no possible values")
     t.check(bool(backends), "snap-csi-spdk-plugin --help", "--default-backend lists no possible values")
     # The fs backend's volumes need a share the controller is given
-    # (--fs-share): a root whose controller has none names no class for it
-    # (deploy/examples/shared-volume.yaml has one, with how to add a share).
+    # (--fs-share): a root whose controller has none can name no class for it
+    # (and fails check_vendor_offer: the README offers them).
     if not any(p.settings.get("fs-share") and p.settings.get("csi-socket") for p in plugins):
         backends -= {"fs"}
     fs_types = node_fs_types(repo)
@@ -693,6 +696,190 @@ def check_host_cluster(
     missing = sorted(wanted - seen)
     t.check(not missing, f"{root}: StorageClasses", f"no class for (backend, emulation) {missing}")
     t.check(any(o.get("kind") == "VolumeSnapshotClass" for o in objs), f"{root}: VolumeSnapshotClass", "none defined")
+    check_vendor_offer(root, objs, plugins, repo, t)
+
+
+
+# ---------------------------------------------------------------- the sample vendor's offer
+
+
+def rust_const(path: Path, name: str) -> str | None:
+    m = re.search(rf'\bconst {name}: &str = "([^"]*)";', path.read_text())
+    return m.group(1) if m else None
+
+
+def plugin_parameters(repo: Path) -> tuple[set[str], set[str], str]:
+    """The StorageClass parameters the sample plugin's CreateVolume takes
+    (vendor-plugins/spdk/src/csi/params.rs: anything else is
+    INVALID_ARGUMENT), read from the constants it names them by: the keys,
+    the QoS keys, and the CO's prefix."""
+    params = repo / "vendor-plugins/spdk/src/csi/params.rs"
+    keys = {
+        rust_const(params, "BACKEND_PARAM"),
+        rust_const(params, "MULTIPATH_PARAM"),
+        rust_const(repo / "src/node/context.rs", "EMULATION_KEY"),
+        rust_const(repo / "src/node/context.rs", "PLACEMENT_KEY"),
+        rust_const(repo / "src/dpu/crypto.rs", "ENCRYPTION"),
+    }
+    qos = set(re.findall(r'pub const \w+_KEY: &str = "([^"]+)";', (repo / "vendor-plugins/spdk/src/qos.rs").read_text()))
+    return {k for k in keys if k}, qos, rust_const(params, "CO_PREFIX") or "csi.storage.k8s.io/"
+
+
+def nvmf_listeners(o: Ours) -> list[str]:
+    """--nvmf-listen's ADDR:PORTs (the flag's list form, comma-separated)."""
+    return [x.strip() for x in (o.settings.get("nvmf-listen") or "").split(",") if x.strip()]
+
+
+def check_vendor_offer(root: str, objs: list[dict], plugins: list[Ours], repo: Path, t: Tally) -> None:
+    """What deploy/README.md offers of the sample vendor, in a host
+    cluster's root: filesystem volumes (a controller with a share, and a
+    class for them), multipath NVMe-oF (two listeners, and a class), and
+    classes whose parameters the plugin takes."""
+    controllers = [p for p in plugins if p.settings.get("csi-socket")]
+    keys, qos, co_prefix = plugin_parameters(repo)
+    t.check(len(keys) == 5 and bool(qos), "vendor-plugins/spdk", f"could not read the plugin's parameter names: {sorted(keys)}, {sorted(qos)}")
+    classes = [o for o in objs if o.get("kind") == "StorageClass"]
+    for o in classes:
+        where = show(obj_key(o))
+        params = o.get("parameters") or {}
+        unknown = sorted(k for k in params if k not in keys | qos and not k.startswith(co_prefix))
+        t.check(not unknown, where, f"parameters {unknown} are not ones the sample plugin takes (vendor-plugins/spdk/src/csi/params.rs)")
+        mp = params.get("nvmf-multipath")
+        t.check(mp in (None, "true", "false"), where, f'nvmf-multipath is "true" or "false", is {mp!r}')
+        t.check(mp != "true" or params.get("backend") == "nvmf", where, "nvmf-multipath is for backend nvmf only")
+        if params.get("backend") == "fs":
+            t.check(not [k for k in params if k in qos or k in ("snap-csi.io/placement", "snap-csi.io/encryption")], where,
+                    "QoS, placement and encryption are block-device options the plugin refuses for backend fs")
+    # Filesystem volumes: a controller that makes them, and a class.
+    with_share = [p for p in controllers if p.settings.get("fs-share")]
+    t.check(bool(with_share), f"{root}: vendor controller",
+            "no controller with --fs-share: the filesystem volumes deploy/README.md offers (backend fs) cannot be made")
+    fs_classes = [o for o in classes if (o.get("parameters") or {}).get("backend") == "fs"]
+    t.check(bool(fs_classes), f"{root}: StorageClasses", "no class with backend: fs (virtio-fs, ReadWriteMany)")
+    for o in fs_classes:
+        t.check((o.get("parameters") or {}).get("snap-csi.io/emulation") == "virtio-fs", show(obj_key(o)),
+                "a backend fs class needs snap-csi.io/emulation: virtio-fs")
+    # Multipath NVMe-oF: two listeners, and a class asking for both.
+    for p in controllers:
+        if p.settings.get("nvmf-target-socket") is None:
+            continue
+        listeners = nvmf_listeners(p)
+        t.check(len(set(listeners)) >= 2, p.c.where(),
+                f"--nvmf-listen gives {listeners}: a multipath volume needs the target's two listeners (two ADDR:PORT)")
+    if any(p.settings.get("nvmf-target-socket") for p in controllers):
+        t.check(any((o.get("parameters") or {}).get("nvmf-multipath") == "true" for o in classes), f"{root}: StorageClasses",
+                'no class with nvmf-multipath: "true" for the target\'s two listeners')
+
+
+def check_fs_share_mount(o: Ours, t: Tally) -> None:
+    """A controller making fs volumes loop-mounts their images in its share:
+    privileged (losetup, mount, chattr, fsfreeze), the share the host's at
+    the same path (the volume context names it as SNAP sees it) with
+    Bidirectional propagation (the mounts reach SNAP and the NFS server), and
+    the host's /dev (loop devices made after the container started)."""
+    share = o.settings.get("fs-share")
+    if not share or not o.settings.get("csi-socket"):
+        return
+    where = o.c.where()
+    t.check((o.c.spec.get("securityContext") or {}).get("privileged") is True, where,
+            "makes filesystem volumes (--fs-share: losetup, mount, chattr, fsfreeze): must be privileged")
+    loc = locate(o.c, share)
+    if t.check(loc is not None, where, f"--fs-share={share} is not inside any volumeMount"):
+        location, mount = loc
+        t.check(location == Location("host", share) and mount["mountPath"].rstrip("/") == share.rstrip("/"), where,
+                f"--fs-share={share} must be the host's {share} mounted at that path (SNAP opens it there), is {location}")
+        t.check(mount.get("mountPropagation") == "Bidirectional", where,
+                f"the share {mount['mountPath']} needs mountPropagation: Bidirectional, so the volumes' loop mounts reach SNAP")
+    dev = locate(o.c, "/dev")
+    t.check(dev is not None and dev[0] == Location("host", "/dev") and dev[1]["mountPath"] == "/dev", where,
+            "the host's /dev must be mounted at /dev (the loop devices of fs volumes)")
+
+
+# ---------------------------------------------------------------- users
+
+ROOT_REASON = re.compile(r"#\s*root:\s*\S.{9,}")
+
+
+def source_docs(deploy: Path) -> dict[tuple[str, str, str], str]:
+    """The text of every manifest document under kubernetes/, by kind,
+    namespace and name: the comments the rendered objects lose."""
+    docs: dict[tuple[str, str, str], str] = {}
+    for path in sorted((deploy / "kubernetes").rglob("*.yaml")):
+        for text in re.split(r"(?m)^---\s*$", path.read_text()):
+            try:
+                obj = yaml.load(text, Loader=YAML_LOADER)
+            except yaml.YAMLError:
+                continue
+            if isinstance(obj, dict) and obj.get("kind"):
+                meta = obj.get("metadata") or {}
+                docs[(obj["kind"], meta.get("namespace", ""), meta.get("name", ""))] = text
+    return docs
+
+
+def yaml_block(lines: list[str], start: int) -> list[str]:
+    """Line `start` and those below it indented deeper (blank lines too)."""
+    indent = len(lines[start]) - len(lines[start].lstrip())
+    block = [lines[start]]
+    for line in lines[start + 1 :]:
+        if line.strip() and len(line) - len(line.lstrip()) <= indent:
+            break
+        block.append(line)
+    return block
+
+
+def root_reasons(text: str, container: str) -> tuple[bool, bool]:
+    """Whether the container's own block, and the pod's securityContext,
+    hold a `# root: <reason>` comment."""
+    lines = text.splitlines()
+    own = pod = False
+    for i, line in enumerate(lines):
+        if re.fullmatch(rf"\s*- name: {re.escape(container)}\s*", line):
+            own = own or any(ROOT_REASON.search(x) for x in yaml_block(lines, i))
+    for i, line in enumerate(lines):
+        if line.strip() == "containers:":
+            indent = line[: len(line) - len(line.lstrip())]
+            for j, other in enumerate(lines):
+                if other == f"{indent}securityContext:":
+                    pod = pod or any(ROOT_REASON.search(x) for x in yaml_block(lines, j))
+    return own, pod
+
+
+def check_users(deploy: Path, objs: list[dict], t: Tally) -> None:
+    """Every container runs as a user other than root, or says why not: a
+    `# root: <reason>` comment in its securityContext or the pod's (deploy/
+    README.md, "Users"). A privileged container says it in its own. Every
+    other container keeps no capability, cannot gain privileges and has a
+    read-only root filesystem."""
+    docs = source_docs(deploy)
+    for obj in objs:
+        spec = pod_spec_of(obj)
+        if not spec:
+            continue
+        meta = obj.get("metadata") or {}
+        text = docs.get((obj.get("kind", ""), meta.get("namespace", ""), meta.get("name", "")))
+        pod = show(obj_key(obj))
+        if not t.check(text is not None, pod, "no manifest under kubernetes/ holds it, so its comments cannot be read"):
+            continue
+        psc = spec.get("securityContext") or {}
+        for c in (spec.get("initContainers") or []) + spec["containers"]:
+            where = f"{pod} container {c['name']}"
+            sc = c.get("securityContext") or {}
+            user = sc.get("runAsUser", psc.get("runAsUser"))
+            non_root = sc.get("runAsNonRoot", psc.get("runAsNonRoot"))
+            own, in_pod = root_reasons(text, c["name"])
+            if sc.get("privileged"):
+                t.check(own, where, "is privileged: say why beside its securityContext (`# root: <reason>`)")
+            elif non_root is True and user != 0:
+                t.check(user is not None, where, "runAsNonRoot needs a numeric runAsUser: our images name no user")
+            else:
+                t.check(own or in_pod, where,
+                        f"runs as root ({'runAsUser: 0' if user == 0 else 'the image default user'}): set runAsNonRoot "
+                        "and a runAsUser, or say why beside its securityContext or the pod's (`# root: <reason>`)")
+            if not sc.get("privileged"):
+                caps = sc.get("capabilities") or {}
+                t.check(caps.get("drop") == ["ALL"] and not caps.get("add"), where, 'capabilities must drop ["ALL"] and add none')
+                t.check(sc.get("allowPrivilegeEscalation") is False, where, "allowPrivilegeEscalation must be false")
+                t.check(sc.get("readOnlyRootFilesystem") is True, where, "readOnlyRootFilesystem must be true")
 
 
 def check_attribute_classes(root: str, objs: list[dict], deployed: list[dict], t: Tally) -> None:
@@ -724,6 +911,17 @@ def check_deployment(
         t.check(o.cmd != NODE, o.c.where(), f"the node plugin belongs to the host cluster's root, not {d.dpu}")
     plugins = [o for o in dpu_ours if o.binary == "snap-csi-spdk-plugin" and o.c.pod.startswith("DaemonSet ")]
     t.check(len(plugins) == 1, f"{d.dpu}: dpu plugin", f"expected one plugin DaemonSet, found {len(plugins)}")
+    # The DPU plugins serve the controller's fs volumes: their directories,
+    # named in the volume context, must lie in the plugin's share.
+    shares = {o.settings.get("fs-share") for o in host_ours if o.binary == "snap-csi-spdk-plugin" and o.settings.get("csi-socket")}
+    shares.discard(None)
+    for p in plugins:
+        t.check(
+            p.settings.get("fs-share") in shares,
+            p.c.where(),
+            f"--fs-share is {p.settings.get('fs-share')}, the controller's {sorted(shares)}: the DPU plugin makes the "
+            "filesystem devices of the controller's volumes, which lie in that share",
+        )
     pairs = 0
     if d.mode == "colocated":
         split.no_cert_manager(d.host, host_objs, t)
@@ -823,6 +1021,7 @@ def main(argv: list[str] | None = None) -> int:
         check_attribute_classes(r, optional[r], unique, t)
     rows = read_table(deploy / "README.md", t)
     base = check_rows(rows, t)
+    check_run_table(deploy / "README.md", rows, t)
     if base:
         check_base(base, unique, t)
         check_overlays(deploy, rows, ks, rendered, roots, a.kubectl, schema_dir, t)
@@ -843,6 +1042,7 @@ def main(argv: list[str] | None = None) -> int:
     version = tomllib.loads((repo / "Cargo.toml").read_text())["workspace"]["package"]["version"]
     ours = analyse_pods(unique, dockerfiles, helps, version, t)
     check_node_twins(ours, t)
+    check_users(deploy, unique, t)
     pairs = sum(check_deployment(d, roots, ours, helps, repo, t) for d in DEPLOYMENTS)
     t.check(pairs >= 1, "split mode", "no deployment holds a host/DPU pair, so the pair checks checked nothing")
     generated = split.check_generated(deploy, t)

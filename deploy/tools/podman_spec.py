@@ -21,6 +21,10 @@ COMPONENT, and the container it is (kustomize renders the root first):
               (root kubernetes)
   plugin      DaemonSet snap-csi-spdk-plugin, container spdk-plugin (root
               kubernetes/dpu)
+  vendor      Deployment snap-csi-controller, container
+              spdk-plugin-controller (root kubernetes): the sample plugin as
+              the CSI controller, privileged, its filesystem share mounted
+              Bidirectional
   agent       the example site's DaemonSet snap-csi-dpu-agent-*, container
               dpu-agent (root kubernetes/split/example/dpu)
 
@@ -33,7 +37,15 @@ Prints one flag per line (bash: mapfile -t):
                                     readOnlyRootFilesystem (no tmpfs over
                                     /tmp or /run: a kubelet adds none)
   --user UID[:GID]                  runAsUser/runAsGroup (the container's,
-                                    else the pod's)
+                                    else the pod's); runAsNonRoot with a
+                                    runAsUser of 0 or none is refused, as
+                                    kubelet refuses to start it (our images
+                                    name no user: theirs is root)
+  --group-add GID                   the pod's fsGroup and supplementalGroups
+                                    (kubelet adds both to every container's
+                                    groups; a Kubernetes volume's fsGroup
+                                    ownership has no podman counterpart: a
+                                    mapped directory keeps its owner)
   --network NET                     hostNetwork: the host's network (NET is
                                     --host-network, default host); without
                                     it the pod network (--pod-network; none
@@ -94,6 +106,7 @@ TARGETS = {
     ("node", "split"): Target("kubernetes/split/example/host", "DaemonSet", "snap-csi-node-*", "snap-csi-node"),
     ("controller", None): Target("kubernetes", "Deployment", "snap-csi-controller", "snap-csi-controller"),
     ("plugin", None): Target("kubernetes/dpu", "DaemonSet", "snap-csi-spdk-plugin", "spdk-plugin"),
+    ("vendor", None): Target("kubernetes", "Deployment", "snap-csi-controller", "spdk-plugin-controller"),
     ("agent", None): Target("kubernetes/split/example/dpu", "DaemonSet", "snap-csi-dpu-agent-*", "dpu-agent"),
 }
 COMPONENTS = sorted({c for c, _ in TARGETS})
@@ -186,6 +199,14 @@ def flags_for(
         out += ["--user", f"{user}:{group}" if group is not None else str(user)]
     elif group is not None:
         raise SpecError("runAsGroup without runAsUser: podman's --user needs a user")
+    if sc.get("runAsNonRoot", psc.get("runAsNonRoot")) and user in (None, 0):
+        raise SpecError(
+            "runAsNonRoot with " + ("runAsUser: 0" if user == 0 else "no runAsUser (our images' user is root)")
+            + ": kubelet would refuse to start the container"
+        )
+    groups = ([psc["fsGroup"]] if psc.get("fsGroup") is not None else []) + list(psc.get("supplementalGroups") or [])
+    for gid in dict.fromkeys(groups):
+        out += ["--group-add", str(gid)]
     if pod.get("hostNetwork"):
         out += ["--network", host_network]
     elif pod_network:

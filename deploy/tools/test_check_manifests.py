@@ -122,6 +122,7 @@ AGENT_DS = f"{EXAMPLE}/worker-1/dpu/daemonset.yaml"
 AGENT_CERT = f"{EXAMPLE}/worker-1/dpu/certificate.yaml"
 README = "README.md"
 OVERLAY_128 = "older-kubernetes/1.28-1.31"
+CONTROLLER = "kubernetes/controller/deployment.yaml"
 OVERLAY_132 = "older-kubernetes/1.32-1.33"
 
 
@@ -519,6 +520,131 @@ class BreakingTheDeployFails(unittest.TestCase):
 
     # ---- images
 
+    # The sample vendor's offer (deploy/README.md, "Filesystem volumes",
+    # "Multipath NVMe-oF") and who runs as root.
+    def test_no_filesystem_class(self):
+        self.expect(
+            [("kubernetes/storageclasses/storageclasses.yaml", "  backend: fs\n", "  backend: nvmf\n")],
+            "no class with backend: fs",
+        )
+
+    def test_storage_class_parameter_the_plugin_refuses(self):
+        self.expect(
+            [("kubernetes/storageclasses/storageclasses.yaml", "  backend: fs\n", "  backend: fs\n  fs-quota: \"1\"\n")],
+            "['fs-quota'] are not ones the sample plugin takes",
+        )
+
+    def test_qos_on_a_filesystem_class(self):
+        self.expect(
+            [("kubernetes/storageclasses/storageclasses.yaml", "  backend: fs\n", "  backend: fs\n  snap-csi.io/qos-rw-iops: \"1000\"\n")],
+            "block-device options the plugin refuses for backend fs",
+        )
+
+    def test_controller_without_a_share(self):
+        self.expect(
+            [(CONTROLLER, "            - --fs-share=/var/lib/snap-csi-fs-share\n", "")],
+            "no controller with --fs-share",
+        )
+
+    def test_share_without_bidirectional_propagation(self):
+        self.expect(
+            [(CONTROLLER, "              mountPath: /var/lib/snap-csi-fs-share\n              mountPropagation: Bidirectional\n",
+              "              mountPath: /var/lib/snap-csi-fs-share\n              mountPropagation: HostToContainer\n")],
+            "needs mountPropagation: Bidirectional, so the volumes' loop mounts reach SNAP",
+        )
+
+    def test_share_elsewhere_than_snap_sees_it(self):
+        self.expect(
+            [(CONTROLLER, "              mountPath: /var/lib/snap-csi-fs-share\n", "              mountPath: /share\n"),
+             (CONTROLLER, "            - --fs-share=/var/lib/snap-csi-fs-share\n", "            - --fs-share=/share\n")],
+            "must be the host's /share mounted at that path",
+        )
+
+    def test_share_controller_not_privileged(self):
+        self.expect(
+            [(CONTROLLER, "            privileged: true\n", "            privileged: false\n")],
+            "makes filesystem volumes (--fs-share: losetup, mount, chattr, fsfreeze): must be privileged",
+        )
+
+    def test_share_controller_without_the_hosts_dev(self):
+        self.expect(
+            [(CONTROLLER, "            - name: dev\n              mountPath: /dev\n", "")],
+            "the loop devices of fs volumes",
+        )
+
+    def test_dpu_plugin_share_not_the_controllers(self):
+        self.expect(
+            [("kubernetes/dpu/daemonset.yaml", "--fs-share=/var/lib/snap-csi-fs-share", "--fs-share=/srv/share")],
+            "the DPU plugin makes the filesystem devices of the controller's volumes",
+        )
+
+    def test_one_nvmf_listener(self):
+        self.expect(
+            [(CONTROLLER, "--nvmf-listen=$(HOST_IP):4420,$(HOST_IP):4421", "--nvmf-listen=$(HOST_IP):4420")],
+            "a multipath volume needs the target's two listeners",
+        )
+
+    def test_no_multipath_class(self):
+        self.expect(
+            [("kubernetes/storageclasses/storageclasses.yaml", '  nvmf-multipath: "true"\n', "")],
+            'no class with nvmf-multipath: "true"',
+        )
+
+    def test_multipath_on_another_backend(self):
+        self.expect(
+            [("kubernetes/storageclasses/storageclasses.yaml", "  backend: aio\n", '  backend: aio\n  nvmf-multipath: "true"\n')],
+            "nvmf-multipath is for backend nvmf only",
+        )
+
+    def test_root_without_a_reason(self):
+        self.expect(
+            [("kubernetes/dpu/daemonset.yaml", "        # root: SNAP's socket", "        # SNAP's socket")],
+            "container spdk-plugin: runs as root (runAsUser: 0)",
+        )
+
+    def test_image_default_user_without_a_reason(self):
+        self.expect(
+            [(AGENT_DS, "        # root: the agent", "        # the agent"), (AGENT_DS, "        runAsUser: 0\n        runAsGroup: 0\n", "")],
+            "runs as root (the image default user)",
+        )
+
+    def test_privileged_without_a_reason(self):
+        self.expect(
+            [("kubernetes/node/daemonset.yaml", "            # root: mount(2)", "            # mount(2)")],
+            "container snap-csi-node: is privileged: say why",
+        )
+
+    def test_unprivileged_container_keeps_a_capability(self):
+        self.expect(
+            [("kubernetes/dpu/daemonset.yaml", 'drop: ["ALL"]', 'drop: ["ALL"]\n              add: ["NET_RAW"]')],
+            'container spdk-plugin: capabilities must drop ["ALL"]',
+        )
+
+    def test_non_root_needs_no_reason(self):
+        new = self.new_failures(
+            [("kubernetes/dpu/daemonset.yaml", "        # root: SNAP's socket", "        # SNAP's socket"),
+             ("kubernetes/dpu/daemonset.yaml", "        runAsUser: 0\n", "        runAsUser: 1000\n        runAsNonRoot: true\n")]
+        )
+        self.assertFalse([f for f in new if "root" in f], new)
+
+    def test_run_table_names_another_release_than_the_pin(self):
+        self.expect(
+            [(README, "| 1.34 – 1.37 | none | `csi-provisioner v6.4.0`", "| 1.34 – 1.37 | none | `csi-provisioner v6.3.0`")],
+            "says nothing of `csi-provisioner v6.4.0`",
+        )
+
+    def test_run_table_claims_a_release_twice(self):
+        self.expect(
+            [(README, "| 1.34 – 1.37 | none |", "| 1.34 – 1.37 | `livenessprobe v2.20.0` |")],
+            "both run and not run",
+        )
+
+    def test_run_table_without_a_range(self):
+        self.expect(
+            [(README, "| 1.32 – 1.33 | none | `csi-provisioner v5.3.0`", "| 1.32 – 1.34 | none | `csi-provisioner v5.3.0`")],
+            "must be the sidecar table's",
+        )
+
     def test_builder_emulated_instead_of_cross_compiling(self):
         self.expect([("images/snap-csi.Dockerfile", "FROM --platform=$BUILDPLATFORM rust:", "FROM rust:")], "FROM --platform=$BUILDPLATFORM")
 
@@ -645,6 +771,37 @@ class PodmanSpec(unittest.TestCase):
         rc, _, err = self.spec(deploy, "node", *self.MAPS["node"], "--require-mapped", "--pass", "/sys")
         self.assertEqual(rc, 1)
         self.assertIn("host path /dev", err)
+
+    def test_non_root_and_groups_follow_the_manifest(self):
+        flags = self.edited(
+            [("kubernetes/controller/deployment.yaml", "        runAsUser: 0\n", "        runAsUser: 1000\n        runAsNonRoot: true\n        fsGroup: 2000\n        supplementalGroups: [3000]\n")],
+            "controller",
+        )
+        self.assertEqual(flags[flags.index("--user") + 1], "1000:0")
+        adds = [flags[i + 1] for i, f in enumerate(flags) if f == "--group-add"]
+        self.assertEqual(adds, ["2000", "3000"])
+        with tempfile.TemporaryDirectory() as tmp:
+            deploy = copy_deploy(Path(tmp))
+            edit(deploy, "kubernetes/dpu/daemonset.yaml", "        runAsUser: 0\n", "        runAsUser: 0\n        runAsNonRoot: true\n")
+            rc, _, err = self.spec(deploy, "plugin", *self.MAPS["plugin"])
+        self.assertEqual(rc, 1)
+        self.assertIn("kubelet would refuse to start the container", err)
+
+    def test_vendor_controller_as_its_manifest(self):
+        deploy = REPO / "deploy"
+        rc, lines, err = self.spec(deploy, "vendor", "--volumes")
+        self.assertEqual((rc, lines), (0, ["vendor-socket-dir emptyDir /vendor rw"]), err)
+        maps = ["--map", "vendor-socket-dir=/run/x", "--map", "/var/lib/snap-csi-fs-share=/run/x/fs-share"]
+        rc, flags, err = self.spec(deploy, "vendor", *maps)
+        self.assertEqual(rc, 0, err)
+        self.assertIn("--privileged", flags)
+        self.assertIn("type=bind,src=/run/x/fs-share,dst=/run/x/fs-share,bind-propagation=rshared", flags)
+        self.assertIn("type=bind,src=/dev,dst=/dev,bind-propagation=rprivate", flags)
+        rc, flags, err = self.spec(
+            deploy, "vendor", *maps, "--require-mapped", "--pass", "/dev", "--pass", "/var/lib/snap-csi-spdk-plugin",
+            "--pass", "/var/lib/snap-csi-aio-pool", "--pass", "/run/spdk-target",
+        )
+        self.assertEqual(rc, 0, err)
 
     def test_one_directory_two_ways_is_refused(self):
         rc, _, err = self.spec(REPO / "deploy", "agent", "--map", "/var/lib/nvidia/storage/snap=/run/x", "--map", "tls=/run/x")

@@ -241,6 +241,47 @@ def read_table(readme: Path, t: Tally) -> list[Row]:
     return [r for r in rows if r is not None]
 
 
+
+# deploy/README.md's table of what this project did with each row's
+# releases follows this line: per range, the pinned releases run on a
+# cluster and those not, each as `image vX.Y.Z`.
+RUN_MARK = "<!-- sidecars run on a cluster: deploy/check.sh holds this table to the one above (tools/versions.py) -->"
+RUN_COLUMNS = ("Kubernetes", "run on a cluster by this project", "not run on a cluster by this project")
+RUN_TABLE = "deploy/README.md's table of sidecars run on a cluster"
+
+
+def check_run_table(readme: Path, rows: list[Row], t: Tally) -> None:
+    """Every range of the sidecar table has a row here, in its order, whose
+    two columns name each release that range pins exactly once: as run on
+    a cluster, or as not. A release changed in one table and not the other
+    fails, so what is claimed as run cannot go stale."""
+    lines = readme.read_text().splitlines()
+    if not t.check(RUN_MARK in lines, RUN_TABLE, f"is missing: {readme} has no line {RUN_MARK!r} before it"):
+        return
+    table = []
+    for line in lines[lines.index(RUN_MARK) + 1 :]:
+        if not line.startswith("|"):
+            break
+        table.append([c.strip() for c in line.strip().strip("|").split("|")])
+    if not t.check(len(table) > 2 and tuple(table[0]) == RUN_COLUMNS, RUN_TABLE, f"columns must be {RUN_COLUMNS}"):
+        return
+    body = table[2:]
+    t.check([c[0] for c in body] == [r.name for r in rows], RUN_TABLE,
+            f"its ranges {[c[0] for c in body]} must be the sidecar table's {[r.name for r in rows]}, in its order")
+    for cells, row in zip(body, rows):
+        where = f"{RUN_TABLE}, row {row.name!r}"
+        if not t.check(len(cells) == len(RUN_COLUMNS), where, f"has {len(cells)} cells"):
+            continue
+        pinned = {(name, r.tag) for name, r in row.releases.items()}
+        ran = set(re.findall(r"`([a-z-]+) (v\d+\.\d+\.\d+)`", cells[1]))
+        not_ran = set(re.findall(r"`([a-z-]+) (v\d+\.\d+\.\d+)`", cells[2]))
+        t.check(not ran & not_ran, where, f"{sorted(ran & not_ran)} both run and not run")
+        for name, tag in sorted(pinned - ran - not_ran):
+            t.fail(where, f"says nothing of `{name} {tag}`, which the range pins: name it as run on a cluster or as not")
+        for name, tag in sorted((ran | not_ran) - pinned):
+            t.fail(where, f"names `{name} {tag}`, which the range does not pin (a release run but not pinned goes in prose, unquoted)")
+
+
 def check_rows(rows: list[Row], t: Tally) -> Row | None:
     """The rows cover the supported versions, each once; returns the newest,
     whose releases the manifests pin."""
