@@ -9,7 +9,7 @@
 # with two DPUs against a host with one (a batch at once and one at a time,
 # and the batch's spread over the DPUs), and stage time on a real Linux
 # kernel as the host (a QEMU guest, hack/guest/) against the emulated tree
-# tables (README "Performance");
+# tables (docs/performance.md);
 # section 7, density with the packed placement, runs only when named.
 # Arguments go to the bench (--help lists them), e.g.
 #   ./hack/bench.sh --json /tmp/bench.json
@@ -20,7 +20,7 @@
 #   ./hack/bench.sh --sections 12 --dpu-volumes 32 --dpu-repeats 8
 #   ./hack/bench.sh --profile debug --sections 1,2   # builds and runs debug
 # It exits non-zero when a target was missed; a run too short to judge a
-# target says "not judged" and counts it as not met (README "Ratios, noise
+# target says "not judged" and counts it as not met (docs/performance.md, "Ratios, noise
 # and verdicts").
 # Run as root: the emulator makes loop devices and the node mounts.
 set -euo pipefail

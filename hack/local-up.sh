@@ -601,7 +601,7 @@ plugin_metrics=127.0.0.1:$plugin_metrics_port
 
 # The filesystem share: each of the controller's fs volumes is an ext4
 # image in it, mounted on the volume's directory there, which SNAP's fsdevs
-# serve (README: Filesystem devices); btrfs for its reflinks (snapshots and
+# serve (docs/operator-guide.md: Filesystem devices); btrfs for its reflinks (snapshots and
 # clones). --containers: shared, so the controller's mounts in its
 # container reach the emulator.
 truncate -s 2G "$dir/fs-share.img"

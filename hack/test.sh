@@ -31,6 +31,9 @@ trap 'echo "== test.sh: $part_name took $((SECONDS - part_started)) s; $SECONDS 
 ./hack/setup.sh
 part lints
 cargo fmt --all --check
+# Every relative link in the Markdown files resolves (the self-test first, so a checker that flags nothing cannot pass).
+python3 hack/check-links.py --self-test
+python3 hack/check-links.py
 cargo clippy --workspace --all-targets --locked -- -D warnings
 # The images deploy/ names (hack/images.sh), from the debug binaries the
 # tests run (--no-run builds them as the tests do: with the dev-dependencies'

@@ -1,5 +1,5 @@
 //! The design targets: each one's threshold, and whether this run met it,
-//! missed it, or cannot tell (README "Ratios, noise and verdicts").
+//! missed it, or cannot tell (docs/performance.md, "Ratios, noise and verdicts").
 
 use serde::Serialize;
 
