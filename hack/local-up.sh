@@ -649,11 +649,13 @@ else
     --nvmf-listen "127.0.0.1:$port2"
   )
 fi
-# The manifests deploy no filesystem share for the sample plugin; its fs
-# backend mounts a loop device per volume (mount, chattr, fsfreeze, resize2fs)
-# in the share, so its container is privileged and its share bound rshared:
-# the mounts must reach SNAP (deploy/README.md, "The manifests' containers on
-# one machine").
+# This plugin is the vendor's CSI controller and a DPU's plugin in one, run
+# as the DPU plugin's container (component plugin), which neither mounts nor
+# is privileged; the controller's fs backend mounts a loop device per volume
+# (mount, chattr, fsfreeze, resize2fs) in the share, so it gets what the
+# vendor container has in controller/deployment.yaml: privileged, the share
+# bound rshared (Bidirectional there): the mounts must reach SNAP
+# (deploy/README.md, "The manifests' containers on one machine").
 fs_cap=(--also --privileged --also "--volume=$dir/fs-share:$dir/fs-share:rshared")
 # DeleteVolume refuses a volume a DPU still serves: the controller asks every
 # DPU's plugin this run starts, each under the name the node gives that DPU

@@ -145,7 +145,7 @@ cargo build --locked -p snap-csi -p snap-emu -p snap-csi-spdk-plugin -p snap-csi
 ./target/debug/snap-csi-bench --profile debug --volumes 8 --poll-volumes 6 --count-volumes 1 \
   --floor-iterations 20 --scale-volumes 8 --scale-repeats 6 --concurrency 1,4 \
   --rpc-seconds 0.2 --rpc-repeats 1 --dpu-volumes 8 --dpu-repeats 6 --guest-volumes 2
-# The chaos soak for two minutes (README "Chaos soak"): random volume lives while the stack's
+# The chaos soak for two minutes (docs/chaos.md): random volume lives while the stack's
 # processes are killed, SNAP stalls, functions run out and a path of the NVMe-oF target goes
 # down or flaps (half the NVMe-oF volumes are multipath: they must see no I/O error at all);
 # two of its four rounds (one co-located, one split) on a host with two DPUs, one of which also
