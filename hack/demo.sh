@@ -148,10 +148,13 @@ split_checks() {
 # runs as that architecture's processes, each a qemu-user process started on
 # this stack's cross-built binary.
 cross_checks() {
-  local stack=$1 want=3 found=0 pid exe emulator=
+  local stack=$1 want=3 found=0 p cmd exe emulator=
   [ "$2" = split ] && want=5
-  for pid in $(pgrep -f -- "$cross_bin/snap-csi.* .*$stack/"); do
-    exe=$(readlink "/proc/$pid/exe" || true)
+  # /proc, not pgrep: a minimal Debian has no procps.
+  for p in /proc/[0-9]*; do
+    cmd=$(tr '\0' ' ' <"$p/cmdline" 2>/dev/null) || continue
+    [[ $cmd == *"$cross_bin/snap-csi"*" $stack/"* ]] || continue
+    exe=$(readlink "$p/exe" 2>/dev/null) || continue
     [[ $exe == */qemu-*-static ]] && found=$((found + 1)) emulator=${exe##*/}
   done
   echo "  the DPU side: $found processes of $(basename "$(dirname "$cross_bin")") under qemu-user" \

@@ -88,8 +88,8 @@ fi
 # one's VM, a CI runner) gets it here. The bare processes of local-up
 # --dpu-arch arm64 do not need it (they are started by qemu-aarch64-static).
 binfmt=/proc/sys/fs/binfmt_misc
+[ -e "$binfmt/register" ] || mount -t binfmt_misc binfmt_misc "$binfmt" 2>/dev/null || true
 if [ ! -e "$binfmt/qemu-aarch64" ]; then
-  [ -e "$binfmt/register" ] || mount -t binfmt_misc binfmt_misc "$binfmt" 2>/dev/null || true
   if ! { [ -e "$binfmt/register" ] && cat /usr/lib/binfmt.d/qemu-aarch64.conf >"$binfmt/register"; }; then
     echo "setup: could not register qemu-aarch64 with binfmt_misc; the arm64 images cannot be built or checked here" >&2
   fi
