@@ -155,7 +155,8 @@ cross_checks() {
     cmd=$(tr '\0' ' ' <"$p/cmdline" 2>/dev/null) || continue
     [[ $cmd == *"$cross_bin/snap-csi"*" $stack/"* ]] || continue
     exe=$(readlink "$p/exe" 2>/dev/null) || continue
-    [[ $exe == */qemu-*-static ]] && found=$((found + 1)) emulator=${exe##*/}
+    # qemu-aarch64-static, or where it is a link (QEMU 10's packages) qemu-aarch64.
+    [[ $exe == */qemu-* ]] && found=$((found + 1)) emulator=${exe##*/}
   done
   echo "  the DPU side: $found processes of $(basename "$(dirname "$cross_bin")") under qemu-user" \
     "(${emulator:-none})"
