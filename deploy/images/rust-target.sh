@@ -34,6 +34,11 @@ case $arch in
     ;;
 esac
 
+# What runs ARCH's binaries here: qemu-user, the cross libc's directory the
+# root of their loader and libraries; nothing when native.
+runner=
+[ "$arch" != "$build_arch" ] && runner="qemu-${triple%%-*}-static -L /usr/$gnu"
+
 case ${1:-} in
   packages)
     if [ "$arch" != "$build_arch" ]; then
@@ -50,15 +55,9 @@ case ${1:-} in
     echo "export CARGO_TARGET_${upper}_LINKER=$gnu-gcc"
     echo "export CC_$lower=$gnu-gcc"
     echo "export AR_$lower=$gnu-ar"
-    if [ "$arch" != "$build_arch" ]; then
-      echo "export CARGO_TARGET_${upper}_RUNNER='qemu-${triple%%-*}-static -L /usr/$gnu'"
-    fi
+    [ -z "$runner" ] || echo "export CARGO_TARGET_${upper}_RUNNER='$runner'"
     ;;
-  runner)
-    if [ "$arch" != "$build_arch" ]; then
-      echo "qemu-${triple%%-*}-static -L /usr/$gnu"
-    fi
-    ;;
+  runner) [ -z "$runner" ] || echo "$runner" ;;
   *)
     awk '/^# Usage:/ { on = 1 } on && !/^#/ { exit } on { sub(/^# ?/, ""); print }' "$0" >&2
     exit 2

@@ -25,18 +25,6 @@ pub async fn run(program: &str, args: &[&OsStr], deadline: Instant) -> Result<Ou
     let output = run_unchecked(program, args, deadline).await?;
     if output.status.success() {
         Ok(output)
-    } else if output.status.code() == Some(127)
-        && output.stdout.is_empty()
-        && output.stderr.is_empty()
-    {
-        // What a tool that never started looks like where spawn cannot say
-        // so: glibc's posix_spawn under qemu-user (its vfork is a fork, so
-        // the exec's error never reaches the parent) exits the child 127,
-        // the shell's code for a command not found.
-        Err(NodeError::failed(
-            command_line(program, args),
-            format!("{program} is not installed or could not start (exit 127, no output)"),
-        ))
     } else {
         Err(NodeError::failed(
             command_line(program, args),
@@ -99,10 +87,21 @@ async fn spawn_and_wait(
         Ok(Err(err)) => return Err(NodeError::failed(what, err.to_string())),
         Ok(Ok(output)) => output,
     };
-    if output.status.code().is_none() {
-        return Err(NodeError::failed(what, exit_message(&output)));
+    match output.status.code() {
+        None => Err(NodeError::failed(what, exit_message(&output))),
+        // What a tool that never started looks like where spawn cannot say
+        // so: glibc's posix_spawn under qemu-user (its vfork is a fork, so
+        // the exec's error never reaches the parent) exits the child 127,
+        // the shell's code for a command not found. A failure to start, as
+        // NotFound above, for run_unchecked's callers too.
+        Some(127) if output.stdout.is_empty() && output.stderr.is_empty() => {
+            Err(NodeError::failed(
+                what,
+                format!("{program} is not installed or could not start (exit 127, no output)"),
+            ))
+        }
+        Some(_) => Ok(output),
     }
-    Ok(output)
 }
 
 /// Runs blocking work (syscalls that may hang on a sick device) on tokio's
@@ -287,6 +286,15 @@ mod tests {
         .await
         .unwrap_err();
         assert!(err.to_string().contains("no such thing"), "{err}");
+        // And for the callers that read exit codes themselves.
+        let err = run_unchecked("sh", &[OsStr::new("-c"), OsStr::new("exit 127")], soon(10))
+            .await
+            .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("sh is not installed or could not start"),
+            "{err}"
+        );
     }
 
     #[tokio::test]
